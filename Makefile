@@ -1,0 +1,38 @@
+# hf_arb developer tasks. `make test` and `make demo` set up everything they need.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+.PHONY: help venv test test-fast demo bench docs clean
+
+help:
+	@echo "make test   - create .venv (torch CPU/GPU wheel, project + test extra) and run the whole suite"
+	@echo "make demo   - annotate, train a tiny SD pipeline on 2 processes, write pictures (offline)"
+	@echo "make bench  - run every benchmark side by side with its baseline, write docs/benchmarks.md"
+
+venv: $(STAMP)
+
+# Re-install only when the requirements change; the constraints file pins the dev/CI set.
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q torch==2.13.0 -c constraints.txt
+	$(PY) -m pip install -q -e ".[test,plot,tensorboard]" -c constraints.txt
+	touch $(STAMP)
+
+test: venv
+	$(PY) -m pytest -n 2 --dist loadgroup $(PYTEST_ARGS)
+
+test-fast: venv
+	$(PY) -m pytest -n 2 -m "not slow" $(PYTEST_ARGS)
+
+demo: venv
+	$(PY) scripts/demo.py
+
+bench: venv
+	$(PY) benchmarks/run_all.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis

@@ -1,0 +1,452 @@
+"""Bucket sets and vectorised bucket assignment.
+
+A :class:`BucketSet` is an immutable, ordered table of bucket resolutions ``(width, height)``
+plus the rule that assigns an image to a bucket: the aspect-ratio metric, an optional maximum
+aspect error and an optional range of accepted image aspect ratios. A bucket's id is its row
+in :attr:`BucketSet.resolutions`; ``-1`` means "no bucket" (pruned).
+
+Assignment is one pass of numpy over the whole dataset: the sorted bucket aspect ratios split
+the aspect line into intervals (at the midpoints of the chosen metric), and every image is
+placed by :func:`numpy.searchsorted`. This is exactly ``argmin |metric(bucket) - metric(image)|``
+without materialising an ``(images, buckets)`` matrix.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+
+Metric = Literal["log", "linear"]
+_METRICS = ("log", "linear")
+_FORMAT_VERSION = 1
+
+#: OneTrainer's aspect list (width:height), landscape side; the inverses are added.
+ONETRAINER_ASPECTS: tuple[float, ...] = (4.0, 3.5, 3.0, 2.5, 2.0, 1.75, 1.5, 1.25, 1.0)
+
+#: The SDXL report's multi-aspect table as (short, long) pairs at about 1024² pixels.
+SDXL_TABLE: tuple[tuple[int, int], ...] = (
+    (512, 2048), (512, 1984), (512, 1920), (512, 1856), (576, 1792), (576, 1728), (576, 1664),
+    (640, 1600), (640, 1536), (704, 1472), (704, 1408), (704, 1344), (768, 1344), (768, 1280),
+    (832, 1216), (832, 1152), (896, 1152), (896, 1088), (960, 1088), (960, 1024), (1024, 1024),
+)
+
+
+def _as_size_array(values: Any, name: str) -> np.ndarray:
+    """Convert widths or heights to a 1-D float64 array, rejecting non-finite or non-positive values."""
+    arr = np.asarray(values)
+    if arr.ndim != 1:
+        raise ValueError(f"`{name}` must be 1-D, got shape {arr.shape}. Pass a flat list or array of sizes.")
+    if arr.dtype.kind not in "biuf":
+        raise ValueError(f"`{name}` must be numeric, got dtype {arr.dtype}. Convert the column to integers first.")
+    arr = arr.astype(np.float64, copy=False)
+    bad = ~(arr > 0) | ~np.isfinite(arr)  # NaN compares False, so `~(arr > 0)` catches it too
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise ValueError(
+            f"`{name}` must hold positive finite sizes, but {name}[{i}] = {arr[i]!r} "
+            f"({int(bad.sum())} bad value(s) in all). Drop or fix those rows before assigning buckets "
+            "(`add_bucket_columns` records them with a skip_reason instead of raising)."
+        )
+    return arr
+
+
+def _normalise_resolutions(resolutions: Iterable[Sequence[int]]) -> np.ndarray:
+    """Validate an explicit resolution list → read-only int64 array of shape (k, 2)."""
+    res = np.asarray(list(resolutions))
+    if res.size == 0:
+        raise ValueError(
+            "A BucketSet needs at least one resolution, got an empty list. "
+            "Pass [(width, height), ...] or use BucketSet.novelai(), BucketSet.sdxl() or BucketSet.from_budget(...)."
+        )
+    if res.ndim != 2 or res.shape[1] != 2:
+        raise ValueError(f"Resolutions must be (width, height) pairs, got an array of shape {res.shape}.")
+    if res.dtype.kind == "f" and not np.all(np.isfinite(res) & (res == np.round(res))):
+        raise ValueError(f"Resolutions must be whole pixels, got {res.tolist()}.")
+    res = res.astype(np.int64)
+    bad = np.flatnonzero((res <= 0).any(axis=1))
+    if bad.size:
+        i = int(bad[0])
+        raise ValueError(f"Resolutions must be positive, but resolution {i} is {tuple(res[i].tolist())}.")
+    _, first, counts = np.unique(res, axis=0, return_index=True, return_counts=True)
+    if (counts > 1).any():
+        dup = res[first[counts > 1][0]]
+        raise ValueError(
+            f"Resolutions must be unique, but {tuple(dup.tolist())} appears more than once. Remove the duplicates."
+        )
+    res.flags.writeable = False
+    return res
+
+
+@dataclass(frozen=True)
+class AssignmentSummary:
+    """What an assignment did, in the shape of NovelAI's printout.
+
+    Attributes:
+        total: rows assigned.
+        skipped: rows with bucket ``-1``.
+        counts: rows per bucket, shape ``(k,)``, aligned with ``BucketSet.resolutions``.
+        error_mean, error_median, error_max: aspect error over the kept rows (NaN when none kept).
+        resolutions: the bucket table, shape ``(k, 2)``.
+    """
+
+    total: int
+    skipped: int
+    counts: np.ndarray
+    error_mean: float
+    error_median: float
+    error_max: float
+    resolutions: np.ndarray = field(repr=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-serialisable form (used by dataset cards and benchmarks)."""
+        return {
+            "total": self.total,
+            "skipped": self.skipped,
+            "error_mean": self.error_mean,
+            "error_median": self.error_median,
+            "error_max": self.error_max,
+            "counts": {f"{w}x{h}": int(c) for (w, h), c in zip(self.resolutions.tolist(), self.counts.tolist())},
+        }
+
+    def __str__(self) -> str:
+        lines = [
+            f"rows: {self.total:,}  kept: {self.total - self.skipped:,}  skipped: {self.skipped:,}",
+            f"aspect error: mean {self.error_mean:.4f}  median {self.error_median:.4f}  max {self.error_max:.4f}",
+            "rows per bucket (width x height, aspect):",
+        ]
+        order = np.argsort(self.resolutions[:, 0] / self.resolutions[:, 1], kind="stable")
+        for i in order:
+            w, h = self.resolutions[i]
+            lines.append(f"  {w:>5} x {h:<5} {w / h:6.3f}  {int(self.counts[i]):>10,}")
+        return "\n".join(lines)
+
+
+class BucketSet:
+    """An immutable table of bucket resolutions and the rule that assigns images to them.
+
+    Args:
+        resolutions: ``(width, height)`` pairs, positive and unique. The order defines bucket ids.
+        metric: ``"log"`` (default) measures aspect distance as ``|log(w/h) - log(bw/bh)|``, symmetric for
+            tall and wide images; ``"linear"`` is NovelAI's ``|bw/bh - w/h|``.
+        max_aspect_error: rows whose aspect error exceeds this get bucket ``-1``. ``None`` keeps all.
+        aspect_range: ``(min, max)`` of the image's own aspect ratio ``w/h`` to accept (DALL·E kept
+            ``(0.5, 2.0)``); others get bucket ``-1``. ``None`` accepts all.
+
+    Example:
+        ```py
+        >>> bs = BucketSet.novelai()
+        >>> len(bs)
+        19
+        >>> ids, err = bs.assign([1920, 600], [1080, 1800])
+        >>> [tuple(bs.resolutions[i]) for i in ids]
+        [(704, 512), (384, 1024)]
+        ```
+    """
+
+    __slots__ = ("_res", "_metric", "_max_err", "_range", "_order", "_bounds", "_sorted_ids", "_fp")
+
+    def __init__(
+        self,
+        resolutions: Iterable[Sequence[int]],
+        *,
+        metric: Metric = "log",
+        max_aspect_error: float | None = None,
+        aspect_range: tuple[float, float] | None = None,
+    ) -> None:
+        if metric not in _METRICS:
+            raise ValueError(f"`metric` must be one of {_METRICS}, got {metric!r}.")
+        if max_aspect_error is not None and not (math.isfinite(max_aspect_error) and max_aspect_error >= 0):
+            raise ValueError(f"`max_aspect_error` must be a finite number >= 0 or None, got {max_aspect_error!r}.")
+        if aspect_range is not None:
+            lo, hi = (float(x) for x in aspect_range)
+            if not (0 < lo <= hi and math.isfinite(hi)):
+                raise ValueError(f"`aspect_range` must be (min, max) with 0 < min <= max, got {aspect_range!r}.")
+            aspect_range = (lo, hi)
+        self._res = _normalise_resolutions(resolutions)
+        self._metric: Metric = metric
+        self._max_err = None if max_aspect_error is None else float(max_aspect_error)
+        self._range = aspect_range
+        self._build_index()
+        self._fp = hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
+
+    def _build_index(self) -> None:
+        """Precompute the interval boundaries used by :meth:`assign`."""
+        aspects = self.aspects
+        # Unique aspects, each mapped to the lowest bucket id that has it (argmin's tie rule).
+        uniq, first = np.unique(aspects, return_index=True)  # (u,), sorted ascending
+        self._sorted_ids = first.astype(np.int64)  # (u,) bucket id per unique aspect
+        if self._metric == "log":
+            bounds = np.sqrt(uniq[:-1] * uniq[1:])  # (u-1,) geometric midpoints = log-space midpoints
+        else:
+            bounds = (uniq[:-1] + uniq[1:]) / 2  # (u-1,) arithmetic midpoints
+        self._bounds = bounds
+        self._order = uniq
+
+    # ----------------------------------------------------------------------------- constructors
+    @classmethod
+    def novelai(
+        cls,
+        max_area: int = 512 * 768,
+        max_side: int = 1024,
+        step: int = 64,
+        min_side: int = 256,
+        extra: Iterable[Sequence[int]] = ((512, 512),),
+        **kwargs: Any,
+    ) -> BucketSet:
+        """NovelAI's published bucket algorithm (blog post "NovelAI Improvements on Stable Diffusion").
+
+        For every width from ``min_side`` to ``max_side`` in ``step`` increments, take the largest height
+        (multiple of ``step``, at most ``max_side``) whose area stays within ``max_area``; do the same with
+        the roles of width and height swapped; add ``extra`` (512×512). With the defaults this gives their
+        19 buckets. Extra keyword arguments (``metric``, ``max_aspect_error``, ...) go to the constructor.
+        """
+        for name, v in (("max_area", max_area), ("max_side", max_side), ("step", step), ("min_side", min_side)):
+            if int(v) <= 0:
+                raise ValueError(f"`{name}` must be a positive integer, got {v!r}.")
+        sides = np.arange(min_side, max_side + 1, step, dtype=np.int64)  # (m,)
+        other = np.minimum(max_side, (max_area // sides) // step * step)  # (m,) largest fitting side
+        keep = other >= min_side
+        pairs = np.concatenate(
+            [np.stack([sides[keep], other[keep]], 1), np.stack([other[keep], sides[keep]], 1), np.asarray(list(extra), dtype=np.int64).reshape(-1, 2)]
+        )  # (n, 2) (width, height), with duplicates
+        return cls(_sorted_unique(pairs), **kwargs)
+
+    @classmethod
+    def from_budget(
+        cls,
+        resolution: int = 1024,
+        aspects: Iterable[float] | None = None,
+        step: int = 64,
+        min_area_ratio: float = 0.75,
+        **kwargs: Any,
+    ) -> BucketSet:
+        """A pixel-budget ladder: each aspect ratio scaled to about ``resolution²`` pixels.
+
+        Every side is a multiple of ``step`` and no bucket exceeds ``resolution²`` pixels. For each aspect
+        ``a`` (width / height; default: OneTrainer's 4:1 … 1:1 and their inverses), the bucket is the
+        ``step``-aligned shape that is closest to ``a`` in log aspect among the shapes using at least
+        ``min_area_ratio`` of the budget (ties: the larger area). Aspects that land on the same shape
+        (likely with tiny budgets such as ``resolution=64, step=16``) give one bucket.
+        """
+        if int(resolution) <= 0 or int(step) <= 0:
+            raise ValueError(f"`resolution` and `step` must be positive, got resolution={resolution!r}, step={step!r}.")
+        if step > resolution:
+            raise ValueError(f"`step` ({step}) must not exceed `resolution` ({resolution}): no bucket would fit the budget.")
+        budget = int(resolution) ** 2
+        if aspects is None:
+            aspects = sorted({*ONETRAINER_ASPECTS, *(1 / a for a in ONETRAINER_ASPECTS)})
+        targets = np.asarray(list(aspects), dtype=np.float64)  # (t,)
+        if targets.size == 0 or not np.all(np.isfinite(targets) & (targets > 0)):
+            raise ValueError(f"`aspects` must be positive finite width/height ratios, got {targets.tolist()}.")
+        sides = np.arange(step, budget // step + 1, step, dtype=np.int64)  # (m,)
+        other = (budget // sides) // step * step  # (m,) largest side within budget
+        ok = other >= step
+        cand = np.concatenate([np.stack([sides[ok], other[ok]], 1), np.stack([other[ok], sides[ok]], 1)])  # (c, 2)
+        area = cand[:, 0] * cand[:, 1]  # (c,)
+        if (area >= min_area_ratio * budget).any():
+            cand, area = cand[area >= min_area_ratio * budget], area[area >= min_area_ratio * budget]
+        log_err = np.abs(np.log(cand[:, 0] / cand[:, 1])[None, :] - np.log(targets)[:, None])  # (t, c)
+        # lexsort: primary key rounded error, secondary key larger area.
+        best = [int(np.lexsort((-area, np.round(row, 12)))[0]) for row in log_err]
+        return cls(_sorted_unique(cand[best]), **kwargs)
+
+    @classmethod
+    def sdxl(cls, **kwargs: Any) -> BucketSet:
+        """The SDXL report's multi-aspect table at about 1024² pixels, both orientations (41 buckets)."""
+        table = np.asarray(SDXL_TABLE, dtype=np.int64)
+        return cls(_sorted_unique(np.concatenate([table, table[:, ::-1]])), **kwargs)
+
+    @classmethod
+    def preset(cls, name: str, resolution: int = 1024, step: int = 64, **kwargs: Any) -> BucketSet:
+        """Build a named preset: ``"novelai"``, ``"sdxl"`` or ``"budget"`` (uses ``resolution`` and ``step``)."""
+        if name == "novelai":
+            return cls.novelai(**kwargs)
+        if name == "sdxl":
+            return cls.sdxl(**kwargs)
+        if name == "budget":
+            return cls.from_budget(resolution=resolution, step=step, **kwargs)
+        raise ValueError(f"Unknown bucket preset {name!r}. Use one of 'novelai', 'sdxl', 'budget'.")
+
+    @classmethod
+    def from_dataset(cls, ds: Any) -> BucketSet:
+        """Restore the BucketSet an annotated dataset was built with (see :mod:`hf_arb.hub`)."""
+        from .hub import buckets_from_dataset
+
+        return buckets_from_dataset(ds)
+
+    # ----------------------------------------------------------------------------- properties
+    @property
+    def resolutions(self) -> np.ndarray:
+        """Bucket sizes, read-only ``np.ndarray[int64]`` of shape ``(k, 2)``, columns (width, height)."""
+        return self._res
+
+    @property
+    def aspects(self) -> np.ndarray:
+        """Bucket aspect ratios ``width / height``, shape ``(k,)``."""
+        return self._res[:, 0] / self._res[:, 1]
+
+    @property
+    def areas(self) -> np.ndarray:
+        """Bucket areas in pixels, shape ``(k,)``."""
+        return self._res[:, 0] * self._res[:, 1]
+
+    @property
+    def metric(self) -> Metric:
+        return self._metric
+
+    @property
+    def max_aspect_error(self) -> float | None:
+        return self._max_err
+
+    @property
+    def aspect_range(self) -> tuple[float, float] | None:
+        return self._range
+
+    @property
+    def fingerprint(self) -> str:
+        """16 hex digits of SHA-256 over the canonical JSON of :meth:`to_dict`; stable across processes."""
+        return self._fp
+
+    def index(self, resolution: Sequence[int]) -> int:
+        """Bucket id of ``(width, height)``; raises ``ValueError`` naming the available sizes if absent."""
+        w, h = (int(x) for x in resolution)
+        hit = np.flatnonzero((self._res[:, 0] == w) & (self._res[:, 1] == h))
+        if hit.size == 0:
+            raise ValueError(f"{w}x{h} is not a bucket of this set; buckets are {self.labels()}.")
+        return int(hit[0])
+
+    def labels(self) -> list[str]:
+        """``"WxH"`` label per bucket id."""
+        return [f"{w}x{h}" for w, h in self._res.tolist()]
+
+    def portrait_to_landscape(self) -> np.ndarray:
+        """Bucket ids ordered by aspect ratio, tallest first (ties by area), shape ``(k,)``."""
+        return np.lexsort((self.areas, self.aspects))
+
+    # ----------------------------------------------------------------------------- assignment
+    def assign(self, widths: Any, heights: Any) -> tuple[np.ndarray, np.ndarray]:
+        """Assign every image to its nearest bucket by aspect ratio, vectorised.
+
+        Args:
+            widths: image widths, 1-D array-like of shape ``(n,)`` (displayed size).
+            heights: image heights, shape ``(n,)``.
+
+        Returns:
+            ``(bucket_ids, aspect_errors)``: ``int64`` of shape ``(n,)`` (``-1`` where pruned by
+            ``max_aspect_error`` or ``aspect_range``) and ``float64`` of shape ``(n,)``, the distance to the
+            nearest bucket in this set's metric (also reported for pruned rows).
+
+        Raises:
+            ValueError: sizes that are not 1-D, of different lengths, zero, negative or NaN; the message
+                names the first bad index and its value.
+        """
+        w = _as_size_array(widths, "widths")
+        h = _as_size_array(heights, "heights")
+        if w.shape != h.shape:
+            raise ValueError(
+                f"`widths` and `heights` must have the same length, got {w.shape[0]} and {h.shape[0]}."
+            )
+        aspect = w / h  # (n,)
+        slot = np.searchsorted(self._bounds, aspect)  # (n,) index into the sorted unique aspects
+        ids = self._sorted_ids[slot]  # (n,) bucket id
+        chosen = self._order[slot]  # (n,) bucket aspect
+        if self._metric == "log":
+            err = np.abs(np.log(aspect / chosen))
+        else:
+            err = np.abs(chosen - aspect)
+        if self._max_err is not None or self._range is not None:
+            drop = np.zeros(aspect.shape, dtype=bool)
+            if self._max_err is not None:
+                drop |= err > self._max_err
+            if self._range is not None:
+                drop |= (aspect < self._range[0]) | (aspect > self._range[1])
+            ids = np.where(drop, -1, ids)
+        return ids, err
+
+    def summarize(self, bucket_ids: Any, aspect_errors: Any) -> AssignmentSummary:
+        """Statistics of an assignment: skipped count, aspect error mean/median/max over kept rows, counts."""
+        ids = np.asarray(bucket_ids, dtype=np.int64)
+        err = np.asarray(aspect_errors, dtype=np.float64)
+        kept = ids >= 0
+        counts = np.bincount(ids[kept], minlength=len(self))
+        e = err[kept & np.isfinite(err)]
+        stats = (float(e.mean()), float(np.median(e)), float(e.max())) if e.size else (math.nan,) * 3
+        return AssignmentSummary(int(ids.size), int((~kept).sum()), counts, *stats, resolutions=self._res)
+
+    # ----------------------------------------------------------------------------- serialisation
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-serialisable description; ``BucketSet.from_dict(bs.to_dict()) == bs``."""
+        return {
+            "format": _FORMAT_VERSION,
+            "resolutions": self._res.tolist(),
+            "metric": self._metric,
+            "max_aspect_error": self._max_err,
+            "aspect_range": None if self._range is None else list(self._range),
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> BucketSet:
+        """Inverse of :meth:`to_dict`. Raises ``ValueError`` naming a missing or unknown field."""
+        if not isinstance(d, dict) or "resolutions" not in d:
+            raise ValueError(f"A BucketSet dict needs a 'resolutions' field, got {d!r}.")
+        fmt = d.get("format", _FORMAT_VERSION)
+        if fmt != _FORMAT_VERSION:
+            raise ValueError(f"BucketSet dict has format {fmt!r}; this hf_arb reads format {_FORMAT_VERSION}. Upgrade hf_arb.")
+        rng = d.get("aspect_range")
+        return cls(
+            [tuple(r) for r in d["resolutions"]],
+            metric=d.get("metric", "log"),
+            max_aspect_error=d.get("max_aspect_error"),
+            aspect_range=None if rng is None else (rng[0], rng[1]),
+        )
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, s: str) -> BucketSet:
+        return cls.from_dict(json.loads(s))
+
+    def table(self) -> str:
+        """The bucket table as text, one line per bucket, portrait to landscape."""
+        lines = [f"{'id':>3}  {'width':>5}  {'height':>6}  {'aspect':>6}  {'area':>9}"]
+        for i in self.portrait_to_landscape():
+            w, h = self._res[i]
+            lines.append(f"{i:>3}  {w:>5}  {h:>6}  {w / h:6.3f}  {w * h:>9,}")
+        return "\n".join(lines)
+
+    # ----------------------------------------------------------------------------- dunder
+    def __len__(self) -> int:
+        return int(self._res.shape[0])
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        return (tuple(r) for r in self._res.tolist())  # type: ignore[misc]
+
+    def __getitem__(self, i: int) -> tuple[int, int]:
+        w, h = self._res[i].tolist()
+        return (w, h)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, BucketSet) and self._fp == other._fp
+
+    def __hash__(self) -> int:
+        return hash(self._fp)
+
+    def __repr__(self) -> str:
+        shown = ", ".join(self.labels()[:6]) + (", …" if len(self) > 6 else "")
+        extra = f", max_aspect_error={self._max_err}" if self._max_err is not None else ""
+        extra += f", aspect_range={self._range}" if self._range is not None else ""
+        return f"BucketSet({len(self)} buckets: {shown}; metric={self._metric!r}{extra})"
+
+
+def _sorted_unique(pairs: np.ndarray) -> list[tuple[int, int]]:
+    """Unique (width, height) pairs sorted portrait → landscape (aspect ascending, then area)."""
+    uniq = np.unique(np.asarray(pairs, dtype=np.int64).reshape(-1, 2), axis=0)  # (u, 2)
+    order = np.lexsort((uniq[:, 0] * uniq[:, 1], uniq[:, 0] / uniq[:, 1]))
+    return [tuple(p) for p in uniq[order].tolist()]
