@@ -57,8 +57,6 @@ def render() -> str:
                 f"| {r['figure']} | {_fmt(r['ours'])} | {_fmt(r['baseline'])} | {r['unit']} | {ratio} "
                 f"| {r.get('target') or '-'} | {res['machine']} |"
             )
-            if r.get("note"):
-                parts[-1] = parts[-1]  # notes go below the table
         notes = [f"- {r['figure']}: {r['note']}" for r in res["rows"] if r.get("note")]
         if notes:
             parts.append("")
