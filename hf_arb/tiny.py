@@ -1,0 +1,195 @@
+"""Tiny, randomly initialised Stable Diffusion pipelines built offline.
+
+The demo (``make demo``), the tests and the CPU benchmarks need real diffusers pipelines, but there is no Hub
+access at run time. These helpers build the same architectures as SD 1.x and SDXL at toy sizes (a few thousand
+parameters per block), from configs alone, and save them in the folder layout that
+``DiffusionPipeline.from_pretrained`` and the training script read.
+
+Two facts this module encodes:
+
+* the VAE needs **4 down blocks** so that its spatial scale factor is ``2 ** (4 - 1) = 8``, like the real models
+  (pipelines derive ``vae_scale_factor`` from ``len(vae.config.block_out_channels)``);
+* a CLIP tokenizer can be built without downloading anything: a byte-level alphabet vocabulary (each byte
+  character, plain and with the ``</w>`` end-of-word suffix) and no merges.
+
+Example:
+    ```py
+    >>> from hf_arb.tiny import save_tiny_sd
+    >>> path = save_tiny_sd("/tmp/tiny-sd")
+    >>> from diffusers import StableDiffusionPipeline
+    >>> pipe = StableDiffusionPipeline.from_pretrained(path)
+    ```
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+__all__ = [
+    "tiny_clip_tokenizer",
+    "tiny_sd_pipeline",
+    "tiny_sdxl_pipeline",
+    "save_tiny_sd",
+    "save_tiny_sdxl",
+]
+
+_TEXT_HIDDEN = 32
+_BLOCKS = (32, 64)
+
+
+def tiny_clip_tokenizer(model_max_length: int = 77) -> Any:
+    """A working ``CLIPTokenizer`` with a byte-level alphabet vocabulary and no merges (no download).
+
+    Every byte character ``c`` of GPT-2's byte-level alphabet is a token, as is ``c + "</w>"`` (the end-of-word
+    form CLIP's BPE produces for the last character of a word), plus the start and end tokens (the end token
+    doubles as padding and unknown). Vocabulary size is ``2 + 2 * 256 = 514``.
+    """
+    from tokenizers import pre_tokenizers
+    from transformers import CLIPTokenizer
+
+    vocab: dict[str, int] = {"<|startoftext|>": 0, "<|endoftext|>": 1}
+    for ch in sorted(pre_tokenizers.ByteLevel.alphabet()):
+        vocab.setdefault(ch, len(vocab))
+        vocab.setdefault(ch + "</w>", len(vocab))
+    return CLIPTokenizer(vocab=vocab, merges=[], model_max_length=model_max_length)
+
+
+def _text_encoder(vocab_size: int, *, with_projection: bool, seed: int) -> Any:
+    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
+
+    config = CLIPTextConfig(
+        vocab_size=vocab_size,
+        hidden_size=_TEXT_HIDDEN,
+        intermediate_size=37,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        max_position_embeddings=77,
+        projection_dim=_TEXT_HIDDEN,
+        bos_token_id=0,
+        eos_token_id=1,
+        pad_token_id=1,
+    )
+    with torch.random.fork_rng(devices=[]):  # leaves the caller's global RNG untouched
+        torch.random.manual_seed(seed)
+        cls = CLIPTextModelWithProjection if with_projection else CLIPTextModel
+        return cls(config).eval()
+
+
+def _vae(seed: int) -> Any:
+    from diffusers import AutoencoderKL
+
+    with torch.random.fork_rng(devices=[]):
+        torch.random.manual_seed(seed)
+        return AutoencoderKL(
+            in_channels=3,
+            out_channels=3,
+            down_block_types=("DownEncoderBlock2D",) * 4,  # 4 blocks -> scale factor 8
+            up_block_types=("UpDecoderBlock2D",) * 4,
+            block_out_channels=(8, 8, 16, 16),
+            layers_per_block=1,
+            latent_channels=4,
+            norm_num_groups=4,
+            sample_size=64,
+        ).eval()
+
+
+def _unet(seed: int, *, sdxl: bool) -> Any:
+    from diffusers import UNet2DConditionModel
+
+    kwargs: dict[str, Any] = dict(
+        sample_size=8,
+        in_channels=4,
+        out_channels=4,
+        layers_per_block=1,
+        block_out_channels=_BLOCKS,
+        down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
+        up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"),
+        norm_num_groups=8,
+        attention_head_dim=(2, 4),
+    )
+    if sdxl:
+        time_dim = 8
+        kwargs.update(
+            cross_attention_dim=2 * _TEXT_HIDDEN,  # both text encoders' hidden states, concatenated
+            addition_embed_type="text_time",
+            addition_time_embed_dim=time_dim,
+            projection_class_embeddings_input_dim=6 * time_dim + _TEXT_HIDDEN,  # 6 time ids + pooled text
+            use_linear_projection=True,
+        )
+    else:
+        kwargs.update(cross_attention_dim=_TEXT_HIDDEN)
+    with torch.random.fork_rng(devices=[]):
+        torch.random.manual_seed(seed)
+        return UNet2DConditionModel(**kwargs)
+
+
+def _scheduler() -> Any:
+    from diffusers import DDPMScheduler
+
+    return DDPMScheduler(
+        num_train_timesteps=1000,
+        beta_start=0.00085,
+        beta_end=0.012,
+        beta_schedule="scaled_linear",
+        clip_sample=False,
+        prediction_type="epsilon",
+        steps_offset=1,
+    )
+
+
+def tiny_sd_pipeline(seed: int = 0) -> Any:
+    """A ``StableDiffusionPipeline`` with the SD 1.x architecture at toy size, random weights.
+
+    Latents are ``(B, 4, H/8, W/8)``; text hidden states ``(B, 77, 32)``. No safety checker.
+    """
+    from diffusers import StableDiffusionPipeline
+
+    tok = tiny_clip_tokenizer()
+    return StableDiffusionPipeline(
+        vae=_vae(seed + 1),
+        text_encoder=_text_encoder(len(tok), with_projection=False, seed=seed + 2),
+        tokenizer=tok,
+        unet=_unet(seed + 3, sdxl=False),
+        scheduler=_scheduler(),
+        safety_checker=None,
+        feature_extractor=None,
+        requires_safety_checker=False,
+    )
+
+
+def tiny_sdxl_pipeline(seed: int = 0) -> Any:
+    """A ``StableDiffusionXLPipeline`` with the SDXL architecture at toy size, random weights.
+
+    Two text encoders (the second with a projection giving the pooled embedding, ``(B, 32)``), hidden states
+    concatenated to ``(B, 77, 64)``, and the ``text_time`` added embedding for the 6 micro-conditioning ids.
+    """
+    from diffusers import StableDiffusionXLPipeline
+
+    tok = tiny_clip_tokenizer()
+    return StableDiffusionXLPipeline(
+        vae=_vae(seed + 1),
+        text_encoder=_text_encoder(len(tok), with_projection=False, seed=seed + 2),
+        text_encoder_2=_text_encoder(len(tok), with_projection=True, seed=seed + 4),
+        tokenizer=tok,
+        tokenizer_2=tiny_clip_tokenizer(),
+        unet=_unet(seed + 3, sdxl=True),
+        scheduler=_scheduler(),
+        force_zeros_for_empty_prompt=True,
+    )
+
+
+def save_tiny_sd(path: str | Path, seed: int = 0) -> str:
+    """Build :func:`tiny_sd_pipeline` and ``save_pretrained`` it to ``path``; returns the path as a string."""
+    path = Path(path)
+    tiny_sd_pipeline(seed).save_pretrained(path)
+    return str(path)
+
+
+def save_tiny_sdxl(path: str | Path, seed: int = 0) -> str:
+    """Build :func:`tiny_sdxl_pipeline` and ``save_pretrained`` it to ``path``; returns the path as a string."""
+    path = Path(path)
+    tiny_sdxl_pipeline(seed).save_pretrained(path)
+    return str(path)
