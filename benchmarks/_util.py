@@ -13,6 +13,7 @@ import os
 import platform
 import resource
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -77,14 +78,16 @@ def row(figure: str, ours: float, baseline: float | None, unit: str, *, higher_i
 
 def save_result(name: str, title: str, rows: list[dict[str, Any]], *, command: str, baseline: str,
                 details: str = "", extra: dict[str, Any] | None = None) -> Path:
-    """Write ``benchmarks/results/<name>.json`` (atomically) and print the rows."""
-    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    """Write ``benchmarks/results/<name>.json`` (``results/quick/`` under ``--quick``) atomically; print the rows."""
+    # --quick runs (small sizes, used by `run_all.py --quick` and smoke tests) never replace the documented figures.
+    out_dir = RESULTS_DIR / "quick" if "--quick" in sys.argv else RESULTS_DIR
+    out_dir.mkdir(parents=True, exist_ok=True)
     payload = {
         "name": name, "title": title, "rows": rows, "command": command, "baseline": baseline,
         "details": details, "machine": machine(), "commit": git_commit(),
         "date": time.strftime("%Y-%m-%d"), "extra": extra or {},
     }
-    path = RESULTS_DIR / f"{name}.json"
+    path = out_dir / f"{name}.json"
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(payload, indent=2, default=float) + "\n")
     tmp.replace(path)
