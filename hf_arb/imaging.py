@@ -354,7 +354,7 @@ def to_rgb(im: Image.Image, background: Sequence[int] = (255, 255, 255)) -> Imag
         arr = np.nan_to_num(np.asarray(im, dtype=np.float32), nan=0.0)  # (H, W)
         return Image.fromarray(np.clip(arr * 255.0 + 0.5, 0, 255).astype(np.uint8), "L").convert("RGB")
     if mode in _ALPHA_MODES or "transparency" in im.info:
-        rgba = im.convert("RGBA")
+        rgba = (im.convert("LA") if mode == "La" else im).convert("RGBA")  # Pillow has no La → RGBA
         bg = tuple(int(c) for c in background)
         if len(bg) != 3 or not all(0 <= c <= 255 for c in bg):
             raise ValueError(f"`background` must be an (r, g, b) triple of 0–255 integers, got {background!r}.")
@@ -501,10 +501,12 @@ def to_tensor(image: Image.Image | np.ndarray) -> torch.Tensor:
     if isinstance(image, Image.Image):
         if image.mode != "RGB":
             image = to_rgb(image)
-        arr = np.asarray(image)  # (H, W, 3) uint8
+        arr = np.array(image)  # (H, W, 3) uint8, writable copy
     else:
         arr = np.asarray(image)
         if arr.ndim != 3 or arr.shape[2] != 3 or arr.dtype != np.uint8:
             raise ValueError(f"`to_tensor` expects an (H, W, 3) uint8 array, got shape {arr.shape} dtype {arr.dtype}.")
-    t = torch.from_numpy(np.ascontiguousarray(arr)).permute(2, 0, 1)  # (3, H, W) uint8
+    if not arr.flags.writeable or not arr.flags.c_contiguous:
+        arr = np.array(arr)
+    t = torch.from_numpy(arr).permute(2, 0, 1)  # (3, H, W) uint8
     return t.to(torch.float32).div_(127.5).sub_(1.0)
