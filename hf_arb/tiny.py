@@ -34,6 +34,7 @@ __all__ = [
     "tiny_sdxl_pipeline",
     "save_tiny_sd",
     "save_tiny_sdxl",
+    "save_tiny_imagefolder",
 ]
 
 _TEXT_HIDDEN = 32
@@ -193,3 +194,59 @@ def save_tiny_sdxl(path: str | Path, seed: int = 0) -> str:
     path = Path(path)
     tiny_sdxl_pipeline(seed).save_pretrained(path)
     return str(path)
+
+
+#: ``(width, height)`` of the tiny imagefolder's images: five aspect ratios, none exactly a bucket's.
+TINY_IMAGE_SIZES: tuple[tuple[int, int], ...] = ((100, 97), (122, 72), (70, 118), (150, 49), (47, 146))
+_PHOTOS = ("astronaut.png", "chelsea.png", "coffee.png", "rocket.jpg", "motorcycle_left.png", "hubble_deep_field.jpg")
+
+
+def save_tiny_imagefolder(path: str | Path, per_size: int = 4, sizes: tuple[tuple[int, int], ...] = TINY_IMAGE_SIZES,
+                          image_format: str = "png") -> str:
+    """Write an ``imagefolder`` dataset (images + ``metadata.jsonl`` with a ``text`` column) for tests and demos.
+
+    Images are crops of the real photographs shipped with scikit-image (when installed; otherwise smooth
+    synthetic gradients), ``per_size`` images for each ``(width, height)`` in ``sizes``, each from a different
+    photo region so that every file's content differs. Captions name the photo and the shape.
+
+    Returns:
+        ``path`` as a string; load it with ``datasets.load_dataset("imagefolder", data_dir=path)`` or pass it to
+        the training script's ``--train_data_dir``.
+    """
+    import json
+
+    import numpy as np
+    from PIL import Image
+
+    out = Path(path)
+    out.mkdir(parents=True, exist_ok=True)
+    photos: list[tuple[str, Image.Image]] = []
+    try:
+        import skimage
+
+        folder = Path(skimage.__file__).parent / "data"
+        photos = [(p.split(".")[0], Image.open(folder / p).convert("RGB")) for p in _PHOTOS if (folder / p).exists()]
+    except ImportError:
+        pass
+    if not photos:
+        yy, xx = np.mgrid[0:256, 0:256]
+        photos = [(f"gradient{i}", Image.fromarray(np.stack([(xx + 37 * i) % 256, yy, (xx + yy + 91 * i) % 256],
+                                                               -1).astype(np.uint8))) for i in range(3)]
+    lines = []
+    n = 0
+    for w, h in sizes:
+        for j in range(per_size):
+            name, photo = photos[n % len(photos)]
+            pw, ph = photo.size
+            scale = min(pw / w, ph / h) * (0.6 + 0.1 * (j % 4))  # a different region size per image
+            cw, ch = max(1, int(w * scale)), max(1, int(h * scale))
+            x0 = (n * 37) % max(1, pw - cw + 1)
+            y0 = (n * 53) % max(1, ph - ch + 1)
+            im = photo.crop((x0, y0, x0 + cw, y0 + ch)).resize((w, h), Image.Resampling.LANCZOS)
+            fname = f"{n:03d}_{w}x{h}.{image_format}"
+            im.save(out / fname)
+            shape = "square" if abs(w - h) < 10 else ("landscape" if w > h else "portrait")
+            lines.append(json.dumps({"file_name": fname, "text": f"a {shape} photo of {name} number {j}"}))
+            n += 1
+    (out / "metadata.jsonl").write_text("\n".join(lines) + "\n")
+    return str(out)

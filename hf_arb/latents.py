@@ -1,0 +1,399 @@
+"""Bucketed latent cache: VAE-encode every (image, bucket, crop, flip) once and train from the cache.
+
+Encoding an image with the VAE costs more than the UNet step for small batches; when the VAE is frozen, the
+encoding of a given (image, bucket, crop, flip) never changes, so it can be computed once and read back.
+
+Layout of a cache directory (safe to share between runs, datasets and ranks)::
+
+    <root>/ab/ab12…ef.npy    float16, shape (2, C, h, w): the VAE posterior's mean and std
+    <root>/ab/ab12…ef.json   {"original_size": [h, w], "crop_top_left": [y, x], "target_size": [h, w]}
+
+* **Key.** :func:`entry_key` hashes the image *content* (SHA-256 of its encoded bytes), the exact fit plan
+  (bucket ``(w, h)``, scaled size, crop offset, flip: ``BucketedImageDataset.fit_row(...).key()``, known without
+  decoding the image) and the VAE's identity (:func:`vae_fingerprint`: config and weights). An edited image, a changed bucket set or another VAE map to new
+  keys, so only what changed is encoded again; everything else is reused.
+* **Posterior, not a sample.** The cache stores the mean and std of the VAE's diagonal Gaussian; training draws
+  ``mean + std * eps`` with its own generator, exactly what on-the-fly encoding does with the same ``eps``.
+* **Variants.** With random crops or flips, freezing one crop per image would silently change training. Variant
+  ``v`` of an image is the crop/flip the data pipeline produces at epoch ``v``; training at epoch ``e`` reads
+  variant ``e % variants``. With ``variants >= epochs`` cached training sees exactly what on-the-fly training
+  sees. Centre crops without flip have one variant.
+* **Atomic writes.** Each file is written to a temporary name in the same directory and renamed; the ``.npy``
+  is renamed last, and an entry exists only when its ``.npy`` does. Concurrent writers of the same key write the
+  same bytes.
+* **Per-rank share.** :func:`plan_share` splits the entries to check by position (``i % world == rank``), so ranks
+  never disagree about who encodes what, even while other ranks are writing.
+* **Memory-mapped reads.** :meth:`LatentCache.read` opens the ``.npy`` with ``mmap_mode="r"``; only the rows a
+  batch needs are paged in.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "LatentCache",
+    "CacheIndex",
+    "CachedLatentDataset",
+    "vae_fingerprint",
+    "content_hash",
+    "content_hashes",
+    "entry_key",
+    "plan_share",
+    "variant_for_epoch",
+]
+
+
+# ----------------------------------------------------------------------------------------------- keys
+def vae_fingerprint(vae: Any) -> str:
+    """16 hex digits identifying a VAE: SHA-256 of its config and every weight (as float32 bytes).
+
+    Two VAEs with the same architecture but other weights (a fine-tuned VAE, SDXL's fp16-fix VAE) get different
+    fingerprints. Costs one pass over the weights (about 0.5 s for SD's 84 M-parameter VAE on CPU).
+    """
+    import torch
+
+    h = hashlib.sha256()
+    config = {k: v for k, v in dict(vae.config).items() if not k.startswith("_")}
+    h.update(json.dumps(config, sort_keys=True, default=str).encode())
+    with torch.no_grad():
+        for name, tensor in vae.state_dict().items():
+            h.update(name.encode())
+            h.update(tensor.detach().to("cpu", torch.float32).contiguous().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def content_hash(source: Any) -> str:
+    """SHA-256 (hex) of an image's encoded bytes.
+
+    Args:
+        source: what ``datasets`` gives for an ``Image(decode=False)`` column (``{"bytes": ..., "path": ...}``),
+            raw ``bytes``, a file path, or a PIL image (hashed by mode, size and pixels when nothing else exists).
+    """
+    if isinstance(source, dict):
+        if source.get("bytes") is not None:
+            return hashlib.sha256(source["bytes"]).hexdigest()
+        if source.get("path"):
+            return content_hash(source["path"])
+        raise ValueError(f"Image entry has neither bytes nor path: {source!r}.")
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        return hashlib.sha256(source).hexdigest()
+    if isinstance(source, (str, os.PathLike)):
+        h = hashlib.sha256()
+        with open(source, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+        return h.hexdigest()
+    if hasattr(source, "tobytes") and hasattr(source, "mode"):  # PIL image
+        h = hashlib.sha256(f"{source.mode}:{source.size}".encode())
+        h.update(source.tobytes())
+        return h.hexdigest()
+    raise TypeError(f"Cannot hash an image given as {type(source).__name__}; pass bytes, a path or a dict.")
+
+
+def content_hashes(ds: Any, image_column: str, indices: Sequence[int] | None = None) -> list[str]:
+    """Content hashes of ``ds[image_column]`` at ``indices`` (all rows by default), without decoding images."""
+    import datasets
+
+    if image_column not in ds.column_names:
+        raise ValueError(f"Image column {image_column!r} not in the dataset; columns are {ds.column_names}.")
+    col = ds.select_columns([image_column])
+    if isinstance(col.features[image_column], datasets.Image):
+        col = col.cast_column(image_column, datasets.Image(decode=False))
+    if indices is not None:
+        col = col.select(list(indices))
+    return [content_hash(x) for x in col[image_column]]
+
+
+def entry_key(content: str, plan: Any, vae: str) -> str:
+    """32 hex digits: SHA-256 over the content hash, the fit plan (bucket, resize, crop, flip) and the VAE id.
+
+    Args:
+        content: :func:`content_hash` of the image.
+        plan: the exact geometry the data pipeline applies, e.g. ``FitPlan.key()`` (bucket size, scaled size,
+            crop offset, flip); anything with a stable ``repr``.
+        vae: :func:`vae_fingerprint`.
+    """
+    payload = f"v1|{content}|{plan!r}|{vae}"
+    return hashlib.sha256(payload.encode()).hexdigest()[:32]
+
+
+def variant_for_epoch(epoch: int, variants: int) -> int:
+    """Which cached variant epoch ``epoch`` trains on: ``epoch % variants``."""
+    return int(epoch) % max(1, int(variants))
+
+
+def plan_share(n: int, rank: int, world: int) -> np.ndarray:
+    """Positions ``0..n-1`` this rank is responsible for (``i % world == rank``), shape ``(ceil((n-rank)/world),)``."""
+    if not (0 <= rank < world):
+        raise ValueError(f"rank must be in [0, world) = [0, {world}), got {rank}.")
+    return np.arange(rank, n, world, dtype=np.int64)
+
+
+# ---------------------------------------------------------------------------------------------- store
+def _atomic_write_bytes(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+class LatentCache:
+    """A directory of latent posteriors keyed by :func:`entry_key`.
+
+    Args:
+        root: cache directory (created on first write).
+
+    Example:
+        ```py
+        >>> cache = LatentCache("/tmp/latents")
+        >>> cache.write("00" * 16, np.zeros((2, 4, 8, 12), np.float16), {"original_size": [64, 96]})
+        >>> stats, meta = cache.read("00" * 16)
+        >>> stats.shape, stats.dtype
+        ((2, 4, 8, 12), dtype('float16'))
+        ```
+    """
+
+    def __init__(self, root: str | os.PathLike) -> None:
+        self.root = Path(root)
+
+    def _paths(self, key: str) -> tuple[Path, Path]:
+        base = self.root / key[:2] / key
+        return base.with_suffix(".npy"), base.with_suffix(".json")
+
+    def has(self, key: str) -> bool:
+        """True when the entry is complete (its ``.npy`` exists)."""
+        return self._paths(key)[0].exists()
+
+    def write(self, key: str, stats: np.ndarray, meta: dict[str, Any]) -> None:
+        """Store ``stats`` (``(2, C, h, w)``: mean and std) as float16 plus ``meta``, atomically."""
+        import io
+
+        arr = np.asarray(stats)
+        if arr.ndim != 4 or arr.shape[0] != 2:
+            raise ValueError(f"Latent stats must have shape (2, C, h, w) (mean and std), got {arr.shape}.")
+        arr16 = arr.astype(np.float16)
+        if not np.isfinite(arr16).all():
+            raise ValueError(
+                f"Latent stats for {key} overflow float16 (max |x| = {float(np.abs(arr).max()):.3g}); "
+                "the VAE produced values float16 cannot hold. Encode in float32 or use a VAE that does not overflow."
+            )
+        npy, meta_path = self._paths(key)
+        _atomic_write_bytes(meta_path, json.dumps(meta, sort_keys=True).encode())
+        buf = io.BytesIO()
+        np.save(buf, arr16)
+        _atomic_write_bytes(npy, buf.getvalue())
+
+    def read(self, key: str) -> tuple[np.ndarray, dict[str, Any]]:
+        """Memory-mapped ``(2, C, h, w)`` float16 stats and the metadata of an entry."""
+        npy, meta_path = self._paths(key)
+        if not npy.exists():
+            raise KeyError(f"Latent cache {self.root} has no entry {key}. Rebuild the cache (--cache_latents).")
+        return np.load(npy, mmap_mode="r"), json.loads(meta_path.read_text())
+
+    def read_meta(self, key: str) -> dict[str, Any]:
+        return json.loads(self._paths(key)[1].read_text())
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self.root.glob("*/*.npy")) if self.root.exists() else 0
+
+
+@dataclass
+class CacheIndex:
+    """Which cache entry each ``(row, target bucket, variant)`` reads.
+
+    Attributes:
+        keys: ``{(row, bucket_id): [key of variant 0, key of variant 1, ...]}``.
+        variants: number of variants per image.
+        encoded: entries this process encoded while building (0 when everything was reused).
+        reused: entries this process found already in the cache.
+    """
+
+    keys: dict[tuple[int, int], list[str]]
+    variants: int
+    encoded: int = 0
+    reused: int = 0
+
+    def key(self, row: int, bucket: int, epoch: int) -> str:
+        try:
+            return self.keys[(int(row), int(bucket))][variant_for_epoch(epoch, self.variants)]
+        except KeyError:
+            raise KeyError(
+                f"Row {row} was not cached for bucket {bucket}. The latent cache was built for a different sampler "
+                "plan (bucket set, --bucket_leftover or epochs changed?); rebuild it with --cache_latents."
+            ) from None
+
+
+def build_index(
+    pairs: Iterable[tuple[int, int]],
+    hashes: Sequence[str],
+    plan_key: Callable[[int, int, int], Any],
+    *,
+    variants: int,
+    vae_id: str,
+) -> CacheIndex:
+    """Keys for every ``(row, bucket)`` pair and variant.
+
+    Args:
+        pairs: ``(row, bucket_id)`` the sampler can ask for.
+        hashes: content hash per row of the dataset, ``len == num_rows``.
+        plan_key: ``(row, bucket, epoch)`` → a hashable description of the exact resize/crop/flip the data
+            pipeline applies at that epoch (``BucketedImageDataset.fit_row(row, bucket, epoch).key()``), computed
+            without opening the image. Variant ``v`` is epoch ``v``'s plan; identical plans (centre crops without
+            flip) share one entry.
+        variants: variants per image (>= 1).
+        vae_id: :func:`vae_fingerprint` of the VAE.
+    """
+    if variants < 1:
+        raise ValueError(f"--latent_cache_variants must be >= 1, got {variants}.")
+    keys: dict[tuple[int, int], list[str]] = {}
+    for row, bucket in pairs:
+        row, bucket = int(row), int(bucket)
+        keys[(row, bucket)] = [
+            entry_key(hashes[row], plan_key(row, bucket, v), vae_id) for v in range(variants)
+        ]
+    return CacheIndex(keys=keys, variants=variants)
+
+
+def fill_cache(
+    cache: LatentCache,
+    index: CacheIndex,
+    *,
+    rank: int,
+    world: int,
+    load_batch: Callable[[list[tuple[int, int, int]]], dict[str, Any]],
+    encode: Callable[[Any], Any],
+    batch_size: int,
+    progress: Callable[[int], None] | None = None,
+) -> CacheIndex:
+    """Encode this rank's share of the missing entries, batched by bucket; returns ``index`` with counts set.
+
+    Args:
+        cache: where entries live.
+        index: from :func:`build_index`.
+        rank, world: this process and the number of processes; entry ``i`` (in sorted key order) belongs to rank
+            ``i % world``.
+        load_batch: ``[(row, bucket, variant), ...]`` (one bucket) → a collated batch with ``pixel_values``
+            ``(B, 3, H, W)``, ``original_sizes``, ``crop_top_lefts``, ``target_sizes`` (``(B, 2)`` each). The data
+            pipeline's item for epoch ``variant`` is exactly variant ``variant``.
+        encode: ``pixel_values`` → ``(B, 2, C, H/8, W/8)`` posterior mean and std (any array-like).
+        batch_size: images per VAE call.
+        progress: called with the number of entries just written.
+    """
+    todo: list[tuple[str, int, int, int]] = sorted(
+        {(k, row, bucket, v) for (row, bucket), ks in index.keys.items() for v, k in enumerate(ks)}
+    )
+    # Deduplicate identical keys (same image content twice in the dataset) before sharing out the work.
+    seen: set[str] = set()
+    unique = [t for t in todo if not (t[0] in seen or seen.add(t[0]))]  # type: ignore[func-returns-value]
+    mine = [unique[i] for i in plan_share(len(unique), rank, world)]
+    missing = [t for t in mine if not cache.has(t[0])]
+    index.reused = len(mine) - len(missing)
+    by_bucket: dict[int, list[tuple[str, int, int, int]]] = {}
+    for t in missing:
+        by_bucket.setdefault(t[2], []).append(t)
+    for bucket in sorted(by_bucket):
+        items = by_bucket[bucket]
+        for start in range(0, len(items), batch_size):
+            chunk = items[start : start + batch_size]
+            batch = load_batch([(row, b, v) for _, row, b, v in chunk])
+            stats = np.asarray(_to_numpy(encode(batch["pixel_values"])))  # (B, 2, C, h, w)
+            for j, (key, *_rest) in enumerate(chunk):
+                meta = {
+                    "original_size": [int(x) for x in _to_numpy(batch["original_sizes"][j])],
+                    "crop_top_left": [int(x) for x in _to_numpy(batch["crop_top_lefts"][j])],
+                    "target_size": [int(x) for x in _to_numpy(batch["target_sizes"][j])],
+                }
+                cache.write(key, stats[j], meta)
+            index.encoded += len(chunk)
+            if progress is not None:
+                progress(len(chunk))
+    return index
+
+
+def _to_numpy(x: Any) -> np.ndarray:
+    if hasattr(x, "detach"):
+        return x.detach().float().cpu().numpy()
+    return np.asarray(x)
+
+
+# -------------------------------------------------------------------------------------------- dataset
+class CachedLatentDataset:
+    """Map-style dataset over a built cache; items are keyed like ``BucketedImageDataset``'s.
+
+    ``dataset[(row, bucket, epoch)]`` → ``{"latent_stats": (2, C, h, w) float32 tensor, "original_size",
+    "crop_top_left", "target_size", "caption", "row", "bucket"}``; :meth:`collate` stacks a batch into
+    ``latent_stats`` ``(B, 2, C, h, w)``, ``original_sizes`` / ``crop_top_lefts`` / ``target_sizes`` ``(B, 2)``,
+    ``captions`` (list of str), ``rows`` and ``buckets`` (``(B,)``).
+
+    Args:
+        cache, index: from :func:`build_index` / :func:`fill_cache`.
+        captions: one caption, or a list of captions, per dataset row. From a list, epoch ``e`` takes the caption
+            ``BucketedImageDataset`` takes (same per-row stream; the global RNG is not used).
+        seed: for caption choice.
+    """
+
+    def __init__(self, cache: LatentCache, index: CacheIndex, captions: Sequence[Any], seed: int = 0) -> None:
+        self.cache = cache
+        self.index = index
+        self.captions = captions
+        self.seed = int(seed)
+
+    def __len__(self) -> int:
+        return len(self.captions)
+
+    def _caption(self, row: int, epoch: int) -> str:
+        cap = self.captions[row]
+        if cap is None:
+            return ""
+        if isinstance(cap, str):
+            return cap
+        if isinstance(cap, (list, tuple, np.ndarray)) and len(cap) > 0:
+            from .data import row_rng
+
+            return str(cap[int(row_rng(self.seed, epoch, row, 2).integers(len(cap)))])
+        raise ValueError(f"Caption of row {row} must be a string or a non-empty list of strings, got {cap!r}.")
+
+    def __getitem__(self, key: tuple[int, int, int]) -> dict[str, Any]:
+        import torch
+
+        row, bucket, epoch = (int(x) for x in key)
+        stats, meta = self.cache.read(self.index.key(row, bucket, epoch))
+        return {
+            "latent_stats": torch.from_numpy(np.array(stats, dtype=np.float32)),
+            "original_size": meta["original_size"],
+            "crop_top_left": meta["crop_top_left"],
+            "target_size": meta["target_size"],
+            "caption": self._caption(row, epoch),
+            "row": row,
+            "bucket": bucket,
+        }
+
+    @staticmethod
+    def collate(items: list[dict[str, Any]]) -> dict[str, Any]:
+        import torch
+
+        return {
+            "latent_stats": torch.stack([it["latent_stats"] for it in items]),
+            "original_sizes": torch.tensor([it["original_size"] for it in items], dtype=torch.long),
+            "crop_top_lefts": torch.tensor([it["crop_top_left"] for it in items], dtype=torch.long),
+            "target_sizes": torch.tensor([it["target_size"] for it in items], dtype=torch.long),
+            "captions": [it["caption"] for it in items],
+            "rows": torch.tensor([it["row"] for it in items], dtype=torch.long),
+            "buckets": torch.tensor([it["bucket"] for it in items], dtype=torch.long),
+        }
