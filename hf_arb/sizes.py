@@ -93,15 +93,30 @@ def _orientation(img: Image.Image) -> int:
         return 1
 
 
+def _plugin_applied_orientation(img: Image.Image) -> bool:
+    """True when Pillow's plugin already reports the displayed size (TIFF in Pillow >= 11 does).
+
+    A TIFF's stored size is in its IMAGEWIDTH/IMAGELENGTH tags (256, 257); if ``img.size`` differs from them, the
+    plugin swapped it for the orientation already and it must not be swapped twice.
+    """
+    tags = getattr(img, "tag_v2", None)
+    if tags is None:
+        return False
+    stored = (tags.get(256), tags.get(257))
+    return None not in stored and tuple(img.size) != stored
+
+
 def _size_of_open(fp: BinaryIO, source: str) -> tuple[int, int]:
     """Open ``fp`` with Pillow (header only) and return the displayed size."""
+    caller_fp = fp
     pos = fp.tell() if fp.seekable() else None
     head = fp.read(16)
     if not head:
         raise ImageSizeError(source, "empty (0 bytes)")
-    if pos is not None:
-        fp.seek(pos)
-    else:  # not seekable: buffer what we read plus the rest of the stream
+    if pos == 0:
+        fp.seek(0)
+    else:
+        # Pillow reads from offset 0; an image starting mid-stream, or a stream that cannot seek, is buffered.
         fp = io.BytesIO(head + fp.read())
     try:
         with warnings.catch_warnings():
@@ -111,6 +126,7 @@ def _size_of_open(fp: BinaryIO, source: str) -> tuple[int, int]:
         try:
             width, height = img.size
             orientation = _orientation(img)
+            already_oriented = _plugin_applied_orientation(img)
         finally:
             # Close Pillow's view without closing a caller's file object.
             if img.fp is not fp:
@@ -126,11 +142,13 @@ def _size_of_open(fp: BinaryIO, source: str) -> tuple[int, int]:
     finally:
         if pos is not None:
             try:
-                fp.seek(pos)
+                caller_fp.seek(pos)
             except (OSError, ValueError):
                 pass
     if width <= 0 or height <= 0:
         raise ImageSizeError(source, "zero-sized image", f"header says {width}x{height}")
+    if already_oriented:
+        return width, height
     return displayed_size(width, height, orientation)
 
 
