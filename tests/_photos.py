@@ -22,7 +22,7 @@ PHOTOS = {
     "rocket.jpg": (640, 427),
     "hubble_deep_field.jpg": (1000, 872),
     "horse.png": (400, 328),  # RGBA
-    "cell.png": (660, 550),  # grayscale, portrait-ish
+    "cell.png": (550, 660),  # grayscale, portrait
 }
 
 
