@@ -126,7 +126,16 @@ def _run_annotate(args: argparse.Namespace) -> int:
     if args.streaming and args.output_dir:
         # Materialise the stream once (sizes are read as it flows), then save like a map-style dataset.
         def materialise(d: Any) -> Any:
-            return datasets.Dataset.from_generator(lambda: (yield from d), features=d.features)
+            # Image columns pass through undecoded ({"bytes", "path"}): no pixel decode, no re-encode, and a
+            # broken file stays a row with its skip_reason instead of failing the copy.
+            images = {k: v for k, v in (d.features or {}).items() if isinstance(v, datasets.Image)}
+            raw = d
+            for k in images:
+                raw = raw.cast_column(k, datasets.Image(decode=False))
+            out = datasets.Dataset.from_generator(lambda: (yield from raw), features=raw.features)
+            for k, feature in images.items():
+                out = out.cast_column(k, feature)
+            return out
 
         annotated = (datasets.DatasetDict({s: materialise(d) for s, d in annotated.items()})
                      if isinstance(annotated, datasets.IterableDatasetDict) else materialise(annotated))

@@ -94,7 +94,8 @@ def buckets_from_columns(ds: Any) -> BucketSet:
         )
     resolutions = np.stack([bw[first], bh[first]], 1)  # (k, 2) in id order
     metric = _infer_metric(t, kept, resolutions[kid])
-    if "skip_reason" in t.column_names and pc.any(pc.equal(t.column("skip_reason"), "aspect")).as_py():
+    if "skip_reason" in t.column_names and pc.any(
+            pc.equal(pc.cast(t.column("skip_reason"), pa.string()), "aspect")).as_py():
         warnings.warn("Rows were pruned for their aspect ratio, but the threshold (max_aspect_error / aspect_range) "
                       "cannot be recovered from the columns; the restored BucketSet has none.", stacklevel=2)
     return BucketSet([tuple(r) for r in resolutions.tolist()], metric=metric)
