@@ -170,7 +170,7 @@ class BucketedImageDataset(torch.utils.data.Dataset):
         resample: str = "lanczos",
         background: Sequence[int] = (255, 255, 255),
         draft: bool = True,
-        draft_gap: float = 1.25,
+        draft_gap: float | None = None,
         bucket_column: str = "bucket",
         check_sizes: bool = True,
     ) -> None:
@@ -213,7 +213,7 @@ class BucketedImageDataset(torch.utils.data.Dataset):
         self.resample = resample
         self.background = tuple(background)
         self.draft = bool(draft)
-        self.draft_gap = float(draft_gap)
+        self.draft_gap = None if draft_gap is None else float(draft_gap)
         self.check_sizes = bool(check_sizes)
         self.epoch = 0
 

@@ -344,7 +344,7 @@ def test_jpeg_draft_fast_path_is_faithful_on_real_photos() -> None:
     canvas = mosaic(3000, 2000, PHOTOS, seed=3)
     data = jpeg_bytes(canvas, quality=90)
     worst, used = float("inf"), set()
-    for bw in range(460, 1300, 70):  # downscale factors 6.5x .. 2.3x, remaining factor after draft 1.25 .. 2
+    for bw in list(range(460, 1300, 70)) + [1490, 1500]:  # downscales 6.5x .. 2x: every remaining factor
         bucket = (bw, bw * 2 // 3)
         fast = fit_to_bucket(data, bucket, crop="center")
         exact = fit_to_bucket(data, bucket, crop="center", draft=False)
@@ -357,7 +357,12 @@ def test_jpeg_draft_fast_path_is_faithful_on_real_photos() -> None:
 
 def test_draft_not_used_below_threshold_or_for_png() -> None:
     canvas = mosaic(1200, 800, PHOTOS, seed=4)
-    assert fit_to_bucket(jpeg_bytes(canvas), (600, 400), crop="center").draft_scale == 1  # only 2x: < 2 * draft_gap
+    data = jpeg_bytes(canvas)
+    assert fit_to_bucket(data, (640, 427), crop="center").draft_scale == 1  # 1.87x: below 2x
+    assert fit_to_bucket(data, (600, 400), crop="center").draft_scale == 2  # exactly 2x
+    assert fit_to_bucket(data, (260, 174), crop="center").draft_scale == 2  # 4.6x: 1/4 would leave < 1.25x
+    assert fit_to_bucket(data, (240, 160), crop="center").draft_scale == 4  # 5x
+    assert fit_to_bucket(data, (600, 400), crop="center", draft_gap=1.5).draft_scale == 1
     buf = io.BytesIO()
     canvas.save(buf, "PNG")
     assert fit_to_bucket(buf.getvalue(), (200, 128), crop="center").draft_scale == 1
