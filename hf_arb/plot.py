@@ -58,6 +58,8 @@ def plot_bucket_chart(
         ImportError: matplotlib is missing; the message says how to install it.
     """
     plt = _pyplot()
+    from matplotlib.ticker import MaxNLocator
+
     ids = np.asarray(bucket_ids, dtype=np.int64).reshape(-1)  # (n,)
     err = np.asarray([np.nan if e is None else e for e in aspect_errors] if isinstance(aspect_errors, list)
                      else aspect_errors, dtype=np.float64).reshape(-1)  # (n,)
@@ -79,6 +81,7 @@ def plot_bucket_chart(
         ax_b.set_xticks(x)
         ax_b.set_xticklabels(labels, rotation=90, fontsize=7 if k > 24 else 8)
         ax_b.set_ylabel("rows")
+        ax_b.yaxis.set_major_locator(MaxNLocator(integer=True))
         ax_b.set_xlabel("bucket (width x height), portrait → landscape")
         ax_b.set_title("rows per bucket")
         e = err[kept & np.isfinite(err)]
