@@ -459,7 +459,8 @@ def fit_to_bucket(
         resample: ``"lanczos"`` (default), ``"bicubic"``, ``"bilinear"``, ``"hamming"``, ``"box"`` or a
             ``PIL.Image.Resampling`` value.
         background: ``(r, g, b)`` that transparent pixels are composited over.
-        draft: allow the JPEG decoder to downscale by 1/2, 1/4 or 1/8 first (JPEG sources only).
+        draft: allow the JPEG decoder to downscale by 1/2, 1/4 or 1/8 first (JPEG sources that this function
+            opens; a PIL image passed in is used as it is and never modified).
         draft_gap: the smallest downscale left for the exact filter after the decoder's step. ``None``
             (default) uses :data:`DRAFT_GAPS`: 1.0 after 1/2 (so drafting starts at a 2× downscale), 1.25 after
             1/4 and 1/8; this keeps real photos above 38 dB PSNR against the exact path (tested; figures in
@@ -486,7 +487,12 @@ def fit_to_bucket(
     im = open_image(image)
     o = exif_orientation(im)
     plan = plan_fit(displayed_size(im, o), size, crop=crop, rng=rng, flip=flip)
-    out, scale = render_plan(im, plan, o, resample=resample, background=background, draft=draft, draft_gap=draft_gap)
+    # A PIL image handed in is never reconfigured (draft would change the caller's object): the fast path
+    # applies to sources opened here (paths, bytes, file objects, datasets cells).
+    owned = not isinstance(image, Image.Image)
+    out, scale = render_plan(
+        im, plan, o, resample=resample, background=background, draft=draft and owned, draft_gap=draft_gap
+    )
     return FitResult(
         image=out,
         original_size=plan.original_size,

@@ -355,6 +355,14 @@ def test_jpeg_draft_fast_path_is_faithful_on_real_photos() -> None:
     assert worst >= 38.0, worst
 
 
+def test_pil_image_passed_in_is_not_drafted_or_modified() -> None:
+    data = jpeg_bytes(mosaic(1200, 800, PHOTOS, seed=5))
+    im = Image.open(io.BytesIO(data))  # lazily opened JPEG, not loaded yet
+    res = fit_to_bucket(im, (240, 160), crop="center")
+    assert res.draft_scale == 1 and im.size == (1200, 800)
+    assert psnr(res.image, fit_to_bucket(data, (240, 160), crop="center", draft=False).image) == float("inf")
+
+
 def test_draft_not_used_below_threshold_or_for_png() -> None:
     canvas = mosaic(1200, 800, PHOTOS, seed=4)
     data = jpeg_bytes(canvas)
