@@ -1,0 +1,485 @@
+"""BucketBatchSampler and plan_epoch, single process: all ranks are simulated by building one sampler per rank.
+
+Multi-process runs through torchrun + accelerate are in tests/test_sampler_distributed.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from hf_arb import BucketBatchSampler, plan_epoch
+from hf_arb.sampler import merge_small_buckets
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def make_ids(n: int = 1000, k: int = 5, seed: int = 0, skip: float = 0.05) -> np.ndarray:
+    """Bucket ids with unequal bucket sizes and some -1 rows, shape (n,)."""
+    rng = np.random.default_rng(seed)
+    p = np.geomspace(1, 0.1, k)
+    ids = rng.choice(k, size=n, p=p / p.sum())
+    ids[rng.random(n) < skip] = -1
+    return ids
+
+
+def all_ranks(ids, batch_size, world, **kw) -> list[BucketBatchSampler]:
+    return [BucketBatchSampler(ids, batch_size, num_replicas=world, rank=r, **kw) for r in range(world)]
+
+
+def epoch_batches(samplers: list[BucketBatchSampler], epoch: int) -> np.ndarray:
+    """Every rank's batches of one epoch, shape (steps, world, batch)."""
+    out = []
+    for s in samplers:
+        s.set_epoch(epoch)
+        out.append(np.array(list(s), dtype=np.int64).reshape(-1, s.batch_size))
+    return np.stack(out, axis=1)
+
+
+def check_epoch(ids: np.ndarray, plan: np.ndarray, targets: np.ndarray, leftover: str, sync: bool,
+                catch_all: int | None = None) -> None:
+    """The invariants every epoch must satisfy; plan (steps, world, batch), targets (steps, world)."""
+    assert plan.ndim == 3 and plan.shape[0] > 0
+    assert (ids[plan] >= 0).all(), "a -1 row was sampled"
+    own = ids[plan]  # (steps, world, batch)
+    pure = (own == targets[:, :, None]).all(axis=2)  # (steps, world)
+    if leftover == "catch_all":
+        assert (pure | (targets == catch_all)).all(), "a non catch-all batch mixes buckets"
+    else:
+        assert pure.all(), "a batch holds rows of another bucket"
+    if sync:
+        assert (targets == targets[:, :1]).all(), "ranks in different buckets at the same step"
+    flat = plan.reshape(-1)
+    if leftover in ("drop", "catch_all"):
+        assert np.unique(flat).size == flat.size, "a row appears twice in one epoch"
+    if leftover == "fill" and sync:
+        assert set(np.flatnonzero(ids >= 0).tolist()) <= set(flat.tolist()), "fill must use every row"
+
+
+# ---------------------------------------------------------------------------------------------- invariants
+
+
+@pytest.mark.parametrize("leftover", ["drop", "fill", "catch_all"])
+@pytest.mark.parametrize("world,batch", [(1, 4), (2, 3), (3, 2), (4, 5)])
+def test_sampler_invariants_over_grid(leftover: str, world: int, batch: int) -> None:
+    ids = make_ids(900, k=6, seed=world * 10 + batch)
+    samplers = all_ranks(ids, batch, world, seed=3, leftover=leftover, catch_all_bucket=0)
+    lens = {len(s) for s in samplers}
+    assert len(lens) == 1, "len() differs between ranks"
+    for epoch in (0, 1):
+        got = epoch_batches(samplers, epoch)
+        assert got.shape[0] == lens.pop() if epoch == 0 else got.shape[0] == samplers[0].steps_per_epoch
+        targets = np.stack([s.batch_buckets(epoch) for s in samplers], axis=1)
+        check_epoch(ids, got, targets, leftover, sync=True, catch_all=0)
+        ref, ref_t = plan_epoch(ids, batch, world, seed=3, epoch=epoch, leftover=leftover, catch_all_bucket=0,
+                                return_buckets=True)
+        np.testing.assert_array_equal(got, ref)  # the class yields exactly the pure plan
+        np.testing.assert_array_equal(targets, ref_t)
+
+
+@pytest.mark.parametrize("leftover", ["drop", "fill", "catch_all"])
+def test_independent_draws_mode(leftover: str) -> None:
+    ids = make_ids(1200, k=5, seed=1)
+    plan, targets = plan_epoch(ids, 4, 3, seed=0, sync_buckets=False, leftover=leftover, catch_all_bucket=0,
+                               return_buckets=True)
+    check_epoch(ids, plan, targets, leftover, sync=False, catch_all=0)
+    assert (targets != targets[:, :1]).any(), "independent draws should put ranks in different buckets"
+    samplers = all_ranks(ids, 4, 3, seed=0, sync_buckets=False, leftover=leftover, catch_all_bucket=0)
+    np.testing.assert_array_equal(epoch_batches(samplers, 0), plan)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    data=st.lists(st.integers(-1, 7), min_size=1, max_size=400),
+    batch=st.integers(1, 6),
+    world=st.integers(1, 5),
+    seed=st.integers(0, 2**32),
+    epoch=st.integers(0, 50),
+    leftover=st.sampled_from(["drop", "fill", "catch_all"]),
+    sync=st.booleans(),
+)
+def test_plan_invariants_hypothesis(data, batch, world, seed, epoch, leftover, sync) -> None:
+    ids = np.array(data)
+    kw = dict(seed=seed, epoch=epoch, leftover=leftover, catch_all_bucket=0, sync_buckets=sync, return_buckets=True)
+    plan, targets = plan_epoch(ids, batch, world, **kw)
+    assert plan.dtype == np.int64 and plan.shape[1:] == (world, batch) and targets.shape == plan.shape[:2]
+    if plan.shape[0] == 0:
+        return
+    check_epoch(ids, plan, targets, leftover, sync, catch_all=0)
+    if sync:
+        counts = np.bincount(ids[ids >= 0], minlength=8)
+        G = world * batch
+        if leftover == "drop":
+            assert plan.shape[0] == int((counts // G).sum())
+        elif leftover == "fill":
+            assert plan.shape[0] == int((-(-counts // G)).sum())
+        else:
+            assert plan.shape[0] == int((counts // G).sum() + (counts % G).sum() // G)
+    again = plan_epoch(ids, batch, world, **kw)[0]
+    np.testing.assert_array_equal(plan, again)
+
+
+# ---------------------------------------------------------------------------------------------- weighting
+
+
+def test_first_bucket_drawn_in_proportion_to_batches() -> None:
+    """P(bucket at step s) = remaining batches of the bucket / remaining batches, at every step: check the
+    first step and a middle step over many seeds against the batch proportions."""
+    counts = np.array([600, 300, 90, 10])
+    ids = np.repeat(np.arange(4), counts)
+    G = 10
+    nb = counts // G  # (4,) global batches per bucket = 60, 30, 9, 1
+    expected = nb / nb.sum()
+    firsts, middles = [], []
+    for seed in range(1500):
+        t = plan_epoch(ids, G, 1, seed=seed, return_buckets=True)[1][:, 0]
+        firsts.append(t[0])
+        middles.append(t[len(t) // 2])
+    for draws in (firsts, middles):
+        freq = np.bincount(draws, minlength=4) / len(draws)
+        sd = np.sqrt(expected * (1 - expected) / len(draws))
+        assert (np.abs(freq - expected) < 5 * sd + 1e-9).all(), (freq, expected)
+
+
+def test_buckets_do_not_empty_early() -> None:
+    """Weighting by remaining size keeps every bucket's share steady over the epoch (no small-bucket rush)."""
+    ids = np.repeat(np.arange(3), [4000, 2000, 400])
+    t = plan_epoch(ids, 4, 1, seed=5, return_buckets=True)[1][:, 0]
+    halves = np.array_split(t, 2)
+    share = [np.bincount(h, minlength=3) / len(h) for h in halves]
+    np.testing.assert_allclose(share[0], share[1], atol=0.04)
+
+
+# ---------------------------------------------------------------------------------------------- determinism
+
+
+def test_deterministic_across_instances_and_epochs_differ() -> None:
+    ids = make_ids(800)
+    a = BucketBatchSampler(ids, 4, num_replicas=2, rank=1, seed=9)
+    b = BucketBatchSampler(ids, 4, num_replicas=2, rank=1, seed=9)
+    assert list(a) == list(b)
+    p0, p1 = a.plan(0), a.plan(1)
+    assert not np.array_equal(p0, p1), "epochs must differ"
+    assert set(p0.reshape(-1).tolist()) != set(p1.reshape(-1).tolist()), "drop must drop a different subset"
+    assert not np.array_equal(p0, BucketBatchSampler(ids, 4, num_replicas=2, rank=1, seed=10).plan(0))
+
+
+def test_no_global_rng_read_or_written() -> None:
+    import torch
+
+    ids = make_ids(500)
+    ref = plan_epoch(ids, 3, 2, seed=1, epoch=4, leftover="catch_all", catch_all_bucket=0)
+    for s in (0, 123):
+        random.seed(s)
+        np.random.seed(s)
+        torch.manual_seed(s)
+        before = (random.getstate(), np.random.get_state()[1].copy(), torch.get_rng_state().clone())
+        sampler = BucketBatchSampler(ids, 3, num_replicas=2, rank=0, seed=1, leftover="catch_all", catch_all_bucket=0)
+        sampler.set_epoch(4)
+        list(sampler)
+        got = plan_epoch(ids, 3, 2, seed=1, epoch=4, leftover="catch_all", catch_all_bucket=0)
+        plan_epoch(ids, 3, 2, seed=1, epoch=4, sync_buckets=False)
+        np.testing.assert_array_equal(got, ref)
+        assert random.getstate() == before[0]
+        assert np.array_equal(np.random.get_state()[1], before[1])
+        assert torch.equal(torch.get_rng_state(), before[2])
+
+
+def test_deterministic_across_processes_with_different_hash_seeds() -> None:
+    code = (
+        "import numpy as np, hashlib; from hf_arb import plan_epoch;"
+        "ids = np.random.default_rng(0).integers(-1, 6, 3000);"
+        "p = plan_epoch(ids, 4, 3, seed=11, epoch=2, leftover='catch_all', catch_all_bucket=2);"
+        "print(hashlib.sha256(p.tobytes()).hexdigest())"
+    )
+    outs = set()
+    for hs in ("0", "1", "12345"):
+        env = dict(os.environ, PYTHONHASHSEED=hs, PYTHONPATH=str(ROOT))
+        outs.add(subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                                check=True).stdout.strip())
+    assert len(outs) == 1 and len(outs.pop()) == 64
+
+
+# ---------------------------------------------------------------------------------------------- resume
+
+
+@pytest.mark.parametrize("leftover", ["drop", "fill", "catch_all"])
+def test_resume_after_every_k(leftover: str) -> None:
+    ids = make_ids(300, k=4, seed=2)
+    kw = dict(num_replicas=2, rank=1, seed=4, leftover=leftover, catch_all_bucket=1)
+    full = BucketBatchSampler(ids, 3, **kw)
+    full.set_epoch(3)
+    whole = list(full)
+    assert full.epoch == 4 and full.batches_consumed == 0  # a completed pass moves to the next epoch
+    for k in range(len(whole) + 1):
+        s = BucketBatchSampler(ids, 3, **kw)
+        s.set_epoch(3)
+        it = iter(s)
+        head = [next(it) for _ in range(k)]
+        state = json.loads(json.dumps(s.state_dict()))  # JSON round trip
+        fresh = BucketBatchSampler(ids, 3, **kw)
+        fresh.load_state_dict(state)
+        if k < len(whole):
+            assert (fresh.epoch, fresh.batches_consumed, len(fresh)) == (3, k, len(whole) - k)
+            assert head + list(fresh) == whole, f"resume after {k} batches"
+        else:  # a state taken after the last batch resumes at the next epoch
+            assert (fresh.epoch, fresh.batches_consumed, len(fresh)) == (4, 0, len(whole))
+            assert list(fresh) == [b.tolist() for b in full.plan(4)[:, 1]]
+
+
+def test_state_is_small_json_and_load_is_o1() -> None:
+    ids = make_ids(20000, k=8)
+    s = BucketBatchSampler(ids, 4, num_replicas=2, rank=0)
+    text = json.dumps(s.state_dict())
+    assert len(text) < 600
+    fresh = BucketBatchSampler(ids, 4, num_replicas=2, rank=0)
+    fresh._cache = None  # load must not plan
+    fresh.load_state_dict(json.loads(text))
+    assert fresh._cache is None
+
+
+def test_load_rejects_mismatch_naming_the_field() -> None:
+    ids = make_ids(500)
+    s = BucketBatchSampler(ids, 4, num_replicas=2, rank=0, seed=1)
+    state = s.state_dict()
+    other = ids.copy()
+    other[np.flatnonzero(other >= 0)[0]] = (other[np.flatnonzero(other >= 0)[0]] + 1) % 5
+    cases = [
+        (BucketBatchSampler(other, 4, num_replicas=2, rank=0, seed=1), "fingerprint"),
+        (BucketBatchSampler(ids, 4, num_replicas=2, rank=0, seed=2), "seed"),
+        (BucketBatchSampler(ids, 5, num_replicas=2, rank=0, seed=1), "global_batch_size"),
+        (BucketBatchSampler(ids, 4, num_replicas=2, rank=0, seed=1, leftover="fill"), "options.leftover"),
+    ]
+    for sampler, field in cases:
+        with pytest.raises(ValueError, match=f"`{field}`"):
+            sampler.load_state_dict(state)
+
+
+def test_elastic_resume_same_global_batch() -> None:
+    """2 ranks × batch 6 checkpointed at step k continue as 3 ranks × batch 4 with the same global sequence."""
+    ids = make_ids(2000, k=5, seed=3)
+    two = all_ranks(ids, 6, 2, seed=8)
+    three = all_ranks(ids, 4, 3, seed=8)
+    g2 = epoch_batches(two, 1).reshape(-1, 12)  # (steps, global batch)
+    g3 = epoch_batches(three, 1).reshape(-1, 12)
+    np.testing.assert_array_equal(g2, g3)
+    for s in two:
+        s.set_epoch(1)
+    k = 5
+    its = [iter(s) for s in two]
+    for it in its:
+        for _ in range(k):
+            next(it)
+    state = two[0].state_dict()
+    resumed = all_ranks(ids, 4, 3, seed=8)
+    for s in resumed:
+        s.load_state_dict(state)
+    rest = np.stack([np.array(list(s)) for s in resumed], axis=1).reshape(-1, 12)
+    np.testing.assert_array_equal(rest, g2[k:])
+    with pytest.raises(ValueError, match="global_batch_size"):
+        all_ranks(ids, 4, 2, seed=8)[0].load_state_dict(state)
+    indep = BucketBatchSampler(ids, 6, num_replicas=2, rank=0, seed=8, sync_buckets=False)
+    with pytest.raises(ValueError, match="batch_size"):
+        BucketBatchSampler(ids, 4, num_replicas=3, rank=0, seed=8, sync_buckets=False).load_state_dict(
+            indep.state_dict())
+
+
+def test_set_epoch_semantics() -> None:
+    ids = make_ids(400)
+    s = BucketBatchSampler(ids, 4, num_replicas=1, rank=0)
+    it = iter(s)
+    next(it), next(it)
+    s.set_epoch(0)  # same epoch: keeps the position (the usual resume loop calls this)
+    assert s.batches_consumed == 2
+    s.set_epoch(1)
+    assert (s.epoch, s.batches_consumed, len(s)) == (1, 0, s.steps_per_epoch)
+    assert [b for b in s] == s.plan(1)[:, 0].tolist()
+
+
+# ---------------------------------------------------------------------------------------------- leftovers, report
+
+
+def test_report_counts_and_log_line(caplog: pytest.LogCaptureFixture) -> None:
+    ids = make_ids(1000, k=5, seed=4)
+    assigned = int((ids >= 0).sum())
+    for leftover in ("drop", "fill", "catch_all"):
+        s = BucketBatchSampler(ids, 4, num_replicas=2, rank=0, leftover=leftover, catch_all_bucket=0)
+        rep = s.report()
+        plan = s.plan()
+        distinct = np.unique(plan).size
+        assert rep.rows_used == distinct
+        assert rep.rows_dropped == assigned - distinct
+        assert rep.rows_repeated == plan.size - distinct
+        assert rep.rows_unassigned == int((ids < 0).sum())
+        assert rep.steps == len(s) == plan.shape[0]
+        assert sum(rep.batches_per_bucket.values()) == plan.shape[0]
+        assert json.loads(json.dumps(rep.to_dict()))["rows_used"] == distinct
+        if leftover == "catch_all":
+            counts = np.bincount(ids[ids >= 0])
+            pool = int((counts % 8).sum())
+            assert rep.rows_catch_all == pool // 8 * 8 > 0
+        else:
+            assert rep.rows_catch_all == 0
+        with caplog.at_level("INFO", logger="hf_arb.sampler"):
+            next(iter(s))
+        assert "dropped" in caplog.text
+        caplog.clear()
+
+
+def test_catch_all_batches_are_served_at_the_base_bucket() -> None:
+    ids = np.repeat(np.arange(4), [13, 7, 9, 30])
+    res = np.array([[512, 512], [384, 896], [896, 384], [704, 512]])
+    s = BucketBatchSampler(ids, 2, num_replicas=2, rank=0, leftover="catch_all", buckets=res, return_keys=True)
+    assert s.catch_all_bucket == 0  # the square bucket by default
+    plan, targets = s.plan(), s.batch_buckets()
+    mixed = ~(ids[plan] == targets[:, None, None]).all(axis=(1, 2))
+    assert mixed.any() and (targets[mixed] == 0).all()
+    for batch, t in zip(s, targets.tolist()):
+        assert all(isinstance(x, int) for key in batch for x in key)
+        assert {key[1] for key in batch} == {t} and {key[2] for key in batch} == {0}
+    pool = int((np.array([13, 7, 9, 30]) % 4).sum())  # leftovers of each bucket: 1 + 3 + 1 + 2 = 7
+    assert s.report().rows_catch_all == pool // 4 * 4 == 4
+    assert s.report().rows_dropped == pool % 4
+
+
+def test_merge_small_buckets_into_nearest_log_aspect() -> None:
+    res = np.array([[512, 512], [448, 576], [832, 448], [1024, 256], [256, 1024]])  # aspects 1, .78, 1.86, 4, .25
+    counts = np.array([100, 3, 80, 2, 1])
+    m = merge_small_buckets(counts, res[:, 0] / res[:, 1], 8)
+    assert m.tolist() == [0, 0, 2, 2, 0]
+    ids = np.repeat(np.arange(5), counts)
+    s = BucketBatchSampler(ids, 4, num_replicas=2, rank=0, merge_small=True, buckets=res, leftover="fill")
+    assert s.report().rows_merged == 6
+    plan, targets = s.plan(), s.batch_buckets()  # (steps, 2, 4), (steps,)
+    assert set(targets.tolist()) == {0, 2}
+    served_at = np.full(ids.size, -1)
+    served_at[plan.reshape(len(targets), -1)] = np.repeat(targets, 8).reshape(len(targets), 8)
+    assert (served_at == m[ids]).all(), "every row is served at its (merged) bucket"
+    with pytest.raises(ValueError, match="resolutions"):
+        BucketBatchSampler(ids, 4, num_replicas=1, rank=0, merge_small=True)
+
+
+def test_warns_when_more_than_10_percent_dropped() -> None:
+    ids = np.repeat(np.arange(3), [20, 15, 15])
+    with pytest.warns(UserWarning, match="10%"):
+        BucketBatchSampler(ids, 4, num_replicas=2, rank=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        BucketBatchSampler(ids, 4, num_replicas=2, rank=0, leftover="fill")
+
+
+# ---------------------------------------------------------------------------------------------- edge cases
+
+
+def test_edge_cases() -> None:
+    one = np.zeros(17, dtype=int)
+    s = BucketBatchSampler(one, 4, num_replicas=1, rank=0)
+    assert len(s) == 4 and all(len(b) == 4 for b in s)
+    # world larger than a bucket: bucket 1 (3 rows) cannot fill a global batch of 8
+    ids = np.array([0] * 40 + [1] * 3)
+    d = all_ranks(ids, 2, 4)
+    assert 1 not in d[0].batch_buckets().tolist() and d[0].report().rows_dropped == 3 + 40 % 8
+    f = all_ranks(ids, 2, 4, leftover="fill")
+    got = epoch_batches(f, 0)
+    assert set(np.flatnonzero(ids == 1).tolist()) <= set(got.reshape(-1).tolist())
+    with pytest.raises(ValueError, match="No row has a bucket"):
+        BucketBatchSampler([], 2, num_replicas=1, rank=0)
+    with pytest.raises(ValueError, match="No row has a bucket"):
+        BucketBatchSampler([-1, -1], 2, num_replicas=1, rank=0)
+    with pytest.raises(ValueError, match="zero batches.*leftover=\"fill\".*merge_small"):
+        BucketBatchSampler([0, 0, 1, 1], 2, num_replicas=2, rank=0)
+    with pytest.raises(ValueError, match="rank"):
+        BucketBatchSampler([0, 0], 1, num_replicas=2, rank=2)
+    with pytest.raises(ValueError, match=">= -1"):
+        BucketBatchSampler([0, -2], 1, num_replicas=1, rank=0)
+    with pytest.raises(ValueError, match="1-D"):
+        plan_epoch([[0, 1]], 1)
+
+
+def test_defaults_world_one_and_unshuffled() -> None:
+    s = BucketBatchSampler([0, 0, 1, 1, 0, 0], 2, shuffle=False)
+    assert (s.num_replicas, s.rank) == (1, 0)
+    assert list(s) == [[0, 1], [4, 5], [2, 3]]
+
+
+def test_dataset_input_reads_bucket_and_resolution_columns() -> None:
+    datasets = pytest.importorskip("datasets")
+    ids = np.array([0, 1, 1, -1, 0, 0, 1, 0])
+    ds = datasets.Dataset.from_dict({
+        "bucket": ids.astype(np.int32),
+        "bucket_width": np.where(ids == 1, 384, 512).astype(np.int32),
+        "bucket_height": np.where(ids == 1, 896, 512).astype(np.int32),
+    })
+    s = BucketBatchSampler(ds, 1, num_replicas=1, rank=0, leftover="catch_all")
+    assert s.resolutions.tolist() == [[512, 512], [384, 896]] and s.catch_all_bucket == 0
+    assert sorted(r for b in s for r in b) == np.flatnonzero(ids >= 0).tolist()
+    sub = ds.select([7, 6, 5])  # indices mapping: rows of the view, not of the table
+    assert BucketBatchSampler(sub, 1, num_replicas=1, rank=0)._ids.tolist() == [0, 1, 0]
+    with pytest.raises(ValueError, match="add_bucket_columns"):
+        BucketBatchSampler(datasets.Dataset.from_dict({"x": [1]}), 1)
+
+
+# ---------------------------------------------------------------------------------------------- loaders
+
+
+def test_plain_dataloader_with_workers_resumes_exactly() -> None:
+    """Workers read ahead of the training loop; prepare_dataloader(None, ...) counts what the loop received."""
+    import torch
+    from torch.utils.data import DataLoader
+
+    from hf_arb import prepare_dataloader
+
+    ids = make_ids(400, seed=6)
+    s = BucketBatchSampler(ids, 4, num_replicas=1, rank=0, seed=2)
+    dl = prepare_dataloader(None, DataLoader(torch.arange(len(ids)), batch_sampler=s, num_workers=2))
+    it = iter(dl)
+    head = [next(it).tolist() for _ in range(5)]
+    state = s.state_dict()
+    assert state["batches_consumed"] == 5, "the sampler itself has been read further ahead by the workers"
+    rest = [b.tolist() for b in it]
+    assert s.epoch == 1 and len(dl) == s.steps_per_epoch
+    fresh = BucketBatchSampler(ids, 4, num_replicas=1, rank=0, seed=2)
+    fresh.load_state_dict(state)
+    assert list(fresh) == rest and head + rest == s.plan(0)[:, 0].tolist()
+
+
+def test_accelerate_single_process_save_load_state(tmp_path: Path) -> None:
+    import torch
+    from accelerate import Accelerator
+    from accelerate.data_loader import BatchSamplerShard
+    from torch.utils.data import DataLoader
+
+    from hf_arb import prepare_dataloader
+
+    ids = make_ids(300, seed=8)
+    acc = Accelerator(cpu=True)
+    s = BucketBatchSampler(ids, 3, seed=1)
+    dl = prepare_dataloader(acc, DataLoader(torch.arange(len(ids)), batch_sampler=s, num_workers=1))
+    acc.register_for_checkpointing(s)
+    assert [b.tolist() for b in dl] == s.plan(0)[:, 0].tolist() and s.epoch == 1
+    it = iter(dl)
+    head = [next(it).tolist() for _ in range(4)]
+    acc.save_state(str(tmp_path))
+    rest = [b.tolist() for b in it]
+    assert head + rest == s.plan(1)[:, 0].tolist()
+    acc2 = Accelerator(cpu=True)
+    s2 = BucketBatchSampler(ids, 3, seed=1)
+    dl2 = prepare_dataloader(acc2, DataLoader(torch.arange(len(ids)), batch_sampler=s2))
+    acc2.register_for_checkpointing(s2)
+    acc2.load_state(str(tmp_path))
+    assert len(dl2) == len(rest) and [b.tolist() for b in dl2] == rest
+    assert [b.tolist() for b in dl2] == s.plan(2)[:, 0].tolist()
+    # a per-rank sampler wrapped by accelerate's round-robin shard is refused, not silently thinned
+    two = BucketBatchSampler(ids, 3, num_replicas=2, rank=0)
+    with pytest.raises(RuntimeError, match="prepare_dataloader"):
+        list(BatchSamplerShard(two, num_processes=2, process_index=0))
