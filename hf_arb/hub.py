@@ -204,8 +204,8 @@ def card_metadata(buckets: BucketSet, stats: dict[str, dict[str, Any]], chart: s
 def card_section(repo_id: str, buckets: BucketSet, stats: dict[str, dict[str, Any]], chart: str | None) -> str:
     """The readable Markdown section: how to load, the bucket table with counts, the chart."""
     splits = [(cfg, split) for cfg, per in stats.items() for split in per]
-    header = "| id | width | height | aspect | " + " | ".join(
-        f"rows ({split})" if cfg == "default" else f"rows ({cfg}/{split})" for cfg, split in splits)
+    header_cells = ["id", "width", "height", "aspect"] + [
+        f"rows ({split})" if cfg == "default" else f"rows ({cfg}/{split})" for cfg, split in splits]
     lines = [
         _BEGIN,
         "## Aspect-ratio buckets",
@@ -233,8 +233,8 @@ def card_section(repo_id: str, buckets: BucketSet, stats: dict[str, dict[str, An
         "buckets = BucketSet.from_dataset(ds)  # the exact bucket configuration below",
         "```",
         "",
-        header + " |",
-        "|" + "---|" * (4 + len(splits)),
+        "| " + " | ".join(header_cells) + " |",
+        "|" + "---|" * len(header_cells),
     ]
     for i in buckets.portrait_to_landscape().tolist():
         w, h = buckets[i]

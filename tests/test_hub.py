@@ -185,3 +185,14 @@ def test_push_writes_the_config_into_a_stripped_dataset(annotated: datasets.Data
     hf_arb.push_to_hub(stripped, "me/stripped", buckets=CONFIG, chart=False)
     back = datasets.load_dataset(str(hub.repo_dir("me/stripped")), split="train")
     assert hf_arb.hub.buckets_from_features(back.features) == CONFIG
+
+
+def test_push_streaming_dataset(annotated: datasets.Dataset, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    hub = FakeHub(tmp_path / "hub").install(monkeypatch)
+    hf_arb.push_to_hub(annotated.to_iterable_dataset(), "me/stream")
+    repo = hub.repo_dir("me/stream")
+    back = datasets.load_dataset(str(repo), split="train")
+    assert _table(back) == _table(annotated)
+    meta = _front_matter((repo / "README.md").read_text())
+    assert BucketSet.from_dict(meta[CARD_KEY]["buckets"]) == CONFIG == BucketSet.from_dataset(back)
+    assert meta[CARD_KEY]["stats"] == {}  # a stream is not read twice just to count
