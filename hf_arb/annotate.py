@@ -342,7 +342,7 @@ def _annotate_dataset(ds: Any, buckets: BucketSet, *, image_column: str | None, 
         )
     out = datasets.concatenate_datasets([base, new], axis=1)
     if show_summary:
-        print(summarize_annotation(out, buckets))
+        print((f"== {out.split} ==\n" if out.split is not None else "") + str(summarize_annotation(out, buckets)))
     return out
 
 
