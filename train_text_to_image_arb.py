@@ -755,16 +755,26 @@ def pipeline_class(models: Models, args: argparse.Namespace) -> Any:
     return StableDiffusionPipeline
 
 
-def build_pipeline(args: argparse.Namespace, models: Models, unet: Any, dtype: torch.dtype) -> Any:
+def build_pipeline(args: argparse.Namespace, models: Models, unet: Any, dtype: torch.dtype, *,
+                   final: bool = False) -> Any:
+    """The inference pipeline around the trained UNet.
+
+    For validation it reuses the loaded (frozen) components and drops the safety checker, as diffusers' script
+    does; the ``final`` pipeline loads the frozen components fresh in float32 (keeping the base model's safety
+    checker), plus the replacement VAE if one was given.
+    """
     cls = pipeline_class(models, args)
-    parts: dict[str, Any] = {"unet": unet, "vae": models.vae, "text_encoder": models.text_encoders[0],
-                             "tokenizer": models.tokenizers[0]}
-    if models.sdxl:
-        parts.update(text_encoder_2=models.text_encoders[1], tokenizer_2=models.tokenizers[1])
-    else:
-        parts.update(safety_checker=None, feature_extractor=None, requires_safety_checker=False)
+    parts: dict[str, Any] = {"unet": unet}
+    if not final:
+        parts.update(vae=models.vae, text_encoder=models.text_encoders[0], tokenizer=models.tokenizers[0])
+        if models.sdxl:
+            parts.update(text_encoder_2=models.text_encoders[1], tokenizer_2=models.tokenizers[1])
+        else:
+            parts.update(safety_checker=None, feature_extractor=None, requires_safety_checker=False)
+    elif args.pretrained_vae_model_name_or_path:
+        parts["vae"] = models.vae.to(torch.float32)
     return cls.from_pretrained(args.pretrained_model_name_or_path, revision=args.revision, variant=args.variant,
-                               torch_dtype=dtype, **parts)
+                               dtype=dtype, **parts)
 
 
 def log_validation(args: argparse.Namespace, accelerator: Any, models: Models, unet: Any, buckets: Any,
@@ -847,7 +857,7 @@ def save_final(args: argparse.Namespace, accelerator: Any, models: Models, unet:
     unet = accelerator.unwrap_model(unet)
     if models.ema_unet is not None:
         models.ema_unet.copy_to(unet.parameters())
-    pipe = build_pipeline(args, models, unet, torch.float32)
+    pipe = build_pipeline(args, models, unet, torch.float32, final=True)
     pipe.save_pretrained(args.output_dir)
     (Path(args.output_dir) / BUCKETS_FILE).write_text(json.dumps(buckets.to_dict(), indent=1))
     last = log_validation(args, accelerator, models, unet, buckets, progress.global_step, torch.float32)
@@ -890,6 +900,19 @@ def startup_report(accelerator: Any, ds: Any, buckets: Any, sampler: Any, schedu
 
 
 # =============================================================================================== main
+def count_calls(obj: Any, name: str) -> list[int]:
+    """Wrap ``obj.name`` to count its calls (the run statistics report how often the VAE encoder ran)."""
+    counter = [0]
+    original = getattr(obj, name)
+
+    def wrapped(*a: Any, **kw: Any) -> Any:
+        counter[0] += 1
+        return original(*a, **kw)
+
+    setattr(obj, name, wrapped)
+    return counter
+
+
 def weight_dtype_of(accelerator: Any) -> torch.dtype:
     return {"fp16": torch.float16, "bf16": torch.bfloat16}.get(accelerator.mixed_precision, torch.float32)
 
@@ -913,6 +936,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     ds, buckets = dataset_with_buckets(args, accelerator)
     models = load_models(args)
+    encode_calls = count_calls(models.vae, "encode")
     register_checkpoint_hooks(accelerator, models)
     if args.allow_tf32:
         torch.backends.cuda.matmul.allow_tf32 = True
@@ -971,7 +995,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         resolution_dim = resolution_embed_dim(accelerator.unwrap_model(unet))
     stats = train_loop(args, accelerator, models, unet, optimizer, lr_scheduler, dataloader, sampler, buckets,
                        schedule, progress, weight_dtype, resolution_dim, tqdm)
-    stats.update(latents_encoded=index.encoded if index else None, latents_reused=index.reused if index else None,
+    stats.update(vae_encode_calls=encode_calls[0], latents_encoded=index.encoded if index else None, latents_reused=index.reused if index else None,
                  num_processes=accelerator.num_processes, sdxl=models.sdxl, seed=args.seed,
                  schedule=schedule.__dict__)
     save_final(args, accelerator, models, unet, buckets, progress, stats.setdefault("validation_images", []), stats)
@@ -1018,9 +1042,9 @@ def train_loop(args: argparse.Namespace, accelerator: Any, models: Models, unet:
                 optimizer.zero_grad()
             step_buckets.append(bucket)
             if trace is not None:
-                shape = list(batch["latent_stats"].shape[-2:] if "latent_stats" in batch else batch["pixel_values"].shape[-2:])
+                tensor = batch["latent_stats"] if "latent_stats" in batch else batch["pixel_values"]
                 trace.write(json.dumps({"step": progress.global_step, "micro": micro, "epoch": epoch,
-                                        "bucket": bucket, "label": labels[bucket], "shape": shape,
+                                        "bucket": bucket, "label": labels[bucket], "shape": list(tensor.shape),
                                         "rows": [int(r) for r in batch["rows"]], "loss": float(loss.detach()),
                                         "time_ids_first": batch["original_sizes"][0].tolist()
                                         + batch["crop_top_lefts"][0].tolist() + batch["target_sizes"][0].tolist()})

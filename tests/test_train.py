@@ -1,0 +1,369 @@
+"""End-to-end tests of train_text_to_image_arb.py with tiny offline models (hf_arb.tiny).
+
+The slow tests launch the real script: one process (``python``) or two (``torchrun --nproc_per_node 2`` with
+``ACCELERATE_USE_CPU=1``, i.e. real gloo DDP). Each run writes ``batches/rank<r>.jsonl`` (``--log_batches``) and
+``hf_arb_run.json``; the tests read those and the saved weights.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import datasets
+import numpy as np
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "train_text_to_image_arb.py"
+sys.path.insert(0, str(ROOT))
+
+import train_text_to_image_arb as script  # noqa: E402
+
+COMMON = ["--resolution", "64", "--bucket_step", "16", "--train_batch_size", "2", "--report_to", "none",
+          "--seed", "0", "--lr_warmup_steps", "0", "--log_batches", "--learning_rate", "1e-3"]
+
+
+# ------------------------------------------------------------------------------------------- fixtures
+@pytest.fixture(scope="session")
+def assets(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    from hf_arb.tiny import save_tiny_imagefolder, save_tiny_sd, save_tiny_sdxl
+
+    root = tmp_path_factory.mktemp("assets")
+    return {
+        "sd": save_tiny_sd(root / "tiny-sd"),
+        "sdxl": save_tiny_sdxl(root / "tiny-sdxl"),
+        "images": save_tiny_imagefolder(root / "images"),  # 5 aspect ratios x 4 photos
+    }
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_script(args: list[str], nproc: int = 1, timeout: int = 300) -> dict[str, Any]:
+    """Run the script (torchrun for nproc > 1); return hf_arb_run.json. Fails the test with the log tail."""
+    env = {**os.environ, "ACCELERATE_USE_CPU": "1", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",
+           "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(ROOT)}
+    if nproc == 1:
+        cmd = [sys.executable, str(SCRIPT), *args]
+    else:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
+               "--master_addr", "127.0.0.1", "--master_port", str(_free_port()), str(SCRIPT), *args]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    if proc.returncode != 0:
+        pytest.fail(f"training failed (rc {proc.returncode}):\n{(proc.stdout + proc.stderr)[-6000:]}")
+    out = Path(args[args.index("--output_dir") + 1])
+    stats = json.loads((out / script.STATS_FILE).read_text())
+    stats["log"] = proc.stdout + proc.stderr
+    return stats
+
+
+def read_trace(out: Path, rank: int) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (out / "batches" / f"rank{rank}.jsonl").read_text().splitlines()]
+
+
+def unet_weights(folder: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(str(folder / "unet" / "diffusion_pytorch_model.safetensors"))
+
+
+def max_weight_diff(a: Path, b: Path) -> float:
+    wa, wb = unet_weights(a), unet_weights(b)
+    assert wa.keys() == wb.keys()
+    return max(float((wa[k] - wb[k]).abs().max()) for k in wa)
+
+
+# ------------------------------------------------------------------------------------ fast: arguments
+#: Upstream (diffusers examples/text_to_image/train_text_to_image.py) flags and their defaults.
+DIFFUSERS_DEFAULTS: dict[str, Any] = {
+    "input_perturbation": 0, "revision": None, "variant": None, "dataset_name": None, "dataset_config_name": None,
+    "train_data_dir": None, "image_column": "image", "caption_column": "text", "max_train_samples": None,
+    "validation_prompts": None, "output_dir": "sd-model-finetuned", "cache_dir": None, "seed": None,
+    "resolution": 512, "center_crop": False, "random_flip": False, "train_batch_size": 16, "num_train_epochs": 100,
+    "max_train_steps": None, "gradient_accumulation_steps": 1, "gradient_checkpointing": False,
+    "learning_rate": 1e-4, "scale_lr": False, "lr_scheduler": "constant", "lr_warmup_steps": 500, "snr_gamma": None,
+    "use_8bit_adam": False, "allow_tf32": False, "use_ema": False, "non_ema_revision": None,
+    "dataloader_num_workers": 0, "adam_beta1": 0.9, "adam_beta2": 0.999, "adam_weight_decay": 1e-2,
+    "adam_epsilon": 1e-08, "max_grad_norm": 1.0, "push_to_hub": False, "hub_token": None, "prediction_type": None,
+    "hub_model_id": None, "logging_dir": "logs", "mixed_precision": None, "report_to": "tensorboard",
+    "local_rank": -1, "checkpointing_steps": 500, "checkpoints_total_limit": None, "resume_from_checkpoint": None,
+    "enable_xformers_memory_efficient_attention": False, "noise_offset": 0, "validation_epochs": 5,
+    "tracker_project_name": "text2image-fine-tune",
+}
+
+
+def test_cli_has_every_diffusers_flag_with_its_default(monkeypatch):
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    args = script.parse_args(["--pretrained_model_name_or_path", "x", "--train_data_dir", "d"])
+    parsed = vars(args)
+    for name, default in DIFFUSERS_DEFAULTS.items():
+        if name in ("train_data_dir",):
+            continue
+        assert name in parsed, f"missing upstream flag --{name}"
+        assert parsed[name] == default, f"--{name}: default {parsed[name]!r}, upstream {default!r}"
+    # Bucket flags and their documented defaults.
+    assert (args.bucket_preset, args.bucket_step, args.bucket_leftover, args.no_bucket_sync) == ("budget", 64, "drop", False)
+    assert args.ddp_comm_hook == "no"
+
+
+def test_cli_rejects_missing_data_source_and_bad_choices():
+    with pytest.raises(ValueError, match="--dataset_name or --train_data_dir"):
+        script.parse_args(["--pretrained_model_name_or_path", "x"])
+    with pytest.raises(SystemExit):
+        script.parse_args(["--pretrained_model_name_or_path", "x", "--train_data_dir", "d", "--bucket_leftover", "x"])
+    with pytest.raises(ValueError, match="--train_batch_size must be >= 1, got 0"):
+        script.parse_args(["--pretrained_model_name_or_path", "x", "--train_data_dir", "d", "--train_batch_size", "0"])
+
+
+def _diffusers_steps(len_dl: int, accum: int, epochs: int, max_steps: int | None) -> tuple[int, int]:
+    """Upstream's arithmetic, written out independently: (max_train_steps, num_train_epochs)."""
+    per_epoch = -(-len_dl // accum)
+    steps = epochs * per_epoch if max_steps is None else max_steps
+    return steps, -(-steps // per_epoch)
+
+
+@pytest.mark.parametrize("len_dl, accum, epochs, max_steps, procs",
+                         [(10, 1, 3, None, 1), (10, 3, 5, None, 2), (7, 4, 100, 5, 8), (1, 1, 1, 50, 2)])
+def test_schedule_matches_diffusers(len_dl, accum, epochs, max_steps, procs):
+    s = script.compute_schedule(len_dl, gradient_accumulation_steps=accum, num_train_epochs=epochs,
+                                max_train_steps=max_steps, lr_warmup_steps=17, num_processes=procs)
+    assert (s.max_train_steps, s.num_train_epochs) == _diffusers_steps(len_dl, accum, epochs, max_steps)
+    # get_scheduler sees warmup and total steps x num_processes, as upstream (the prepared scheduler steps once
+    # per process at each optimisation step).
+    assert (s.scheduler_warmup_steps, s.scheduler_training_steps) == (17 * procs, s.max_train_steps * procs)
+
+
+def test_schedule_error_when_no_batch():
+    with pytest.raises(ValueError, match="no full batch"):
+        script.compute_schedule(0, gradient_accumulation_steps=1, num_train_epochs=1, max_train_steps=None,
+                                lr_warmup_steps=0, num_processes=1)
+
+
+def test_micro_step_generator_is_pure_and_distinct():
+    dev = torch.device("cpu")
+    a = torch.randn(4, generator=script.micro_step_generator(0, 5, 1, dev))
+    b = torch.randn(4, generator=script.micro_step_generator(0, 5, 1, dev))
+    c = torch.randn(4, generator=script.micro_step_generator(0, 5, 0, dev))
+    d = torch.randn(4, generator=script.micro_step_generator(0, 6, 1, dev))
+    assert torch.equal(a, b) and not torch.equal(a, c) and not torch.equal(a, d)
+
+
+def test_validation_shapes_are_portrait_square_landscape():
+    from hf_arb import BucketSet
+
+    shapes = script.validation_shapes(BucketSet.from_budget(64, step=16))
+    aspects = [w / h for w, h in shapes]
+    assert aspects[0] < 1 and aspects[1] == 1 and aspects[2] > 1
+
+
+def test_image_grid_pastes_mixed_sizes():
+    from PIL import Image
+
+    rows = [[Image.new("RGB", (32, 96), "red"), Image.new("RGB", (64, 64), "blue")],
+            [Image.new("RGB", (32, 96), "green"), Image.new("RGB", (64, 64), "black")]]
+    grid = script.image_grid(rows)
+    assert grid.size == (96, 192)
+    assert grid.getpixel((10, 10)) == (255, 0, 0) and grid.getpixel((40, 100)) == (0, 0, 0)
+
+
+@pytest.mark.parametrize("with_validation", [False, True])
+def test_model_card_with_and_without_validation(tmp_path, with_validation):
+    from hf_arb import BucketSet
+
+    args = script.parse_args(["--pretrained_model_name_or_path", "base/model", "--train_data_dir", "d",
+                              "--output_dir", str(tmp_path), "--report_to", "none"]
+                             + (["--validation_prompts", "a cat", "a dog"] if with_validation else []))
+    images = [str(tmp_path / "validation" / "step-000004.png")] if with_validation else []
+    path = script.save_model_card(args, "me/arb-model", BucketSet.from_budget(64, step=16), sdxl=False,
+                                  images=images, stats={"global_step": 4})
+    text = path.read_text()
+    assert text.startswith("---\n") and "base_model: base/model" in text and "StableDiffusionPipeline" in text
+    assert ("![validation](validation/step-000004.png)" in text) == with_validation
+    assert ("`a cat`" in text) == with_validation and "logged to" not in text
+
+
+# ------------------------------------------------------------------------------- fast: argument errors
+def test_missing_checkpoint_is_an_error(assets, tmp_path):
+    argv = ["--pretrained_model_name_or_path", assets["sd"], "--train_data_dir", assets["images"],
+            "--output_dir", str(tmp_path), *COMMON]
+    with pytest.raises(FileNotFoundError, match="no checkpoint-\\* folder"):
+        script.main(argv + ["--resume_from_checkpoint", "latest"])
+    with pytest.raises(FileNotFoundError, match="is not a checkpoint"):
+        script.main(argv + ["--resume_from_checkpoint", "checkpoint-7"])
+
+
+def test_unknown_column_is_an_error(assets, tmp_path):
+    argv = ["--pretrained_model_name_or_path", assets["sd"], "--train_data_dir", assets["images"],
+            "--output_dir", str(tmp_path), *COMMON, "--caption_column", "caption"]
+    with pytest.raises(ValueError, match="--caption_column value 'caption' needs to be one of: image, text"):
+        script.main(argv)
+
+
+def test_empty_dataset_after_filtering_is_an_error(assets, tmp_path):
+    # No tiny image has exactly a bucket's aspect ratio, so a near-zero tolerance skips every row.
+    argv = ["--pretrained_model_name_or_path", assets["sd"], "--train_data_dir", assets["images"],
+            "--output_dir", str(tmp_path), *COMMON, "--max_aspect_error", "1e-6"]
+    with pytest.raises(ValueError, match="No trainable images: 20 rows, 0 assigned"):
+        script.main(argv)
+
+
+# -------------------------------------------------------------------------------- slow: SD, 1 process
+@pytest.fixture(scope="module")
+def sd_run(assets, tmp_path_factory) -> tuple[Path, dict[str, Any]]:
+    out = tmp_path_factory.mktemp("sd_run")
+    stats = run_script(["--pretrained_model_name_or_path", assets["sd"], "--train_data_dir", assets["images"],
+                        "--output_dir", str(out), *COMMON, "--center_crop", "--max_train_steps", "4",
+                        "--checkpointing_steps", "2"])
+    return out, stats
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("train_sd")
+def test_batches_have_bucket_shapes(sd_run):
+    out, stats = sd_run
+    trace = read_trace(out, 0)
+    assert [t["step"] for t in trace] == [0, 1, 2, 3] and stats["global_step"] == 4
+    buckets = json.loads((out / script.BUCKETS_FILE).read_text())["resolutions"]
+    for t in trace:
+        w, h = buckets[t["bucket"]]
+        assert t["shape"] == [2, 3, h, w]  # pixel batch (B, 3, H, W) of exactly the bucket
+        assert t["time_ids_first"][4:] == [h, w]
+    assert any(s[2] != s[3] for s in (t["shape"] for t in trace)), "expected a non-square bucket in 4 steps"
+    assert "rows per bucket" in stats["log"] or "bucket  aspect" in stats["log"]
+    assert stats["vae_encode_calls"] == 4 and stats["latents_encoded"] is None
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("train_sd")
+def test_saved_pipeline_loads_with_stock_class_and_samples_non_square(sd_run, assets):
+    from diffusers import StableDiffusionPipeline
+
+    out, _ = sd_run
+    pipe = StableDiffusionPipeline.from_pretrained(out)
+    assert type(pipe) is StableDiffusionPipeline
+    image = pipe("a portrait photo", height=80, width=48, num_inference_steps=2, output_type="np",
+                 generator=torch.Generator().manual_seed(0)).images
+    assert image.shape == (1, 80, 48, 3) and np.isfinite(image).all()
+    assert max_weight_diff(out, Path(assets["sd"])) > 0  # training moved the weights
+    assert "class_embed_type" not in pipe.unet.config or pipe.unet.config.class_embed_type is None
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("train_sd")
+def test_cache_latents_same_losses_and_reused(sd_run, assets, tmp_path_factory):
+    ref_out, ref = sd_run
+    out = tmp_path_factory.mktemp("cached")
+    argv = ["--pretrained_model_name_or_path", assets["sd"], "--train_data_dir", assets["images"],
+            "--output_dir", str(out), *COMMON, "--center_crop", "--max_train_steps", "4",
+            "--checkpointing_steps", "100", "--cache_latents"]
+    first = run_script(argv)
+    assert first["latents_encoded"] == 20 and first["latents_reused"] == 0
+    # Same trajectory as on-the-fly encoding (float16 storage of the posterior -> small differences).
+    np.testing.assert_allclose(first["losses"], ref["losses"], rtol=1e-3)
+    assert [t["rows"] for t in read_trace(out, 0)] == [t["rows"] for t in read_trace(ref_out, 0)]
+    second = run_script(argv)
+    assert second["latents_encoded"] == 0 and second["latents_reused"] == 20
+    assert second["vae_encode_calls"] == 0  # the VAE encoder never ran in the second run
+    np.testing.assert_allclose(second["losses"], first["losses"], rtol=1e-6)
+
+
+# ------------------------------------------------------------------- slow: two processes, exact resume
+@pytest.fixture(scope="module")
+def ddp_runs(assets, tmp_path_factory) -> dict[str, Any]:
+    full = tmp_path_factory.mktemp("ddp_full")
+    base = ["--pretrained_model_name_or_path", assets["sd"], "--train_data_dir", assets["images"], *COMMON,
+            "--random_flip", "--resolution_conditioning", "--resolution_embed_dim", "16",
+            "--max_train_steps", "4", "--checkpointing_steps", "2"]
+    stats_full = run_script(base + ["--output_dir", str(full)], nproc=2)
+    resumed = tmp_path_factory.mktemp("ddp_resumed")
+    shutil.copytree(full / "checkpoint-2", resumed / "checkpoint-2")
+    stats_resumed = run_script(base + ["--output_dir", str(resumed), "--resume_from_checkpoint", "latest"], nproc=2)
+    return {"full": full, "resumed": resumed, "stats_full": stats_full, "stats_resumed": stats_resumed}
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("train_ddp")
+def test_two_ranks_take_the_same_steps_in_the_same_bucket(ddp_runs):
+    r0, r1 = read_trace(ddp_runs["full"], 0), read_trace(ddp_runs["full"], 1)
+    assert [t["step"] for t in r0] == [t["step"] for t in r1] == [0, 1, 2, 3]
+    assert [t["bucket"] for t in r0] == [t["bucket"] for t in r1]
+    assert [t["shape"] for t in r0] == [t["shape"] for t in r1]
+    for a, b in zip(r0, r1):  # each rank its own rows of the global batch
+        assert not set(a["rows"]) & set(b["rows"])
+    assert ddp_runs["stats_full"]["num_processes"] == 2
+    assert any(t["shape"][2] != t["shape"][3] for t in r0)
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("train_ddp")
+def test_resume_reaches_the_same_weights(ddp_runs):
+    full, resumed = ddp_runs["full"], ddp_runs["resumed"]
+    for rank in (0, 1):
+        tail = [t for t in read_trace(full, rank) if t["step"] >= 2]
+        again = read_trace(resumed, rank)
+        assert [(t["step"], t["rows"], t["time_ids_first"]) for t in again] == \
+               [(t["step"], t["rows"], t["time_ids_first"]) for t in tail]
+        np.testing.assert_allclose([t["loss"] for t in again], [t["loss"] for t in tail], rtol=1e-5)
+    assert max_weight_diff(full, resumed) < 1e-6
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("train_ddp")
+def test_resolution_conditioned_pipeline_generates(ddp_runs):
+    from hf_arb.conditioning import StableDiffusionResolutionPipeline, has_resolution_conditioning
+
+    pipe = StableDiffusionResolutionPipeline.from_pretrained(ddp_runs["full"])
+    assert has_resolution_conditioning(pipe.unet)
+    # Training moved the zero-initialised output layer: the embedding now matters.
+    assert float(pipe.unet.class_embedding.linear_2.weight.detach().abs().max()) > 0
+    image = pipe("a wide photo", height=48, width=80, num_inference_steps=2, output_type="np",
+                 generator=torch.Generator().manual_seed(0)).images
+    assert image.shape == (1, 48, 80, 3) and np.isfinite(image).all()
+
+
+# ------------------------------------------------------------------------------------ slow: SDXL
+@pytest.mark.slow
+@pytest.mark.xdist_group("train_sdxl")
+def test_sdxl_trains_with_pipeline_time_ids_and_saves_stock_pipeline(assets, tmp_path):
+    from diffusers import StableDiffusionXLPipeline
+
+    from hf_arb.conditioning import sdxl_time_ids
+
+    stats = run_script(["--pretrained_model_name_or_path", assets["sdxl"], "--train_data_dir", assets["images"],
+                        "--output_dir", str(tmp_path), *COMMON, "--max_train_steps", "3", "--checkpointing_steps",
+                        "100", "--cache_latents", "--random_flip", "--cache_text_embeddings"])
+    assert stats["sdxl"] is True and stats["global_step"] == 3
+    pipe = StableDiffusionXLPipeline.from_pretrained(tmp_path)
+    proj = pipe.text_encoder_2.config.projection_dim
+    images = datasets.load_dataset("imagefolder", data_dir=assets["images"], split="train")
+    buckets = json.loads((tmp_path / script.BUCKETS_FILE).read_text())["resolutions"]
+    for t in read_trace(tmp_path, 0):
+        ids = t["time_ids_first"]
+        w0, h0 = images[t["rows"][0]]["image"].size
+        bw, bh = buckets[t["bucket"]]
+        assert ids[:2] == [h0, w0] and ids[4:] == [bh, bw]  # (orig h, orig w, ..., bucket h, bucket w)
+        assert 0 <= ids[2] <= max(0, round(h0 * max(bw / w0, bh / h0)) - bh + 1)  # crop inside the scaled image
+        expected = pipe._get_add_time_ids(tuple(ids[:2]), tuple(ids[2:4]), tuple(ids[4:]), dtype=torch.float32,
+                                          text_encoder_projection_dim=proj)
+        torch.testing.assert_close(sdxl_time_ids([ids[:2]], [ids[2:4]], [ids[4:]]), expected)
+        assert t["shape"][-2:] == [bh // 8, bw // 8]  # cached latents of the bucket
+    image = pipe("a photo", height=48, width=80, num_inference_steps=2, output_type="np",
+                 generator=torch.Generator().manual_seed(0)).images
+    assert image.shape == (1, 48, 80, 3)
+
+
+def test_parse_args_namespace_roundtrip():
+    ns = script.parse_args(["--pretrained_model_name_or_path", "x", "--dataset_name", "d", "--validation_prompt", "p"])
+    assert isinstance(ns, argparse.Namespace) and ns.validation_prompts == ["p"]
