@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .buckets import AssignmentSummary, BucketSet
-from .sizes import ImageSizeError, read_image_size
+from .sizes import ImageSizeError, _size_of_open, read_image_size
 
 #: The columns :func:`add_bucket_columns` adds, in order.
 BUCKET_COLUMNS: tuple[str, ...] = (
@@ -191,7 +191,7 @@ def _sizes_of(values: Sequence[Any]) -> tuple[np.ndarray, np.ndarray, list[str |
         if v is None:
             continue  # null image → "missing"
         try:
-            w[i], h[i] = read_image_size(v)
+            w[i], h[i] = v.size() if isinstance(v, _ArrowImage) else read_image_size(v)
         except ImageSizeError as e:
             reasons[i] = f"unreadable: {e.reason}"
         except Exception as e:  # noqa: BLE001 - nothing may raise mid-map; record the reason instead
@@ -199,9 +199,61 @@ def _sizes_of(values: Sequence[Any]) -> tuple[np.ndarray, np.ndarray, list[str |
     return w, h, reasons
 
 
-def _image_batch(values: list[Any], *, config: str, max_upscale: float | None, min_size: int | None,
+class _ArrowImage:
+    """An encoded image held in an Arrow buffer (zero-copy), with the path it came from for error messages."""
+
+    __slots__ = ("buffer", "path")
+
+    def __init__(self, buffer: pa.Buffer, path: str | None) -> None:
+        self.buffer = buffer
+        self.path = path
+
+    def size(self) -> tuple[int, int]:
+        source = f"<bytes: {self.buffer.size}>" + (f" ({self.path!r})" if self.path else "")
+        if self.buffer.size == 0:
+            raise ImageSizeError(source, "empty (0 bytes)")
+        return _size_of_open(pa.BufferReader(self.buffer), source)
+
+
+def _arrow_values(column: pa.ChunkedArray | pa.Array) -> list[Any]:
+    """Image values of one Arrow column without copying encoded bytes into Python objects.
+
+    ``Image`` storage (``struct<bytes, path>``) gives an :class:`_ArrowImage` where bytes are present, else the
+    path; a string column gives paths; a binary column gives buffers; null gives None. Shape: one per row.
+    """
+    chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
+    out: list[Any] = []
+    for chunk in chunks:
+        t = chunk.type
+        if pa.types.is_struct(t):
+            fields = dict(zip([f.name for f in t], chunk.flatten()))  # offsets and parent nulls applied
+            data, paths = fields.get("bytes"), fields.get("path")
+            path_list = paths.to_pylist() if paths is not None else [None] * len(chunk)
+            has_bytes = data.is_valid().to_numpy(zero_copy_only=False) if data is not None else np.zeros(len(chunk), bool)
+            valid = chunk.is_valid().to_numpy(zero_copy_only=False)
+            for i in range(len(chunk)):
+                if not valid[i]:
+                    out.append(None)
+                elif has_bytes[i]:
+                    out.append(_ArrowImage(data[i].as_buffer(), path_list[i]))
+                else:
+                    out.append({"bytes": None, "path": path_list[i]})
+        elif pa.types.is_binary(t) or pa.types.is_large_binary(t):
+            valid = chunk.is_valid().to_numpy(zero_copy_only=False)
+            out.extend(_ArrowImage(chunk[i].as_buffer(), None) if valid[i] else None for i in range(len(chunk)))
+        else:
+            out.extend(chunk.to_pylist())  # paths (strings) or anything read_image_size accepts
+    return out
+
+
+def _image_batch(values: Any, *, config: str, max_upscale: float | None, min_size: int | None,
                  as_dict: bool) -> Any:
-    """``map`` function for the image path: header sizes → bucket columns for one batch."""
+    """``map`` function for the image path: header sizes → bucket columns for one batch.
+
+    ``values`` is a Python list (streaming) or an Arrow column (map-style, read zero-copy).
+    """
+    if isinstance(values, (pa.ChunkedArray, pa.Array)):
+        values = _arrow_values(values)
     w, h, reasons = _sizes_of(values)
     table = annotate_sizes(w, h, _buckets_from_json(config), reasons=reasons, max_upscale=max_upscale, min_size=min_size)
     return table.to_pydict() if as_dict else table
@@ -334,12 +386,12 @@ def _annotate_dataset(ds: Any, buckets: BucketSet, *, image_column: str | None, 
         src = base.select_columns([image_column])
         if isinstance(src.features[image_column], datasets.Image):
             src = src.cast_column(image_column, datasets.Image(decode=False))
-        new = src.map(
+        new = src.with_format("arrow").map(
             _image_batch, batched=True, batch_size=batch_size, num_proc=num_proc, input_columns=[image_column],
             remove_columns=[image_column], features=features, desc=desc or "Reading image sizes",
             fn_kwargs=dict(config=buckets.to_json(), max_upscale=max_upscale, min_size=min_size, as_dict=False),
             load_from_cache_file=load_from_cache_file,
-        )
+        ).with_format(None)
     out = datasets.concatenate_datasets([base, new], axis=1)
     if show_summary:
         print((f"== {out.split} ==\n" if out.split is not None else "") + str(summarize_annotation(out, buckets)))

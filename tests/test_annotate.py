@@ -244,3 +244,23 @@ def test_null_images_are_missing() -> None:
     ds = datasets.Dataset.from_dict({"image": [None, None]}, features=datasets.Features({"image": datasets.Image()}))
     out = add_bucket_columns(ds, BucketSet.novelai(), show_summary=False)
     assert out["skip_reason"] == ["missing", "missing"] and out["bucket"] == [-1, -1]
+
+
+def test_embedded_bytes_like_hub_parquet(image_dir: Path) -> None:
+    """Hub datasets store encoded bytes in the Image struct: read zero-copy from Arrow, same as streaming."""
+    files = sorted(image_dir.iterdir())
+    values = [{"bytes": f.read_bytes(), "path": f.name} for f in files]
+    values += [{"bytes": None, "path": str(image_dir / "gone.jpg")}, None, {"bytes": b"", "path": "empty.png"}]
+    ds = datasets.Dataset.from_dict({"image": values}, features=datasets.Features({"image": datasets.Image()}))
+    bs = BucketSet.novelai()
+    out = add_bucket_columns(ds, bs, batch_size=6, show_summary=False)
+    cols = _cols(out)
+    streamed = list(add_bucket_columns(ds.to_iterable_dataset(), bs, batch_size=4).select_columns(list(BUCKET_COLUMNS)))
+    assert {c: [r[c] for r in streamed] for c in BUCKET_COLUMNS} == cols
+    by_file = {f.name: (w, h) for f, w, h in zip(files, cols["original_width"], cols["original_height"])}
+    for f in files:
+        if f.name not in BAD:
+            assert by_file[f.name] == datasets.Image().decode_example({"bytes": f.read_bytes(), "path": None}).size
+    assert cols["skip_reason"][-3:] == ["unreadable: file not found", "missing", "unreadable: empty (0 bytes)"]
+    assert [cols["skip_reason"][i] for i, f in enumerate(files) if f.name in BAD] == [BAD[f.name] for f in files
+                                                                                     if f.name in BAD]
