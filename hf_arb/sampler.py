@@ -84,7 +84,7 @@ def _as_bucket_ids(bucket_ids: Any) -> np.ndarray:
         raise ValueError(
             f"`bucket_ids` must be >= -1 (-1 marks a skipped row), but bucket_ids[{i}] = {int(arr[i])}."
         )
-    if arr.size and arr.max() >= 2**15:
+    if arr.size and arr.max() >= 2**15 - 1:
         raise ValueError(f"At most 32767 buckets are supported, got bucket id {int(arr.max())}.")
     if arr.size >= 2**31 - 1:
         raise ValueError(f"At most 2**31 - 2 rows are supported, got {arr.size}.")
@@ -154,15 +154,27 @@ class _Grouping:
     count: np.ndarray
 
 
+def _bucket_counts(ids: np.ndarray, k: int) -> np.ndarray:
+    """Rows per bucket, int64 shape (k,), without an int64 copy of ``ids`` for few buckets."""
+    if k <= 64:
+        return np.array([np.count_nonzero(ids == b) for b in range(k)], dtype=np.int64)
+    return np.bincount(ids[ids >= 0], minlength=k).astype(np.int64)[:k]
+
+
 def _group(eff_ids: np.ndarray, k: int) -> _Grouping:
     """Group valid rows (``eff_ids >= 0``) by bucket. ``eff_ids``: int, shape (n,)."""
-    valid = np.flatnonzero(eff_ids >= 0).astype(np.int32)
-    keys = eff_ids[valid].astype(np.int16)
-    order = np.argsort(keys, kind="stable")  # radix sort for int16 keys: O(n)
-    rows = valid[order]
-    del order
-    count = np.bincount(keys, minlength=k).astype(np.int64)
+    count = _bucket_counts(eff_ids, k)
     start = np.concatenate([[0], np.cumsum(count)[:-1]]).astype(np.int64)
+    if k <= 64:  # k passes of a compare: less memory than an int64 argsort of all rows
+        rows = np.empty(int(count.sum()), dtype=np.int32)
+        for b in np.flatnonzero(count):
+            rows[start[b] : start[b] + count[b]] = np.flatnonzero(eff_ids == b)
+        return _Grouping(rows=rows, start=start, count=count)
+    keys = eff_ids.astype(np.int16)  # (n,); -1 rows are moved past every bucket
+    keys[eff_ids < 0] = k
+    order = np.argsort(keys, kind="stable")  # radix sort for int16 keys: O(n)
+    del keys
+    rows = order[: int(count.sum())].astype(np.int32)
     return _Grouping(rows=rows, start=start, count=count)
 
 
@@ -602,9 +614,8 @@ class BucketBatchSampler:
         self.return_keys = bool(return_keys)
         self.log_report = bool(log_report)
         self.drop_last = False  # every batch is full; read by accelerate's BatchSamplerShard
-        self._ids = ids
-        valid = ids >= 0
-        n_valid = int(valid.sum())
+        n_valid = int(np.count_nonzero(ids >= 0))
+        self._rows_total, self._rows_unassigned = int(ids.size), int(ids.size - n_valid)
         if n_valid == 0:
             raise ValueError(
                 f"No row has a bucket (got {ids.size} rows, all -1 or none). The sampler needs at least one "
@@ -614,7 +625,7 @@ class BucketBatchSampler:
         if resolutions is not None and resolutions.shape[0] < k:
             raise ValueError(f"`buckets` has {resolutions.shape[0]} resolutions but bucket id {k - 1} occurs.")
         self.resolutions = resolutions
-        counts = np.bincount(ids[valid], minlength=k).astype(np.int64)
+        counts = _bucket_counts(ids, k)
         self._counts = counts
         G = self.global_batch_size
         merge_map = None
@@ -641,7 +652,9 @@ class BucketBatchSampler:
         if catch_all_bucket is not None:
             self._k = max(self._k, catch_all_bucket + 1)
         self._grouping = _group(self._eff, self._k) if self.sync_buckets else None
-        self._fingerprint = self._compute_fingerprint()
+        self._fingerprint = self._compute_fingerprint(ids)
+        if self.sync_buckets:  # the grouping is all a synchronised plan needs: free the id arrays
+            self._eff = None  # type: ignore[assignment]
         # cursor
         self._epoch = 0
         self._consumed = 0
@@ -690,9 +703,9 @@ class BucketBatchSampler:
             "`batch_size`, fewer buckets, `leftover=\"fill\"`, or `merge_small=True` (merge small buckets)."
         )
 
-    def _compute_fingerprint(self) -> str:
+    def _compute_fingerprint(self, ids: np.ndarray) -> str:
         h = hashlib.blake2b(digest_size=16)
-        h.update(np.ascontiguousarray(self._ids).tobytes())
+        h.update(memoryview(np.ascontiguousarray(ids)).cast("B"))
         if self._merge_map is not None:
             h.update(np.ascontiguousarray(self._merge_map, dtype=np.int64).tobytes())
         return h.hexdigest()
@@ -791,8 +804,10 @@ class BucketBatchSampler:
         e, start = self._epoch, self._consumed
         steps = self._steps
         targets = self._targets(e)
-        for s0 in range(start, steps, _CHUNK_STEPS):
-            s1 = min(steps, s0 + _CHUNK_STEPS)
+        s0, size = start, 1  # chunks grow 1, 8, 64, ... steps: the first batch only shuffles its own bucket
+        while s0 < steps:
+            s1 = min(steps, s0 + size)
+            size = min(size * 8, _CHUNK_STEPS)
             rows = self._rows(e, s0, s1, rank)
             if self.return_keys:
                 tg = targets[s0:s1]
@@ -812,6 +827,7 @@ class BucketBatchSampler:
                 if not self._driven:
                     self._advance(e, s0 + i + 1)
                 yield item
+            s0 = s1
         if not self._driven and self._epoch == e:
             self._normalise()
 
@@ -883,8 +899,8 @@ class BucketBatchSampler:
     def report(self, epoch: int | None = None) -> PlanReport:
         """Rows used, dropped, repeated, merged and served in catch-all batches in ``epoch`` (default: current)."""
         e = self._epoch if epoch is None else _check_nonneg("epoch", epoch)
-        ids, counts = self._ids, self._counts
-        unassigned = int((ids < 0).sum())
+        counts = self._counts
+        unassigned = self._rows_unassigned
         assigned = int(counts.sum())
         merged = 0
         if self._merge_map is not None:
@@ -913,7 +929,7 @@ class BucketBatchSampler:
             catch = int((targets == self.catch_all_bucket).sum() * B) if self.leftover == "catch_all" else 0
             tvals, tcounts = np.unique(targets, return_counts=True)
         return PlanReport(
-            epoch=e, rows_total=int(ids.size), rows_unassigned=unassigned, rows_used=used,
+            epoch=e, rows_total=self._rows_total, rows_unassigned=unassigned, rows_used=used,
             rows_dropped=assigned - used, rows_repeated=repeated, rows_merged=merged, rows_catch_all=catch,
             steps=steps, num_replicas=W, batch_size=B, global_batch_size=G, leftover=self.leftover,
             sync_buckets=self.sync_buckets,
@@ -922,7 +938,7 @@ class BucketBatchSampler:
 
     def __repr__(self) -> str:
         return (
-            f"BucketBatchSampler(rows={self._ids.size}, batch_size={self.batch_size}, num_replicas={self.num_replicas}, "
+            f"BucketBatchSampler(rows={self._rows_total}, batch_size={self.batch_size}, num_replicas={self.num_replicas}, "
             f"rank={self.rank}, seed={self.seed}, epoch={self._epoch}, batches_consumed={self._consumed}, "
             f"steps_per_epoch={self._steps}, leftover={self.leftover!r}, sync_buckets={self.sync_buckets})"
         )

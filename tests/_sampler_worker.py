@@ -116,6 +116,7 @@ def run_accelerate(args) -> dict:
     it = iter(dl)
     head = [rows_of(next(it)) for _ in range(k)]
     acc.save_state(str(ckpt))
+    acc.wait_for_everyone()  # rank 0 writes the files; the load below must not race it
     state_at_k = sampler.state_dict()
     if args.save_elastic:
         Path(args.save_elastic).write_text(json.dumps(state_at_k))
