@@ -711,12 +711,12 @@ def batch_captions(batch: dict[str, Any], tokenizer_free: bool = True) -> dict[s
 
 # ========================================================================================= validation
 def validation_shapes(buckets: Any) -> list[tuple[int, int]]:
-    """Portrait, square(-most) and landscape bucket ``(w, h)``: the extremes and the one closest to 1:1."""
+    """Portrait, square and landscape bucket ``(w, h)``: the buckets closest to 2:3, 1:1 and 3:2 in log aspect."""
     res = np.asarray(buckets.resolutions)
     log_aspect = np.log(res[:, 0] / res[:, 1])
-    picks = [int(np.argmin(log_aspect)), int(np.argmin(np.abs(log_aspect))), int(np.argmax(log_aspect))]
     out: list[tuple[int, int]] = []
-    for i in picks:
+    for target in (np.log(2 / 3), 0.0, np.log(3 / 2)):
+        i = int(np.lexsort((-res[:, 0] * res[:, 1], np.round(np.abs(log_aspect - target), 9)))[0])
         wh = (int(res[i, 0]), int(res[i, 1]))
         if wh not in out:
             out.append(wh)
@@ -860,9 +860,11 @@ def save_final(args: argparse.Namespace, accelerator: Any, models: Models, unet:
     pipe = build_pipeline(args, models, unet, torch.float32, final=True)
     pipe.save_pretrained(args.output_dir)
     (Path(args.output_dir) / BUCKETS_FILE).write_text(json.dumps(buckets.to_dict(), indent=1))
-    last = log_validation(args, accelerator, models, unet, buckets, progress.global_step, torch.float32)
-    if last is not None:
-        validation_images.append(str(last))
+    done = Path(args.output_dir) / "validation" / f"step-{progress.global_step:06d}.png"
+    if not done.exists():  # the last epoch's validation may already show these weights
+        last = log_validation(args, accelerator, models, unet, buckets, progress.global_step, torch.float32)
+        if last is not None:
+            validation_images.append(str(last))
     if args.push_to_hub:
         from huggingface_hub import create_repo, upload_folder
 
@@ -1021,6 +1023,7 @@ def train_loop(args: argparse.Namespace, accelerator: Any, models: Models, unet:
     validation_images: list[str] = []
     losses: list[float] = []
     train_loss, step_buckets = 0.0, []
+    images_seen, t_start = 0, time.perf_counter()
     for epoch in range(sampler.epoch, schedule.num_train_epochs):  # a restored sampler resumes mid-epoch
         if progress.global_step >= schedule.max_train_steps:
             break
@@ -1041,6 +1044,7 @@ def train_loop(args: argparse.Namespace, accelerator: Any, models: Models, unet:
                 lr_scheduler.step()
                 optimizer.zero_grad()
             step_buckets.append(bucket)
+            images_seen += len(batch["captions"]) * accelerator.num_processes
             if trace is not None:
                 tensor = batch["latent_stats"] if "latent_stats" in batch else batch["pixel_values"]
                 trace.write(json.dumps({"step": progress.global_step, "micro": micro, "epoch": epoch,
@@ -1080,7 +1084,10 @@ def train_loop(args: argparse.Namespace, accelerator: Any, models: Models, unet:
     bar.close()
     if trace is not None:
         trace.close()
-    return {"global_step": progress.global_step, "losses": losses, "validation_images": validation_images}
+    seconds = time.perf_counter() - t_start
+    return {"global_step": progress.global_step, "losses": losses, "validation_images": validation_images,
+            "train_seconds": seconds, "train_images": images_seen,
+            "images_per_second": images_seen / seconds if seconds > 0 else None}
 
 
 if __name__ == "__main__":
