@@ -187,7 +187,8 @@ class LatentCache:
         arr = np.asarray(stats)
         if arr.ndim != 4 or arr.shape[0] != 2:
             raise ValueError(f"Latent stats must have shape (2, C, h, w) (mean and std), got {arr.shape}.")
-        arr16 = arr.astype(np.float16)
+        with np.errstate(over="ignore"):
+            arr16 = arr.astype(np.float16)
         if not np.isfinite(arr16).all():
             raise ValueError(
                 f"Latent stats for {key} overflow float16 (max |x| = {float(np.abs(arr).max()):.3g}); "
