@@ -950,25 +950,29 @@ class BucketBatchSampler:
 
 
 def _refuse_double_sharding(sampler: BucketBatchSampler, caller: Any) -> None:
-    """Raise when accelerate's BatchSamplerShard iterates a per-rank sampler (each rank would get 1/W of its
-    planned batches and the rest would be dropped)."""
+    """Raise when accelerate shards or dispatches a per-rank sampler a second time (each rank would get a
+    ``1/world`` share of its planned batches, or slices of them). Looks at the few frames that iterate us."""
     dl_mod = sys.modules.get("accelerate.data_loader")
-    if dl_mod is None or caller is None:
+    if dl_mod is None or sampler.num_replicas == 1:
         return
-    owner = caller.f_locals.get("self")
     shard_cls = getattr(dl_mod, "BatchSamplerShard", None)
-    if shard_cls is not None and isinstance(owner, shard_cls) and owner.num_processes > 1 and not owner.split_batches:
-        raise RuntimeError(
-            "BucketBatchSampler is being sharded a second time by accelerate's BatchSamplerShard: the sampler "
-            f"already yields only rank {sampler.rank}'s batches, so each process would get every "
-            f"{owner.num_processes}-th of them. Prepare the loader with `hf_arb.prepare_dataloader(accelerator, "
-            "dataloader)` instead of `accelerator.prepare(dataloader)`."
-        )
-    if shard_cls is not None and isinstance(owner, shard_cls) and owner.split_batches:
-        raise RuntimeError(
-            "accelerate's split_batches=True splits each batch of the per-rank BucketBatchSampler across processes. "
-            "Use `hf_arb.prepare_dataloader(accelerator, dataloader)`, which feeds accelerate whole global batches."
-        )
+    dispatch_cls = getattr(dl_mod, "DataLoaderDispatcher", None)
+    frame, depth = caller, 0
+    while frame is not None and depth < 10:
+        owner = frame.f_locals.get("self")
+        culprit = None
+        if shard_cls is not None and isinstance(owner, shard_cls) and (owner.num_processes > 1 or owner.split_batches):
+            culprit = "BatchSamplerShard (accelerate's round-robin of batches to ranks)"
+        elif dispatch_cls is not None and type(owner) is dispatch_cls and owner.state.num_processes > 1:
+            culprit = "DataLoaderDispatcher (dispatch_batches=True)"
+        if culprit:
+            raise RuntimeError(
+                f"BucketBatchSampler is being sharded a second time by accelerate's {culprit}: the sampler already "
+                f"yields only rank {sampler.rank}'s planned batches, so each process would train on a fraction of "
+                "them. Prepare the loader with `hf_arb.prepare_dataloader(accelerator, dataloader)` instead of "
+                "`accelerator.prepare(dataloader)`."
+            )
+        frame, depth = frame.f_back, depth + 1
 
 
 class _GlobalPlanView:

@@ -97,13 +97,16 @@ def run_accelerate(args) -> dict:
         out[name] = epoch_out
 
     # a plain accelerator.prepare would shard the per-rank sampler a second time: refused loudly
-    acc_naive = Accelerator(cpu=True)
-    naive = acc_naive.prepare(DataLoader(RowDataset(ids), batch_sampler=hf_arb.BucketBatchSampler(ids, B, seed=SEED)))
-    try:
-        next(iter(naive))
-        out["naive_prepare_error"] = ""
-    except RuntimeError as err:
-        out["naive_prepare_error"] = str(err)
+    for name, cfg in (("shard", {}), ("dispatch", {"dispatch_batches": True}), ("split", {"split_batches": True})):
+        acc_naive = Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(**cfg))
+        try:  # accelerate itself refuses split_batches when batch_size % world != 0
+            naive = acc_naive.prepare(
+                DataLoader(RowDataset(ids), batch_sampler=hf_arb.BucketBatchSampler(ids, B, seed=SEED)))
+            next(iter(naive))
+            out[f"naive_prepare_error_{name}"] = ""
+        except (RuntimeError, ValueError) as err:
+            out[f"naive_prepare_error_{name}"] = str(err)
+        acc_naive.wait_for_everyone()
 
     # exact mid-epoch resume through save_state/load_state, with 2 DataLoader workers reading ahead
     W = acc.num_processes

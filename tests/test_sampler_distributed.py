@@ -52,7 +52,9 @@ def _check_accelerate_run(results: list[dict], world: int) -> None:
         assert r["resumed_len"] == r["rest_len"] > 0, r
         assert r["resumed_equals_rest"] and r["next_epoch_equal"] and r["next_epoch_is_plan2"], r
         assert r["all_equal_over_ranks"], r
-        assert "prepare_dataloader" in res["naive_prepare_error"], res["naive_prepare_error"]
+        for mode in ("shard", "dispatch", "split"):  # plain accelerator.prepare is refused, not silently thinned
+            err = res[f"naive_prepare_error_{mode}"]
+            assert "prepare_dataloader" in err or (mode == "split" and "split_batches" in err), (mode, err)
         s = res["skip_first_batches"]
         assert s["equals_rest"] and s["then_epoch2"], s
 
