@@ -224,11 +224,15 @@ class _SyncLayout:
         self.seg_count = np.concatenate([n, [pool_batches * global_batch]]).astype(np.int64)
         self.buffer = np.empty(grouping.rows.size + self.pool_rows, dtype=np.int32)
         self.ready = np.zeros(k + 1, dtype=bool)
+        self._targets: np.ndarray | None = None
 
     @property
     def step_targets(self) -> np.ndarray:
-        """Target bucket per step, int64 shape (steps,)."""
-        return self.seg_target[self.step_seg]
+        """Target bucket per step, int64 shape (steps,), read-only (computed once per epoch)."""
+        if self._targets is None:
+            self._targets = self.seg_target[self.step_seg]
+            self._targets.flags.writeable = False
+        return self._targets
 
     def _ensure(self, segs: np.ndarray) -> None:
         """Shuffle the rows of the given segments into ``buffer`` (each once per epoch)."""
@@ -433,7 +437,11 @@ def plan_epoch(
         return (plan, targets) if return_buckets else plan
     layout = _SyncLayout(_group(eff, k), world_size * batch_size, seed, epoch, shuffle, leftover, catch_all_bucket)
     steps = layout.num_batches
-    plan = layout.rows(0, steps, None, batch_size).reshape(steps, world_size, batch_size)
+    plan = np.empty((steps, world_size * batch_size), dtype=np.int64)
+    for s0 in range(0, steps, _CHUNK_STEPS):  # chunks bound the index temporaries
+        s1 = min(steps, s0 + _CHUNK_STEPS)
+        plan[s0:s1] = layout.rows(s0, s1, None, batch_size)
+    plan = plan.reshape(steps, world_size, batch_size)
     if return_buckets:
         return plan, np.repeat(layout.step_targets[:, None], world_size, axis=1)
     return plan
@@ -767,7 +775,10 @@ class BucketBatchSampler:
         """
         e = self._epoch if epoch is None else _check_nonneg("epoch", epoch)
         t = self._targets(e)
-        return (t if t.ndim == 1 else t[:, self.rank]).copy()
+        if t.ndim == 2:
+            t = t[:, self.rank]
+            t.flags.writeable = False
+        return t  # a read-only view, cheap enough to call at every step
 
     # ---------------------------------------------------------------- cursor
     def set_epoch(self, epoch: int) -> None:
