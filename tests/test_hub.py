@@ -16,6 +16,8 @@ from huggingface_hub import CommitOperationAdd
 from PIL import Image
 
 import hf_arb
+import hf_arb.hub
+import hf_arb.plot
 from hf_arb import BucketSet, add_bucket_columns
 from hf_arb.annotate import BUCKET_COLUMNS
 from hf_arb.hub import CARD_KEY, CHART_PATH_IN_REPO, bucket_table_from_columns, buckets_from_card, buckets_from_columns
