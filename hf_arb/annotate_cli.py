@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -187,7 +188,7 @@ def _run_stats(args: argparse.Namespace) -> int:
     return 0
 
 
-def _guard(run: Any) -> Any:
+def _guard(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
     """Turn the errors a user can fix (bad path, wrong column, …) into one line on stderr and exit status 1."""
 
     def wrapped(args: argparse.Namespace) -> int:

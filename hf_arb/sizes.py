@@ -94,7 +94,7 @@ def _orientation(img: Image.Image) -> int:
 
 
 def _plugin_applied_orientation(img: Image.Image) -> bool:
-    """True when Pillow's plugin already reports the displayed size (TIFF in Pillow >= 11 does).
+    """True when Pillow's plugin already reports the displayed size (the TIFF plugin does, e.g. Pillow 13).
 
     A TIFF's stored size is in its IMAGEWIDTH/IMAGELENGTH tags (256, 257); if ``img.size`` differs from them, the
     plugin swapped it for the orientation already and it must not be swapped twice.
