@@ -26,6 +26,7 @@ count or another rank reproduces the same crops. Nothing reads or writes a globa
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -216,6 +217,10 @@ class BucketedImageDataset(torch.utils.data.Dataset):
         self.draft_gap = None if draft_gap is None else float(draft_gap)
         self.check_sizes = bool(check_sizes)
         self.epoch = 0
+        gap = "default" if self.draft_gap is None else f"{self.draft_gap:g}"
+        self._render_id = (
+            f"{str(resample).lower()};draft={'off' if not self.draft else gap};bg={','.join(map(str, self.background))}"
+        )
 
     # ----------------------------------------------------------------------------- bookkeeping
     def _check_table(self, wh: np.ndarray) -> None:
@@ -283,7 +288,8 @@ class BucketedImageDataset(torch.utils.data.Dataset):
         """The crop/flip decision for a row, without opening the image.
 
         Uses the ``original_width`` / ``original_height`` columns (or ``size``). ``__getitem__`` renders
-        exactly this plan, so ``(image content, plan.key())`` is a complete latent-cache key.
+        exactly this plan, and ``plan.render`` names this dataset's filter / decoder / background options, so
+        ``(image content, plan.key())`` is a complete latent-cache key.
 
         Args:
             row: row index.
@@ -303,8 +309,10 @@ class BucketedImageDataset(torch.utils.data.Dataset):
             size = (int(self._size[row, 0]), int(self._size[row, 1]))
         flip = self.random_flip and bool(row_rng(self.seed, epoch, row, _STREAM_FLIP).random() < 0.5)
         if self.center_crop:
-            return plan_fit(size, self.resolution(bucket), crop="center", flip=flip)
-        return plan_fit(size, self.resolution(bucket), crop="random", rng=row_rng(self.seed, epoch, row, _STREAM_CROP), flip=flip)
+            plan = plan_fit(size, self.resolution(bucket), crop="center", flip=flip)
+        else:
+            plan = plan_fit(size, self.resolution(bucket), crop="random", rng=row_rng(self.seed, epoch, row, _STREAM_CROP), flip=flip)
+        return dataclasses.replace(plan, render=self._render_id)
 
     def _caption(self, record: dict[str, Any], row: int, epoch: int) -> str:
         if not self.caption_column:

@@ -127,6 +127,9 @@ class FitPlan:
         crop_top_left: ``(y, x)`` of the crop in the scaled image, SDXL convention; when ``flipped`` it is
             the crop of the *mirrored* scaled image.
         flipped: whether the output is mirrored horizontally.
+        render: the rendering options that also decide the pixels (filter, decoder downscale, background), as
+            text; empty when unknown. :meth:`BucketedImageDataset.fit_row` fills it in so :meth:`key` is a
+            complete cache key together with the image content.
     """
 
     size: tuple[int, int]
@@ -134,6 +137,7 @@ class FitPlan:
     scaled_size: tuple[int, int]
     crop_top_left: tuple[int, int]
     flipped: bool
+    render: str = ""
 
     @property
     def original_size(self) -> tuple[int, int]:
@@ -158,9 +162,12 @@ class FitPlan:
         x, y = self.crop_left, self.crop_top_left[0]
         return (x * w / sw, y * h / sh, (x + bw) * w / sw, (y + bh) * h / sh)
 
-    def key(self) -> tuple[int, ...]:
-        """A hashable summary for cache keys: bucket (w, h), crop (y, x), flipped (0/1)."""
-        return (*self.bucket, *self.crop_top_left, int(self.flipped))
+    def key(self) -> tuple[int | str, ...]:
+        """A hashable summary for cache keys: bucket (w, h), scaled size (w, h), crop (y, x), flipped (0/1), render.
+
+        Together with the image content (which fixes ``size``) it determines the output pixels.
+        """
+        return (*self.bucket, *self.scaled_size, *self.crop_top_left, int(self.flipped), self.render)
 
 
 def plan_fit(

@@ -134,6 +134,13 @@ def test_fit_row_predicts_getitem_without_pixels(annotated: datasets.Dataset) ->
                 assert (plan.crop_top_left, plan.flipped, plan.original_size) == (s["crop_top_left"], s["flipped"], s["original_size"])
                 flips.append(plan.flipped)
     assert 0.25 < np.mean(flips) < 0.75  # random_flip is a coin, not a constant
+    # The cache key covers everything that decides the pixels besides the image content.
+    base = data.fit_row(0, epoch=0).key()
+    for other in (BucketedImageDataset(annotated, seed=5, random_flip=True, resample="bicubic"),
+                  BucketedImageDataset(annotated, seed=5, random_flip=True, draft=False),
+                  BucketedImageDataset(annotated, seed=5, random_flip=True, background=(0, 0, 0))):
+        key = other.fit_row(0, epoch=0).key()
+        assert key != base and key[:-1] == base[:-1]
     # Flipping never changes where the crop is taken from (independent random streams).
     plain = BucketedImageDataset(annotated, seed=5)
     for row in range(len(data)):

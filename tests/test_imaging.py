@@ -421,6 +421,6 @@ def test_to_tensor_matches_diffusers_normalisation() -> None:
 def test_fitplan_key_and_box_are_consistent() -> None:
     plan = plan_fit((4000, 3000), (1024, 1024), crop="center", flip=True)
     assert isinstance(plan, FitPlan)
-    assert plan.key() == (1024, 1024, 0, plan.crop_top_left[1], 1)
+    assert plan.key() == (1024, 1024, 1365, 1024, 0, plan.crop_top_left[1], 1, "")
     left, top, right, bottom = plan.source_box
     assert top == 0 and bottom == 3000 and right - left == pytest.approx(1024 * 4000 / plan.scaled_size[0])
