@@ -188,6 +188,17 @@ def test_caption_lists_and_nulls(annotated: datasets.Dataset) -> None:
     assert BucketedImageDataset(annotated, caption_column=None)[0]["caption"] == ""
 
 
+def test_path_and_bytes_columns(annotated: datasets.Dataset) -> None:
+    raw = annotated.cast_column("image", datasets.Image(decode=False))
+    paths = [cell["path"] for cell in raw["image"]]
+    ref = BucketedImageDataset(annotated, seed=1)
+    as_paths = BucketedImageDataset(raw.remove_columns("image").add_column("image", paths), seed=1)
+    as_bytes = BucketedImageDataset(
+        raw.remove_columns("image").add_column("image", [Path(p).read_bytes() for p in paths]), seed=1)
+    for row in (0, 1, 2):  # EXIF JPEG, PNG, WebP
+        assert _samples_equal(as_paths[row], ref[row]) and _samples_equal(as_bytes[row], ref[row])
+
+
 # --------------------------------------------------------------------------------------- errors
 def test_decode_failure_names_row_and_source(annotated: datasets.Dataset, tmp_path: Path) -> None:
     bad = tmp_path / "broken.jpg"
