@@ -669,8 +669,8 @@ class BucketBatchSampler:
         self._driven = 0  # > 0 while a tracking loader (prepare_dataloader) counts consumption
         self._logged = False
         self._cache: tuple[int, Any] | None = None  # (epoch, _SyncLayout | (plan, targets))
-        self._steps = self._steps_of(0)
-        if self._steps == 0:
+        self._steps0 = self._steps_of(0)  # constant over epochs when synced; per epoch otherwise
+        if self._steps0 == 0:
             raise ValueError(self._zero_batches_message())
         rep = self.report()
         if rep.dropped_fraction > 0.10:
@@ -699,8 +699,12 @@ class BucketBatchSampler:
 
     @property
     def steps_per_epoch(self) -> int:
-        """Batches per rank in a whole epoch (``len(sampler)`` at the start of an epoch)."""
-        return self._steps
+        """Batches per rank in a whole epoch (``len(sampler)`` at the start of an epoch). With
+        ``sync_buckets=False`` it can vary a little from epoch to epoch (the shortest rank sets it)."""
+        return self._steps_in(self._epoch)
+
+    def _steps_in(self, epoch: int) -> int:
+        return self._steps0 if self.sync_buckets else self._steps_of(epoch)
 
     def _zero_batches_message(self) -> str:
         G = self.global_batch_size
@@ -791,16 +795,17 @@ class BucketBatchSampler:
 
     def _advance(self, epoch: int, consumed: int) -> None:
         """Move the cursor: ``consumed`` batches of ``epoch`` handed out (``consumed == steps`` = epoch done)."""
-        self._epoch, self._consumed = epoch, min(consumed, self._steps)
+        self._epoch, self._consumed = epoch, min(consumed, self._steps_in(epoch))
 
     def _normalise(self) -> None:
         """A finished epoch becomes the start of the next one."""
-        if self._consumed >= self._steps:
+        if self._consumed >= self._steps_in(self._epoch):
             self._epoch, self._consumed = self._epoch + 1, 0
 
     def __len__(self) -> int:
         """Batches the next iteration yields: the whole epoch, or what is left of it after a mid-epoch resume."""
-        return self._steps if self._consumed >= self._steps else self._steps - self._consumed
+        steps = self._steps_in(self._epoch)
+        return self._steps_in(self._epoch + 1) if self._consumed >= steps else steps - self._consumed
 
     def _log_once(self) -> None:
         if self.log_report and not self._logged:
@@ -813,7 +818,7 @@ class BucketBatchSampler:
         self._log_once()
         self._normalise()
         e, start = self._epoch, self._consumed
-        steps = self._steps
+        steps = self._steps_in(e)
         targets = self._targets(e)
         s0, size = start, 1  # chunks grow 1, 8, 64, ... steps: the first batch only shuffles its own bucket
         while s0 < steps:
@@ -857,7 +862,7 @@ class BucketBatchSampler:
             "format": _STATE_FORMAT,
             "epoch": self._epoch,
             "batches_consumed": self._consumed,
-            "steps_per_epoch": self._steps,
+            "steps_per_epoch": self.steps_per_epoch,
             "seed": self.seed,
             "batch_size": self.batch_size,
             "num_replicas": self.num_replicas,
@@ -901,8 +906,9 @@ class BucketBatchSampler:
                 raise mismatch(f"options.{name}", saved_opts.get(name), ours, f"Build the sampler with {name}={saved_opts.get(name)!r}.")
         epoch = _check_nonneg("epoch", state.get("epoch"))
         consumed = _check_nonneg("batches_consumed", state.get("batches_consumed"))
-        if consumed > self._steps:
-            raise mismatch("batches_consumed", consumed, f"<= {self._steps}", "The state is corrupt.")
+        steps = self._steps_in(epoch)  # O(1) when synced; plans the epoch with sync_buckets=False
+        if consumed > steps:
+            raise mismatch("batches_consumed", consumed, f"<= {steps}", "The state is corrupt.")
         self._advance(epoch, consumed)
         self._normalise()
 
@@ -951,7 +957,7 @@ class BucketBatchSampler:
         return (
             f"BucketBatchSampler(rows={self._rows_total}, batch_size={self.batch_size}, num_replicas={self.num_replicas}, "
             f"rank={self.rank}, seed={self.seed}, epoch={self._epoch}, batches_consumed={self._consumed}, "
-            f"steps_per_epoch={self._steps}, leftover={self.leftover!r}, sync_buckets={self.sync_buckets})"
+            f"steps_per_epoch={self.steps_per_epoch}, leftover={self.leftover!r}, sync_buckets={self.sync_buckets})"
         )
 
 

@@ -78,7 +78,7 @@ def test_sampler_invariants_over_grid(leftover: str, world: int, batch: int) -> 
     assert len(lens) == 1, "len() differs between ranks"
     for epoch in (0, 1):
         got = epoch_batches(samplers, epoch)
-        assert got.shape[0] == lens.pop() if epoch == 0 else got.shape[0] == samplers[0].steps_per_epoch
+        assert got.shape[0] == min(lens) == samplers[0].steps_per_epoch, "len() must equal the batches yielded"
         targets = np.stack([s.batch_buckets(epoch) for s in samplers], axis=1)
         check_epoch(ids, got, targets, leftover, sync=True, catch_all=0)
         ref, ref_t = plan_epoch(ids, batch, world, seed=3, epoch=epoch, leftover=leftover, catch_all_bucket=0,
@@ -213,10 +213,11 @@ def test_deterministic_across_processes_with_different_hash_seeds() -> None:
 # ---------------------------------------------------------------------------------------------- resume
 
 
+@pytest.mark.parametrize("sync", [True, False])
 @pytest.mark.parametrize("leftover", ["drop", "fill", "catch_all"])
-def test_resume_after_every_k(leftover: str) -> None:
+def test_resume_after_every_k(leftover: str, sync: bool) -> None:
     ids = make_ids(300, k=4, seed=2)
-    kw = dict(num_replicas=2, rank=1, seed=4, leftover=leftover, catch_all_bucket=1)
+    kw = dict(num_replicas=2, rank=1, seed=4, leftover=leftover, catch_all_bucket=1, sync_buckets=sync)
     full = BucketBatchSampler(ids, 3, **kw)
     full.set_epoch(3)
     whole = list(full)
@@ -233,7 +234,7 @@ def test_resume_after_every_k(leftover: str) -> None:
             assert (fresh.epoch, fresh.batches_consumed, len(fresh)) == (3, k, len(whole) - k)
             assert head + list(fresh) == whole, f"resume after {k} batches"
         else:  # a state taken after the last batch resumes at the next epoch
-            assert (fresh.epoch, fresh.batches_consumed, len(fresh)) == (4, 0, len(whole))
+            assert (fresh.epoch, fresh.batches_consumed, len(fresh)) == (4, 0, full.plan(4).shape[0])
             assert list(fresh) == [b.tolist() for b in full.plan(4)[:, 1]]
 
 
@@ -483,3 +484,7 @@ def test_accelerate_single_process_save_load_state(tmp_path: Path) -> None:
     two = BucketBatchSampler(ids, 3, num_replicas=2, rank=0)
     with pytest.raises(RuntimeError, match="prepare_dataloader"):
         list(BatchSamplerShard(two, num_processes=2, process_index=0))
+    with pytest.raises(ValueError, match="num_replicas=2"):  # sampler built for another world size
+        prepare_dataloader(acc2, DataLoader(torch.arange(len(ids)), batch_sampler=two))
+    with pytest.raises(TypeError, match="batch_sampler=sampler"):
+        prepare_dataloader(acc2, DataLoader(torch.arange(len(ids)), batch_size=3))
