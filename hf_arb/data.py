@@ -40,6 +40,7 @@ from .imaging import (
     displayed_size,
     exif_orientation,
     open_image,
+    _resample_filter,
     plan_fit,
     render_plan,
     to_tensor,
@@ -197,7 +198,7 @@ class BucketedImageDataset(torch.utils.data.Dataset):
         cols = _column_arrays(ds, [bucket_column, *size_cols, *extra])
         self._bucket = cols[bucket_column].astype(np.int64)  # (n,)
         self._size = (
-            np.stack([cols["original_width"], cols["original_height"]], 1).astype(np.int64) if len(size_cols) == 2 else None
+            np.stack([cols["original_width"], cols["original_height"]], 1).astype(np.int32) if len(size_cols) == 2 else None
         )  # (n, 2) width, height or None
         if len(extra) == 2:
             self._check_table(np.stack([cols["bucket_width"], cols["bucket_height"]], 1).astype(np.int64))
@@ -217,10 +218,14 @@ class BucketedImageDataset(torch.utils.data.Dataset):
         self.draft_gap = None if draft_gap is None else float(draft_gap)
         self.check_sizes = bool(check_sizes)
         self.epoch = 0
+        # Validate rendering options here, not in a worker on the first batch.
+        filt = _resample_filter(resample)
+        if len(self.background) != 3 or not all(isinstance(c, (int, np.integer)) and 0 <= c <= 255 for c in self.background):
+            raise ValueError(f"`background` must be an (r, g, b) triple of 0–255 integers, got {background!r}.")
+        if self.draft_gap is not None and not self.draft_gap >= 1.0:
+            raise ValueError(f"`draft_gap` must be >= 1 or None, got {draft_gap!r}.")
         gap = "default" if self.draft_gap is None else f"{self.draft_gap:g}"
-        self._render_id = (
-            f"{str(resample).lower()};draft={'off' if not self.draft else gap};bg={','.join(map(str, self.background))}"
-        )
+        self._render_id = f"{filt.name.lower()};draft={'off' if not self.draft else gap};bg={','.join(map(str, self.background))}"
 
     # ----------------------------------------------------------------------------- bookkeeping
     def _check_table(self, wh: np.ndarray) -> None:

@@ -226,6 +226,10 @@ def test_stale_annotation_skipped_rows_and_wrong_buckets(annotated: datasets.Dat
         BucketedImageDataset(skipped, buckets=BUCKETS)[4]
     with pytest.raises(ValueError, match="annotated with another"):
         BucketedImageDataset(annotated, buckets=BucketSet([(64, 64), (128, 128), (32, 96), (100, 50), (50, 100)]))
+    with pytest.raises(ValueError, match="resample"):
+        BucketedImageDataset(annotated, resample="sinc")
+    with pytest.raises(ValueError, match="background"):
+        BucketedImageDataset(annotated, background=(0, 0))
     with pytest.raises(ValueError, match="not a column"):
         BucketedImageDataset(annotated, caption_column="caption")
     with pytest.raises(IndexError):
