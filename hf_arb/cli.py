@@ -68,4 +68,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Run through the imported module so that sub-commands registered by other modules land in the same
+    # COMMANDS dict (under `python -m hf_arb.cli` this file is `__main__`, a second copy of the module).
+    from hf_arb.cli import main as _main
+
+    sys.exit(_main())

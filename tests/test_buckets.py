@@ -243,3 +243,10 @@ def test_cli_buckets_prints_table(capsys):
     assert {(int(r[1]), int(r[2])) for r in rows} == set(NOVELAI_PUBLISHED)
     assert cli_main(["buckets", "--preset", "budget", "--resolution", "64", "--step", "16"]) == 0
     assert "64      64" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("module", ["hf_arb", "hf_arb.cli"])
+def test_python_m_entry_points_list_every_sub_command(module):
+    out = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True, text=True, check=True).stdout
+    for command in ("buckets", "annotate", "stats"):
+        assert command in out

@@ -1,0 +1,7 @@
+"""``python -m hf_arb`` is the ``hf-arb`` command."""
+
+import sys
+
+from hf_arb.cli import main
+
+sys.exit(main())
