@@ -50,6 +50,7 @@ Leftover = Literal["drop", "fill", "catch_all"]
 _LEFTOVERS = ("drop", "fill", "catch_all")
 _STATE_FORMAT = 1
 _CHUNK_STEPS = 4096  # steps materialised at a time while iterating (bounds temporary memory)
+_BLOCK = 32768  # mean rows per block of a bucket's lazily computed random order
 
 # tags that separate the random streams of one (seed, epoch)
 _TAG_ORDER, _TAG_BUCKET, _TAG_POOL, _TAG_SHARD, _TAG_RANK = 0, 1, 2, 3, 4
@@ -178,14 +179,72 @@ def _group(eff_ids: np.ndarray, k: int) -> _Grouping:
     return _Grouping(rows=rows, start=start, count=count)
 
 
+class _BucketPermutation:
+    """One bucket's uniformly random row order for one epoch, computable block by block.
+
+    Every row draws an i.i.d. block label in ``[0, m)`` (``m ≈ n / _BLOCK``); the order is the concatenation
+    of the blocks, each uniformly shuffled with its own stream. Sorting by i.i.d. uniform keys gives a uniform
+    permutation, and "label, then a uniform order inside the label" *is* sorting by the key ``label + U``: the
+    result is an exactly uniform shuffle. Its use: the rows at a few positions (the first batch after a resume,
+    a bucket's leftovers) cost one ``O(n)`` label draw and one small shuffle instead of a full shuffle.
+
+    ``out`` (int32 view, shape ``(n,)``) receives the order; ``rows`` (int32, shape ``(n,)``) are the bucket's
+    rows in ascending order.
+    """
+
+    def __init__(self, rows: np.ndarray, out: np.ndarray, seed: int, epoch: int, bucket: int, shuffle: bool) -> None:
+        self.rows, self.out = rows, out
+        self.key = (seed, epoch, _TAG_BUCKET, bucket)
+        n = rows.size
+        self.shuffle = shuffle
+        m = max(1, -(-n // _BLOCK)) if shuffle else 1
+        self.labels: np.ndarray | None = None
+        if m > 1:
+            self.labels = _rng(*self.key).integers(0, m, size=n, dtype=np.uint16)  # (n,)
+            counts = np.bincount(self.labels, minlength=m)
+        else:
+            counts = np.array([n])
+        self.ends = np.cumsum(counts).astype(np.int64)  # (m,) end position of each block
+        self.starts = self.ends - counts
+        self.ready = np.zeros(m, dtype=bool)
+        self.lazy_blocks = 0
+
+    def ensure_positions(self, positions: np.ndarray) -> None:
+        """Make ``out[positions]`` final (positions: int array, any shape, values in ``[0, n)``)."""
+        if self.ready.all():
+            return
+        blocks = np.unique(np.searchsorted(self.ends, positions, side="right"))
+        todo = blocks[~self.ready[blocks]]
+        if todo.size == 0:
+            return
+        if self.labels is None:
+            self._write(0, self.rows.copy())
+        elif self.lazy_blocks + todo.size <= 2:  # a few blocks: one compare over the labels each
+            for b in todo.tolist():
+                self._write(b, self.rows[np.flatnonzero(self.labels == b)])
+            self.lazy_blocks += todo.size
+        else:  # many blocks: group all rows by label once (radix sort), then shuffle what is missing
+            grouped = self.rows[np.argsort(self.labels, kind="stable")]
+            for b in np.flatnonzero(~self.ready).tolist():
+                self._write(b, grouped[self.starts[b] : self.ends[b]])
+        if self.ready.all():
+            self.labels = None
+
+    def _write(self, block: int, members: np.ndarray) -> None:
+        if self.shuffle and members.size > 1:
+            _rng(*self.key, block).shuffle(members)
+        self.out[self.starts[block] : self.ends[block]] = members
+        self.ready[block] = True
+
+
 class _SyncLayout:
     """One epoch of a synchronised plan, materialised lazily.
 
     Segments are the ``k`` buckets plus (for ``leftover="catch_all"``) one pool segment ``k``. Global batch
     ``j`` belongs to segment ``seg_of_batch[j]`` with local index ``j - batch_offset[seg]``; step ``s`` serves
-    global batch ``order[s]``. Rows of a segment come from ``buffer`` (each bucket's rows shuffled on first
-    use, then the pool), position ``p`` of segment ``b`` being ``buffer[start[b] + p % count[b]]`` (the modulo
-    realises ``"fill"``'s repeats).
+    global batch ``order[s]``. Rows of a segment come from ``buffer`` (each bucket's random order, computed
+    block by block on first use, then the pool), position ``p`` of segment ``b`` being
+    ``buffer[start[b] + p % count[b]]`` (the modulo realises ``"fill"``'s repeats).
     """
 
     def __init__(self, grouping: _Grouping, global_batch: int, seed: int, epoch: int, shuffle: bool,
@@ -219,11 +278,12 @@ class _SyncLayout:
         self.step_seg = seg_of_batch[order]
         self.step_local = order - self.batch_offset[self.step_seg]
         del seg_of_batch, order
-        # buffer: shuffled bucket rows (positions as in grouping.rows), then the catch-all pool
+        # buffer: each bucket's order (positions as in grouping.rows), then the catch-all pool
         self.seg_start = np.concatenate([grouping.start, [grouping.rows.size]]).astype(np.int64)
         self.seg_count = np.concatenate([n, [pool_batches * global_batch]]).astype(np.int64)
         self.buffer = np.empty(grouping.rows.size + self.pool_rows, dtype=np.int32)
-        self.ready = np.zeros(k + 1, dtype=bool)
+        self.perms: dict[int, _BucketPermutation] = {}
+        self.pool_ready = False
         self._targets: np.ndarray | None = None
 
     @property
@@ -234,37 +294,39 @@ class _SyncLayout:
             self._targets.flags.writeable = False
         return self._targets
 
-    def _ensure(self, segs: np.ndarray) -> None:
-        """Shuffle the rows of the given segments into ``buffer`` (each once per epoch)."""
-        for s in np.unique(segs):
-            s = int(s)
-            if self.ready[s]:
-                continue
+    def _perm(self, b: int) -> _BucketPermutation:
+        perm = self.perms.get(b)
+        if perm is None:
+            a, c = int(self.g.start[b]), int(self.g.count[b])
+            perm = _BucketPermutation(self.g.rows[a : a + c], self.buffer[a : a + c], self.seed, self.epoch, b,
+                                      self.shuffle)
+            self.perms[b] = perm
+        return perm
+
+    def _ensure(self, seg: np.ndarray, p: np.ndarray) -> None:
+        """Make the rows at positions ``p`` (shape (m, width)) of segments ``seg`` (shape (m,)) final."""
+        for s in np.unique(seg).tolist():
             if s == self.k:
-                self._ensure(np.flatnonzero(~self.ready[: self.k]))
                 self._fill_pool()
             else:
-                a, c = int(self.g.start[s]), int(self.g.count[s])
-                seg = self.buffer[a : a + c]
-                seg[:] = self.g.rows[a : a + c]
-                if self.shuffle and c > 1:
-                    _rng(self.seed, self.epoch, _TAG_BUCKET, s).shuffle(seg)
-            self.ready[s] = True
+                self._perm(s).ensure_positions(p[seg == s])
 
     def _fill_pool(self) -> None:
-        if self.pool_rows == 0:
+        if self.pool_ready or self.pool_rows == 0:
+            self.pool_ready = True
             return
-        # leftovers = the tail of each shuffled bucket beyond its full global batches
+        # leftovers = the tail of each bucket's order beyond its full global batches
         n, G = self.g.count, self.G
-        tail = n % G
-        has = np.flatnonzero(tail)
-        src_start = self.g.start[has] + self.full_batches[has] * G
-        lens = tail[has]
-        pos = np.repeat(src_start - np.concatenate([[0], np.cumsum(lens)[:-1]]), lens) + np.arange(lens.sum())
-        pool = self.buffer[: self.g.rows.size][pos]
+        parts = []
+        for b in np.flatnonzero(n % G).tolist():
+            tail = np.arange(self.full_batches[b] * G, n[b])
+            self._perm(b).ensure_positions(tail)
+            parts.append(self.buffer[self.g.start[b] + tail])
+        pool = np.concatenate(parts)
         if self.shuffle:
             _rng(self.seed, self.epoch, _TAG_POOL).shuffle(pool)
         self.buffer[self.g.rows.size :] = pool
+        self.pool_ready = True
 
     def rows(self, s0: int, s1: int, rank: int | None, batch: int) -> np.ndarray:
         """Rows of steps ``[s0, s1)``.
@@ -273,16 +335,15 @@ class _SyncLayout:
         (the whole global batch; rank ``r`` owns columns ``[r * batch, (r + 1) * batch)``).
         """
         seg = self.step_seg[s0:s1]
-        self._ensure(seg)
         loc = self.step_local[s0:s1]
         if rank is None:
             offs = np.arange(self.G, dtype=np.int64)
         else:
             offs = rank * batch + np.arange(batch, dtype=np.int64)
         p = loc[:, None] * self.G + offs[None, :]  # (m, width): position inside the segment
-        cnt = self.seg_count[seg][:, None]
         if self.leftover == "fill":
-            p %= cnt
+            p %= self.seg_count[seg][:, None]
+        self._ensure(seg, p)
         idx = self.seg_start[seg][:, None] + p
         return self.buffer[idx].astype(np.int64)
 

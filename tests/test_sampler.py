@@ -488,3 +488,64 @@ def test_accelerate_single_process_save_load_state(tmp_path: Path) -> None:
         prepare_dataloader(acc2, DataLoader(torch.arange(len(ids)), batch_sampler=two))
     with pytest.raises(TypeError, match="batch_sampler=sampler"):
         prepare_dataloader(acc2, DataLoader(torch.arange(len(ids)), batch_size=3))
+
+
+# ---------------------------------------------------------------------------------------------- block-lazy bucket orders
+
+
+def test_bucket_permutation_lazy_and_full_paths_agree(monkeypatch: pytest.MonkeyPatch) -> None:
+    from hf_arb.sampler import _BucketPermutation
+
+    monkeypatch.setattr("hf_arb.sampler._BLOCK", 256)  # 5000 rows → about 20 blocks
+
+    rows = np.arange(5000, dtype=np.int32) * 3
+    orders = []
+    for plan in ([np.arange(5000)], [np.array([17]), np.array([4000]), np.arange(5000)],
+                 [np.array([1]), np.arange(2500), np.arange(5000)]):
+        out = np.full(5000, -1, dtype=np.int32)
+        perm = _BucketPermutation(rows, out, seed=3, epoch=2, bucket=1, shuffle=True)
+        for positions in plan:
+            perm.ensure_positions(positions)
+            assert (out[positions] >= 0).all()
+        orders.append(out)
+    assert perm.ready.size == 20  # the block path is exercised
+    for out in orders[1:]:
+        np.testing.assert_array_equal(out, orders[0])
+    assert sorted(orders[0].tolist()) == rows.tolist()
+
+
+@pytest.fixture
+def small_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("hf_arb.sampler._BLOCK", 3)
+
+
+def test_block_order_is_a_uniform_shuffle(small_blocks: None) -> None:
+    """Every row lands at every position with probability 1/n (10 rows in ~4 blocks, 4000 epochs)."""
+    from hf_arb.sampler import _BucketPermutation
+
+    n, draws = 10, 4000
+    hits = np.zeros((n, n))
+    before = 0
+    rows = np.arange(n, dtype=np.int32)
+    for epoch in range(draws):
+        out = np.empty(n, dtype=np.int32)
+        perm = _BucketPermutation(rows, out, seed=0, epoch=epoch, bucket=0, shuffle=True)
+        perm.ensure_positions(np.arange(n))
+        hits[out, np.arange(n)] += 1
+        before += int(np.flatnonzero(out == 0)[0] < np.flatnonzero(out == 9)[0])
+    expected = draws / n
+    sd = np.sqrt(draws * (1 / n) * (1 - 1 / n))
+    assert np.abs(hits - expected).max() < 5 * sd, hits
+    assert abs(before / draws - 0.5) < 5 * np.sqrt(0.25 / draws)
+
+
+def test_block_path_sampler_matches_plan_and_resumes(small_blocks: None) -> None:
+    ids = make_ids(600, k=4, seed=9)
+    for leftover in ("drop", "fill", "catch_all"):
+        kw = dict(seed=2, leftover=leftover, catch_all_bucket=0)
+        ref, ref_t = plan_epoch(ids, 3, 2, epoch=1, return_buckets=True, **kw)
+        check_epoch(ids, ref, ref_t, leftover, sync=True, catch_all=0)
+        for k in (0, 1, 7, len(ref) // 2, len(ref) - 1):
+            s = BucketBatchSampler(ids, 3, num_replicas=2, rank=1, **kw)
+            s.load_state_dict({**s.state_dict(), "epoch": 1, "batches_consumed": k})
+            assert list(s) == ref[k:, 1].tolist(), (leftover, k)
