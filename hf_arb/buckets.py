@@ -338,14 +338,17 @@ class BucketSet:
 
     @property
     def metric(self) -> Metric:
+        """Aspect distance: ``"log"`` or ``"linear"``."""
         return self._metric
 
     @property
     def max_aspect_error(self) -> float | None:
+        """Rows farther than this from every bucket get ``-1``; ``None`` keeps all."""
         return self._max_err
 
     @property
     def aspect_range(self) -> tuple[float, float] | None:
+        """``(min, max)`` of accepted image aspect ratios ``w / h``; ``None`` accepts all."""
         return self._range
 
     @property
@@ -447,10 +450,12 @@ class BucketSet:
         )
 
     def to_json(self) -> str:
+        """:meth:`to_dict` as a JSON string."""
         return json.dumps(self.to_dict(), sort_keys=True)
 
     @classmethod
     def from_json(cls, s: str) -> BucketSet:
+        """Inverse of :meth:`to_json`."""
         return cls.from_dict(json.loads(s))
 
     def table(self) -> str:

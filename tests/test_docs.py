@@ -1,0 +1,57 @@
+"""The docs stay true to the code: generated references are current, every public name is documented, links resolve."""
+
+from __future__ import annotations
+
+import importlib
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "docs"))
+import gen_reference  # noqa: E402
+
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def test_api_reference_documents_every_public_name():
+    import hf_arb
+
+    api = (ROOT / "docs" / "api.md").read_text()
+    for name in hf_arb.__all__:
+        if name != "__version__":
+            assert f"`{name}`" in api, f"hf_arb.{name} is missing from docs/api.md"
+    for modname in gen_reference.MODULES:
+        for name in gen_reference.public_names(importlib.import_module(modname)):
+            assert f"### `{name}`" in api, f"{modname}.{name} is missing from docs/api.md"
+
+
+def test_every_package_module_is_in_the_reference():
+    modules = {f"hf_arb.{p.stem}" for p in (ROOT / "hf_arb").glob("*.py") if not p.stem.startswith("_")}
+    undocumented = modules - set(gen_reference.MODULES) - {"hf_arb.cli", "hf_arb.annotate_cli"}
+    assert not undocumented, f"add {sorted(undocumented)} to docs/gen_reference.py MODULES"
+
+
+@pytest.mark.slow
+def test_generated_reference_is_current():
+    proc = subprocess.run([sys.executable, str(ROOT / "docs" / "gen_reference.py"), "--check"],
+                          capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+@pytest.mark.parametrize("page", sorted([*(ROOT / "docs").glob("*.md"), ROOT / "README.md"]), ids=lambda p: p.name)
+def test_relative_links_resolve(page):
+    for target in LINK.findall(page.read_text()):
+        if target.startswith(("http://", "https://", "#", "mailto:")):
+            continue
+        path = (page.parent / target.split("#")[0]).resolve()
+        assert path.exists(), f"{page.name} links to {target}, which does not exist"
+
+
+def test_readme_test_command_is_what_ci_runs():
+    readme = (ROOT / "README.md").read_text()
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "make test" in readme and re.search(r"^make test$", ci, re.M)
