@@ -202,15 +202,18 @@ def main() -> None:
 
     rep = sampler.report()
     rows = [
-        row("plan an epoch + yield all of rank 0's batches", ours_s, base_total, "s", target="≤ 0.4 s, ≥ 20× faster",
+        row("plan an epoch + yield all of rank 0's batches", ours_s, base_total, "s",
+            target="≤ 0.4 s, ≥ 20× faster",
             note=f"{n:,} rows, {WORLD} ranks × batch {BATCH}, {steps:,} batches on rank 0 (baseline: {base_steps:,}); "
-                 f"ours best of 4 epochs (the first, {first_epoch_s:.2f} s, runs under tracemalloc); baseline epoch start {base_start_s:.2f} s + "
+                 f"ours best of 4 epochs (the first, {first_epoch_s:.2f} s, runs under tracemalloc); "
+                 f"baseline epoch start {base_start_s:.2f} s + "
                  f"drain {base_drain_s:.2f} s. CPU time (the machine is shared): ours {min(cpu_times):.3f} s, "
                  f"baseline {base_cpu_s:.2f} s"),
         row("sampler construction (once per run: validate, group rows, fingerprint)", build_s, None, "s"),
         row("resume at a random position (load_state_dict + first batch)", resume_ms, base_resume_ms, "ms",
             target="≤ 50 ms",
-            note=f"median of 11 (max {max(resume_s) * 1e3:.0f} ms); load_state_dict alone {np.median(load_s) * 1e6:.0f} µs; the first batch plans the epoch "
+            note=f"median of 11 (max {max(resume_s) * 1e3:.0f} ms); load_state_dict alone "
+                 f"{np.median(load_s) * 1e6:.0f} µs; the first batch plans the epoch "
                  "lazily (batch order + the buckets it touches). Baseline has no resumable state: replaying epoch "
                  "start + half an epoch of draws"),
         row("peak extra memory (construction + one epoch on rank 0)", peak_mb, None, "MB", target="≤ 100 MB",
@@ -232,7 +235,8 @@ def main() -> None:
                 f"Leftovers: catch_all at 512×512 for both. Ours per epoch: {rep.rows_used:,} rows used, "
                 f"{rep.rows_dropped:,} dropped, {rep.rows_catch_all:,} in catch-all batches.",
         extra={"rows": n, "quick": args.quick, "ours_epoch_s": [first_epoch_s] + epoch_times,
-               "baseline_start_s": base_start_s, "baseline_drain_s": base_drain_s, "resume_ms": [x * 1e3 for x in resume_s],
+               "baseline_start_s": base_start_s, "baseline_drain_s": base_drain_s,
+               "resume_ms": [x * 1e3 for x in resume_s],
                "efficiency_sync": eff_sync, "efficiency_independent": eff_ind, "report": rep.to_dict()},
     )
 

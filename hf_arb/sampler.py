@@ -35,10 +35,9 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import math
 import sys
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, overload
 
@@ -120,7 +119,9 @@ def merge_small_buckets(counts: Any, aspects: Any, min_rows: int) -> np.ndarray:
     counts = np.asarray(counts, dtype=np.int64)
     log_aspect = np.log(np.asarray(aspects, dtype=np.float64))
     if counts.shape != log_aspect.shape or counts.ndim != 1:
-        raise ValueError(f"`counts` and `aspects` must both have shape (k,), got {counts.shape} and {log_aspect.shape}.")
+        raise ValueError(
+            f"`counts` and `aspects` must both have shape (k,), got {counts.shape} and {log_aspect.shape}."
+        )
     mapping = np.arange(counts.size, dtype=np.int64)
     big = np.flatnonzero(counts >= min_rows)
     if big.size == 0:
@@ -736,7 +737,8 @@ class BucketBatchSampler:
         rep = self.report()
         if rep.dropped_fraction > 0.10:
             msg = (
-                f"BucketBatchSampler drops {rep.rows_dropped:,} of {rep.rows_total - rep.rows_unassigned:,} assigned rows "
+                f"BucketBatchSampler drops {rep.rows_dropped:,} of {rep.rows_total - rep.rows_unassigned:,} "
+                "assigned rows "
                 f"({100 * rep.dropped_fraction:.1f}% > 10%) per epoch with global batch {G}. Remedies: a smaller "
                 "batch size, fewer buckets, `leftover=\"fill\"` or `\"catch_all\"`, or `merge_small=True`."
             )
@@ -797,7 +799,8 @@ class BucketBatchSampler:
         if self._cache is not None and self._cache[0] == epoch:
             return self._cache[1]
         if self.sync_buckets:
-            obj: Any = _SyncLayout(self._grouping, self.global_batch_size, self.seed, epoch, self.shuffle,  # type: ignore[arg-type]
+            assert self._grouping is not None
+            obj: Any = _SyncLayout(self._grouping, self.global_batch_size, self.seed, epoch, self.shuffle,
                                    self.leftover, self.catch_all_bucket)
         else:
             obj = _plan_independent(self._eff, self._k, self.batch_size, self.num_replicas, self.seed, epoch,
@@ -960,11 +963,13 @@ class BucketBatchSampler:
             for name in ("batch_size", "num_replicas"):
                 if state.get(name) != getattr(self, name):
                     raise mismatch(name, state.get(name), getattr(self, name),
-                                   "With sync_buckets=False the plan is per rank: keep the same processes and batch size.")
+                                   "With sync_buckets=False the plan is per rank: keep the same processes and "
+                                   "batch size.")
         saved_opts = state.get("options", {})
         for name, ours in self._options().items():
             if saved_opts.get(name) != ours:
-                raise mismatch(f"options.{name}", saved_opts.get(name), ours, f"Build the sampler with {name}={saved_opts.get(name)!r}.")
+                raise mismatch(f"options.{name}", saved_opts.get(name), ours,
+                               f"Build the sampler with {name}={saved_opts.get(name)!r}.")
         epoch = _check_nonneg("epoch", state.get("epoch"))
         consumed = _check_nonneg("batches_consumed", state.get("batches_consumed"))
         steps = self._steps_in(epoch)  # O(1) when synced; plans the epoch with sync_buckets=False
@@ -1016,7 +1021,8 @@ class BucketBatchSampler:
 
     def __repr__(self) -> str:
         return (
-            f"BucketBatchSampler(rows={self._rows_total}, batch_size={self.batch_size}, num_replicas={self.num_replicas}, "
+            f"BucketBatchSampler(rows={self._rows_total}, batch_size={self.batch_size}, "
+            f"num_replicas={self.num_replicas}, "
             f"rank={self.rank}, seed={self.seed}, epoch={self._epoch}, batches_consumed={self._consumed}, "
             f"steps_per_epoch={self.steps_per_epoch}, leftover={self.leftover!r}, sync_buckets={self.sync_buckets})"
         )
@@ -1196,6 +1202,13 @@ def prepare_dataloader(accelerator: Any, dataloader: Any) -> Any:
     sampler = _find_sampler(dataloader)
     if accelerator is None:
         return _TrackedLoader(dataloader, sampler)
+    if getattr(accelerator, "use_stateful_dataloader", False):
+        raise ValueError(
+            "prepare_dataloader does not support DataLoaderConfiguration(use_stateful_dataloader=True): the "
+            "StatefulDataLoader would restore its own position on load_state and skip the batches a second time. "
+            "The sampler's state (accelerator.register_for_checkpointing(sampler)) already resumes exactly; "
+            "use the default use_stateful_dataloader=False."
+        )
     from accelerate.data_loader import _PYTORCH_DATALOADER_KWARGS
     from torch.utils.data import DataLoader
 

@@ -490,7 +490,7 @@ def test_accelerate_single_process_save_load_state(tmp_path: Path) -> None:
         prepare_dataloader(acc2, DataLoader(torch.arange(len(ids)), batch_size=3))
 
 
-# ---------------------------------------------------------------------------------------------- block-lazy bucket orders
+# ------------------------------------------------------------------------------------------ block-lazy bucket orders
 
 
 def test_bucket_permutation_lazy_and_full_paths_agree(monkeypatch: pytest.MonkeyPatch) -> None:
