@@ -586,6 +586,14 @@ def _default_world() -> tuple[int, int]:
     return 1, 0
 
 
+def _aspects(resolutions: np.ndarray) -> np.ndarray:
+    """width / height per bucket, shape (k,); NaN where a resolution is unknown (0)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        a = resolutions[:, 0] / resolutions[:, 1]
+    a[~(resolutions > 0).all(axis=1)] = np.nan
+    return a
+
+
 def _read_dataset(ds: Any) -> tuple[np.ndarray, np.ndarray | None]:
     """Bucket ids (n,) and, when the dataset carries them, resolutions (k, 2) from an annotated Dataset."""
     names = list(getattr(ds, "column_names", []) or [])
@@ -594,11 +602,19 @@ def _read_dataset(ds: Any) -> tuple[np.ndarray, np.ndarray | None]:
             f"The dataset has no `bucket` column (columns: {names}). Annotate it first with "
             "`hf_arb.add_bucket_columns(ds, buckets)` or pass the bucket ids as an array."
         )
-    cols = [c for c in ("bucket", "bucket_width", "bucket_height") if c in names]
+    res = None
+    try:  # the BucketSet stored in the `bucket` feature by add_bucket_columns: every bucket, also empty ones
+        from .hub import buckets_from_features
+
+        stored = buckets_from_features(getattr(ds, "features", None))
+        if stored is not None:
+            res = np.asarray(stored.resolutions, dtype=np.int64)
+    except Exception:  # noqa: BLE001 - fall back to the columns
+        res = None
+    cols = [c for c in ("bucket", "bucket_width", "bucket_height") if c in names and (res is None or c == "bucket")]
     table = ds.select_columns(cols).with_format("numpy")[:]
     ids = np.asarray(table["bucket"])
-    res = None
-    if "bucket_width" in cols and "bucket_height" in cols:
+    if res is None and "bucket_width" in cols and "bucket_height" in cols:
         valid = ids >= 0
         if valid.any():
             k = int(ids[valid].max()) + 1
@@ -705,13 +721,12 @@ class BucketBatchSampler:
                     "`merge_small=True` needs bucket resolutions to find the nearest bucket in log aspect: pass "
                     "`buckets=BucketSet(...)` (or an annotated dataset with bucket_width/bucket_height columns)."
                 )
-            rk = resolutions[: max(k, 1)]
-            merge_map = merge_small_buckets(counts, rk[:, 0] / rk[:, 1], G if sync_buckets else self.batch_size)
+            merge_map = merge_small_buckets(counts, _aspects(resolutions)[:k], G if sync_buckets else self.batch_size)
         self._merge_map = merge_map
         if leftover == "catch_all":
             if catch_all_bucket is None:
                 if resolutions is not None:
-                    la = np.abs(np.log(resolutions[:, 0] / resolutions[:, 1]))
+                    la = np.abs(np.log(_aspects(resolutions)))  # NaN for unknown (0 x 0) entries: sorted last
                     area = resolutions[:, 0] * resolutions[:, 1]
                     catch_all_bucket = int(np.lexsort((-area, la))[0])
                 else:
@@ -739,8 +754,8 @@ class BucketBatchSampler:
             msg = (
                 f"BucketBatchSampler drops {rep.rows_dropped:,} of {rep.rows_total - rep.rows_unassigned:,} "
                 "assigned rows "
-                f"({100 * rep.dropped_fraction:.1f}% > 10%) per epoch with global batch {G}. Remedies: a smaller "
-                "batch size, fewer buckets, `leftover=\"fill\"` or `\"catch_all\"`, or `merge_small=True`."
+                f"({100 * rep.dropped_fraction:.1f}% > 10%) per epoch with global batch {G}. Remedies: "
+                + ", ".join(self._remedies()) + "."
             )
             warnings.warn(msg, UserWarning, stacklevel=2)
 
@@ -769,13 +784,21 @@ class BucketBatchSampler:
     def _steps_in(self, epoch: int) -> int:
         return self._steps0 if self.sync_buckets else self._steps_of(epoch)
 
+    def _remedies(self) -> list[str]:
+        out = ["a smaller `batch_size`", "fewer buckets"]
+        if self.leftover != "fill":
+            out.append('`leftover="fill"`' + ("" if self.leftover == "catch_all" else ' or `"catch_all"`'))
+        if self._merge_map is None:
+            out.append("`merge_small=True` (merge small buckets)")
+        return out
+
     def _zero_batches_message(self) -> str:
         G = self.global_batch_size
         return (
             f"The epoch plan has zero batches: no bucket holds a full global batch of {G} rows "
             f"(num_replicas {self.num_replicas} × batch_size {self.batch_size}); largest bucket has "
-            f"{int(self._counts.max())} rows, {int(self._counts.sum())} assigned rows in all. Remedies: a smaller "
-            "`batch_size`, fewer buckets, `leftover=\"fill\"`, or `merge_small=True` (merge small buckets)."
+            f"{int(self._counts.max())} rows, {int(self._counts.sum())} assigned rows in all. Remedies: "
+            + ", ".join(self._remedies()) + "."
         )
 
     def _compute_fingerprint(self, ids: np.ndarray) -> str:

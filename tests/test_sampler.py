@@ -430,6 +430,24 @@ def test_dataset_input_reads_bucket_and_resolution_columns() -> None:
         BucketBatchSampler(datasets.Dataset.from_dict({"x": [1]}), 1)
 
 
+def test_reads_the_bucket_set_of_an_annotated_dataset() -> None:
+    """add_bucket_columns stores the BucketSet in the dataset: catch-all and merging find resolutions there."""
+    datasets = pytest.importorskip("datasets")
+    from hf_arb import BucketSet, add_bucket_columns
+
+    rng = np.random.default_rng(0)
+    ds = datasets.Dataset.from_dict({"w": rng.integers(300, 2000, 300), "h": rng.integers(300, 2000, 300)})
+    ds = add_bucket_columns(ds, BucketSet.novelai(), image_column=None, width_column="w", height_column="h")
+    s = BucketBatchSampler(ds, 2, num_replicas=1, rank=0, leftover="catch_all")
+    np.testing.assert_array_equal(s.resolutions, BucketSet.novelai().resolutions)
+    assert s.resolutions[s.catch_all_bucket].tolist() == [512, 512]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        merged = BucketBatchSampler(ds, 4, num_replicas=2, rank=0, merge_small=True)
+    assert merged.report().rows_merged > 0
+    assert set(merged.batch_buckets().tolist()) <= set(np.flatnonzero(np.bincount(ds["bucket"]) >= 8).tolist())
+
+
 # ---------------------------------------------------------------------------------------------- loaders
 
 
