@@ -1108,7 +1108,15 @@ class _GlobalPlanView:
         return len(self.sampler) * (1 if self.mode == "split" else self.sampler.num_replicas)
 
     def __iter__(self) -> Iterator[list]:
-        for step in self.sampler._batches(None):
+        s = self.sampler
+        if not s._driven and 0 < s.batches_consumed < s.steps_per_epoch:
+            warnings.warn(
+                f"The sampler resumes at batch {s.batches_consumed} of epoch {s.epoch}, but it is read through a "
+                "loader that prepare_dataloader did not return (e.g. accelerator.skip_first_batches). If that loader "
+                "skips batches too, they are skipped twice: after load_state, iterate the prepared loader itself.",
+                UserWarning, stacklevel=2,
+            )
+        for step in s._batches(None):
             if self.mode == "split":
                 yield [x for b in step for x in b]
             else:

@@ -567,3 +567,23 @@ def test_block_path_sampler_matches_plan_and_resumes(small_blocks: None) -> None
             s = BucketBatchSampler(ids, 3, num_replicas=2, rank=1, **kw)
             s.load_state_dict({**s.state_dict(), "epoch": 1, "batches_consumed": k})
             assert list(s) == ref[k:, 1].tolist(), (leftover, k)
+
+
+def test_global_view_feeds_accelerate_in_step_major_order() -> None:
+    """What prepare_dataloader hands to accelerate with 2+ processes: batch i belongs to rank i % world."""
+    from hf_arb.sampler import _GlobalPlanView
+
+    ids = make_ids(500, seed=10)
+    s = BucketBatchSampler(ids, 3, num_replicas=2, rank=1, seed=5)
+    plan = s.plan()  # (steps, 2, 3)
+    shard = _GlobalPlanView(s, "shard")
+    assert len(shard) == 2 * len(s) and shard.batch_size == 3
+    assert list(shard) == plan.reshape(-1, 3).tolist()
+    assert s.epoch == 1  # read without a counting loader, the view counts itself
+    s.set_epoch(0)
+    split = _GlobalPlanView(s, "split")
+    assert split.batch_size == 6 and list(split) == plan.reshape(-1, 6).tolist()
+    s.load_state_dict({**s.state_dict(), "epoch": 0, "batches_consumed": 4})
+    with pytest.warns(UserWarning, match="skipped twice"):
+        rest = list(_GlobalPlanView(s, "shard"))
+    assert rest == plan[4:].reshape(-1, 3).tolist()
