@@ -9,7 +9,8 @@ from the same inputs and reads its own column — so all ranks agree on the numb
 How a plan is built (``sync_buckets=True``):
 
 1. Rows are grouped by (effective) bucket once, at construction: ``O(n)``.
-2. Each bucket's rows are shuffled with their own random stream (``seed, epoch, bucket``) and cut into
+2. Each bucket's rows are shuffled with their own random stream (``seed, epoch, bucket``; computed block by
+   block, see :class:`_BucketPermutation`, so a few positions are cheap to reach) and cut into
    *global* batches of ``world × batch`` rows. What does not fill a last global batch is the bucket's
    leftover: dropped (a different random subset each epoch), completed with repeats from the same
    bucket (``"fill"``), or pooled into catch-all batches served at a base bucket (``"catch_all"``).
@@ -48,6 +49,7 @@ logger = logging.getLogger(__name__)
 Leftover = Literal["drop", "fill", "catch_all"]
 _LEFTOVERS = ("drop", "fill", "catch_all")
 _STATE_FORMAT = 1
+_PLAN_VERSION = 1  # bump whenever the same inputs would give a different plan: old states are then refused
 _CHUNK_STEPS = 4096  # steps materialised at a time while iterating (bounds temporary memory)
 _BLOCK = 32768  # mean rows per block of a bucket's lazily computed random order
 
@@ -947,6 +949,7 @@ class BucketBatchSampler:
         fingerprint of the bucket ids."""
         return {
             "format": _STATE_FORMAT,
+            "plan_version": _PLAN_VERSION,
             "epoch": self._epoch,
             "batches_consumed": self._consumed,
             "steps_per_epoch": self.steps_per_epoch,
@@ -973,6 +976,10 @@ class BucketBatchSampler:
                 f"Sampler state field `{name}` does not match: saved {saved!r}, this sampler has {ours!r}. {fix}"
             )
 
+        if state.get("plan_version") != _PLAN_VERSION:
+            raise mismatch("plan_version", state.get("plan_version"), _PLAN_VERSION,
+                           "The state comes from an hf_arb version that orders batches differently; resume with "
+                           "that version, or start the epoch afresh with `sampler.set_epoch(epoch)`.")
         if state.get("fingerprint") != self._fingerprint:
             raise mismatch("fingerprint", state.get("fingerprint"), self._fingerprint,
                            "The bucket ids differ from the checkpointed run: resume on the same annotated dataset "

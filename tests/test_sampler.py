@@ -261,6 +261,8 @@ def test_load_rejects_mismatch_naming_the_field() -> None:
         (BucketBatchSampler(ids, 5, num_replicas=2, rank=0, seed=1), "global_batch_size"),
         (BucketBatchSampler(ids, 4, num_replicas=2, rank=0, seed=1, leftover="fill"), "options.leftover"),
     ]
+    with pytest.raises(ValueError, match="`plan_version`"):
+        s.load_state_dict({**state, "plan_version": 0})
     for sampler, field in cases:
         with pytest.raises(ValueError, match=f"`{field}`"):
             sampler.load_state_dict(state)
