@@ -41,10 +41,39 @@ def _fmt(v: object) -> str:
     return str(v)
 
 
+def plot_ratios(results: list[dict], path: Path) -> bool:
+    """Bar chart of every figure that has a baseline: how many times better ours is (log scale)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    bars = [(f"{res['name']}: {r['figure']}", r["ratio"]) for res in results for r in res["rows"] if r.get("ratio")]
+    if not bars:
+        return False
+    fig, ax = plt.subplots(figsize=(9, 0.35 * len(bars) + 1.2))
+    labels, ratios = zip(*bars)
+    ax.barh(range(len(bars)), ratios, color=["#4c72b0" if x >= 1 else "#dd8452" for x in ratios])
+    ax.set_yticks(range(len(bars)), [label[:70] for label in labels], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xscale("log")
+    ax.axvline(1, color="black", lw=0.8)
+    ax.set_xlabel("ours vs baseline (× better, log scale)")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return True
+
+
 def render() -> str:
+    results = [json.loads(p.read_text()) for p in sorted(RESULTS.glob("*.json"))]
     parts = [HEADER]
-    for path in sorted(RESULTS.glob("*.json")):
-        res = json.loads(path.read_text())
+    if plot_ratios(results, DOC.parent / "img" / "benchmarks.png"):
+        parts.append("![ratios](img/benchmarks.png)\n")
+    for res in results:
         parts.append(f"\n## {res['title']}\n")
         parts.append(f"Baseline: {res['baseline']}\n")
         if res.get("details"):
