@@ -1270,6 +1270,10 @@ def prepare_dataloader(accelerator: Any, dataloader: Any) -> Any:
     if hasattr(dataloader, "in_order"):
         kwargs["in_order"] = dataloader.in_order
     new = DataLoader(dataloader.dataset, batch_sampler=view, **kwargs)
+    # DeepSpeed reads the micro batch from `DataLoader.batch_size`, which is None with a batch sampler
+    ds_plugin = getattr(getattr(accelerator, "state", None), "deepspeed_plugin", None)
+    if ds_plugin is not None and ds_plugin.is_auto("train_micro_batch_size_per_gpu"):
+        ds_plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = sampler.batch_size
     prepared = accelerator.prepare(new)
     if len(prepared) != len(sampler):
         raise RuntimeError(
