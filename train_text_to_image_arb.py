@@ -45,7 +45,6 @@ Nothing here imports torchvision: images go through :mod:`hf_arb.imaging` (Pillo
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import logging
 import math
@@ -450,6 +449,29 @@ def image_dataset(args: argparse.Namespace, ds: Any, buckets: Any) -> Any:
                                 random_flip=args.random_flip)
 
 
+def build_dataloader(args: argparse.Namespace, accelerator: Any, ds: Any, buckets: Any, models: Models, sampler: Any,
+                     schedule: Schedule, weight_dtype: torch.dtype) -> tuple[Any, Any]:
+    """DataLoader over images (fitted to the batch's bucket) or, with --cache_latents, over cached latents.
+
+    Returns ``(dataloader, cache index or None)``; the loader still has to go through
+    ``hf_arb.prepare_dataloader``.
+    """
+    if args.cache_latents:
+        from hf_arb.latents import CachedLatentDataset
+
+        cache, index = build_latent_cache(args, accelerator, ds, buckets, models, schedule, weight_dtype)
+        captions = ds.select_columns([args.caption_column])[args.caption_column]
+        dataset: Any = CachedLatentDataset(cache, index, captions, seed=args.seed)
+        collate = CachedLatentDataset.collate
+    else:
+        index = None
+        dataset = image_dataset(args, ds, buckets)
+        collate = dataset.collate
+    loader = torch.utils.data.DataLoader(dataset, batch_sampler=sampler, collate_fn=collate,
+                                         num_workers=args.dataloader_num_workers)
+    return loader, index
+
+
 # =================================================================================== steps and schedule
 @dataclass(frozen=True)
 class Schedule:
@@ -614,6 +636,15 @@ def resolve_resume_dir(args: argparse.Namespace) -> Path | None:
     return path
 
 
+def restore(accelerator: Any, resume_dir: Path | None, seed: int) -> Progress:
+    """Load accelerate's state (UNet, optimizer, scheduler, sampler cursor, RNG) and our counters, if resuming."""
+    if resume_dir is None:
+        return Progress(seed=seed)
+    accelerator.print(f"Resuming from checkpoint {resume_dir}")
+    accelerator.load_state(str(resume_dir))
+    return Progress(**json.loads((resume_dir / STATE_FILE).read_text()))
+
+
 def save_checkpoint(args: argparse.Namespace, accelerator: Any, progress: Progress) -> Path:
     """accelerate's state (UNet, optimizer, LR scheduler, sampler, RNG) + our counters, pruning old ones first."""
     out = Path(args.output_dir)
@@ -700,10 +731,8 @@ def diffusion_loss(args: argparse.Namespace, models: Models, unet: Any, batch: d
     return loss.mean()
 
 
-def batch_captions(batch: dict[str, Any], tokenizer_free: bool = True) -> dict[str, Any]:
-    """Normalise the image dataset's batch: ``captions`` as a list of strings."""
-    if "captions" not in batch and "caption" in batch:
-        batch["captions"] = batch["caption"]
+def batch_captions(batch: dict[str, Any]) -> dict[str, Any]:
+    """Check the data pipeline's batch carries ``captions`` (a list of strings, one per sample)."""
     if "captions" not in batch:
         raise KeyError(f"The data pipeline's batch has no captions; keys are {sorted(batch)}.")
     return batch
@@ -951,19 +980,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     schedule = compute_schedule(sampler.steps_per_epoch, gradient_accumulation_steps=args.gradient_accumulation_steps,
                                 num_train_epochs=args.num_train_epochs, max_train_steps=args.max_train_steps,
                                 lr_warmup_steps=args.lr_warmup_steps, num_processes=accelerator.num_processes)
-    if args.cache_latents:
-        cache, index = build_latent_cache(args, accelerator, ds, buckets, models, schedule, weight_dtype)
-        from hf_arb.latents import CachedLatentDataset
-
-        captions = ds.select_columns([args.caption_column])[args.caption_column]
-        train_dataset: Any = CachedLatentDataset(cache, index, captions, seed=args.seed)
-        collate = CachedLatentDataset.collate
-    else:
-        index = None
-        train_dataset = image_dataset(args, ds, buckets)
-        collate = train_dataset.collate
-    dataloader = torch.utils.data.DataLoader(train_dataset, batch_sampler=sampler, collate_fn=collate,
-                                             num_workers=args.dataloader_num_workers)
+    dataloader, index = build_dataloader(args, accelerator, ds, buckets, models, sampler, schedule, weight_dtype)
     lr_scheduler = get_scheduler(args.lr_scheduler, optimizer=optimizer,
                                  num_warmup_steps=schedule.scheduler_warmup_steps,
                                  num_training_steps=schedule.scheduler_training_steps)
@@ -976,20 +993,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         te.to(accelerator.device, dtype=weight_dtype)
     models.vae.to(accelerator.device, dtype=torch.float32 if models.sdxl and not args.pretrained_vae_model_name_or_path
                   else weight_dtype)
-    schedule = compute_schedule(sampler.steps_per_epoch, gradient_accumulation_steps=args.gradient_accumulation_steps,
-                                num_train_epochs=args.num_train_epochs, max_train_steps=args.max_train_steps,
-                                lr_warmup_steps=args.lr_warmup_steps, num_processes=accelerator.num_processes)
     if accelerator.is_main_process and accelerator.trackers == [] and args.report_to not in (None, "none", ""):
         config = {k: v for k, v in vars(args).items() if isinstance(v, (int, float, str, bool))}
         accelerator.init_trackers(args.tracker_project_name, config)
     startup_report(accelerator, ds, buckets, sampler, schedule, args, models)
 
-    progress = Progress(seed=args.seed)
-    if resume_dir is not None:
-        accelerator.print(f"Resuming from checkpoint {resume_dir}")
-        accelerator.load_state(str(resume_dir))
-        saved = json.loads((resume_dir / STATE_FILE).read_text())
-        progress = Progress(**saved)
+    progress = restore(accelerator, resume_dir, args.seed)
     resolution_dim = None
     if args.resolution_conditioning and not models.sdxl:
         from hf_arb.conditioning import resolution_embed_dim
@@ -997,8 +1006,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         resolution_dim = resolution_embed_dim(accelerator.unwrap_model(unet))
     stats = train_loop(args, accelerator, models, unet, optimizer, lr_scheduler, dataloader, sampler, buckets,
                        schedule, progress, weight_dtype, resolution_dim, tqdm)
-    stats.update(vae_encode_calls=encode_calls[0], latents_encoded=index.encoded if index else None, latents_reused=index.reused if index else None,
-                 num_processes=accelerator.num_processes, sdxl=models.sdxl, seed=args.seed,
+    stats.update(vae_encode_calls=encode_calls[0], latents_encoded=index.encoded if index else None,
+                 latents_reused=index.reused if index else None, num_processes=accelerator.num_processes, sdxl=models.sdxl, seed=args.seed,
                  schedule=schedule.__dict__)
     save_final(args, accelerator, models, unet, buckets, progress, stats.setdefault("validation_images", []), stats)
     if accelerator.is_main_process:

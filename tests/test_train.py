@@ -205,6 +205,16 @@ def test_missing_checkpoint_is_an_error(assets, tmp_path):
         script.main(argv + ["--resume_from_checkpoint", "checkpoint-7"])
 
 
+def test_resume_with_another_seed_is_an_error(assets, tmp_path):
+    ckpt = tmp_path / "checkpoint-3"
+    ckpt.mkdir()
+    (ckpt / script.STATE_FILE).write_text(json.dumps({"global_step": 3, "seed": 5}))
+    argv = ["--pretrained_model_name_or_path", assets["sd"], "--train_data_dir", assets["images"],
+            "--output_dir", str(tmp_path), *COMMON, "--resume_from_checkpoint", "latest"]
+    with pytest.raises(ValueError, match="--seed 0 differs from the seed of the checkpoint being resumed \\(5\\)"):
+        script.main(argv)
+
+
 def test_unknown_column_is_an_error(assets, tmp_path):
     argv = ["--pretrained_model_name_or_path", assets["sd"], "--train_data_dir", assets["images"],
             "--output_dir", str(tmp_path), *COMMON, "--caption_column", "caption"]
@@ -226,7 +236,8 @@ def sd_run(assets, tmp_path_factory) -> tuple[Path, dict[str, Any]]:
     out = tmp_path_factory.mktemp("sd_run")
     stats = run_script(["--pretrained_model_name_or_path", assets["sd"], "--train_data_dir", assets["images"],
                         "--output_dir", str(out), *COMMON, "--center_crop", "--max_train_steps", "4",
-                        "--checkpointing_steps", "2"])
+                        "--checkpointing_steps", "2", "--checkpoints_total_limit", "1",
+                        "--validation_prompts", "a cat", "--num_validation_inference_steps", "2"])
     return out, stats
 
 
@@ -243,6 +254,25 @@ def test_batches_have_bucket_shapes(sd_run):
         assert t["time_ids_first"][4:] == [h, w]
     assert any(s[2] != s[3] for s in (t["shape"] for t in trace)), "expected a non-square bucket in 4 steps"
     assert stats["vae_encode_calls"] == 4 and stats["latents_encoded"] is None
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("train_sd")
+@pytest.mark.slow
+@pytest.mark.xdist_group("train_sd")
+def test_checkpoint_limit_and_validation_grid(sd_run):
+    from PIL import Image
+
+    out, stats = sd_run
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-4"]  # limit 1: checkpoint-2 pruned
+    grid = Image.open(out / "validation" / "step-000004.png")
+    from hf_arb import BucketSet
+
+    shapes = script.validation_shapes(BucketSet.from_dict(json.loads((out / script.BUCKETS_FILE).read_text())))
+    assert shapes == [(48, 80), (64, 64), (80, 48)]  # the 2:3, 1:1 and 3:2 buckets of the 64-px budget
+    # one row (one prompt), one column per shape
+    assert grid.size == (sum(w for w, _ in shapes), max(h for _, h in shapes))
+    assert stats["validation_images"] == [str(out / "validation" / "step-000004.png")]
 
 
 @pytest.mark.slow
