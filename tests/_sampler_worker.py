@@ -216,6 +216,11 @@ def main() -> None:
     rank = int(os.environ.get("RANK", "0"))
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / f"result_rank{rank}.json").write_text(json.dumps(result, indent=1))
+    if args.mode == "accelerate":  # a clean gloo teardown: exiting with the group alive can abort()
+        from accelerate import PartialState
+
+        PartialState().wait_for_everyone()
+        PartialState().destroy_process_group()
 
 
 if __name__ == "__main__":
