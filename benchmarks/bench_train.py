@@ -136,7 +136,9 @@ def main() -> None:
     repeat = args.repeat or (1 if args.quick else 2)
     args.resolution = args.resolution or (64 if args.quick else 128)
     args.batch = args.batch or (2 if args.quick else 4)
-    torch.set_num_threads(max(1, torch.get_num_threads()))
+    # One intra-op thread on every side: on a shared machine, multi-threaded CPU kernels slow down erratically when
+    # another job takes a core (spin-waiting workers), which would swamp the differences measured here.
+    torch.set_num_threads(1)
 
     from hf_arb import BucketSet
     from hf_arb.tiny import save_tiny_imagefolder, save_tiny_sd
@@ -201,7 +203,8 @@ def main() -> None:
             "real SD 1.5 / SDXL UNet and VAE were not measured. Source images are JPEGs of 0.1 MP with five aspect "
             f"ratios; training at resolution {args.resolution} (bucket step 32). With models this small the step is "
             "dominated by the data path, which is what caching removes; with real models the VAE encode is a larger "
-            "share and the UNet step dominates both sides of the bucketed-vs-square comparison. The machine is shared "
+            "share and the UNet step dominates both sides of the bucketed-vs-square comparison. One torch thread on "
+            "every side. The machine is shared "
             "with other jobs (load changed up to 20x between rounds), so the sides run interleaved in rounds and the "
             "table shows the quietest round."
         ),
