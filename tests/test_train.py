@@ -367,19 +367,32 @@ def test_resolution_conditioned_pipeline_generates(ddp_runs):
 @pytest.mark.slow
 @pytest.mark.xdist_group("train_sdxl")
 def test_sdxl_trains_with_pipeline_time_ids_and_saves_stock_pipeline(assets, tmp_path):
+    """SDXL on 2 processes, on a dataset annotated beforehand (save_to_disk) with its own bucket set, used as is."""
     from diffusers import StableDiffusionXLPipeline
 
+    from hf_arb import BucketSet, add_bucket_columns
     from hf_arb.conditioning import sdxl_time_ids
 
-    stats = run_script(["--pretrained_model_name_or_path", assets["sdxl"], "--train_data_dir", assets["images"],
-                        "--output_dir", str(tmp_path), *COMMON, "--max_train_steps", "3", "--checkpointing_steps",
-                        "100", "--cache_latents", "--random_flip", "--cache_text_embeddings"])
-    assert stats["sdxl"] is True and stats["global_step"] == 3
+    own = BucketSet([(64, 64), (96, 48), (48, 96), (128, 32), (32, 128)])
+    raw = datasets.load_dataset("imagefolder", data_dir=assets["images"], split="train")
+    add_bucket_columns(raw, own).save_to_disk(str(tmp_path / "annotated"))
+    stats = run_script(["--pretrained_model_name_or_path", assets["sdxl"], "--dataset_name", str(tmp_path / "annotated"),
+                        "--output_dir", str(tmp_path / "out"), *COMMON, "--max_train_steps", "3",
+                        "--checkpointing_steps", "100", "--cache_latents", "--random_flip", "--cache_text_embeddings"],
+                       nproc=2)
+    assert stats["sdxl"] is True and stats["global_step"] == 3 and stats["num_processes"] == 2
+    # both ranks encoded a share of the cache: together every image once per variant (3 steps -> 1 epoch -> 1)
+    assert stats["latents_encoded"] == 20 and stats["latents_reused"] == 0
+    tmp_path = tmp_path / "out"
+    # the dataset's bucket set, not the one --resolution 64 --bucket_step 16 would build
+    assert BucketSet.from_dict(json.loads((tmp_path / script.BUCKETS_FILE).read_text())).fingerprint == own.fingerprint
     pipe = StableDiffusionXLPipeline.from_pretrained(tmp_path)
     proj = pipe.text_encoder_2.config.projection_dim
     images = datasets.load_dataset("imagefolder", data_dir=assets["images"], split="train")
     buckets = json.loads((tmp_path / script.BUCKETS_FILE).read_text())["resolutions"]
-    for t in read_trace(tmp_path, 0):
+    r0, r1 = read_trace(tmp_path, 0), read_trace(tmp_path, 1)
+    assert [t["bucket"] for t in r0] == [t["bucket"] for t in r1]
+    for t in r0 + r1:
         ids = t["time_ids_first"]
         w0, h0 = images[t["rows"][0]]["image"].size
         bw, bh = buckets[t["bucket"]]
