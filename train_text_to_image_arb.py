@@ -1031,7 +1031,7 @@ def train_loop(args: argparse.Namespace, accelerator: Any, models: Models, unet:
                disable=not accelerator.is_local_main_process)
     validation_images: list[str] = []
     losses: list[float] = []
-    train_loss, step_buckets = 0.0, []
+    train_loss, bucket_losses = 0.0, {}
     images_seen, t_start = 0, time.perf_counter()
     for epoch in range(sampler.epoch, schedule.num_train_epochs):  # a restored sampler resumes mid-epoch
         if progress.global_step >= schedule.max_train_steps:
@@ -1046,13 +1046,17 @@ def train_loop(args: argparse.Namespace, accelerator: Any, models: Models, unet:
                 loss = diffusion_loss(args, models, unet, batch, text, gen, weight_dtype, resolution_dim)
                 avg = accelerator.gather(loss.detach().repeat(args.train_batch_size)).mean()
                 train_loss += avg.item() / args.gradient_accumulation_steps
+                # (bucket, loss) of every rank: with --no_bucket_sync the ranks train different buckets
+                pairs = accelerator.gather(torch.stack([torch.tensor(float(bucket), device=loss.device),
+                                                        loss.detach().float()])[None])  # (world, 2)
+                for b, value in pairs.tolist():
+                    bucket_losses.setdefault(int(b), []).append(value)
                 accelerator.backward(loss)
                 if accelerator.sync_gradients:
                     accelerator.clip_grad_norm_(unet.parameters(), args.max_grad_norm)
                 optimizer.step()
                 lr_scheduler.step()
                 optimizer.zero_grad()
-            step_buckets.append(bucket)
             images_seen += len(batch["captions"]) * accelerator.num_processes
             if trace is not None:
                 tensor = batch["latent_stats"] if "latent_stats" in batch else batch["pixel_values"]
@@ -1071,11 +1075,11 @@ def train_loop(args: argparse.Namespace, accelerator: Any, models: Models, unet:
             bar.update(1)
             losses.append(train_loss)
             logs = {"train_loss": train_loss, "lr": lr_scheduler.get_last_lr()[0]}
-            for b in set(step_buckets):
-                logs[f"loss/{labels[b]}"] = train_loss
+            for b, values in bucket_losses.items():
+                logs[f"loss/{labels[b]}"] = sum(values) / len(values)
             accelerator.log(logs, step=progress.global_step)
             bar.set_postfix(loss=f"{train_loss:.4f}", bucket=labels[bucket])
-            train_loss, step_buckets = 0.0, []
+            train_loss, bucket_losses = 0.0, {}
             if progress.global_step % args.checkpointing_steps == 0:
                 save_checkpoint(args, accelerator, progress)
             if progress.global_step >= schedule.max_train_steps:
