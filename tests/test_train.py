@@ -233,11 +233,27 @@ def test_empty_dataset_after_filtering_is_an_error(assets, tmp_path):
 # -------------------------------------------------------------------------------- slow: SD, 1 process
 @pytest.fixture(scope="module")
 def sd_run(assets, tmp_path_factory) -> tuple[Path, dict[str, Any]]:
+    import huggingface_hub
+
     out = tmp_path_factory.mktemp("sd_run")
-    stats = run_script(["--pretrained_model_name_or_path", assets["sd"], "--train_data_dir", assets["images"],
-                        "--output_dir", str(out), *COMMON, "--center_crop", "--max_train_steps", "4",
-                        "--checkpointing_steps", "2", "--checkpoints_total_limit", "1",
-                        "--validation_prompts", "a cat", "--num_validation_inference_steps", "2"])
+    pushed: list[dict[str, Any]] = []
+
+    def create_repo(repo_id: str, **kw: Any) -> Any:
+        return argparse.Namespace(repo_id=f"user/{repo_id}")
+
+    def upload_folder(**kw: Any) -> None:  # the Hub boundary: record what would be uploaded
+        folder = Path(kw["folder_path"])
+        pushed.append({**kw, "card": (folder / "README.md").read_text()})
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(huggingface_hub, "create_repo", create_repo)
+        mp.setattr(huggingface_hub, "upload_folder", upload_folder)
+        stats = run_script(["--pretrained_model_name_or_path", assets["sd"], "--train_data_dir", assets["images"],
+                            "--output_dir", str(out), *COMMON, "--center_crop", "--max_train_steps", "4",
+                            "--checkpointing_steps", "2", "--checkpoints_total_limit", "1",
+                            "--validation_prompts", "a cat", "--num_validation_inference_steps", "2",
+                            "--push_to_hub", "--hub_model_id", "tiny-arb"])
+    stats["pushed"] = pushed
     return out, stats
 
 
@@ -258,6 +274,20 @@ def test_batches_have_bucket_shapes(sd_run):
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("train_sd")
+@pytest.mark.slow
+@pytest.mark.xdist_group("train_sd")
+def test_push_to_hub_uploads_folder_with_card(sd_run, assets):
+    out, stats = sd_run
+    (push,) = stats["pushed"]
+    assert push["repo_id"] == "user/tiny-arb" and Path(push["folder_path"]) == out
+    assert "checkpoint-*" in push["ignore_patterns"] and "latent_cache/*" in push["ignore_patterns"]
+    card = push["card"]
+    assert f"base_model: {assets['sd']}" in card and "# user/tiny-arb" in card
+    assert "![validation](validation/step-000004.png)" in card and "`a cat`" in card
+    assert "buckets: 9 (32x128" in card  # the run's bucket table (budget 64 px, step 16)
+    assert "steps: 4," in card
+
+
 @pytest.mark.slow
 @pytest.mark.xdist_group("train_sd")
 def test_checkpoint_limit_and_validation_grid(sd_run):
