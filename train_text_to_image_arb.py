@@ -887,6 +887,8 @@ def save_final(args: argparse.Namespace, accelerator: Any, models: Models, unet:
     if models.ema_unet is not None:
         models.ema_unet.copy_to(unet.parameters())
     pipe = build_pipeline(args, models, unet, torch.float32, final=True)
+    if args.prediction_type is not None:  # sample with the objective the UNet was trained on
+        pipe.scheduler.register_to_config(prediction_type=args.prediction_type)
     pipe.save_pretrained(args.output_dir)
     (Path(args.output_dir) / BUCKETS_FILE).write_text(json.dumps(buckets.to_dict(), indent=1))
     done = Path(args.output_dir) / "validation" / f"step-{progress.global_step:06d}.png"

@@ -345,6 +345,7 @@ def ddp_runs(assets, tmp_path_factory) -> dict[str, Any]:
     full = tmp_path_factory.mktemp("ddp_full")
     base = ["--pretrained_model_name_or_path", assets["sd"], "--train_data_dir", assets["images"], *COMMON,
             "--random_flip", "--resolution_conditioning", "--resolution_embed_dim", "16",
+            "--prediction_type", "v_prediction", "--snr_gamma", "5",
             "--max_train_steps", "4", "--checkpointing_steps", "2"]
     stats_full = run_script(base + ["--output_dir", str(full)], nproc=2)
     resumed = tmp_path_factory.mktemp("ddp_resumed")
@@ -386,6 +387,7 @@ def test_resolution_conditioned_pipeline_generates(ddp_runs):
 
     pipe = StableDiffusionResolutionPipeline.from_pretrained(ddp_runs["full"])
     assert has_resolution_conditioning(pipe.unet)
+    assert pipe.scheduler.config.prediction_type == "v_prediction"  # trained objective saved with the pipeline
     # Training moved the zero-initialised output layer: the embedding now matters.
     assert float(pipe.unet.class_embedding.linear_2.weight.detach().abs().max()) > 0
     image = pipe("a wide photo", height=48, width=80, num_inference_steps=2, output_type="np",
