@@ -8,6 +8,8 @@ The slow tests launch the real script: one process (``python``) or two (``torchr
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import os
 import shutil
@@ -55,9 +57,11 @@ def run_script(args: list[str], nproc: int = 1, timeout: int = 300) -> dict[str,
     """Run the script (torchrun for nproc > 1); return hf_arb_run.json. Fails the test with the log tail."""
     out = Path(args[args.index("--output_dir") + 1])
     if nproc == 1:  # in this process: the imports (most of a tiny run's time) are already paid for
-        stats = script.main(args)
+        buf = io.StringIO()
+        with contextlib.redirect_stdout(buf):
+            stats = script.main(args)
         assert json.loads((out / script.STATS_FILE).read_text())["global_step"] == stats["global_step"]
-        return {**stats, "log": ""}
+        return {**stats, "log": buf.getvalue()}
     env = {**os.environ, "ACCELERATE_USE_CPU": "1", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",
            "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(ROOT)}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
@@ -269,6 +273,12 @@ def test_batches_have_bucket_shapes(sd_run):
         assert t["shape"] == [2, 3, h, w]  # pixel batch (B, 3, H, W) of exactly the bucket
         assert t["time_ids_first"][4:] == [h, w]
     assert any(s[2] != s[3] for s in (t["shape"] for t in trace)), "expected a non-square bucket in 4 steps"
+    # the startup table: every bucket with its rows (4 photos per aspect ratio), the sampler report, upstream's block
+    log = stats["log"]
+    for label in ("32 x 96 ", "48 x 80 ", "64 x 64 ", "80 x 48 ", "96 x 32 "):
+        assert any(line.strip().startswith(label.strip()) and line.rstrip().endswith(" 4")
+                   for line in log.splitlines()), label
+    assert "skipped: 0 of 20 rows" in log and "10 steps/rank" in log and "Total optimization steps = 4" in log
     assert stats["vae_encode_calls"] == 4 and stats["latents_encoded"] is None
 
 
