@@ -461,3 +461,24 @@ def test_ddp_comm_hook_reaches_accelerate(hook, tmp_path):
     handler = script.make_accelerator(args).ddp_handler
     assert handler.comm_hook.value == hook
     assert handler.comm_state_option == ({"matrix_approximation_rank": 2} if hook == "power_sgd" else {})
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("train_sd")
+def test_cache_latents_covers_catch_all_batches(assets, tmp_path):
+    """Leftover rows trained in catch-all batches at another bucket are cached for that bucket too."""
+    stats = run_script(["--pretrained_model_name_or_path", assets["sd"], "--train_data_dir", assets["images"],
+                        "--output_dir", str(tmp_path), *COMMON, "--train_batch_size", "3", "--num_train_epochs", "1",
+                        "--bucket_leftover", "catch_all", "--cache_latents", "--center_crop"])
+    trace = read_trace(tmp_path, 0)
+    from hf_arb import BucketSet
+
+    buckets = BucketSet.from_dict(json.loads((tmp_path / script.BUCKETS_FILE).read_text()))
+    sizes = [im.size for im in datasets.load_dataset("imagefolder", data_dir=assets["images"], split="train")["image"]]
+    own, _ = buckets.assign([w for w, _ in sizes], [h for _, h in sizes])
+    trained = {(r, t["bucket"]) for t in trace for r in t["rows"]}
+    moved = {(r, b) for r, b in trained if b != own[r]}
+    assert moved, "catch_all should train some leftover rows at the catch-all bucket"
+    # one entry per row at its own bucket, plus one per (row, catch-all bucket) pair the plan uses
+    assert stats["latents_encoded"] == 20 + len(moved)
+    assert all(t["shape"][0] == 3 for t in trace) and stats["global_step"] == len(trace)
