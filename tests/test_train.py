@@ -53,13 +53,24 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def reset_accelerate() -> None:
+    """Forget accelerate's process-wide state after an in-process run, so other tests start clean."""
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+
+
 def run_script(args: list[str], nproc: int = 1, timeout: int = 300) -> dict[str, Any]:
     """Run the script (torchrun for nproc > 1); return hf_arb_run.json. Fails the test with the log tail."""
     out = Path(args[args.index("--output_dir") + 1])
     if nproc == 1:  # in this process: the imports (most of a tiny run's time) are already paid for
         buf = io.StringIO()
-        with contextlib.redirect_stdout(buf):
-            stats = script.main(args)
+        try:
+            with contextlib.redirect_stdout(buf):
+                stats = script.main(args)
+        finally:
+            reset_accelerate()
         assert json.loads((out / script.STATS_FILE).read_text())["global_step"] == stats["global_step"]
         return {**stats, "log": buf.getvalue()}
     env = {**os.environ, "ACCELERATE_USE_CPU": "1", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",
@@ -200,6 +211,12 @@ def test_model_card_with_and_without_validation(tmp_path, with_validation):
 
 
 # ------------------------------------------------------------------------------- fast: argument errors
+@pytest.fixture(autouse=True)
+def _clean_accelerate_state():
+    yield
+    reset_accelerate()
+
+
 def test_missing_checkpoint_is_an_error(assets, tmp_path):
     argv = ["--pretrained_model_name_or_path", assets["sd"], "--train_data_dir", assets["images"],
             "--output_dir", str(tmp_path), *COMMON]
