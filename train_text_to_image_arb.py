@@ -851,8 +851,8 @@ def save_model_card(args: argparse.Namespace, repo_id: str, buckets: Any, *, sdx
     labels = buckets.labels()
     body = [
         f"# {repo_id}", "",
-        f"Fine-tuned from **{base}** with aspect-ratio bucketing ([hf_arb](https://github.com/), "
-        "`train_text_to_image_arb.py`): each image was trained at close to its own aspect ratio.", "",
+        f"Fine-tuned from **{base}** with aspect-ratio bucketing (hf_arb's `train_text_to_image_arb.py`): each "
+        "image was trained at close to its own aspect ratio, and every batch held one bucket shape.", "",
         f"* buckets: {len(labels)} ({', '.join(labels[:12])}{', ...' if len(labels) > 12 else ''}), "
         f"pixel budget about {args.resolution}² (`--bucket_preset {args.bucket_preset}`)",
         f"* steps: {stats.get('global_step') if stats else args.max_train_steps}, batch size {args.train_batch_size} "
