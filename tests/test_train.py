@@ -372,7 +372,7 @@ def ddp_runs(assets, tmp_path_factory) -> dict[str, Any]:
     full = tmp_path_factory.mktemp("ddp_full")
     base = ["--pretrained_model_name_or_path", assets["sd"], "--train_data_dir", assets["images"], *COMMON,
             "--random_flip", "--resolution_conditioning", "--resolution_embed_dim", "16",
-            "--prediction_type", "v_prediction", "--snr_gamma", "5",
+            "--prediction_type", "v_prediction", "--snr_gamma", "5", "--gradient_accumulation_steps", "2",
             "--max_train_steps", "4", "--checkpointing_steps", "2"]
     stats_full = run_script(base + ["--output_dir", str(full)], nproc=2)
     resumed = tmp_path_factory.mktemp("ddp_resumed")
@@ -385,7 +385,10 @@ def ddp_runs(assets, tmp_path_factory) -> dict[str, Any]:
 @pytest.mark.xdist_group("train_ddp")
 def test_two_ranks_take_the_same_steps_in_the_same_bucket(ddp_runs):
     r0, r1 = read_trace(ddp_runs["full"], 0), read_trace(ddp_runs["full"], 1)
-    assert [t["step"] for t in r0] == [t["step"] for t in r1] == [0, 1, 2, 3]
+    # 5 batches per rank and epoch, 2 per update: the epoch's last update has one batch (accelerate syncs at the
+    # end of the loader), so 4 updates span 7 micro-batches and two epochs
+    assert [t["step"] for t in r0] == [t["step"] for t in r1] == [0, 0, 1, 1, 2, 3, 3]
+    assert [t["epoch"] for t in r0] == [0, 0, 0, 0, 0, 1, 1]
     assert [t["bucket"] for t in r0] == [t["bucket"] for t in r1]
     assert [t["shape"] for t in r0] == [t["shape"] for t in r1]
     for a, b in zip(r0, r1):  # each rank its own rows of the global batch
