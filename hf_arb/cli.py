@@ -45,12 +45,8 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callab
 
 
 def _register_optional_commands() -> None:
-    """Import modules that add sub-commands (kept out of start-up when not present)."""
-    try:
-        from . import annotate_cli  # noqa: F401  (registers 'annotate' and 'stats')
-    except ImportError as e:  # pragma: no cover - only while the module does not exist
-        if "annotate_cli" not in str(e):
-            raise
+    """Import the modules that add sub-commands (kept out of module import time)."""
+    from . import annotate_cli  # noqa: F401  (registers 'annotate' and 'stats')
 
 
 def build_parser() -> argparse.ArgumentParser:
