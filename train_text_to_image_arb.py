@@ -257,6 +257,16 @@ def agree_on_seed(args: argparse.Namespace, accelerator: Any, resume_dir: Path |
     return int(box[0])
 
 
+def resolve_run_args(args: argparse.Namespace, accelerator: Any, resume_dir: Path | None) -> argparse.Namespace:
+    """The run's settings: a copy of the parsed ``args`` (never mutated) with the agreed seed and the learning
+    rate after ``--scale_lr``."""
+    seed = agree_on_seed(args, accelerator, resume_dir)
+    lr = args.learning_rate
+    if args.scale_lr:
+        lr *= args.gradient_accumulation_steps * args.train_batch_size * accelerator.num_processes
+    return argparse.Namespace(**{**vars(args), "seed": seed, "learning_rate": lr})
+
+
 # ============================================================================================ models
 @dataclass
 class Models:
@@ -431,13 +441,14 @@ def dataset_with_buckets(args: argparse.Namespace, accelerator: Any) -> tuple[An
     return ds, buckets
 
 
-def make_sampler(args: argparse.Namespace, ds: Any, accelerator: Any, *, rank: int | None = None) -> Any:
+def make_sampler(args: argparse.Namespace, ds: Any, buckets: Any, accelerator: Any) -> Any:
+    """The global epoch plan over all ranks; a plain ``accelerator.prepare`` deals each rank its batches."""
     from hf_arb import BucketBatchSampler
 
     return BucketBatchSampler(
-        ds, args.train_batch_size, num_replicas=accelerator.num_processes,
-        rank=accelerator.process_index if rank is None else rank, seed=args.seed, shuffle=True,
-        sync_buckets=not args.no_bucket_sync, leftover=args.bucket_leftover, return_keys=True,
+        ds, args.train_batch_size, num_replicas=accelerator.num_processes, rank=accelerator.process_index,
+        seed=args.seed, shuffle=True, sync_buckets=not args.no_bucket_sync, leftover=args.bucket_leftover,
+        return_keys=True, buckets=buckets,
     )
 
 
@@ -453,13 +464,12 @@ def build_dataloader(args: argparse.Namespace, accelerator: Any, ds: Any, bucket
                      schedule: Schedule, weight_dtype: torch.dtype) -> tuple[Any, Any]:
     """DataLoader over images (fitted to the batch's bucket) or, with --cache_latents, over cached latents.
 
-    Returns ``(dataloader, cache index or None)``; the loader still has to go through
-    ``hf_arb.prepare_dataloader``.
+    Returns ``(dataloader, cache index or None)``; the loader still has to go through ``accelerator.prepare``.
     """
     if args.cache_latents:
         from hf_arb.latents import CachedLatentDataset
 
-        cache, index = build_latent_cache(args, accelerator, ds, buckets, models, schedule, weight_dtype)
+        cache, index = build_latent_cache(args, accelerator, ds, buckets, models, sampler, schedule, weight_dtype)
         captions = ds.select_columns([args.caption_column])[args.caption_column]
         dataset: Any = CachedLatentDataset(cache, index, captions, seed=args.seed)
         collate = CachedLatentDataset.collate
@@ -513,7 +523,7 @@ def micro_step_generator(seed: int, micro_step: int, rank: int, device: torch.de
 
 # ============================================================================================ caches
 def build_latent_cache(args: argparse.Namespace, accelerator: Any, ds: Any, buckets: Any, models: Models,
-                       schedule: Schedule, weight_dtype: torch.dtype) -> tuple[Any, Any]:
+                       sampler: Any, schedule: Schedule, weight_dtype: torch.dtype) -> tuple[Any, Any]:
     """Encode this rank's share of the missing (image, bucket, crop, flip) entries; return (cache, index)."""
     from accelerate.utils import gather_object
 
@@ -531,12 +541,12 @@ def build_latent_cache(args: argparse.Namespace, accelerator: Any, ds: Any, buck
         hashes_by_row.update(part)
     hashes = [hashes_by_row.get(i, "") for i in range(len(ds))]
     pairs = {(int(r), int(ids[r])) for r in rows}
-    if args.bucket_leftover != "drop":  # leftovers may be trained at another bucket: read every rank's plan
-        for r in range(accelerator.num_processes):
-            sampler = make_sampler(args, ds, accelerator, rank=r)
-            for epoch in range(schedule.num_train_epochs):
-                plan, targets = sampler.plan(epoch)[:, r], sampler.batch_buckets(epoch)  # (steps, batch), (steps,)
-                pairs.update(zip(plan.ravel().tolist(), np.repeat(targets, plan.shape[1]).tolist()))
+    if args.bucket_leftover != "drop":  # leftovers may be trained at another bucket: read the all-ranks plan
+        for epoch in range(schedule.num_train_epochs):
+            plan = sampler.plan(epoch)  # (steps, world, batch): every rank's rows
+            for r in range(plan.shape[1]):
+                targets = sampler.batch_buckets(epoch, rank=r)  # (steps,)
+                pairs.update(zip(plan[:, r].ravel().tolist(), np.repeat(targets, plan.shape[2]).tolist()))
     if args.center_crop and not args.random_flip:
         variants = 1  # every epoch fits an image the same way
     else:
@@ -602,11 +612,12 @@ class TextEncoder:
 # ============================================================================================ training
 @dataclass
 class Progress:
-    """Counters saved with every checkpoint (``hf_arb_state.json``). The position inside the epoch is the
-    sampler's own cursor, saved by accelerate (``register_for_checkpointing``)."""
+    """Counters saved with every checkpoint (``hf_arb_state.json``): optimizer steps, micro-batches trained
+    (per rank; where the data resumes, via ``hf_arb.resume_dataloader``, and the noise stream's key) and the seed."""
 
     global_step: int = 0
     seed: int = 0
+    micro_step: int = 0
 
 
 def resolve_resume_dir(args: argparse.Namespace) -> Path | None:
@@ -956,13 +967,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     from diffusers.optimization import get_scheduler
     from tqdm.auto import tqdm
 
-    from hf_arb import prepare_dataloader
-
     args = parse_args(argv)
     accelerator = make_accelerator(args)
     setup_logging(accelerator)
     resume_dir = resolve_resume_dir(args)
-    args.seed = agree_on_seed(args, accelerator, resume_dir)
+    args = resolve_run_args(args, accelerator, resume_dir)
     set_seed(args.seed)
     if accelerator.is_main_process:
         os.makedirs(args.output_dir, exist_ok=True)
@@ -973,12 +982,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     register_checkpoint_hooks(accelerator, models)
     if args.allow_tf32:
         torch.backends.cuda.matmul.allow_tf32 = True
-    if args.scale_lr:
-        args.learning_rate *= args.gradient_accumulation_steps * args.train_batch_size * accelerator.num_processes
     optimizer = make_optimizer(args, models.unet)
     weight_dtype = weight_dtype_of(accelerator)
 
-    sampler = make_sampler(args, ds, accelerator)
+    sampler = make_sampler(args, ds, buckets, accelerator)
     schedule = compute_schedule(sampler.steps_per_epoch, gradient_accumulation_steps=args.gradient_accumulation_steps,
                                 num_train_epochs=args.num_train_epochs, max_train_steps=args.max_train_steps,
                                 lr_warmup_steps=args.lr_warmup_steps, num_processes=accelerator.num_processes)
@@ -986,9 +993,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     lr_scheduler = get_scheduler(args.lr_scheduler, optimizer=optimizer,
                                  num_warmup_steps=schedule.scheduler_warmup_steps,
                                  num_training_steps=schedule.scheduler_training_steps)
-    unet, optimizer, lr_scheduler = accelerator.prepare(models.unet, optimizer, lr_scheduler)
-    dataloader = prepare_dataloader(accelerator, dataloader)
-    accelerator.register_for_checkpointing(sampler)
+    # as diffusers' scripts: one plain prepare call; the sampler's global plan is dealt to the ranks by accelerate
+    unet, optimizer, dataloader, lr_scheduler = accelerator.prepare(models.unet, optimizer, dataloader, lr_scheduler)
+    accelerator.register_for_checkpointing(sampler)  # its plan check refuses a checkpoint of another dataset/seed
     if models.ema_unet is not None:
         models.ema_unet.to(accelerator.device)
     for te in models.text_encoders:
@@ -1035,12 +1042,20 @@ def train_loop(args: argparse.Namespace, accelerator: Any, models: Models, unet:
     losses: list[float] = []
     train_loss, bucket_losses = 0.0, {}
     images_seen, t_start = 0, time.perf_counter()
-    for epoch in range(sampler.epoch, schedule.num_train_epochs):  # a restored sampler resumes mid-epoch
+    from hf_arb import resume_dataloader
+
+    first_loader, first_epoch = resume_dataloader(accelerator, dataloader, progress.micro_step)
+    for epoch in range(first_epoch, schedule.num_train_epochs):  # a resumed run continues mid-epoch
         if progress.global_step >= schedule.max_train_steps:
             break
-        dataloader.set_epoch(epoch)  # same epoch again keeps the restored position
-        for batch in dataloader:
-            micro = epoch * schedule.batches_per_epoch + sampler.batches_consumed - 1  # this batch's index
+        if epoch == first_epoch:
+            loader = first_loader
+        else:
+            dataloader.set_epoch(epoch)
+            loader = dataloader
+        for batch in loader:
+            micro = progress.micro_step  # this batch's index since the start of training (per rank)
+            progress.micro_step += 1
             gen = micro_step_generator(args.seed, micro, accelerator.process_index, accelerator.device)
             batch = batch_captions(batch)
             bucket = int(batch["buckets"][0])

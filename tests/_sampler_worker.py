@@ -1,20 +1,18 @@
 """Worker for tests/test_sampler_distributed.py, launched with ``torchrun --nproc_per_node N``.
 
-Every check that needs all ranks runs here; rank 0 writes ``result.json`` (under ``--out``) with what it
-saw, and the test asserts on it. Scenarios (``--mode``):
-
-* ``accelerate``: ``DataLoader(batch_sampler=BucketBatchSampler)`` through ``hf_arb.prepare_dataloader``
-  under three dataloader configurations (default sharding, ``dispatch_batches=True``,
-  ``split_batches=True``): a whole epoch is gathered from all ranks and compared with the pure plan;
-  mid-epoch ``save_state``/``load_state`` with DataLoader workers reading ahead; the
-  ``skip_first_batches`` recipe; the elastic state (``--save-elastic`` / ``--load-elastic``).
-* ``plain``: ``torch.distributed`` without accelerate (gloo), the sampler defaults read the process group.
+Written the way diffusers writes its training examples: an ``Accelerator``, then model, optimizer, train
+dataloader and LR scheduler prepared **in one plain** ``accelerator.prepare(...)`` call, diffusers' step
+arithmetic, ``accelerator.register_for_checkpointing``, ``save_state`` at a step, and a resume that loads the
+state in a fresh process. One process runs every accelerate mode in turn (``--phase full`` records every batch
+and saves a checkpoint at ``--save-at`` steps per mode; ``--phase resume`` loads each checkpoint and records the
+rest). Each rank writes what it saw to ``result_{phase}_rank{r}.json``; the test asserts on those records.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 from pathlib import Path
 
@@ -23,10 +21,18 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 import hf_arb
-from hf_arb.sampler import plan_epoch
 
 SEED = 7
-N_ROWS = 700
+N_ROWS = 400
+EPOCHS = 2
+MODES = {  # name -> (DataLoaderConfiguration kwargs, sampler split_batches, DataLoader workers)
+    "default": ({}, False, 0),
+    "workers": ({}, False, 2),
+    "dispatch_batches": ({"dispatch_batches": True}, False, 0),
+    "split_batches": ({"split_batches": True}, True, 0),
+    "even_batches_off": ({"even_batches": False}, False, 0),
+    "stateful": ({"use_stateful_dataloader": True}, False, 1),
+}
 
 
 def bucket_ids() -> np.ndarray:
@@ -48,175 +54,132 @@ class RowDataset(Dataset):
         return {"row": int(i), "bucket": int(self.ids[i])}
 
 
-def rows_of(batch: dict[str, torch.Tensor]) -> list[int]:
-    return batch["row"].tolist()
+def setup(mode: str, ids: np.ndarray, batch_size: int):
+    """The diffusers-style setup: everything prepared in one call."""
+    from accelerate import Accelerator
+    from accelerate.utils import DataLoaderConfiguration
+
+    cfg, split, workers = MODES[mode]
+    accelerator = Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(**cfg))
+    model = torch.nn.Linear(1, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    per_step = batch_size * accelerator.num_processes if split else batch_size
+    sampler = hf_arb.BucketBatchSampler(ids, per_step, drop_last=False, seed=SEED, split_batches=split)
+    train_dataloader = DataLoader(RowDataset(ids), batch_sampler=sampler, num_workers=workers)
+    # diffusers: len(train_dataloader) / num_processes before prepare ...
+    len_before = math.ceil(len(train_dataloader) / (1 if split else accelerator.num_processes))
+    lr_scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
+    model, optimizer, train_dataloader, lr_scheduler = accelerator.prepare(
+        model, optimizer, train_dataloader, lr_scheduler)
+    accelerator.register_for_checkpointing(sampler)
+    return accelerator, model, optimizer, sampler, train_dataloader, len_before
 
 
-def gather_steps(accelerator, steps: list[list[int]], batch_size: int) -> np.ndarray:
-    """All ranks' batches, shape (world, steps, batch); also checks equal step counts via gather."""
-    counts = accelerator.gather(torch.tensor([len(steps)]))
-    assert len(set(counts.tolist())) == 1, f"unequal step counts over ranks: {counts.tolist()}"
-    t = torch.tensor(steps, dtype=torch.int64).reshape(len(steps), batch_size)
-    g = accelerator.gather(t.unsqueeze(0))  # (world, steps, batch)
-    return g.numpy()
+def train(accelerator, model, optimizer, loader, record: list, epoch: int, save_at: int | None, steps_done: int,
+          ckpt: Path) -> int:
+    """One pass; records (epoch, rows) per step; saves the state after ``save_at`` steps in all."""
+    for batch in loader:
+        rows = batch["row"].tolist()
+        buckets = sorted(set(batch["bucket"].tolist()))
+        loss = model(batch["row"].float()[:, None]).mean()
+        accelerator.backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+        record.append({"epoch": epoch, "rows": rows, "buckets": buckets})
+        steps_done += 1
+        if save_at is not None and steps_done == save_at:
+            accelerator.save_state(str(ckpt))
+            if accelerator.is_main_process:
+                (ckpt / "steps_done.json").write_text(json.dumps({"steps_done": steps_done}))
+            accelerator.wait_for_everyone()
+    return steps_done
 
 
-def build(accelerator, ids, batch_size, num_workers=0, register=True):
-    sampler = hf_arb.BucketBatchSampler(ids, batch_size, seed=SEED)
-    dl = DataLoader(RowDataset(ids), batch_sampler=sampler, num_workers=num_workers)
-    prepared = hf_arb.prepare_dataloader(accelerator, dl)
-    if register:
-        accelerator.register_for_checkpointing(sampler)
-    return sampler, prepared
+def run_full(mode: str, args, ids: np.ndarray) -> dict:
+    accelerator, model, opt, sampler, dl, len_before = setup(mode, ids, args.batch_size)
+    record: list = []
+    steps_done = 0
+    for epoch in range(EPOCHS):  # as diffusers: no set_epoch call; accelerate counts the passes
+        steps_done = train(accelerator, model, opt, dl, record, epoch, args.save_at, steps_done,
+                           Path(args.out) / f"ckpt_{mode}")
+    wrong_world = ""
+    if accelerator.num_processes > 1 and mode == "default":  # built for 1 process: refused, not silently unsynced
+        bad = hf_arb.BucketBatchSampler(ids, args.batch_size, num_replicas=1, seed=SEED)
+        try:
+            next(iter(accelerator.prepare(DataLoader(RowDataset(ids), batch_sampler=bad))))
+        except RuntimeError as e:
+            wrong_world = str(e)
+    if mode == "default" and args.save_elastic:
+        st = dict(sampler.state_dict(), steps_done_at_save=args.save_at)
+        Path(args.save_elastic).write_text(json.dumps(st))
+    return {"len_before": len_before, "len_after": len(dl), "steps_per_epoch": sampler.steps_per_epoch,
+            "repeated_per_epoch": sampler.report().rows_repeated, "record": record, "wrong_world_error": wrong_world}
 
 
-def run_accelerate(args) -> dict:
-    from accelerate import Accelerator, DataLoaderConfiguration
-
-    ids = bucket_ids()
-    B = args.batch_size
-    out: dict = {}
-    for name, cfg in (("shard", {}), ("dispatch", {"dispatch_batches": True}),
-                      ("split", {"split_batches": True})):
-        acc = Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(**cfg))
-        W, r = acc.num_processes, acc.process_index
-        sampler, dl = build(acc, ids, B, register=False)
-        epoch_out = {}
-        for epoch in range(2):  # the loader's own pass counter must reach the plan (set_epoch)
-            steps = [rows_of(b) for b in dl]
-            g = gather_steps(acc, steps, B)
-            expected = plan_epoch(ids, B, W, seed=SEED, epoch=epoch)  # (steps, world, batch)
-            flat = g.reshape(-1)
-            epoch_out[epoch] = {
-                "steps": len(steps),
-                "len": expected.shape[0],
-                "matches_plan": bool(np.array_equal(g.transpose(1, 0, 2), expected)),
-                "duplicates": int(flat.size - np.unique(flat).size),
-                "same_bucket": bool((ids[g] == ids[g[:1, :, :1]]).all()),
-            }
-        out[name] = epoch_out
-
-    # a plain accelerator.prepare would shard the per-rank sampler a second time: refused loudly
-    for name, cfg in (("shard", {}), ("dispatch", {"dispatch_batches": True}), ("split", {"split_batches": True})):
-        acc_naive = Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(**cfg))
-        try:  # accelerate itself refuses split_batches when batch_size % world != 0
-            naive = acc_naive.prepare(
-                DataLoader(RowDataset(ids), batch_sampler=hf_arb.BucketBatchSampler(ids, B, seed=SEED)))
-            next(iter(naive))
-            out[f"naive_prepare_error_{name}"] = ""
-        except (RuntimeError, ValueError) as err:
-            out[f"naive_prepare_error_{name}"] = str(err)
-        acc_naive.wait_for_everyone()
-
-    # exact mid-epoch resume through save_state/load_state, with 2 DataLoader workers reading ahead
-    W = acc.num_processes
-    ckpt = Path(args.out) / "ckpt"
-    acc = Accelerator(cpu=True)
-    sampler, dl = build(acc, ids, B, num_workers=2)
-    for _ in dl:  # finish epoch 0
-        pass
-    k = args.resume_at
-    it = iter(dl)
-    head = [rows_of(next(it)) for _ in range(k)]
-    acc.save_state(str(ckpt))
-    acc.wait_for_everyone()  # rank 0 writes the files; the load below must not race it
-    state_at_k = sampler.state_dict()
-    if args.save_elastic:
-        Path(args.save_elastic).write_text(json.dumps(state_at_k))
-    rest = [rows_of(b) for b in it]
-    nxt = [rows_of(b) for b in dl]  # epoch 2
-    acc2 = Accelerator(cpu=True)
-    sampler2, dl2 = build(acc2, ids, B, num_workers=2)
-    acc2.load_state(str(ckpt))
-    resumed_len = len(dl2)
-    resumed = [rows_of(b) for b in dl2]
-    resumed_next = [rows_of(b) for b in dl2]
-    plan1 = plan_epoch(ids, B, W, seed=SEED, epoch=1)[:, acc.process_index].tolist()
-    out["resume"] = {
-        "state_epoch": state_at_k["epoch"], "state_consumed": state_at_k["batches_consumed"], "k": k,
-        "head_matches_plan": head == plan1[:k],
-        "resumed_equals_rest": resumed == rest, "resumed_len": resumed_len, "rest_len": len(rest),
-        "next_epoch_equal": resumed_next == nxt,
-        "next_epoch_is_plan2": nxt == plan_epoch(ids, B, W, seed=SEED, epoch=2)[:, acc.process_index].tolist(),
-        "all_equal_over_ranks": bool(
-            np.unique(acc2.gather(torch.tensor([int(resumed == rest and resumed_next == nxt)])).numpy()).tolist() == [1]
-        ),
-    }
-
-    # the skip_first_batches recipe: fresh sampler at epoch 1, skip k batches
-    acc3 = Accelerator(cpu=True)
-    sampler3, dl3 = build(acc3, ids, B, register=False)
-    sampler3.set_epoch(1)
-    skipped = [rows_of(b) for b in acc3.skip_first_batches(dl3, k)]
-    after = [rows_of(b) for b in dl3]
-    out["skip_first_batches"] = {
-        "equals_rest": skipped == plan1[k:],
-        "then_epoch2": after == plan_epoch(ids, B, W, seed=SEED, epoch=2)[:, acc.process_index].tolist(),
-    }
-
-    # elastic: continue a state saved with another number of processes (same global batch)
-    if args.load_elastic:
-        state = json.loads(Path(args.load_elastic).read_text())
-        acc4 = Accelerator(cpu=True)
-        sampler4, dl4 = build(acc4, ids, B, register=False)
-        sampler4.load_state_dict(state)
-        steps = [rows_of(b) for b in dl4]
-        g = gather_steps(acc4, steps, B)  # (world, steps, batch)
-        glob = g.transpose(1, 0, 2).reshape(len(steps), -1)  # (steps, global batch)
-        G = state["global_batch_size"]
-        expected = plan_epoch(ids, G, 1, seed=SEED, epoch=state["epoch"])[state["batches_consumed"]:, 0]
-        out["elastic"] = {"saved_world": state["num_replicas"], "world": W,
-                          "continues_global_sequence": bool(np.array_equal(glob, expected)),
-                          "steps": len(steps), "expected_steps": int(expected.shape[0])}
-    return out
+def run_resume(mode: str, args, ids: np.ndarray) -> dict:
+    accelerator, model, opt, sampler, dl, _ = setup(mode, ids, args.batch_size)
+    ckpt = Path(args.out) / f"ckpt_{mode}"
+    accelerator.load_state(str(ckpt))
+    steps_done = json.loads((ckpt / "steps_done.json").read_text())["steps_done"]
+    if mode == "stateful":  # the loader restores its own position; the loop sets the epoch
+        first_epoch = sampler.locate(steps_done)[0]
+        dl.set_epoch(first_epoch)
+        first = dl
+    else:  # accelerate's recipe: skip the batches the loop's counter says were trained
+        first, first_epoch = hf_arb.resume_dataloader(accelerator, dl, steps_done)
+    record: list = []
+    train(accelerator, model, opt, first, record, first_epoch, None, 0, ckpt)
+    for epoch in range(first_epoch + 1, EPOCHS):
+        train(accelerator, model, opt, dl, record, epoch, None, 0, ckpt)
+    return {"steps_done": steps_done, "record": record}
 
 
-def run_plain(args) -> dict:
+def run_elastic(args, ids: np.ndarray) -> dict:
+    """Continue a sampler state saved on another number of processes (same global batch)."""
+    state = json.loads(Path(args.load_elastic).read_text())
+    accelerator, model, opt, sampler, dl, _ = setup("default", ids, args.batch_size)
+    sampler.load_state_dict(state)
+    first, epoch = hf_arb.resume_dataloader(accelerator, dl, state["steps_done_at_save"])
+    record: list = []
+    train(accelerator, model, opt, first, record, epoch, None, 0, Path(args.out))
+    return {"saved_world": state["num_replicas"], "epoch": epoch, "record": record,
+            "global_batch": state["global_batch_size"], "steps_done": state["steps_done_at_save"]}
+
+
+def run_plain(args, ids: np.ndarray) -> dict:
+    """torch.distributed without accelerate: each rank reads its shard of the global plan."""
     import torch.distributed as dist
 
     dist.init_process_group("gloo")
-    W, r = dist.get_world_size(), dist.get_rank()
-    ids = bucket_ids()
-    B = args.batch_size
-    sampler = hf_arb.BucketBatchSampler(ids, B, seed=SEED)  # defaults read torch.distributed
-    dl = hf_arb.prepare_dataloader(None, DataLoader(RowDataset(ids), batch_sampler=sampler, num_workers=1))
-    out: dict = {"num_replicas": sampler.num_replicas, "rank_ok": sampler.rank == r}
-    for epoch in range(2):
-        steps = [rows_of(b) for b in dl]
-        t = torch.tensor(steps, dtype=torch.int64)
-        parts = [torch.empty_like(t) for _ in range(W)]
-        dist.all_gather(parts, t)
-        g = torch.stack(parts).numpy()
-        flat = g.reshape(-1)
-        out[f"epoch{epoch}"] = {
-            "matches_plan": bool(np.array_equal(g.transpose(1, 0, 2), plan_epoch(ids, B, W, seed=SEED, epoch=epoch))),
-            "duplicates": int(flat.size - np.unique(flat).size),
-        }
-    it = iter(dl)
-    for _ in range(3):
-        next(it)
-    state = sampler.state_dict()
-    s2 = hf_arb.BucketBatchSampler(ids, B, seed=SEED)
-    s2.load_state_dict(json.loads(json.dumps(state)))
-    out["resume_exact"] = list(s2) == [rows_of(b) for b in it]
+    sampler = hf_arb.BucketBatchSampler(ids, args.batch_size, drop_last=False, seed=SEED)  # world: process group
+    dl = DataLoader(RowDataset(ids), batch_sampler=sampler.shard(), num_workers=1)
+    record = [{"epoch": e, "rows": b["row"].tolist()} for e in range(EPOCHS) for b in dl]
+    out = {"num_replicas": sampler.num_replicas, "rank": sampler.rank, "record": record}
     dist.destroy_process_group()
     return out
 
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--mode", choices=["accelerate", "plain"], default="accelerate")
+    p.add_argument("--phase", choices=["full", "resume", "plain"], required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--batch-size", type=int, default=2)
-    p.add_argument("--resume-at", type=int, default=5)
+    p.add_argument("--save-at", type=int, default=5)
     p.add_argument("--save-elastic", default="")
     p.add_argument("--load-elastic", default="")
     args = p.parse_args()
-    result = run_accelerate(args) if args.mode == "accelerate" else run_plain(args)
+    ids = bucket_ids()
+    if args.phase == "plain":
+        result = run_plain(args, ids)
+    else:
+        run = run_full if args.phase == "full" else run_resume
+        result = {mode: run(mode, args, ids) for mode in MODES}
+        if args.load_elastic:
+            result["elastic"] = run_elastic(args, ids)
     rank = int(os.environ.get("RANK", "0"))
     Path(args.out).mkdir(parents=True, exist_ok=True)
-    (Path(args.out) / f"result_rank{rank}.json").write_text(json.dumps(result, indent=1))
-    if args.mode == "accelerate":  # a clean gloo teardown: exiting with the group alive can abort()
+    (Path(args.out) / f"result_{args.phase}_rank{rank}.json").write_text(json.dumps(result))
+    if args.phase != "plain":  # a clean gloo teardown: exiting with the group alive can abort()
         from accelerate import PartialState
 
         PartialState().wait_for_everyone()

@@ -30,7 +30,9 @@ def test_api_reference_documents_every_public_name():
 
 
 def test_every_package_module_is_in_the_reference():
-    modules = {f"hf_arb.{p.stem}" for p in (ROOT / "hf_arb").glob("*.py") if not p.stem.startswith("_")}
+    pkg = ROOT / "hf_arb"
+    modules = {"hf_arb." + ".".join(p.relative_to(pkg).with_suffix("").parts)
+               for p in pkg.rglob("*.py") if not p.stem.startswith("_")}
     undocumented = modules - set(gen_reference.MODULES) - {"hf_arb.cli", "hf_arb.annotate_cli"}
     assert not undocumented, f"add {sorted(undocumented)} to docs/gen_reference.py MODULES"
 

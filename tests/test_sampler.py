@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hf_arb import BucketBatchSampler, plan_epoch
-from hf_arb.sampler import merge_small_buckets
+from hf_arb.sampling import merge_small_buckets
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -34,15 +34,16 @@ def make_ids(n: int = 1000, k: int = 5, seed: int = 0, skip: float = 0.05) -> np
 
 
 def all_ranks(ids, batch_size, world, **kw) -> list[BucketBatchSampler]:
+    """One sampler per simulated rank, each built independently as every process would build its own."""
     return [BucketBatchSampler(ids, batch_size, num_replicas=world, rank=r, **kw) for r in range(world)]
 
 
 def epoch_batches(samplers: list[BucketBatchSampler], epoch: int) -> np.ndarray:
-    """Every rank's batches of one epoch, shape (steps, world, batch)."""
+    """Every rank's batches of one epoch, each read from its own sampler's rank view: (steps, world, batch)."""
     out = []
     for s in samplers:
         s.set_epoch(epoch)
-        out.append(np.array(list(s), dtype=np.int64).reshape(-1, s.batch_size))
+        out.append(np.array(list(s.shard()), dtype=np.int64).reshape(-1, s.per_rank_batch_size))
     return np.stack(out, axis=1)
 
 
@@ -74,11 +75,14 @@ def check_epoch(ids: np.ndarray, plan: np.ndarray, targets: np.ndarray, leftover
 def test_sampler_invariants_over_grid(leftover: str, world: int, batch: int) -> None:
     ids = make_ids(900, k=6, seed=world * 10 + batch)
     samplers = all_ranks(ids, batch, world, seed=3, leftover=leftover, catch_all_bucket=0)
-    lens = {len(s) for s in samplers}
+    lens = {len(s.shard()) for s in samplers}
     assert len(lens) == 1, "len() differs between ranks"
+    assert {len(s) for s in samplers} == {min(lens) * world}, "the global sampler yields world batches per step"
     for epoch in (0, 1):
         got = epoch_batches(samplers, epoch)
         assert got.shape[0] == min(lens) == samplers[0].steps_per_epoch, "len() must equal the batches yielded"
+        samplers[0].set_epoch(epoch)
+        assert list(samplers[0]) == got.reshape(-1, batch).tolist(), "global order is step-major, rank-minor"
         targets = np.stack([s.batch_buckets(epoch) for s in samplers], axis=1)
         check_epoch(ids, got, targets, leftover, sync=True, catch_all=0)
         ref, ref_t = plan_epoch(ids, batch, world, seed=3, epoch=epoch, leftover=leftover, catch_all_bucket=0,
@@ -220,22 +224,23 @@ def test_resume_after_every_k(leftover: str, sync: bool) -> None:
     kw = dict(num_replicas=2, rank=1, seed=4, leftover=leftover, catch_all_bucket=1, sync_buckets=sync)
     full = BucketBatchSampler(ids, 3, **kw)
     full.set_epoch(3)
-    whole = list(full)
-    assert full.epoch == 4 and full.batches_consumed == 0  # a completed pass moves to the next epoch
+    whole = list(full.shard())
+    assert (full.epoch, full.batches_consumed) == (3, len(whole))
+    assert list(full.shard()) == full.plan(4)[:, 1].tolist() and full.epoch == 4  # the next pass is the next epoch
     for k in range(len(whole) + 1):
         s = BucketBatchSampler(ids, 3, **kw)
         s.set_epoch(3)
-        it = iter(s)
+        it = iter(s.shard())
         head = [next(it) for _ in range(k)]
         state = json.loads(json.dumps(s.state_dict()))  # JSON round trip
         fresh = BucketBatchSampler(ids, 3, **kw)
         fresh.load_state_dict(state)
         if k < len(whole):
-            assert (fresh.epoch, fresh.batches_consumed, len(fresh)) == (3, k, len(whole) - k)
-            assert head + list(fresh) == whole, f"resume after {k} batches"
+            assert (fresh.epoch, fresh.batches_consumed) == (3, k)
+            assert head + list(fresh.shard()) == whole, f"resume after {k} batches"
         else:  # a state taken after the last batch resumes at the next epoch
-            assert (fresh.epoch, fresh.batches_consumed, len(fresh)) == (4, 0, full.plan(4).shape[0])
-            assert list(fresh) == [b.tolist() for b in full.plan(4)[:, 1]]
+            assert (fresh.epoch, fresh.batches_consumed) == (4, 0)
+            assert list(fresh.shard()) == [b.tolist() for b in full.plan(4)[:, 1]]
 
 
 def test_state_is_small_json_and_load_is_o1() -> None:
@@ -244,9 +249,32 @@ def test_state_is_small_json_and_load_is_o1() -> None:
     text = json.dumps(s.state_dict())
     assert len(text) < 600
     fresh = BucketBatchSampler(ids, 4, num_replicas=2, rank=0)
-    fresh._cache = None  # load must not plan
-    fresh.load_state_dict(json.loads(text))
-    assert fresh._cache is None
+    cached = fresh._layout_cache
+    fresh.load_state_dict({**json.loads(text), "epoch": 7, "batches_consumed": 3})
+    assert fresh._layout_cache is cached, "load must not plan an epoch"
+    assert (fresh.epoch, fresh.batches_consumed) == (7, 3)
+
+
+@pytest.mark.parametrize("bad, kind, match", [
+    (None, TypeError, "got NoneType"),
+    ([1, 2], TypeError, "got list"),
+    ("not json", ValueError, "not JSON"),
+    ('{"format": 1', ValueError, "not JSON"),
+    ({"format": 1}, ValueError, "`plan_version`"),
+    ({"epoch": 0}, ValueError, "`format`"),
+])
+def test_load_state_dict_rejects_what_is_not_a_state(bad, kind, match) -> None:
+    s = BucketBatchSampler(make_ids(200), 4, num_replicas=1)
+    with pytest.raises(kind, match=match):
+        s.load_state_dict(bad)
+    state = s.state_dict()
+    with pytest.raises(ValueError, match="`options`"):
+        s.load_state_dict({**state, "options": None})
+    with pytest.raises(ValueError, match="`batches_consumed`.*corrupt"):
+        s.load_state_dict({**state, "batches_consumed": 10**6})
+    with pytest.raises(ValueError, match="`epoch`"):
+        s.load_state_dict({**state, "epoch": -1})
+    s.load_state_dict(json.dumps(state))  # the JSON text of a state is fine
 
 
 def test_load_rejects_mismatch_naming_the_field() -> None:
@@ -279,7 +307,7 @@ def test_elastic_resume_same_global_batch() -> None:
     for s in two:
         s.set_epoch(1)
     k = 5
-    its = [iter(s) for s in two]
+    its = [iter(s.shard()) for s in two]
     for it in its:
         for _ in range(k):
             next(it)
@@ -287,7 +315,7 @@ def test_elastic_resume_same_global_batch() -> None:
     resumed = all_ranks(ids, 4, 3, seed=8)
     for s in resumed:
         s.load_state_dict(state)
-    rest = np.stack([np.array(list(s)) for s in resumed], axis=1).reshape(-1, 12)
+    rest = np.stack([np.array(list(s.shard())) for s in resumed], axis=1).reshape(-1, 12)
     np.testing.assert_array_equal(rest, g2[k:])
     with pytest.raises(ValueError, match="global_batch_size"):
         all_ranks(ids, 4, 2, seed=8)[0].load_state_dict(state)
@@ -302,11 +330,22 @@ def test_set_epoch_semantics() -> None:
     s = BucketBatchSampler(ids, 4, num_replicas=1, rank=0)
     it = iter(s)
     next(it), next(it)
-    s.set_epoch(0)  # same epoch: keeps the position (the usual resume loop calls this)
     assert s.batches_consumed == 2
+    s.set_epoch(0)  # set_epoch always starts the epoch afresh (as accelerate calls it before every pass)
+    assert (s.epoch, s.batches_consumed) == (0, 0)
     s.set_epoch(1)
     assert (s.epoch, s.batches_consumed, len(s)) == (1, 0, s.steps_per_epoch)
     assert [b for b in s] == s.plan(1)[:, 0].tolist()
+    # after a restore, a set_epoch for another epoch (a loop that forgot loader.set_epoch) is pointed out
+    s.load_state_dict({**s.state_dict(), "epoch": 3, "batches_consumed": 2})
+    with pytest.warns(UserWarning, match="restored at epoch 3"):
+        s.set_epoch(0)
+    s.load_state_dict({**s.state_dict(), "epoch": 3, "batches_consumed": 2})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        s.set_epoch(3)
+    assert list(s) == s.plan(3)[:, 0].tolist()
+    assert s.locate(0) == (0, 0) and s.locate(s.steps_per_epoch * 2 + 5) == (2, 5)
 
 
 # ---------------------------------------------------------------------------------------------- leftovers, report
@@ -324,7 +363,7 @@ def test_report_counts_and_log_line(caplog: pytest.LogCaptureFixture) -> None:
         assert rep.rows_dropped == assigned - distinct
         assert rep.rows_repeated == plan.size - distinct
         assert rep.rows_unassigned == int((ids < 0).sum())
-        assert rep.steps == len(s) == plan.shape[0]
+        assert rep.steps == s.steps_per_epoch == len(s) // 2 == plan.shape[0]
         assert sum(rep.batches_per_bucket.values()) == plan.shape[0]
         assert json.loads(json.dumps(rep.to_dict()))["rows_used"] == distinct
         if leftover == "catch_all":
@@ -333,7 +372,7 @@ def test_report_counts_and_log_line(caplog: pytest.LogCaptureFixture) -> None:
             assert rep.rows_catch_all == pool // 8 * 8 > 0
         else:
             assert rep.rows_catch_all == 0
-        with caplog.at_level("INFO", logger="hf_arb.sampler"):
+        with caplog.at_level("INFO", logger="hf_arb.sampling.sampler"):
             next(iter(s))
         assert "dropped" in caplog.text
         caplog.clear()
@@ -347,7 +386,7 @@ def test_catch_all_batches_are_served_at_the_base_bucket() -> None:
     plan, targets = s.plan(), s.batch_buckets()
     mixed = ~(ids[plan] == targets[:, None, None]).all(axis=(1, 2))
     assert mixed.any() and (targets[mixed] == 0).all()
-    for batch, t in zip(s, targets.tolist()):
+    for batch, t in zip(s.shard(), targets.tolist()):
         assert all(isinstance(x, int) for key in batch for x in key)
         assert {key[1] for key in batch} == {t} and {key[2] for key in batch} == {0}
     pool = int((np.array([13, 7, 9, 30]) % 4).sum())  # leftovers of each bucket: 1 + 3 + 1 + 2 = 7
@@ -388,6 +427,10 @@ def test_edge_cases() -> None:
     one = np.zeros(17, dtype=int)
     s = BucketBatchSampler(one, 4, num_replicas=1, rank=0)
     assert len(s) == 4 and all(len(b) == 4 for b in s)
+    with pytest.raises(ValueError, match="multiple of num_replicas"):
+        BucketBatchSampler(one, 3, num_replicas=2, split_batches=True)
+    with pytest.raises(ValueError, match="contradicts"):
+        BucketBatchSampler(one, 4, True, leftover="fill", num_replicas=1)
     # world larger than a bucket: bucket 1 (3 rows) cannot fill a global batch of 8
     ids = np.array([0] * 40 + [1] * 3)
     d = all_ranks(ids, 2, 4)
@@ -430,6 +473,18 @@ def test_dataset_input_reads_bucket_and_resolution_columns() -> None:
     assert BucketBatchSampler(sub, 1, num_replicas=1, rank=0, shuffle=False).batch_buckets().tolist() == [0, 0, 1]
     with pytest.raises(ValueError, match="add_bucket_columns"):
         BucketBatchSampler(datasets.Dataset.from_dict({"x": [1]}), 1)
+    with pytest.raises(TypeError, match=r"splits \['train'\]; pick one: ds\['train'\]"):
+        BucketBatchSampler(datasets.DatasetDict({"train": ds}), 1)
+
+
+def test_diffusers_dreambooth_call_works() -> None:
+    """diffusers' `BucketBatchSampler(dataset, batch_size, drop_last=...)` call, positionally."""
+    ids = np.repeat([0, 1, 2], [10, 7, 5])
+    keep = BucketBatchSampler(ids, 4, False, num_replicas=1)  # drop_last=False: every row, full batches
+    rows = [r for b in keep for r in b]
+    assert set(rows) == set(range(ids.size)) and all(len(set(ids[b])) == 1 for b in keep)
+    drop = BucketBatchSampler(ids, 4, drop_last=True, num_replicas=1)
+    assert drop.leftover == "drop" and drop.report().rows_dropped == 2 + 3 + 1
 
 
 def test_reads_the_bucket_set_of_an_annotated_dataset() -> None:
@@ -453,77 +508,107 @@ def test_reads_the_bucket_set_of_an_annotated_dataset() -> None:
 # ---------------------------------------------------------------------------------------------- loaders
 
 
-def test_plain_dataloader_with_workers_resumes_exactly() -> None:
-    """Workers read ahead of the training loop; prepare_dataloader(None, ...) counts what the loop received."""
+def _loader(ids: np.ndarray, sampler: BucketBatchSampler, **kw):
     import torch
     from torch.utils.data import DataLoader
 
-    from hf_arb import prepare_dataloader
+    return DataLoader(torch.arange(len(ids)), batch_sampler=sampler, **kw)
+
+
+def test_stateful_dataloader_with_workers_resumes_exactly() -> None:
+    """torchdata's StatefulDataLoader reads the sampler's state_dict in step with the batches it returns, so a
+    loader with workers reading ahead still resumes at the next batch the loop has not seen."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+    import torch
 
     ids = make_ids(400, seed=6)
-    s = BucketBatchSampler(ids, 4, num_replicas=1, rank=0, seed=2)
-    dl = prepare_dataloader(None, DataLoader(torch.arange(len(ids)), batch_sampler=s, num_workers=2))
+    s = BucketBatchSampler(ids, 4, num_replicas=1, seed=2)
+    dl = StatefulDataLoader(torch.arange(len(ids)), batch_sampler=s, num_workers=2)
     it = iter(dl)
     head = [next(it).tolist() for _ in range(5)]
-    state = s.state_dict()
-    assert state["batches_consumed"] == 5, "the sampler itself has been read further ahead by the workers"
+    state = json.loads(json.dumps(dl.state_dict(), default=int))
     rest = [b.tolist() for b in it]
-    assert s.epoch == 1 and len(dl) == s.steps_per_epoch
-    fresh = BucketBatchSampler(ids, 4, num_replicas=1, rank=0, seed=2)
-    fresh.load_state_dict(state)
-    assert list(fresh) == rest and head + rest == s.plan(0)[:, 0].tolist()
+    assert head + rest == s.plan(0)[:, 0].tolist()
+    fresh = BucketBatchSampler(ids, 4, num_replicas=1, seed=2)
+    dl2 = StatefulDataLoader(torch.arange(len(ids)), batch_sampler=fresh, num_workers=2)
+    dl2.load_state_dict(state)
+    assert [b.tolist() for b in dl2] == rest
 
 
-def test_accelerate_single_process_save_load_state(tmp_path: Path) -> None:
-    import torch
+@pytest.mark.parametrize("stateful", [False, True])
+def test_accelerate_single_process_save_load_state(tmp_path: Path, stateful: bool) -> None:
+    """Plain accelerator.prepare; resume through save_state/load_state and the loop's step counter."""
     from accelerate import Accelerator
-    from accelerate.data_loader import BatchSamplerShard
-    from torch.utils.data import DataLoader
+    from accelerate.utils import DataLoaderConfiguration
 
-    from hf_arb import prepare_dataloader
+    from hf_arb import resume_dataloader
 
     ids = make_ids(300, seed=8)
-    acc = Accelerator(cpu=True)
+    cfg = DataLoaderConfiguration(use_stateful_dataloader=stateful)
+    acc = Accelerator(cpu=True, dataloader_config=cfg)
     s = BucketBatchSampler(ids, 3, seed=1)
-    dl = prepare_dataloader(acc, DataLoader(torch.arange(len(ids)), batch_sampler=s, num_workers=1))
+    dl = acc.prepare(_loader(ids, s, num_workers=1))
     acc.register_for_checkpointing(s)
-    assert [b.tolist() for b in dl] == s.plan(0)[:, 0].tolist() and s.epoch == 1
-    it = iter(dl)
+    assert len(dl) == s.steps_per_epoch
+    assert [b.tolist() for b in dl] == s.plan(0)[:, 0].tolist()
+    it = iter(dl)  # accelerate's second pass: epoch 1
     head = [next(it).tolist() for _ in range(4)]
     acc.save_state(str(tmp_path))
     rest = [b.tolist() for b in it]
     assert head + rest == s.plan(1)[:, 0].tolist()
-    acc2 = Accelerator(cpu=True)
+    steps_done = s.steps_per_epoch + 4  # the loop's own counter, saved with the checkpoint
+    acc2 = Accelerator(cpu=True, dataloader_config=cfg)
     s2 = BucketBatchSampler(ids, 3, seed=1)
-    dl2 = prepare_dataloader(acc2, DataLoader(torch.arange(len(ids)), batch_sampler=s2))
+    dl2 = acc2.prepare(_loader(ids, s2, num_workers=1))
     acc2.register_for_checkpointing(s2)
     acc2.load_state(str(tmp_path))
-    assert len(dl2) == len(rest) and [b.tolist() for b in dl2] == rest
+    if stateful:  # the loader restores its own position; the loop only sets the epoch
+        dl2.set_epoch(1)
+        first = dl2
+    else:
+        first, epoch = resume_dataloader(acc2, dl2, steps_done)
+        assert epoch == 1
+    assert [b.tolist() for b in first] == rest
     assert [b.tolist() for b in dl2] == s.plan(2)[:, 0].tolist()
-    # a per-rank sampler wrapped by accelerate's round-robin shard is refused, not silently thinned
-    two = BucketBatchSampler(ids, 3, num_replicas=2, rank=0)
-    with pytest.raises(RuntimeError, match="prepare_dataloader"):
-        list(BatchSamplerShard(two, num_processes=2, process_index=0))
-    with pytest.raises(ValueError, match="num_replicas=2"):  # sampler built for another world size
-        prepare_dataloader(acc2, DataLoader(torch.arange(len(ids)), batch_sampler=two))
-    with pytest.raises(TypeError, match="batch_sampler=sampler"):
-        prepare_dataloader(acc2, DataLoader(torch.arange(len(ids)), batch_size=3))
+
+
+def test_sampler_built_for_another_world_is_refused() -> None:
+    """A sampler whose num_replicas differs from the running process group would lose bucket sync."""
+    code = (
+        "import torch.distributed as dist, numpy as np, pytest;"
+        "from hf_arb import BucketBatchSampler;"
+        "dist.init_process_group('gloo', init_method='tcp://127.0.0.1:{port}', rank=0, world_size=1);"
+        "s = BucketBatchSampler(np.zeros(8, int), 2, num_replicas=2);"
+        "exc = None\n"
+        "try: next(iter(s))\n"
+        "except RuntimeError as e: exc = str(e)\n"
+        "dist.destroy_process_group(); print(exc)"
+    )
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    out = subprocess.run([sys.executable, "-c", code.format(port=port)], capture_output=True, text=True,
+                         env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=120)
+    assert "num_replicas=2, but torch.distributed runs 1 processes" in out.stdout, out.stderr[-2000:]
+    assert "num_replicas=accelerator.num_processes" in out.stdout
 
 
 # ------------------------------------------------------------------------------------------ block-lazy bucket orders
 
 
 def test_bucket_permutation_lazy_and_full_paths_agree(monkeypatch: pytest.MonkeyPatch) -> None:
-    from hf_arb.sampler import _BucketPermutation
+    from hf_arb.sampling.layout import BucketPermutation
 
-    monkeypatch.setattr("hf_arb.sampler._BLOCK", 256)  # 5000 rows → about 20 blocks
+    monkeypatch.setattr("hf_arb.sampling.layout._BLOCK", 256)  # 5000 rows → about 20 blocks
 
     rows = np.arange(5000, dtype=np.int32) * 3
     orders = []
     for plan in ([np.arange(5000)], [np.array([17]), np.array([4000]), np.arange(5000)],
                  [np.array([1]), np.arange(2500), np.arange(5000)]):
         out = np.full(5000, -1, dtype=np.int32)
-        perm = _BucketPermutation(rows, out, seed=3, epoch=2, bucket=1, shuffle=True)
+        perm = BucketPermutation(rows, out, (3, 2), bucket=1, shuffle=True)
         for positions in plan:
             perm.ensure_positions(positions)
             assert (out[positions] >= 0).all()
@@ -536,12 +621,12 @@ def test_bucket_permutation_lazy_and_full_paths_agree(monkeypatch: pytest.Monkey
 
 @pytest.fixture
 def small_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("hf_arb.sampler._BLOCK", 3)
+    monkeypatch.setattr("hf_arb.sampling.layout._BLOCK", 3)
 
 
 def test_block_order_is_a_uniform_shuffle(small_blocks: None) -> None:
     """Every row lands at every position with probability 1/n (10 rows in ~4 blocks, 4000 epochs)."""
-    from hf_arb.sampler import _BucketPermutation
+    from hf_arb.sampling.layout import BucketPermutation
 
     n, draws = 10, 4000
     hits = np.zeros((n, n))
@@ -549,7 +634,7 @@ def test_block_order_is_a_uniform_shuffle(small_blocks: None) -> None:
     rows = np.arange(n, dtype=np.int32)
     for epoch in range(draws):
         out = np.empty(n, dtype=np.int32)
-        perm = _BucketPermutation(rows, out, seed=0, epoch=epoch, bucket=0, shuffle=True)
+        perm = BucketPermutation(rows, out, (0, epoch), bucket=0, shuffle=True)
         perm.ensure_positions(np.arange(n))
         hits[out, np.arange(n)] += 1
         before += int(np.flatnonzero(out == 0)[0] < np.flatnonzero(out == 9)[0])
@@ -568,24 +653,30 @@ def test_block_path_sampler_matches_plan_and_resumes(small_blocks: None) -> None
         for k in (0, 1, 7, len(ref) // 2, len(ref) - 1):
             s = BucketBatchSampler(ids, 3, num_replicas=2, rank=1, **kw)
             s.load_state_dict({**s.state_dict(), "epoch": 1, "batches_consumed": k})
-            assert list(s) == ref[k:, 1].tolist(), (leftover, k)
+            assert list(s.shard()) == ref[k:, 1].tolist(), (leftover, k)
 
 
-def test_global_view_feeds_accelerate_in_step_major_order() -> None:
-    """What prepare_dataloader hands to accelerate with 2+ processes: batch i belongs to rank i % world."""
-    from hf_arb.sampler import _GlobalPlanView
+@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("even_batches", [True, False])
+def test_accelerate_batch_sampler_shard_deals_each_rank_its_planned_batches(world: int, even_batches: bool) -> None:
+    """accelerate's own BatchSamplerShard (what accelerator.prepare wraps a batch sampler in) over the global
+    plan: rank r receives exactly plan[:, r], in both even_batches modes and with split_batches."""
+    from accelerate.data_loader import BatchSamplerShard
 
-    ids = make_ids(500, seed=10)
-    s = BucketBatchSampler(ids, 3, num_replicas=2, rank=1, seed=5)
-    plan = s.plan()  # (steps, 2, 3)
-    shard = _GlobalPlanView(s, "shard")
-    assert len(shard) == 2 * len(s) and shard.batch_size == 3
-    assert list(shard) == plan.reshape(-1, 3).tolist()
-    assert s.epoch == 1  # read without a counting loader, the view counts itself
-    s.set_epoch(0)
-    split = _GlobalPlanView(s, "split")
-    assert split.batch_size == 6 and list(split) == plan.reshape(-1, 6).tolist()
-    s.load_state_dict({**s.state_dict(), "epoch": 0, "batches_consumed": 4})
-    with pytest.warns(UserWarning, match="skipped twice"):
-        rest = list(_GlobalPlanView(s, "shard"))
-    assert rest == plan[4:].reshape(-1, 3).tolist()
+    ids = make_ids(700, seed=10)
+    for leftover in ("drop", "fill", "catch_all"):
+        s = BucketBatchSampler(ids, 3, num_replicas=world, seed=5, leftover=leftover, catch_all_bucket=0)
+        plan = s.plan()  # (steps, world, 3)
+        for r in range(world):
+            shard = BatchSamplerShard(s, num_processes=world, process_index=r, even_batches=even_batches)
+            assert len(shard) == s.steps_per_epoch
+            s.set_epoch(0)  # what the prepared loader does before every pass
+            assert list(shard) == plan[:, r].tolist(), (leftover, r)
+        split = BucketBatchSampler(ids, 3 * world, num_replicas=world, seed=5, leftover=leftover,
+                                   catch_all_bucket=0, split_batches=True)
+        np.testing.assert_array_equal(split.plan(), plan)  # same plan, yielded as one global batch per step
+        for r in range(world):
+            shard = BatchSamplerShard(split, num_processes=world, process_index=r, split_batches=True,
+                                      even_batches=even_batches)
+            split.set_epoch(0)
+            assert len(shard) == split.steps_per_epoch and list(shard) == plan[:, r].tolist()

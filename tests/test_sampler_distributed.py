@@ -1,8 +1,9 @@
 """Real multi-process runs of BucketBatchSampler: ``torchrun --nproc_per_node 2`` and ``3`` on CPU (gloo).
 
-The worker (tests/_sampler_worker.py) gathers every rank's batches and records what it saw; these tests
-assert on those records. The 2-process run (batch 3) saves a sampler state mid-epoch that the 3-process
-run (batch 2, the same global batch of 6) resumes: elastic resume across real launches.
+The worker (tests/_sampler_worker.py) is a diffusers-style script (everything in one plain
+``accelerator.prepare``); each rank records what it trained and these tests assert on the records. The
+2-process run (batch 3) saves a sampler state mid-epoch that the 3-process run (batch 2, the same global
+batch of 6) resumes: elastic resume across real launches.
 """
 
 from __future__ import annotations
@@ -14,7 +15,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
+
+from hf_arb import plan_epoch
 
 WORKER = Path(__file__).resolve().parent / "_sampler_worker.py"
 ROOT = WORKER.parent.parent
@@ -40,58 +44,84 @@ def _launch(nproc: int, script: Path, *args: str, cwd: Path, timeout: int) -> su
     return proc
 
 
-def _torchrun(nproc: int, out: Path, *args: str, timeout: int = 120) -> list[dict]:
-    _launch(nproc, WORKER, "--out", str(out), *args, cwd=ROOT, timeout=timeout)
-    return [json.loads((out / f"result_rank{r}.json").read_text()) for r in range(nproc)]
+def _torchrun(nproc: int, out: Path, phase: str, *args: str, timeout: int = 240) -> list[dict]:
+    _launch(nproc, WORKER, "--phase", phase, "--out", str(out), *args, cwd=ROOT, timeout=timeout)
+    return [json.loads((out / f"result_{phase}_rank{r}.json").read_text()) for r in range(nproc)]
 
 
-def _check_accelerate_run(results: list[dict], world: int) -> None:
-    for rank, res in enumerate(results):
-        for mode in ("shard", "dispatch", "split"):
-            for epoch, ep in res[mode].items():
-                where = f"rank {rank}, {mode}, epoch {epoch}"
-                assert ep["steps"] == ep["len"] > 0, where
-                assert ep["matches_plan"], f"{where}: gathered batches differ from plan_epoch"
-                assert ep["duplicates"] == 0, where
-                assert ep["same_bucket"], f"{where}: ranks in different buckets at a step"
-        r = res["resume"]
-        assert r["state_epoch"] == 1 and r["state_consumed"] == r["k"], r  # exact despite workers reading ahead
-        assert r["head_matches_plan"], r
-        assert r["resumed_len"] == r["rest_len"] > 0, r
-        assert r["resumed_equals_rest"] and r["next_epoch_equal"] and r["next_epoch_is_plan2"], r
-        assert r["all_equal_over_ranks"], r
-        for mode in ("shard", "dispatch", "split"):  # plain accelerator.prepare is refused, not silently thinned
-            err = res[f"naive_prepare_error_{mode}"]
-            assert "prepare_dataloader" in err or (mode == "split" and "split_batches" in err), (mode, err)
-        s = res["skip_first_batches"]
-        assert s["equals_rest"] and s["then_epoch2"], s
+def _steps(results: list[dict], mode: str) -> tuple[np.ndarray, np.ndarray]:
+    """Every rank's record of one mode: rows (steps, world, batch) and epochs (steps,), equal on every rank."""
+    recs = [res[mode]["record"] for res in results]
+    assert len({len(r) for r in recs}) == 1, f"{mode}: ranks took {[len(r) for r in recs]} steps"
+    epochs = np.array([[step["epoch"] for step in r] for r in recs])  # (world, steps)
+    assert (epochs == epochs[:1]).all(), f"{mode}: ranks in different epochs at a step"
+    rows = np.array([[step["rows"] for step in r] for r in recs]).transpose(1, 0, 2)  # (steps, world, batch)
+    return rows, epochs[0]
+
+
+def _expected(world: int, batch: int) -> tuple[np.ndarray, np.ndarray]:
+    """The pure plan of both epochs, concatenated: rows (steps, world, batch) and epochs (steps,)."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from _sampler_worker import EPOCHS, SEED, bucket_ids
+
+    ids = bucket_ids()
+    plans = [plan_epoch(ids, batch, world, seed=SEED, epoch=e, leftover="fill") for e in range(EPOCHS)]
+    return np.concatenate(plans), np.concatenate([np.full(len(p), e) for e, p in enumerate(plans)])
 
 
 @pytest.mark.slow
-def test_torchrun_2_then_3_processes_with_elastic_resume(tmp_path: Path) -> None:
-    state = tmp_path / "elastic_state.json"
-    two = _torchrun(2, tmp_path / "w2", "--batch-size", "3", "--resume-at", "4", "--save-elastic", str(state))
-    _check_accelerate_run(two, 2)
-    saved = json.loads(state.read_text())
-    assert saved["num_replicas"] == 2 and saved["batches_consumed"] == 4
+def test_plain_accelerate_prepare_every_mode_2_and_3_processes(tmp_path: Path) -> None:
+    """The diffusers-style script on 2 and 3 processes, in every accelerate mode: each rank trains exactly its
+    planned batches, in the same bucket as every other rank, len() is right before and after prepare, and a
+    checkpoint taken mid-epoch resumes in a new process with identical remaining batches. The 3-process run also
+    continues the 2-process run's sampler state (elastic resume, same global batch of 6)."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from _sampler_worker import MODES, bucket_ids
 
-    three = _torchrun(3, tmp_path / "w3", "--batch-size", "2", "--resume-at", "7", "--load-elastic", str(state))
-    _check_accelerate_run(three, 3)
-    for res in three:
-        e = res["elastic"]
-        assert e["saved_world"] == 2 and e["world"] == 3
-        assert e["steps"] == e["expected_steps"] > 0
-        assert e["continues_global_sequence"], e
+    ids = bucket_ids()
+    elastic = tmp_path / "elastic.json"
+    for world, batch, save_at in ((2, 3, 9), (3, 2, 41)):
+        out = tmp_path / f"w{world}"
+        extra = ("--save-elastic", str(elastic)) if world == 2 else ("--load-elastic", str(elastic))
+        full = _torchrun(world, out, "full", "--batch-size", str(batch), "--save-at", str(save_at), *extra)
+        resumed = _torchrun(world, out, "resume", "--batch-size", str(batch), *extra)
+        exp_rows, exp_epochs = _expected(world, batch)
+        assert 0 < save_at < len(exp_rows)
+        for mode in MODES:
+            where = f"{mode}, {world} processes"
+            rows, epochs = _steps(full, mode)
+            np.testing.assert_array_equal(rows, exp_rows, err_msg=f"{where}: batches differ from the plan")
+            np.testing.assert_array_equal(epochs, exp_epochs, err_msg=where)
+            bucket = ids[rows]  # (steps, world, batch)
+            assert (bucket == bucket[:, :1, :1]).all(), f"{where}: ranks in different buckets at a step"
+            info = full[0][mode]
+            assert info["len_before"] == info["len_after"] == info["steps_per_epoch"] == len(rows) // 2, where
+            for e in (0, 1):  # leftover="fill": every row trained, repeats only to fill the last batches
+                flat = rows[exp_epochs == e].reshape(-1)
+                assert set(flat.tolist()) == set(np.flatnonzero(ids >= 0).tolist()), where
+                assert flat.size - np.unique(flat).size == info["repeated_per_epoch"], where
+            rest, rest_epochs = _steps(resumed, mode)
+            assert resumed[0][mode]["steps_done"] == save_at
+            np.testing.assert_array_equal(rest, exp_rows[save_at:], err_msg=f"{where}: resume differs")
+            np.testing.assert_array_equal(rest_epochs, exp_epochs[save_at:], err_msg=where)
+        assert "num_replicas=1, but torch.distributed runs" in full[0]["default"]["wrong_world_error"]
+    el_rows, _ = _steps(resumed, "elastic")  # 3 ranks x 2 continuing 2 ranks x 3
+    assert resumed[0]["elastic"]["saved_world"] == 2 and resumed[0]["elastic"]["global_batch"] == 6
+    glob = plan_epoch(ids, 6, 1, seed=7, epoch=0, leftover="fill")[:, 0]  # (steps, 6)
+    steps_done = resumed[0]["elastic"]["steps_done"]
+    np.testing.assert_array_equal(el_rows.reshape(len(el_rows), -1), glob[steps_done:])
 
 
 @pytest.mark.slow
 def test_plain_torchrun_without_accelerate(tmp_path: Path) -> None:
-    results = _torchrun(2, tmp_path, "--mode", "plain", "--batch-size", "4")
-    for res in results:
-        assert res["num_replicas"] == 2 and res["rank_ok"]
-        for epoch in ("epoch0", "epoch1"):
-            assert res[epoch]["matches_plan"] and res[epoch]["duplicates"] == 0, res
-        assert res["resume_exact"]
+    results = _torchrun(2, tmp_path, "plain", "--batch-size", "4")
+    assert [(r["num_replicas"], r["rank"]) for r in results] == [(2, 0), (2, 1)]
+    rows, _ = _steps([{"x": r} for r in results], "x")
+    sys.path.insert(0, str(ROOT / "tests"))
+    from _sampler_worker import SEED, bucket_ids
+
+    expected = np.concatenate([plan_epoch(bucket_ids(), 4, 2, seed=SEED, epoch=e, leftover="fill") for e in (0, 1)])
+    np.testing.assert_array_equal(rows, expected)
 
 
 @pytest.mark.slow

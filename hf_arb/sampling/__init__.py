@@ -1,0 +1,17 @@
+"""Epoch planning and batch sampling, one concern per module.
+
+- :mod:`~hf_arb.sampling.plan` — :func:`plan_epoch`, the pure function (and input validation, merging);
+- :mod:`~hf_arb.sampling.layout` — the epoch layouts (synchronised and independent) behind one interface;
+- :mod:`~hf_arb.sampling.report` — :class:`PlanReport`;
+- :mod:`~hf_arb.sampling.state` — the resume state and its validation;
+- :mod:`~hf_arb.sampling.sampler` — :class:`BucketBatchSampler`, a thin class around the plan;
+- :mod:`~hf_arb.sampling.accelerate` — optional conveniences around ``accelerator.prepare``.
+"""
+
+from .accelerate import prepare_dataloader, resume_dataloader
+from .plan import merge_small_buckets, plan_epoch
+from .report import PlanReport
+from .sampler import BucketBatchSampler, RankBatchSampler
+
+__all__ = ["BucketBatchSampler", "PlanReport", "RankBatchSampler", "merge_small_buckets", "plan_epoch",
+           "prepare_dataloader", "resume_dataloader"]
