@@ -9,7 +9,7 @@ from metadata with no image IO at all. Every row is kept; rows that cannot be bu
 The pure core is :func:`annotate_sizes` (numpy/pyarrow over whole arrays); the datasets glue
 only feeds it batches. The BucketSet travels in the ``bucket`` column's feature metadata
 (``Value("int32", id="hf_arb.buckets:{json}")``), which ``save_to_disk``, Parquet schema
-metadata and the Hub card's ``dataset_info`` all keep; see :func:`hf_arb.hub.buckets_from_dataset`.
+metadata and the Hub card's ``dataset_info`` all keep; see :func:`hf_arb.schema.buckets_from_dataset`.
 """
 
 from __future__ import annotations
@@ -25,41 +25,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .buckets import AssignmentSummary, BucketSet
+from .schema import BUCKET_COLUMNS, CONFIG_ID_PREFIX, arrow_schema, bucket_features
 from .sizes import ImageSizeError, _size_of_open, read_image_size
-
-#: The columns :func:`add_bucket_columns` adds, in order.
-BUCKET_COLUMNS: tuple[str, ...] = (
-    "bucket", "bucket_width", "bucket_height", "original_width", "original_height", "aspect_error", "skip_reason",
-)
-#: Prefix of the ``bucket`` feature's ``id`` that carries ``BucketSet.to_json()``.
-CONFIG_ID_PREFIX = "hf_arb.buckets:"
 
 # skip_reason codes of the vectorised core (0 = kept). Order = priority: the first that applies wins.
 _REASONS: tuple[str | None, ...] = (None, "missing", "invalid_size", "aspect", "too_small", "upscale")
 _MISSING, _INVALID, _ASPECT, _TOO_SMALL, _UPSCALE = 1, 2, 3, 4, 5
-
-
-def bucket_features(buckets: BucketSet) -> Any:
-    """``datasets.Features`` of the bucket columns; the ``bucket`` feature's ``id`` carries the BucketSet."""
-    from datasets import Features, Value
-
-    return Features({
-        "bucket": Value("int32", id=CONFIG_ID_PREFIX + buckets.to_json()),
-        "bucket_width": Value("int32"),
-        "bucket_height": Value("int32"),
-        "original_width": Value("int32"),
-        "original_height": Value("int32"),
-        "aspect_error": Value("float32"),
-        "skip_reason": Value("string"),
-    })
-
-
-def _arrow_schema() -> pa.Schema:
-    return pa.schema([
-        ("bucket", pa.int32()), ("bucket_width", pa.int32()), ("bucket_height", pa.int32()),
-        ("original_width", pa.int32()), ("original_height", pa.int32()), ("aspect_error", pa.float32()),
-        ("skip_reason", pa.string()),
-    ])
 
 
 # ----------------------------------------------------------------------------------- pure core
@@ -147,7 +118,7 @@ def annotate_sizes(
         pa.array(err.astype(np.float32), type=pa.float32(), mask=~good),
         _reason_array(code, pre, has_pre),
     ]
-    return pa.Table.from_arrays(arrays, schema=_arrow_schema())
+    return pa.Table.from_arrays(arrays, schema=arrow_schema())
 
 
 def _float_array(values: Any) -> np.ndarray:

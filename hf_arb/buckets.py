@@ -315,8 +315,8 @@ class BucketSet:
 
     @classmethod
     def from_dataset(cls, ds: Any) -> BucketSet:
-        """Restore the BucketSet an annotated dataset was built with (see :mod:`hf_arb.hub`)."""
-        from .hub import buckets_from_dataset
+        """Restore the BucketSet an annotated dataset was built with (see :mod:`hf_arb.schema`)."""
+        from .schema import buckets_from_dataset
 
         return buckets_from_dataset(ds)
 

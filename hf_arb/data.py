@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from .buckets import BucketSet
+from .schema import read_resolutions
 from .imaging import (
     FitPlan,
     describe_source,
@@ -71,49 +72,6 @@ def _column_arrays(ds: Any, columns: Sequence[str]) -> dict[str, np.ndarray]:
     view = ds.select_columns(list(columns)).with_format("numpy")
     batch = view[0 : len(ds)]
     return {c: np.asarray(batch[c]) for c in columns}
-
-
-def _resolutions_from_columns(ds: Any, bucket_column: str = "bucket") -> np.ndarray:
-    """Rebuild the bucket table from the ``bucket``, ``bucket_width``, ``bucket_height`` columns.
-
-    Returns an ``int64`` array of shape ``(max_id + 1, 2)`` (width, height); ids that no row uses are
-    ``(0, 0)`` and raise when requested. Used until the dataset carries its BucketSet
-    (:meth:`BucketSet.from_dataset`).
-    """
-    need = [bucket_column, "bucket_width", "bucket_height"]
-    missing = [c for c in need if c not in ds.column_names]
-    if missing:
-        raise ValueError(
-            f"Cannot restore the bucket table: the dataset lacks column(s) {missing}. "
-            "Annotate it with hf_arb.add_bucket_columns(...) or pass `buckets=` explicitly."
-        )
-    cols = _column_arrays(ds, need)
-    ids = cols[bucket_column].astype(np.int64)  # (n,)
-    kept = ids >= 0
-    ids, wh = ids[kept], np.stack([cols["bucket_width"][kept], cols["bucket_height"][kept]], 1).astype(np.int64)  # (m,), (m, 2)
-    if ids.size == 0:
-        raise ValueError("Every row has bucket -1 (skipped); there is nothing to train on.")
-    pairs = np.unique(np.concatenate([ids[:, None], wh], 1), axis=0)  # (u, 3) unique (id, w, h)
-    if np.unique(pairs[:, 0]).size != pairs.shape[0]:
-        dup = pairs[np.flatnonzero(np.diff(pairs[:, 0]) == 0)[0]][0]
-        raise ValueError(f"Bucket {dup} has more than one size in the bucket_width/bucket_height columns; re-annotate.")
-    table = np.zeros((int(pairs[:, 0].max()) + 1, 2), dtype=np.int64)
-    table[pairs[:, 0]] = pairs[:, 1:]
-    return table
-
-
-def _restore_resolutions(ds: Any, buckets: Any, bucket_column: str) -> np.ndarray:
-    if buckets is None:
-        try:
-            buckets = BucketSet.from_dataset(ds)
-        except (ImportError, AttributeError, ValueError, LookupError, TypeError):
-            return _resolutions_from_columns(ds, bucket_column)
-    if isinstance(buckets, BucketSet):
-        return np.asarray(buckets.resolutions, dtype=np.int64)
-    table = np.asarray(buckets, dtype=np.int64)
-    if table.ndim != 2 or table.shape[1] != 2 or (table <= 0).any():
-        raise ValueError(f"`buckets` must be a BucketSet or (width, height) pairs, got an array of shape {table.shape}.")
-    return table
 
 
 class BucketedImageDataset(torch.utils.data.Dataset):
@@ -192,7 +150,7 @@ class BucketedImageDataset(torch.utils.data.Dataset):
         if isinstance(feature, datasets.Image) and feature.decode:
             # Raw {"bytes", "path"} cells: we decode ourselves (JPEG draft, EXIF in stored orientation).
             ds = ds.cast_column(image_column, datasets.Image(decode=False))
-        self.resolutions = _restore_resolutions(ds, buckets, bucket_column)  # (k, 2) width, height
+        self.resolutions = read_resolutions(ds, buckets, bucket_column)  # (k, 2) width, height
         size_cols = [c for c in ("original_width", "original_height") if c in ds.column_names]
         extra = [c for c in ("bucket_width", "bucket_height") if c in ds.column_names]
         cols = _column_arrays(ds, [bucket_column, *size_cols, *extra])

@@ -1,15 +1,7 @@
-"""Make the bucket configuration travel with the data: restore it anywhere, push it to the Hub.
+"""Push an annotated dataset to the Hub with a card that carries its bucket configuration.
 
-Where the BucketSet lives, in order of preference:
-
-1. the ``bucket`` column's feature: ``Value("int32", id="hf_arb.buckets:{json}")``. ``datasets`` keeps a
-   feature's ``id`` through ``map``/``select``/``save_to_disk``, in Parquet schema metadata
-   (``to_parquet`` → ``load_dataset("parquet")``) and in the Hub card's ``dataset_info`` YAML;
-2. the dataset card's YAML under the ``hf_arb`` key (written by :func:`push_to_hub`), see
-   :func:`buckets_from_card`;
-3. the columns themselves: the distinct ``(bucket, bucket_width, bucket_height)`` rows give the
-   resolution table, and ``aspect_error`` against ``original_width/height`` tells the metric
-   (:func:`buckets_from_columns`).
+Reading the configuration back (from the ``bucket`` feature, the card or the columns) is
+:mod:`hf_arb.schema`'s job; its readers are re-exported here for compatibility.
 """
 
 from __future__ import annotations
@@ -21,163 +13,29 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
 from huggingface_hub import CommitOperationAdd, DatasetCard, HfApi
+from huggingface_hub.errors import EntryNotFoundError
 
 from . import __version__
-from .annotate import BUCKET_COLUMNS, CONFIG_ID_PREFIX, AnnotationSummary, bucket_features, summarize_annotation
+from .annotate import AnnotationSummary, summarize_annotation
 from .buckets import BucketSet
+from .schema import (  # noqa: F401  (re-exported: the readers used to live here)
+    BUCKET_COLUMNS,
+    CARD_KEY,
+    bucket_features,
+    bucket_table_from_columns,
+    buckets_from_card,
+    buckets_from_columns,
+    buckets_from_dataset,
+    buckets_from_features,
+    read_ids_and_errors,
+    with_stored_buckets,
+)
 
 #: Path of the bucket chart inside the Hub repository.
 CHART_PATH_IN_REPO = "hf_arb/bucket_chart.png"
-#: Key of the dataset card's YAML metadata that holds the bucket configuration.
-CARD_KEY = "hf_arb"
 _BEGIN = "<!-- hf_arb:begin -->"
 _END = "<!-- hf_arb:end -->"
-
-
-# ----------------------------------------------------------------------------------- restore
-def buckets_from_features(features: Any) -> BucketSet | None:
-    """The BucketSet stored in the ``bucket`` feature's ``id``, or None when there is none."""
-    if not features or "bucket" not in features:
-        return None
-    fid = getattr(features["bucket"], "id", None)
-    if isinstance(fid, str) and fid.startswith(CONFIG_ID_PREFIX):
-        return BucketSet.from_json(fid[len(CONFIG_ID_PREFIX):])
-    return None
-
-
-def buckets_from_columns(ds: Any) -> BucketSet:
-    """Rebuild the BucketSet from the bucket columns alone (vectorised over the whole dataset).
-
-    The resolution table comes from the distinct ``(bucket, bucket_width, bucket_height)`` triples; the metric
-    from ``aspect_error`` compared with ``original_width/height`` (``"log"`` when the data cannot tell).
-    Thresholds (``max_aspect_error``, ``aspect_range``) are not recoverable this way: a warning says so when rows
-    were pruned for their aspect ratio.
-
-    Raises:
-        ValueError: the columns are missing, one id maps to two resolutions, or some bucket ids have no row, so
-            their resolution is unknown (the message lists them and says how to keep the metadata).
-    """
-    import datasets
-
-    if not isinstance(ds, datasets.Dataset):
-        raise TypeError(f"Rebuilding buckets from columns needs a map-style Dataset, got {type(ds).__name__}.")
-    need = ["bucket", "bucket_width", "bucket_height"]
-    missing = [c for c in need if c not in ds.column_names]
-    if missing:
-        raise ValueError(f"The dataset has no {missing} column(s) and no stored bucket configuration; annotate it "
-                         "with hf_arb.add_bucket_columns (or `hf-arb annotate`) first.")
-    extra = [c for c in ("original_width", "original_height", "aspect_error", "skip_reason") if c in ds.column_names]
-    t = ds.select_columns(need + extra).with_format("arrow")[:]
-    ids = pc.fill_null(t.column("bucket"), -1).to_numpy().astype(np.int64)  # (n,)
-    kept = ids >= 0
-    if not kept.any():
-        raise ValueError("No row has a bucket (all bucket == -1), so the resolution table cannot be rebuilt from the "
-                         "columns. Re-annotate with the BucketSet you want.")
-    bw = pc.fill_null(t.column("bucket_width"), 0).to_numpy()[kept].astype(np.int64)  # (m,)
-    bh = pc.fill_null(t.column("bucket_height"), 0).to_numpy()[kept].astype(np.int64)  # (m,)
-    kid = ids[kept]
-    uniq, first, inverse = np.unique(kid, return_index=True, return_inverse=True)  # (u,)
-    if not (np.array_equal(bw, bw[first][inverse]) and np.array_equal(bh, bh[first][inverse])):
-        bad = int(kid[np.flatnonzero((bw != bw[first][inverse]) | (bh != bh[first][inverse]))[0]])
-        raise ValueError(f"Bucket id {bad} appears with more than one (bucket_width, bucket_height); the columns are "
-                         "inconsistent (datasets annotated with different BucketSets were mixed?). Re-annotate.")
-    gaps = np.setdiff1d(np.arange(int(uniq.max()) + 1), uniq)
-    if gaps.size:
-        raise ValueError(
-            f"Bucket ids {gaps.tolist()[:20]} have no rows, so their resolutions cannot be read from the columns. "
-            "The exact BucketSet is stored in the `bucket` feature (kept by save_to_disk, to_parquet and "
-            "hf_arb.push_to_hub); it was lost on the way here (e.g. via pandas or CSV). Pass the BucketSet explicitly, "
-            "or use hf_arb.hub.bucket_table_from_columns(ds) for the partial table."
-        )
-    resolutions = np.stack([bw[first], bh[first]], 1)  # (k, 2) in id order
-    metric = _infer_metric(t, kept, resolutions[kid])
-    if "skip_reason" in t.column_names and pc.any(
-            pc.equal(pc.cast(t.column("skip_reason"), pa.string()), "aspect")).as_py():
-        warnings.warn("Rows were pruned for their aspect ratio, but the threshold (max_aspect_error / aspect_range) "
-                      "cannot be recovered from the columns; the restored BucketSet has none.", stacklevel=2)
-    return BucketSet([tuple(r) for r in resolutions.tolist()], metric=metric)
-
-
-def bucket_table_from_columns(ds: Any) -> dict[int, tuple[int, int]]:
-    """``{bucket id: (width, height)}`` for every bucket that has at least one row (never raises on gaps)."""
-    t = ds.select_columns(["bucket", "bucket_width", "bucket_height"]).with_format("arrow")[:]
-    ids = pc.fill_null(t.column("bucket"), -1).to_numpy().astype(np.int64)
-    kept = ids >= 0
-    uniq, first = np.unique(ids[kept], return_index=True)
-    bw = pc.fill_null(t.column("bucket_width"), 0).to_numpy()[kept]
-    bh = pc.fill_null(t.column("bucket_height"), 0).to_numpy()[kept]
-    return {int(i): (int(bw[j]), int(bh[j])) for i, j in zip(uniq.tolist(), first.tolist())}
-
-
-def _infer_metric(t: pa.Table, kept: np.ndarray, res: np.ndarray) -> str:
-    """Which metric produced ``aspect_error``: compare it with both metrics on the kept rows."""
-    if not {"original_width", "original_height", "aspect_error"} <= set(t.column_names):
-        return "log"
-    ow = pc.cast(t.column("original_width"), pa.float64()).to_numpy(zero_copy_only=False)[kept]  # (m,)
-    oh = pc.cast(t.column("original_height"), pa.float64()).to_numpy(zero_copy_only=False)[kept]
-    err = pc.cast(t.column("aspect_error"), pa.float64()).to_numpy(zero_copy_only=False)[kept]
-    a = ow / oh
-    b = res[:, 0] / res[:, 1]
-    ok = np.isfinite(a) & np.isfinite(err)
-    log_dev = np.abs(np.abs(np.log(a / b)) - err)[ok]
-    lin_dev = np.abs(np.abs(b - a) - err)[ok]
-    if log_dev.size and lin_dev.max() < 1e-4 < log_dev.max():
-        return "linear"
-    return "log"
-
-
-def buckets_from_card(card: DatasetCard | str | os.PathLike[str]) -> BucketSet:
-    """The BucketSet in a dataset card's YAML (``hf_arb.buckets``), from a ``DatasetCard``, its text, or a README path."""
-    if not isinstance(card, DatasetCard):
-        text = str(card)
-        if not text.lstrip().startswith("---") and Path(text).is_file():
-            text = Path(text).read_text(encoding="utf-8")
-        card = DatasetCard(text)
-    meta = card.data.get(CARD_KEY)
-    if not isinstance(meta, dict) or "buckets" not in meta:
-        raise ValueError(f"The dataset card has no `{CARD_KEY}.buckets` YAML metadata; it was not pushed with "
-                         "hf_arb.push_to_hub. Use BucketSet.from_dataset(ds) on the loaded dataset instead.")
-    return BucketSet.from_dict(meta["buckets"])
-
-
-def buckets_from_dataset(ds: Any) -> BucketSet:
-    """Restore the BucketSet an annotated dataset was built with (what ``BucketSet.from_dataset`` calls).
-
-    Args:
-        ds: ``Dataset``, ``IterableDataset``, ``DatasetDict`` or ``IterableDatasetDict`` with the bucket columns.
-
-    Returns:
-        The exact BucketSet (same fingerprint) when the ``bucket`` feature carries it — after ``save_to_disk`` /
-        ``load_from_disk``, ``to_parquet`` / ``load_dataset("parquet")`` and a Hub push / ``load_dataset(repo)``.
-        Otherwise it is rebuilt from the columns (:func:`buckets_from_columns`).
-
-    Raises:
-        ValueError: neither the metadata nor the columns can tell (the message says why).
-    """
-    import datasets
-
-    if isinstance(ds, (datasets.DatasetDict, datasets.IterableDatasetDict)):
-        if not ds:
-            raise ValueError("The DatasetDict is empty.")
-        found = {split: buckets_from_dataset(d) for split, d in ds.items()}
-        first = next(iter(found.values()))
-        if any(b != first for b in found.values()):
-            raise ValueError(f"The splits were annotated with different BucketSets: "
-                             f"{ {s: b.fingerprint for s, b in found.items()} }. Annotate all splits with one BucketSet.")
-        return first
-    stored = buckets_from_features(getattr(ds, "features", None))
-    if stored is not None:
-        return stored
-    if isinstance(ds, datasets.Dataset):
-        return buckets_from_columns(ds)
-    raise ValueError(
-        f"No bucket configuration found on this {type(ds).__name__}: its `bucket` feature carries none and a streaming "
-        "dataset cannot be scanned for its columns. Load it map-style, or read the card: "
-        "hf_arb.hub.buckets_from_card(DatasetCard.load(repo_id))."
-    )
 
 
 # ----------------------------------------------------------------------------------- card
@@ -314,7 +172,7 @@ def push_to_hub(ds: Any, repo_id: str, buckets: BucketSet | None = None, *, char
             raise ValueError(f"`buckets` (fingerprint {buckets.fingerprint}) differs from the BucketSet the dataset was "
                              f"annotated with ({stored.fingerprint}). Re-annotate, or pass buckets=None.")
         if stored is None:
-            stored_ds = ds.cast_column("bucket", bucket_features(buckets)["bucket"])
+            stored_ds = with_stored_buckets(ds, buckets)
     config_name = kwargs.get("config_name", "default")
     parts = stored_ds.items() if isinstance(stored_ds, (datasets.DatasetDict, datasets.IterableDatasetDict)) else [
         (kwargs.get("split") or (str(stored_ds.split) if stored_ds.split is not None else "train"), stored_ds)]
@@ -325,9 +183,9 @@ def push_to_hub(ds: Any, repo_id: str, buckets: BucketSet | None = None, *, char
         s = _stats(part, buckets)
         if s is not None:
             stats[config_name][str(split)] = s.to_dict()
-            t = part.select_columns(["bucket", "aspect_error"]).with_format("arrow")[:]
-            ids_all.append(t.column(0).to_numpy())
-            err_all.append(pc.cast(t.column(1), pa.float64()).to_numpy(zero_copy_only=False))
+            ids, err = read_ids_and_errors(part)
+            ids_all.append(ids)
+            err_all.append(err)
     if not stats[config_name]:
         stats = {}
 
@@ -339,9 +197,7 @@ def push_to_hub(ds: Any, repo_id: str, buckets: BucketSet | None = None, *, char
     read_revision = getattr(commit, "oid", None) or target_revision
     try:
         readme = Path(api.hf_hub_download(repo_id, "README.md", repo_type="dataset", revision=read_revision)).read_text(encoding="utf-8")
-    except Exception as e:  # noqa: BLE001 - a missing card is not fatal: we write a fresh one
-        if "404" not in str(e) and "EntryNotFound" not in type(e).__name__ and not isinstance(e, FileNotFoundError):
-            raise
+    except (EntryNotFoundError, FileNotFoundError):  # a missing card is not fatal: we write a fresh one
         readme = None
 
     operations = []

@@ -62,6 +62,11 @@ def arrow_schema() -> pa.Schema:
     ])
 
 
+def with_stored_buckets(ds: Any, buckets: BucketSet) -> Any:
+    """``ds`` with ``buckets`` stored in its ``bucket`` feature (a cast: no data is rewritten)."""
+    return ds.cast_column("bucket", bucket_features(buckets)["bucket"])
+
+
 # ----------------------------------------------------------------------------------- checks
 def require_split(ds: Any, what: str) -> None:
     """Raise a clear error when ``ds`` is a ``DatasetDict`` where one split is needed."""
@@ -92,24 +97,32 @@ def read_bucket_ids(ds: Any, column: str = "bucket") -> np.ndarray:
     return pc.fill_null(col, -1).to_numpy().astype(np.int64)
 
 
+def read_ids_and_errors(ds: Any) -> tuple[np.ndarray, np.ndarray]:
+    """``bucket`` (int64, ``-1`` for nulls) and ``aspect_error`` (float64, NaN for nulls), each of shape ``(n,)``."""
+    require_columns(ds, ["bucket", "aspect_error"], "Reading the annotation")
+    t = ds.select_columns(["bucket", "aspect_error"]).with_format("arrow")[:]
+    ids = pc.fill_null(t.column("bucket"), -1).to_numpy().astype(np.int64)
+    return ids, pc.cast(t.column("aspect_error"), pa.float64()).to_numpy(zero_copy_only=False)
+
+
 def _column_table(ds: Any, need: list[str], extra: list[str]) -> pa.Table:
     require_columns(ds, need, "Rebuilding the bucket table")
     extra = [c for c in extra if c in ds.column_names]
     return ds.select_columns(need + extra).with_format("arrow")[:]
 
 
-def _kept_sizes(t: pa.Table) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _kept_sizes(t: pa.Table, column: str = "bucket") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Kept rows' ids ``(m,)`` and bucket ``(width, height)`` ``(m, 2)``, plus the kept mask ``(n,)``."""
-    ids = pc.fill_null(t.column("bucket"), -1).to_numpy().astype(np.int64)  # (n,)
+    ids = pc.fill_null(t.column(column), -1).to_numpy().astype(np.int64)  # (n,)
     kept = ids >= 0
     bw = pc.fill_null(t.column("bucket_width"), 0).to_numpy()[kept].astype(np.int64)  # (m,)
     bh = pc.fill_null(t.column("bucket_height"), 0).to_numpy()[kept].astype(np.int64)  # (m,)
     return ids[kept], np.stack([bw, bh], 1), kept
 
 
-def bucket_table_from_columns(ds: Any) -> dict[int, tuple[int, int]]:
+def bucket_table_from_columns(ds: Any, column: str = "bucket") -> dict[int, tuple[int, int]]:
     """``{bucket id: (width, height)}`` for every bucket that has at least one row (never raises on gaps)."""
-    kid, wh, _ = _kept_sizes(_column_table(ds, ["bucket", "bucket_width", "bucket_height"], []))
+    kid, wh, _ = _kept_sizes(_column_table(ds, [column, "bucket_width", "bucket_height"], []), column)
     uniq, first = np.unique(kid, return_index=True)
     return {int(i): (int(wh[j, 0]), int(wh[j, 1])) for i, j in zip(uniq.tolist(), first.tolist())}
 
@@ -241,13 +254,14 @@ def buckets_from_dataset(ds: Any) -> BucketSet:
     )
 
 
-def read_resolutions(ds: Any, buckets: Any = None) -> np.ndarray:
+def read_resolutions(ds: Any, buckets: Any = None, column: str = "bucket") -> np.ndarray:
     """The ``(width, height)`` of every bucket id an annotated dataset uses: int64, shape ``(k, 2)``.
 
     Args:
         ds: an annotated map-style ``datasets.Dataset``.
         buckets: a ``BucketSet`` or ``(k, 2)`` resolutions to use as given; default: the stored BucketSet, else
             the table rebuilt from the columns (ids without rows are ``(0, 0)`` there).
+        column: the bucket id column.
 
     Raises:
         ValueError: ``buckets`` has the wrong shape or non-positive sizes, or the dataset carries no bucket table.
@@ -261,14 +275,14 @@ def read_resolutions(ds: Any, buckets: Any = None) -> np.ndarray:
     stored = buckets_from_features(getattr(ds, "features", None))
     if stored is not None:
         return np.asarray(stored.resolutions, dtype=np.int64)
-    partial = bucket_table_from_columns(ds)
+    partial = bucket_table_from_columns(ds, column)
     if not partial:
         raise ValueError("Every row has bucket -1 (skipped); the dataset carries no bucket table and nothing to train "
                          "on. Check the annotation's `skip_reason` column or the bucket set.")
     table = np.zeros((max(partial) + 1, 2), dtype=np.int64)
     for i, wh in partial.items():
         table[i] = wh
-    kid, wh, _ = _kept_sizes(_column_table(ds, ["bucket", "bucket_width", "bucket_height"], []))
+    kid, wh, _ = _kept_sizes(_column_table(ds, [column, "bucket_width", "bucket_height"], []), column)
     if not np.array_equal(table[kid], wh):
         bad = int(kid[np.flatnonzero((table[kid] != wh).any(axis=1))[0]])
         raise ValueError(f"Bucket {bad} has more than one size in the bucket_width/bucket_height columns; re-annotate.")
