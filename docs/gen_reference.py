@@ -19,6 +19,8 @@ ROOT = Path(__file__).resolve().parent.parent
 #: module → the how-to page that explains it
 MODULES: dict[str, str] = {
     "hf_arb.buckets": "buckets.md",
+    "hf_arb.presets": "buckets.md",
+    "hf_arb.matching": "buckets.md",
     "hf_arb.sizes": "annotate.md",
     "hf_arb.annotate": "annotate.md",
     "hf_arb.hub": "annotate.md",
