@@ -381,11 +381,12 @@ class BucketSet:
             raise ValueError(
                 f"`widths` and `heights` must have the same length, got {w.shape[0]} and {h.shape[0]}."
             )
-        ids, err, aspect = self._index.assign(w, h)  # (n,) int32, float32, float32
+        ids, err, x = self._index.assign(w, h)  # (n,) int32, float32, float32 (aspect, or log aspect for "log")
         if self._max_err is not None:
             ids[err > self._max_err] = -1
         if self._range is not None:
-            ids[(aspect < self._range[0]) | (aspect > self._range[1])] = -1
+            ratio = np.exp(x) if self._metric == "log" else x
+            ids[(ratio < self._range[0]) | (ratio > self._range[1])] = -1
         return ids, err
 
     def summarize(self, bucket_ids: Any, aspect_errors: Any) -> AssignmentSummary:

@@ -102,11 +102,14 @@ class AspectIndex:
         return slot
 
     def assign(self, w: np.ndarray, h: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``(bucket_ids int32, errors float32, aspect float32 w/h)``, each of shape ``(n,)``; no pruning."""
+        """``(bucket_ids int32, errors float32, x float32)``, each of shape ``(n,)``; no pruning.
+
+        ``x`` is the image aspect ``w/h``, or its log for the ``"log"`` metric (computed in place: one array less).
+        """
         if self.metric == "cross":
             return self._assign_cross(w, h)
         aspect = np.divide(w, h, dtype=np.float32)  # (n,) float32: half the memory traffic of float64
-        log_aspect = np.log(aspect)  # (n,)
+        log_aspect = np.log(aspect, out=aspect if self.metric == "log" else None)  # (n,)
         slot = self._slots(log_aspect)  # (n,)
         if self.metric == "log":
             err = np.subtract(log_aspect, self._uniq_log[slot])  # (n,)
