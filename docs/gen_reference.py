@@ -30,6 +30,7 @@ MODULES: dict[str, str] = {
     "hf_arb.data": "imaging.md",
     "hf_arb.latents": "training.md",
     "hf_arb.conditioning": "training.md",
+    "hf_arb.shift": "training.md",
     "hf_arb.tiny": "training.md",
 }
 
