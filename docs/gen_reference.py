@@ -32,6 +32,7 @@ MODULES: dict[str, str] = {
     "hf_arb.conditioning": "training.md",
     "hf_arb.shift": "training.md",
     "hf_arb.tiny": "training.md",
+    "hf_arb.tiny_flow": "training.md",
 }
 
 
