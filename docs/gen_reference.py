@@ -31,9 +31,9 @@ MODULES: dict[str, str] = {
     "hf_arb.data": "imaging.md",
     "hf_arb.latents": "training.md",
     "hf_arb.conditioning": "training.md",
-    "hf_arb.shift": "training.md",
+    "hf_arb.shift": "flow.md",
     "hf_arb.tiny": "training.md",
-    "hf_arb.tiny_flow": "training.md",
+    "hf_arb.tiny_flow": "flow.md",
 }
 
 

@@ -26,7 +26,7 @@ import numpy as np
 from .matching import METRICS as _METRICS
 from .matching import AspectIndex, Metric
 from .presets import ONETRAINER_ASPECTS, PRESETS, SDXL_TABLE  # noqa: F401 (re-exported)
-from .presets import budget_table, novelai_table, preset_table, sdxl_table
+from .presets import TABLE_PARAMS, budget_table, novelai_table, preset_table, sdxl_table
 from .presets import parse_buckets_string as _parse_buckets_string
 
 _FORMAT_VERSION = 1
@@ -253,10 +253,10 @@ class BucketSet:
                 (its ``divisibility``, default 16).
             metric: a metric, or ``"native"`` for the source's own matching rule (PixArt's nearest key on h/w,
                 HunyuanDiT's ratio-then-area, diffusers' ``|h*bw - w*bh|``, ...), which reproduces its assignment.
-            kwargs: ``min_side`` / ``max_side`` for ``kohya``; anything else goes to the constructor
-                (``max_aspect_error``, ``aspect_range``).
+            kwargs: the preset's table parameters (:data:`hf_arb.presets.TABLE_PARAMS`, e.g. ``min_side`` /
+                ``max_side`` for ``kohya``); anything else goes to the constructor (``max_aspect_error``, ...).
         """
-        params = {k: kwargs.pop(k) for k in ("min_side", "max_side") if name == "kohya" and k in kwargs}
+        params = {k: kwargs.pop(k) for k in TABLE_PARAMS.get(name, ()) if k in kwargs}
         table, native = preset_table(name, resolution, step, **params)
         rule = native if metric == "native" else {"metric": metric}
         return cls(table.tolist(), **rule, **kwargs)

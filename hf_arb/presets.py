@@ -140,6 +140,13 @@ PRESET_INFO: dict[str, PresetInfo] = {p.name: p for p in (
 #: Every preset name, in the order help texts list them.
 PRESETS: tuple[str, ...] = tuple(PRESET_INFO)
 
+#: Extra table parameters a preset reads (the rest of ``BucketSet.preset``'s keywords go to the constructor).
+TABLE_PARAMS: dict[str, tuple[str, ...]] = {
+    "novelai": ("max_area", "max_side", "min_side", "extra"),
+    "budget": ("aspects", "min_area_ratio"),
+    "kohya": ("min_side", "max_side"),
+}
+
 
 def _unknown(name: str) -> ValueError:
     return ValueError(f"Unknown bucket preset {name!r}. Use one of {', '.join(map(repr, PRESETS))}.")
@@ -180,8 +187,9 @@ def preset_table(
         name: one of :data:`PRESETS`.
         resolution: pixel budget side (or the model resolution for ``pixart`` / ``sana``); default per preset.
         step: side multiple (``divisibility`` for ``diffusers``, ``quantization`` for ``onetrainer``).
-        params: ``min_side`` / ``max_side`` for ``kohya`` (default 256 / 1024); any keyword of
-            ``novelai_table`` / ``budget_table`` for those presets.
+        params: the preset's :data:`TABLE_PARAMS`: ``min_side`` / ``max_side`` for ``kohya`` (default 256 / 1024),
+            NovelAI's ``max_area`` / ``max_side`` / ``min_side`` / ``extra``, the budget's ``aspects`` /
+            ``min_area_ratio``.
 
     Returns:
         ``(resolutions, native)``: ``native`` holds ``metric`` and, where the source matches on other values
@@ -201,6 +209,10 @@ def preset_table(
     if res is not None and res <= 0 or step is not None and step <= 0:
         raise ValueError(f"`resolution` and `step` must be positive, got resolution={res!r}, step={step!r}.")
     native = dict(info.native)
+    unknown = set(params) - set(TABLE_PARAMS.get(name, ()))
+    if unknown:
+        raise ValueError(f"Preset {name!r} takes no {sorted(unknown)}; its table parameters are "
+                         f"{list(TABLE_PARAMS.get(name, ())) or 'resolution and step only'}.")
     if name == "novelai":
         table = novelai_table(**params)
     elif name == "sdxl":

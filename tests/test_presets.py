@@ -202,6 +202,14 @@ def test_kohya_needs_max_side_at_least_resolution():
         BucketSet.preset("kohya", resolution=2048)
 
 
+def test_table_parameters_reach_the_table_and_others_the_constructor():
+    nai = BucketSet.preset("novelai", max_area=256 * 384, max_side=512, min_side=128, max_aspect_error=0.2)
+    assert nai == BucketSet.novelai(max_area=256 * 384, max_side=512, min_side=128, max_aspect_error=0.2)
+    assert BucketSet.preset("budget", resolution=512, aspects=[1.0, 2.0]) == BucketSet.from_budget(512, [1.0, 2.0])
+    with pytest.raises(TypeError):
+        BucketSet.preset("pixart", min_side=256)  # not a table parameter of pixart, nor a constructor argument
+
+
 def test_every_preset_builds_and_round_trips():
     for name in PRESETS:
         for metric in ("log", "native"):
