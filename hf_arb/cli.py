@@ -53,15 +53,43 @@ def buckets_from_args(args: argparse.Namespace) -> BucketSet:
     return bs
 
 
+def _add_buckets_arguments(p: argparse.ArgumentParser) -> None:
+    add_bucket_arguments(p)
+    p.add_argument("--scheduler", default=None, metavar="PATH",
+                   help="a flow-matching model folder, its scheduler/ folder or scheduler_config.json: also print each "
+                        "bucket's latent token count and resolution shift mu (SD3, Flux).")
+    p.add_argument("--vae-scale-factor", type=int, default=8, help="VAE downsampling for --scheduler (default 8).")
+    p.add_argument("--patch-size", type=int, default=2, help="transformer patch size for --scheduler (default 2).")
+
+
+def _scheduler_config(path: str) -> dict:
+    import json
+    from pathlib import Path
+
+    p = Path(path)
+    for cand in (p, p / "scheduler_config.json", p / "scheduler" / "scheduler_config.json"):
+        if cand.is_file():
+            return json.loads(cand.read_text())
+    raise FileNotFoundError(f"No scheduler_config.json at {path!r} (tried the file, PATH/scheduler_config.json and "
+                            "PATH/scheduler/scheduler_config.json).")
+
+
 def _run_buckets(args: argparse.Namespace) -> int:
     bs = buckets_from_args(args)
     print(f"{bs!r}\nfingerprint {bs.fingerprint}")
     print(bs.table())
+    if args.scheduler:
+        from .shift import ShiftConfig, shift_table_text
+
+        cfg = ShiftConfig.from_scheduler_config(_scheduler_config(args.scheduler))
+        print(f"\nresolution shift ({'dynamic' if cfg.use_dynamic_shifting else f'static shift={cfg.shift}'}, "
+              f"VAE factor {args.vae_scale_factor}, patch {args.patch_size}):")
+        print(shift_table_text(bs, cfg, args.vae_scale_factor, args.patch_size))
     return 0
 
 
 COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {
-    "buckets": ("print a bucket table", add_bucket_arguments, _run_buckets),
+    "buckets": ("print a bucket table", _add_buckets_arguments, _run_buckets),
 }
 
 

@@ -251,3 +251,18 @@ def test_cli_lists_model_presets(capsys):
     assert cli_main(["buckets", "--aspect-ratio-buckets", "1024,768;768,1024", "--metric", "native"]) == 0
     out = capsys.readouterr().out
     assert "0    768    1024" in out and "metric='cross'" in out  # height first in the string, (w, h) printed
+
+
+def test_native_sets_annotate_a_dataset_and_travel_with_it(tmp_path):
+    import datasets
+
+    from hf_arb import add_bucket_columns
+
+    w, h = _sizes(300, seed=7)
+    ds = datasets.Dataset.from_dict({"width": w.tolist(), "height": h.tolist()})
+    for bs in (BucketSet.preset("hunyuan_dit", metric="native"), BucketSet.from_string("1024,1024;768,1360;1360,768")):
+        out = add_bucket_columns(ds, bs, width_column="width", height_column="height")
+        np.testing.assert_array_equal(np.asarray(out["bucket"]), bs.assign(w, h)[0])
+        out.save_to_disk(tmp_path / bs.fingerprint)
+        back = BucketSet.from_dataset(datasets.load_from_disk(tmp_path / bs.fingerprint))
+        assert back == bs and back.nearest_area == bs.nearest_area and back.metric == bs.metric

@@ -102,3 +102,21 @@ def test_config_validation_and_round_trip():
         ShiftConfig(time_shift_type="cosine")
     sc = ShiftConfig(**FLUX)
     assert ShiftConfig(**sc.to_dict()) == sc
+
+
+def test_cli_prints_each_buckets_seq_len_and_mu(tmp_path, capsys):
+    import json
+
+    from hf_arb.cli import main
+
+    (tmp_path / "scheduler").mkdir()
+    (tmp_path / "scheduler" / "scheduler_config.json").write_text(json.dumps(FLUX))
+    assert main(["buckets", "--preset", "hunyuan_dit", "--scheduler", str(tmp_path)]) == 0
+    out = capsys.readouterr().out.split("resolution shift", 1)[1]
+    rows = [line.split() for line in out.splitlines() if line.strip() and line.split()[0].isdigit()]
+    assert len(rows) == 10
+    got = {(int(r[1]), int(r[2])): (int(r[3]), float(r[4])) for r in rows}
+    assert got[(1024, 1024)] == (4096, 1.15) and got[(1280, 1280)] == (6400, pytest.approx(1.54, abs=1e-4))
+    with pytest.raises(ValueError, match="not divisible by 32"):
+        main(["buckets", "--preset", "budget", "--resolution", "512", "--step", "16", "--scheduler", str(tmp_path),
+              "--vae-scale-factor", "16"])
