@@ -31,6 +31,7 @@ from .presets import parse_buckets_string as _parse_buckets_string
 
 _FORMAT_VERSION = 1
 
+
 def _as_size_array(values: Any, name: str) -> np.ndarray:
     """Check widths or heights: a 1-D numeric array of positive finite values (dtype kept)."""
     arr = np.asarray(values)

@@ -266,3 +266,12 @@ def test_native_sets_annotate_a_dataset_and_travel_with_it(tmp_path):
         out.save_to_disk(tmp_path / bs.fingerprint)
         back = BucketSet.from_dataset(datasets.load_from_disk(tmp_path / bs.fingerprint))
         assert back == bs and back.nearest_area == bs.nearest_area and back.metric == bs.metric
+
+
+def test_replace_keeps_the_matching_rule_unless_told():
+    hy = BucketSet.preset("hunyuan_dit", metric="native")
+    r = hy.replace(aspect_range=(0.5, 2.0))
+    assert r.aspect_range == (0.5, 2.0) and r.nearest_area and np.array_equal(r.match_aspects, hy.match_aspects)
+    assert r != hy and r.replace(aspect_range=None) == hy
+    cross = hy.replace(metric="cross")
+    assert cross.metric == "cross" and cross.match_aspects is None and not cross.nearest_area
