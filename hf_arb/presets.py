@@ -206,7 +206,7 @@ def preset_table(
     if info.resolutions and res not in info.resolutions:
         raise ValueError(f"Preset {name!r} has tables for resolution {list(info.resolutions)}, got {res}. "
                          f"Pass one of those as `resolution` (--resolution).")
-    if res is not None and res <= 0 or step is not None and step <= 0:
+    if (res is not None and res <= 0) or (step is not None and step <= 0):
         raise ValueError(f"`resolution` and `step` must be positive, got resolution={res!r}, step={step!r}.")
     native = dict(info.native)
     unknown = set(params) - set(TABLE_PARAMS.get(name, ()))
