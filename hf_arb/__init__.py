@@ -15,6 +15,7 @@ __version__ = "0.1.0"
 _EXPORTS: dict[str, str] = {
     "BucketSet": "buckets",
     "AssignmentSummary": "buckets",
+    "PRESETS": "presets",
     "read_image_size": "sizes",
     "ImageSizeError": "sizes",
     "add_bucket_columns": "annotate",

@@ -61,8 +61,7 @@ def _splits(ds: Any) -> list[tuple[str, Any]]:
 def _buckets(args: argparse.Namespace) -> BucketSet:
     bs = buckets_from_args(args)
     if args.aspect_range is not None:
-        bs = BucketSet(bs.resolutions.tolist(), metric=bs.metric, max_aspect_error=bs.max_aspect_error,
-                       aspect_range=tuple(args.aspect_range))
+        bs = bs.replace(aspect_range=tuple(args.aspect_range))
     return bs
 
 

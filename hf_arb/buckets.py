@@ -5,10 +5,11 @@ plus the rule that assigns an image to a bucket: the aspect-ratio metric, an opt
 aspect error and an optional range of accepted image aspect ratios. A bucket's id is its row
 in :attr:`BucketSet.resolutions`; ``-1`` means "no bucket" (pruned).
 
-Assignment is one pass of numpy over the whole dataset: the sorted bucket aspect ratios split
-the aspect line into intervals (at the midpoints of the chosen metric), and every image is
-placed by :func:`numpy.searchsorted`. This is exactly ``argmin |metric(bucket) - metric(image)|``
-without materialising an ``(images, buckets)`` matrix.
+Assignment is one pass of numpy over the whole dataset (:mod:`hf_arb.matching`): the sorted bucket
+aspect ratios split the aspect line into intervals (at the midpoints of the chosen metric), and every
+image is placed with a lookup table. This is exactly ``argmin |metric(bucket) - metric(image)|``
+without materialising an ``(images, buckets)`` matrix. The tables of the named presets, including
+every model family's own, live in :mod:`hf_arb.presets`.
 """
 
 from __future__ import annotations
@@ -18,24 +19,17 @@ import json
 import math
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 
-Metric = Literal["log", "linear"]
-_METRICS = ("log", "linear")
+from .matching import METRICS as _METRICS
+from .matching import AspectIndex, Metric
+from .presets import ONETRAINER_ASPECTS, PRESETS, SDXL_TABLE  # noqa: F401 (re-exported)
+from .presets import TABLE_PARAMS, budget_table, novelai_table, preset_table, sdxl_table
+from .presets import parse_buckets_string as _parse_buckets_string
+
 _FORMAT_VERSION = 1
-_MAX_LUT_BINS = 1 << 20
-
-#: OneTrainer's aspect list (width:height), landscape side; the inverses are added.
-ONETRAINER_ASPECTS: tuple[float, ...] = (4.0, 3.5, 3.0, 2.5, 2.0, 1.75, 1.5, 1.25, 1.0)
-
-#: The SDXL report's multi-aspect table as (short, long) pairs at about 1024² pixels.
-SDXL_TABLE: tuple[tuple[int, int], ...] = (
-    (512, 2048), (512, 1984), (512, 1920), (512, 1856), (576, 1792), (576, 1728), (576, 1664),
-    (640, 1600), (640, 1536), (704, 1472), (704, 1408), (704, 1344), (768, 1344), (768, 1280),
-    (832, 1216), (832, 1152), (896, 1152), (896, 1088), (960, 1088), (960, 1024), (1024, 1024),
-)
 
 
 def _as_size_array(values: Any, name: str) -> np.ndarray:
@@ -138,11 +132,16 @@ class BucketSet:
 
     Args:
         resolutions: ``(width, height)`` pairs, positive and unique. The order defines bucket ids.
-        metric: ``"log"`` (default) measures aspect distance as ``|log(w/h) - log(bw/bh)|``, symmetric for
-            tall and wide images; ``"linear"`` is NovelAI's ``|bw/bh - w/h|``.
+        metric: aspect distance (see :mod:`hf_arb.matching`): ``"log"`` (default) ``|log(w/h) - log(bw/bh)|``,
+            symmetric for tall and wide images; ``"linear"`` NovelAI's ``|bw/bh - w/h|``; ``"linear_hw"`` the same
+            on height/width (PixArt, Sana, OneTrainer); ``"cross"`` diffusers' ``|h*bw - w*bh|`` (ties to the last id).
         max_aspect_error: rows whose aspect error exceeds this get bucket ``-1``. ``None`` keeps all.
         aspect_range: ``(min, max)`` of the image's own aspect ratio ``w/h`` to accept (DALL·E kept
             ``(0.5, 2.0)``); others get bucket ``-1``. ``None`` accepts all.
+        match_aspects: ``(k,)`` aspect ratios ``w/h`` to match images against instead of the buckets' own
+            (PixArt's rounded keys, HunyuanDiT's standard ratios). ``None``: the buckets' own.
+        nearest_area: among buckets sharing the nearest matching aspect, take the one whose area is closest to
+            the image's (HunyuanDiT); otherwise the lowest id.
 
     Example:
         ```py
@@ -155,7 +154,7 @@ class BucketSet:
         ```
     """
 
-    __slots__ = ("_res", "_metric", "_max_err", "_range", "_uniq", "_uniq_log", "_bounds", "_sorted_ids", "_lut", "_fp")
+    __slots__ = ("_res", "_metric", "_max_err", "_range", "_match", "_nearest_area", "_index", "_fp")
 
     def __init__(
         self,
@@ -164,6 +163,8 @@ class BucketSet:
         metric: Metric = "log",
         max_aspect_error: float | None = None,
         aspect_range: tuple[float, float] | None = None,
+        match_aspects: Sequence[float] | None = None,
+        nearest_area: bool = False,
     ) -> None:
         if metric not in _METRICS:
             raise ValueError(f"`metric` must be one of {_METRICS}, got {metric!r}.")
@@ -178,55 +179,20 @@ class BucketSet:
         self._metric: Metric = metric
         self._max_err = None if max_aspect_error is None else float(max_aspect_error)
         self._range = aspect_range
-        self._build_index()
+        self._match = None
+        if match_aspects is not None:
+            m = np.asarray(match_aspects, dtype=np.float64)
+            if m.shape != (len(self._res),) or not np.all(np.isfinite(m) & (m > 0)):
+                raise ValueError(f"`match_aspects` must hold one positive finite w/h per bucket ({len(self._res)}), "
+                                 f"got {m.tolist()}.")
+            m.flags.writeable = False
+            self._match = m
+        self._nearest_area = bool(nearest_area)
+        if metric == "cross" and (self._match is not None or self._nearest_area):
+            raise ValueError("metric='cross' compares the buckets' own sides; it takes no `match_aspects` or "
+                             "`nearest_area`. Use metric='linear' or 'linear_hw' with them.")
+        self._index = AspectIndex(self._res, metric, self._match, self._nearest_area)
         self._fp = hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
-
-    def _build_index(self) -> None:
-        """Precompute the lookup table used by :meth:`assign`.
-
-        The unique bucket aspects (sorted) split the log-aspect line into intervals at the metric's
-        midpoints. A uniform grid of bins, each narrower than the smallest interval, lets
-        :meth:`assign` find an image's interval with one multiply, two gathers and one compare:
-        ``slot = below[bin] + (log_aspect > bound_in[bin])`` (every bin holds at most one midpoint).
-        """
-        uniq, first = np.unique(self.aspects, return_index=True)  # (u,) sorted aspects, first id with each
-        self._sorted_ids = first.astype(np.int32)  # (u,) argmin's tie rule: the lowest id wins
-        self._uniq_log = np.log(uniq).astype(np.float32)  # (u,)
-        self._uniq = uniq.astype(np.float32)  # (u,)
-        if self._metric == "log":
-            mids = np.sqrt(uniq[:-1] * uniq[1:])  # (u-1,) geometric midpoints = log-space midpoints
-        else:
-            mids = (uniq[:-1] + uniq[1:]) / 2  # (u-1,) arithmetic midpoints
-        bounds = np.log(mids)  # (u-1,) in log-aspect space, increasing
-        self._bounds = bounds.astype(np.float32)
-        self._lut = None
-        if bounds.size == 0:
-            return
-        lo, hi = float(bounds[0]) - 1.0, float(bounds[-1]) + 1.0
-        gap = float(np.diff(bounds).min()) if bounds.size > 1 else hi - lo
-        nbins = int(np.ceil(2 * (hi - lo) / gap)) + 1
-        if nbins > _MAX_LUT_BINS:  # near-identical aspects: fall back to binary search
-            return
-        scale = nbins / (hi - lo)
-        starts = lo + np.arange(nbins) / scale  # (nbins,) left edge of each bin
-        below = np.searchsorted(bounds, starts, side="right").astype(np.int32)  # (nbins,) midpoints <= edge
-        within = np.searchsorted(bounds, starts + 1 / scale, side="right") - below  # (nbins,) 0 or 1
-        bound_in = np.full(nbins, np.inf, dtype=np.float32)  # (nbins,) the midpoint inside the bin, else +inf
-        bound_in[within > 0] = bounds[below[within > 0]]
-        self._lut = (np.float32(lo), np.float32(scale), below, bound_in)
-
-    def _slots(self, log_aspect: np.ndarray) -> np.ndarray:
-        """Index into the sorted unique aspects for each log aspect, shape ``(n,)``."""
-        if self._lut is None:
-            return np.searchsorted(self._bounds, log_aspect, side="left")
-        lo, scale, below, bound_in = self._lut
-        pos = np.subtract(log_aspect, lo)  # (n,) float32
-        np.multiply(pos, scale, out=pos)
-        np.clip(pos, 0, below.size - 1, out=pos)
-        b = pos.astype(np.int32)  # (n,) bin per image
-        slot = below[b]  # (n,) int32
-        slot += log_aspect > bound_in[b]
-        return slot
 
     # ----------------------------------------------------------------------------- constructors
     @classmethod
@@ -246,16 +212,7 @@ class BucketSet:
         the roles of width and height swapped; add ``extra`` (512×512). With the defaults this gives their
         19 buckets. Extra keyword arguments (``metric``, ``max_aspect_error``, ...) go to the constructor.
         """
-        for name, v in (("max_area", max_area), ("max_side", max_side), ("step", step), ("min_side", min_side)):
-            if int(v) <= 0:
-                raise ValueError(f"`{name}` must be a positive integer, got {v!r}.")
-        sides = np.arange(min_side, max_side + 1, step, dtype=np.int64)  # (m,)
-        other = np.minimum(max_side, (max_area // sides) // step * step)  # (m,) largest fitting side
-        keep = other >= min_side
-        pairs = np.concatenate(
-            [np.stack([sides[keep], other[keep]], 1), np.stack([other[keep], sides[keep]], 1), np.asarray(list(extra), dtype=np.int64).reshape(-1, 2)]
-        )  # (n, 2) (width, height), with duplicates
-        return cls(_sorted_unique(pairs), **kwargs)
+        return cls(novelai_table(max_area, max_side, step, min_side, extra).tolist(), **kwargs)
 
     @classmethod
     def from_budget(
@@ -272,46 +229,65 @@ class BucketSet:
         ``a`` (width / height; default: OneTrainer's 4:1 … 1:1 and their inverses), the bucket is the
         ``step``-aligned shape that is closest to ``a`` in log aspect among the shapes using at least
         ``min_area_ratio`` of the budget (ties: the larger area). Aspects that land on the same shape
-        (likely with tiny budgets such as ``resolution=64, step=16``) give one bucket.
+        (likely with tiny budgets such as ``resolution=64, step=16``) give one bucket. OneTrainer itself
+        rounds to the nearest step instead (``BucketSet.preset("onetrainer")``).
         """
-        if int(resolution) <= 0 or int(step) <= 0:
-            raise ValueError(f"`resolution` and `step` must be positive, got resolution={resolution!r}, step={step!r}.")
-        if step > resolution:
-            raise ValueError(f"`step` ({step}) must not exceed `resolution` ({resolution}): no bucket would fit the budget.")
-        budget = int(resolution) ** 2
-        if aspects is None:
-            aspects = sorted({*ONETRAINER_ASPECTS, *(1 / a for a in ONETRAINER_ASPECTS)})
-        targets = np.asarray(list(aspects), dtype=np.float64)  # (t,)
-        if targets.size == 0 or not np.all(np.isfinite(targets) & (targets > 0)):
-            raise ValueError(f"`aspects` must be positive finite width/height ratios, got {targets.tolist()}.")
-        sides = np.arange(step, budget // step + 1, step, dtype=np.int64)  # (m,)
-        other = (budget // sides) // step * step  # (m,) largest side within budget
-        ok = other >= step
-        cand = np.concatenate([np.stack([sides[ok], other[ok]], 1), np.stack([other[ok], sides[ok]], 1)])  # (c, 2)
-        area = cand[:, 0] * cand[:, 1]  # (c,)
-        if (area >= min_area_ratio * budget).any():
-            cand, area = cand[area >= min_area_ratio * budget], area[area >= min_area_ratio * budget]
-        log_err = np.abs(np.log(cand[:, 0] / cand[:, 1])[None, :] - np.log(targets)[:, None])  # (t, c)
-        # lexsort: primary key rounded error, secondary key larger area.
-        best = [int(np.lexsort((-area, np.round(row, 12)))[0]) for row in log_err]
-        return cls(_sorted_unique(cand[best]), **kwargs)
+        return cls(budget_table(resolution, aspects, step, min_area_ratio).tolist(), **kwargs)
 
     @classmethod
     def sdxl(cls, **kwargs: Any) -> BucketSet:
         """The SDXL report's multi-aspect table at about 1024² pixels, both orientations (41 buckets)."""
-        table = np.asarray(SDXL_TABLE, dtype=np.int64)
-        return cls(_sorted_unique(np.concatenate([table, table[:, ::-1]])), **kwargs)
+        return cls(sdxl_table().tolist(), **kwargs)
 
     @classmethod
-    def preset(cls, name: str, resolution: int = 1024, step: int = 64, **kwargs: Any) -> BucketSet:
-        """Build a named preset: ``"novelai"``, ``"sdxl"`` or ``"budget"`` (uses ``resolution`` and ``step``)."""
-        if name == "novelai":
-            return cls.novelai(**kwargs)
-        if name == "sdxl":
-            return cls.sdxl(**kwargs)
-        if name == "budget":
-            return cls.from_budget(resolution=resolution, step=step, **kwargs)
-        raise ValueError(f"Unknown bucket preset {name!r}. Use one of 'novelai', 'sdxl', 'budget'.")
+    def preset(cls, name: str, resolution: int | None = None, step: int | None = None, *,
+               metric: Metric | str = "log", **kwargs: Any) -> BucketSet:
+        """Build a named preset (any of :data:`hf_arb.presets.PRESETS`; tables in :mod:`hf_arb.presets`).
+
+        Args:
+            name: ``"budget"``, ``"novelai"``, ``"sdxl"``, ``"pixart"``, ``"sana"``, ``"hunyuan_dit"``,
+                ``"flux_kontext"``, ``"diffusers"``, ``"onetrainer"`` or ``"kohya"``.
+            resolution: pixel budget side, or the model resolution for ``pixart`` (256/512/1024/2048) and
+                ``sana`` (512/1024/2048/4096). ``None``: the preset's default. Fixed tables ignore it with a
+                ``UserWarning`` saying so (see :func:`hf_arb.presets.preset_notes`).
+            step: side multiple for ``budget``, ``onetrainer``, ``kohya`` (default 64) and ``diffusers``
+                (its ``divisibility``, default 16).
+            metric: a metric, or ``"native"`` for the source's own matching rule (PixArt's nearest key on h/w,
+                HunyuanDiT's ratio-then-area, diffusers' ``|h*bw - w*bh|``, ...), which reproduces its assignment.
+            kwargs: the preset's table parameters (:data:`hf_arb.presets.TABLE_PARAMS`, e.g. ``min_side`` /
+                ``max_side`` for ``kohya``); anything else goes to the constructor (``max_aspect_error``, ...).
+        """
+        params = {k: kwargs.pop(k) for k in TABLE_PARAMS.get(name, ()) if k in kwargs}
+        table, native = preset_table(name, resolution, step, **params)
+        rule = native if metric == "native" else {"metric": metric}
+        return cls(table.tolist(), **rule, **kwargs)
+
+    @classmethod
+    def from_string(cls, text: str, *, metric: Metric | str = "native", **kwargs: Any) -> BucketSet:
+        """Buckets from diffusers' ``--aspect_ratio_buckets`` string ``"h1,w1;h2,w2"`` (height first!).
+
+        Bucket ids follow the string's order; ``resolutions`` are ``(width, height)`` as everywhere in hf_arb.
+        ``metric="native"`` (default) matches images as diffusers' ``find_nearest_bucket`` does
+        (``"cross"``); pass ``"log"`` for the symmetric distance.
+
+        Example:
+            ```py
+            >>> BucketSet.from_string("1024,1024;768,1360").resolutions.tolist()
+            [[1024, 1024], [1360, 768]]
+            ```
+        """
+        return cls(_parse_buckets_string(text), metric="cross" if metric == "native" else metric, **kwargs)
+
+    def replace(self, **changes: Any) -> BucketSet:
+        """A copy with some constructor arguments changed (``metric``, ``max_aspect_error``, ``aspect_range``, ...)."""
+        d = self.to_dict()
+        d.pop("format")
+        d["resolutions"] = [tuple(r) for r in d["resolutions"]]
+        if "metric" in changes and "match_aspects" not in changes and changes["metric"] == "cross":
+            d.pop("match_aspects", None)
+            d.pop("nearest_area", None)
+        d.update(changes)
+        return type(self)(**d)
 
     @classmethod
     def from_dataset(cls, ds: Any) -> BucketSet:
@@ -350,6 +326,16 @@ class BucketSet:
     def aspect_range(self) -> tuple[float, float] | None:
         """``(min, max)`` of accepted image aspect ratios ``w / h``; ``None`` accepts all."""
         return self._range
+
+    @property
+    def match_aspects(self) -> np.ndarray | None:
+        """Aspects ``w/h`` images are matched against instead of the buckets' own, shape ``(k,)``; or ``None``."""
+        return self._match
+
+    @property
+    def nearest_area(self) -> bool:
+        """Whether buckets sharing the nearest matching aspect are told apart by area (HunyuanDiT's rule)."""
+        return self._nearest_area
 
     @property
     def fingerprint(self) -> str:
@@ -396,19 +382,11 @@ class BucketSet:
             raise ValueError(
                 f"`widths` and `heights` must have the same length, got {w.shape[0]} and {h.shape[0]}."
             )
-        aspect = np.divide(w, h, dtype=np.float32)  # (n,) float32: half the memory traffic of float64
-        log_aspect = np.log(aspect, out=aspect if self._metric == "log" else None)  # (n,)
-        slot = self._slots(log_aspect)  # (n,)
-        ids = self._sorted_ids[slot]  # (n,) int32 bucket id
-        if self._metric == "log":
-            err = np.subtract(log_aspect, self._uniq_log[slot])  # (n,)
-        else:
-            err = np.subtract(aspect, self._uniq[slot])  # (n,) NovelAI: |bucket aspect - image aspect|
-        np.abs(err, out=err)
+        ids, err, x = self._index.assign(w, h)  # (n,) int32, float32, float32 (aspect, or log aspect for "log")
         if self._max_err is not None:
             ids[err > self._max_err] = -1
         if self._range is not None:
-            ratio = aspect if self._metric == "linear" else np.exp(log_aspect)
+            ratio = np.exp(x) if self._metric == "log" else x
             ids[(ratio < self._range[0]) | (ratio > self._range[1])] = -1
         return ids, err
 
@@ -431,6 +409,9 @@ class BucketSet:
             "metric": self._metric,
             "max_aspect_error": self._max_err,
             "aspect_range": None if self._range is None else list(self._range),
+            # Written only when set, so sets without them keep the fingerprints of earlier releases.
+            **({} if self._match is None else {"match_aspects": self._match.tolist()}),
+            **({"nearest_area": True} if self._nearest_area else {}),
         }
 
     @classmethod
@@ -447,6 +428,8 @@ class BucketSet:
             metric=d.get("metric", "log"),
             max_aspect_error=d.get("max_aspect_error"),
             aspect_range=None if rng is None else (rng[0], rng[1]),
+            match_aspects=d.get("match_aspects"),
+            nearest_area=bool(d.get("nearest_area", False)),
         )
 
     def to_json(self) -> str:
@@ -487,11 +470,7 @@ class BucketSet:
         shown = ", ".join(self.labels()[:6]) + (", …" if len(self) > 6 else "")
         extra = f", max_aspect_error={self._max_err}" if self._max_err is not None else ""
         extra += f", aspect_range={self._range}" if self._range is not None else ""
+        extra += ", match_aspects=[…]" if self._match is not None else ""
+        extra += ", nearest_area=True" if self._nearest_area else ""
         return f"BucketSet({len(self)} buckets: {shown}; metric={self._metric!r}{extra})"
 
-
-def _sorted_unique(pairs: np.ndarray) -> list[tuple[int, int]]:
-    """Unique (width, height) pairs sorted portrait → landscape (aspect ascending, then area)."""
-    uniq = np.unique(np.asarray(pairs, dtype=np.int64).reshape(-1, 2), axis=0)  # (u, 2)
-    order = np.lexsort((uniq[:, 0] * uniq[:, 1], uniq[:, 0] / uniq[:, 1]))
-    return [tuple(p) for p in uniq[order].tolist()]

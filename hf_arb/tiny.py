@@ -12,6 +12,8 @@ Two facts this module encodes:
 * a CLIP tokenizer can be built without downloading anything: a byte-level alphabet vocabulary (each byte
   character, plain and with the ``</w>`` end-of-word suffix) and no merges.
 
+SD3 and Flux.1 pipelines live in :mod:`hf_arb.tiny_flow` and are importable from here too.
+
 Example:
     ```py
     >>> from hf_arb.tiny import save_tiny_sd
@@ -35,6 +37,11 @@ __all__ = [
     "save_tiny_sd",
     "save_tiny_sdxl",
     "save_tiny_imagefolder",
+    "tiny_t5_tokenizer",
+    "tiny_sd3_pipeline",
+    "tiny_flux_pipeline",
+    "save_tiny_sd3",
+    "save_tiny_flux",
 ]
 
 _TEXT_HIDDEN = 32
@@ -250,3 +257,13 @@ def save_tiny_imagefolder(path: str | Path, per_size: int = 4, sizes: tuple[tupl
             n += 1
     (out / "metadata.jsonl").write_text("\n".join(lines) + "\n")
     return str(out)
+
+
+# SD3 / Flux builders (kept in their own module; imported last: tiny_flow imports this module's helpers lazily).
+from .tiny_flow import (  # noqa: E402
+    save_tiny_flux,
+    save_tiny_sd3,
+    tiny_flux_pipeline,
+    tiny_sd3_pipeline,
+    tiny_t5_tokenizer,
+)

@@ -28,6 +28,8 @@ def brute_force_errors(bs: BucketSet, w: np.ndarray, h: np.ndarray) -> np.ndarra
     a = w.astype(np.float64) / h
     if bs.metric == "log":
         return np.abs(np.log(a)[:, None] - np.log(bs.aspects)[None, :])
+    if bs.metric == "linear_hw":
+        return np.abs(1 / a[:, None] - 1 / bs.aspects[None, :])
     return np.abs(a[:, None] - bs.aspects[None, :])
 
 
@@ -80,10 +82,11 @@ def test_from_budget_tiny_and_default_ladders():
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.tuples(sizes, sizes), min_size=1, max_size=50), st.sampled_from(["log", "linear"]),
-       st.sampled_from(["novelai", "sdxl", "budget"]))
+@given(st.lists(st.tuples(sizes, sizes), min_size=1, max_size=50), st.sampled_from(["log", "linear", "linear_hw"]),
+       st.sampled_from(["novelai", "sdxl", "budget", "onetrainer", "kohya"]))
 def test_assign_minimises_metric(pairs, metric, preset):
-    bs = BucketSet.preset(preset, resolution=512, step=32, metric=metric)
+    bs = BucketSet.preset(preset, resolution=512 if preset in ("budget", "onetrainer", "kohya") else None, step=32,
+                          metric=metric)
     w, h = np.array(pairs).T
     ids, err = bs.assign(w, h)
     d = brute_force_errors(bs, w, h)
@@ -96,7 +99,7 @@ def test_assign_minimises_metric(pairs, metric, preset):
 @settings(max_examples=100, deadline=None)
 @given(st.lists(st.tuples(sizes, sizes), min_size=1, max_size=40), st.sampled_from(["novelai", "sdxl", "budget"]))
 def test_swapping_sides_gives_transposed_bucket(pairs, preset):
-    bs = BucketSet.preset(preset, resolution=768, step=64)  # symmetric sets, log metric
+    bs = BucketSet.preset(preset, resolution=768 if preset == "budget" else None)  # symmetric sets, log metric
     w, h = np.array(pairs).T
     ids, err = bs.assign(w, h)
     ids_t, err_t = bs.assign(h, w)
@@ -250,3 +253,38 @@ def test_python_m_entry_points_list_every_sub_command(module):
     out = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True, text=True, check=True).stdout
     for command in ("buckets", "annotate", "stats"):
         assert command in out
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 64), st.integers(1, 64)), min_size=1, max_size=12, unique=True),
+       st.lists(st.tuples(sizes, sizes), min_size=1, max_size=40))
+def test_cross_metric_is_exact_argmin_with_last_tie(table, pairs):
+    bs = BucketSet([(16 * w, 16 * h) for w, h in table], metric="cross")
+    w, h = (np.array(x, dtype=np.int64) for x in zip(*pairs))
+    ids, err = bs.assign(w, h)
+    d = np.abs(h[:, None] * bs.resolutions[None, :, 0] - w[:, None] * bs.resolutions[None, :, 1])  # (n, k) exact
+    last = len(bs) - 1 - d[:, ::-1].argmin(axis=1)
+    np.testing.assert_array_equal(ids, last)
+    np.testing.assert_allclose(err, d[np.arange(len(w)), ids] / (w * bs.resolutions[ids, 0]), rtol=1e-6)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from([0.5, 0.75, 1.0, 4 / 3, 2.0]), st.integers(4, 40)), min_size=1,
+                max_size=12, unique=True),
+       st.lists(st.tuples(sizes, sizes), min_size=1, max_size=40))
+def test_match_aspects_then_nearest_area(groups, pairs):
+    """HunyuanDiT's rule on random tables: nearest matching aspect (linear), then the closest area, first id."""
+    res = [(s * 16, s * 16 + i) for i, (_, s) in enumerate(groups)]  # distinct sizes, aspects ignored
+    match = [m for m, _ in groups]
+    bs = BucketSet(res, metric="linear", match_aspects=match, nearest_area=True)
+    w, h = (np.array(x, dtype=np.int64) for x in zip(*pairs))
+    ids, _ = bs.assign(w, h)
+    m = np.asarray(match)
+    d = np.abs(m[None, :] - (w / h)[:, None])  # (n, k)
+    best = d.min(axis=1, keepdims=True)
+    tied = np.isclose(d, best, rtol=0, atol=1e-12)
+    area = np.where(tied, np.abs(bs.areas[None, :] - (w * h)[:, None]), np.inf)
+    expect = area.argmin(axis=1)
+    near_tie = np.array([np.sort(np.unique(row))[1] - row.min() < 1e-5 if np.unique(row).size > 1 else False
+                         for row in d])
+    np.testing.assert_array_equal(ids[~near_tie], expect[~near_tie])

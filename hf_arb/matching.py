@@ -1,0 +1,144 @@
+"""Nearest-bucket search, vectorised: the rules behind :meth:`hf_arb.BucketSet.assign`.
+
+Metrics (distance between an image of aspect ``a = w/h`` and a bucket matched at aspect ``m``):
+
+- ``"log"``: ``|log a - log m|`` (default; symmetric for tall and wide images).
+- ``"linear"``: ``|a - m|`` (NovelAI, sd-scripts, Flux Kontext, HunyuanDiT's ratio step).
+- ``"linear_hw"``: ``|1/a - 1/m|``, i.e. on height / width (PixArt, Sana, OneTrainer).
+- ``"cross"``: ``|h*bw - w*bh|`` of diffusers' ``find_nearest_bucket``: integer-exact, ties to the *last* bucket.
+
+For the first three the sorted matching aspects split the aspect line into intervals at the metric's midpoints
+(geometric, arithmetic, harmonic mean), and an image's interval is found with a lookup table: one multiply, two
+gathers and a compare per image. ``nearest_area`` then picks, among buckets sharing the nearest matching aspect,
+the one whose area is closest to the image's (HunyuanDiT). ``"cross"`` is not interval-shaped (its distance is
+weighted by the bucket width), so it is a chunked ``(rows, buckets)`` integer argmin.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import numpy as np
+
+Metric = Literal["log", "linear", "linear_hw", "cross"]
+METRICS: tuple[str, ...] = ("log", "linear", "linear_hw", "cross")
+_MAX_LUT_BINS = 1 << 20
+_CHUNK = 1 << 15
+
+
+class AspectIndex:
+    """Precomputed search structure for one bucket table and rule (internal to :class:`~hf_arb.BucketSet`).
+
+    Args:
+        resolutions: ``(k, 2)`` int64 ``(width, height)``.
+        metric: one of :data:`METRICS`.
+        match_aspects: ``(k,)`` aspects (w/h) to match on instead of the buckets' own; ``None``: their own.
+        nearest_area: among buckets with the same nearest matching aspect, take the closest area.
+    """
+
+    __slots__ = ("metric", "_res", "_uniq", "_uniq_log", "_bounds", "_sorted_ids", "_lut", "_groups")
+
+    def __init__(self, resolutions: np.ndarray, metric: str, match_aspects: np.ndarray | None,
+                 nearest_area: bool) -> None:
+        self.metric = metric
+        self._res = resolutions
+        self._lut = None
+        self._groups = None
+        if metric == "cross":
+            return
+        match = resolutions[:, 0] / resolutions[:, 1] if match_aspects is None else match_aspects  # (k,)
+        uniq, first, inverse = np.unique(match, return_index=True, return_inverse=True)  # (u,) sorted
+        self._sorted_ids = first.astype(np.int32)  # (u,) argmin's tie rule: the lowest id wins
+        self._uniq_log = np.log(uniq).astype(np.float32)  # (u,)
+        self._uniq = uniq.astype(np.float32)  # (u,)
+        if metric == "log":
+            mids = np.sqrt(uniq[:-1] * uniq[1:])  # (u-1,) geometric midpoints = log-space midpoints
+        elif metric == "linear":
+            mids = (uniq[:-1] + uniq[1:]) / 2  # (u-1,) arithmetic midpoints
+        else:
+            mids = 2 * uniq[:-1] * uniq[1:] / (uniq[:-1] + uniq[1:])  # (u-1,) harmonic: midpoints of h/w
+        bounds = np.log(mids)  # (u-1,) in log-aspect space, increasing
+        self._bounds = bounds.astype(np.float32)
+        if nearest_area and uniq.size < match.size:
+            sizes = np.bincount(inverse.ravel(), minlength=uniq.size)
+            ids = np.full((uniq.size, int(sizes.max())), -1, dtype=np.int32)  # (u, g) members in id order
+            col = np.zeros(uniq.size, dtype=np.int64)
+            for i, s in enumerate(inverse.ravel().tolist()):  # k rows: the table, not the dataset
+                ids[s, col[s]] = i
+                col[s] += 1
+            areas = np.where(ids >= 0, (resolutions[:, 0] * resolutions[:, 1])[ids].astype(np.float64), np.inf)
+            self._groups = (ids, areas)
+        self._build_lut(bounds)
+
+    def _build_lut(self, bounds: np.ndarray) -> None:
+        """A uniform grid of bins, each narrower than the smallest interval (holds at most one midpoint):
+        ``slot = below[bin] + (log_aspect > bound_in[bin])``."""
+        if bounds.size == 0:
+            return
+        lo, hi = float(bounds[0]) - 1.0, float(bounds[-1]) + 1.0
+        gap = float(np.diff(bounds).min()) if bounds.size > 1 else hi - lo
+        nbins = int(np.ceil(2 * (hi - lo) / gap)) + 1
+        if nbins > _MAX_LUT_BINS:  # near-identical aspects: fall back to binary search
+            return
+        scale = nbins / (hi - lo)
+        starts = lo + np.arange(nbins) / scale  # (nbins,) left edge of each bin
+        below = np.searchsorted(bounds, starts, side="right").astype(np.int32)  # (nbins,) midpoints <= edge
+        within = np.searchsorted(bounds, starts + 1 / scale, side="right") - below  # (nbins,) 0 or 1
+        bound_in = np.full(nbins, np.inf, dtype=np.float32)  # (nbins,) the midpoint inside the bin, else +inf
+        bound_in[within > 0] = bounds[below[within > 0]]
+        self._lut = (np.float32(lo), np.float32(scale), below, bound_in)
+
+    def _slots(self, log_aspect: np.ndarray) -> np.ndarray:
+        """Index into the sorted unique matching aspects for each log aspect, shape ``(n,)``."""
+        if self._lut is None:
+            return np.searchsorted(self._bounds, log_aspect, side="left")
+        lo, scale, below, bound_in = self._lut
+        pos = np.subtract(log_aspect, lo)  # (n,) float32
+        np.multiply(pos, scale, out=pos)
+        np.clip(pos, 0, below.size - 1, out=pos)
+        b = pos.astype(np.int32)  # (n,) bin per image
+        slot = below[b]  # (n,) int32
+        slot += log_aspect > bound_in[b]
+        return slot
+
+    def assign(self, w: np.ndarray, h: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(bucket_ids int32, errors float32, x float32)``, each of shape ``(n,)``; no pruning.
+
+        ``x`` is the image aspect ``w/h``, or its log for the ``"log"`` metric (computed in place: one array less).
+        """
+        if self.metric == "cross":
+            return self._assign_cross(w, h)
+        aspect = np.divide(w, h, dtype=np.float32)  # (n,) float32: half the memory traffic of float64
+        log_aspect = np.log(aspect, out=aspect if self.metric == "log" else None)  # (n,)
+        slot = self._slots(log_aspect)  # (n,)
+        if self.metric == "log":
+            err = np.subtract(log_aspect, self._uniq_log[slot])  # (n,)
+        elif self.metric == "linear":
+            err = np.subtract(aspect, self._uniq[slot])  # (n,) |bucket aspect - image aspect|
+        else:
+            err = np.subtract(np.divide(h, w, dtype=np.float32), np.float32(1) / self._uniq[slot])  # (n,) on h/w
+        np.abs(err, out=err)
+        if self._groups is None:
+            ids = self._sorted_ids[slot]  # (n,) int32 bucket id
+        else:
+            gid, garea = self._groups
+            area = np.multiply(w, h, dtype=np.float64)  # (n,)
+            pick = np.abs(garea[slot] - area[:, None]).argmin(axis=1)  # (n,) first closest area in the group
+            ids = gid[slot, pick]
+        return ids, err, aspect
+
+    def _assign_cross(self, w: np.ndarray, h: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """diffusers' ``find_nearest_bucket``: minimal ``|h*bw - w*bh|``, ties to the last bucket (its ``<=``)."""
+        exact = w.dtype.kind in "iu" and h.dtype.kind in "iu"
+        dt = np.int64 if exact else np.float64
+        bw, bh = self._res[:, 0].astype(dt)[::-1], self._res[:, 1].astype(dt)[::-1]  # (k,) reversed: argmin → last
+        k = bw.size
+        ids = np.empty(w.size, dtype=np.int32)
+        err = np.empty(w.size, dtype=np.float32)
+        for s in range(0, w.size, _CHUNK):
+            wc, hc = w[s:s + _CHUNK].astype(dt), h[s:s + _CHUNK].astype(dt)  # (c,)
+            d = np.abs(hc[:, None] * bw[None, :] - wc[:, None] * bh[None, :])  # (c, k)
+            j = d.argmin(axis=1)  # (c,)
+            ids[s:s + _CHUNK] = k - 1 - j
+            err[s:s + _CHUNK] = d[np.arange(j.size), j] / (wc * bw[j])  # = |h/w - bh/bw|
+        return ids, err, np.divide(w, h, dtype=np.float32)
