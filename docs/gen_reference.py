@@ -32,6 +32,8 @@ MODULES: dict[str, str] = {
     "hf_arb.sampling.layout": "sampler.md",
     "hf_arb.sampling.report": "sampler.md",
     "hf_arb.sampling.state": "sampler.md",
+    "hf_arb.sampling.inputs": "sampler.md",
+    "hf_arb.sampling.rank": "sampler.md",
     "hf_arb.sampling.sampler": "sampler.md",
     "hf_arb.sampling.accelerate": "sampler.md",
     "hf_arb.imaging": "imaging.md",

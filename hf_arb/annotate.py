@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .buckets import AssignmentSummary, BucketSet
-from .schema import BUCKET_COLUMNS, CONFIG_ID_PREFIX, arrow_schema, bucket_features
+from .schema import BUCKET_COLUMNS, CONFIG_ID_PREFIX, arrow_schema, bucket_features  # noqa: F401  (re-exported)
 from .sizes import ImageSizeError, _size_of_open, read_image_size
 
 # skip_reason codes of the vectorised core (0 = kept). Order = priority: the first that applies wins.

@@ -6,7 +6,6 @@ Reading the configuration back (from the ``bucket`` feature, the card or the col
 
 from __future__ import annotations
 
-import os
 import tempfile
 import warnings
 from pathlib import Path

@@ -11,7 +11,8 @@
 from .accelerate import prepare_dataloader, resume_dataloader
 from .plan import merge_small_buckets, plan_epoch
 from .report import PlanReport
-from .sampler import BucketBatchSampler, RankBatchSampler
+from .rank import RankBatchSampler
+from .sampler import BucketBatchSampler
 
 __all__ = ["BucketBatchSampler", "PlanReport", "RankBatchSampler", "merge_small_buckets", "plan_epoch",
            "prepare_dataloader", "resume_dataloader"]

@@ -14,70 +14,20 @@ batches.
 from __future__ import annotations
 
 import logging
-import os
-import sys
 import warnings
 from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
-from ..schema import buckets_from_features, read_bucket_ids, read_resolutions
+from .inputs import aspects, choose_catch_all, default_world, fingerprint, leftover_from, read_input, runtime_world
 from .layout import bucket_counts, group_rows
-from .plan import (
-    Leftover,
-    as_bucket_ids,
-    check_leftover,
-    check_nonneg,
-    check_positive,
-    effective_ids,
-    iter_chunks,
-    make_layout,
-    merge_small_buckets,
-)
+from .plan import Leftover, check_nonneg, check_positive, effective_ids, iter_chunks, make_layout, merge_small_buckets
+from .rank import RankBatchSampler
 from .report import PlanReport, build_report
 from .state import PLAN_VERSION, STATE_FORMAT, as_state_mapping, check_state
 
 logger = logging.getLogger(__name__)
-
-
-def _runtime_world() -> tuple[int, int] | None:
-    """(world size, rank) of an initialised ``torch.distributed`` process group, else None (torch not imported)."""
-    dist = sys.modules.get("torch.distributed")
-    if dist is not None and dist.is_available() and dist.is_initialized():
-        return int(dist.get_world_size()), int(dist.get_rank())
-    return None
-
-
-def default_world() -> tuple[int, int]:
-    """(num_replicas, rank): ``torch.distributed`` when initialised, else the launcher's ``WORLD_SIZE``/``RANK``
-    environment (set by ``torchrun`` and ``accelerate launch`` before the Accelerator exists), else ``(1, 0)``."""
-    live = _runtime_world()
-    if live is not None:
-        return live
-    try:
-        return int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
-    except ValueError:
-        return 1, 0
-
-
-def _aspects(resolutions: np.ndarray) -> np.ndarray:
-    """width / height per bucket, shape (k,); NaN where a resolution is unknown (0)."""
-    with np.errstate(divide="ignore", invalid="ignore"):
-        a = resolutions[:, 0] / resolutions[:, 1]
-    a[~(resolutions > 0).all(axis=1)] = np.nan
-    return a
-
-
-def _leftover_from(drop_last: bool | None, leftover: str | None) -> str:
-    """Resolve diffusers' ``drop_last`` and our ``leftover`` into one policy (``drop_last=False`` keeps every row)."""
-    if leftover is None:
-        return "fill" if drop_last is False else "drop"
-    leftover = check_leftover(leftover)
-    if drop_last is True and leftover != "drop" or drop_last is False and leftover == "drop":
-        raise ValueError(f"`drop_last={drop_last}` contradicts `leftover={leftover!r}`: drop_last=True means "
-                         "leftover='drop'; drop_last=False keeps every row (leftover='fill' or 'catch_all'). Pass one.")
-    return leftover
 
 
 class BucketBatchSampler:
@@ -140,11 +90,11 @@ class BucketBatchSampler:
         buckets: Any | None = None,
         log_report: bool = True,
     ) -> None:
-        ids, self.resolutions = self._read_input(bucket_ids, buckets)
+        ids, self.resolutions = read_input(bucket_ids, buckets)
         self._set_world(num_replicas, rank, batch_size, split_batches)
         self.seed = check_nonneg("seed", seed)
         self.shuffle, self.sync_buckets, self.return_keys = bool(shuffle), bool(sync_buckets), bool(return_keys)
-        self.leftover = _leftover_from(drop_last, leftover)
+        self.leftover = leftover_from(drop_last, leftover)
         self.drop_last = self.leftover == "drop"
         self.log_report = bool(log_report)
         self._prepare_plan(ids, catch_all_bucket, merge_small)
@@ -158,27 +108,6 @@ class BucketBatchSampler:
         self._warn_if_dropping()
 
     # ---------------------------------------------------------------- construction steps
-    @staticmethod
-    def _read_input(bucket_ids: Any, buckets: Any) -> tuple[np.ndarray, np.ndarray | None]:
-        """Bucket ids ``(n,)`` and, when known, resolutions ``(k, 2)`` from an annotated dataset or arrays."""
-        resolutions = None
-        if hasattr(bucket_ids, "column_names") or isinstance(bucket_ids, dict):
-            ds = bucket_ids
-            bucket_ids = read_bucket_ids(ds)
-            if buckets is None and buckets_from_features(getattr(ds, "features", None)) is not None:
-                resolutions = read_resolutions(ds)
-            elif buckets is None and {"bucket_width", "bucket_height"} <= set(ds.column_names):
-                resolutions = read_resolutions(ds)
-        if buckets is not None:
-            resolutions = np.asarray(getattr(buckets, "resolutions", buckets), dtype=np.int64)
-            if resolutions.ndim != 2 or resolutions.shape[1] != 2:
-                raise ValueError(f"`buckets` must be a BucketSet or (k, 2) resolutions, got shape {resolutions.shape}.")
-        ids = as_bucket_ids(bucket_ids)
-        if ids.size and resolutions is not None and resolutions.shape[0] <= int(ids.max()):
-            raise ValueError(f"`buckets` has {resolutions.shape[0]} resolutions but bucket id {int(ids.max())} occurs. "
-                             "Pass the BucketSet the dataset was annotated with.")
-        return ids, resolutions
-
     def _set_world(self, num_replicas: int | None, rank: int | None, batch_size: int, split_batches: bool) -> None:
         w, r = default_world()
         self.num_replicas = check_positive("num_replicas", w if num_replicas is None else num_replicas)
@@ -213,35 +142,15 @@ class BucketBatchSampler:
                 raise ValueError("`merge_small=True` needs bucket resolutions to find the nearest bucket in log aspect: "
                                  "pass `buckets=BucketSet(...)` (or an annotated dataset).")
             min_rows = self.global_batch_size if self.sync_buckets else self.per_rank_batch_size
-            self._merge_map = merge_small_buckets(self._counts, _aspects(self.resolutions)[:k], min_rows)
-        self.catch_all_bucket = self._choose_catch_all(catch_all_bucket)
+            self._merge_map = merge_small_buckets(self._counts, aspects(self.resolutions)[:k], min_rows)
+        self.catch_all_bucket = choose_catch_all(self.leftover, catch_all_bucket, self.resolutions, self._counts)
         self._eff, self._k = effective_ids(ids, self._merge_map)
         if self.catch_all_bucket is not None:
             self._k = max(self._k, self.catch_all_bucket + 1)
         self._grouping = group_rows(self._eff, self._k) if self.sync_buckets else None
-        self._fingerprint = self._compute_fingerprint(ids)
+        self._fingerprint = fingerprint(ids, self._merge_map)
         if self.sync_buckets:  # the grouping is all a synchronised plan needs
             self._eff = None  # type: ignore[assignment]
-
-    def _choose_catch_all(self, catch_all_bucket: int | None) -> int | None:
-        if self.leftover != "catch_all":
-            return None
-        if catch_all_bucket is None:
-            if self.resolutions is not None:
-                la = np.abs(np.log(_aspects(self.resolutions)))  # NaN for unknown (0 x 0) entries: sorted last
-                area = self.resolutions[:, 0] * self.resolutions[:, 1]
-                return int(np.lexsort((-area, la))[0])
-            return int(np.argmax(self._counts))
-        return check_nonneg("catch_all_bucket", catch_all_bucket)
-
-    def _compute_fingerprint(self, ids: np.ndarray) -> str:
-        import hashlib
-
-        h = hashlib.blake2b(digest_size=16)
-        h.update(memoryview(np.ascontiguousarray(ids)).cast("B"))
-        if self._merge_map is not None:
-            h.update(np.ascontiguousarray(self._merge_map, dtype=np.int64).tobytes())
-        return h.hexdigest()
 
     def _remedies(self) -> list[str]:
         out = ["a smaller `batch_size`", "fewer buckets"]
@@ -360,7 +269,7 @@ class BucketBatchSampler:
         self._epoch, self._consumed = epoch, 0
 
     def _check_world(self) -> None:
-        live = _runtime_world()
+        live = runtime_world()
         if live is not None and live[0] != self.num_replicas:
             raise RuntimeError(
                 f"BucketBatchSampler was built for num_replicas={self.num_replicas}, but torch.distributed runs "
@@ -454,30 +363,3 @@ class BucketBatchSampler:
             f"batches_consumed={self._consumed}, steps_per_epoch={self.steps_per_epoch}, leftover={self.leftover!r}, "
             f"sync_buckets={self.sync_buckets}, split_batches={self.split_batches})"
         )
-
-
-class RankBatchSampler:
-    """One rank's view of a :class:`BucketBatchSampler` (``sampler.shard(rank)``): yields ``plan[s, rank]`` for
-    each step. The cursor, epoch and state are the parent sampler's."""
-
-    def __init__(self, parent: BucketBatchSampler, rank: int) -> None:
-        if not 0 <= int(rank) < parent.num_replicas:
-            raise ValueError(f"`rank` must be in [0, {parent.num_replicas}), got {rank}.")
-        self.parent, self.rank = parent, int(rank)
-        self.batch_size, self.drop_last = parent.per_rank_batch_size, parent.drop_last
-
-    def __len__(self) -> int:
-        return self.parent.steps_per_epoch
-
-    def __iter__(self) -> Iterator[list]:
-        for e, rows, targets in self.parent._steps():
-            yield self.parent._keys(rows[self.rank], int(targets[self.rank]), e)
-
-    def set_epoch(self, epoch: int) -> None:
-        self.parent.set_epoch(epoch)
-
-    def state_dict(self) -> dict[str, Any]:
-        return self.parent.state_dict()
-
-    def load_state_dict(self, state: Any) -> None:
-        self.parent.load_state_dict(state)
