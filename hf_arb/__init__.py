@@ -14,7 +14,7 @@ __version__ = "0.1.0"
 # public name -> module that defines it
 _EXPORTS: dict[str, str] = {
     "BucketSet": "buckets",
-    "AssignmentSummary": "buckets",
+    "AssignmentSummary": "assignment",
     "PRESETS": "presets",
     "read_image_size": "sizes",
     "ImageSizeError": "sizes",

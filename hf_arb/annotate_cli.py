@@ -1,4 +1,4 @@
-"""``hf-arb annotate`` and ``hf-arb stats``: registered into :data:`hf_arb.cli.COMMANDS` on import.
+"""``hf-arb annotate`` and ``hf-arb stats`` (listed in this module's :data:`COMMANDS`, assembled by :mod:`hf_arb.cli`).
 
 ``annotate SOURCE`` loads a Hub dataset id, a local imagefolder, a Parquet/CSV/JSON file or a dataset saved with
 ``save_to_disk``, adds the bucket columns and saves (``--output-dir``) or pushes (``--push-to-hub``) the result.
@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from .buckets import BucketSet
-from .cli import COMMANDS, add_bucket_arguments, buckets_from_args
+from .cli_buckets import add_bucket_arguments, buckets_from_args
 
 _FILE_BUILDERS = {".parquet": "parquet", ".csv": "csv", ".tsv": "csv", ".json": "json", ".jsonl": "json",
                   ".arrow": "arrow"}
@@ -200,7 +200,10 @@ def _guard(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Names
     return wrapped
 
 
-COMMANDS["annotate"] = ("add bucket columns to an image dataset; save it or push it to the Hub",
-                        _add_annotate_arguments, _guard(_run_annotate))
-COMMANDS["stats"] = ("print the bucket summary of an annotated dataset; draw the chart",
-                     _add_stats_arguments, _guard(_run_stats))
+#: the sub-commands of this module: ``name -> (help, add_arguments, run)``
+COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {
+    "annotate": ("add bucket columns to an image dataset; save it or push it to the Hub",
+                 _add_annotate_arguments, _guard(_run_annotate)),
+    "stats": ("print the bucket summary of an annotated dataset; draw the chart", _add_stats_arguments,
+              _guard(_run_stats)),
+}

@@ -18,11 +18,11 @@ import hashlib
 import json
 import math
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from .assignment import AssignmentSummary, as_size_array
 from .matching import METRICS as _METRICS
 from .matching import AspectIndex, Metric
 from .presets import ONETRAINER_ASPECTS, PRESETS, SDXL_TABLE  # noqa: F401 (re-exported)
@@ -30,30 +30,6 @@ from .presets import TABLE_PARAMS, budget_table, novelai_table, preset_table, sd
 from .presets import parse_buckets_string as _parse_buckets_string
 
 _FORMAT_VERSION = 1
-
-
-def _as_size_array(values: Any, name: str) -> np.ndarray:
-    """Check widths or heights: a 1-D numeric array of positive finite values (dtype kept)."""
-    arr = np.asarray(values)
-    if arr.ndim != 1:
-        raise ValueError(f"`{name}` must be 1-D, got shape {arr.shape}. Pass a flat list or array of sizes.")
-    if arr.dtype.kind not in "biuf":
-        raise ValueError(f"`{name}` must be numeric, got dtype {arr.dtype}. Convert the column to integers first.")
-    if arr.dtype.kind == "b":
-        arr = arr.astype(np.int64)
-    if arr.size == 0:
-        return arr
-    # Fast path: two reductions, no temporaries. NaN makes min() NaN, which fails `> 0`.
-    if arr.min() > 0 and (arr.dtype.kind != "f" or np.isfinite(arr.max())):
-        return arr
-    bad = ~(arr > 0) | ~np.isfinite(arr)  # (n,) bool
-    i = int(np.flatnonzero(bad)[0])
-    raise ValueError(
-        f"`{name}` must hold positive finite sizes, but {name}[{i}] = {arr[i].item()!r} "
-        f"({int(bad.sum())} bad value(s) in all). Drop or fix those rows before assigning buckets "
-        "(`add_bucket_columns` records them with a skip_reason instead of raising)."
-    )
-    return arr
 
 
 def _normalise_resolutions(resolutions: Iterable[Sequence[int]]) -> np.ndarray:
@@ -81,50 +57,6 @@ def _normalise_resolutions(resolutions: Iterable[Sequence[int]]) -> np.ndarray:
         )
     res.flags.writeable = False
     return res
-
-
-@dataclass(frozen=True)
-class AssignmentSummary:
-    """What an assignment did, in the shape of NovelAI's printout.
-
-    Attributes:
-        total: rows assigned.
-        skipped: rows with bucket ``-1``.
-        counts: rows per bucket, shape ``(k,)``, aligned with ``BucketSet.resolutions``.
-        error_mean, error_median, error_max: aspect error over the kept rows (NaN when none kept).
-        resolutions: the bucket table, shape ``(k, 2)``.
-    """
-
-    total: int
-    skipped: int
-    counts: np.ndarray
-    error_mean: float
-    error_median: float
-    error_max: float
-    resolutions: np.ndarray = field(repr=False)
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-serialisable form (used by dataset cards and benchmarks)."""
-        return {
-            "total": self.total,
-            "skipped": self.skipped,
-            "error_mean": self.error_mean,
-            "error_median": self.error_median,
-            "error_max": self.error_max,
-            "counts": {f"{w}x{h}": int(c) for (w, h), c in zip(self.resolutions.tolist(), self.counts.tolist())},
-        }
-
-    def __str__(self) -> str:
-        lines = [
-            f"rows: {self.total:,}  kept: {self.total - self.skipped:,}  skipped: {self.skipped:,}",
-            f"aspect error: mean {self.error_mean:.4f}  median {self.error_median:.4f}  max {self.error_max:.4f}",
-            "rows per bucket (width x height, aspect):",
-        ]
-        order = np.argsort(self.resolutions[:, 0] / self.resolutions[:, 1], kind="stable")
-        for i in order:
-            w, h = self.resolutions[i]
-            lines.append(f"  {w:>5} x {h:<5} {w / h:6.3f}  {int(self.counts[i]):>10,}")
-        return "\n".join(lines)
 
 
 class BucketSet:
@@ -376,8 +308,8 @@ class BucketSet:
             ValueError: sizes that are not 1-D, of different lengths, zero, negative or NaN; the message
                 names the first bad index and its value.
         """
-        w = _as_size_array(widths, "widths")
-        h = _as_size_array(heights, "heights")
+        w = as_size_array(widths, "widths")
+        h = as_size_array(heights, "heights")
         if w.shape != h.shape:
             raise ValueError(
                 f"`widths` and `heights` must have the same length, got {w.shape[0]} and {h.shape[0]}."

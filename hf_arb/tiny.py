@@ -44,46 +44,9 @@ __all__ = [
     "save_tiny_flux",
 ]
 
-_TEXT_HIDDEN = 32
+from .tiny_text import _TEXT_HIDDEN, tiny_clip_text_encoder, tiny_clip_tokenizer
+
 _BLOCKS = (32, 64)
-
-
-def tiny_clip_tokenizer(model_max_length: int = 77) -> Any:
-    """A working ``CLIPTokenizer`` with a byte-level alphabet vocabulary and no merges (no download).
-
-    Every byte character ``c`` of GPT-2's byte-level alphabet is a token, as is ``c + "</w>"`` (the end-of-word
-    form CLIP's BPE produces for the last character of a word), plus the start and end tokens (the end token
-    doubles as padding and unknown). Vocabulary size is ``2 + 2 * 256 = 514``.
-    """
-    from tokenizers import pre_tokenizers
-    from transformers import CLIPTokenizer
-
-    vocab: dict[str, int] = {"<|startoftext|>": 0, "<|endoftext|>": 1}
-    for ch in sorted(pre_tokenizers.ByteLevel.alphabet()):
-        vocab.setdefault(ch, len(vocab))
-        vocab.setdefault(ch + "</w>", len(vocab))
-    return CLIPTokenizer(vocab=vocab, merges=[], model_max_length=model_max_length)
-
-
-def _text_encoder(vocab_size: int, *, with_projection: bool, seed: int) -> Any:
-    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
-
-    config = CLIPTextConfig(
-        vocab_size=vocab_size,
-        hidden_size=_TEXT_HIDDEN,
-        intermediate_size=37,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        max_position_embeddings=77,
-        projection_dim=_TEXT_HIDDEN,
-        bos_token_id=0,
-        eos_token_id=1,
-        pad_token_id=1,
-    )
-    with torch.random.fork_rng(devices=[]):  # leaves the caller's global RNG untouched
-        torch.random.manual_seed(seed)
-        cls = CLIPTextModelWithProjection if with_projection else CLIPTextModel
-        return cls(config).eval()
 
 
 def _vae(seed: int) -> Any:
@@ -158,7 +121,7 @@ def tiny_sd_pipeline(seed: int = 0) -> Any:
     tok = tiny_clip_tokenizer()
     return StableDiffusionPipeline(
         vae=_vae(seed + 1),
-        text_encoder=_text_encoder(len(tok), with_projection=False, seed=seed + 2),
+        text_encoder=tiny_clip_text_encoder(len(tok), with_projection=False, seed=seed + 2),
         tokenizer=tok,
         unet=_unet(seed + 3, sdxl=False),
         scheduler=_scheduler(),
@@ -179,8 +142,8 @@ def tiny_sdxl_pipeline(seed: int = 0) -> Any:
     tok = tiny_clip_tokenizer()
     return StableDiffusionXLPipeline(
         vae=_vae(seed + 1),
-        text_encoder=_text_encoder(len(tok), with_projection=False, seed=seed + 2),
-        text_encoder_2=_text_encoder(len(tok), with_projection=True, seed=seed + 4),
+        text_encoder=tiny_clip_text_encoder(len(tok), with_projection=False, seed=seed + 2),
+        text_encoder_2=tiny_clip_text_encoder(len(tok), with_projection=True, seed=seed + 4),
         tokenizer=tok,
         tokenizer_2=tiny_clip_tokenizer(),
         unet=_unet(seed + 3, sdxl=True),
@@ -259,7 +222,7 @@ def save_tiny_imagefolder(path: str | Path, per_size: int = 4, sizes: tuple[tupl
     return str(out)
 
 
-# SD3 / Flux builders (kept in their own module; imported last: tiny_flow imports this module's helpers lazily).
+# SD3 / Flux builders live in their own module; re-exported here.
 from .tiny_flow import (  # noqa: E402
     save_tiny_flux,
     save_tiny_sd3,

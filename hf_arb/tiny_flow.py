@@ -90,7 +90,7 @@ def tiny_sd3_pipeline(seed: int = 0, dynamic_shifting: bool = False) -> Any:
     """
     from diffusers import SD3Transformer2DModel, StableDiffusion3Pipeline
 
-    from .tiny import _text_encoder, tiny_clip_tokenizer
+    from .tiny_text import tiny_clip_text_encoder, tiny_clip_tokenizer
 
     tok = tiny_clip_tokenizer()
     t5 = tiny_t5_tokenizer(256)
@@ -105,9 +105,9 @@ def tiny_sd3_pipeline(seed: int = 0, dynamic_shifting: bool = False) -> Any:
         transformer=transformer,
         scheduler=_flow_scheduler(dynamic_shifting),
         vae=_flow_vae(seed + 1, scaling_factor=1.5305, shift_factor=0.0609),
-        text_encoder=_text_encoder(len(tok), with_projection=True, seed=seed + 2),
+        text_encoder=tiny_clip_text_encoder(len(tok), with_projection=True, seed=seed + 2),
         tokenizer=tok,
-        text_encoder_2=_text_encoder(len(tok), with_projection=True, seed=seed + 4),
+        text_encoder_2=tiny_clip_text_encoder(len(tok), with_projection=True, seed=seed + 4),
         tokenizer_2=tiny_clip_tokenizer(),
         text_encoder_3=_t5_encoder(len(t5), seed + 5),
         tokenizer_3=t5,
@@ -121,7 +121,7 @@ def tiny_flux_pipeline(seed: int = 0) -> Any:
     """
     from diffusers import FluxPipeline, FluxTransformer2DModel
 
-    from .tiny import _text_encoder, tiny_clip_tokenizer
+    from .tiny_text import tiny_clip_text_encoder, tiny_clip_tokenizer
 
     tok = tiny_clip_tokenizer()
     t5 = tiny_t5_tokenizer(512)
@@ -135,7 +135,7 @@ def tiny_flux_pipeline(seed: int = 0) -> Any:
     return FluxPipeline(
         scheduler=_flow_scheduler(True),
         vae=_flow_vae(seed + 1, scaling_factor=0.3611, shift_factor=0.1159),
-        text_encoder=_text_encoder(len(tok), with_projection=False, seed=seed + 2),
+        text_encoder=tiny_clip_text_encoder(len(tok), with_projection=False, seed=seed + 2),
         tokenizer=tok,
         text_encoder_2=_t5_encoder(len(t5), seed + 5),
         tokenizer_2=t5,

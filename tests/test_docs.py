@@ -33,7 +33,7 @@ def test_every_package_module_is_in_the_reference():
     pkg = ROOT / "hf_arb"
     modules = {"hf_arb." + ".".join(p.relative_to(pkg).with_suffix("").parts)
                for p in pkg.rglob("*.py") if not p.stem.startswith("_")}
-    undocumented = modules - set(gen_reference.MODULES) - {"hf_arb.cli", "hf_arb.annotate_cli"}
+    undocumented = modules - set(gen_reference.MODULES) - {"hf_arb.cli", "hf_arb.annotate_cli", "hf_arb.cli_buckets"}
     assert not undocumented, f"add {sorted(undocumented)} to docs/gen_reference.py MODULES"
 
 

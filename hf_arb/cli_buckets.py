@@ -1,0 +1,87 @@
+"""``hf-arb buckets`` and the options that choose a BucketSet, shared by every sub-command that builds one."""
+
+from __future__ import annotations
+
+import argparse
+import warnings
+from collections.abc import Callable
+
+from .buckets import BucketSet
+from .matching import METRICS
+from .presets import PRESETS
+
+
+def add_bucket_arguments(p: argparse.ArgumentParser) -> None:
+    """Options that choose a BucketSet; shared by every sub-command that builds one."""
+    p.add_argument("--preset", choices=PRESETS, default="budget",
+                   help="bucket table (see docs/buckets.md): 'budget' (pixel budget --resolution², OneTrainer "
+                        "aspects), 'novelai', 'sdxl', the model families' own 'pixart', 'sana', 'hunyuan_dit', "
+                        "'flux_kontext', or the trainers' 'diffusers', 'onetrainer', 'kohya'. Default: budget.")
+    p.add_argument("--aspect-ratio-buckets", default=None, metavar="H,W;H,W",
+                   help="explicit buckets in diffusers' format, height first (replaces --preset).")
+    p.add_argument("--resolution", type=int, default=None,
+                   help="pixel budget side (budget, diffusers, onetrainer, kohya; default 1024) or model resolution "
+                        "(pixart 256-2048, sana 512-4096; default 1024). Fixed tables ignore it and say so.")
+    p.add_argument("--step", type=int, default=None,
+                   help="side multiple (budget, onetrainer, kohya: default 64; diffusers: its divisibility, 16).")
+    p.add_argument("--min-side", type=int, default=None, help="kohya's min_bucket_reso (default 256).")
+    p.add_argument("--max-side", type=int, default=None, help="kohya's max_bucket_reso (default 1024).")
+    p.add_argument("--metric", choices=(*METRICS, "native"), default="log",
+                   help="aspect distance: 'log' (default, symmetric), NovelAI's 'linear' (w/h), 'linear_hw' (h/w), "
+                        "diffusers' 'cross', or 'native': the preset's own source's matching rule.")
+    p.add_argument("--max-aspect-error", type=float, default=None,
+                   help="skip images farther than this from every bucket (in --metric units).")
+
+
+def buckets_from_args(args: argparse.Namespace) -> BucketSet:
+    """Build the BucketSet the options describe; notes about ignored options are printed, not raised."""
+    kw = {"max_aspect_error": args.max_aspect_error}
+    if getattr(args, "aspect_ratio_buckets", None):
+        return BucketSet.from_string(args.aspect_ratio_buckets, metric=args.metric, **kw)
+    kw.update({k: v for k in ("min_side", "max_side") if (v := getattr(args, k, None)) is not None})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", UserWarning)
+        bs = BucketSet.preset(args.preset, resolution=args.resolution, step=args.step, metric=args.metric, **kw)
+    for w in caught:
+        print(f"note: {w.message}")
+    return bs
+
+
+def _add_buckets_arguments(p: argparse.ArgumentParser) -> None:
+    add_bucket_arguments(p)
+    p.add_argument("--scheduler", default=None, metavar="PATH",
+                   help="a flow-matching model folder, its scheduler/ folder or scheduler_config.json: also print each "
+                        "bucket's latent token count and resolution shift mu (SD3, Flux).")
+    p.add_argument("--vae-scale-factor", type=int, default=8, help="VAE downsampling for --scheduler (default 8).")
+    p.add_argument("--patch-size", type=int, default=2, help="transformer patch size for --scheduler (default 2).")
+
+
+def _scheduler_config(path: str) -> dict:
+    import json
+    from pathlib import Path
+
+    p = Path(path)
+    for cand in (p, p / "scheduler_config.json", p / "scheduler" / "scheduler_config.json"):
+        if cand.is_file():
+            return json.loads(cand.read_text())
+    raise FileNotFoundError(f"No scheduler_config.json at {path!r} (tried the file, PATH/scheduler_config.json and "
+                            "PATH/scheduler/scheduler_config.json).")
+
+
+def _run_buckets(args: argparse.Namespace) -> int:
+    bs = buckets_from_args(args)
+    print(f"{bs!r}\nfingerprint {bs.fingerprint}")
+    print(bs.table())
+    if args.scheduler:
+        from .shift import ShiftConfig, shift_table_text
+
+        cfg = ShiftConfig.from_scheduler_config(_scheduler_config(args.scheduler))
+        print(f"\nresolution shift ({'dynamic' if cfg.use_dynamic_shifting else f'static shift={cfg.shift}'}, "
+              f"VAE factor {args.vae_scale_factor}, patch {args.patch_size}):")
+        print(shift_table_text(bs, cfg, args.vae_scale_factor, args.patch_size))
+    return 0
+
+
+COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {
+    "buckets": ("print a bucket table", _add_buckets_arguments, _run_buckets),
+}
