@@ -121,9 +121,10 @@ class NovelAIStyleSampler:
 
 
 def ours_epoch(sampler: BucketBatchSampler, epoch: int) -> int:
+    """Plan ``epoch`` and drain rank 0's batches (the sampler itself yields every rank's, step-major)."""
     sampler.set_epoch(epoch)
     n = 0
-    for _ in sampler:
+    for _ in sampler.shard(0):
         n += 1
     return n
 
@@ -174,7 +175,7 @@ def main() -> None:
         fresh_t0 = time.perf_counter()
         sampler.load_state_dict(state)
         load_s.append(time.perf_counter() - fresh_t0)
-        next(iter(sampler))
+        next(iter(sampler.shard(0)))
         resume_s.append(time.perf_counter() - fresh_t0)
     resume_ms = float(np.median(resume_s) * 1e3)
 
