@@ -36,15 +36,18 @@ COMMON = ["--resolution", "64", "--bucket_step", "16", "--train_batch_size", "2"
 
 # ------------------------------------------------------------------------------------------- fixtures
 @pytest.fixture(scope="session")
-def assets(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    from hf_arb.tiny import save_tiny_imagefolder, save_tiny_sd, save_tiny_sdxl
+def assets(shared_artifact) -> dict[str, str]:
+    """Tiny SD / SDXL pipelines and a photo imagefolder, built once per test run for every xdist worker."""
+    def build(root: Path) -> dict[str, str]:
+        from hf_arb.tiny import save_tiny_imagefolder, save_tiny_sd, save_tiny_sdxl
 
-    root = tmp_path_factory.mktemp("assets")
-    return {
-        "sd": save_tiny_sd(root / "tiny-sd"),
-        "sdxl": save_tiny_sdxl(root / "tiny-sdxl"),
-        "images": save_tiny_imagefolder(root / "images"),  # 5 aspect ratios x 4 photos
-    }
+        return {
+            "sd": save_tiny_sd(root / "tiny-sd"),
+            "sdxl": save_tiny_sdxl(root / "tiny-sdxl"),
+            "images": save_tiny_imagefolder(root / "images"),  # 5 aspect ratios x 4 photos
+        }
+
+    return shared_artifact("train-assets", build)
 
 
 def _free_port() -> int:
