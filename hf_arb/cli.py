@@ -30,8 +30,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    return commands()[args.command][2](args)
+    """Run a sub-command. A bad option combination the parser cannot see (e.g. ``--step`` above
+    ``--resolution``) exits like an argparse error, phrased in flags."""
+    from .cli_buckets import in_flags
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return commands()[args.command][2](args)
+    except ValueError as e:
+        if args.command != "buckets":  # the other commands report their own errors; a bug keeps its traceback
+            raise
+        parser.error(f"{args.command}: {in_flags(str(e))}")
 
 
 if __name__ == "__main__":

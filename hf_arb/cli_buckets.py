@@ -11,6 +11,40 @@ from .matching import METRICS
 from .presets import PRESETS
 
 
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1 (the error names the value; argparse adds the flag)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    """argparse type: a finite number >= 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
+    return value
+
+
+#: BucketSet parameter names → the flags that set them, for error messages phrased in flags
+FLAG_NAMES = {"`resolution`": "--resolution", "`step`": "--step", "`max_aspect_error`": "--max-aspect-error",
+              "`min_side`": "--min-side", "`max_side`": "--max-side", "`metric`": "--metric"}
+
+
+def in_flags(message: str) -> str:
+    """A BucketSet error message with its parameter names replaced by this CLI's flags."""
+    for name, flag in FLAG_NAMES.items():
+        message = message.replace(name, flag)
+    return message
+
+
 def add_bucket_arguments(p: argparse.ArgumentParser) -> None:
     """Options that choose a BucketSet; shared by every sub-command that builds one."""
     p.add_argument("--preset", choices=PRESETS, default="budget",
@@ -19,17 +53,17 @@ def add_bucket_arguments(p: argparse.ArgumentParser) -> None:
                         "'flux_kontext', or the trainers' 'diffusers', 'onetrainer', 'kohya'. Default: budget.")
     p.add_argument("--aspect-ratio-buckets", default=None, metavar="H,W;H,W",
                    help="explicit buckets in diffusers' format, height first (replaces --preset).")
-    p.add_argument("--resolution", type=int, default=None,
+    p.add_argument("--resolution", type=positive_int, default=None,
                    help="pixel budget side (budget, diffusers, onetrainer, kohya; default 1024) or model resolution "
                         "(pixart 256-2048, sana 512-4096; default 1024). Fixed tables ignore it and say so.")
-    p.add_argument("--step", type=int, default=None,
+    p.add_argument("--step", type=positive_int, default=None,
                    help="side multiple (budget, onetrainer, kohya: default 64; diffusers: its divisibility, 16).")
-    p.add_argument("--min-side", type=int, default=None, help="kohya's min_bucket_reso (default 256).")
-    p.add_argument("--max-side", type=int, default=None, help="kohya's max_bucket_reso (default 1024).")
+    p.add_argument("--min-side", type=positive_int, default=None, help="kohya's min_bucket_reso (default 256).")
+    p.add_argument("--max-side", type=positive_int, default=None, help="kohya's max_bucket_reso (default 1024).")
     p.add_argument("--metric", choices=(*METRICS, "native"), default="log",
                    help="aspect distance: 'log' (default, symmetric), NovelAI's 'linear' (w/h), 'linear_hw' (h/w), "
                         "diffusers' 'cross', or 'native': the preset's own source's matching rule.")
-    p.add_argument("--max-aspect-error", type=float, default=None,
+    p.add_argument("--max-aspect-error", type=non_negative_float, default=None,
                    help="skip images farther than this from every bucket (in --metric units).")
 
 
@@ -52,8 +86,8 @@ def _add_buckets_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--scheduler", default=None, metavar="PATH",
                    help="a flow-matching model folder, its scheduler/ folder or scheduler_config.json: also print each "
                         "bucket's latent token count and resolution shift mu (SD3, Flux).")
-    p.add_argument("--vae-scale-factor", type=int, default=8, help="VAE downsampling for --scheduler (default 8).")
-    p.add_argument("--patch-size", type=int, default=2, help="transformer patch size for --scheduler (default 2).")
+    p.add_argument("--vae-scale-factor", type=positive_int, default=8, help="VAE downsampling for --scheduler (default 8).")
+    p.add_argument("--patch-size", type=positive_int, default=2, help="transformer patch size for --scheduler (default 2).")
 
 
 def _scheduler_config(path: str) -> dict:

@@ -1,0 +1,28 @@
+"""hf-arb buckets: bad values are argparse errors phrased in flags, never tracebacks."""
+
+from __future__ import annotations
+
+import pytest
+
+from hf_arb.cli import main
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--resolution", "0"], "argument --resolution: must be a positive integer, got 0"),
+    (["--step", "0"], "argument --step: must be a positive integer, got 0"),
+    (["--resolution", "abc"], "argument --resolution: expected a positive integer, got 'abc'"),
+    (["--max-aspect-error", "-1"], "argument --max-aspect-error: must be a finite number >= 0, got -1"),
+    (["--max-aspect-error", "nan"], "argument --max-aspect-error: must be a finite number >= 0, got nan"),
+    (["--resolution", "16"], "--step (64) must not exceed --resolution (16)"),
+])
+def test_bad_values_are_one_line_errors_in_flags(argv, message, capsys) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["buckets", *argv])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and message in err and "Traceback" not in err
+    assert "`" not in err.splitlines()[-1], "Python parameter names leaked into the message"
+
+
+def test_fixed_table_notes_ignored_resolution(capsys) -> None:
+    assert main(["buckets", "--preset", "novelai", "--resolution", "1024"]) == 0
+    assert "note:" in capsys.readouterr().out
