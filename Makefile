@@ -12,6 +12,7 @@ help:
 	@echo "make test   - create .venv (torch CPU/GPU wheel, project + test extra) and run the whole suite"
 	@echo "make demo   - annotate, train a tiny SD pipeline on 2 processes, write pictures (offline)"
 	@echo "make bench  - run every benchmark side by side with its baseline, write docs/benchmarks.md"
+	@echo "make docs   - build the documentation site into site/ (offline, strict: a broken link fails)"
 
 venv: $(STAMP)
 
@@ -34,5 +35,8 @@ demo: venv
 bench: venv
 	$(PY) benchmarks/run_all.py
 
+docs: venv
+	$(PY) -m mkdocs build --strict -d site
+
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis
+	rm -rf $(VENV) build site *.egg-info .pytest_cache .hypothesis

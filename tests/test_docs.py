@@ -57,3 +57,12 @@ def test_readme_test_command_is_what_ci_runs():
     readme = (ROOT / "README.md").read_text()
     ci = (ROOT / ".ci" / "run").read_text()
     assert "make test" in readme and re.search(r"^make test$", ci, re.M)
+
+
+@pytest.mark.slow
+def test_mkdocs_site_builds_strict(tmp_path):
+    """`make docs`: the site builds offline in strict mode (a broken link or missing page fails)."""
+    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(tmp_path / "site")],
+                          capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (tmp_path / "site" / "sampler" / "index.html").exists()
