@@ -994,6 +994,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                  num_warmup_steps=schedule.scheduler_warmup_steps,
                                  num_training_steps=schedule.scheduler_training_steps)
     # as diffusers' scripts: one plain prepare call; the sampler's global plan is dealt to the ranks by accelerate
+    from hf_arb.sampling.accelerate import fill_deepspeed_micro_batch
+
+    fill_deepspeed_micro_batch(accelerator, sampler)  # DeepSpeed cannot read a batch sampler's batch size
     unet, optimizer, dataloader, lr_scheduler = accelerator.prepare(models.unet, optimizer, dataloader, lr_scheduler)
     accelerator.register_for_checkpointing(sampler)  # its plan check refuses a checkpoint of another dataset/seed
     if models.ema_unet is not None:

@@ -680,3 +680,25 @@ def test_accelerate_batch_sampler_shard_deals_each_rank_its_planned_batches(worl
                                       even_batches=even_batches)
             split.set_epoch(0)
             assert len(shard) == split.steps_per_epoch and list(shard) == plan[:, r].tolist()
+
+
+def test_deepspeed_auto_micro_batch_is_filled_from_the_sampler() -> None:
+    """DeepSpeed reads DataLoader.batch_size (None with a batch sampler): an "auto" micro batch gets the
+    sampler's per-rank batch, a number set by the user is kept. (DeepSpeed itself is not installed here.)"""
+    from types import SimpleNamespace
+
+    from hf_arb.sampling.accelerate import fill_deepspeed_micro_batch
+
+    class Plugin:
+        def __init__(self, value):
+            self.deepspeed_config = {"train_micro_batch_size_per_gpu": value}
+
+        def is_auto(self, key):
+            return self.deepspeed_config[key] == "auto"
+
+    s = BucketBatchSampler(make_ids(300), 12, num_replicas=3, split_batches=True)
+    for value, expected in (("auto", 4), (7, 7)):
+        acc = SimpleNamespace(state=SimpleNamespace(deepspeed_plugin=Plugin(value)))
+        fill_deepspeed_micro_batch(acc, s)
+        assert acc.state.deepspeed_plugin.deepspeed_config["train_micro_batch_size_per_gpu"] == expected
+    fill_deepspeed_micro_batch(SimpleNamespace(state=SimpleNamespace(deepspeed_plugin=None)), s)  # no DeepSpeed

@@ -27,6 +27,17 @@ def find_sampler(dataloader: Any) -> BucketBatchSampler:
     )
 
 
+def fill_deepspeed_micro_batch(accelerator: Any, sampler: BucketBatchSampler) -> None:
+    """Set DeepSpeed's ``train_micro_batch_size_per_gpu: "auto"`` to the sampler's per-rank batch.
+
+    DeepSpeed reads the micro batch from ``DataLoader.batch_size``, which is ``None`` with a batch sampler. Call
+    this before ``accelerator.prepare``; it does nothing without DeepSpeed or when the config sets a number.
+    """
+    plugin = getattr(accelerator.state, "deepspeed_plugin", None)
+    if plugin is not None and plugin.is_auto("train_micro_batch_size_per_gpu"):
+        plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = sampler.per_rank_batch_size
+
+
 def prepare_dataloader(accelerator: Any, dataloader: Any) -> Any:
     """``accelerator.prepare(dataloader)``, checked: the prepared loader must yield the plan's steps per rank.
 
@@ -45,9 +56,7 @@ def prepare_dataloader(accelerator: Any, dataloader: Any) -> Any:
         RuntimeError: the prepared loader would not yield ``sampler.steps_per_epoch`` batches per pass.
     """
     sampler = find_sampler(dataloader)
-    plugin = getattr(accelerator.state, "deepspeed_plugin", None)
-    if plugin is not None and plugin.is_auto("train_micro_batch_size_per_gpu"):
-        plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = sampler.per_rank_batch_size
+    fill_deepspeed_micro_batch(accelerator, sampler)
     prepared = accelerator.prepare(dataloader)
     if len(prepared) != sampler.steps_per_epoch:
         raise RuntimeError(
