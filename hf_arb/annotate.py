@@ -15,6 +15,7 @@ metadata and the Hub card's ``dataset_info`` all keep; see :func:`hf_arb.hub.buc
 from __future__ import annotations
 
 import functools
+import io
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -212,7 +213,9 @@ class _ArrowImage:
         source = f"<bytes: {self.buffer.size}>" + (f" ({self.path!r})" if self.path else "")
         if self.buffer.size == 0:
             raise ImageSizeError(source, "empty (0 bytes)")
-        return _size_of_open(pa.BufferReader(self.buffer), source)
+        # Pillow's plugins seek past the end and call readline (WebP, TIFF, …), which pyarrow's BufferReader
+        # refuses; a BytesIO over the buffer behaves like a file on disk for every format.
+        return _size_of_open(io.BytesIO(self.buffer), source)
 
 
 def _arrow_values(column: pa.ChunkedArray | pa.Array) -> list[Any]:

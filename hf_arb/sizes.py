@@ -66,6 +66,10 @@ def _sniff_format(head: bytes) -> str | None:
             return name
     if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
         return "WebP"
+    if head[4:8] == b"ftyp" and head[8:12] in (b"avif", b"avis"):
+        return "AVIF"
+    if head[4:8] == b"ftyp" and head[8:12] in (b"heic", b"heix", b"mif1"):
+        return "HEIF"
     return None
 
 
