@@ -214,6 +214,8 @@ def read_image_size(src: ImageSource) -> tuple[int, int]:
     """
     if isinstance(src, Image.Image):
         w, h = src.size
+        if _plugin_applied_orientation(src):
+            return w, h
         return displayed_size(w, h, _orientation(src))
     if isinstance(src, Mapping):
         data, path = src.get("bytes"), src.get("path")
