@@ -38,6 +38,7 @@ CONFIG_ID_PREFIX = "hf_arb.buckets:"
 # skip_reason codes of the vectorised core (0 = kept). Order = priority: the first that applies wins.
 _REASONS: tuple[str | None, ...] = (None, "missing", "invalid_size", "aspect", "too_small", "upscale")
 _MISSING, _INVALID, _ASPECT, _TOO_SMALL, _UPSCALE = 1, 2, 3, 4, 5
+_INT32_MAX = 2**31 - 1
 
 
 def bucket_features(buckets: BucketSet) -> Any:
@@ -109,9 +110,13 @@ def annotate_sizes(
     else:
         has_pre = np.zeros(n, dtype=bool)
     finite = np.isfinite(w) & np.isfinite(h)  # (n,)
-    code[~finite & ~has_pre] = _MISSING
-    good = finite & (w > 0) & (h > 0) & ~has_pre  # (n,) sizes usable for assignment
-    code[finite & ~good & ~has_pre] = _INVALID
+    unknown = np.isnan(w) | np.isnan(h)  # (n,) null / NaN: missing; ±inf is an invalid size
+    code[unknown & ~has_pre] = _MISSING
+    with np.errstate(invalid="ignore"):
+        rw, rh = np.rint(w), np.rint(h)  # (n,) what the int32 original_* columns would hold
+        # >= 1 pixel and representable in int32 (a 2**31 width would wrap to -2147483648)
+        good = finite & (rw >= 1) & (rh >= 1) & (rw <= _INT32_MAX) & (rh <= _INT32_MAX) & ~has_pre  # (n,)
+    code[~unknown & ~good & ~has_pre] = _INVALID
 
     ids = np.full(n, -1, dtype=np.int64)  # (n,)
     err = np.full(n, np.nan, dtype=np.float64)  # (n,)
@@ -137,8 +142,8 @@ def annotate_sizes(
     bucket = np.where(kept, ids, -1).astype(np.int32)
     bw = res[safe, 0].astype(np.int32)
     bh = res[safe, 1].astype(np.int32)
-    ow = np.rint(np.where(good, w, 0)).astype(np.int32)
-    oh = np.rint(np.where(good, h, 0)).astype(np.int32)
+    ow = np.where(good, rw, 0).astype(np.int32)
+    oh = np.where(good, rh, 0).astype(np.int32)
     arrays = [
         pa.array(bucket, type=pa.int32()),
         pa.array(bw, type=pa.int32(), mask=~kept),
@@ -163,6 +168,40 @@ def _float_array(values: Any) -> np.ndarray:
     if arr.dtype.kind not in "biuf":
         raise ValueError(f"Sizes must be numeric, got dtype {arr.dtype}. Cast the width/height columns to integers.")
     return arr.astype(np.float64, copy=False)
+
+
+def _size_column(values: Any, column: str) -> np.ndarray:
+    """A width or height metadata column → float64 array of shape (n,), NaN for null; names ``column`` on bad input.
+
+    Numeric columns (any int/float/decimal width) are taken as they are: out-of-range values become
+    ``invalid_size`` rows later. A string column is parsed when every value is a number (``"512"``, ``"512.0"``);
+    otherwise, and for any other type, the error names the column, the row and the first value that is not a number.
+    """
+    if not isinstance(values, (pa.Array, pa.ChunkedArray)):
+        try:
+            values = pa.array(values)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError):
+            values = pa.array([None if v is None else str(v) for v in values], pa.string())
+    t = values.type
+    if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t) or pa.types.is_null(t):
+        return pc.cast(values, pa.float64()).to_numpy(zero_copy_only=False)
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        try:
+            return pc.cast(pc.utf8_trim_whitespace(values), pa.float64()).to_numpy(zero_copy_only=False)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            pass
+    for i, v in enumerate(values.to_pylist()):  # error path only: find the first offender
+        if v is None:
+            continue
+        try:
+            float(v)
+        except (TypeError, ValueError):
+            raise ValueError(
+                f"Size column {column!r} must hold numbers (pixels), but row {i} holds {v!r} ({t}). Clean or cast the "
+                f"column (e.g. ds.map to turn bad values into None, which become skip_reason 'missing'), or annotate "
+                f"from the images with image_column=... instead."
+            ) from None
+    raise ValueError(f"Size column {column!r} must be numeric (pixels), got type {t}. Cast it to an integer type.")
 
 
 def _reason_array(code: np.ndarray, pre: np.ndarray | None, has_pre: np.ndarray) -> pa.Array:
@@ -263,17 +302,11 @@ def _image_batch(values: Any, *, config: str, max_upscale: float | None, min_siz
 
 
 def _size_batch(widths: list[Any], heights: list[Any], *, config: str, max_upscale: float | None,
-                min_size: int | None, as_dict: bool) -> Any:
+                min_size: int | None, as_dict: bool, columns: tuple[str, str] = ("width", "height")) -> Any:
     """``map`` function for the metadata path (streaming): width/height values → bucket columns."""
-    table = annotate_sizes(_float_array(_none_to_nan(widths)), _float_array(_none_to_nan(heights)),
+    table = annotate_sizes(_size_column(widths, columns[0]), _size_column(heights, columns[1]),
                            _buckets_from_json(config), max_upscale=max_upscale, min_size=min_size)
     return table.to_pydict() if as_dict else table
-
-
-def _none_to_nan(values: Any) -> Any:
-    if isinstance(values, (pa.Array, pa.ChunkedArray, np.ndarray)):
-        return values
-    return pa.array(values)  # nulls stay nulls; _float_array turns them into NaN
 
 
 def add_bucket_columns(
@@ -380,7 +413,8 @@ def _annotate_dataset(ds: Any, buckets: BucketSet, *, image_column: str | None, 
     if width_column is not None:
         _check_columns(base.column_names, (width_column, height_column))
         cols = base.select_columns([width_column, height_column]).with_format("arrow")[:]  # pa.Table, indices applied
-        table = annotate_sizes(cols.column(0), cols.column(1), buckets, max_upscale=max_upscale, min_size=min_size)
+        table = annotate_sizes(_size_column(cols.column(0), width_column), _size_column(cols.column(1), height_column),
+                               buckets, max_upscale=max_upscale, min_size=min_size)
         fp = _fingerprint(base._fingerprint, buckets.fingerprint, width_column, height_column, max_upscale, min_size)
         new = datasets.Dataset(table.cast(features.arrow_schema), info=datasets.DatasetInfo(features=features),
                                fingerprint=fp)
@@ -417,7 +451,7 @@ def _annotate_iterable(ds: Any, buckets: BucketSet, *, image_column: str | None,
     if width_column is not None:
         _check_columns(names, (width_column, height_column))
         out = base.map(_size_batch, batched=True, batch_size=batch_size, input_columns=[width_column, height_column],
-                       fn_kwargs=fn_kwargs)
+                       fn_kwargs={**fn_kwargs, "columns": (width_column, height_column)})
     else:
         _check_columns(names, (image_column,))
         decoding_image = base.features is not None and isinstance(base.features.get(image_column), datasets.Image)
