@@ -459,9 +459,11 @@ def build_dataloader(args: argparse.Namespace, accelerator: Any, ds: Any, bucket
     if args.cache_latents:
         from hf_arb.latents import CachedLatentDataset
 
-        cache, index = build_latent_cache(args, accelerator, ds, buckets, models, schedule, weight_dtype)
+        cache, index, repair = build_latent_cache(args, accelerator, ds, buckets, models, schedule, weight_dtype)
         captions = ds.select_columns([args.caption_column])[args.caption_column]
-        dataset: Any = CachedLatentDataset(cache, index, captions, seed=args.seed)
+        # re-encoding in a loader worker needs the VAE there: fine on CPU, not for a CUDA VAE in a forked worker
+        in_process = args.dataloader_num_workers == 0 or accelerator.device.type == "cpu"
+        dataset: Any = CachedLatentDataset(cache, index, captions, seed=args.seed, repair=repair if in_process else None)
         collate = CachedLatentDataset.collate
     else:
         index = None
@@ -557,12 +559,29 @@ def build_latent_cache(args: argparse.Namespace, accelerator: Any, ds: Any, buck
     lat.fill_cache(cache, index, rank=accelerator.process_index, world=accelerator.num_processes,
                    load_batch=load_batch, encode=encode, batch_size=args.train_batch_size)
     accelerator.wait_for_everyone()
-    counts = gather_object([(index.encoded, index.reused)]) if accelerator.num_processes > 1 else [(index.encoded, index.reused)]
-    index.encoded, index.reused = sum(c[0] for c in counts), sum(c[1] for c in counts)
-    logger.info("Latent cache %s: encoded %d, reused %d entries (%d variant(s) per image) in %.1f s.",
-                cache.root, index.encoded, index.reused, index.variants, time.perf_counter() - t0)
+    mine = [(index.encoded, index.reused, index.repaired)]
+    counts = gather_object(mine) if accelerator.num_processes > 1 else mine
+    index.encoded, index.reused, index.repaired = (sum(c[i] for c in counts) for i in range(3))
+    logger.info("Latent cache %s: encoded %d (%d of them damaged entries), reused %d entries (%d variant(s) per "
+                "image) in %.1f s.", cache.root, index.encoded, index.repaired, index.reused, index.variants,
+                time.perf_counter() - t0)
     models.vae.to(dtype=weight_dtype)
-    return cache, index
+    return cache, index, latent_repair(cache, index, load_batch, models.vae)
+
+
+def latent_repair(cache: Any, index: Any, load_batch: Any, vae: Any) -> Any:
+    """``(row, bucket, epoch)`` → encode that cache entry again (an entry damaged while training; see hf_arb.latents)."""
+
+    @torch.no_grad()
+    def repair(row: int, bucket: int, epoch: int) -> None:
+        batch = load_batch([(row, bucket, epoch % index.variants)])
+        dist = vae.encode(batch["pixel_values"].to(vae.device, vae.dtype)).latent_dist
+        stats = torch.stack([dist.mean, dist.std], dim=1)[0].float().cpu().numpy()  # (2, C, h, w)
+        cache.write(index.key(row, bucket, epoch), stats, {
+            "original_size": batch["original_sizes"][0].tolist(), "crop_top_left": batch["crop_top_lefts"][0].tolist(),
+            "target_size": batch["target_sizes"][0].tolist()})
+
+    return repair
 
 
 class TextEncoder:
@@ -1009,7 +1028,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     stats = train_loop(args, accelerator, models, unet, optimizer, lr_scheduler, dataloader, sampler, buckets,
                        schedule, progress, weight_dtype, resolution_dim, tqdm)
     stats.update(vae_encode_calls=encode_calls[0], latents_encoded=index.encoded if index else None,
-                 latents_reused=index.reused if index else None, num_processes=accelerator.num_processes, sdxl=models.sdxl, seed=args.seed,
+                 latents_reused=index.reused if index else None,
+                 latents_repaired=index.repaired if index else None, num_processes=accelerator.num_processes, sdxl=models.sdxl, seed=args.seed,
                  schedule=schedule.__dict__)
     save_final(args, accelerator, models, unet, buckets, progress, stats.setdefault("validation_images", []), stats)
     if accelerator.is_main_process:
