@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .buckets import AssignmentSummary, BucketSet
-from .sizes import ImageSizeError, _size_of_open, read_image_size
+from .sizes import ImageSizeError, _decode_fully, _size_of_open, read_image_size, verify_image
 
 #: The columns :func:`add_bucket_columns` adds, in order.
 BUCKET_COLUMNS: tuple[str, ...] = (
@@ -221,8 +221,12 @@ def _buckets_from_json(config: str) -> BucketSet:
     return BucketSet.from_json(config)
 
 
-def _sizes_of(values: Sequence[Any]) -> tuple[np.ndarray, np.ndarray, list[str | None]]:
-    """Read header sizes of a batch of image values; the only per-row Python loop (it opens files)."""
+def _sizes_of(values: Sequence[Any], verify: bool = False) -> tuple[np.ndarray, np.ndarray, list[str | None]]:
+    """Read header sizes of a batch of image values; the only per-row Python loop (it opens files).
+
+    With ``verify`` each readable image is also decoded; a broken body gives ``"truncated: …"`` or
+    ``"undecodable: …"``.
+    """
     n = len(values)
     w = np.full(n, np.nan)  # (n,)
     h = np.full(n, np.nan)  # (n,)
@@ -234,8 +238,17 @@ def _sizes_of(values: Sequence[Any]) -> tuple[np.ndarray, np.ndarray, list[str |
             w[i], h[i] = v.size() if isinstance(v, _ArrowImage) else read_image_size(v)
         except ImageSizeError as e:
             reasons[i] = f"unreadable: {e.reason}"
+            continue
         except Exception as e:  # noqa: BLE001 - nothing may raise mid-map; record the reason instead
             reasons[i] = f"unreadable: {type(e).__name__}: {e}"[:200]
+            continue
+        if verify:
+            try:
+                v.verify() if isinstance(v, _ArrowImage) else verify_image(v)
+            except ImageSizeError as e:
+                reasons[i] = (f"{e.reason}: {e.detail}" if e.reason in ("truncated", "undecodable") else f"unreadable: {e.reason}")[:200]
+            except Exception as e:  # noqa: BLE001
+                reasons[i] = f"undecodable: {type(e).__name__}: {e}"[:200]
     return w, h, reasons
 
 
@@ -255,6 +268,9 @@ class _ArrowImage:
         # Pillow's plugins seek past the end and call readline (WebP, TIFF, …), which pyarrow's BufferReader
         # refuses; a BytesIO over the buffer behaves like a file on disk for every format.
         return _size_of_open(io.BytesIO(self.buffer), source)
+
+    def verify(self) -> None:
+        _decode_fully(io.BytesIO(self.buffer), f"<bytes: {self.buffer.size}>" + (f" ({self.path!r})" if self.path else ""))
 
 
 def _arrow_values(column: pa.ChunkedArray | pa.Array) -> list[Any]:
@@ -289,14 +305,14 @@ def _arrow_values(column: pa.ChunkedArray | pa.Array) -> list[Any]:
 
 
 def _image_batch(values: Any, *, config: str, max_upscale: float | None, min_size: int | None,
-                 as_dict: bool) -> Any:
+                 as_dict: bool, verify: bool = False) -> Any:
     """``map`` function for the image path: header sizes → bucket columns for one batch.
 
     ``values`` is a Python list (streaming) or an Arrow column (map-style, read zero-copy).
     """
     if isinstance(values, (pa.ChunkedArray, pa.Array)):
         values = _arrow_values(values)
-    w, h, reasons = _sizes_of(values)
+    w, h, reasons = _sizes_of(values, verify)
     table = annotate_sizes(w, h, _buckets_from_json(config), reasons=reasons, max_upscale=max_upscale, min_size=min_size)
     return table.to_pydict() if as_dict else table
 
@@ -323,6 +339,7 @@ def add_bucket_columns(
     desc: str | None = None,
     show_summary: bool = True,
     load_from_cache_file: bool | None = None,
+    verify: bool = False,
 ) -> Any:
     """Add the bucket columns to an image dataset, reading only image headers (or no images at all).
 
@@ -344,6 +361,10 @@ def add_bucket_columns(
         show_summary: print a NovelAI-style summary when done (map-style datasets only; a streaming dataset is
             lazy — call :func:`summarize_annotation` after iterating if you want one).
         load_from_cache_file: passed to ``Dataset.map``.
+        verify: also decode every image whose header reads (in the same parallel ``map``; JPEGs at 1/8 scale), and
+            skip those whose body is broken with ``skip_reason`` ``"truncated: …"`` (an interrupted download) or
+            ``"undecodable: …"``. Costs a decode per image (see docs/benchmarks.md); without it such rows are kept
+            and training replaces them (``--on_bad_image``). Ignored on the metadata path (no image is opened).
 
     Returns:
         The same kind of object as ``ds`` with :data:`BUCKET_COLUMNS` appended (existing bucket columns are
@@ -376,7 +397,7 @@ def add_bucket_columns(
     if batch_size < 1:
         raise ValueError(f"`batch_size` must be >= 1, got {batch_size}.")
     kwargs = dict(image_column=image_column, width_column=width_column, height_column=height_column, num_proc=num_proc,
-                  batch_size=batch_size, max_upscale=max_upscale, min_size=min_size, desc=desc,
+                  batch_size=batch_size, max_upscale=max_upscale, min_size=min_size, desc=desc, verify=verify,
                   show_summary=show_summary, load_from_cache_file=load_from_cache_file)
     if isinstance(ds, (datasets.DatasetDict, datasets.IterableDatasetDict)):
         return type(ds)({split: add_bucket_columns(d, buckets, **kwargs) for split, d in ds.items()})  # type: ignore[arg-type]
@@ -405,7 +426,7 @@ def _fingerprint(*parts: Any) -> str:
 def _annotate_dataset(ds: Any, buckets: BucketSet, *, image_column: str | None, width_column: str | None,
                       height_column: str | None, num_proc: int | None, batch_size: int, max_upscale: float | None,
                       min_size: int | None, desc: str | None, show_summary: bool,
-                      load_from_cache_file: bool | None) -> Any:
+                      load_from_cache_file: bool | None, verify: bool = False) -> Any:
     import datasets
 
     base = ds.remove_columns([c for c in BUCKET_COLUMNS if c in ds.column_names])
@@ -426,7 +447,8 @@ def _annotate_dataset(ds: Any, buckets: BucketSet, *, image_column: str | None, 
         new = src.with_format("arrow").map(
             _image_batch, batched=True, batch_size=batch_size, num_proc=num_proc, input_columns=[image_column],
             remove_columns=[image_column], features=features, desc=desc or "Reading image sizes",
-            fn_kwargs=dict(config=buckets.to_json(), max_upscale=max_upscale, min_size=min_size, as_dict=False),
+            fn_kwargs=dict(config=buckets.to_json(), max_upscale=max_upscale, min_size=min_size, as_dict=False,
+                           verify=verify),
             load_from_cache_file=load_from_cache_file,
         ).with_format(None)
     out = datasets.concatenate_datasets([base, new], axis=1)
@@ -438,7 +460,7 @@ def _annotate_dataset(ds: Any, buckets: BucketSet, *, image_column: str | None, 
 def _annotate_iterable(ds: Any, buckets: BucketSet, *, image_column: str | None, width_column: str | None,
                        height_column: str | None, num_proc: int | None, batch_size: int, max_upscale: float | None,
                        min_size: int | None, desc: str | None, show_summary: bool,
-                       load_from_cache_file: bool | None) -> Any:
+                       load_from_cache_file: bool | None, verify: bool = False) -> Any:
     import datasets
 
     names = ds.column_names
@@ -448,6 +470,7 @@ def _annotate_iterable(ds: Any, buckets: BucketSet, *, image_column: str | None,
     if base.features is not None:
         features = datasets.Features({**base.features, **bucket_features(buckets)})
     fn_kwargs = dict(config=buckets.to_json(), max_upscale=max_upscale, min_size=min_size, as_dict=True)
+    image_kwargs = {**fn_kwargs, "verify": verify}
     if width_column is not None:
         _check_columns(names, (width_column, height_column))
         out = base.map(_size_batch, batched=True, batch_size=batch_size, input_columns=[width_column, height_column],
@@ -459,7 +482,7 @@ def _annotate_iterable(ds: Any, buckets: BucketSet, *, image_column: str | None,
         # No `features=` here: a typed map output would skip decoding later; the final cast below restores
         # the original image feature (so it decodes again) and types the new columns.
         out = src.map(_image_batch, batched=True, batch_size=batch_size, input_columns=[image_column],
-                      fn_kwargs=fn_kwargs)
+                      fn_kwargs=image_kwargs)
     return out.cast(features) if features is not None else out
 
 
@@ -472,7 +495,8 @@ class AnnotationSummary:
         rows: rows in the dataset.
         skipped_by_reason: skipped rows per reason category (the part of ``skip_reason`` before ``":"``).
         assignment: the :class:`~hf_arb.AssignmentSummary` (rows per bucket, aspect error over kept rows).
-        unreadable_examples: up to 5 distinct full ``"unreadable: …"`` reasons, to show what went wrong.
+        unreadable_examples: up to 5 distinct full ``"unreadable: …"`` / ``"truncated: …"`` / ``"undecodable: …"``
+            reasons, to show what went wrong.
     """
 
     rows: int
@@ -535,7 +559,7 @@ def summarize_columns(bucket: Any, aspect_error: Any, skip_reason: Any, buckets:
         full, c = item["values"], item["counts"]
         cat = full.split(":", 1)[0].strip()
         by_reason[cat] = by_reason.get(cat, 0) + int(c)
-        if cat == "unreadable" and len(examples) < 5:
+        if cat in ("unreadable", "truncated", "undecodable") and len(examples) < 5:
             examples.append(full)
     if ids.size and ids.max(initial=-1) >= len(buckets):
         raise ValueError(f"Bucket id {int(ids.max())} is out of range for a BucketSet of {len(buckets)} buckets; "

@@ -104,6 +104,8 @@ def _add_annotate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--streaming", action="store_true", help="stream the source instead of downloading it first")
     p.add_argument("--max-upscale", type=float, default=None, help="skip images needing more upscale than this")
     p.add_argument("--min-size", type=int, default=None, help="skip images whose shorter side is below this")
+    p.add_argument("--verify", action="store_true",
+                   help="also decode every image (parallel with --num-proc) and skip truncated or undecodable ones")
     p.add_argument("--plot", default=None, metavar="FILE.png", help="also write the bucket chart here")
     p.add_argument("--private", action="store_true", help="with --push-to-hub: create a private repo")
 
@@ -123,7 +125,7 @@ def _run_annotate(args: argparse.Namespace) -> int:
     annotated = add_bucket_columns(ds, buckets, image_column=image_column, width_column=args.width_column,
                                    height_column=args.height_column, num_proc=args.num_proc,
                                    batch_size=args.batch_size, max_upscale=args.max_upscale, min_size=args.min_size,
-                                   show_summary=False)
+                                   show_summary=False, verify=args.verify)
     if args.streaming and args.output_dir:
         # Materialise the stream once (sizes are read as it flows), then save like a map-style dataset.
         def materialise(d: Any) -> Any:
