@@ -64,6 +64,7 @@ logger = logging.getLogger("train_text_to_image_arb")
 
 STATE_FILE = "hf_arb_state.json"  # our part of a checkpoint: step counters and the seed
 BUCKETS_FILE = "hf_arb_buckets.json"  # the BucketSet the run trained with, saved next to the pipeline
+SKIPPED_ROWS_FILE = "skipped_rows.jsonl"  # images that failed to decode while training, one JSON line per row
 STATS_FILE = "hf_arb_run.json"  # what the run did (steps, cache hits), for scripts and tests
 
 
@@ -159,6 +160,9 @@ def build_parser() -> argparse.ArgumentParser:
     a("--seed", type=int, default=None, help="A seed for reproducible training.")
     a("--checkpointing_steps", type=int, default=500, help="Save the training state every X updates.")
     a("--checkpoints_total_limit", type=int, default=None, help="Max number of checkpoints to store.")
+    a("--on_bad_image", choices=("replace", "error"), default="replace",
+      help="An image that fails to decode while training: 'replace' trains a deterministic row of the same bucket "
+           "instead (logged once, listed in <output_dir>/skipped_rows.jsonl); 'error' stops the run.")
     a("--resume_from_checkpoint", type=str, default=None,
       help='A checkpoint folder saved by --checkpointing_steps, or "latest". A missing checkpoint is an error.')
     a("--validation_prompts", type=str, default=None, nargs="+",
@@ -446,7 +450,8 @@ def image_dataset(args: argparse.Namespace, ds: Any, buckets: Any) -> Any:
 
     return BucketedImageDataset(ds, buckets, image_column=args.image_column, caption_column=args.caption_column,
                                 tokenizer=None, seed=args.seed, center_crop=args.center_crop,
-                                random_flip=args.random_flip)
+                                random_flip=args.random_flip, on_bad_image=args.on_bad_image,
+                                bad_image_log=Path(args.output_dir) / SKIPPED_ROWS_FILE)
 
 
 def build_dataloader(args: argparse.Namespace, accelerator: Any, ds: Any, buckets: Any, models: Models, sampler: Any,
@@ -1029,13 +1034,27 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                        schedule, progress, weight_dtype, resolution_dim, tqdm)
     stats.update(vae_encode_calls=encode_calls[0], latents_encoded=index.encoded if index else None,
                  latents_reused=index.reused if index else None,
-                 latents_repaired=index.repaired if index else None, num_processes=accelerator.num_processes, sdxl=models.sdxl, seed=args.seed,
+                 latents_repaired=index.repaired if index else None,
+                 bad_images=report_bad_images(args, accelerator), num_processes=accelerator.num_processes, sdxl=models.sdxl, seed=args.seed,
                  schedule=schedule.__dict__)
     save_final(args, accelerator, models, unet, buckets, progress, stats.setdefault("validation_images", []), stats)
     if accelerator.is_main_process:
         (Path(args.output_dir) / STATS_FILE).write_text(json.dumps(stats, indent=1, default=str))
     accelerator.end_training()
     return stats
+
+
+def report_bad_images(args: argparse.Namespace, accelerator: Any) -> int:
+    """Rows whose image failed to decode during the run (and were replaced), from skipped_rows.jsonl; warns once."""
+    from hf_arb.bad_images import read_bad_rows
+
+    accelerator.wait_for_everyone()
+    path = Path(args.output_dir) / SKIPPED_ROWS_FILE
+    rows = read_bad_rows(path)
+    if rows and accelerator.is_main_process:
+        logger.warning("%d row(s) had images that could not be decoded and were replaced by rows of the same bucket; "
+                       "see %s. Re-annotate with `hf-arb annotate ... --verify` to skip them up front.", len(rows), path)
+    return len(rows)
 
 
 def train_loop(args: argparse.Namespace, accelerator: Any, models: Models, unet: Any, optimizer: Any,
