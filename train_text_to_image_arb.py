@@ -634,28 +634,40 @@ class Progress:
 
 
 def resolve_resume_dir(args: argparse.Namespace) -> Path | None:
-    """The checkpoint folder to resume from, or None; a missing one is an error (never a silent fresh start)."""
+    """The checkpoint folder to resume from, or None; a missing or damaged one is an error (never a silent fresh
+    start). ``latest`` skips incomplete or damaged checkpoints (with a warning naming them) for the newest complete one.
+    """
+    from hf_arb.checkpointing import checkpoint_problems, find_resumable, list_checkpoints
+
     if not args.resume_from_checkpoint:
         return None
     out = Path(args.output_dir)
+    model_dirs = ("unet", "unet_ema") if args.use_ema else ("unet",)
     if args.resume_from_checkpoint == "latest":
-        found = sorted((d for d in out.glob("checkpoint-*") if d.is_dir() and d.name.split("-")[-1].isdigit()),
-                       key=lambda d: int(d.name.split("-")[-1]))
-        if not found:
+        path, skipped = find_resumable(out, STATE_FILE, model_dirs)
+        if skipped:
+            logger.warning("--resume_from_checkpoint latest: skipping incomplete or damaged checkpoint(s): %s",
+                           "; ".join(skipped))
+        if path is None:
             raise FileNotFoundError(
-                f"--resume_from_checkpoint latest: no checkpoint-* folder in {out}. Drop the flag to start a new run, "
-                "or point --output_dir at the run to resume."
+                f"--resume_from_checkpoint latest: no checkpoint-* folder in {out} can be resumed from"
+                + (f" (skipped: {'; '.join(skipped)})" if skipped else "")
+                + ". Drop the flag to start a new run, or point --output_dir at the run to resume."
             )
-        path = found[-1]
-    else:
-        path = Path(args.resume_from_checkpoint)
-        if not path.is_dir():
-            path = out / path.name
+        return path
+    path = Path(args.resume_from_checkpoint)
+    if not path.is_dir():
+        path = out / path.name
     if not path.is_dir() or not (path / STATE_FILE).exists():
         raise FileNotFoundError(
             f"--resume_from_checkpoint {args.resume_from_checkpoint!r}: {path} is not a checkpoint of this script "
-            f"(missing folder or {STATE_FILE}). Available: "
-            f"{sorted(d.name for d in out.glob('checkpoint-*')) if out.is_dir() else 'none'}."
+            f"(missing folder or {STATE_FILE}). Available: {[d.name for d in list_checkpoints(out)] or 'none'}."
+        )
+    problems = checkpoint_problems(path, STATE_FILE, model_dirs)
+    if problems:
+        raise ValueError(
+            f"Checkpoint {path} is damaged: {problems[0]}{f' (and {len(problems) - 1} more)' if len(problems) > 1 else ''}"
+            ". Resume from another checkpoint, or pass --resume_from_checkpoint latest to take the newest complete one."
         )
     return path
 
@@ -669,21 +681,44 @@ def restore(accelerator: Any, resume_dir: Path | None, seed: int) -> Progress:
     return Progress(**json.loads((resume_dir / STATE_FILE).read_text()))
 
 
+def check_resumed_step(args: argparse.Namespace, accelerator: Any, progress: Progress, sampler: Any, optimizer: Any,
+                       resume_dir: Path | None) -> None:
+    """The checkpoint's global_step must agree with the restored sampler position and optimizer step count."""
+    from hf_arb.checkpointing import expected_global_step
+
+    if resume_dir is None:
+        return
+    expected = expected_global_step(sampler.state_dict(), args.gradient_accumulation_steps)
+    steps = {float(v["step"]) for v in optimizer.state_dict()["state"].values() if "step" in v}
+    opt_step = int(max(steps)) if steps else None
+    # fp16 loss scaling skips optimizer steps on overflow: there the optimizer may only lag behind
+    opt_ok = opt_step is None or opt_step == progress.global_step or (
+        args.mixed_precision == "fp16" and opt_step <= progress.global_step)
+    if expected != progress.global_step or not opt_ok:
+        raise ValueError(
+            f"Checkpoint {resume_dir} is inconsistent: {STATE_FILE} says global_step {progress.global_step}, but the "
+            f"sampler state is at update {expected} (with --gradient_accumulation_steps "
+            f"{args.gradient_accumulation_steps}) and the optimizer at step {opt_step}. The file was edited or the "
+            "flags differ from the run that saved it; resume with the same flags or from another checkpoint."
+        )
+
+
 def save_checkpoint(args: argparse.Namespace, accelerator: Any, progress: Progress) -> Path:
-    """accelerate's state (UNet, optimizer, LR scheduler, sampler, RNG) + our counters, pruning old ones first."""
-    out = Path(args.output_dir)
-    if accelerator.is_main_process and args.checkpoints_total_limit is not None:
-        existing = sorted((d for d in out.glob("checkpoint-*") if d.name.split("-")[-1].isdigit()),
-                          key=lambda d: int(d.name.split("-")[-1]))
-        excess = len(existing) - args.checkpoints_total_limit + 1
-        for d in existing[: max(0, excess)]:
-            logger.info("Removing old checkpoint %s (--checkpoints_total_limit %d).", d, args.checkpoints_total_limit)
-            shutil.rmtree(d)
+    """accelerate's state (UNet, optimizer, LR scheduler, sampler, RNG) + our counters, written to a temporary
+    folder, renamed into place once complete, and only then are old checkpoints pruned (see hf_arb.checkpointing)."""
+    from hf_arb.checkpointing import publish_checkpoint, tmp_checkpoint_dir
+
+    tmp = tmp_checkpoint_dir(args.output_dir, progress.global_step)
+    if accelerator.is_main_process and tmp.exists():
+        shutil.rmtree(tmp)  # left by a killed run
     accelerator.wait_for_everyone()
-    path = out / f"checkpoint-{progress.global_step}"
-    accelerator.save_state(str(path))
+    accelerator.save_state(str(tmp))
     if accelerator.is_main_process:
-        (path / STATE_FILE).write_text(json.dumps(progress.__dict__, indent=1))
+        (tmp / STATE_FILE).write_text(json.dumps(progress.__dict__, indent=1))
+    accelerator.wait_for_everyone()
+    path = Path(args.output_dir) / f"checkpoint-{progress.global_step}"
+    if accelerator.is_main_process:
+        path = publish_checkpoint(tmp, args.checkpoints_total_limit)
     accelerator.wait_for_everyone()
     return path
 
@@ -1025,6 +1060,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     startup_report(accelerator, ds, buckets, sampler, schedule, args, models)
 
     progress = restore(accelerator, resume_dir, args.seed)
+    check_resumed_step(args, accelerator, progress, sampler, optimizer, resume_dir)
     resolution_dim = None
     if args.resolution_conditioning and not models.sdxl:
         from hf_arb.conditioning import resolution_embed_dim

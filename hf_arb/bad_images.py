@@ -32,14 +32,14 @@ STREAM_REPLACE = 3
 def replacement_order(rng: np.random.Generator, row: int, bucket: int, own_buckets: np.ndarray) -> np.ndarray:
     """Rows to try, in order, in place of ``row`` when fitting to ``bucket``; shape ``(m,)``.
 
-    Candidates are the other rows whose own bucket is ``bucket`` (same shape, same aspect); when there are none
-    (a catch-all batch), every other kept row. ``rng`` fixes the order, so the choice is reproducible.
+    First the other rows whose own bucket is ``bucket`` (closest aspect, so the crop stays small), in an order
+    drawn from ``rng``; then every other kept row (fitted to ``bucket`` too, so the batch keeps its shape), for a
+    catch-all batch or a bucket whose images are all broken. ``rng`` fixes the order: the choice is reproducible.
     """
-    cand = np.flatnonzero(own_buckets == bucket)
-    if cand.size <= 1:
-        cand = np.flatnonzero(own_buckets >= 0)
-    cand = cand[cand != row]
-    return rng.permutation(cand)
+    same = np.flatnonzero(own_buckets == bucket)
+    other = np.flatnonzero((own_buckets >= 0) & (own_buckets != bucket))
+    same, other = same[same != row], other[other != row]
+    return np.concatenate([rng.permutation(same), rng.permutation(other)])
 
 
 class BadImageLog:

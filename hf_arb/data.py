@@ -390,6 +390,9 @@ class BucketedImageDataset(torch.utils.data.Dataset):
             ) from e
         return image, plan, record
 
+    def _describe(self, row: int) -> str:
+        return describe_source(self._view[row][self.image_column])
+
     def _render_or_replace(self, row: int, bucket: int, epoch: int) -> tuple[Any, FitPlan, dict[str, Any], int]:
         """:meth:`_render`, or with ``on_bad_image="replace"`` the first replacement row that renders."""
         try:
@@ -404,10 +407,11 @@ class BucketedImageDataset(torch.utils.data.Dataset):
             try:
                 image, plan, record = self._render(other, bucket, epoch)
             except (ImageDecodeError, _SizeMismatch) as e:
-                self.bad_images.record(other, _short(e), bucket=bucket, epoch=epoch)
+                self.bad_images.record(other, _short(e), bucket=bucket, epoch=epoch, source=self._describe(other))
                 failed.append(other)
                 continue
-            self.bad_images.record(row, _short(first), replaced_by=other, bucket=bucket, epoch=epoch)
+            self.bad_images.record(row, _short(first), replaced_by=other, bucket=bucket, epoch=epoch,
+                                   source=self._describe(row))
             return image, plan, record, other
         raise ImageDecodeError(
             f"Row {row} and {len(failed) - 1} replacement row(s) of bucket {bucket} ({failed[1:]}) could not be "
