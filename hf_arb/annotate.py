@@ -304,6 +304,22 @@ def _arrow_values(column: pa.ChunkedArray | pa.Array) -> list[Any]:
     return out
 
 
+def decoding_images(ds: Any) -> Any:
+    """``ds`` with every ``Image(decode=False)`` column cast back to a decoding ``Image()``.
+
+    Annotated streams keep their images encoded (so a broken one cannot end the iteration); use this before saving or
+    pushing a stream so that whoever loads the result gets PIL images as usual.
+    """
+    import datasets
+
+    if isinstance(ds, (datasets.DatasetDict, datasets.IterableDatasetDict)):
+        return type(ds)({k: decoding_images(v) for k, v in ds.items()})
+    for name, feature in (ds.features or {}).items():
+        if isinstance(feature, datasets.Image) and not feature.decode:
+            ds = ds.cast_column(name, datasets.Image(mode=feature.mode))
+    return ds
+
+
 def _image_batch(values: Any, *, config: str, max_upscale: float | None, min_size: int | None,
                  as_dict: bool, verify: bool = False) -> Any:
     """``map`` function for the image path: header sizes → bucket columns for one batch.
@@ -359,7 +375,9 @@ def add_bucket_columns(
         min_size: skip (``"too_small"``) images whose shorter side is below this many pixels.
         desc: progress-bar text (default ``"Reading image sizes"``).
         show_summary: print a NovelAI-style summary when done (map-style datasets only; a streaming dataset is
-            lazy — call :func:`summarize_annotation` after iterating if you want one).
+            lazy — call :func:`summarize_annotation` after iterating if you want one). An annotated stream yields its
+            ``Image`` columns undecoded (``{"bytes", "path"}``), so a broken image cannot end the iteration;
+            :class:`~hf_arb.BucketedImageDataset` and :func:`~hf_arb.fit_to_bucket` take such values directly.
         load_from_cache_file: passed to ``Dataset.map``.
         verify: also decode every image whose header reads (in the same parallel ``map``; JPEGs at 1/8 scale), and
             skip those whose body is broken with ``skip_reason`` ``"truncated: …"`` (an interrupted download) or
@@ -468,7 +486,10 @@ def _annotate_iterable(ds: Any, buckets: BucketSet, *, image_column: str | None,
     base = ds.remove_columns(existing) if existing else ds
     features = None
     if base.features is not None:
-        features = datasets.Features({**base.features, **bucket_features(buckets)})
+        # Image columns stay encoded ({"bytes", "path"}) in the annotated stream: a broken image (skipped with its
+        # reason) must not end the iteration, which decoding on the fly would. The loader decodes what it trains on.
+        kept = {k: datasets.Image(decode=False) if isinstance(v, datasets.Image) else v for k, v in base.features.items()}
+        features = datasets.Features({**kept, **bucket_features(buckets)})
     fn_kwargs = dict(config=buckets.to_json(), max_upscale=max_upscale, min_size=min_size, as_dict=True)
     image_kwargs = {**fn_kwargs, "verify": verify}
     if width_column is not None:
@@ -479,8 +500,7 @@ def _annotate_iterable(ds: Any, buckets: BucketSet, *, image_column: str | None,
         _check_columns(names, (image_column,))
         decoding_image = base.features is not None and isinstance(base.features.get(image_column), datasets.Image)
         src = base.cast_column(image_column, datasets.Image(decode=False)) if decoding_image else base
-        # No `features=` here: a typed map output would skip decoding later; the final cast below restores
-        # the original image feature (so it decodes again) and types the new columns.
+        # The final cast below types the new columns (and keeps the image column undecoded).
         out = src.map(_image_batch, batched=True, batch_size=batch_size, input_columns=[image_column],
                       fn_kwargs=image_kwargs)
     return out.cast(features) if features is not None else out

@@ -113,7 +113,7 @@ def _add_annotate_arguments(p: argparse.ArgumentParser) -> None:
 def _run_annotate(args: argparse.Namespace) -> int:
     import datasets
 
-    from .annotate import add_bucket_columns, summarize_annotation
+    from .annotate import add_bucket_columns, decoding_images, summarize_annotation
 
     if (args.width_column is None) != (args.height_column is None):
         print("error: pass both --width-column and --height-column, or neither.", file=sys.stderr)
@@ -136,9 +136,7 @@ def _run_annotate(args: argparse.Namespace) -> int:
             for k in images:
                 raw = raw.cast_column(k, datasets.Image(decode=False))
             out = datasets.Dataset.from_generator(lambda: (yield from raw), features=raw.features)
-            for k, feature in images.items():
-                out = out.cast_column(k, feature)
-            return out
+            return decoding_images(out)  # whoever loads the saved dataset gets PIL images
 
         annotated = (datasets.DatasetDict({s: materialise(d) for s, d in annotated.items()})
                      if isinstance(annotated, datasets.IterableDatasetDict) else materialise(annotated))
