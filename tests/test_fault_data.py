@@ -95,3 +95,16 @@ def test_replacement_order_prefers_same_bucket() -> None:
         BucketedImageDataset(datasets.Dataset.from_dict({"image": ["x"], "bucket": [0], "text": ["t"]}),
                              BUCKETS, on_bad_image="skip")
     json.dumps(read_bad_rows(None))
+
+
+def test_whole_bucket_broken_falls_back_to_other_rows_fitted_to_it(broken: tuple[datasets.Dataset, Path],
+                                                                    tmp_path: Path) -> None:
+    ds, _ = broken
+    cut = ds.cast_column("image", datasets.Image(decode=False)).map(
+        lambda r, i: {"image": {"bytes": b"\xff\xd8\xff\xe0 cut", "path": None}} if i % 3 == 2 else {},
+        with_indices=True)  # every row of bucket 2 (64x96) is broken
+    data = BucketedImageDataset(cut, BUCKETS, on_bad_image="replace", bad_image_log=tmp_path / "s.jsonl")
+    sample = data[(2, 2, 0)]
+    assert sample["pixel_values"].shape == (3, 96, 64) and int(data.bucket_ids[sample["row"]]) != 2
+    logged = {e["row"] for e in read_bad_rows(tmp_path / "s.jsonl")}
+    assert 2 in logged and logged <= {2, 5, 8, 11} | set(BAD)  # bucket 2, or a cut file tried on the way
