@@ -281,7 +281,10 @@ def verify_image(src: ImageSource) -> None:
         return
     if isinstance(src, Mapping):
         data, path = src.get("bytes"), src.get("path")
-        src = data if data is not None else path
+        if data is not None:
+            _decode_fully(io.BytesIO(data), f"<bytes: {len(data)}>" + (f" ({path!r})" if path else ""))
+            return
+        src = path
         if src is None:
             raise ImageSizeError("<dict>", "no bytes and no path", "the image value is empty")
     if isinstance(src, (bytes, bytearray, memoryview)):
