@@ -115,3 +115,16 @@ def test_non_finite_latents_are_refused_at_write(tmp_path: Path) -> None:
     assert not cache.has("ab" * 16) and len(cache) == 0
     with pytest.raises(ValueError, match="reserved"):
         cache.write("ab" * 16, np.zeros((2, 4, 2, 2)), {"_entry": 1})
+
+
+def test_nan_entry_with_a_matching_checksum_is_still_refused(tmp_path: Path) -> None:
+    """Defence in depth: an internally consistent entry (checksum matches) full of NaN is never trained on."""
+    cache, index = _built(tmp_path)
+    key = index.key(0, 0, 0)
+    npy, js = cache._paths(key)
+    nan = np.full((2, 4, 2, 2), np.nan, np.float16)
+    npy.write_bytes(_npy(nan))
+    meta = json.loads(js.read_text())
+    meta["_entry"]["crc32"] = lat._crc32(nan)
+    js.write_text(json.dumps(meta))
+    assert cache.check(key) == "non-finite values"
