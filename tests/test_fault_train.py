@@ -123,6 +123,29 @@ def test_damaged_latent_cache_entries_are_reencoded(assets, tmp_path) -> None:
     np.testing.assert_allclose(second["losses"], first["losses"], rtol=1e-6)
 
 
+def test_latent_entry_damaged_during_training_is_reencoded_in_place(assets, tmp_path, monkeypatch) -> None:
+    """Entries that break after the start-up check (here: all of them, right after it) are re-encoded on read."""
+    from hf_arb import latents as lat
+
+    out = tmp_path / "cached"
+    argv = _argv(assets, out, "--center_crop", "--max_train_steps", "2", "--checkpointing_steps", "100",
+                 "--cache_latents")
+    first = run_script(argv)
+    fill = lat.fill_cache
+
+    def fill_then_damage(cache, index, **kw):  # noqa: ANN001, ANN003, ANN202
+        done = fill(cache, index, **kw)
+        for npy in Path(cache.root).glob("*/*.npy"):
+            npy.write_bytes(npy.read_bytes()[:64])
+        return done
+
+    monkeypatch.setattr(lat, "fill_cache", fill_then_damage)
+    second = run_script(argv)
+    # 2 steps x batch 2 read, plus the batch accelerate's loader fetches ahead: each repaired on read
+    assert second["latents_reused"] == 10 and second["latents_repaired"] == 6
+    np.testing.assert_allclose(second["losses"], first["losses"], rtol=1e-6)
+
+
 # ----------------------------------------------------------------------------------- checkpoints
 @pytest.fixture(scope="module")
 def ckpt_run(assets, tmp_path_factory) -> Path:
