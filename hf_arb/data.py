@@ -58,8 +58,8 @@ class ImageDecodeError(RuntimeError):
 
 
 _ADVICE = ("Skip such rows up front: re-annotate with `hf-arb annotate SOURCE --verify --output-dir DIR` (or "
-           "add_bucket_columns(ds, buckets, verify=True)) and train on DIR; or let training substitute a row of the "
-           "same bucket: --on_bad_image replace (BucketedImageDataset(on_bad_image='replace')).")
+           "add_bucket_columns(ds, buckets, verify=True)) and train on it (--dataset_name DIR); or let training "
+           "substitute a row of the same bucket: --on_bad_image replace (BucketedImageDataset(on_bad_image='replace')).")
 _MAX_REPLACEMENT_TRIES = 16
 
 
