@@ -13,7 +13,7 @@ import io
 import numpy as np
 import pytest
 from _photos import encode, photo
-from PIL import Image, ImageOps
+from PIL import Image, ImageOps, features
 
 from hf_arb import fit_to_bucket, read_image_size
 from hf_arb.imaging import EXIF_TRANSPOSE
@@ -25,7 +25,7 @@ DISPLAYED = photo("chelsea.png", (150, 100))  # not square, not symmetric
 
 def _encoded(fmt: str, orientation: int) -> bytes:
     stored = DISPLAYED if orientation == 1 else DISPLAYED.transpose(EXIF_TRANSPOSE[_INVERSE[orientation]])
-    kw = {"quality": 95} if fmt in ("JPEG", "WEBP") else {}
+    kw = {"quality": 95} if fmt in ("JPEG", "WEBP", "AVIF") else {}
     return encode(stored, fmt, orientation, **kw)
 
 
@@ -41,7 +41,7 @@ def _psnr(a: Image.Image, b: Image.Image) -> float:
 
 
 @pytest.mark.parametrize("orientation", range(1, 9))
-@pytest.mark.parametrize("fmt", ["JPEG", "PNG", "WEBP", "TIFF"])
+@pytest.mark.parametrize("fmt", ["JPEG", "PNG", "WEBP", "TIFF"] + (["AVIF"] if features.check("avif") else []))
 def test_orientation_applied_once(fmt: str, orientation: int) -> None:
     data = _encoded(fmt, orientation)
     assert Image.open(io.BytesIO(data)).getexif().get(0x0112) == orientation
