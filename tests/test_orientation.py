@@ -44,7 +44,7 @@ def _psnr(a: Image.Image, b: Image.Image) -> float:
 @pytest.mark.parametrize("fmt", ["JPEG", "PNG", "WEBP", "TIFF"] + (["AVIF"] if features.check("avif") else []))
 def test_orientation_applied_once(fmt: str, orientation: int) -> None:
     data = _encoded(fmt, orientation)
-    assert Image.open(io.BytesIO(data)).getexif().get(0x0112) == orientation
+    assert Image.open(io.BytesIO(data)).getexif().get(0x0112, 1) == orientation  # AVIF omits orientation 1
     ref = _reference(data)
     assert ref.size == DISPLAYED.size and _psnr(ref, DISPLAYED) > 30  # the reference itself is upright
     # sizes: header only, from bytes and from an opened (not loaded) image
