@@ -108,3 +108,14 @@ def test_whole_bucket_broken_falls_back_to_other_rows_fitted_to_it(broken: tuple
     assert sample["pixel_values"].shape == (3, 96, 64) and int(data.bucket_ids[sample["row"]]) != 2
     logged = {e["row"] for e in read_bad_rows(tmp_path / "s.jsonl")}
     assert 2 in logged and logged <= {2, 5, 8, 11} | set(BAD)  # bucket 2, or a cut file tried on the way
+
+
+def test_stale_size_is_replaced_too(broken: tuple[datasets.Dataset, Path], tmp_path: Path) -> None:
+    ds, _ = broken
+    stale = ds.map(lambda r, i: {"original_width": r["original_width"] + 1} if i == 0 else {}, with_indices=True)
+    with pytest.raises(ValueError, match="Row 0: .*annotation says"):
+        BucketedImageDataset(stale, BUCKETS)[(0, 0, 0)]
+    data = BucketedImageDataset(stale, BUCKETS, on_bad_image="replace", bad_image_log=tmp_path / "s.jsonl")
+    assert data[(0, 0, 0)]["row"] != 0
+    (entry,) = read_bad_rows(tmp_path / "s.jsonl")
+    assert entry["row"] == 0 and "annotation says" in entry["reason"]
