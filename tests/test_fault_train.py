@@ -226,3 +226,27 @@ def test_kill_during_checkpoint_write_with_limit_1_then_resume(ckpt_run, assets,
     assert stats["global_step"] == 4
     assert sorted(p.name for p in out.glob("*checkpoint-*")) == ["checkpoint-4"]  # partial write cleaned up
     assert max_weight_diff(ckpt_run, out) < 1e-6
+
+
+def test_two_ranks_replace_broken_images_and_stay_in_step(assets, tmp_path) -> None:
+    """DDP (2 processes, gloo): replacements keep every batch full and both ranks in the same bucket at each step;
+    both ranks append to one skipped_rows.jsonl, each bad row once."""
+    from hf_arb.tiny import save_tiny_imagefolder
+
+    images = Path(save_tiny_imagefolder(tmp_path / "images", per_size=4))  # 20 rows: one global batch of 4 per bucket
+    files = sorted(p for p in images.iterdir() if p.suffix == ".png")
+    damaged = {files[0].name, files[9].name, files[17].name}
+    for f in files:
+        if f.name in damaged:
+            f.write_bytes(f.read_bytes()[: int(f.stat().st_size * 0.6)])
+    out = tmp_path / "ddp"
+    stats = run_script(_argv(assets, out, "--num_train_epochs", "1", "--checkpointing_steps", "100",
+                             images=str(images)), nproc=2)
+    r0, r1 = read_trace(out, 0), read_trace(out, 1)
+    assert stats["global_step"] == 5 and len(r0) == len(r1) == 5 and stats["bad_images"] == 3
+    assert [t["bucket"] for t in r0] == [t["bucket"] for t in r1]  # same bucket on both ranks at every step
+    assert all(len(t["rows"]) == 2 for t in r0 + r1)
+    entries = [json.loads(line) for line in (out / "skipped_rows.jsonl").read_text().splitlines()]
+    assert sorted(Path(e["source"].strip("'")).name for e in entries) == sorted(damaged)
+    trained = [r for t in r0 + r1 for r in t["rows"]]
+    assert len(trained) == 20 and set(trained) == set(range(20)) - {e["row"] for e in entries}
