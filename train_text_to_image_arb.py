@@ -689,7 +689,11 @@ def check_resumed_step(args: argparse.Namespace, accelerator: Any, progress: Pro
     if resume_dir is None:
         return
     expected = expected_global_step(sampler.state_dict(), args.gradient_accumulation_steps)
-    steps = {float(v["step"]) for v in optimizer.state_dict()["state"].values() if "step" in v}
+    try:  # plain torch layout; wrappers (DeepSpeed, 8-bit) that differ are checked through the sampler only
+        state = optimizer.state_dict().get("state", {})
+        steps = {float(v["step"]) for v in state.values() if isinstance(v, dict) and "step" in v}
+    except (AttributeError, TypeError, ValueError, RuntimeError):
+        steps = set()
     opt_step = int(max(steps)) if steps else None
     # fp16 loss scaling skips optimizer steps on overflow: there the optimizer may only lag behind
     opt_ok = opt_step is None or opt_step == progress.global_step or (
