@@ -64,6 +64,7 @@ logger = logging.getLogger("train_text_to_image_arb")
 
 STATE_FILE = "hf_arb_state.json"  # our part of a checkpoint: step counters and the seed
 BUCKETS_FILE = "hf_arb_buckets.json"  # the BucketSet the run trained with, saved next to the pipeline
+SKIPPED_ROWS_FILE = "skipped_rows.jsonl"  # images that failed to decode while training, one JSON line per row
 STATS_FILE = "hf_arb_run.json"  # what the run did (steps, cache hits), for scripts and tests
 
 
@@ -159,6 +160,9 @@ def build_parser() -> argparse.ArgumentParser:
     a("--seed", type=int, default=None, help="A seed for reproducible training.")
     a("--checkpointing_steps", type=int, default=500, help="Save the training state every X updates.")
     a("--checkpoints_total_limit", type=int, default=None, help="Max number of checkpoints to store.")
+    a("--on_bad_image", choices=("replace", "error"), default="replace",
+      help="An image that fails to decode while training: 'replace' trains a deterministic row of the same bucket "
+           "instead (logged once, listed in <output_dir>/skipped_rows.jsonl); 'error' stops the run.")
     a("--resume_from_checkpoint", type=str, default=None,
       help='A checkpoint folder saved by --checkpointing_steps, or "latest". A missing checkpoint is an error.')
     a("--validation_prompts", type=str, default=None, nargs="+",
@@ -457,7 +461,8 @@ def image_dataset(args: argparse.Namespace, ds: Any, buckets: Any) -> Any:
 
     return BucketedImageDataset(ds, buckets, image_column=args.image_column, caption_column=args.caption_column,
                                 tokenizer=None, seed=args.seed, center_crop=args.center_crop,
-                                random_flip=args.random_flip)
+                                random_flip=args.random_flip, on_bad_image=args.on_bad_image,
+                                bad_image_log=Path(args.output_dir) / SKIPPED_ROWS_FILE)
 
 
 def build_dataloader(args: argparse.Namespace, accelerator: Any, ds: Any, buckets: Any, models: Models, sampler: Any,
@@ -469,9 +474,12 @@ def build_dataloader(args: argparse.Namespace, accelerator: Any, ds: Any, bucket
     if args.cache_latents:
         from hf_arb.latents import CachedLatentDataset
 
-        cache, index = build_latent_cache(args, accelerator, ds, buckets, models, sampler, schedule, weight_dtype)
+        cache, index, repair = build_latent_cache(args, accelerator, ds, buckets, models, sampler, schedule,
+                                                  weight_dtype)
         captions = ds.select_columns([args.caption_column])[args.caption_column]
-        dataset: Any = CachedLatentDataset(cache, index, captions, seed=args.seed)
+        # re-encoding in a loader worker needs the VAE there: fine on CPU, not for a CUDA VAE in a forked worker
+        in_process = args.dataloader_num_workers == 0 or accelerator.device.type == "cpu"
+        dataset: Any = CachedLatentDataset(cache, index, captions, seed=args.seed, repair=repair if in_process else None)
         collate = CachedLatentDataset.collate
     else:
         index = None
@@ -523,8 +531,8 @@ def micro_step_generator(seed: int, micro_step: int, rank: int, device: torch.de
 
 # ============================================================================================ caches
 def build_latent_cache(args: argparse.Namespace, accelerator: Any, ds: Any, buckets: Any, models: Models,
-                       sampler: Any, schedule: Schedule, weight_dtype: torch.dtype) -> tuple[Any, Any]:
-    """Encode this rank's share of the missing (image, bucket, crop, flip) entries; return (cache, index)."""
+                       sampler: Any, schedule: Schedule, weight_dtype: torch.dtype) -> tuple[Any, Any, Any]:
+    """Encode this rank's share of the missing (image, bucket, crop, flip) entries; return (cache, index, repair)."""
     from accelerate.utils import gather_object
 
     from hf_arb import latents as lat
@@ -567,12 +575,29 @@ def build_latent_cache(args: argparse.Namespace, accelerator: Any, ds: Any, buck
     lat.fill_cache(cache, index, rank=accelerator.process_index, world=accelerator.num_processes,
                    load_batch=load_batch, encode=encode, batch_size=args.train_batch_size)
     accelerator.wait_for_everyone()
-    counts = gather_object([(index.encoded, index.reused)]) if accelerator.num_processes > 1 else [(index.encoded, index.reused)]
-    index.encoded, index.reused = sum(c[0] for c in counts), sum(c[1] for c in counts)
-    logger.info("Latent cache %s: encoded %d, reused %d entries (%d variant(s) per image) in %.1f s.",
-                cache.root, index.encoded, index.reused, index.variants, time.perf_counter() - t0)
+    mine = [(index.encoded, index.reused, index.repaired)]
+    counts = gather_object(mine) if accelerator.num_processes > 1 else mine
+    index.encoded, index.reused, index.repaired = (sum(c[i] for c in counts) for i in range(3))
+    logger.info("Latent cache %s: encoded %d (%d of them damaged entries), reused %d entries (%d variant(s) per "
+                "image) in %.1f s.", cache.root, index.encoded, index.repaired, index.reused, index.variants,
+                time.perf_counter() - t0)
     models.vae.to(dtype=weight_dtype)
-    return cache, index
+    return cache, index, latent_repair(cache, index, load_batch, models.vae)
+
+
+def latent_repair(cache: Any, index: Any, load_batch: Any, vae: Any) -> Any:
+    """``(row, bucket, epoch)`` → encode that cache entry again (an entry damaged while training; see hf_arb.latents)."""
+
+    @torch.no_grad()
+    def repair(row: int, bucket: int, epoch: int) -> None:
+        batch = load_batch([(row, bucket, epoch % index.variants)])
+        dist = vae.encode(batch["pixel_values"].to(vae.device, vae.dtype)).latent_dist
+        stats = torch.stack([dist.mean, dist.std], dim=1)[0].float().cpu().numpy()  # (2, C, h, w)
+        cache.write(index.key(row, bucket, epoch), stats, {
+            "original_size": batch["original_sizes"][0].tolist(), "crop_top_left": batch["crop_top_lefts"][0].tolist(),
+            "target_size": batch["target_sizes"][0].tolist()})
+
+    return repair
 
 
 class TextEncoder:
@@ -621,28 +646,40 @@ class Progress:
 
 
 def resolve_resume_dir(args: argparse.Namespace) -> Path | None:
-    """The checkpoint folder to resume from, or None; a missing one is an error (never a silent fresh start)."""
+    """The checkpoint folder to resume from, or None; a missing or damaged one is an error (never a silent fresh
+    start). ``latest`` skips incomplete or damaged checkpoints (with a warning naming them) for the newest complete one.
+    """
+    from hf_arb.checkpointing import checkpoint_problems, find_resumable, list_checkpoints
+
     if not args.resume_from_checkpoint:
         return None
     out = Path(args.output_dir)
+    model_dirs = ("unet", "unet_ema") if args.use_ema else ("unet",)
     if args.resume_from_checkpoint == "latest":
-        found = sorted((d for d in out.glob("checkpoint-*") if d.is_dir() and d.name.split("-")[-1].isdigit()),
-                       key=lambda d: int(d.name.split("-")[-1]))
-        if not found:
+        path, skipped = find_resumable(out, STATE_FILE, model_dirs)
+        if skipped:
+            logger.warning("--resume_from_checkpoint latest: skipping incomplete or damaged checkpoint(s): %s",
+                           "; ".join(skipped))
+        if path is None:
             raise FileNotFoundError(
-                f"--resume_from_checkpoint latest: no checkpoint-* folder in {out}. Drop the flag to start a new run, "
-                "or point --output_dir at the run to resume."
+                f"--resume_from_checkpoint latest: no checkpoint-* folder in {out} can be resumed from"
+                + (f" (skipped: {'; '.join(skipped)})" if skipped else "")
+                + ". Drop the flag to start a new run, or point --output_dir at the run to resume."
             )
-        path = found[-1]
-    else:
-        path = Path(args.resume_from_checkpoint)
-        if not path.is_dir():
-            path = out / path.name
+        return path
+    path = Path(args.resume_from_checkpoint)
+    if not path.is_dir():
+        path = out / path.name
     if not path.is_dir() or not (path / STATE_FILE).exists():
         raise FileNotFoundError(
             f"--resume_from_checkpoint {args.resume_from_checkpoint!r}: {path} is not a checkpoint of this script "
-            f"(missing folder or {STATE_FILE}). Available: "
-            f"{sorted(d.name for d in out.glob('checkpoint-*')) if out.is_dir() else 'none'}."
+            f"(missing folder or {STATE_FILE}). Available: {[d.name for d in list_checkpoints(out)] or 'none'}."
+        )
+    problems = checkpoint_problems(path, STATE_FILE, model_dirs)
+    if problems:
+        raise ValueError(
+            f"Checkpoint {path} is damaged: {problems[0]}{f' (and {len(problems) - 1} more)' if len(problems) > 1 else ''}"
+            ". Resume from another checkpoint, or pass --resume_from_checkpoint latest to take the newest complete one."
         )
     return path
 
@@ -656,21 +693,50 @@ def restore(accelerator: Any, resume_dir: Path | None, seed: int) -> Progress:
     return Progress(**json.loads((resume_dir / STATE_FILE).read_text()))
 
 
+def check_resumed_step(args: argparse.Namespace, accelerator: Any, progress: Progress, sampler: Any, optimizer: Any,
+                       resume_dir: Path | None) -> None:
+    """The checkpoint's global_step must agree with its micro-batch counter and the optimizer's step count."""
+    from hf_arb.checkpointing import expected_global_step
+
+    if resume_dir is None:
+        return
+    epoch, position = sampler.locate(progress.micro_step)  # where the saved micro-batch counter resumes
+    expected = expected_global_step({"steps_per_epoch": sampler.steps_per_epoch, "epoch": epoch,
+                                     "batches_consumed": position}, args.gradient_accumulation_steps)
+    try:  # plain torch layout; wrappers (DeepSpeed, 8-bit) that differ are checked through the sampler only
+        state = optimizer.state_dict().get("state", {})
+        steps = {float(v["step"]) for v in state.values() if isinstance(v, dict) and "step" in v}
+    except (AttributeError, TypeError, ValueError, RuntimeError):
+        steps = set()
+    opt_step = int(max(steps)) if steps else None
+    # fp16 loss scaling skips optimizer steps on overflow: there the optimizer may only lag behind
+    opt_ok = opt_step is None or opt_step == progress.global_step or (
+        args.mixed_precision == "fp16" and opt_step <= progress.global_step)
+    if expected != progress.global_step or not opt_ok:
+        raise ValueError(
+            f"Checkpoint {resume_dir} is inconsistent: {STATE_FILE} says global_step {progress.global_step}, but its "
+            f"micro_step {progress.micro_step} is at update {expected} (with --gradient_accumulation_steps "
+            f"{args.gradient_accumulation_steps}) and the optimizer at step {opt_step}. The file was edited or the "
+            "flags differ from the run that saved it; resume with the same flags or from another checkpoint."
+        )
+
+
 def save_checkpoint(args: argparse.Namespace, accelerator: Any, progress: Progress) -> Path:
-    """accelerate's state (UNet, optimizer, LR scheduler, sampler, RNG) + our counters, pruning old ones first."""
-    out = Path(args.output_dir)
-    if accelerator.is_main_process and args.checkpoints_total_limit is not None:
-        existing = sorted((d for d in out.glob("checkpoint-*") if d.name.split("-")[-1].isdigit()),
-                          key=lambda d: int(d.name.split("-")[-1]))
-        excess = len(existing) - args.checkpoints_total_limit + 1
-        for d in existing[: max(0, excess)]:
-            logger.info("Removing old checkpoint %s (--checkpoints_total_limit %d).", d, args.checkpoints_total_limit)
-            shutil.rmtree(d)
+    """accelerate's state (UNet, optimizer, LR scheduler, sampler, RNG) + our counters, written to a temporary
+    folder, renamed into place once complete, and only then are old checkpoints pruned (see hf_arb.checkpointing)."""
+    from hf_arb.checkpointing import publish_checkpoint, tmp_checkpoint_dir
+
+    tmp = tmp_checkpoint_dir(args.output_dir, progress.global_step)
+    if accelerator.is_main_process and tmp.exists():
+        shutil.rmtree(tmp)  # left by a killed run
     accelerator.wait_for_everyone()
-    path = out / f"checkpoint-{progress.global_step}"
-    accelerator.save_state(str(path))
+    accelerator.save_state(str(tmp))
     if accelerator.is_main_process:
-        (path / STATE_FILE).write_text(json.dumps(progress.__dict__, indent=1))
+        (tmp / STATE_FILE).write_text(json.dumps(progress.__dict__, indent=1))
+    accelerator.wait_for_everyone()
+    path = Path(args.output_dir) / f"checkpoint-{progress.global_step}"
+    if accelerator.is_main_process:
+        path = publish_checkpoint(tmp, args.checkpoints_total_limit)
     accelerator.wait_for_everyone()
     return path
 
@@ -1011,6 +1077,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     startup_report(accelerator, ds, buckets, sampler, schedule, args, models)
 
     progress = restore(accelerator, resume_dir, args.seed)
+    check_resumed_step(args, accelerator, progress, sampler, optimizer, resume_dir)
     resolution_dim = None
     if args.resolution_conditioning and not models.sdxl:
         from hf_arb.conditioning import resolution_embed_dim
@@ -1019,13 +1086,28 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     stats = train_loop(args, accelerator, models, unet, optimizer, lr_scheduler, dataloader, sampler, buckets,
                        schedule, progress, weight_dtype, resolution_dim, tqdm)
     stats.update(vae_encode_calls=encode_calls[0], latents_encoded=index.encoded if index else None,
-                 latents_reused=index.reused if index else None, num_processes=accelerator.num_processes, sdxl=models.sdxl, seed=args.seed,
+                 latents_reused=index.reused if index else None,
+                 latents_repaired=index.repaired if index else None,
+                 bad_images=report_bad_images(args, accelerator), num_processes=accelerator.num_processes, sdxl=models.sdxl, seed=args.seed,
                  schedule=schedule.__dict__)
     save_final(args, accelerator, models, unet, buckets, progress, stats.setdefault("validation_images", []), stats)
     if accelerator.is_main_process:
         (Path(args.output_dir) / STATS_FILE).write_text(json.dumps(stats, indent=1, default=str))
     accelerator.end_training()
     return stats
+
+
+def report_bad_images(args: argparse.Namespace, accelerator: Any) -> int:
+    """Rows whose image failed to decode during the run (and were replaced), from skipped_rows.jsonl; warns once."""
+    from hf_arb.bad_images import read_bad_rows
+
+    accelerator.wait_for_everyone()
+    path = Path(args.output_dir) / SKIPPED_ROWS_FILE
+    rows = read_bad_rows(path)
+    if rows and accelerator.is_main_process:
+        logger.warning("%d row(s) had images that could not be decoded and were replaced by rows of the same bucket; "
+                       "see %s. Re-annotate with `hf-arb annotate ... --verify` to skip them up front.", len(rows), path)
+    return len(rows)
 
 
 def train_loop(args: argparse.Namespace, accelerator: Any, models: Models, unet: Any, optimizer: Any,

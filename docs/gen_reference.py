@@ -40,6 +40,8 @@ MODULES: dict[str, str] = {
     "hf_arb.imaging": "imaging.md",
     "hf_arb.data": "imaging.md",
     "hf_arb.latents": "training.md",
+    "hf_arb.checkpointing": "training.md",
+    "hf_arb.bad_images": "training.md",
     "hf_arb.conditioning": "training.md",
     "hf_arb.shift": "flow.md",
     "hf_arb.tiny": "training.md",

@@ -15,6 +15,7 @@ metadata and the Hub card's ``dataset_info`` all keep; see :func:`hf_arb.schema.
 from __future__ import annotations
 
 import functools
+import io
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -26,11 +27,12 @@ import pyarrow.compute as pc
 
 from .buckets import AssignmentSummary, BucketSet
 from .schema import BUCKET_COLUMNS, CONFIG_ID_PREFIX, arrow_schema, bucket_features  # noqa: F401  (re-exported)
-from .sizes import ImageSizeError, _size_of_open, read_image_size
+from .sizes import ImageSizeError, _decode_fully, _size_of_open, read_image_size, verify_image
 
 # skip_reason codes of the vectorised core (0 = kept). Order = priority: the first that applies wins.
 _REASONS: tuple[str | None, ...] = (None, "missing", "invalid_size", "aspect", "too_small", "upscale")
 _MISSING, _INVALID, _ASPECT, _TOO_SMALL, _UPSCALE = 1, 2, 3, 4, 5
+_INT32_MAX = 2**31 - 1
 
 
 # ----------------------------------------------------------------------------------- pure core
@@ -79,9 +81,13 @@ def annotate_sizes(
     else:
         has_pre = np.zeros(n, dtype=bool)
     finite = np.isfinite(w) & np.isfinite(h)  # (n,)
-    code[~finite & ~has_pre] = _MISSING
-    good = finite & (w > 0) & (h > 0) & ~has_pre  # (n,) sizes usable for assignment
-    code[finite & ~good & ~has_pre] = _INVALID
+    unknown = np.isnan(w) | np.isnan(h)  # (n,) null / NaN: missing; ±inf is an invalid size
+    code[unknown & ~has_pre] = _MISSING
+    with np.errstate(invalid="ignore"):
+        rw, rh = np.rint(w), np.rint(h)  # (n,) what the int32 original_* columns would hold
+        # >= 1 pixel and representable in int32 (a 2**31 width would wrap to -2147483648)
+        good = finite & (rw >= 1) & (rh >= 1) & (rw <= _INT32_MAX) & (rh <= _INT32_MAX) & ~has_pre  # (n,)
+    code[~unknown & ~good & ~has_pre] = _INVALID
 
     ids = np.full(n, -1, dtype=np.int64)  # (n,)
     err = np.full(n, np.nan, dtype=np.float64)  # (n,)
@@ -107,8 +113,8 @@ def annotate_sizes(
     bucket = np.where(kept, ids, -1).astype(np.int32)
     bw = res[safe, 0].astype(np.int32)
     bh = res[safe, 1].astype(np.int32)
-    ow = np.rint(np.where(good, w, 0)).astype(np.int32)
-    oh = np.rint(np.where(good, h, 0)).astype(np.int32)
+    ow = np.where(good, rw, 0).astype(np.int32)
+    oh = np.where(good, rh, 0).astype(np.int32)
     arrays = [
         pa.array(bucket, type=pa.int32()),
         pa.array(bw, type=pa.int32(), mask=~kept),
@@ -135,6 +141,40 @@ def _float_array(values: Any) -> np.ndarray:
     return arr.astype(np.float64, copy=False)
 
 
+def _size_column(values: Any, column: str) -> np.ndarray:
+    """A width or height metadata column → float64 array of shape (n,), NaN for null; names ``column`` on bad input.
+
+    Numeric columns (any int/float/decimal width) are taken as they are: out-of-range values become
+    ``invalid_size`` rows later. A string column is parsed when every value is a number (``"512"``, ``"512.0"``);
+    otherwise, and for any other type, the error names the column, the row and the first value that is not a number.
+    """
+    if not isinstance(values, (pa.Array, pa.ChunkedArray)):
+        try:
+            values = pa.array(values)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError):
+            values = pa.array([None if v is None else str(v) for v in values], pa.string())
+    t = values.type
+    if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t) or pa.types.is_null(t):
+        return pc.cast(values, pa.float64()).to_numpy(zero_copy_only=False)
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        try:
+            return pc.cast(pc.utf8_trim_whitespace(values), pa.float64()).to_numpy(zero_copy_only=False)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            pass
+    for i, v in enumerate(values.to_pylist()):  # error path only: find the first offender
+        if v is None:
+            continue
+        try:
+            float(v)
+        except (TypeError, ValueError):
+            raise ValueError(
+                f"Size column {column!r} must hold numbers (pixels), but row {i} holds {v!r} ({t}). Clean or cast the "
+                f"column (e.g. ds.map to turn bad values into None, which become skip_reason 'missing'), or annotate "
+                f"from the images with image_column=... instead."
+            ) from None
+    raise ValueError(f"Size column {column!r} must be numeric (pixels), got type {t}. Cast it to an integer type.")
+
+
 def _reason_array(code: np.ndarray, pre: np.ndarray | None, has_pre: np.ndarray) -> pa.Array:
     """skip_reason strings from codes (dictionary-decoded, no per-row Python) plus earlier reasons."""
     dictionary = pa.array([r or "" for r in _REASONS], type=pa.string())
@@ -152,8 +192,12 @@ def _buckets_from_json(config: str) -> BucketSet:
     return BucketSet.from_json(config)
 
 
-def _sizes_of(values: Sequence[Any]) -> tuple[np.ndarray, np.ndarray, list[str | None]]:
-    """Read header sizes of a batch of image values; the only per-row Python loop (it opens files)."""
+def _sizes_of(values: Sequence[Any], verify: bool = False) -> tuple[np.ndarray, np.ndarray, list[str | None]]:
+    """Read header sizes of a batch of image values; the only per-row Python loop (it opens files).
+
+    With ``verify`` each readable image is also decoded; a broken body gives ``"truncated: …"`` or
+    ``"undecodable: …"``.
+    """
     n = len(values)
     w = np.full(n, np.nan)  # (n,)
     h = np.full(n, np.nan)  # (n,)
@@ -165,8 +209,17 @@ def _sizes_of(values: Sequence[Any]) -> tuple[np.ndarray, np.ndarray, list[str |
             w[i], h[i] = v.size() if isinstance(v, _ArrowImage) else read_image_size(v)
         except ImageSizeError as e:
             reasons[i] = f"unreadable: {e.reason}"
+            continue
         except Exception as e:  # noqa: BLE001 - nothing may raise mid-map; record the reason instead
             reasons[i] = f"unreadable: {type(e).__name__}: {e}"[:200]
+            continue
+        if verify:
+            try:
+                v.verify() if isinstance(v, _ArrowImage) else verify_image(v)
+            except ImageSizeError as e:
+                reasons[i] = (f"{e.reason}: {e.detail}" if e.reason in ("truncated", "undecodable") else f"unreadable: {e.reason}")[:200]
+            except Exception as e:  # noqa: BLE001
+                reasons[i] = f"undecodable: {type(e).__name__}: {e}"[:200]
     return w, h, reasons
 
 
@@ -183,7 +236,12 @@ class _ArrowImage:
         source = f"<bytes: {self.buffer.size}>" + (f" ({self.path!r})" if self.path else "")
         if self.buffer.size == 0:
             raise ImageSizeError(source, "empty (0 bytes)")
-        return _size_of_open(pa.BufferReader(self.buffer), source)
+        # Pillow's plugins seek past the end and call readline (WebP, TIFF, …), which pyarrow's BufferReader
+        # refuses; a BytesIO over the buffer behaves like a file on disk for every format.
+        return _size_of_open(io.BytesIO(self.buffer), source)
+
+    def verify(self) -> None:
+        _decode_fully(io.BytesIO(self.buffer), f"<bytes: {self.buffer.size}>" + (f" ({self.path!r})" if self.path else ""))
 
 
 def _arrow_values(column: pa.ChunkedArray | pa.Array) -> list[Any]:
@@ -217,31 +275,41 @@ def _arrow_values(column: pa.ChunkedArray | pa.Array) -> list[Any]:
     return out
 
 
+def decoding_images(ds: Any) -> Any:
+    """``ds`` with every ``Image(decode=False)`` column cast back to a decoding ``Image()``.
+
+    Annotated streams keep their images encoded (so a broken one cannot end the iteration); use this before saving or
+    pushing a stream so that whoever loads the result gets PIL images as usual.
+    """
+    import datasets
+
+    if isinstance(ds, (datasets.DatasetDict, datasets.IterableDatasetDict)):
+        return type(ds)({k: decoding_images(v) for k, v in ds.items()})
+    for name, feature in (ds.features or {}).items():
+        if isinstance(feature, datasets.Image) and not feature.decode:
+            ds = ds.cast_column(name, datasets.Image(mode=feature.mode))
+    return ds
+
+
 def _image_batch(values: Any, *, config: str, max_upscale: float | None, min_size: int | None,
-                 as_dict: bool) -> Any:
+                 as_dict: bool, verify: bool = False) -> Any:
     """``map`` function for the image path: header sizes → bucket columns for one batch.
 
     ``values`` is a Python list (streaming) or an Arrow column (map-style, read zero-copy).
     """
     if isinstance(values, (pa.ChunkedArray, pa.Array)):
         values = _arrow_values(values)
-    w, h, reasons = _sizes_of(values)
+    w, h, reasons = _sizes_of(values, verify)
     table = annotate_sizes(w, h, _buckets_from_json(config), reasons=reasons, max_upscale=max_upscale, min_size=min_size)
     return table.to_pydict() if as_dict else table
 
 
 def _size_batch(widths: list[Any], heights: list[Any], *, config: str, max_upscale: float | None,
-                min_size: int | None, as_dict: bool) -> Any:
+                min_size: int | None, as_dict: bool, columns: tuple[str, str] = ("width", "height")) -> Any:
     """``map`` function for the metadata path (streaming): width/height values → bucket columns."""
-    table = annotate_sizes(_float_array(_none_to_nan(widths)), _float_array(_none_to_nan(heights)),
+    table = annotate_sizes(_size_column(widths, columns[0]), _size_column(heights, columns[1]),
                            _buckets_from_json(config), max_upscale=max_upscale, min_size=min_size)
     return table.to_pydict() if as_dict else table
-
-
-def _none_to_nan(values: Any) -> Any:
-    if isinstance(values, (pa.Array, pa.ChunkedArray, np.ndarray)):
-        return values
-    return pa.array(values)  # nulls stay nulls; _float_array turns them into NaN
 
 
 def add_bucket_columns(
@@ -258,6 +326,7 @@ def add_bucket_columns(
     desc: str | None = None,
     show_summary: bool = True,
     load_from_cache_file: bool | None = None,
+    verify: bool = False,
 ) -> Any:
     """Add the bucket columns to an image dataset, reading only image headers (or no images at all).
 
@@ -277,8 +346,14 @@ def add_bucket_columns(
         min_size: skip (``"too_small"``) images whose shorter side is below this many pixels.
         desc: progress-bar text (default ``"Reading image sizes"``).
         show_summary: print a NovelAI-style summary when done (map-style datasets only; a streaming dataset is
-            lazy — call :func:`summarize_annotation` after iterating if you want one).
+            lazy — call :func:`summarize_annotation` after iterating if you want one). An annotated stream yields its
+            ``Image`` columns undecoded (``{"bytes", "path"}``), so a broken image cannot end the iteration;
+            :class:`~hf_arb.BucketedImageDataset` and :func:`~hf_arb.fit_to_bucket` take such values directly.
         load_from_cache_file: passed to ``Dataset.map``.
+        verify: also decode every image whose header reads (in the same parallel ``map``; JPEGs at 1/8 scale), and
+            skip those whose body is broken with ``skip_reason`` ``"truncated: …"`` (an interrupted download) or
+            ``"undecodable: …"``. Costs a decode per image (see docs/benchmarks.md); without it such rows are kept
+            and training replaces them (``--on_bad_image``). Ignored on the metadata path (no image is opened).
 
     Returns:
         The same kind of object as ``ds`` with :data:`BUCKET_COLUMNS` appended (existing bucket columns are
@@ -311,7 +386,7 @@ def add_bucket_columns(
     if batch_size < 1:
         raise ValueError(f"`batch_size` must be >= 1, got {batch_size}.")
     kwargs = dict(image_column=image_column, width_column=width_column, height_column=height_column, num_proc=num_proc,
-                  batch_size=batch_size, max_upscale=max_upscale, min_size=min_size, desc=desc,
+                  batch_size=batch_size, max_upscale=max_upscale, min_size=min_size, desc=desc, verify=verify,
                   show_summary=show_summary, load_from_cache_file=load_from_cache_file)
     if isinstance(ds, (datasets.DatasetDict, datasets.IterableDatasetDict)):
         return type(ds)({split: add_bucket_columns(d, buckets, **kwargs) for split, d in ds.items()})  # type: ignore[arg-type]
@@ -340,7 +415,7 @@ def _fingerprint(*parts: Any) -> str:
 def _annotate_dataset(ds: Any, buckets: BucketSet, *, image_column: str | None, width_column: str | None,
                       height_column: str | None, num_proc: int | None, batch_size: int, max_upscale: float | None,
                       min_size: int | None, desc: str | None, show_summary: bool,
-                      load_from_cache_file: bool | None) -> Any:
+                      load_from_cache_file: bool | None, verify: bool = False) -> Any:
     import datasets
 
     base = ds.remove_columns([c for c in BUCKET_COLUMNS if c in ds.column_names])
@@ -348,7 +423,8 @@ def _annotate_dataset(ds: Any, buckets: BucketSet, *, image_column: str | None, 
     if width_column is not None:
         _check_columns(base.column_names, (width_column, height_column))
         cols = base.select_columns([width_column, height_column]).with_format("arrow")[:]  # pa.Table, indices applied
-        table = annotate_sizes(cols.column(0), cols.column(1), buckets, max_upscale=max_upscale, min_size=min_size)
+        table = annotate_sizes(_size_column(cols.column(0), width_column), _size_column(cols.column(1), height_column),
+                               buckets, max_upscale=max_upscale, min_size=min_size)
         fp = _fingerprint(base._fingerprint, buckets.fingerprint, width_column, height_column, max_upscale, min_size)
         new = datasets.Dataset(table.cast(features.arrow_schema), info=datasets.DatasetInfo(features=features),
                                fingerprint=fp)
@@ -360,7 +436,8 @@ def _annotate_dataset(ds: Any, buckets: BucketSet, *, image_column: str | None, 
         new = src.with_format("arrow").map(
             _image_batch, batched=True, batch_size=batch_size, num_proc=num_proc, input_columns=[image_column],
             remove_columns=[image_column], features=features, desc=desc or "Reading image sizes",
-            fn_kwargs=dict(config=buckets.to_json(), max_upscale=max_upscale, min_size=min_size, as_dict=False),
+            fn_kwargs=dict(config=buckets.to_json(), max_upscale=max_upscale, min_size=min_size, as_dict=False,
+                           verify=verify),
             load_from_cache_file=load_from_cache_file,
         ).with_format(None)
     out = datasets.concatenate_datasets([base, new], axis=1)
@@ -372,7 +449,7 @@ def _annotate_dataset(ds: Any, buckets: BucketSet, *, image_column: str | None, 
 def _annotate_iterable(ds: Any, buckets: BucketSet, *, image_column: str | None, width_column: str | None,
                        height_column: str | None, num_proc: int | None, batch_size: int, max_upscale: float | None,
                        min_size: int | None, desc: str | None, show_summary: bool,
-                       load_from_cache_file: bool | None) -> Any:
+                       load_from_cache_file: bool | None, verify: bool = False) -> Any:
     import datasets
 
     names = ds.column_names
@@ -380,20 +457,23 @@ def _annotate_iterable(ds: Any, buckets: BucketSet, *, image_column: str | None,
     base = ds.remove_columns(existing) if existing else ds
     features = None
     if base.features is not None:
-        features = datasets.Features({**base.features, **bucket_features(buckets)})
+        # Image columns stay encoded ({"bytes", "path"}) in the annotated stream: a broken image (skipped with its
+        # reason) must not end the iteration, which decoding on the fly would. The loader decodes what it trains on.
+        kept = {k: datasets.Image(decode=False) if isinstance(v, datasets.Image) else v for k, v in base.features.items()}
+        features = datasets.Features({**kept, **bucket_features(buckets)})
     fn_kwargs = dict(config=buckets.to_json(), max_upscale=max_upscale, min_size=min_size, as_dict=True)
+    image_kwargs = {**fn_kwargs, "verify": verify}
     if width_column is not None:
         _check_columns(names, (width_column, height_column))
         out = base.map(_size_batch, batched=True, batch_size=batch_size, input_columns=[width_column, height_column],
-                       fn_kwargs=fn_kwargs)
+                       fn_kwargs={**fn_kwargs, "columns": (width_column, height_column)})
     else:
         _check_columns(names, (image_column,))
         decoding_image = base.features is not None and isinstance(base.features.get(image_column), datasets.Image)
         src = base.cast_column(image_column, datasets.Image(decode=False)) if decoding_image else base
-        # No `features=` here: a typed map output would skip decoding later; the final cast below restores
-        # the original image feature (so it decodes again) and types the new columns.
+        # The final cast below types the new columns (and keeps the image column undecoded).
         out = src.map(_image_batch, batched=True, batch_size=batch_size, input_columns=[image_column],
-                      fn_kwargs=fn_kwargs)
+                      fn_kwargs=image_kwargs)
     return out.cast(features) if features is not None else out
 
 
@@ -406,7 +486,8 @@ class AnnotationSummary:
         rows: rows in the dataset.
         skipped_by_reason: skipped rows per reason category (the part of ``skip_reason`` before ``":"``).
         assignment: the :class:`~hf_arb.AssignmentSummary` (rows per bucket, aspect error over kept rows).
-        unreadable_examples: up to 5 distinct full ``"unreadable: …"`` reasons, to show what went wrong.
+        unreadable_examples: up to 5 distinct full ``"unreadable: …"`` / ``"truncated: …"`` / ``"undecodable: …"``
+            reasons, to show what went wrong.
     """
 
     rows: int
@@ -469,7 +550,7 @@ def summarize_columns(bucket: Any, aspect_error: Any, skip_reason: Any, buckets:
         full, c = item["values"], item["counts"]
         cat = full.split(":", 1)[0].strip()
         by_reason[cat] = by_reason.get(cat, 0) + int(c)
-        if cat == "unreadable" and len(examples) < 5:
+        if cat in ("unreadable", "truncated", "undecodable") and len(examples) < 5:
             examples.append(full)
     if ids.size and ids.max(initial=-1) >= len(buckets):
         raise ValueError(f"Bucket id {int(ids.max())} is out of range for a BucketSet of {len(buckets)} buckets; "

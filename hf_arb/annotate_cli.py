@@ -103,6 +103,8 @@ def _add_annotate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--streaming", action="store_true", help="stream the source instead of downloading it first")
     p.add_argument("--max-upscale", type=float, default=None, help="skip images needing more upscale than this")
     p.add_argument("--min-size", type=int, default=None, help="skip images whose shorter side is below this")
+    p.add_argument("--verify", action="store_true",
+                   help="also decode every image (parallel with --num-proc) and skip truncated or undecodable ones")
     p.add_argument("--plot", default=None, metavar="FILE.png", help="also write the bucket chart here")
     p.add_argument("--private", action="store_true", help="with --push-to-hub: create a private repo")
 
@@ -110,7 +112,7 @@ def _add_annotate_arguments(p: argparse.ArgumentParser) -> None:
 def _run_annotate(args: argparse.Namespace) -> int:
     import datasets
 
-    from .annotate import add_bucket_columns, summarize_annotation
+    from .annotate import add_bucket_columns, decoding_images, summarize_annotation
 
     if (args.width_column is None) != (args.height_column is None):
         print("error: pass both --width-column and --height-column, or neither.", file=sys.stderr)
@@ -122,7 +124,7 @@ def _run_annotate(args: argparse.Namespace) -> int:
     annotated = add_bucket_columns(ds, buckets, image_column=image_column, width_column=args.width_column,
                                    height_column=args.height_column, num_proc=args.num_proc,
                                    batch_size=args.batch_size, max_upscale=args.max_upscale, min_size=args.min_size,
-                                   show_summary=False)
+                                   show_summary=False, verify=args.verify)
     if args.streaming and args.output_dir:
         # Materialise the stream once (sizes are read as it flows), then save like a map-style dataset.
         def materialise(d: Any) -> Any:
@@ -133,9 +135,7 @@ def _run_annotate(args: argparse.Namespace) -> int:
             for k in images:
                 raw = raw.cast_column(k, datasets.Image(decode=False))
             out = datasets.Dataset.from_generator(lambda: (yield from raw), features=raw.features)
-            for k, feature in images.items():
-                out = out.cast_column(k, feature)
-            return out
+            return decoding_images(out)  # whoever loads the saved dataset gets PIL images
 
         annotated = (datasets.DatasetDict({s: materialise(d) for s, d in annotated.items()})
                      if isinstance(annotated, datasets.IterableDatasetDict) else materialise(annotated))

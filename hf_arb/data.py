@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .bad_images import BAD_IMAGE_POLICIES, STREAM_REPLACE, BadImageLog, replacement_order
 from .buckets import BucketSet
 from .schema import read_resolutions
 from .imaging import (
@@ -55,6 +56,16 @@ _STREAM_CROP, _STREAM_FLIP, _STREAM_CAPTION = 0, 1, 2
 
 class ImageDecodeError(RuntimeError):
     """An image of the dataset could not be opened or decoded at training time."""
+
+
+_ADVICE = ("Skip such rows up front: re-annotate with `hf-arb annotate SOURCE --verify --output-dir DIR` (or "
+           "add_bucket_columns(ds, buckets, verify=True)) and train on it (--dataset_name DIR); or let training "
+           "substitute a row of the same bucket: --on_bad_image replace (BucketedImageDataset(on_bad_image='replace')).")
+_MAX_REPLACEMENT_TRIES = 16
+
+
+class _SizeMismatch(ValueError):
+    """The image displays at another size than its annotation says (a stale annotation)."""
 
 
 def row_rng(seed: int, epoch: int, row: int, stream: int = 0) -> np.random.Generator:
@@ -98,6 +109,12 @@ class BucketedImageDataset(torch.utils.data.Dataset):
         check_sizes: raise when an image's displayed size differs from its ``original_width`` /
             ``original_height`` columns (stale annotation), so :meth:`fit_row` always matches
             ``__getitem__``.
+        on_bad_image: what a row whose image cannot be opened or decoded (or, with ``check_sizes``, displays at
+            another size than annotated) does: ``"error"`` raises :class:`ImageDecodeError`; ``"replace"`` returns
+            a deterministic replacement row of the same bucket instead (see :mod:`hf_arb.bad_images`), counts it
+            in :attr:`bad_images` and logs it once.
+        bad_image_log: with ``"replace"``, a JSON-lines file each bad row is appended to (the training script uses
+            ``<output_dir>/skipped_rows.jsonl``).
 
     Keys accepted by ``__getitem__``:
         * ``int`` row: fitted to the row's own ``bucket`` at the epoch set by :meth:`set_epoch`.
@@ -133,8 +150,15 @@ class BucketedImageDataset(torch.utils.data.Dataset):
         draft_gap: float | None = None,
         bucket_column: str = "bucket",
         check_sizes: bool = True,
+        on_bad_image: str = "error",
+        bad_image_log: str | Any | None = None,
     ) -> None:
         import datasets
+
+        if on_bad_image not in BAD_IMAGE_POLICIES:
+            raise ValueError(f"`on_bad_image` must be one of {BAD_IMAGE_POLICIES}, got {on_bad_image!r}.")
+        self.on_bad_image = on_bad_image
+        self.bad_images = BadImageLog(bad_image_log)
 
         if not isinstance(ds, datasets.Dataset):
             raise TypeError(
@@ -156,10 +180,10 @@ class BucketedImageDataset(torch.utils.data.Dataset):
         cols = _column_arrays(ds, [bucket_column, *size_cols, *extra])
         self._bucket = cols[bucket_column].astype(np.int64)  # (n,)
         self._size = (
-            np.stack([cols["original_width"], cols["original_height"]], 1).astype(np.int32) if len(size_cols) == 2 else None
+            np.nan_to_num(np.stack([cols["original_width"], cols["original_height"]], 1)).astype(np.int32) if len(size_cols) == 2 else None
         )  # (n, 2) width, height or None
         if len(extra) == 2:
-            self._check_table(np.stack([cols["bucket_width"], cols["bucket_height"]], 1).astype(np.int64))
+            self._check_table(np.nan_to_num(np.stack([cols["bucket_width"], cols["bucket_height"]], 1)).astype(np.int64))
         self._view = ds.select_columns([image_column] + ([caption_column] if caption_column else []))
         self._skip_reason = ds.select_columns(["skip_reason"]) if "skip_reason" in ds.column_names else None
         self.image_column = image_column
@@ -293,8 +317,8 @@ class BucketedImageDataset(torch.utils.data.Dataset):
         )
 
     # ----------------------------------------------------------------------------- samples
-    def __getitem__(self, key: int | tuple[int, int, int]) -> dict[str, Any]:
-        row, bucket, epoch = self._parse_key(key)
+    def _render(self, row: int, bucket: int, epoch: int) -> tuple[Any, FitPlan, dict[str, Any]]:
+        """Open, check and fit one row; raises :class:`ImageDecodeError` (decode) or ``_SizeMismatch`` (size)."""
         record = self._view[row]
         source = record[self.image_column]
         try:
@@ -304,11 +328,10 @@ class BucketedImageDataset(torch.utils.data.Dataset):
         except Exception as e:  # noqa: BLE001 - any decoder failure becomes one clear error
             raise ImageDecodeError(
                 f"Row {row}: cannot open the image in column {self.image_column!r} from {describe_source(source)}: "
-                f"{type(e).__name__}: {e}. Annotation (add_bucket_columns) should have skipped this row; re-annotate "
-                "or drop it."
+                f"{type(e).__name__}: {e}. {_ADVICE}"
             ) from e
         if self.check_sizes and self._size is not None and tuple(self._size[row].tolist()) != size:
-            raise ValueError(
+            raise _SizeMismatch(
                 f"Row {row}: the image from {describe_source(source)} displays as {size[0]}x{size[1]} but the "
                 f"annotation says {self._size[row, 0]}x{self._size[row, 1]} (original_width x original_height). "
                 "Re-annotate the dataset, or pass check_sizes=False to trust the pixels."
@@ -321,9 +344,43 @@ class BucketedImageDataset(torch.utils.data.Dataset):
         except Exception as e:  # noqa: BLE001
             raise ImageDecodeError(
                 f"Row {row}: cannot decode the image in column {self.image_column!r} from {describe_source(source)}: "
-                f"{type(e).__name__}: {e}. Annotation (add_bucket_columns) should have skipped this row; re-annotate "
-                "or drop it."
+                f"{type(e).__name__}: {e}. {_ADVICE}"
             ) from e
+        return image, plan, record
+
+    def _describe(self, row: int) -> str:
+        return describe_source(self._view[row][self.image_column])
+
+    def _render_or_replace(self, row: int, bucket: int, epoch: int) -> tuple[Any, FitPlan, dict[str, Any], int]:
+        """:meth:`_render`, or with ``on_bad_image="replace"`` the first replacement row that renders."""
+        try:
+            return (*self._render(row, bucket, epoch), row)
+        except (ImageDecodeError, _SizeMismatch) as e:
+            if self.on_bad_image == "error":
+                raise
+            first = e
+        order = replacement_order(row_rng(self.seed, epoch, row, STREAM_REPLACE), row, bucket, self._bucket)
+        failed = [row]
+        for other in order[:_MAX_REPLACEMENT_TRIES].tolist():
+            try:
+                image, plan, record = self._render(other, bucket, epoch)
+            except (ImageDecodeError, _SizeMismatch) as e:
+                self.bad_images.record(other, _short(e), bucket=bucket, epoch=epoch, source=self._describe(other))
+                failed.append(other)
+                continue
+            self.bad_images.record(row, _short(first), replaced_by=other, bucket=bucket, epoch=epoch,
+                                   source=self._describe(row))
+            return image, plan, record, other
+        raise ImageDecodeError(
+            f"Row {row} and {len(failed) - 1} replacement row(s) of bucket {bucket} ({failed[1:]}) could not be "
+            f"decoded: {first}"
+        ) from first
+
+    def __getitem__(self, key: int | tuple[int, int, int]) -> dict[str, Any]:
+        row, bucket, epoch = self._parse_key(key)
+        image, plan, record, used = self._render_or_replace(row, bucket, epoch)
+        if used != row:
+            row = used  # the sample is the replacement row's: its image, caption and geometry
         caption = self._caption(record, row, epoch)
         sample: dict[str, Any] = {
             "pixel_values": to_tensor(image),  # (3, H, W) float32 in [-1, 1]
@@ -345,6 +402,12 @@ class BucketedImageDataset(torch.utils.data.Dataset):
     def collate(samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
         """Stack samples of one bucket; see :func:`collate_buckets`."""
         return collate_buckets(samples)
+
+
+def _short(error: BaseException) -> str:
+    """The decoder's own message from one of our errors (drops the row/source preamble and the advice)."""
+    text = str(error).replace(_ADVICE, "").strip()
+    return text.split(": ", 2)[-1][:200] if text.startswith("Row ") else text[:200]
 
 
 def collate_buckets(samples: Sequence[dict[str, Any]]) -> dict[str, Any]:

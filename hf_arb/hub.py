@@ -188,6 +188,10 @@ def push_to_hub(ds: Any, repo_id: str, buckets: BucketSet | None = None, *, char
     if not stats[config_name]:
         stats = {}
 
+    if isinstance(stored_ds, (datasets.IterableDataset, datasets.IterableDatasetDict)):
+        from .annotate import decoding_images
+
+        stored_ds = decoding_images(stored_ds)  # an annotated stream's images are undecoded; the Hub copy decodes
     commit = stored_ds.push_to_hub(repo_id, **kwargs)
 
     api = HfApi(token=kwargs.get("token"))

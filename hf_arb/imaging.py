@@ -287,7 +287,15 @@ def open_image(source: ImageSource) -> Image.Image:
 
 
 def exif_orientation(im: Image.Image) -> int:
-    """The EXIF orientation (1–8) the image still carries; 1 when absent or invalid."""
+    """The EXIF orientation (1–8) still to apply to the image's pixels; 1 when absent, invalid or already applied.
+
+    Pillow's TIFF plugin applies the orientation itself when it loads the pixels (and reports the displayed size
+    before that), while the JPEG, PNG and WebP plugins leave it to ``ImageOps.exif_transpose``. A TIFF is therefore
+    loaded here first and what orientation remains afterwards is returned (1 where the plugin applied it), so the
+    orientation is applied exactly once whatever the Pillow version.
+    """
+    if getattr(im, "format", None) == "TIFF" and getattr(im, "tile", None):
+        im.load()  # not loaded yet: let the plugin transpose now, then read what is left
     try:
         value = im.getexif().get(_ORIENTATION_TAG, 1)
     except Exception:  # noqa: BLE001 - a broken EXIF block must not break decoding

@@ -23,16 +23,23 @@ Layout of a cache directory (safe to share between runs, datasets and ranks)::
   same bytes.
 * **Per-rank share.** :func:`plan_share` splits the entries to check by position (``i % world == rank``), so ranks
   never disagree about who encodes what, even while other ranks are writing.
-* **Memory-mapped reads.** :meth:`LatentCache.read` opens the ``.npy`` with ``mmap_mode="r"``; only the rows a
-  batch needs are paged in.
+* **Memory-mapped reads.** :meth:`LatentCache.read` opens the ``.npy`` with ``mmap_mode="r"``.
+* **Verified entries.** The ``.json`` also records the array's shape, dtype and CRC-32 (under ``"_entry"``, hidden
+  from :meth:`LatentCache.read`'s metadata). Every read checks them and that the values are finite; a truncated,
+  empty, wrong-shape, NaN-filled or otherwise damaged entry raises :class:`LatentCacheError` instead of training on
+  it. :func:`fill_cache` checks the entries it would reuse the same way and encodes bad ones again (counted in
+  ``CacheIndex.repaired``); :class:`CachedLatentDataset` re-encodes through its ``repair`` callback. Non-finite
+  latents are refused at write time.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import tempfile
+import zlib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +49,7 @@ import numpy as np
 
 __all__ = [
     "LatentCache",
+    "LatentCacheError",
     "CacheIndex",
     "CachedLatentDataset",
     "vae_fingerprint",
@@ -139,7 +147,30 @@ def plan_share(n: int, rank: int, world: int) -> np.ndarray:
     return np.arange(rank, n, world, dtype=np.int64)
 
 
+logger = logging.getLogger(__name__)
+_ENTRY = "_entry"  # meta key holding shape / dtype / crc32 of the .npy payload
+
+
 # ---------------------------------------------------------------------------------------------- store
+class LatentCacheError(ValueError):
+    """A latent cache entry is missing a part, damaged or does not match what was written.
+
+    Attributes:
+        key: the entry's key.
+        path: the ``.npy`` (or ``.json``) file at fault.
+        reason: a short reason, e.g. ``"truncated .npy (cannot load: …)"`` or ``"non-finite values"``.
+    """
+
+    def __init__(self, key: str, path: Path, reason: str) -> None:
+        self.key, self.path, self.reason = key, path, reason
+        super().__init__(f"Latent cache entry {path}: {reason}. It is re-encoded on the next start of training "
+                         f"(or delete the file).")
+
+
+def _crc32(arr: np.ndarray) -> int:
+    return zlib.crc32(memoryview(np.ascontiguousarray(arr)).cast("B")) & 0xFFFFFFFF
+
+
 def _atomic_write_bytes(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -187,6 +218,13 @@ class LatentCache:
         arr = np.asarray(stats)
         if arr.ndim != 4 or arr.shape[0] != 2:
             raise ValueError(f"Latent stats must have shape (2, C, h, w) (mean and std), got {arr.shape}.")
+        if not np.isfinite(arr).all():
+            bad = int((~np.isfinite(arr)).sum())
+            raise ValueError(
+                f"Latent stats for {key} hold {bad} non-finite value(s) (NaN/inf) out of {arr.size}: the VAE failed on "
+                "this image. They are not cached. Encode in float32 (an fp16 VAE overflows; SDXL: pass "
+                "--pretrained_vae_model_name_or_path madebyollin/sdxl-vae-fp16-fix) or check the image."
+            )
         with np.errstate(over="ignore"):
             arr16 = arr.astype(np.float16)
         if not np.isfinite(arr16).all():
@@ -194,21 +232,60 @@ class LatentCache:
                 f"Latent stats for {key} overflow float16 (max |x| = {float(np.abs(arr).max()):.3g}); "
                 "the VAE produced values float16 cannot hold. Encode in float32 or use a VAE that does not overflow."
             )
+        if _ENTRY in meta:
+            raise ValueError(f"Metadata key {_ENTRY!r} is reserved by the latent cache.")
+        entry = {"shape": list(arr16.shape), "dtype": "float16", "crc32": _crc32(arr16)}
         npy, meta_path = self._paths(key)
-        _atomic_write_bytes(meta_path, json.dumps(meta, sort_keys=True).encode())
+        _atomic_write_bytes(meta_path, json.dumps({**meta, _ENTRY: entry}, sort_keys=True).encode())
         buf = io.BytesIO()
         np.save(buf, arr16)
         _atomic_write_bytes(npy, buf.getvalue())
 
     def read(self, key: str) -> tuple[np.ndarray, dict[str, Any]]:
-        """Memory-mapped ``(2, C, h, w)`` float16 stats and the metadata of an entry."""
+        """Memory-mapped ``(2, C, h, w)`` float16 stats and the metadata of an entry, verified.
+
+        Raises:
+            KeyError: there is no such entry.
+            LatentCacheError: the entry is damaged: unreadable or truncated files, shape / dtype / checksum not
+                those written, or non-finite values.
+        """
         npy, meta_path = self._paths(key)
         if not npy.exists():
             raise KeyError(f"Latent cache {self.root} has no entry {key}. Rebuild the cache (--cache_latents).")
-        return np.load(npy, mmap_mode="r"), json.loads(meta_path.read_text())
+        try:
+            meta = json.loads(meta_path.read_text())
+            entry = meta.pop(_ENTRY)
+            expected = (tuple(int(x) for x in entry["shape"]), str(entry["dtype"]), int(entry["crc32"]))
+        except FileNotFoundError:
+            raise LatentCacheError(key, meta_path, "missing .json metadata") from None
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise LatentCacheError(key, meta_path, f"unreadable .json metadata or no checksum ({type(e).__name__})") from None
+        try:
+            arr = np.load(npy, mmap_mode="r")
+        except (ValueError, OSError, EOFError) as e:
+            raise LatentCacheError(key, npy, f"truncated or corrupt .npy ({e})") from None
+        if (tuple(arr.shape), str(arr.dtype)) != expected[:2]:
+            raise LatentCacheError(key, npy, f"holds {arr.dtype} {tuple(arr.shape)}, expected {expected[1]} {expected[0]}")
+        if _crc32(arr) != expected[2]:
+            raise LatentCacheError(key, npy, "checksum mismatch (the file changed after it was written)")
+        if ((np.asarray(arr).view(np.uint16) & 0x7C00) == 0x7C00).any():  # float16 exponent all ones: inf or NaN
+            raise LatentCacheError(key, npy, "non-finite values")
+        return arr, meta
+
+    def check(self, key: str) -> str | None:
+        """``None`` when the entry reads back intact, else the reason (missing entries give ``"missing"``)."""
+        try:
+            self.read(key)
+        except KeyError:
+            return "missing"
+        except LatentCacheError as e:
+            return e.reason
+        return None
 
     def read_meta(self, key: str) -> dict[str, Any]:
-        return json.loads(self._paths(key)[1].read_text())
+        meta = json.loads(self._paths(key)[1].read_text())
+        meta.pop(_ENTRY, None)
+        return meta
 
     def __len__(self) -> int:
         return sum(1 for _ in self.root.glob("*/*.npy")) if self.root.exists() else 0
@@ -221,14 +298,17 @@ class CacheIndex:
     Attributes:
         keys: ``{(row, bucket_id): [key of variant 0, key of variant 1, ...]}``.
         variants: number of variants per image.
-        encoded: entries this process encoded while building (0 when everything was reused).
-        reused: entries this process found already in the cache.
+        encoded: entries this process encoded while building (0 when everything was reused), repaired ones included.
+        reused: entries this process found already in the cache, intact.
+        repaired: entries that existed but were damaged, and were encoded again (while building or, through
+            :class:`CachedLatentDataset`'s ``repair``, while training).
     """
 
     keys: dict[tuple[int, int], list[str]]
     variants: int
     encoded: int = 0
     reused: int = 0
+    repaired: int = 0
 
     def key(self, row: int, bucket: int, epoch: int) -> str:
         try:
@@ -303,7 +383,16 @@ def fill_cache(
     seen: set[str] = set()
     unique = [t for t in todo if not (t[0] in seen or seen.add(t[0]))]  # type: ignore[func-returns-value]
     mine = [unique[i] for i in plan_share(len(unique), rank, world)]
-    missing = [t for t in mine if not cache.has(t[0])]
+    missing = []
+    for t in mine:
+        reason = cache.check(t[0]) if cache.has(t[0]) else "missing"
+        if reason is None:
+            continue
+        missing.append(t)
+        if reason != "missing":
+            index.repaired += 1
+            logger.warning("Latent cache entry %s (row %d, bucket %d, variant %d) is damaged (%s): encoding it again.",
+                           t[0], t[1], t[2], t[3], reason)
     index.reused = len(mine) - len(missing)
     by_bucket: dict[int, list[tuple[str, int, int, int]]] = {}
     for t in missing:
@@ -347,13 +436,18 @@ class CachedLatentDataset:
         captions: one caption, or a list of captions, per dataset row. From a list, epoch ``e`` takes the caption
             ``BucketedImageDataset`` takes (same per-row stream; the global RNG is not used).
         seed: for caption choice.
+        repair: ``(row, bucket, epoch)`` → encode that entry again and write it to the cache. Called when an entry
+            fails verification on read (damaged after the cache was built); the entry is re-read afterwards.
+            Without it a damaged entry raises :class:`LatentCacheError`.
     """
 
-    def __init__(self, cache: LatentCache, index: CacheIndex, captions: Sequence[Any], seed: int = 0) -> None:
+    def __init__(self, cache: LatentCache, index: CacheIndex, captions: Sequence[Any], seed: int = 0,
+                 repair: Callable[[int, int, int], None] | None = None) -> None:
         self.cache = cache
         self.index = index
         self.captions = captions
         self.seed = int(seed)
+        self.repair = repair
 
     def __len__(self) -> int:
         return len(self.captions)
@@ -374,7 +468,17 @@ class CachedLatentDataset:
         import torch
 
         row, bucket, epoch = (int(x) for x in key)
-        stats, meta = self.cache.read(self.index.key(row, bucket, epoch))
+        entry = self.index.key(row, bucket, epoch)
+        try:
+            stats, meta = self.cache.read(entry)
+        except (LatentCacheError, KeyError) as e:
+            if self.repair is None:
+                raise
+            logger.warning("Latent cache entry %s (row %d, bucket %d) unusable (%s): encoding it again.", entry, row,
+                           bucket, getattr(e, "reason", "missing"))
+            self.repair(row, bucket, epoch)
+            self.index.repaired += 1
+            stats, meta = self.cache.read(entry)
         return {
             "latent_stats": torch.from_numpy(np.array(stats, dtype=np.float32)),
             "original_size": meta["original_size"],

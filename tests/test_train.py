@@ -233,6 +233,13 @@ def test_resume_with_another_seed_is_an_error(assets, tmp_path):
     ckpt = tmp_path / "checkpoint-3"
     ckpt.mkdir()
     (ckpt / script.STATE_FILE).write_text(json.dumps({"global_step": 3, "seed": 5}))
+    for name in ("optimizer.bin", "scheduler.bin", "random_states_0.pkl", "custom_checkpoint_0.pkl"):
+        torch.save({}, ckpt / name)  # readable files: `latest` does not skip this checkpoint as damaged
+    (ckpt / "unet").mkdir()
+    (ckpt / "unet" / "config.json").write_text("{}")
+    from safetensors.torch import save_file
+
+    save_file({"w": torch.zeros(1)}, str(ckpt / "unet" / "diffusion_pytorch_model.safetensors"))
     argv = ["--pretrained_model_name_or_path", assets["sd"], "--train_data_dir", assets["images"],
             "--output_dir", str(tmp_path), *COMMON, "--resume_from_checkpoint", "latest"]
     with pytest.raises(ValueError, match="--seed 0 differs from the seed of the checkpoint being resumed \\(5\\)"):

@@ -1,0 +1,252 @@
+"""Fault injection through the training script: broken images, damaged latent caches, damaged or half-written
+checkpoints. No case crashes a run or loses a row silently, and wherever no trained data was damaged a resumed run
+ends with the weights of an uninterrupted one."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from test_train import COMMON, ROOT, max_weight_diff, read_trace, reset_accelerate, run_script, script
+
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("train_faults")]
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    from hf_arb.tiny import save_tiny_imagefolder, save_tiny_sd
+
+    root = tmp_path_factory.mktemp("fault_assets")  # 5 shapes x 2 photos: 10 rows, one batch of 2 per bucket
+    return {"sd": save_tiny_sd(root / "tiny-sd"), "images": save_tiny_imagefolder(root / "images", per_size=2)}
+
+
+def _argv(assets: dict[str, str], out: Path, *extra: str, images: str | None = None) -> list[str]:
+    return ["--pretrained_model_name_or_path", assets["sd"], "--train_data_dir", images or assets["images"],
+            "--output_dir", str(out), *COMMON, *extra]
+
+
+# ----------------------------------------------------------------------------------- broken images
+@pytest.fixture(scope="module")
+def broken_images(assets: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> tuple[str, list[str]]:
+    """The tiny imagefolder with 2 images cut after their header (an interrupted download): annotation keeps them."""
+    folder = tmp_path_factory.mktemp("broken") / "images"
+    shutil.copytree(assets["images"], folder)
+    files = sorted(p for p in folder.iterdir() if p.suffix == ".png")
+    damaged = [files[1], files[6]]
+    for f in damaged:
+        f.write_bytes(f.read_bytes()[: int(f.stat().st_size * 0.6)])
+    return str(folder), [f.name for f in damaged]
+
+
+@pytest.fixture(scope="module")
+def replaced_runs(assets, broken_images, tmp_path_factory) -> dict[str, Any]:
+    images, _ = broken_images
+    full = tmp_path_factory.mktemp("bad_full")
+    extra = ("--num_train_epochs", "1", "--checkpointing_steps", "2")  # 5 steps: every row of the epoch is drawn
+    stats = run_script(_argv(assets, full, *extra, images=images))
+    resumed = tmp_path_factory.mktemp("bad_resumed")
+    shutil.copytree(full / "checkpoint-2", resumed / "checkpoint-2")
+    stats_resumed = run_script(_argv(assets, resumed, *extra, "--resume_from_checkpoint", "latest", images=images))
+    return {"full": full, "resumed": resumed, "stats": stats, "stats_resumed": stats_resumed}
+
+
+def test_broken_images_are_replaced_and_recorded(replaced_runs, broken_images) -> None:
+    _, damaged = broken_images
+    full, stats = replaced_runs["full"], replaced_runs["stats"]
+    assert stats["global_step"] == 5
+    entries = [json.loads(line) for line in (full / "skipped_rows.jsonl").read_text().splitlines()]
+    assert sorted(Path(e["source"].strip("'")).name for e in entries) == sorted(damaged)  # each once
+    assert stats["bad_images"] == 2 and all("truncated" in e["reason"] for e in entries)
+    trace = read_trace(full, 0)
+    assert all(len(t["rows"]) == 2 for t in trace)  # batches stay full
+    trained = [r for t in trace for r in t["rows"]]
+    bad_rows = {e["row"] for e in entries}
+    assert not bad_rows & set(trained)
+    # rows in = rows out: the epoch's 10 slots hold the 8 good rows plus, in the bad rows' slots, replacements
+    assert len(trained) == 10 and set(trained) == set(range(10)) - bad_rows
+    assert {e["replaced_by"] for e in entries} <= set(trained)
+
+
+def test_resume_with_replacements_is_exact(replaced_runs) -> None:
+    full, resumed = replaced_runs["full"], replaced_runs["resumed"]
+    assert [t["rows"] for t in read_trace(resumed, 0)] == [t["rows"] for t in read_trace(full, 0)][2:]
+    assert max_weight_diff(full, resumed) < 1e-6
+
+
+def test_on_bad_image_error_fails_fast_with_working_advice(assets, broken_images, tmp_path) -> None:
+    from hf_arb.data import ImageDecodeError
+
+    images, _ = broken_images
+    with pytest.raises(ImageDecodeError, match=r"truncated.*hf-arb annotate SOURCE --verify"):
+        try:
+            script.main(_argv(assets, tmp_path / "err", "--num_train_epochs", "1", "--on_bad_image", "error",
+                              images=images))
+        finally:
+            reset_accelerate()
+    # the advice: annotate with --verify, train on the result; nothing to replace any more
+    from hf_arb.cli import main as cli
+
+    annotated = tmp_path / "annotated"
+    assert cli(["annotate", images, "--output-dir", str(annotated), "--preset", "budget", "--resolution", "64",
+                "--step", "16", "--verify"]) == 0
+    argv = _argv(assets, tmp_path / "ok", "--max_train_steps", "3", "--on_bad_image", "error")
+    argv[argv.index("--train_data_dir"):argv.index("--train_data_dir") + 2] = ["--dataset_name", str(annotated)]
+    stats = run_script(argv)
+    assert stats["global_step"] == 3 and stats["bad_images"] == 0
+
+
+# ----------------------------------------------------------------------------------- latent cache
+def test_damaged_latent_cache_entries_are_reencoded(assets, tmp_path) -> None:
+    out = tmp_path / "cached"
+    argv = _argv(assets, out, "--center_crop", "--max_train_steps", "2", "--checkpointing_steps", "100",
+                 "--cache_latents")
+    first = run_script(argv)
+    assert first["latents_encoded"] == 10 and first["latents_repaired"] == 0
+    entries = sorted((out / "latent_cache").glob("*/*.npy"))
+    entries[0].write_bytes(entries[0].read_bytes()[:100])  # truncated
+    entries[1].write_bytes(b"")  # empty
+    buf = __import__("io").BytesIO()
+    np.save(buf, np.full(np.load(entries[2]).shape, np.nan, np.float16))
+    entries[2].write_bytes(buf.getvalue())  # NaN-filled
+    np.save(entries[3], np.zeros((2, 4, 3, 3), np.float16))  # wrong shape
+    entries[4].with_suffix(".json").unlink()  # metadata lost
+    second = run_script(argv)
+    assert (second["latents_encoded"], second["latents_repaired"], second["latents_reused"]) == (5, 5, 5)
+    np.testing.assert_allclose(second["losses"], first["losses"], rtol=1e-6)
+
+
+def test_latent_entry_damaged_during_training_is_reencoded_in_place(assets, tmp_path, monkeypatch) -> None:
+    """Entries that break after the start-up check (here: all of them, right after it) are re-encoded on read."""
+    from hf_arb import latents as lat
+
+    out = tmp_path / "cached"
+    argv = _argv(assets, out, "--center_crop", "--max_train_steps", "2", "--checkpointing_steps", "100",
+                 "--cache_latents")
+    first = run_script(argv)
+    fill = lat.fill_cache
+
+    def fill_then_damage(cache, index, **kw):  # noqa: ANN001, ANN003, ANN202
+        done = fill(cache, index, **kw)
+        for npy in Path(cache.root).glob("*/*.npy"):
+            npy.write_bytes(npy.read_bytes()[:64])
+        return done
+
+    monkeypatch.setattr(lat, "fill_cache", fill_then_damage)
+    second = run_script(argv)
+    # 2 steps x batch 2 read, plus the batch accelerate's loader fetches ahead: each repaired on read
+    assert second["latents_reused"] == 10 and second["latents_repaired"] == 6
+    np.testing.assert_allclose(second["losses"], first["losses"], rtol=1e-6)
+
+
+# ----------------------------------------------------------------------------------- checkpoints
+@pytest.fixture(scope="module")
+def ckpt_run(assets, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("ckpt_full")
+    run_script(_argv(assets, out, "--max_train_steps", "4", "--checkpointing_steps", "2"))
+    assert [d.name for d in sorted(out.glob("checkpoint-*"))] == ["checkpoint-2", "checkpoint-4"]
+    return out
+
+
+def _copy_checkpoints(src: Path, dst: Path, *names: str) -> Path:
+    for n in names:
+        shutil.copytree(src / n, dst / n)
+    return dst
+
+
+def test_latest_skips_damaged_checkpoint_and_resumes_exactly(ckpt_run, assets, tmp_path, caplog) -> None:
+    """Every kind of damage is named by checkpoint_problems (test_fault_checkpoint.py); here one, end to end."""
+    out = _copy_checkpoints(ckpt_run, tmp_path / "run", "checkpoint-2", "checkpoint-4")
+    (out / "checkpoint-4" / "unet" / "diffusion_pytorch_model.safetensors").unlink()
+    opt = out / "checkpoint-4" / "optimizer.bin"
+    opt.write_bytes(opt.read_bytes()[:1000])
+    with caplog.at_level("WARNING"):
+        stats = run_script(_argv(assets, out, "--max_train_steps", "4", "--checkpointing_steps", "2",
+                                 "--resume_from_checkpoint", "latest"))
+    assert "skipping incomplete or damaged checkpoint(s): checkpoint-4 (" in caplog.text and "+1 more" in caplog.text
+    assert stats["global_step"] == 4 and read_trace(out, 0)[0]["step"] == 2  # resumed from checkpoint-2
+    assert max_weight_diff(ckpt_run, out) < 1e-6
+
+
+def test_named_damaged_checkpoint_is_a_one_line_error(ckpt_run, assets, tmp_path) -> None:
+    out = _copy_checkpoints(ckpt_run, tmp_path / "run", "checkpoint-4")
+    opt = out / "checkpoint-4" / "optimizer.bin"
+    opt.write_bytes(opt.read_bytes()[:-50])
+    with pytest.raises(ValueError, match=rf"Checkpoint .*checkpoint-4 is damaged: {opt}: truncated") as err:
+        script.main(_argv(assets, out, "--max_train_steps", "4", "--resume_from_checkpoint", "checkpoint-4"))
+    reset_accelerate()
+    assert "\n" not in str(err.value)
+
+
+def test_tampered_global_step_is_refused(ckpt_run, assets, tmp_path) -> None:
+    out = _copy_checkpoints(ckpt_run, tmp_path / "run", "checkpoint-4")
+    state = out / "checkpoint-4" / script.STATE_FILE
+    state.write_text(json.dumps({**json.loads(state.read_text()), "global_step": 3}))
+    try:
+        with pytest.raises(ValueError, match=r"inconsistent: hf_arb_state.json says global_step 3, but the sampler "
+                                             r"state is at update 4 .* optimizer at step 4"):
+            script.main(_argv(assets, out, "--max_train_steps", "4", "--resume_from_checkpoint", "latest"))
+    finally:
+        reset_accelerate()
+
+
+_KILLER = """
+import io, os, signal, sys, torch
+sys.path.insert(0, {root!r})
+import train_text_to_image_arb as script
+orig = torch.save
+def save(obj, f, *a, **k):
+    if ".tmp-checkpoint-4" in str(f) and str(f).endswith("optimizer.bin"):
+        buf = io.BytesIO(); orig(obj, buf, *a, **k)
+        with open(f, "wb") as fh:
+            fh.write(buf.getvalue()[: len(buf.getvalue()) // 2]); fh.flush()
+        os.kill(os.getpid(), signal.SIGKILL)  # kill -9 in the middle of writing checkpoint-4
+    return orig(obj, f, *a, **k)
+torch.save = save
+script.main(sys.argv[1:])
+"""
+
+
+def test_kill_during_checkpoint_write_with_limit_1_then_resume(ckpt_run, assets, tmp_path) -> None:
+    out = tmp_path / "killed"
+    argv = _argv(assets, out, "--max_train_steps", "4", "--checkpointing_steps", "2", "--checkpoints_total_limit", "1")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-c", _KILLER.format(root=str(ROOT)), *argv], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == -9, proc.stderr[-3000:]
+    assert sorted(p.name for p in out.glob("*checkpoint-*")) == [".tmp-checkpoint-4", "checkpoint-2"]
+    stats = run_script(argv + ["--resume_from_checkpoint", "latest"])
+    assert stats["global_step"] == 4
+    assert sorted(p.name for p in out.glob("*checkpoint-*")) == ["checkpoint-4"]  # partial write cleaned up
+    assert max_weight_diff(ckpt_run, out) < 1e-6
+
+
+def test_two_ranks_replace_broken_images_and_stay_in_step(assets, tmp_path) -> None:
+    """DDP (2 processes, gloo): replacements keep every batch full and both ranks in the same bucket at each step;
+    both ranks append to one skipped_rows.jsonl, each bad row once."""
+    from hf_arb.tiny import save_tiny_imagefolder
+
+    images = Path(save_tiny_imagefolder(tmp_path / "images", per_size=4))  # 20 rows: one global batch of 4 per bucket
+    files = sorted(p for p in images.iterdir() if p.suffix == ".png")
+    damaged = {files[0].name, files[9].name, files[17].name}
+    for f in files:
+        if f.name in damaged:
+            f.write_bytes(f.read_bytes()[: int(f.stat().st_size * 0.6)])
+    out = tmp_path / "ddp"
+    stats = run_script(_argv(assets, out, "--num_train_epochs", "1", "--checkpointing_steps", "100",
+                             images=str(images)), nproc=2)
+    r0, r1 = read_trace(out, 0), read_trace(out, 1)
+    assert stats["global_step"] == 5 and len(r0) == len(r1) == 5 and stats["bad_images"] == 3
+    assert [t["bucket"] for t in r0] == [t["bucket"] for t in r1]  # same bucket on both ranks at every step
+    assert all(len(t["rows"]) == 2 for t in r0 + r1)
+    entries = [json.loads(line) for line in (out / "skipped_rows.jsonl").read_text().splitlines()]
+    assert sorted(Path(e["source"].strip("'")).name for e in entries) == sorted(damaged)
+    trained = [r for t in r0 + r1 for r in t["rows"]]
+    assert len(trained) == 20 and set(trained) == set(range(20)) - {e["row"] for e in entries}
