@@ -472,7 +472,7 @@ def build_dataloader(args: argparse.Namespace, accelerator: Any, ds: Any, bucket
     Returns ``(dataloader, cache index or None)``; the loader still has to go through ``accelerator.prepare``.
     """
     if args.cache_latents:
-        from hf_arb.latents import CachedLatentDataset
+        from hf_arb.latent_dataset import CachedLatentDataset
 
         cache, index, repair = build_latent_cache(args, accelerator, ds, buckets, models, sampler, schedule,
                                                   weight_dtype)

@@ -25,8 +25,6 @@ logger = logging.getLogger("hf_arb")
 
 #: ``on_bad_image`` values.
 BAD_IMAGE_POLICIES = ("replace", "error")
-#: Stream id of the replacement draw in :func:`hf_arb.data.row_rng` (crop 0, flip 1, caption 2).
-STREAM_REPLACE = 3
 
 
 def replacement_order(rng: np.random.Generator, row: int, bucket: int, own_buckets: np.ndarray) -> np.ndarray:

@@ -33,8 +33,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from .bad_images import BAD_IMAGE_POLICIES, STREAM_REPLACE, BadImageLog, replacement_order
+from .bad_images import BAD_IMAGE_POLICIES, BadImageLog, replacement_order
 from .buckets import BucketSet
+from .batch import choose_caption, collate_common
+from .rng import ROW_CROP, ROW_FLIP, ROW_REPLACE, row_rng
 from .schema import read_resolutions
 from .imaging import (
     FitPlan,
@@ -51,7 +53,6 @@ from .imaging import (
 __all__ = ["BucketedImageDataset", "ImageDecodeError", "collate_buckets", "row_rng"]
 
 # Independent random streams per (seed, epoch, row): adding flips never changes the crops.
-_STREAM_CROP, _STREAM_FLIP, _STREAM_CAPTION = 0, 1, 2
 
 
 class ImageDecodeError(RuntimeError):
@@ -66,14 +67,6 @@ _MAX_REPLACEMENT_TRIES = 16
 
 class _SizeMismatch(ValueError):
     """The image displays at another size than its annotation says (a stale annotation)."""
-
-
-def row_rng(seed: int, epoch: int, row: int, stream: int = 0) -> np.random.Generator:
-    """The generator for one row's randomness: ``default_rng(SeedSequence([seed, epoch, row, stream]))``."""
-    for name, v in (("seed", seed), ("epoch", epoch), ("row", row), ("stream", stream)):
-        if int(v) < 0:
-            raise ValueError(f"`{name}` must be a non-negative integer for the per-row RNG, got {v!r}.")
-    return np.random.default_rng(np.random.SeedSequence([int(seed), int(epoch), int(row), int(stream)]))
 
 
 def _column_arrays(ds: Any, columns: Sequence[str]) -> dict[str, np.ndarray]:
@@ -294,27 +287,18 @@ class BucketedImageDataset(torch.utils.data.Dataset):
                     "Annotate with hf_arb.add_bucket_columns or pass `size=(width, height)`."
                 )
             size = (int(self._size[row, 0]), int(self._size[row, 1]))
-        flip = self.random_flip and bool(row_rng(self.seed, epoch, row, _STREAM_FLIP).random() < 0.5)
+        flip = self.random_flip and bool(row_rng(self.seed, epoch, row, ROW_FLIP).random() < 0.5)
         if self.center_crop:
             plan = plan_fit(size, self.resolution(bucket), crop="center", flip=flip)
         else:
-            plan = plan_fit(size, self.resolution(bucket), crop="random", rng=row_rng(self.seed, epoch, row, _STREAM_CROP), flip=flip)
+            plan = plan_fit(size, self.resolution(bucket), crop="random", rng=row_rng(self.seed, epoch, row, ROW_CROP), flip=flip)
         return dataclasses.replace(plan, render=self._render_id)
 
     def _caption(self, record: dict[str, Any], row: int, epoch: int) -> str:
         if not self.caption_column:
             return ""
-        cap = record[self.caption_column]
-        if cap is None:
-            return ""
-        if isinstance(cap, str):
-            return cap
-        if isinstance(cap, (list, tuple, np.ndarray)) and len(cap) > 0 and all(isinstance(c, str) for c in cap):
-            return cap[int(row_rng(self.seed, epoch, row, _STREAM_CAPTION).integers(len(cap)))]
-        raise ValueError(
-            f"Row {row}: caption column {self.caption_column!r} must hold a string or a non-empty list of strings, "
-            f"got {type(cap).__name__}: {cap!r}."
-        )
+        return choose_caption(record[self.caption_column], seed=self.seed, epoch=epoch, row=row,
+                              column=self.caption_column)
 
     # ----------------------------------------------------------------------------- samples
     def _render(self, row: int, bucket: int, epoch: int) -> tuple[Any, FitPlan, dict[str, Any]]:
@@ -359,7 +343,7 @@ class BucketedImageDataset(torch.utils.data.Dataset):
             if self.on_bad_image == "error":
                 raise
             first = e
-        order = replacement_order(row_rng(self.seed, epoch, row, STREAM_REPLACE), row, bucket, self._bucket)
+        order = replacement_order(row_rng(self.seed, epoch, row, ROW_REPLACE), row, bucket, self._bucket)
         failed = [row]
         for other in order[:_MAX_REPLACEMENT_TRIES].tolist():
             try:
@@ -427,12 +411,7 @@ def collate_buckets(samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
         )
     batch: dict[str, Any] = {
         "pixel_values": torch.stack([s["pixel_values"] for s in samples]),  # (B, 3, H, W)
-        "original_sizes": torch.tensor([s["original_size"] for s in samples], dtype=torch.long),  # (B, 2) h, w
-        "crop_top_lefts": torch.tensor([s["crop_top_left"] for s in samples], dtype=torch.long),  # (B, 2) y, x
-        "target_sizes": torch.tensor([s["target_size"] for s in samples], dtype=torch.long),  # (B, 2) h, w
-        "captions": [s["caption"] for s in samples],
-        "rows": torch.tensor([s["row"] for s in samples], dtype=torch.long),  # (B,)
-        "buckets": torch.tensor([s["bucket"] for s in samples], dtype=torch.long),  # (B,)
+        **collate_common(samples),
         "flipped": torch.tensor([s["flipped"] for s in samples], dtype=torch.bool),  # (B,)
     }
     for key in sorted(k for k in samples[0] if k.startswith("input_ids")):

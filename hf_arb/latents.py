@@ -27,9 +27,8 @@ Layout of a cache directory (safe to share between runs, datasets and ranks)::
 * **Verified entries.** The ``.json`` also records the array's shape, dtype and CRC-32 (under ``"_entry"``, hidden
   from :meth:`LatentCache.read`'s metadata). Every read checks them and that the values are finite; a truncated,
   empty, wrong-shape, NaN-filled or otherwise damaged entry raises :class:`LatentCacheError` instead of training on
-  it. :func:`fill_cache` checks the entries it would reuse the same way and encodes bad ones again (counted in
-  ``CacheIndex.repaired``); :class:`CachedLatentDataset` re-encodes through its ``repair`` callback. Non-finite
-  latents are refused at write time.
+  it. :func:`fill_cache` re-encodes bad entries it would reuse (``CacheIndex.repaired``); the dataset over the cache
+  (:mod:`hf_arb.latent_dataset`) re-encodes through its ``repair`` callback. Non-finite latents are refused at write.
 """
 
 from __future__ import annotations
@@ -51,7 +50,6 @@ __all__ = [
     "LatentCache",
     "LatentCacheError",
     "CacheIndex",
-    "CachedLatentDataset",
     "vae_fingerprint",
     "content_hash",
     "content_hashes",
@@ -301,7 +299,7 @@ class CacheIndex:
         encoded: entries this process encoded while building (0 when everything was reused), repaired ones included.
         reused: entries this process found already in the cache, intact.
         repaired: entries that existed but were damaged, and were encoded again (while building or, through
-            :class:`CachedLatentDataset`'s ``repair``, while training).
+            :class:`~hf_arb.latent_dataset.CachedLatentDataset`'s ``repair``, while training).
     """
 
     keys: dict[tuple[int, int], list[str]]
@@ -420,85 +418,3 @@ def _to_numpy(x: Any) -> np.ndarray:
     if hasattr(x, "detach"):
         return x.detach().float().cpu().numpy()
     return np.asarray(x)
-
-
-# -------------------------------------------------------------------------------------------- dataset
-class CachedLatentDataset:
-    """Map-style dataset over a built cache; items are keyed like ``BucketedImageDataset``'s.
-
-    ``dataset[(row, bucket, epoch)]`` → ``{"latent_stats": (2, C, h, w) float32 tensor, "original_size",
-    "crop_top_left", "target_size", "caption", "row", "bucket"}``; :meth:`collate` stacks a batch into
-    ``latent_stats`` ``(B, 2, C, h, w)``, ``original_sizes`` / ``crop_top_lefts`` / ``target_sizes`` ``(B, 2)``,
-    ``captions`` (list of str), ``rows`` and ``buckets`` (``(B,)``).
-
-    Args:
-        cache, index: from :func:`build_index` / :func:`fill_cache`.
-        captions: one caption, or a list of captions, per dataset row. From a list, epoch ``e`` takes the caption
-            ``BucketedImageDataset`` takes (same per-row stream; the global RNG is not used).
-        seed: for caption choice.
-        repair: ``(row, bucket, epoch)`` → encode that entry again and write it to the cache. Called when an entry
-            fails verification on read (damaged after the cache was built); the entry is re-read afterwards.
-            Without it a damaged entry raises :class:`LatentCacheError`.
-    """
-
-    def __init__(self, cache: LatentCache, index: CacheIndex, captions: Sequence[Any], seed: int = 0,
-                 repair: Callable[[int, int, int], None] | None = None) -> None:
-        self.cache = cache
-        self.index = index
-        self.captions = captions
-        self.seed = int(seed)
-        self.repair = repair
-
-    def __len__(self) -> int:
-        return len(self.captions)
-
-    def _caption(self, row: int, epoch: int) -> str:
-        cap = self.captions[row]
-        if cap is None:
-            return ""
-        if isinstance(cap, str):
-            return cap
-        if isinstance(cap, (list, tuple, np.ndarray)) and len(cap) > 0:
-            from .data import row_rng
-
-            return str(cap[int(row_rng(self.seed, epoch, row, 2).integers(len(cap)))])
-        raise ValueError(f"Caption of row {row} must be a string or a non-empty list of strings, got {cap!r}.")
-
-    def __getitem__(self, key: tuple[int, int, int]) -> dict[str, Any]:
-        import torch
-
-        row, bucket, epoch = (int(x) for x in key)
-        entry = self.index.key(row, bucket, epoch)
-        try:
-            stats, meta = self.cache.read(entry)
-        except (LatentCacheError, KeyError) as e:
-            if self.repair is None:
-                raise
-            logger.warning("Latent cache entry %s (row %d, bucket %d) unusable (%s): encoding it again.", entry, row,
-                           bucket, getattr(e, "reason", "missing"))
-            self.repair(row, bucket, epoch)
-            self.index.repaired += 1
-            stats, meta = self.cache.read(entry)
-        return {
-            "latent_stats": torch.from_numpy(np.array(stats, dtype=np.float32)),
-            "original_size": meta["original_size"],
-            "crop_top_left": meta["crop_top_left"],
-            "target_size": meta["target_size"],
-            "caption": self._caption(row, epoch),
-            "row": row,
-            "bucket": bucket,
-        }
-
-    @staticmethod
-    def collate(items: list[dict[str, Any]]) -> dict[str, Any]:
-        import torch
-
-        return {
-            "latent_stats": torch.stack([it["latent_stats"] for it in items]),
-            "original_sizes": torch.tensor([it["original_size"] for it in items], dtype=torch.long),
-            "crop_top_lefts": torch.tensor([it["crop_top_left"] for it in items], dtype=torch.long),
-            "target_sizes": torch.tensor([it["target_size"] for it in items], dtype=torch.long),
-            "captions": [it["caption"] for it in items],
-            "rows": torch.tensor([it["row"] for it in items], dtype=torch.long),
-            "buckets": torch.tensor([it["bucket"] for it in items], dtype=torch.long),
-        }

@@ -24,6 +24,7 @@ PLAN_RANK = 4  #: batch order of one rank (independent per-rank plans; extra: ra
 ROW_CROP = 0  #: random crop offset when fitting the image to its bucket
 ROW_FLIP = 1  #: horizontal flip
 ROW_CAPTION = 2  #: choice among several captions of a row
+ROW_REPLACE = 3  #: which row replaces one whose image cannot be decoded (``on_bad_image="replace"``)
 
 
 def generator(*entropy: int) -> np.random.Generator:

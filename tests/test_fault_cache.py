@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from hf_arb import latents as lat
+from hf_arb.latent_dataset import CachedLatentDataset
 
 
 class Pipe:
@@ -87,17 +88,17 @@ def test_damaged_entry_is_reencoded_at_build_and_never_read(damage: str, tmp_pat
 def test_entry_damaged_while_training_is_repaired_by_the_dataset(damage: str, tmp_path: Path) -> None:
     cache, index = _built(tmp_path)
     key = index.key(3, 1, 0)
-    good = lat.CachedLatentDataset(cache, index, ["a"] * 4)[(3, 1, 0)]["latent_stats"]
+    good = CachedLatentDataset(cache, index, ["a"] * 4)[(3, 1, 0)]["latent_stats"]
     DAMAGE[damage](*cache._paths(key))
     with pytest.raises(lat.LatentCacheError):
-        lat.CachedLatentDataset(cache, index, ["a"] * 4)[(3, 1, 0)]  # no repair callback: refuses, clearly
+        CachedLatentDataset(cache, index, ["a"] * 4)[(3, 1, 0)]  # no repair callback: refuses, clearly
     pipe = Pipe()
 
     def repair(row: int, bucket: int, epoch: int) -> None:
         batch = pipe.load_batch([(row, bucket, epoch)])
         cache.write(index.key(row, bucket, epoch), Pipe.encode(batch["pixel_values"])[0].numpy(), {"original_size": [16, 24], "crop_top_left": [0, 0], "target_size": [16, 16]})
 
-    data = lat.CachedLatentDataset(cache, index, ["a"] * 4, repair=repair)
+    data = CachedLatentDataset(cache, index, ["a"] * 4, repair=repair)
     item = data[(3, 1, 0)]
     assert torch.equal(item["latent_stats"], good) and torch.isfinite(item["latent_stats"]).all()
     assert pipe.encoded == [(3, 1, 0)] and index.repaired == 1

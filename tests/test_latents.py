@@ -12,6 +12,7 @@ import torch
 from PIL import Image
 
 from hf_arb import latents as lat
+from hf_arb.latent_dataset import CachedLatentDataset
 
 
 def _png(color: tuple[int, int, int], size: tuple[int, int] = (24, 16)) -> bytes:
@@ -167,7 +168,7 @@ def test_cached_dataset_reads_variant_of_the_epoch(tmp_path: Path):
     cache, rec = lat.LatentCache(tmp_path), Recorder()
     idx = lat.fill_cache(cache, _index(["a", "b", "c"], [(0, 0), (1, 0), (2, 1)], variants=3), rank=0, world=1,
                          load_batch=rec.load_batch, encode=rec.encode, batch_size=4)
-    data = lat.CachedLatentDataset(cache, idx, ["x", ["y1", "y2"], None], seed=0)
+    data = CachedLatentDataset(cache, idx, ["x", ["y1", "y2"], None], seed=0)
     for epoch in range(5):
         item = data[(1, 0, epoch)]
         v = lat.variant_for_epoch(epoch, 3)
@@ -185,12 +186,12 @@ def test_cached_dataset_reads_variant_of_the_epoch(tmp_path: Path):
 
 def test_caption_choice_matches_image_dataset(tmp_path: Path):
     """A list of captions gives the same pick per (row, epoch) as BucketedImageDataset."""
-    from hf_arb.data import row_rng
+    from hf_arb.rng import ROW_CAPTION, row_rng
 
     cache, rec = lat.LatentCache(tmp_path), Recorder()
     idx = lat.fill_cache(cache, _index(["a"], [(0, 0)]), rank=0, world=1, load_batch=rec.load_batch,
                          encode=rec.encode, batch_size=1)
     caps = ["c0", "c1", "c2", "c3"]
-    data = lat.CachedLatentDataset(cache, idx, [caps], seed=3)
+    data = CachedLatentDataset(cache, idx, [caps], seed=3)
     for epoch in range(6):
-        assert data[(0, 0, epoch)]["caption"] == caps[int(row_rng(3, epoch, 0, 2).integers(4))]
+        assert data[(0, 0, epoch)]["caption"] == caps[int(row_rng(3, epoch, 0, ROW_CAPTION).integers(4))]
