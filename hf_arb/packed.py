@@ -37,23 +37,26 @@ import torch.nn.functional as F
 from .packing import PackMeta, pack_meta
 
 __all__ = ["PackedJointAttnProcessor", "PackedFluxAttnProcessor", "enable_packed_attention", "document_mask",
-           "PackedOutput", "packed_sd3_forward", "packed_flux_forward", "pack_tokens", "unpack_tokens",
+           "DocumentSegments", "flux_image_ids", "PackedOutput", "packed_sd3_forward", "packed_flux_forward", "pack_tokens", "unpack_tokens",
            "patchify", "unpatchify"]
 
-Backend = Literal["sdpa", "flex"]
+Backend = Literal["auto", "sdpa", "flex", "varlen"]
 
 
 # ------------------------------------------------------------------------------------------------- masks
-def document_mask(document_id: torch.Tensor, backend: Backend = "sdpa") -> Any:
+def document_mask(document_id: torch.Tensor, backend: Backend = "auto") -> Any:
     """The block-diagonal self-attention mask of a packed sequence: ``q`` sees ``k`` iff their documents match.
 
     Padding (``-1``) attends only to padding, so no row is empty and real tokens never see it.
 
     Args:
         document_id: int tensor ``(S,)``.
-        backend: ``"sdpa"`` → bool ``(1, 1, S, S)``; ``"flex"`` → a FlexAttention ``BlockMask``.
+        backend: ``"auto"`` → ``"flex"`` on CUDA, ``"varlen"`` elsewhere; ``"sdpa"`` → bool ``(1, 1, S, S)``; ``"flex"`` → a FlexAttention ``BlockMask`` (no backward on
+            CPU in torch 2.x); ``"varlen"`` → :class:`DocumentSegments` (one attention call per image).
     """
     doc = document_id.to(torch.int32)
+    if backend == "auto":
+        backend = "flex" if doc.is_cuda else "varlen"
     if backend == "sdpa":
         return (doc[:, None] == doc[None, :])[None, None]
     if backend == "flex":
@@ -64,11 +67,32 @@ def document_mask(document_id: torch.Tensor, backend: Backend = "sdpa") -> Any:
 
         s = doc.numel()
         return create_block_mask(same_document, B=None, H=None, Q_LEN=s, KV_LEN=s, device=doc.device)
-    raise ValueError(f"`backend` must be 'sdpa' or 'flex', got {backend!r}.")
+    if backend == "varlen":
+        order = torch.argsort(doc, stable=True)
+        counts = torch.bincount(doc[doc >= 0].long()).tolist()
+        n_pad = int((doc < 0).sum())
+        return DocumentSegments(list(torch.split(order[n_pad:], counts)))
+    raise ValueError(f"`backend` must be 'sdpa', 'flex' or 'varlen', got {backend!r}.")
+
+
+@dataclass
+class DocumentSegments:
+    """The ``"varlen"`` mask: each document's token positions in the joint sequence (one int64 tensor each).
+
+    Attention runs once per document (``sum n_i²`` work, no ``S × S`` mask; padding outputs are 0): exact on any
+    device and the fastest choice on CPU, where FlexAttention has no backward. ``flash_attn_varlen_func`` is the
+    fused GPU kernel for the same layout.
+    """
+
+    index: list[torch.Tensor]
 
 
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Any) -> torch.Tensor:
     """Attention over ``(B, H, S, D)`` with no mask, a bool/float mask (SDPA) or a ``BlockMask`` (flex)."""
+    if isinstance(mask, DocumentSegments):
+        parts = [F.scaled_dot_product_attention(q[:, :, i], k[:, :, i], v[:, :, i]) for i in mask.index]
+        out = q.new_zeros(q.shape[:3] + (v.shape[-1],))
+        return out.index_copy(2, torch.cat(mask.index), torch.cat(parts, 2)) if parts else out
     if mask is None or isinstance(mask, torch.Tensor):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=0.0, is_causal=False)
     from torch.nn.attention.flex_attention import flex_attention
@@ -246,7 +270,7 @@ def _prepare(meta: PackMeta | None, grids: Any, max_tokens: int | None, text: An
 def packed_sd3_forward(model: Any, latents: Sequence[torch.Tensor], encoder_hidden_states: Sequence[torch.Tensor],
                        pooled_projections: torch.Tensor, timestep: torch.Tensor, *, max_tokens: int | None = None,
                        max_text_tokens: int | None = None, meta: PackMeta | None = None,
-                       backend: Backend = "sdpa") -> PackedOutput:
+                       backend: Backend = "auto") -> PackedOutput:
     """One pack through an ``SD3Transformer2DModel`` (after :func:`enable_packed_attention`).
 
     Args:
@@ -255,7 +279,8 @@ def packed_sd3_forward(model: Any, latents: Sequence[torch.Tensor], encoder_hidd
         encoder_hidden_states: ``m`` text embeddings ``(T_i, joint_attention_dim)``.
         pooled_projections: ``(m, pooled_projection_dim)``; timestep: ``(m,)`` (the scheduler's scale, 0–1000).
         max_tokens, max_text_tokens: pack slots (default: no padding); meta: precomputed layout instead.
-        backend: ``"sdpa"`` (explicit boolean mask) or ``"flex"`` (FlexAttention block mask).
+        backend: ``"sdpa"`` (explicit boolean mask), ``"flex"`` (FlexAttention block mask), ``"varlen"`` (one
+            attention call per image) or ``"auto"`` (flex on CUDA, varlen elsewhere); see :func:`document_mask`.
 
     Returns:
         :class:`PackedOutput` with ``sample`` ``(1, L, p * p * C)``; :func:`unpack_tokens` + :func:`unpatchify`
@@ -316,7 +341,7 @@ def packed_flux_forward(model: Any, tokens: Sequence[torch.Tensor], grids: Any,
                         encoder_hidden_states: Sequence[torch.Tensor], pooled_projections: torch.Tensor,
                         timestep: torch.Tensor, guidance: torch.Tensor | None = None, *,
                         max_tokens: int | None = None, max_text_tokens: int | None = None,
-                        meta: PackMeta | None = None, backend: Backend = "sdpa") -> PackedOutput:
+                        meta: PackMeta | None = None, backend: Backend = "auto") -> PackedOutput:
     """One pack through a ``FluxTransformer2DModel`` (after :func:`enable_packed_attention`).
 
     Args:

@@ -72,7 +72,7 @@ def _flux_reference(model, x):
     return out
 
 
-@pytest.mark.parametrize("backend", ["sdpa", "flex"])
+@pytest.mark.parametrize("backend", ["sdpa", "flex", "varlen"])
 def test_packed_sd3_equals_unpacked_image_by_image(sd3, inputs, backend):
     ref = _sd3_reference(sd3, inputs)  # stock processors
     enable_packed_attention(sd3)
@@ -92,7 +92,7 @@ def test_the_block_diagonal_mask_is_what_keeps_images_apart(sd3, inputs, monkeyp
 
     enable_packed_attention(sd3)
     ref = _sd3_reference(sd3, inputs)
-    monkeypatch.setattr(packed, "document_mask", lambda doc, backend="sdpa": None)  # full attention
+    monkeypatch.setattr(packed, "document_mask", lambda doc, backend="auto": None)  # full attention
     with torch.no_grad():
         out = packed_sd3_forward(sd3, inputs["latents"], inputs["text"], inputs["pooled"], 1000 * inputs["t"])
     first = unpatchify(unpack_tokens(out.sample, out.meta.cu_seqlens)[0], out.meta.grids[0], 2)
@@ -115,7 +115,7 @@ def test_packed_sd35_dual_attention_and_qk_norm(inputs):
         torch.testing.assert_close(unpatchify(tok, g, 2), want, atol=ATOL, rtol=1e-4)
 
 
-@pytest.mark.parametrize("backend", ["sdpa", "flex"])
+@pytest.mark.parametrize("backend", ["sdpa", "flex", "varlen"])
 def test_packed_flux_equals_unpacked_image_by_image(flux, inputs, backend):
     ref = _flux_reference(flux, inputs)
     enable_packed_attention(flux)
@@ -128,7 +128,8 @@ def test_packed_flux_equals_unpacked_image_by_image(flux, inputs, backend):
         torch.testing.assert_close(got, want, atol=ATOL, rtol=1e-4)
 
 
-def test_packed_loss_gradients_equal_the_per_image_sum(sd3, inputs):
+@pytest.mark.parametrize("backend", ["sdpa", "varlen"])  # FlexAttention has no backward on CPU
+def test_packed_loss_gradients_equal_the_per_image_sum(sd3, inputs, backend):
     enable_packed_attention(sd3)
     x = inputs
     target = [torch.randn_like(lat) for lat in x["latents"]]
@@ -139,7 +140,8 @@ def test_packed_loss_gradients_equal_the_per_image_sum(sd3, inputs):
     loss.backward()
     ref = {n: p.grad.clone() for n, p in sd3.named_parameters() if p.grad is not None}
     sd3.zero_grad()
-    out = packed_sd3_forward(sd3, x["latents"], x["text"], x["pooled"], 1000 * x["t"], max_tokens=80)
+    out = packed_sd3_forward(sd3, x["latents"], x["text"], x["pooled"], 1000 * x["t"], max_tokens=80,
+                             backend=backend)
     y = pack_tokens([patchify(t, 2) for t in target], 80)
     mask = torch.as_tensor(out.meta.loss_mask)[None, :, None]
     packed_loss = (((out.sample - y) ** 2) * mask).sum()
@@ -152,7 +154,7 @@ def test_packed_loss_gradients_equal_the_per_image_sum(sd3, inputs):
 
 def test_masks_layout_helpers_and_errors(sd3):
     doc = torch.tensor([0, 0, 1, -1])
-    m = document_mask(doc)[0, 0]
+    m = document_mask(doc, "sdpa")[0, 0]
     assert m.tolist() == [[True, True, False, False], [True, True, False, False],
                           [False, False, True, False], [False, False, False, True]]
     lat = torch.arange(2 * 4 * 6, dtype=torch.float32).reshape(2, 4, 6)
