@@ -43,6 +43,8 @@ MODULES: dict[str, str] = {
     "hf_arb.shift": "flow.md",
     "hf_arb.tiny": "training.md",
     "hf_arb.tiny_flow": "flow.md",
+    "hf_arb.packing": "packing.md",
+    "hf_arb.packed": "packing.md",
 }
 
 

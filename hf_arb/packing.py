@@ -120,8 +120,9 @@ def fit_sizes(widths: Any, heights: Any, max_tokens: int, *, vae_scale_factor: i
     tw = np.maximum(tw, 1)
     fw, fh = tw * step, th * step
     cover = np.maximum(fw / w, fh / h)  # <= scale: the smallest resize that covers the grid (aspect kept)
-    rw = np.maximum(np.ceil(w * cover - 1e-6).astype(np.int64), fw)
-    rh = np.maximum(np.ceil(h * cover - 1e-6).astype(np.int64), fh)
+    # ceil keeps the grid covered; the clamp (< 1 px of aspect) keeps the crop under one patch
+    rw = np.clip(np.ceil(w * cover - 1e-6).astype(np.int64), fw, np.maximum(fw + step - 1, np.floor(w * cover)))
+    rh = np.clip(np.ceil(h * cover - 1e-6).astype(np.int64), fh, np.maximum(fh + step - 1, np.floor(h * cover)))
     crop = 1.0 - (fw * fh) / (rw * rh).astype(np.float64)
     return FittedSizes(rw, rh, fw, fh, tw * th, crop)
 
@@ -233,8 +234,9 @@ def plan_packs(tokens: Any, max_tokens: int, world_size: int = 1, *, seed: int =
 
     1. Rows with ``tokens <= 0`` are skipped, rows with ``tokens > max_tokens`` reported as oversize.
     2. The other rows are put in a random order (stream ``(seed, epoch, PLAN_PACK)``) and cut into windows of
-       ``window`` rows; each window is packed by :func:`first_fit_decreasing` (the last, partly filled pack of a
-       window is kept). Small windows keep the order random, large ones pack tighter.
+       ``window`` rows; each window is packed by :func:`first_fit_decreasing`, and the rows of its emptiest pack
+       join the next window (so only the last window leaves a partly filled pack). Small windows keep the order
+       random, large ones pack tighter.
     3. All packs are put in a random order (stream ``(seed, epoch, PLAN_PACK_ORDER)``) so that no rank or step
        sees only the big or only the small images of a window; pack ``j`` goes to step ``j // world_size``,
        rank ``j % world_size``.
@@ -274,12 +276,20 @@ def plan_packs(tokens: Any, max_tokens: int, world_size: int = 1, *, seed: int =
     if shuffle:
         valid = valid[rng.generator(seed, epoch, rng.PLAN_PACK).permutation(valid.size)]
     packs: list[np.ndarray] = []
+    carry = np.zeros(0, dtype=np.int64)
     for w0 in range(0, valid.size, window):
-        rows = valid[w0:w0 + window]
+        rows = np.concatenate([carry, valid[w0:w0 + window]])
         bins = first_fit_decreasing(t[rows], max_tokens)
         order = np.argsort(bins, kind="stable")  # rows of a bin keep their (random) window order
         cuts = np.flatnonzero(np.diff(bins[order])) + 1
-        packs.extend(np.split(rows[order], cuts))
+        window_packs = np.split(rows[order], cuts)
+        carry = np.zeros(0, dtype=np.int64)
+        if w0 + window < valid.size:  # the emptiest pack's rows join the next window instead of padding
+            fill = np.bincount(bins, weights=t[rows])
+            emptiest = int(np.argmin(fill))
+            if fill[emptiest] < max_tokens:
+                carry = window_packs.pop(emptiest)
+        packs.extend(window_packs)
     if shuffle and packs:
         perm = rng.generator(seed, epoch, rng.PLAN_PACK_ORDER).permutation(len(packs))
         packs = [packs[i] for i in perm.tolist()]
