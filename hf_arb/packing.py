@@ -134,21 +134,63 @@ def first_fit_decreasing(tokens: Any, capacity: int) -> np.ndarray:
     Items are taken largest first (ties in input order) and put in the first open bin with room; bins are numbered
     in the order they are opened. Every item must be ``<= capacity``. FFD uses at most ``11/9 OPT + 6/9`` bins.
     """
-    t = np.asarray(tokens, dtype=np.int64)
-    order = np.argsort(-t, kind="stable")
-    free: list[int] = []
-    out = np.empty(t.size, dtype=np.int64)
-    for i in order.tolist():
-        need = int(t[i])
-        for b, f in enumerate(free):
-            if f >= need:
-                free[b] = f - need
-                out[i] = b
-                break
-        else:
-            out[i] = len(free)
-            free.append(capacity - need)
-    return out
+    t = np.asarray(tokens, dtype=np.int64).reshape(1, -1)
+    return _ffd_windows(t, capacity)[0]
+
+
+def _ffd_windows(t: np.ndarray, capacity: int) -> np.ndarray:
+    """First-fit-decreasing in every row of ``t`` (``(windows, size)``, items > 0, 0 = no item) at once.
+
+    Returns bins ``(windows, size)`` (``-1`` for no item). Vectorised over windows: step ``j`` places every
+    window's ``j``-th largest item. Unopened bins have full capacity and bins open in index order, so the first bin
+    with room (``argmax``) is exactly first-fit.
+    """
+    nw, size = t.shape
+    order = np.argsort(-t, axis=1, kind="stable")
+    st = np.take_along_axis(t, order, 1)
+    free = np.full((nw, size + 1), capacity, dtype=np.int64)
+    placed = np.empty((nw, size), dtype=np.int64)
+    ar, opened = np.arange(nw), 1
+    for j in range(size):
+        need = st[:, j]
+        b = (free[:, :opened] >= need[:, None]).argmax(1)
+        free[ar, b] -= need
+        placed[:, j] = b
+        opened = min(size, max(opened, int(b.max()) + 2))
+    bins = np.empty_like(placed)
+    np.put_along_axis(bins, order, placed, 1)
+    bins[t <= 0] = -1
+    return bins
+
+
+def _pack_windows(rows: np.ndarray, t: np.ndarray, capacity: int, window: int,
+                  pool_emptiest: bool) -> tuple[list[np.ndarray], np.ndarray]:
+    """FFD-pack ``rows`` in consecutive windows; returns the packs and (``pool_emptiest``) the rows of each
+    window's emptiest, not full pack, left out of the packs."""
+    if rows.size == 0:
+        return [], rows
+    nw = -(-rows.size // window)
+    grid = np.full(nw * window, -1, dtype=np.int64)
+    grid[:rows.size] = rows
+    grid = grid.reshape(nw, window)
+    bins = _ffd_windows(np.where(grid >= 0, t[np.maximum(grid, 0)], 0), capacity)
+    key = np.where(bins >= 0, np.arange(nw)[:, None] * (window + 1) + bins, -1).ravel()
+    keep = key >= 0
+    key, flat = key[keep], grid.ravel()[keep]
+    order = np.argsort(key, kind="stable")  # rows of a pack keep their (random) window order
+    key, flat = key[order], flat[order]
+    uniq, start = np.unique(key, return_index=True)
+    fill = np.add.reduceat(t[flat], start)
+    win_of = uniq // (window + 1)
+    # each window's emptiest pack (if not full) goes back to the pool
+    emptiest = np.zeros(uniq.size, dtype=bool)
+    first = np.lexsort((fill, win_of))  # by window, then fill ascending
+    firsts = first[np.r_[True, win_of[first][1:] != win_of[first][:-1]]]
+    if pool_emptiest:
+        emptiest[firsts[fill[firsts] < capacity]] = True
+    packs = np.split(flat, start[1:])
+    pool = [p for p, e in zip(packs, emptiest) if e]
+    return [p for p, e in zip(packs, emptiest) if not e], (np.concatenate(pool) if pool else flat[:0])
 
 
 @dataclass(frozen=True)
@@ -234,9 +276,9 @@ def plan_packs(tokens: Any, max_tokens: int, world_size: int = 1, *, seed: int =
 
     1. Rows with ``tokens <= 0`` are skipped, rows with ``tokens > max_tokens`` reported as oversize.
     2. The other rows are put in a random order (stream ``(seed, epoch, PLAN_PACK)``) and cut into windows of
-       ``window`` rows; each window is packed by :func:`first_fit_decreasing`, and the rows of its emptiest pack
-       join the next window (so only the last window leaves a partly filled pack). Small windows keep the order
-       random, large ones pack tighter.
+       ``window`` rows; each window is packed by :func:`first_fit_decreasing` (vectorised over windows). The
+       rows of every window's emptiest pack are pooled and packed again the same way, while that shrinks them.
+       Small windows keep the order random, large ones pack tighter.
     3. All packs are put in a random order (stream ``(seed, epoch, PLAN_PACK_ORDER)``) so that no rank or step
        sees only the big or only the small images of a window; pack ``j`` goes to step ``j // world_size``,
        rank ``j % world_size``.
@@ -275,21 +317,13 @@ def plan_packs(tokens: Any, max_tokens: int, world_size: int = 1, *, seed: int =
     valid = np.flatnonzero(~skipped & (t <= max_tokens))
     if shuffle:
         valid = valid[rng.generator(seed, epoch, rng.PLAN_PACK).permutation(valid.size)]
-    packs: list[np.ndarray] = []
-    carry = np.zeros(0, dtype=np.int64)
-    for w0 in range(0, valid.size, window):
-        rows = np.concatenate([carry, valid[w0:w0 + window]])
-        bins = first_fit_decreasing(t[rows], max_tokens)
-        order = np.argsort(bins, kind="stable")  # rows of a bin keep their (random) window order
-        cuts = np.flatnonzero(np.diff(bins[order])) + 1
-        window_packs = np.split(rows[order], cuts)
-        carry = np.zeros(0, dtype=np.int64)
-        if w0 + window < valid.size:  # the emptiest pack's rows join the next window instead of padding
-            fill = np.bincount(bins, weights=t[rows])
-            emptiest = int(np.argmin(fill))
-            if fill[emptiest] < max_tokens:
-                carry = window_packs.pop(emptiest)
-        packs.extend(window_packs)
+    packs, pool = _pack_windows(valid, t, max_tokens, window, True)
+    while pool.size > window:  # re-pack the emptiest packs of all windows together while that shrinks them
+        more, rest = _pack_windows(pool, t, max_tokens, window, True)
+        if rest.size >= pool.size:
+            break
+        packs, pool = packs + more, rest
+    packs.extend(_pack_windows(pool, t, max_tokens, window, False)[0])
     if shuffle and packs:
         perm = rng.generator(seed, epoch, rng.PLAN_PACK_ORDER).permutation(len(packs))
         packs = [packs[i] for i in perm.tolist()]
