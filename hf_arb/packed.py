@@ -36,9 +36,9 @@ import torch.nn.functional as F
 
 from .packing import PackMeta, pack_meta
 
-__all__ = ["PackedJointAttnProcessor", "PackedFluxAttnProcessor", "enable_packed_attention", "document_mask",
-           "DocumentSegments", "flux_image_ids", "PackedOutput", "packed_sd3_forward", "packed_flux_forward", "pack_tokens", "unpack_tokens",
-           "patchify", "unpatchify"]
+__all__ = ["Backend", "DocumentSegments", "PackedFluxAttnProcessor", "PackedJointAttnProcessor", "PackedOutput",
+           "document_mask", "enable_packed_attention", "flux_image_ids", "pack_tokens", "packed_flux_forward",
+           "packed_sd3_forward", "patchify", "unpack_tokens", "unpatchify"]
 
 Backend = Literal["auto", "sdpa", "flex", "varlen"]
 
@@ -51,8 +51,9 @@ def document_mask(document_id: torch.Tensor, backend: Backend = "auto") -> Any:
 
     Args:
         document_id: int tensor ``(S,)``.
-        backend: ``"auto"`` → ``"flex"`` on CUDA, ``"varlen"`` elsewhere; ``"sdpa"`` → bool ``(1, 1, S, S)``; ``"flex"`` → a FlexAttention ``BlockMask`` (no backward on
-            CPU in torch 2.x); ``"varlen"`` → :class:`DocumentSegments` (one attention call per image).
+        backend: ``"auto"`` → ``"flex"`` on CUDA, ``"varlen"`` elsewhere; ``"sdpa"`` → bool ``(1, 1, S, S)``;
+            ``"flex"`` → a FlexAttention ``BlockMask`` (no backward on CPU in torch 2.x); ``"varlen"`` →
+            :class:`DocumentSegments` (one attention call per image).
     """
     doc = document_id.to(torch.int32)
     if backend == "auto":
