@@ -44,6 +44,7 @@ MODULES: dict[str, str] = {
     "hf_arb.tiny": "training.md",
     "hf_arb.tiny_flow": "flow.md",
     "hf_arb.packing": "packing.md",
+    "hf_arb.pack_layout": "packing.md",
     "hf_arb.packed": "packing.md",
 }
 

@@ -34,7 +34,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .packing import PackMeta, pack_meta
+from .pack_layout import PackMeta, pack_meta
 
 __all__ = ["Backend", "DocumentSegments", "PackedFluxAttnProcessor", "PackedJointAttnProcessor", "PackedOutput",
            "document_mask", "enable_packed_attention", "flux_image_ids", "pack_tokens", "packed_flux_forward",

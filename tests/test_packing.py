@@ -18,15 +18,15 @@ token_lists = st.lists(st.integers(-2, 300), min_size=0, max_size=120)
 
 @settings(max_examples=150, deadline=None)
 @given(tokens=token_lists, budget=st.integers(1, 256), world=st.integers(1, 5), seed=st.integers(0, 3),
-       epoch=st.integers(0, 3), window=st.integers(1, 40), leftover=st.sampled_from(["drop", "empty"]))
+       epoch=st.integers(0, 3), window=st.integers(1, 40), leftover=st.sampled_from(["drop", "fill"]))
 def test_every_row_once_or_reported_budgets_and_equal_steps(tokens, budget, world, seed, epoch, window, leftover):
     t = np.array(tokens, dtype=np.int64)
     plan = plan_packs(t, budget, world, seed=seed, epoch=epoch, window=window, leftover=leftover)
     r = plan.report
-    # every valid row exactly once, packed or reported; skipped and oversize rows never packed
-    seen = np.concatenate([plan.rows, plan.leftover, plan.oversize])
+    # every valid row exactly once, packed or reported (plus the counted repeats of "fill")
+    seen = np.concatenate([np.unique(plan.rows), plan.leftover, plan.oversize])
     assert np.array_equal(np.sort(seen), np.flatnonzero(t > 0))
-    assert np.unique(plan.rows).size == plan.rows.size
+    assert np.unique(plan.rows).size == plan.rows.size - r.rows_repeated == r.rows_packed
     assert np.array_equal(np.sort(plan.oversize), np.flatnonzero(t > budget))
     assert r.rows_skipped == int((t <= 0).sum()) and r.rows_total == t.size
     assert r.rows_packed + r.rows_leftover + r.rows_oversize + r.rows_skipped == t.size
@@ -36,10 +36,11 @@ def test_every_row_once_or_reported_budgets_and_equal_steps(tokens, budget, worl
     for s in range(plan.num_steps):
         for k in range(world):
             assert t[plan.pack(s, k)].sum() <= budget
+    assert all(plan.pack(s, k).size for s in range(plan.num_steps) for k in range(world))  # no empty pack
     if leftover == "drop":
-        assert r.empty_packs == 0 and all(plan.pack(s, k).size for s in range(plan.num_steps) for k in range(world))
+        assert r.rows_repeated == 0
     else:
-        assert r.rows_leftover == 0 and r.empty_packs < world
+        assert r.rows_leftover == 0
     assert r.tokens_real == t[plan.rows].sum() and r.tokens_total == plan.num_steps * world * budget
     json.dumps(r.to_dict())
 
@@ -76,7 +77,7 @@ def test_first_fit_decreasing_is_optimal_on_a_known_case():
     assert bins.max() == 1 and np.bincount(bins, weights=[5, 5, 4, 3, 2, 1]).tolist() == [10, 10]
 
 
-@pytest.mark.parametrize("bad", [dict(max_tokens=0), dict(world_size=0), dict(seed=-1), dict(leftover="fill")])
+@pytest.mark.parametrize("bad", [dict(max_tokens=0), dict(world_size=0), dict(seed=-1), dict(leftover="empty")])
 def test_bad_arguments_are_named(bad):
     kw = dict(max_tokens=10, world_size=1) | bad
     with pytest.raises(ValueError, match=next(iter(bad))):
