@@ -46,6 +46,7 @@ MODULES: dict[str, str] = {
     "hf_arb.packing": "packing.md",
     "hf_arb.pack_layout": "packing.md",
     "hf_arb.packed": "packing.md",
+    "hf_arb.packed_attention": "packing.md",
 }
 
 

@@ -24,186 +24,28 @@ GPU option for the same layout; it is not wired here.
 
 from __future__ import annotations
 
-import functools
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from .pack_layout import PackMeta, pack_meta
+from .packed_attention import (
+    Backend,
+    DocumentSegments,
+    PackedFluxAttnProcessor,
+    PackedJointAttnProcessor,
+    _check_processors,
+    document_mask,
+    enable_packed_attention,
+)
 
-__all__ = ["Backend", "DocumentSegments", "PackedFluxAttnProcessor", "PackedJointAttnProcessor", "PackedOutput",
-           "document_mask", "enable_packed_attention", "flux_image_ids", "pack_tokens", "packed_flux_forward",
-           "packed_sd3_forward", "patchify", "unpack_tokens", "unpatchify"]
-
-Backend = Literal["auto", "sdpa", "flex", "varlen"]
-
-
-# ------------------------------------------------------------------------------------------------- masks
-def document_mask(document_id: torch.Tensor, backend: Backend = "auto") -> Any:
-    """The block-diagonal self-attention mask of a packed sequence: ``q`` sees ``k`` iff their documents match.
-
-    Padding (``-1``) attends only to padding, so no row is empty and real tokens never see it.
-
-    Args:
-        document_id: int tensor ``(S,)``.
-        backend: ``"auto"`` → ``"flex"`` on CUDA, ``"varlen"`` elsewhere; ``"sdpa"`` → bool ``(1, 1, S, S)``;
-            ``"flex"`` → a FlexAttention ``BlockMask`` (no backward on CPU in torch 2.x); ``"varlen"`` →
-            :class:`DocumentSegments` (one attention call per image).
-    """
-    doc = document_id.to(torch.int32)
-    if backend == "auto":
-        backend = "flex" if doc.is_cuda else "varlen"
-    if backend == "sdpa":
-        return (doc[:, None] == doc[None, :])[None, None]
-    if backend == "flex":
-        from torch.nn.attention.flex_attention import create_block_mask
-
-        def same_document(b: Any, h: Any, q: Any, kv: Any) -> Any:
-            return doc[q] == doc[kv]
-
-        s = doc.numel()
-        return create_block_mask(same_document, B=None, H=None, Q_LEN=s, KV_LEN=s, device=doc.device)
-    if backend == "varlen":
-        order = torch.argsort(doc, stable=True)
-        counts = torch.bincount(doc[doc >= 0].long()).tolist()
-        n_pad = int((doc < 0).sum())
-        return DocumentSegments(list(torch.split(order[n_pad:], counts)))
-    raise ValueError(f"`backend` must be 'sdpa', 'flex' or 'varlen', got {backend!r}.")
-
-
-@dataclass
-class DocumentSegments:
-    """The ``"varlen"`` mask: each document's token positions in the joint sequence (one int64 tensor each).
-
-    Attention runs once per document (``sum n_i²`` work, no ``S × S`` mask; padding outputs are 0): exact on any
-    device and the fastest choice on CPU, where FlexAttention has no backward. ``flash_attn_varlen_func`` is the
-    fused GPU kernel for the same layout.
-    """
-
-    index: list[torch.Tensor]
-
-
-def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Any) -> torch.Tensor:
-    """Attention over ``(B, H, S, D)`` with no mask, a bool/float mask (SDPA) or a ``BlockMask`` (flex)."""
-    if isinstance(mask, DocumentSegments):
-        parts = [F.scaled_dot_product_attention(q[:, :, i], k[:, :, i], v[:, :, i]) for i in mask.index]
-        out = q.new_zeros(q.shape[:3] + (v.shape[-1],))
-        return out.index_copy(2, torch.cat(mask.index), torch.cat(parts, 2)) if parts else out
-    if mask is None or isinstance(mask, torch.Tensor):
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=0.0, is_causal=False)
-    from torch.nn.attention.flex_attention import flex_attention
-
-    if q.is_cuda:  # fused kernel; on CPU the eager (unfused) implementation is exact but slow
-        return _compiled_flex()(q, k, v, block_mask=mask)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # "called without torch.compile()": intended on CPU (tests, small runs)
-        return flex_attention(q, k, v, block_mask=mask)
-
-
-@functools.cache
-def _compiled_flex() -> Any:
-    from torch.nn.attention.flex_attention import flex_attention
-
-    return torch.compile(flex_attention, dynamic=False)
-
-
-# ------------------------------------------------------------------------------------------------- processors
-class PackedJointAttnProcessor:
-    """SD3's joint attention (``JointAttnProcessor2_0``'s computation) with an optional packed ``attention_mask``.
-
-    Joint sequence order is ``[image tokens, text tokens]``, as in diffusers' SD3; the mask covers that order.
-    """
-
-    def __call__(self, attn: Any, hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor | None = None,
-                 attention_mask: Any = None, *args: Any, **kwargs: Any) -> Any:
-        b, n = hidden_states.shape[:2]
-
-        def heads(x: torch.Tensor) -> torch.Tensor:
-            return x.view(b, -1, attn.heads, x.shape[-1] // attn.heads).transpose(1, 2)
-
-        q, k, v = heads(attn.to_q(hidden_states)), heads(attn.to_k(hidden_states)), heads(attn.to_v(hidden_states))
-        if attn.norm_q is not None:
-            q = attn.norm_q(q)
-        if attn.norm_k is not None:
-            k = attn.norm_k(k)
-        if encoder_hidden_states is not None:
-            cq = heads(attn.add_q_proj(encoder_hidden_states))
-            ck = heads(attn.add_k_proj(encoder_hidden_states))
-            cv = heads(attn.add_v_proj(encoder_hidden_states))
-            if attn.norm_added_q is not None:
-                cq = attn.norm_added_q(cq)
-            if attn.norm_added_k is not None:
-                ck = attn.norm_added_k(ck)
-            q, k, v = torch.cat([q, cq], 2), torch.cat([k, ck], 2), torch.cat([v, cv], 2)
-        out = _attend(q, k, v, attention_mask).transpose(1, 2).reshape(b, -1, q.shape[1] * q.shape[-1]).to(q.dtype)
-        if encoder_hidden_states is not None:
-            out, ctx = out[:, :n], out[:, n:]
-            if not attn.context_pre_only:
-                ctx = attn.to_add_out(ctx)
-        out = attn.to_out[1](attn.to_out[0](out))
-        return (out, ctx) if encoder_hidden_states is not None else out
-
-
-class PackedFluxAttnProcessor:
-    """Flux's attention (``FluxAttnProcessor``'s computation) with an optional packed ``attention_mask``.
-
-    Joint sequence order is ``[text tokens, image tokens]``; RoPE (``image_rotary_emb``) is per token.
-    """
-
-    def __call__(self, attn: Any, hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor | None = None,
-                 attention_mask: Any = None, image_rotary_emb: Any = None) -> Any:
-        from diffusers.models.embeddings import apply_rotary_emb
-
-        if getattr(attn, "fused_projections", False):
-            raise ValueError("Packed Flux attention needs unfused projections; call `unfuse_qkv_projections()`.")
-
-        def heads(x: torch.Tensor) -> torch.Tensor:
-            return x.unflatten(-1, (-1, attn.head_dim))  # (B, S, H, D)
-
-        q = attn.norm_q(heads(attn.to_q(hidden_states)))
-        k = attn.norm_k(heads(attn.to_k(hidden_states)))
-        v = heads(attn.to_v(hidden_states))
-        if encoder_hidden_states is not None and attn.added_kv_proj_dim is not None:
-            cq = attn.norm_added_q(heads(attn.add_q_proj(encoder_hidden_states)))
-            ck = attn.norm_added_k(heads(attn.add_k_proj(encoder_hidden_states)))
-            cv = heads(attn.add_v_proj(encoder_hidden_states))
-            q, k, v = torch.cat([cq, q], 1), torch.cat([ck, k], 1), torch.cat([cv, v], 1)
-        if image_rotary_emb is not None:
-            q = apply_rotary_emb(q, image_rotary_emb, sequence_dim=1)
-            k = apply_rotary_emb(k, image_rotary_emb, sequence_dim=1)
-        out = _attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attention_mask)
-        out = out.transpose(1, 2).flatten(2, 3).to(q.dtype)
-        if encoder_hidden_states is not None:
-            t = encoder_hidden_states.shape[1]
-            ctx, out = out[:, :t], out[:, t:]
-            out = attn.to_out[1](attn.to_out[0](out.contiguous()))
-            return out, attn.to_add_out(ctx.contiguous())
-        return out
-
-
-def enable_packed_attention(model: Any) -> Any:
-    """Install the packed processor on every attention layer of an SD3 or Flux transformer (public
-    ``set_attn_processor``); unpacked calls (no mask) compute what the stock processors do. Returns ``model``."""
-    name = type(model).__name__
-    if name.startswith("SD3"):
-        model.set_attn_processor(PackedJointAttnProcessor())
-    elif name.startswith("Flux"):
-        model.set_attn_processor(PackedFluxAttnProcessor())
-    else:
-        raise ValueError(f"Packed attention supports SD3Transformer2DModel and FluxTransformer2DModel, got {name}.")
-    return model
-
-
-def _check_processors(model: Any, cls: type) -> None:
-    bad = [k for k, p in model.attn_processors.items() if not isinstance(p, cls)]
-    if bad:
-        raise ValueError(f"{len(bad)} attention layer(s) (e.g. {bad[0]}) do not use {cls.__name__}; call "
-                         "`hf_arb.packed.enable_packed_attention(model)` (after loading LoRA adapters is fine).")
+__all__ = ["PackedOutput", "flux_image_ids", "pack_tokens", "packed_flux_forward", "packed_sd3_forward", "patchify",
+           "unpack_tokens", "unpatchify"]
+_REEXPORTED = (DocumentSegments, PackedFluxAttnProcessor, PackedJointAttnProcessor, enable_packed_attention)
 
 
 # ------------------------------------------------------------------------------------------------- layout helpers
@@ -249,6 +91,70 @@ def _modulation(norm: Any, temb: torch.Tensor, idx: torch.Tensor, n: int) -> lis
     """``norm.linear(norm.silu(temb))`` once per image, split in ``n`` and gathered per token: ``(1, S, D)`` each."""
     emb = norm.linear(norm.silu(temb))
     return [c[idx][None] for c in emb.chunk(n, dim=1)]
+
+
+def _checkpointing(model: Any) -> bool:
+    """Whether to run blocks under activation checkpointing (``model.enable_gradient_checkpointing()``)."""
+    return torch.is_grad_enabled() and bool(getattr(model, "is_gradient_checkpointing", False))
+
+
+def _run(ckpt: bool, fn: Any, *args: Any) -> Any:
+    """``fn(*args)``, under ``torch.utils.checkpoint`` when ``ckpt``."""
+    if ckpt:
+        from torch.utils.checkpoint import checkpoint
+
+        return checkpoint(fn, *args, use_reentrant=False)
+    return fn(*args)
+
+
+def _sd3_block(block: Any, hs: torch.Tensor, ctx: torch.Tensor, temb: torch.Tensor, idx: torch.Tensor,
+               tidx: torch.Tensor, joint_mask: Any, image_mask: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """``JointTransformerBlock.forward`` with per-token modulation: returns ``(ctx, hs)``."""
+    dual = block.attn2 is not None
+    mod = _modulation(block.norm1, temb, idx, 9 if dual else 6)
+    shift, scale, gate, shift_mlp, scale_mlp, gate_mlp = mod[:6]
+    normed = block.norm1.norm(hs)
+    if block.context_pre_only:  # AdaLayerNormContinuous: (scale, shift)
+        c_scale, c_shift = _modulation(block.norm1_context, temb, tidx, 2)
+    else:
+        c_shift, c_scale, c_gate, c_shift_mlp, c_scale_mlp, c_gate_mlp = _modulation(block.norm1_context, temb,
+                                                                                     tidx, 6)
+    attn_out, ctx_out = block.attn(hidden_states=normed * (1 + scale) + shift,
+                                   encoder_hidden_states=block.norm1_context.norm(ctx) * (1 + c_scale) + c_shift,
+                                   attention_mask=joint_mask)
+    hs = hs + gate * attn_out
+    if dual:
+        shift2, scale2, gate2 = mod[6:]
+        hs = hs + gate2 * block.attn2(hidden_states=normed * (1 + scale2) + shift2, attention_mask=image_mask)
+    hs = hs + gate_mlp * block.ff(block.norm2(hs) * (1 + scale_mlp) + shift_mlp)
+    if not block.context_pre_only:
+        ctx = ctx + c_gate * ctx_out
+        ctx = ctx + c_gate_mlp * block.ff_context(block.norm2_context(ctx) * (1 + c_scale_mlp) + c_shift_mlp)
+    return ctx, hs
+
+
+def _flux_block(block: Any, hs: torch.Tensor, ctx: torch.Tensor, temb: torch.Tensor, idx: torch.Tensor,
+                tidx: torch.Tensor, rope: Any, mask: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """``FluxTransformerBlock.forward`` with per-token modulation: returns ``(ctx, hs)``."""
+    shift, scale, gate, shift_mlp, scale_mlp, gate_mlp = _modulation(block.norm1, temb, idx, 6)
+    c_shift, c_scale, c_gate, c_shift_mlp, c_scale_mlp, c_gate_mlp = _modulation(block.norm1_context, temb, tidx, 6)
+    attn_out, ctx_out = block.attn(hidden_states=block.norm1.norm(hs) * (1 + scale) + shift,
+                                   encoder_hidden_states=block.norm1_context.norm(ctx) * (1 + c_scale) + c_shift,
+                                   image_rotary_emb=rope, attention_mask=mask)
+    hs = hs + gate * attn_out
+    hs = hs + gate_mlp * block.ff(block.norm2(hs) * (1 + scale_mlp) + shift_mlp)
+    ctx = ctx + c_gate * ctx_out
+    ctx = ctx + c_gate_mlp * block.ff_context(block.norm2_context(ctx) * (1 + c_scale_mlp) + c_shift_mlp)
+    return ctx, hs
+
+
+def _flux_single_block(block: Any, x: torch.Tensor, temb: torch.Tensor, idx: torch.Tensor, rope: Any,
+                       mask: Any) -> torch.Tensor:
+    """``FluxSingleTransformerBlock.forward`` on the joint ``[text, image]`` sequence, per-token modulation."""
+    shift, scale, gate = _modulation(block.norm, temb, idx, 3)
+    normed = block.norm.norm(x) * (1 + scale) + shift
+    attn_out = block.attn(hidden_states=normed, image_rotary_emb=rope, attention_mask=mask)
+    return x + gate * block.proj_out(torch.cat([attn_out, block.act_mlp(block.proj_mlp(normed))], 2))
 
 
 def _text(encoder_hidden_states: Any, meta: PackMeta) -> torch.Tensor:
@@ -300,32 +206,10 @@ def packed_sd3_forward(model: Any, latents: Sequence[torch.Tensor], encoder_hidd
     doc = torch.as_tensor(meta.document_id, device=dev)
     tdoc = torch.as_tensor(meta.text_document_id, device=dev)
     idx, tidx = doc.clamp(min=0).long(), tdoc.clamp(min=0).long()
-    joint_mask, image_mask = document_mask(torch.cat([doc, tdoc]), backend), None
+    joint_mask, ckpt = document_mask(torch.cat([doc, tdoc]), backend), _checkpointing(model)
+    image_mask = document_mask(doc, backend) if any(b.attn2 is not None for b in model.transformer_blocks) else None
     for block in model.transformer_blocks:
-        dual = block.attn2 is not None
-        mod = _modulation(block.norm1, temb, idx, 9 if dual else 6)
-        shift, scale, gate, shift_mlp, scale_mlp, gate_mlp = mod[:6]
-        normed = block.norm1.norm(hs)
-        norm_hs = normed * (1 + scale) + shift
-        if block.context_pre_only:  # AdaLayerNormContinuous: (scale, shift)
-            c_scale, c_shift = _modulation(block.norm1_context, temb, tidx, 2)
-            norm_ctx = block.norm1_context.norm(ctx) * (1 + c_scale) + c_shift
-        else:
-            c_shift, c_scale, c_gate, c_shift_mlp, c_scale_mlp, c_gate_mlp = _modulation(
-                block.norm1_context, temb, tidx, 6)
-            norm_ctx = block.norm1_context.norm(ctx) * (1 + c_scale) + c_shift
-        attn_out, ctx_out = block.attn(hidden_states=norm_hs, encoder_hidden_states=norm_ctx,
-                                       attention_mask=joint_mask)
-        hs = hs + gate * attn_out
-        if dual:
-            if image_mask is None:
-                image_mask = document_mask(doc, backend)
-            shift2, scale2, gate2 = mod[6:]
-            hs = hs + gate2 * block.attn2(hidden_states=normed * (1 + scale2) + shift2, attention_mask=image_mask)
-        hs = hs + gate_mlp * block.ff(block.norm2(hs) * (1 + scale_mlp) + shift_mlp)
-        if not block.context_pre_only:
-            ctx = ctx + c_gate * ctx_out
-            ctx = ctx + c_gate_mlp * block.ff_context(block.norm2_context(ctx) * (1 + c_scale_mlp) + c_shift_mlp)
+        ctx, hs = _run(ckpt, _sd3_block, block, hs, ctx, temb, idx, tidx, joint_mask, image_mask)
     scale, shift = _modulation(model.norm_out, temb, idx, 2)
     out = model.proj_out(model.norm_out.norm(hs) * (1 + scale) + shift)
     return PackedOutput(out, meta)
@@ -372,25 +256,13 @@ def packed_flux_forward(model: Any, tokens: Sequence[torch.Tensor], grids: Any,
     idx, tidx = doc.clamp(min=0).long(), tdoc.clamp(min=0).long()
     ids = torch.cat([torch.zeros(tdoc.numel(), 3, device=dev), flux_image_ids(meta, dev)])
     rope = model.pos_embed(ids)
-    mask = document_mask(torch.cat([tdoc, doc]), backend)
+    mask, ckpt = document_mask(torch.cat([tdoc, doc]), backend), _checkpointing(model)
     for block in model.transformer_blocks:
-        shift, scale, gate, shift_mlp, scale_mlp, gate_mlp = _modulation(block.norm1, temb, idx, 6)
-        c_shift, c_scale, c_gate, c_shift_mlp, c_scale_mlp, c_gate_mlp = _modulation(block.norm1_context, temb,
-                                                                                     tidx, 6)
-        attn_out, ctx_out = block.attn(hidden_states=block.norm1.norm(hs) * (1 + scale) + shift,
-                                       encoder_hidden_states=block.norm1_context.norm(ctx) * (1 + c_scale) + c_shift,
-                                       image_rotary_emb=rope, attention_mask=mask)
-        hs = hs + gate * attn_out
-        hs = hs + gate_mlp * block.ff(block.norm2(hs) * (1 + scale_mlp) + shift_mlp)
-        ctx = ctx + c_gate * ctx_out
-        ctx = ctx + c_gate_mlp * block.ff_context(block.norm2_context(ctx) * (1 + c_scale_mlp) + c_shift_mlp)
+        ctx, hs = _run(ckpt, _flux_block, block, hs, ctx, temb, idx, tidx, rope, mask)
     n_txt = ctx.shape[1]
     x, all_idx = torch.cat([ctx, hs], 1), torch.cat([tidx, idx])
     for block in model.single_transformer_blocks:
-        shift, scale, gate = _modulation(block.norm, temb, all_idx, 3)
-        normed = block.norm.norm(x) * (1 + scale) + shift
-        attn_out = block.attn(hidden_states=normed, image_rotary_emb=rope, attention_mask=mask)
-        x = x + gate * block.proj_out(torch.cat([attn_out, block.act_mlp(block.proj_mlp(normed))], 2))
+        x = _run(ckpt, _flux_single_block, block, x, temb, all_idx, rope, mask)
     scale, shift = _modulation(model.norm_out, temb, idx, 2)
     out = model.proj_out(model.norm_out.norm(x[:, n_txt:]) * (1 + scale) + shift)
     return PackedOutput(out, meta)
