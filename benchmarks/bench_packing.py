@@ -11,7 +11,7 @@ latent geometry (VAE 8 × patch 2 = 16 px a token side, so 1 MP ≈ 4,096 tokens
   zero-padded to the batch's largest height and width (the rectangle an ``(B, C, H, W)`` model needs).
 
 Token, padding and crop figures are exact counts over 20,000 sizes. Step time (forward + backward, CPU) runs the
-tiny SD3 transformer (:func:`hf_arb.tiny.tiny_sd3_pipeline`) on 48 of those images with every side divided by 4
+tiny SD3 and Flux transformers (:mod:`hf_arb.tiny_flow`) on 48 of those images with every side divided by 4
 (so 64–256 tokens an image, packs of 1,024 tokens = 16,384 at full scale), the same images for all three.
 
 Usage: ``python benchmarks/bench_packing.py [--quick]``
@@ -186,10 +186,90 @@ def step_times(n_images: int, repeat: int) -> tuple[list[dict], dict]:
     return rows, {"tokens_packing": tok_pack, "tokens_buckets": tok_bucket, "tokens_pad": tok_pad}
 
 
+def flux_step_times(n_images: int, repeat: int) -> tuple[list[dict], dict]:
+    """The same comparison on the tiny Flux transformer (2×2-packed latent tokens, RoPE ids per image)."""
+    import torch
+
+    from hf_arb.packed import enable_packed_attention, pack_tokens, packed_flux_forward
+    from hf_arb.tiny_flow import tiny_flux_pipeline
+
+    torch.set_num_threads(1)
+    model = tiny_flux_pipeline().transformer
+    w, h = native_sizes(n_images, seed=2)
+    fit = fit_sizes(w // 4, h // 4, 256)
+    grids = np.stack([fit.height // 16, fit.width // 16], 1)  # token grid (2x2-packed latents)
+    g = torch.Generator().manual_seed(0)
+    tok = [torch.randn(int(a) * int(b), 64, generator=g) for a, b in grids]
+    txt = torch.randn(n_images, 8, 64, generator=g)
+    pooled = torch.randn(n_images, 32, generator=g)
+    t, guid = torch.rand(n_images, generator=g), torch.full((n_images,), 3.5)
+    budget = 1024
+    plan = plan_packs(fit.tokens, budget, 1, seed=0, epoch=0)
+    batch = max(1, int(round(plan.report.mean_images_per_pack)))
+
+    def ids(a: int, b: int) -> torch.Tensor:
+        out = torch.zeros(a, b, 3)
+        out[..., 1], out[..., 2] = torch.arange(a)[:, None], torch.arange(b)[None]
+        return out.reshape(-1, 3)
+
+    def stock(x: torch.Tensor, r: list[int], a: int, b: int) -> int:
+        out = model(hidden_states=x, encoder_hidden_states=txt[r], pooled_projections=pooled[r], timestep=t[r],
+                    img_ids=ids(a, b), txt_ids=torch.zeros(8, 3), guidance=guid[r]).sample
+        ((out - x) ** 2).mean().backward()
+        return a * b * len(r)
+
+    def packing() -> int:
+        for rows in plan.iter_rank(0):
+            rows = rows.tolist()
+            out = packed_flux_forward(model, [tok[i] for i in rows], grids[rows], [txt[i] for i in rows],
+                                      pooled[rows], t[rows], guid[rows], max_tokens=budget)
+            y = pack_tokens([tok[i] for i in rows], budget)
+            mask = torch.as_tensor(out.meta.loss_mask)[None, :, None]
+            (((out.sample - y) ** 2) * mask).mean().backward()
+        return plan.num_steps * budget
+
+    bw, bh, _ = bucket_fit(w, h, scale=4)
+
+    def bucketing() -> int:
+        tokens, keys = 0, bw * 100_000 + bh
+        for k in np.unique(keys):
+            rows = np.flatnonzero(keys == k)
+            a, b = int(bh[rows[0]]) // 16, int(bw[rows[0]]) // 16
+            for s0 in range(0, rows.size, batch):
+                r = rows[s0:s0 + batch].tolist()
+                tokens += stock(torch.randn(len(r), a * b, 64, generator=g), r, a, b)
+        return tokens
+
+    def pad_largest() -> int:
+        tokens, order = 0, np.random.default_rng(0).permutation(n_images)
+        for s0 in range(0, n_images, batch):
+            r = order[s0:s0 + batch].tolist()
+            a, b = int(grids[r, 0].max()), int(grids[r, 1].max())
+            x = torch.stack([torch.nn.functional.pad(tok[i].reshape(*grids[i], 64),
+                                                     (0, 0, 0, b - grids[i][1], 0, a - grids[i][0])).reshape(-1, 64)
+                             for i in r])
+            tokens += stock(x, r, a, b)
+        return tokens
+
+    t_bucket, tok_bucket = timeit(bucketing, repeat)
+    t_pad, tok_pad = timeit(pad_largest, repeat)
+    enable_packed_attention(model)
+    t_pack, tok_pack = timeit(packing, repeat)
+    note = (f"{n_images} images, 1 thread; tokens processed {tok_pack:,} (packing) vs {tok_bucket:,} (buckets) vs "
+            f"{tok_pad:,} (pad-to-largest, batch {batch})")
+    rows = [row("step time per image, tiny Flux fwd+bwd: packing vs SDXL buckets", 1e3 * t_pack / n_images,
+                1e3 * t_bucket / n_images, "ms", note=note),
+            row("step time per image, tiny Flux fwd+bwd: packing vs pad-to-largest", 1e3 * t_pack / n_images,
+                1e3 * t_pad / n_images, "ms", note="same images; varlen backend")]
+    return rows, {"flux_tokens_packing": tok_pack, "flux_tokens_buckets": tok_bucket, "flux_tokens_pad": tok_pad}
+
+
 def main() -> None:
     quick = "--quick" in sys.argv
     rows, extra = figures(2_000 if quick else 20_000)
     trows, textra = step_times(16 if quick else 48, 1 if quick else 2)
+    frows, fextra = flux_step_times(16 if quick else 48, 1 if quick else 2)
+    trows, textra = trows + frows, textra | fextra
     save_result(
         "packing", "Packing vs bucketing vs pad-to-largest (SD3/Flux latent geometry)", rows + trows,
         command="python benchmarks/bench_packing.py",
