@@ -187,7 +187,7 @@ def packed_sd3_forward(model: Any, latents: Sequence[torch.Tensor], encoder_hidd
         pooled_projections: ``(m, pooled_projection_dim)``; timestep: ``(m,)`` (the scheduler's scale, 0–1000).
         max_tokens, max_text_tokens: pack slots (default: no padding); meta: precomputed layout instead.
         backend: ``"sdpa"`` (explicit boolean mask), ``"flex"`` (FlexAttention block mask), ``"varlen"`` (one
-            attention call per image) or ``"auto"`` (flex on CUDA, varlen elsewhere); see :func:`document_mask`.
+            attention call per image) or ``"auto"`` (= varlen); see :func:`document_mask`.
 
     Returns:
         :class:`PackedOutput` with ``sample`` ``(1, L, p * p * C)``; :func:`unpack_tokens` + :func:`unpatchify`

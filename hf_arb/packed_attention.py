@@ -31,13 +31,14 @@ def document_mask(document_id: torch.Tensor, backend: Backend = "auto") -> Any:
 
     Args:
         document_id: int tensor ``(S,)``.
-        backend: ``"auto"`` → ``"flex"`` on CUDA, ``"varlen"`` elsewhere; ``"sdpa"`` → bool ``(1, 1, S, S)``;
+        backend: ``"auto"`` (= ``"varlen"``, the one backend with a backward everywhere that was tested);
+            ``"sdpa"`` → bool ``(1, 1, S, S)``;
             ``"flex"`` → a FlexAttention ``BlockMask`` (no backward on CPU in torch 2.x); ``"varlen"`` →
             :class:`DocumentSegments` (one attention call per image).
     """
     doc = document_id.to(torch.int32)
     if backend == "auto":
-        backend = "flex" if doc.is_cuda else "varlen"
+        backend = "varlen"
     if backend == "sdpa":
         return (doc[:, None] == doc[None, :])[None, None]
     if backend == "flex":
