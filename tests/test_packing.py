@@ -125,3 +125,15 @@ def test_pack_meta_layout_and_per_image_shift():
         pack_meta([[4, 4]], 15)
     with pytest.raises(ValueError, match="text_lens"):
         pack_meta([[1, 1]], 4, text_lens=[1, 2])
+
+
+def test_fit_sizes_and_report_errors_and_text():
+    with pytest.raises(ValueError, match="row 1"):
+        fit_sizes([10, 0], [10, 10], 64)
+    with pytest.raises(ValueError, match="shape"):
+        fit_sizes([10, 20], [10], 64)
+    with pytest.raises(ValueError, match="max_tokens"):
+        fit_sizes([10], [10], 0)
+    plan = plan_packs([10, 20, 0, 500], 64, 2, leftover="fill")
+    line = plan.report.text()
+    assert "oversize 1" in line and "skipped 1" in line and "repeated" in line
