@@ -50,6 +50,10 @@ MODULES: dict[str, str] = {
     "hf_arb.tiny": "training.md",
     "hf_arb.tiny_flow": "flow.md",
     "hf_arb.tiny_text": "training.md",
+    "hf_arb.packing": "packing.md",
+    "hf_arb.pack_layout": "packing.md",
+    "hf_arb.packed": "packing.md",
+    "hf_arb.packed_attention": "packing.md",
 }
 
 

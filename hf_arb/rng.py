@@ -19,6 +19,8 @@ PLAN_BUCKET = 1  #: row order inside one bucket (extra: bucket, [block])
 PLAN_POOL = 2  #: order of the catch-all pool (extra: [rank] for independent plans)
 PLAN_SHARD = 3  #: sharding of rows to ranks (independent per-rank plans)
 PLAN_RANK = 4  #: batch order of one rank (independent per-rank plans; extra: rank)
+PLAN_PACK = 5  #: row order before packing (hf_arb.packing)
+PLAN_PACK_ORDER = 6  #: order of the packs of an epoch (hf_arb.packing)
 
 # --- one dataset row: entropy (seed, epoch, row, tag) -------------------------------------------------------
 ROW_CROP = 0  #: random crop offset when fitting the image to its bucket
