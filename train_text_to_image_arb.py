@@ -386,6 +386,7 @@ def check_environment(args: argparse.Namespace) -> None:
         if getattr(args, flag) and importlib.util.find_spec(module) is None:
             hint = "this machine has no NPU" if module == "torch_npu" else f"`pip install {module}`"
             raise UsageError(f"--{flag} needs {module}, which is not installed ({hint}): drop --{flag}.")
+    resolve_resume_dir(args)
     if args.mixed_precision in ("fp16", "bf16"):
         import torch as _torch
 
@@ -394,6 +395,33 @@ def check_environment(args: argparse.Namespace) -> None:
             raise UsageError("--mixed_precision fp16 needs a GPU; this run is on the CPU: use bf16 or no.")
         if not cpu and args.mixed_precision == "bf16" and not _torch.cuda.is_bf16_supported():
             raise UsageError("--mixed_precision bf16 is not supported by this GPU: use fp16 or no.")
+
+
+def resolve_resume_dir(args: argparse.Namespace) -> Path | None:
+    """The checkpoint folder to resume from, or None; a missing one is an error (never a silent fresh start)."""
+    if not args.resume_from_checkpoint:
+        return None  # (also called by check_environment: a missing checkpoint fails before anything loads)
+    out = Path(args.output_dir)
+    if args.resume_from_checkpoint == "latest":
+        found = sorted((d for d in out.glob("checkpoint-*") if d.is_dir() and d.name.split("-")[-1].isdigit()),
+                       key=lambda d: int(d.name.split("-")[-1]))
+        if not found:
+            raise UsageFileError(
+                f"--resume_from_checkpoint latest: no checkpoint-* folder in {out}. Drop the flag to start a new run, "
+                "or point --output_dir at the run to resume."
+            )
+        path = found[-1]
+    else:
+        path = Path(args.resume_from_checkpoint)
+        if not path.is_dir():
+            path = out / path.name
+    if not path.is_dir() or not (path / STATE_FILE).exists():
+        raise UsageFileError(
+            f"--resume_from_checkpoint {args.resume_from_checkpoint!r}: {path} is not a checkpoint of this script "
+            f"(missing folder or {STATE_FILE}). Available: "
+            f"{sorted(d.name for d in out.glob('checkpoint-*')) if out.is_dir() else 'none'}."
+        )
+    return path
 
 
 def cli_parse(argv: list[str]) -> argparse.Namespace:
@@ -442,15 +470,16 @@ def make_accelerator(args: argparse.Namespace) -> Any:
     )
 
 
-def setup_logging(accelerator: Any) -> None:
-    import datasets
-    import diffusers
-    import transformers
+def setup_logging(accelerator: Any, libraries: tuple[str, ...] = ("datasets", "transformers", "diffusers")) -> None:
+    """Log format and library verbosity (quiet on non-main ranks). The script sets datasets' first and
+    transformers'/diffusers' once the data is checked: importing diffusers takes seconds, data errors should not."""
+    import importlib
 
     logging.basicConfig(format="%(asctime)s - %(levelname)s - %(name)s - %(message)s", level=logging.INFO)
     if not accelerator.is_local_main_process:
         logger.setLevel(logging.WARNING)
-    for lib in (datasets, transformers, diffusers):
+    for name in libraries:
+        lib = importlib.import_module(name)
         lib.utils.logging.set_verbosity_warning() if accelerator.is_local_main_process else lib.utils.logging.set_verbosity_error()
 
 
@@ -723,6 +752,21 @@ def dataset_with_buckets(args: argparse.Namespace, accelerator: Any) -> tuple[An
     return ds, buckets
 
 
+def check_plan(args: argparse.Namespace, ds: Any, num_processes: int) -> None:
+    """With --bucket_leftover drop, some bucket must hold a full (global) batch, or the epoch has no step."""
+    if args.bucket_leftover != "drop":
+        return
+    ids = np.asarray(ds.with_format("numpy")["bucket"])
+    largest = int(np.bincount(ids[ids >= 0]).max()) if (ids >= 0).any() else 0
+    need = args.train_batch_size * (1 if args.no_bucket_sync else num_processes)
+    if largest < need:
+        raise UsageError(
+            f"The sampler yields no full batch per rank: the largest bucket has {largest} images, a step needs {need} "
+            f"(--train_batch_size {args.train_batch_size} x {num_processes} processes). Lower --train_batch_size, "
+            "use --bucket_leftover fill (or catch_all), or add images."
+        )
+
+
 def make_sampler(args: argparse.Namespace, ds: Any, accelerator: Any, *, rank: int | None = None) -> Any:
     from hf_arb import BucketBatchSampler
 
@@ -905,33 +949,6 @@ class Progress:
 
     global_step: int = 0
     seed: int = 0
-
-
-def resolve_resume_dir(args: argparse.Namespace) -> Path | None:
-    """The checkpoint folder to resume from, or None; a missing one is an error (never a silent fresh start)."""
-    if not args.resume_from_checkpoint:
-        return None
-    out = Path(args.output_dir)
-    if args.resume_from_checkpoint == "latest":
-        found = sorted((d for d in out.glob("checkpoint-*") if d.is_dir() and d.name.split("-")[-1].isdigit()),
-                       key=lambda d: int(d.name.split("-")[-1]))
-        if not found:
-            raise UsageFileError(
-                f"--resume_from_checkpoint latest: no checkpoint-* folder in {out}. Drop the flag to start a new run, "
-                "or point --output_dir at the run to resume."
-            )
-        path = found[-1]
-    else:
-        path = Path(args.resume_from_checkpoint)
-        if not path.is_dir():
-            path = out / path.name
-    if not path.is_dir() or not (path / STATE_FILE).exists():
-        raise UsageFileError(
-            f"--resume_from_checkpoint {args.resume_from_checkpoint!r}: {path} is not a checkpoint of this script "
-            f"(missing folder or {STATE_FILE}). Available: "
-            f"{sorted(d.name for d in out.glob('checkpoint-*')) if out.is_dir() else 'none'}."
-        )
-    return path
 
 
 def restore(accelerator: Any, resume_dir: Path | None, seed: int) -> Progress:
@@ -1336,7 +1353,6 @@ def main(argv: list[str] | argparse.Namespace | None = None) -> dict[str, Any]:
     ``argv``: a command line (parsed and checked here) or arguments already through :func:`cli_parse`.
     """
     from accelerate.utils import set_seed
-    from diffusers.optimization import get_scheduler
     from tqdm.auto import tqdm
 
     from hf_arb import prepare_dataloader
@@ -1346,19 +1362,23 @@ def main(argv: list[str] | argparse.Namespace | None = None) -> dict[str, Any]:
     else:
         args = parse_args(argv)
         check_environment(args)
-    accelerator = make_accelerator(args)
-    setup_logging(accelerator)
     resume_dir = resolve_resume_dir(args)
+    accelerator = make_accelerator(args)
+    setup_logging(accelerator, ("datasets",))
     args.seed = agree_on_seed(args, accelerator, resume_dir)
     set_seed(args.seed)
     if accelerator.is_main_process:
         os.makedirs(args.output_dir, exist_ok=True)
 
     ds, buckets = dataset_with_buckets(args, accelerator)
-    sampler = make_sampler(args, ds, accelerator)  # the plan is checked before any model is loaded
+    check_plan(args, ds, accelerator.num_processes)  # the plan is checked before any model is loaded
+    sampler = make_sampler(args, ds, accelerator)
     schedule = compute_schedule(sampler.steps_per_epoch, gradient_accumulation_steps=args.gradient_accumulation_steps,
                                 num_train_epochs=args.num_train_epochs, max_train_steps=args.max_train_steps,
                                 lr_warmup_steps=args.lr_warmup_steps, num_processes=accelerator.num_processes)
+    from diffusers.optimization import get_scheduler
+
+    setup_logging(accelerator, ("transformers", "diffusers"))
     models = load_models(args)
     check_family(args, models)
     encode_calls = count_calls(models.vae, "encode")
