@@ -1254,11 +1254,11 @@ def usage_snippet(args: argparse.Namespace, repo_id: str, *, sdxl: bool) -> list
                 f'pipe = {cls}.from_pretrained("{args.pretrained_model_name_or_path}", '
                 'torch_dtype=torch.float16).to("cuda")',
                 f'pipe.load_lora_weights("{repo_id}")', 'image = pipe("a photo", height=768, width=512).images[0]']
-    if args.resolution_conditioning and not sdxl:
+    if args.resolution_conditioning and not sdxl:  # the folder's own pipeline_sd_resolution.py (no hf_arb)
         return ["import torch", "from diffusers import DiffusionPipeline", "",
-                f'pipe = DiffusionPipeline.from_pretrained("{repo_id}", custom_pipeline="{repo_id}", '
-                'trust_remote_code=True, torch_dtype=torch.float16).to("cuda")',
-                'image = pipe("a photo", height=768, width=512).images[0]']
+                f'pipe = DiffusionPipeline.from_pretrained("{repo_id}", trust_remote_code=True)',
+                'pipe = pipe.to("cuda", torch.float16)',
+                'image = pipe("a photo", height=768, width=512).images[0]  # any bucket shape']
     return ["import torch", f"from diffusers import {cls}", "",
             f'pipe = {cls}.from_pretrained("{repo_id}", torch_dtype=torch.float16).to("cuda")',
             'image = pipe("a photo", height=768, width=512).images[0]']
@@ -1277,6 +1277,10 @@ def save_final(args: argparse.Namespace, accelerator: Any, models: Models, unet:
     if args.prediction_type is not None:  # sample with the objective the UNet was trained on
         pipe.scheduler.register_to_config(prediction_type=args.prediction_type)
     pipe.save_pretrained(args.output_dir)
+    if args.resolution_conditioning and not models.sdxl:  # loadable without hf_arb: the pipeline code goes along
+        from hf_arb.conditioning import save_custom_pipeline
+
+        save_custom_pipeline(args.output_dir)
     (Path(args.output_dir) / BUCKETS_FILE).write_text(json.dumps(buckets.to_dict(), indent=1))
     done = Path(args.output_dir) / "validation" / f"step-{progress.global_step:06d}.png"
     if not done.exists():  # the last epoch's validation may already show these weights

@@ -28,6 +28,8 @@ MODULES: dict[str, str] = {
     "hf_arb.data": "imaging.md",
     "hf_arb.latents": "training.md",
     "hf_arb.conditioning": "training.md",
+    "hf_arb.lora": "training.md",
+    "hf_arb.pipeline_sd_resolution": "training.md",
     "hf_arb.tiny": "training.md",
 }
 
