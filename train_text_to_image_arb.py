@@ -1254,9 +1254,10 @@ def usage_snippet(args: argparse.Namespace, repo_id: str, *, sdxl: bool) -> list
                 f'pipe = {cls}.from_pretrained("{args.pretrained_model_name_or_path}", '
                 'torch_dtype=torch.float16).to("cuda")',
                 f'pipe.load_lora_weights("{repo_id}")', 'image = pipe("a photo", height=768, width=512).images[0]']
-    if args.resolution_conditioning and not sdxl:  # the folder's own pipeline_sd_resolution.py (no hf_arb)
+    if args.resolution_conditioning and not sdxl:  # the folder's own pipeline.py (no hf_arb needed)
         return ["import torch", "from diffusers import DiffusionPipeline", "",
-                f'pipe = DiffusionPipeline.from_pretrained("{repo_id}", trust_remote_code=True)',
+                f'pipe = DiffusionPipeline.from_pretrained("{repo_id}", custom_pipeline="{repo_id}", '
+                'trust_remote_code=True)',
                 'pipe = pipe.to("cuda", torch.float16)',
                 'image = pipe("a photo", height=768, width=512).images[0]  # any bucket shape']
     return ["import torch", f"from diffusers import {cls}", "",

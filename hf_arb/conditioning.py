@@ -181,32 +181,26 @@ def add_resolution_conditioning(unet: Any, embed_dim: int = 256) -> Any:
     return new if unet.dtype == torch.float32 else new.to(dtype=unet.dtype)
 
 
-#: Module file name of the pipeline copied into model folders, and its class (``model_index.json``'s
-#: ``_class_name`` becomes ``[CUSTOM_PIPELINE_MODULE, "StableDiffusionResolutionPipeline"]``).
-CUSTOM_PIPELINE_MODULE = "pipeline_sd_resolution"
+#: File name diffusers looks for when ``custom_pipeline`` is a folder or a Hub repository.
+CUSTOM_PIPELINE_FILE = "pipeline.py"
 
 
 def save_custom_pipeline(folder: str | Path) -> Path:
     """Make a saved resolution-conditioned pipeline folder load in plain diffusers, without hf_arb.
 
-    Copies the self-contained :mod:`hf_arb.pipeline_sd_resolution` into ``folder`` and points
-    ``model_index.json``'s ``_class_name`` at it (diffusers' custom-pipeline convention), so that
-    ``DiffusionPipeline.from_pretrained(folder, trust_remote_code=True)`` builds
-    :class:`StableDiffusionResolutionPipeline` from the folder's own code.
+    Copies the self-contained :mod:`hf_arb.pipeline_sd_resolution` into ``folder`` as ``pipeline.py``, diffusers'
+    custom-pipeline file, so that ``DiffusionPipeline.from_pretrained(folder, custom_pipeline=folder,
+    trust_remote_code=True)`` (for a Hub repository: its id in both places) builds
+    :class:`StableDiffusionResolutionPipeline` from the folder's own code. ``model_index.json`` keeps the class
+    name, so ``StableDiffusionResolutionPipeline.from_pretrained(folder)`` still works where hf_arb is installed.
 
     Returns:
         The copied pipeline file.
     """
-    import json
     import shutil
 
     from . import pipeline_sd_resolution
 
-    folder = Path(folder)
-    index_path = folder / "model_index.json"
-    index = json.loads(index_path.read_text())
-    target = folder / f"{CUSTOM_PIPELINE_MODULE}.py"
+    target = Path(folder) / CUSTOM_PIPELINE_FILE
     shutil.copyfile(pipeline_sd_resolution.__file__, target)
-    index["_class_name"] = [CUSTOM_PIPELINE_MODULE, StableDiffusionResolutionPipeline.__name__]
-    index_path.write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
     return target

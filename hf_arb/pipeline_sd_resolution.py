@@ -1,11 +1,11 @@
 """Stable Diffusion pipeline for UNets with size/crop conditioning (``--resolution_conditioning`` models).
 
 This file is **self-contained** (it imports only torch and diffusers): the training script copies it into every
-resolution-conditioned model folder and names it in ``model_index.json``, so that plain diffusers, without
-hf_arb installed, loads the folder through its custom-pipeline mechanism:
+resolution-conditioned model folder as ``pipeline.py``, so that plain diffusers, without hf_arb installed, loads
+the folder through its custom-pipeline mechanism:
 
     from diffusers import DiffusionPipeline
-    pipe = DiffusionPipeline.from_pretrained("path/or/hub-id", trust_remote_code=True)
+    pipe = DiffusionPipeline.from_pretrained("folder", custom_pipeline="folder", trust_remote_code=True)
     image = pipe("a lighthouse", height=768, width=512).images[0]
 
 The UNet is a stock ``UNet2DConditionModel`` with ``class_embed_type="projection"`` and

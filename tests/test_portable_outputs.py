@@ -32,7 +32,7 @@ except ImportError:
 import numpy as np, torch
 from diffusers import DiffusionPipeline
 load_line = sys.argv[1]
-exec(load_line)  # the model card's line: pipe = DiffusionPipeline.from_pretrained("<folder>", trust_remote_code=True)
+exec(load_line)  # the model card's line: DiffusionPipeline.from_pretrained(folder, custom_pipeline=folder, ...)
 def gen(**kw):
     return pipe("a wide photo", height=48, width=80, num_inference_steps=2, output_type="np",
                 generator=torch.Generator().manual_seed(0), **kw).images
@@ -72,9 +72,9 @@ def conditioned(assets, tmp_path_factory) -> Path:
 def test_resolution_conditioned_model_generates_without_hf_arb(conditioned):
     out = conditioned
     index = json.loads((out / "model_index.json").read_text())
-    assert index["_class_name"] == ["pipeline_sd_resolution", "StableDiffusionResolutionPipeline"]
+    assert index["_class_name"] == "StableDiffusionResolutionPipeline" and (out / "pipeline.py").is_file()
     card = (out / "README.md").read_text()
-    load_line = f'pipe = DiffusionPipeline.from_pretrained("{out}", trust_remote_code=True)'
+    load_line = f'pipe = DiffusionPipeline.from_pretrained("{out}", custom_pipeline="{out}", trust_remote_code=True)'
     assert load_line in card and "import hf_arb" not in card and "from hf_arb" not in card
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["HF_HUB_OFFLINE"] = "1"
@@ -89,8 +89,8 @@ def test_resolution_conditioned_model_generates_without_hf_arb(conditioned):
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("portable")
-def test_conditioned_unet_is_a_stock_unet_config(conditioned):
-    from diffusers import UNet2DConditionModel
+def test_conditioned_folder_still_loads_with_hf_arbs_class(conditioned):
+    from hf_arb.conditioning import StableDiffusionResolutionPipeline
 
-    unet = UNet2DConditionModel.from_pretrained(conditioned, subfolder="unet")
-    assert conditioning_dim(unet) == 16
+    pipe = StableDiffusionResolutionPipeline.from_pretrained(conditioned)
+    assert type(pipe) is StableDiffusionResolutionPipeline and conditioning_dim(pipe.unet) == 16
