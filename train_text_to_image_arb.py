@@ -89,6 +89,8 @@ TRACKERS = {"tensorboard": ("tensorboard", "tensorboardX"), "wandb": ("wandb",),
 #: Without --lora / --rank / --full_finetune, a learning rate at or above this is ambiguous (LoRA's range).
 LORA_LR_THRESHOLD = 5e-5
 DEFAULT_RANK = 4  # diffusers' LoRA scripts' --rank default
+#: Appended to a help text whose default is explained in words: ArgumentDefaultsHelpFormatter then adds nothing.
+NO_DEFAULT = "%(default).0s"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -116,8 +118,10 @@ def build_parser() -> argparse.ArgumentParser:
     a("--full_finetune", action="store_true",
       help="Fine-tune every UNet weight. Needed when --learning_rate is >= 5e-5 (a LoRA rate) and no --rank/--lora.")
     a("--rank", type=int, default=None,
-      help=f"The dimension of the LoRA update matrices; giving it selects LoRA (default in LoRA mode: {DEFAULT_RANK}).")
-    a("--lora_alpha", type=float, default=None, help="LoRA alpha (scale alpha/rank); default: --rank, as upstream.")
+      help=f"The dimension of the LoRA update matrices; giving it selects LoRA (default in LoRA mode: {DEFAULT_RANK})."
+           + NO_DEFAULT)
+    a("--lora_alpha", type=float, default=None,
+      help="LoRA alpha (scale alpha/rank); default: --rank, as upstream." + NO_DEFAULT)
     a("--lora_dropout", type=float, default=0.0, help="Dropout probability for LoRA layers.")
     a("--train_text_encoder", action="store_true",
       help="LoRA mode: also train LoRA adapters on the text encoder(s) (both for SDXL).")
@@ -136,9 +140,10 @@ def build_parser() -> argparse.ArgumentParser:
     a("--resolution", type=int, default=None,
       help="CHANGED MEANING: the pixel budget of the buckets; every bucket has about resolution² pixels (sides "
            "multiples of --bucket_step) instead of every image being resized to a resolution² square. "
-           "Default: SD 512 | SDXL 1024.")
+           "Default: SD 512 | SDXL 1024." + NO_DEFAULT)
     a("--center_crop", default=False, action="store_true",
-      help="Centre-crop the excess after resizing to cover the bucket (default: random crop inside the bucket).")
+      help="CHANGED: crops inside the bucket, not a square: centre-crop the small excess after resizing to cover "
+           "the bucket (default: a random crop inside the bucket).")
     a("--random_flip", action="store_true", help="Randomly flip images horizontally (inside the bucket).")
     a("--image_interpolation_mode", type=str, default="lanczos",
       choices=["bicubic", "bilinear", "box", "hamming", "lanczos", "nearest", "nearest_exact"],
@@ -212,26 +217,28 @@ def build_parser() -> argparse.ArgumentParser:
     # --- outputs, checkpoints, logging
     a("--output_dir", type=str, default=None,
       help="Where the model and checkpoints are written. Default: sd-model-finetuned | sdxl-model-finetuned; "
-           "LoRA: sd-model-finetuned-lora.")
+           "LoRA: sd-model-finetuned-lora." + NO_DEFAULT)
     a("--seed", type=int, default=None, help="A seed for reproducible training.")
     a("--checkpointing_steps", type=int, default=500, help="Save the training state every X updates.")
     a("--checkpoints_total_limit", type=int, default=None, help="Max number of checkpoints to store.")
     a("--resume_from_checkpoint", type=str, default=None,
       help='A checkpoint folder saved by --checkpointing_steps, or "latest". A missing checkpoint is an error.')
     a("--validation_prompts", type=str, default=None, nargs="+",
-      help="Prompts evaluated every --validation_epochs at portrait, square and landscape bucket shapes.")
+      help="CHANGED: each prompt is generated at portrait, square and landscape bucket shapes, every "
+           "--validation_epochs.")
     a("--validation_prompt", type=str, default=None, help="A single validation prompt (the other scripts' flag).")
     a("--num_validation_images", type=int, default=None,
-      help="Images per prompt and shape. Default: SD 1 (train_text_to_image.py) | SDXL and LoRA 4.")
+      help="Images per prompt and shape. Default: SD 1 (train_text_to_image.py) | SDXL and LoRA 4." + NO_DEFAULT)
     a("--validation_epochs", type=int, default=None,
-      help="Run validation every X epochs. Default: SD 5 | SDXL and LoRA 1.")
+      help="Run validation every X epochs. Default: SD 5 | SDXL and LoRA 1." + NO_DEFAULT)
     a("--num_validation_inference_steps", type=int, default=20, help="Denoising steps for validation images.")
     a("--report_to", type=str, default="tensorboard",
       help='"tensorboard" (default), "wandb", "comet_ml", "all" or "none".')
     a("--logging_dir", type=str, default="logs", help="TensorBoard log directory, relative to output_dir.")
     a("--tracker_project_name", type=str, default="text2image-fine-tune", help="Project name for the trackers.")
     a("--debug_loss", action="store_true",
-      help="Also log each micro-batch's loss under loss_for_row<r> for every dataset row r in it.")
+      help="CHANGED keys: log each micro-batch's loss under loss_for_row<r> for every dataset row r in it "
+           "(upstream keys it by file name).")
     a("--log_batches", action="store_true",
       help="Write every batch this rank trains on (step, bucket, shape, rows, loss) to <output_dir>/batches/rank<r>.jsonl.")
     a("--push_to_hub", action="store_true", help="Whether or not to push the model to the Hub.")
