@@ -159,16 +159,23 @@ def test_sd_lora_resume_is_bit_identical(sd_lora):
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("train_lora_ddp")
-def test_sd_lora_resume_two_processes_is_bit_identical(assets, tmp_path):
-    args = ["--pretrained_model_name_or_path", assets["sd"], "--train_data_dir", assets["images"], *BASE, "--rank",
-            "4", "--max_train_steps", "4", "--checkpointing_steps", "2", "--gradient_accumulation_steps", "2"]
+def test_sdxl_text_encoder_lora_resume_two_processes_is_bit_identical(assets, tmp_path):
+    """2 processes (gloo DDP), SDXL, adapters on the UNet and both text encoders, gradient accumulation 2."""
+    args = ["--pretrained_model_name_or_path", assets["sdxl"], "--train_data_dir", assets["images"], *BASE, "--rank",
+            "4", "--train_text_encoder", "--max_train_steps", "4", "--checkpointing_steps", "2",
+            "--gradient_accumulation_steps", "2"]
     full, resumed = tmp_path / "full", tmp_path / "resumed"
     run_script(args + ["--output_dir", str(full)], nproc=2)
     shutil.copytree(full / "checkpoint-2", resumed / "checkpoint-2")
     run_script(args + ["--output_dir", str(resumed), "--resume_from_checkpoint", "latest"], nproc=2)
     a, b, mid = lora_file(full), lora_file(resumed), lora_file(full / "checkpoint-2")
+    assert {k.split(".")[0] for k in a} == {"unet", "text_encoder", "text_encoder_2"}
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    assert any(not torch.equal(a[k], mid[k]) for k in a)  # the resumed run did train steps 3 and 4
+    for prefix in ("unet.", "text_encoder.", "text_encoder_2."):  # every model's adapter trained after the resume
+        assert any(not torch.equal(a[k], mid[k]) for k in a if k.startswith(prefix)), prefix
+    for rank in (0, 1):
+        tail = [t for t in read_trace(full, rank) if t["step"] >= 2]
+        assert [(t["rows"], t["loss"]) for t in read_trace(resumed, rank)] == [(t["rows"], t["loss"]) for t in tail]
 
 
 # --------------------------------------------------------------- slow: SDXL README text-encoder command
