@@ -1254,22 +1254,23 @@ def save_model_card(args: argparse.Namespace, repo_id: str, buckets: Any, *, sdx
 
 
 def usage_snippet(args: argparse.Namespace, repo_id: str, *, sdxl: bool) -> list[str]:
-    """The model card's "Use" code: plain diffusers, no hf_arb (LoRA, custom pipeline, or the stock class)."""
+    """The model card's "Use" code: plain diffusers, no hf_arb (LoRA, custom pipeline, or the stock class).
+
+    Always: imports, the lines that load ``pipe``, ``pipe = pipe.to("cuda", torch.float16)``, one generation (the
+    tests run everything but the device line in a process where ``import hf_arb`` fails).
+    """
     cls = "StableDiffusionXLPipeline" if sdxl else "StableDiffusionPipeline"
     if getattr(args, "lora", False):
-        return ["import torch", f"from diffusers import {cls}", "",
-                f'pipe = {cls}.from_pretrained("{args.pretrained_model_name_or_path}", '
-                'torch_dtype=torch.float16).to("cuda")',
-                f'pipe.load_lora_weights("{repo_id}")', 'image = pipe("a photo", height=768, width=512).images[0]']
-    if args.resolution_conditioning and not sdxl:  # the folder's own pipeline.py (no hf_arb needed)
-        return ["import torch", "from diffusers import DiffusionPipeline", "",
-                f'pipe = DiffusionPipeline.from_pretrained("{repo_id}", custom_pipeline="{repo_id}", '
-                'trust_remote_code=True)',
-                'pipe = pipe.to("cuda", torch.float16)',
-                'image = pipe("a photo", height=768, width=512).images[0]  # any bucket shape']
-    return ["import torch", f"from diffusers import {cls}", "",
-            f'pipe = {cls}.from_pretrained("{repo_id}", torch_dtype=torch.float16).to("cuda")',
-            'image = pipe("a photo", height=768, width=512).images[0]']
+        load = [f'pipe = {cls}.from_pretrained("{args.pretrained_model_name_or_path}")',
+                f'pipe.load_lora_weights("{repo_id}")']
+    elif args.resolution_conditioning and not sdxl:  # the folder's own pipeline.py (no hf_arb needed)
+        cls = "DiffusionPipeline"
+        load = [f'pipe = DiffusionPipeline.from_pretrained("{repo_id}", custom_pipeline="{repo_id}", '
+                'trust_remote_code=True)']
+    else:
+        load = [f'pipe = {cls}.from_pretrained("{repo_id}")']
+    return ["import torch", f"from diffusers import {cls}", "", *load, 'pipe = pipe.to("cuda", torch.float16)',
+            'image = pipe("a photo", height=768, width=512).images[0]  # any bucket shape']
 
 
 def save_final(args: argparse.Namespace, accelerator: Any, models: Models, unet: Any, buckets: Any,

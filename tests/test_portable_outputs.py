@@ -1,8 +1,6 @@
-"""Output folders load in plain diffusers, in a process where ``import hf_arb`` fails.
-
-A ``--resolution_conditioning`` model carries its own pipeline file (diffusers' custom-pipeline convention) and
-its model card's snippet is what the test runs.
-"""
+"""Every output folder loads in plain diffusers, in a process where ``import hf_arb`` fails, with the code its
+model card shows: a stock SD pipeline, a LoRA file, and a ``--resolution_conditioning`` model (which carries its
+own pipeline file, diffusers' custom-pipeline convention)."""
 
 from __future__ import annotations
 
@@ -20,7 +18,7 @@ from test_train import COMMON, _clean_accelerate_state, assets, run_script  # no
 from hf_arb.conditioning import resolution_class_labels, sdxl_time_ids
 from hf_arb.pipeline_sd_resolution import conditioning_dim, embed_time_ids
 
-#: Runs in a fresh interpreter: hf_arb blocked, then the model card's load line, then generation.
+#: Runs in a fresh interpreter: hf_arb blocked, then each card's code (minus the CUDA line), then generation.
 BLOCKED = r"""
 import json, sys
 sys.modules["hf_arb"] = None  # any `import hf_arb` now raises ImportError
@@ -30,15 +28,20 @@ try:
 except ImportError:
     pass
 import numpy as np, torch
-from diffusers import DiffusionPipeline
-load_line = sys.argv[1]
-exec(load_line)  # the model card's line: DiffusionPipeline.from_pretrained(folder, custom_pipeline=folder, ...)
-def gen(**kw):
-    return pipe("a wide photo", height=48, width=80, num_inference_steps=2, output_type="np",
-                generator=torch.Generator().manual_seed(0), **kw).images
-a, b = gen(), gen(original_size=(96, 32))
-print(json.dumps({"cls": type(pipe).__name__, "module": type(pipe).__module__, "shape": list(a.shape),
-                  "finite": bool(np.isfinite(a).all()), "size_matters": float(np.abs(a - b).max())}))
+results = {}
+for name, code in json.loads(sys.argv[1]).items():
+    scope = {}
+    exec(code, scope)  # the model card's snippet: imports and the lines that load `pipe`
+    pipe = scope["pipe"]
+    def gen(**kw):
+        return pipe("a wide photo", height=48, width=80, num_inference_steps=2, output_type="np",
+                    generator=torch.Generator().manual_seed(0), **kw).images
+    a = gen()
+    extra = {"size_matters": float(np.abs(a - gen(original_size=(96, 32))).max())} if name == "conditioned" else {}
+    adapters = pipe.get_active_adapters() if hasattr(pipe, "get_active_adapters") else []
+    results[name] = {"cls": type(pipe).__name__, "module": type(pipe).__module__, "shape": list(a.shape),
+                     "finite": bool(np.isfinite(a).all()), "adapters": list(adapters), **extra}
+print(json.dumps(results))
 """
 
 
@@ -59,38 +62,59 @@ def test_standalone_pipeline_file_imports_only_torch_and_diffusers():
 
 
 @pytest.fixture(scope="module")
-def conditioned(assets, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("conditioned")
-    run_script(["--pretrained_model_name_or_path", assets["sd"], "--train_data_dir", assets["images"],
-                "--output_dir", str(out), *COMMON, "--resolution_conditioning", "--resolution_embed_dim", "16",
-                "--max_train_steps", "2", "--checkpointing_steps", "100", "--learning_rate", "1e-2"])
+def outputs(assets, tmp_path_factory) -> dict[str, Path]:
+    """Three 2-step trainings: stock SD, SD LoRA, resolution-conditioned SD."""
+    base = ["--pretrained_model_name_or_path", assets["sd"], "--train_data_dir", assets["images"], *COMMON,
+            "--max_train_steps", "2", "--checkpointing_steps", "100"]
+    modes = {"stock": [], "lora": ["--rank", "4"],
+             "conditioned": ["--resolution_conditioning", "--resolution_embed_dim", "16", "--learning_rate", "1e-2"]}
+    out = {}
+    for name, extra in modes.items():
+        out[name] = tmp_path_factory.mktemp(name)
+        argv = base + extra + ["--output_dir", str(out[name])]
+        if name == "lora":
+            argv.remove("--full_finetune")
+        run_script(argv)
     return out
 
 
+def card_code(folder: Path) -> str:
+    """The model card's Python block without its CUDA line and its 768x512 generation."""
+    card = (folder / "README.md").read_text()
+    block = card.split("## Use", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    return "\n".join(line for line in block.splitlines() if '"cuda"' not in line and not line.startswith("image ="))
+
+
 @pytest.mark.slow
 @pytest.mark.xdist_group("portable")
-def test_resolution_conditioned_model_generates_without_hf_arb(conditioned):
-    out = conditioned
-    index = json.loads((out / "model_index.json").read_text())
-    assert index["_class_name"] == "StableDiffusionResolutionPipeline" and (out / "pipeline.py").is_file()
-    card = (out / "README.md").read_text()
-    load_line = f'pipe = DiffusionPipeline.from_pretrained("{out}", custom_pipeline="{out}", trust_remote_code=True)'
-    assert load_line in card and "import hf_arb" not in card and "from hf_arb" not in card
+def test_every_output_loads_with_its_card_code_without_hf_arb(outputs):
+    codes = {name: card_code(folder) for name, folder in outputs.items()}
+    for code in codes.values():
+        assert "hf_arb" not in code
+    assert f'custom_pipeline="{outputs["conditioned"]}", trust_remote_code=True' in codes["conditioned"]
+    assert f'pipe.load_lora_weights("{outputs["lora"]}")' in codes["lora"]
+    assert (outputs["conditioned"] / "pipeline.py").is_file()
+    assert json.loads((outputs["conditioned"] / "model_index.json").read_text())["_class_name"] == \
+        "StableDiffusionResolutionPipeline"
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["HF_HUB_OFFLINE"] = "1"
-    proc = subprocess.run([sys.executable, "-c", BLOCKED, load_line], capture_output=True, text=True, env=env,
-                          timeout=300, cwd="/")
+    proc = subprocess.run([sys.executable, "-c", BLOCKED, json.dumps(codes)], capture_output=True, text=True,
+                          env=env, timeout=300, cwd="/")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert result["cls"] == "StableDiffusionResolutionPipeline" and "hf_arb" not in result["module"]
-    assert result["shape"] == [1, 48, 80, 3] and result["finite"]
-    assert result["size_matters"] > 0  # the folder's pipeline feeds the trained size conditioning
+    results: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    for name, r in results.items():
+        assert r["shape"] == [1, 48, 80, 3] and r["finite"], name  # non-square generation
+        assert "hf_arb" not in r["module"], name
+    assert results["stock"]["cls"] == "StableDiffusionPipeline"
+    assert results["lora"]["cls"] == "StableDiffusionPipeline" and results["lora"]["adapters"]
+    assert results["conditioned"]["cls"] == "StableDiffusionResolutionPipeline"
+    assert results["conditioned"]["size_matters"] > 0  # the folder's pipeline feeds the trained size conditioning
 
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("portable")
-def test_conditioned_folder_still_loads_with_hf_arbs_class(conditioned):
+def test_conditioned_folder_still_loads_with_hf_arbs_class(outputs):
     from hf_arb.conditioning import StableDiffusionResolutionPipeline
 
-    pipe = StableDiffusionResolutionPipeline.from_pretrained(conditioned)
+    pipe = StableDiffusionResolutionPipeline.from_pretrained(outputs["conditioned"])
     assert type(pipe) is StableDiffusionResolutionPipeline and conditioning_dim(pipe.unet) == 16
