@@ -45,6 +45,8 @@ Nothing here imports torchvision: images go through :mod:`hf_arb.imaging` (Pillo
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib
 import json
 import logging
 import math
@@ -56,7 +58,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 logger = logging.getLogger("train_text_to_image_arb")
+
+
+class _LazyModule:
+    """A module imported on first attribute access: ``--help``, argument errors and (single-process) data errors
+    answer before torch is loaded, which takes seconds."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(importlib.import_module(self._name), attr)
+
+
+torch: Any = _LazyModule("torch")
+F: Any = _LazyModule("torch.nn.functional")
 
 STATE_FILE = "hf_arb_state.json"  # our part of a checkpoint: step counters and the seed
 BUCKETS_FILE = "hf_arb_buckets.json"  # the BucketSet the run trained with, saved next to the pipeline
@@ -395,9 +414,11 @@ def check_environment(args: argparse.Namespace) -> None:
             raise UsageError(f"--{flag} needs {module}, which is not installed ({hint}): drop --{flag}.")
     resolve_resume_dir(args)
     if args.mixed_precision in ("fp16", "bf16"):
-        import torch as _torch
+        cpu = os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes")
+        if not cpu:  # only now is torch worth importing
+            import torch as _torch
 
-        cpu = os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes") or not _torch.cuda.is_available()
+            cpu = not _torch.cuda.is_available()
         if cpu and args.mixed_precision == "fp16":
             raise UsageError("--mixed_precision fp16 needs a GPU; this run is on the CPU: use bf16 or no.")
         if not cpu and args.mixed_precision == "bf16" and not _torch.cuda.is_bf16_supported():
@@ -442,13 +463,6 @@ def cli_parse(argv: list[str]) -> argparse.Namespace:
         sys.exit(2)
 
 
-# Parse before the heavy imports: --help and argument errors answer without loading torch.
-if __name__ == "__main__":
-    CLI_ARGS = cli_parse(sys.argv[1:])
-
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
 
 
 # ========================================================================================= accelerator
@@ -478,20 +492,21 @@ def make_accelerator(args: argparse.Namespace) -> Any:
 
 
 def setup_logging(accelerator: Any, libraries: tuple[str, ...] = ("datasets", "transformers", "diffusers")) -> None:
-    """Log format and library verbosity (quiet on non-main ranks). The script sets datasets' first and
-    transformers'/diffusers' once the data is checked: importing diffusers takes seconds, data errors should not."""
-    import importlib
-
+    """Log format and library verbosity (quiet on non-main ranks; ``accelerator`` None: a single process). The
+    script sets datasets' first and transformers'/diffusers' once the data is checked: importing diffusers takes
+    seconds, data errors should not."""
     logging.basicConfig(format="%(asctime)s - %(levelname)s - %(name)s - %(message)s", level=logging.INFO)
-    if not accelerator.is_local_main_process:
+    main = accelerator is None or accelerator.is_local_main_process
+    if not main:
         logger.setLevel(logging.WARNING)
     for name in libraries:
         lib = importlib.import_module(name)
-        lib.utils.logging.set_verbosity_warning() if accelerator.is_local_main_process else lib.utils.logging.set_verbosity_error()
+        lib.utils.logging.set_verbosity_warning() if main else lib.utils.logging.set_verbosity_error()
 
 
 def agree_on_seed(args: argparse.Namespace, accelerator: Any, resume_dir: Path | None) -> int:
-    """One seed for every rank: --seed, else the checkpoint's, else a random one broadcast from rank 0."""
+    """One seed for every rank: --seed, else the checkpoint's, else a random one broadcast from rank 0
+    (``accelerator`` None: a single process)."""
     if resume_dir is not None:
         saved = json.loads((resume_dir / STATE_FILE).read_text())["seed"]
         if args.seed is not None and args.seed != saved:
@@ -502,10 +517,10 @@ def agree_on_seed(args: argparse.Namespace, accelerator: Any, resume_dir: Path |
         return int(saved)
     if args.seed is not None:
         return int(args.seed)
-    from accelerate.utils import broadcast_object_list
-
     box = [int.from_bytes(os.urandom(4), "little")]
-    if accelerator.num_processes > 1:
+    if accelerator is not None and accelerator.num_processes > 1:
+        from accelerate.utils import broadcast_object_list
+
         broadcast_object_list(box, from_process=0)
     return int(box[0])
 
@@ -734,7 +749,7 @@ def dataset_with_buckets(args: argparse.Namespace, accelerator: Any) -> tuple[An
     """
     from hf_arb import BucketSet, add_bucket_columns
 
-    with accelerator.main_process_first():
+    with accelerator.main_process_first() if accelerator is not None else contextlib.nullcontext():
         ds = load_raw_dataset(args)
         check_columns(ds, args)
         if args.max_train_samples is not None:
@@ -1365,25 +1380,33 @@ def main(argv: list[str] | argparse.Namespace | None = None) -> dict[str, Any]:
 
     ``argv``: a command line (parsed and checked here) or arguments already through :func:`cli_parse`.
     """
-    from accelerate.utils import set_seed
-    from tqdm.auto import tqdm
-
-    from hf_arb import prepare_dataloader
-
     if isinstance(argv, argparse.Namespace):
         args = argv
     else:
         args = parse_args(argv)
         check_environment(args)
     resume_dir = resolve_resume_dir(args)
+    single = int(os.environ.get("WORLD_SIZE", "1")) <= 1
+    if single:  # the data and the plan are checked before torch, accelerate or any model is loaded
+        setup_logging(None, ("datasets",))
+        args.seed = agree_on_seed(args, None, resume_dir)
+        ds, buckets = dataset_with_buckets(args, None)
+        check_plan(args, ds, 1)
+    from accelerate.utils import set_seed
+    from tqdm.auto import tqdm
+
+    from hf_arb import prepare_dataloader
+
     accelerator = make_accelerator(args)
     setup_logging(accelerator, ("datasets",))
-    args.seed = agree_on_seed(args, accelerator, resume_dir)
+    if not single:
+        args.seed = agree_on_seed(args, accelerator, resume_dir)
     set_seed(args.seed)
     if accelerator.is_main_process:
         os.makedirs(args.output_dir, exist_ok=True)
 
-    ds, buckets = dataset_with_buckets(args, accelerator)
+    if not single:
+        ds, buckets = dataset_with_buckets(args, accelerator)
     check_plan(args, ds, accelerator.num_processes)  # the plan is checked before any model is loaded
     sampler = make_sampler(args, ds, accelerator)
     schedule = compute_schedule(sampler.steps_per_epoch, gradient_accumulation_steps=args.gradient_accumulation_steps,
@@ -1547,6 +1570,7 @@ def train_loop(args: argparse.Namespace, accelerator: Any, models: Models, unet:
 
 
 if __name__ == "__main__":
+    CLI_ARGS = cli_parse(sys.argv[1:])  # --help and argument errors: torch is not imported yet
     try:
         main(CLI_ARGS)
     except UsageError as err:  # mistakes in the command or its data: one line; anything else keeps its traceback
