@@ -1,15 +1,19 @@
 #!/usr/bin/env python
-"""Fine-tune Stable Diffusion 1.x / 2.x or SDXL with aspect-ratio bucketing (drop-in for diffusers' example).
+"""Fine-tune Stable Diffusion 1.x / 2.x or SDXL, in full or with LoRA, with aspect-ratio bucketing.
 
-This script takes the command line of diffusers' ``examples/text_to_image/train_text_to_image.py`` (same flag
-names, defaults and meanings) and trains every image at close to its own aspect ratio instead of a centre-cropped
-square: ``--resolution`` becomes the *pixel budget* of the buckets (about ``resolution²`` pixels per image),
+This script takes the command line of diffusers' four ``examples/text_to_image`` scripts
+(``train_text_to_image.py``, ``_sdxl.py``, ``_lora.py``, ``_lora_sdxl.py``: same flag names, defaults and
+meanings) and trains every image at close to its own aspect ratio instead of a centre-cropped square: ``--resolution`` becomes the *pixel budget* of the buckets (about ``resolution²`` pixels per image),
 every batch holds one bucket shape, and all processes take the same bucket at the same step.
 
 SD 1.x / 2.x and SDXL are detected from the UNet config (``addition_embed_type == "text_time"`` means SDXL):
 SDXL gets both text encoders, the pooled embedding and per-sample micro-conditioning time ids
 ``(original h, original w, crop top, crop left, bucket h, bucket w)``; SD 1.x / 2.x can get the same signal with
 ``--resolution_conditioning`` (zero-initialised, so step 0 equals the base model).
+
+``--rank N`` (or ``--lora``) trains LoRA adapters with peft instead of the whole UNet and writes
+``pytorch_lora_weights.safetensors``; ``--full_finetune`` asks for a full fine-tune explicitly, which a learning rate
+of 5e-5 or more requires (see docs/training.md, "LoRA"). Every output folder loads in plain diffusers.
 
 Launch (real commands; every flag is documented in docs/training.md):
 
@@ -25,13 +29,16 @@ Launch (real commands; every flag is documented in docs/training.md):
       --pretrained_model_name_or_path stabilityai/stable-diffusion-xl-base-1.0 \\
       --pretrained_vae_model_name_or_path madebyollin/sdxl-vae-fp16-fix \\
       --dataset_name my-org/my-annotated-dataset --bucket_preset sdxl --resolution 1024 \\
-      --train_batch_size 4 --cache_latents --mixed_precision bf16 --output_dir sdxl-arb
+      --train_batch_size 4 --learning_rate 1e-06 --cache_latents --mixed_precision bf16 --output_dir sdxl-arb
 
     # 2 nodes x 8 GPUs (run on each node with its --machine_rank), PowerSGD gradient compression
     accelerate launch --multi_gpu --num_machines 2 --num_processes 16 --machine_rank 0 \\
       --main_process_ip 10.0.0.1 --main_process_port 29500 train_text_to_image_arb.py \\
       --pretrained_model_name_or_path stable-diffusion-v1-5/stable-diffusion-v1-5 \\
-      --train_data_dir ./images --ddp_comm_hook power_sgd --output_dir sd-arb
+      --train_data_dir ./images --learning_rate 1e-05 --ddp_comm_hook power_sgd --output_dir sd-arb
+
+    # LoRA, rank 16 (diffusers' LoRA README commands run unchanged with train_text_to_image_lora_arb.py)
+    accelerate launch train_text_to_image_arb.py ... --rank 16 --learning_rate 1e-4 --output_dir sd-lora-arb
 
     # resume an interrupted run exactly where it stopped (same batches, crops and noise)
     accelerate launch train_text_to_image_arb.py ... --resume_from_checkpoint latest
