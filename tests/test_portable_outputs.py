@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 import torch
-from test_train import COMMON, _clean_accelerate_state, assets, run_script  # noqa: F401
+import test_train
+from test_train import COMMON, run_script
 
 from hf_arb.conditioning import resolution_class_labels, sdxl_time_ids
 from hf_arb.pipeline_sd_resolution import conditioning_dim, embed_time_ids
@@ -43,6 +44,9 @@ for name, code in json.loads(sys.argv[1]).items():
                      "finite": bool(np.isfinite(a).all()), "adapters": list(adapters), **extra}
 print(json.dumps(results))
 """
+
+assets = test_train.assets  # the session's tiny models and images
+_clean_accelerate_state = test_train._clean_accelerate_state
 
 
 def test_standalone_pipeline_embeds_like_hf_arb_conditioning():

@@ -17,13 +17,16 @@ from typing import Any
 
 import pytest
 import torch
-from test_train import COMMON, ROOT, _clean_accelerate_state, assets, read_trace, run_script  # noqa: F401
+import test_train
+from test_train import COMMON, ROOT, read_trace, run_script
 
 import train_text_to_image_arb as script
 
 LORA_WRAPPER = ROOT / "train_text_to_image_lora_arb.py"
-TINY = ["--resolution", "64", "--bucket_step", "16", "--log_batches", "--report_to", "none"]
 BASE = [a for a in COMMON if a != "--full_finetune"]
+
+assets = test_train.assets  # the session's tiny models and images
+_clean_accelerate_state = test_train._clean_accelerate_state
 
 
 def base_args(*extra: str) -> list[str]:

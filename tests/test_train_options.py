@@ -8,9 +8,13 @@ import json
 import math
 import pytest
 import torch
-from test_train import COMMON, _clean_accelerate_state, assets, run_script  # noqa: F401
+import test_train
+from test_train import COMMON, run_script
 
 import train_text_to_image_arb as script
+
+assets = test_train.assets  # the session's tiny models and images
+_clean_accelerate_state = test_train._clean_accelerate_state
 
 
 def bias_args(**kw: object) -> argparse.Namespace:
