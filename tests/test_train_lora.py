@@ -207,3 +207,15 @@ def test_sdxl_readme_text_encoder_command_trains_both_encoders(assets, tmp_path)
     pipe.load_lora_weights(str(out))
     image = pipe("a photo", height=48, width=80, num_inference_steps=2, output_type="np").images
     assert image.shape == (1, 48, 80, 3)
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("train_lora")
+def test_lora_under_bf16_mixed_precision_trains_fp32_adapters(assets, tmp_path):
+    stats = run_script(["--pretrained_model_name_or_path", assets["sd"], "--train_data_dir", assets["images"],
+                        "--output_dir", str(tmp_path), *BASE, "--rank", "4", "--mixed_precision", "bf16",
+                        "--max_train_steps", "2", "--checkpointing_steps", "100"])
+    weights = lora_file(tmp_path)
+    assert stats["global_step"] == 2 and all(v.dtype == torch.float32 for v in weights.values())
+    ups = [v for k, v in weights.items() if ".up." in k or "lora_B" in k]
+    assert ups and any(float(v.abs().max()) > 0 for v in ups)  # B starts at zero: the fp32 adapters were updated
