@@ -1,15 +1,19 @@
 #!/usr/bin/env python
-"""Fine-tune Stable Diffusion 1.x / 2.x or SDXL with aspect-ratio bucketing (drop-in for diffusers' example).
+"""Fine-tune Stable Diffusion 1.x / 2.x or SDXL, in full or with LoRA, with aspect-ratio bucketing.
 
-This script takes the command line of diffusers' ``examples/text_to_image/train_text_to_image.py`` (same flag
-names, defaults and meanings) and trains every image at close to its own aspect ratio instead of a centre-cropped
-square: ``--resolution`` becomes the *pixel budget* of the buckets (about ``resolution²`` pixels per image),
+This script takes the command line of diffusers' four ``examples/text_to_image`` scripts
+(``train_text_to_image.py``, ``_sdxl.py``, ``_lora.py``, ``_lora_sdxl.py``: same flag names, defaults and
+meanings) and trains every image at close to its own aspect ratio instead of a centre-cropped square: ``--resolution`` becomes the *pixel budget* of the buckets (about ``resolution²`` pixels per image),
 every batch holds one bucket shape, and all processes take the same bucket at the same step.
 
 SD 1.x / 2.x and SDXL are detected from the UNet config (``addition_embed_type == "text_time"`` means SDXL):
 SDXL gets both text encoders, the pooled embedding and per-sample micro-conditioning time ids
 ``(original h, original w, crop top, crop left, bucket h, bucket w)``; SD 1.x / 2.x can get the same signal with
 ``--resolution_conditioning`` (zero-initialised, so step 0 equals the base model).
+
+``--rank N`` (or ``--lora``) trains LoRA adapters with peft instead of the whole UNet and writes
+``pytorch_lora_weights.safetensors``; ``--full_finetune`` asks for a full fine-tune explicitly, which a learning rate
+of 5e-5 or more requires (see docs/training.md, "LoRA"). Every output folder loads in plain diffusers.
 
 Launch (real commands; every flag is documented in docs/training.md):
 
@@ -25,13 +29,16 @@ Launch (real commands; every flag is documented in docs/training.md):
       --pretrained_model_name_or_path stabilityai/stable-diffusion-xl-base-1.0 \\
       --pretrained_vae_model_name_or_path madebyollin/sdxl-vae-fp16-fix \\
       --dataset_name my-org/my-annotated-dataset --bucket_preset sdxl --resolution 1024 \\
-      --train_batch_size 4 --cache_latents --mixed_precision bf16 --output_dir sdxl-arb
+      --train_batch_size 4 --learning_rate 1e-06 --cache_latents --mixed_precision bf16 --output_dir sdxl-arb
 
     # 2 nodes x 8 GPUs (run on each node with its --machine_rank), PowerSGD gradient compression
     accelerate launch --multi_gpu --num_machines 2 --num_processes 16 --machine_rank 0 \\
       --main_process_ip 10.0.0.1 --main_process_port 29500 train_text_to_image_arb.py \\
       --pretrained_model_name_or_path stable-diffusion-v1-5/stable-diffusion-v1-5 \\
-      --train_data_dir ./images --ddp_comm_hook power_sgd --output_dir sd-arb
+      --train_data_dir ./images --learning_rate 1e-05 --ddp_comm_hook power_sgd --output_dir sd-arb
+
+    # LoRA, rank 16 (diffusers' LoRA README commands run unchanged with train_text_to_image_lora_arb.py)
+    accelerate launch train_text_to_image_arb.py ... --rank 16 --learning_rate 1e-4 --output_dir sd-lora-arb
 
     # resume an interrupted run exactly where it stopped (same batches, crops and noise)
     accelerate launch train_text_to_image_arb.py ... --resume_from_checkpoint latest
@@ -45,6 +52,8 @@ Nothing here imports torchvision: images go through :mod:`hf_arb.imaging` (Pillo
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib
 import json
 import logging
 import math
@@ -57,10 +66,23 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
-import torch.nn.functional as F
 
 logger = logging.getLogger("train_text_to_image_arb")
+
+
+class _LazyModule:
+    """A module imported on first attribute access: ``--help``, argument errors and (single-process) data errors
+    answer before torch is loaded, which takes seconds."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(importlib.import_module(self._name), attr)
+
+
+torch: Any = _LazyModule("torch")
+F: Any = _LazyModule("torch.nn.functional")
 
 STATE_FILE = "hf_arb_state.json"  # our part of a checkpoint: step counters and the seed
 BUCKETS_FILE = "hf_arb_buckets.json"  # the BucketSet the run trained with, saved next to the pipeline
@@ -69,9 +91,42 @@ STATS_FILE = "hf_arb_run.json"  # what the run did (steps, cache hits), for scri
 
 
 # ============================================================================================ arguments
+class UsageError(ValueError):
+    """A mistake in the command line or the data it names: reported as one ``error:`` line, no traceback."""
+
+
+class UsageFileError(UsageError, FileNotFoundError):
+    """A file or folder named on the command line does not exist."""
+
+
+#: Upstream default changed per model family (and LoRA mode), as diffusers' four text-to-image scripts set them:
+#: (SD full fine-tune, SDXL full fine-tune, SD LoRA, SDXL LoRA) ← train_text_to_image{,_sdxl,_lora,_lora_sdxl}.py.
+FAMILY_DEFAULTS: dict[str, tuple[Any, Any, Any, Any]] = {
+    "resolution": (512, 1024, 512, 1024),
+    "output_dir": ("sd-model-finetuned", "sdxl-model-finetuned", "sd-model-finetuned-lora", "sd-model-finetuned-lora"),
+    "validation_epochs": (5, 1, 1, 1),
+    "num_validation_images": (1, 4, 4, 4),  # train_text_to_image.py generates one image per validation prompt
+}
+#: diffusers.optimization.SchedulerType values (a test checks this list against diffusers).
+LR_SCHEDULERS = ("linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup",
+                 "piecewise_constant")
+#: --report_to values and the module each needs.
+TRACKERS = {"tensorboard": ("tensorboard", "tensorboardX"), "wandb": ("wandb",), "comet_ml": ("comet_ml",),
+            "all": (), "none": ()}
+#: Without --lora / --rank / --full_finetune, a learning rate at or above this is ambiguous (LoRA's range).
+LORA_LR_THRESHOLD = 5e-5
+DEFAULT_RANK = 4  # diffusers' LoRA scripts' --rank default
+#: Appended to a help text whose default is explained in words: ArgumentDefaultsHelpFormatter then adds nothing.
+NO_DEFAULT = "%(default).0s"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    """Every flag of diffusers' train_text_to_image.py (same name, default, meaning) plus the bucketing flags."""
-    p = argparse.ArgumentParser(description="Stable Diffusion / SDXL fine-tuning with aspect-ratio bucketing.")
+    """Every flag of diffusers' four text-to-image scripts (same name, default, meaning) plus the bucketing flags."""
+    p = argparse.ArgumentParser(
+        description="Stable Diffusion / SDXL fine-tuning (full or LoRA) with aspect-ratio bucketing. Takes the flags "
+                    "of diffusers' train_text_to_image.py, _sdxl.py, _lora.py and _lora_sdxl.py; defaults marked "
+                    "'SD | SDXL' follow the detected model family, as upstream's separate scripts do.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     a = p.add_argument
     # --- model
     a("--pretrained_model_name_or_path", type=str, default=None, required=True,
@@ -83,6 +138,20 @@ def build_parser() -> argparse.ArgumentParser:
     a("--non_ema_revision", type=str, default=None,
       help="Revision of the non-EMA UNet (deprecated upstream; defaults to --revision).")
     a("--input_perturbation", type=float, default=0, help="The scale of input perturbation. Recommended 0.1.")
+    # --- training mode: full fine-tune or LoRA
+    a("--lora", action="store_true",
+      help="Train LoRA adapters (peft) instead of every UNet weight, as train_text_to_image_lora*.py; writes "
+           "pytorch_lora_weights.safetensors. Implied by --rank.")
+    a("--full_finetune", action="store_true",
+      help="Fine-tune every UNet weight. Needed when --learning_rate is >= 5e-5 (a LoRA rate) and no --rank/--lora.")
+    a("--rank", type=int, default=None,
+      help=f"The dimension of the LoRA update matrices; giving it selects LoRA (default in LoRA mode: {DEFAULT_RANK})."
+           + NO_DEFAULT)
+    a("--lora_alpha", type=float, default=None,
+      help="LoRA alpha (scale alpha/rank); default: --rank, as upstream." + NO_DEFAULT)
+    a("--lora_dropout", type=float, default=0.0, help="Dropout probability for LoRA layers.")
+    a("--train_text_encoder", action="store_true",
+      help="LoRA mode: also train LoRA adapters on the text encoder(s) (both for SDXL).")
     # --- data
     a("--dataset_name", type=str, default=None,
       help="Dataset on the Hub, a local dataset folder (save_to_disk or files datasets can read).")
@@ -95,11 +164,17 @@ def build_parser() -> argparse.ArgumentParser:
     a("--cache_dir", type=str, default=None, help="Where downloaded models and datasets are stored.")
     a("--dataloader_num_workers", type=int, default=0, help="Subprocesses for data loading (0: main process).")
     # --- images and buckets
-    a("--resolution", type=int, default=512,
-      help="Pixel budget of the buckets: every bucket has about resolution² pixels (sides multiples of --bucket_step).")
+    a("--resolution", type=int, default=None,
+      help="CHANGED MEANING: the pixel budget of the buckets; every bucket has about resolution² pixels (sides "
+           "multiples of --bucket_step) instead of every image being resized to a resolution² square. "
+           "Default: SD 512 | SDXL 1024." + NO_DEFAULT)
     a("--center_crop", default=False, action="store_true",
-      help="Centre-crop the excess after resizing to cover the bucket (default: random crop inside the bucket).")
+      help="CHANGED: crops inside the bucket, not a square: centre-crop the small excess after resizing to cover "
+           "the bucket (default: a random crop inside the bucket).")
     a("--random_flip", action="store_true", help="Randomly flip images horizontally (inside the bucket).")
+    a("--image_interpolation_mode", type=str, default="lanczos",
+      choices=["bicubic", "bilinear", "box", "hamming", "lanczos", "nearest", "nearest_exact"],
+      help="Filter for resizing images (Pillow's; nearest/nearest_exact are refused: not antialiased).")
     a("--bucket_preset", type=str, default="budget", choices=["budget", "novelai", "sdxl"],
       help="Bucket table: 'budget' (OneTrainer aspects scaled to --resolution²), 'novelai' or 'sdxl'.")
     a("--bucket_step", type=int, default=64, help="Bucket sides are multiples of this (budget preset).")
@@ -132,19 +207,29 @@ def build_parser() -> argparse.ArgumentParser:
     a("--learning_rate", type=float, default=1e-4, help="Initial learning rate (after the potential warmup period).")
     a("--scale_lr", action="store_true", default=False,
       help="Scale the learning rate by the number of GPUs, gradient accumulation steps, and batch size.")
-    a("--lr_scheduler", type=str, default="constant",
-      help='One of "linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup".')
+    a("--lr_scheduler", type=str, default="constant", help="One of: " + ", ".join(LR_SCHEDULERS) + ".")
     a("--lr_warmup_steps", type=int, default=500, help="Number of steps for the warmup in the lr scheduler.")
     a("--snr_gamma", type=float, default=None, help="SNR weighting gamma (Min-SNR, arXiv:2303.09556). Recommended 5.0.")
+    a("--dream_training", action="store_true",
+      help="DREAM (arXiv:2312.00210): an extra no-grad UNet pass corrects the noise target (epsilon prediction).")
+    a("--dream_detail_preservation", type=float, default=1.0, help="DREAM detail preservation factor p (> 0).")
+    a("--timestep_bias_strategy", type=str, default="none", choices=["earlier", "later", "range", "none"],
+      help="Sample some timesteps more often: the earliest or latest --timestep_bias_portion, or a range.")
+    a("--timestep_bias_multiplier", type=float, default=1.0, help="Weight of the biased timesteps (2.0 doubles it).")
+    a("--timestep_bias_begin", type=int, default=0, help="First biased timestep (inclusive) with 'range'.")
+    a("--timestep_bias_end", type=int, default=1000, help="Last biased timestep (exclusive) with 'range'.")
+    a("--timestep_bias_portion", type=float, default=0.25, help="Portion of timesteps biased with earlier/later.")
     a("--use_8bit_adam", action="store_true", help="Use 8-bit Adam from bitsandbytes.")
     a("--allow_tf32", action="store_true", help="Allow TF32 on Ampere GPUs.")
-    a("--use_ema", action="store_true", help="Whether to use EMA model.")
+    a("--use_ema", action="store_true", help="Whether to use EMA model (full fine-tune only).")
+    a("--offload_ema", action="store_true", help="Keep the EMA model on the CPU between updates.")
+    a("--foreach_ema", action="store_true", help="Use the faster foreach implementation of EMAModel.")
     a("--adam_beta1", type=float, default=0.9, help="The beta1 parameter for the Adam optimizer.")
     a("--adam_beta2", type=float, default=0.999, help="The beta2 parameter for the Adam optimizer.")
     a("--adam_weight_decay", type=float, default=1e-2, help="Weight decay to use.")
     a("--adam_epsilon", type=float, default=1e-08, help="Epsilon value for the Adam optimizer")
     a("--max_grad_norm", default=1.0, type=float, help="Max gradient norm.")
-    a("--prediction_type", type=str, default=None,
+    a("--prediction_type", type=str, default=None, choices=["epsilon", "v_prediction"],
       help="'epsilon' or 'v_prediction'; default: the scheduler's prediction_type.")
     a("--noise_offset", type=float, default=0, help="The scale of noise offset.")
     a("--proportion_empty_prompts", type=float, default=0,
@@ -152,11 +237,14 @@ def build_parser() -> argparse.ArgumentParser:
     a("--mixed_precision", type=str, default=None, choices=["no", "fp16", "bf16"],
       help="Mixed precision; default: the accelerate config's value.")
     a("--enable_xformers_memory_efficient_attention", action="store_true", help="Whether or not to use xformers.")
+    a("--enable_npu_flash_attention", action="store_true", help="Use NPU flash attention (needs torch_npu).")
     a("--ddp_comm_hook", type=str, default="no", choices=["no", "fp16", "bf16", "power_sgd"],
       help="PyTorch DDP communication hook for gradient all-reduce (compression for bandwidth-bound multi-node runs).")
     a("--power_sgd_rank", type=int, default=1, help="matrix_approximation_rank of the PowerSGD hook.")
     # --- outputs, checkpoints, logging
-    a("--output_dir", type=str, default="sd-model-finetuned", help="Where the model and checkpoints are written.")
+    a("--output_dir", type=str, default=None,
+      help="Where the model and checkpoints are written. Default: sd-model-finetuned | sdxl-model-finetuned; "
+           "LoRA: sd-model-finetuned-lora." + NO_DEFAULT)
     a("--seed", type=int, default=None, help="A seed for reproducible training.")
     a("--checkpointing_steps", type=int, default=500, help="Save the training state every X updates.")
     a("--checkpoints_total_limit", type=int, default=None, help="Max number of checkpoints to store.")
@@ -166,15 +254,21 @@ def build_parser() -> argparse.ArgumentParser:
     a("--resume_from_checkpoint", type=str, default=None,
       help='A checkpoint folder saved by --checkpointing_steps, or "latest". A missing checkpoint is an error.')
     a("--validation_prompts", type=str, default=None, nargs="+",
-      help="Prompts evaluated every --validation_epochs at portrait, square and landscape bucket shapes.")
-    a("--validation_prompt", type=str, default=None, help="A single validation prompt (SDXL script's flag).")
-    a("--num_validation_images", type=int, default=1, help="Images per prompt and shape.")
-    a("--validation_epochs", type=int, default=5, help="Run validation every X epochs.")
+      help="CHANGED: each prompt is generated at portrait, square and landscape bucket shapes, every "
+           "--validation_epochs.")
+    a("--validation_prompt", type=str, default=None, help="A single validation prompt (the other scripts' flag).")
+    a("--num_validation_images", type=int, default=None,
+      help="Images per prompt and shape. Default: SD 1 (train_text_to_image.py) | SDXL and LoRA 4." + NO_DEFAULT)
+    a("--validation_epochs", type=int, default=None,
+      help="Run validation every X epochs. Default: SD 5 | SDXL and LoRA 1." + NO_DEFAULT)
     a("--num_validation_inference_steps", type=int, default=20, help="Denoising steps for validation images.")
     a("--report_to", type=str, default="tensorboard",
       help='"tensorboard" (default), "wandb", "comet_ml", "all" or "none".')
     a("--logging_dir", type=str, default="logs", help="TensorBoard log directory, relative to output_dir.")
     a("--tracker_project_name", type=str, default="text2image-fine-tune", help="Project name for the trackers.")
+    a("--debug_loss", action="store_true",
+      help="CHANGED keys: log each micro-batch's loss under loss_for_row<r> for every dataset row r in it "
+           "(upstream keys it by file name).")
     a("--log_batches", action="store_true",
       help="Write every batch this rank trains on (step, bucket, shape, rows, loss) to <output_dir>/batches/rank<r>.jsonl.")
     a("--push_to_hub", action="store_true", help="Whether or not to push the model to the Hub.")
@@ -184,26 +278,214 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def detect_family(model: str) -> str:
+    """'sdxl' or 'sd' from a local pipeline's ``unet/config.json``; for a Hub id, from its name (``xl``)."""
+    config = Path(model) / "unet" / "config.json"
+    if config.is_file():
+        try:
+            text_time = json.loads(config.read_text()).get("addition_embed_type") == "text_time"
+        except (OSError, ValueError) as e:
+            raise UsageError(f"--pretrained_model_name_or_path {model}: cannot read {config} ({e}).") from None
+        return "sdxl" if text_time else "sd"
+    return "sdxl" if "xl" in Path(model).name.lower() else "sd"
+
+
+def resolve_mode(args: argparse.Namespace) -> None:
+    """Set ``args.lora``: LoRA if --lora or --rank; full if --full_finetune; a LoRA-rate command without either is
+    an error (it used to silently become a full fine-tune)."""
+    lora = args.lora or args.rank is not None
+    if lora and args.full_finetune:
+        raise UsageError("--full_finetune contradicts --lora/--rank: pick one training mode.")
+    if not lora and not args.full_finetune and args.learning_rate >= LORA_LR_THRESHOLD:
+        raise UsageError(
+            f"--learning_rate {args.learning_rate:g} is a LoRA learning rate but no training mode was chosen: add "
+            f"--rank {DEFAULT_RANK} (or --lora) to train LoRA adapters like train_text_to_image_lora.py, or "
+            "--full_finetune to fine-tune every UNet weight at this rate (diffusers' full fine-tune examples use 1e-05)."
+        )
+    if not lora:
+        for flag, given in (("--train_text_encoder", args.train_text_encoder), ("--lora_alpha", args.lora_alpha),
+                            ("--lora_dropout", args.lora_dropout)):
+            if given:
+                raise UsageError(f"{flag} configures LoRA training: add --rank {DEFAULT_RANK} (or --lora), or drop {flag}.")
+    args.lora = lora
+    if lora:
+        args.rank = DEFAULT_RANK if args.rank is None else args.rank
+        for flag, bad in (("--use_ema", args.use_ema), ("--resolution_conditioning", args.resolution_conditioning)):
+            if bad:
+                raise UsageError(f"{flag} is for full fine-tunes (its weights are not LoRA weights): drop {flag} "
+                                 "or train with --full_finetune.")
+        if args.train_text_encoder and args.cache_text_embeddings:
+            raise UsageError("--cache_text_embeddings keeps frozen text-encoder outputs, but --train_text_encoder "
+                             "trains the encoders: drop one of them.")
+
+
+def check_values(args: argparse.Namespace) -> None:
+    """Range checks, phrased in flags."""
+    positive = ("train_batch_size", "gradient_accumulation_steps", "resolution", "bucket_step", "checkpointing_steps",
+                "num_train_epochs", "max_train_steps", "num_validation_images", "validation_epochs",
+                "num_validation_inference_steps", "latent_cache_variants", "checkpoints_total_limit", "rank",
+                "resolution_embed_dim", "power_sgd_rank", "max_train_samples")
+    for name in positive:
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise UsageError(f"--{name} must be >= 1, got {value}.")
+    for name in ("dataloader_num_workers", "lr_warmup_steps", "noise_offset", "input_perturbation"):
+        if getattr(args, name) < 0:
+            raise UsageError(f"--{name} must be >= 0, got {getattr(args, name)}.")
+    if not args.learning_rate > 0:
+        raise UsageError(f"--learning_rate must be > 0, got {args.learning_rate}.")
+    if args.lr_scheduler not in LR_SCHEDULERS:
+        raise UsageError(f"--lr_scheduler {args.lr_scheduler!r} is not one of: {', '.join(LR_SCHEDULERS)}.")
+    reports = [r.strip() for r in str(args.report_to).split(",")]
+    for r in reports:
+        if r not in TRACKERS:
+            raise UsageError(f"--report_to {r!r} is not one of: {', '.join(TRACKERS)}.")
+    for name, lo, hi in (("proportion_empty_prompts", 0, 1), ("lora_dropout", 0, 1), ("timestep_bias_portion", 0, 1)):
+        if not lo <= getattr(args, name) <= hi:
+            raise UsageError(f"--{name} must be in [{lo}, {hi}], got {getattr(args, name)}.")
+    if args.snr_gamma is not None and args.snr_gamma <= 0:
+        raise UsageError(f"--snr_gamma must be > 0, got {args.snr_gamma}.")
+    if args.dream_training and args.dream_detail_preservation <= 0:
+        raise UsageError(f"--dream_detail_preservation must be > 0, got {args.dream_detail_preservation}.")
+    if args.dream_training and args.prediction_type == "v_prediction":
+        raise UsageError("--dream_training supports epsilon prediction only: drop --prediction_type v_prediction.")
+    if args.timestep_bias_strategy != "none":
+        if args.timestep_bias_multiplier <= 0:
+            raise UsageError(f"--timestep_bias_multiplier must be > 0, got {args.timestep_bias_multiplier}.")
+        if args.timestep_bias_strategy == "range" and not 0 <= args.timestep_bias_begin < args.timestep_bias_end:
+            raise UsageError(f"--timestep_bias_begin {args.timestep_bias_begin} must be >= 0 and below "
+                             f"--timestep_bias_end {args.timestep_bias_end}.")
+    if args.image_interpolation_mode in ("nearest", "nearest_exact"):
+        raise UsageError(f"--image_interpolation_mode {args.image_interpolation_mode} is not antialiased and would "
+                         "alias every downscaled image: use lanczos (default), bicubic, bilinear, hamming or box.")
+    if args.resolution_conditioning and args.family == "sdxl":
+        raise UsageError("--resolution_conditioning is for SD 1.x / 2.x: SDXL UNets already take size/crop time ids. "
+                         "Drop the flag.")
+    if (args.offload_ema or args.foreach_ema) and not args.use_ema:
+        raise UsageError("--offload_ema / --foreach_ema configure the EMA model: add --use_ema or drop them.")
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """Parse and validate; errors name the flag, the value and the fix."""
+    """Parse and validate without loading anything heavy; errors (:class:`UsageError`) name the flag and the fix.
+
+    Family-dependent defaults (``FAMILY_DEFAULTS``) are filled from the model family (local ``unet/config.json``,
+    else the Hub id's name) and the training mode; ``args.family`` records the family they were chosen for.
+    """
     args = build_parser().parse_args(argv)
     env_local_rank = int(os.environ.get("LOCAL_RANK", -1))
     if env_local_rank != -1 and env_local_rank != args.local_rank:
         args.local_rank = env_local_rank
     if args.dataset_name is None and args.train_data_dir is None:
-        raise ValueError("Need either a dataset name or a training folder: pass --dataset_name or --train_data_dir.")
+        raise UsageError("Need either a dataset name or a training folder: pass --dataset_name or --train_data_dir.")
     if args.non_ema_revision is None:
         args.non_ema_revision = args.revision
     if args.validation_prompt and not args.validation_prompts:
         args.validation_prompts = [args.validation_prompt]
-    for name in ("train_batch_size", "gradient_accumulation_steps", "resolution", "bucket_step", "checkpointing_steps"):
-        if getattr(args, name) < 1:
-            raise ValueError(f"--{name} must be >= 1, got {getattr(args, name)}.")
-    if args.latent_cache_variants is not None and args.latent_cache_variants < 1:
-        raise ValueError(f"--latent_cache_variants must be >= 1, got {args.latent_cache_variants}.")
-    if not 0 <= args.proportion_empty_prompts <= 1:
-        raise ValueError(f"--proportion_empty_prompts must be in [0, 1], got {args.proportion_empty_prompts}.")
+    resolve_mode(args)
+    args.family = detect_family(args.pretrained_model_name_or_path)
+    column = (args.family == "sdxl") + 2 * args.lora
+    args.family_defaults = {}
+    for name, values in FAMILY_DEFAULTS.items():
+        if getattr(args, name) is None:
+            setattr(args, name, values[column])
+            args.family_defaults[name] = values[column]
+    check_values(args)
     return args
+
+
+def check_environment(args: argparse.Namespace) -> None:
+    """Checks that look at this machine (paths, installed packages, the device) — still before any model load."""
+    import importlib.util
+    import re
+
+    hub_id = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+    for flag in ("pretrained_model_name_or_path", "pretrained_vae_model_name_or_path"):
+        value = getattr(args, flag)
+        if value is None:
+            continue
+        path = Path(value).expanduser()
+        if path.is_dir():
+            if not ((path / "model_index.json").exists() or (path / "unet").is_dir() or (path / "config.json").exists()):
+                raise UsageError(f"--{flag} {value}: the folder is not a diffusers model (no model_index.json).")
+        elif path.exists() or not hub_id.match(value) or value.count("/") > 1:
+            raise UsageFileError(f"--{flag} {value}: no such model folder, and not a Hub id (like org/name).")
+    if args.dataset_name is None and not Path(args.train_data_dir).is_dir():
+        raise UsageFileError(f"--train_data_dir {args.train_data_dir}: no such folder.")
+    if args.dataset_name and args.dataset_name.startswith(("/", "./", "../", "~")) and not Path(
+            args.dataset_name).expanduser().exists():
+        raise UsageFileError(f"--dataset_name {args.dataset_name}: no such local dataset.")
+    for r in (r.strip() for r in str(args.report_to).split(",")):
+        needs = TRACKERS.get(r, ())
+        if needs and not any(importlib.util.find_spec(m) for m in needs):
+            raise UsageError(f"--report_to {r} needs `pip install {needs[0]}` (not installed); or pass --report_to none.")
+    for flag, module in (("use_8bit_adam", "bitsandbytes"), ("enable_xformers_memory_efficient_attention", "xformers"),
+                         ("enable_npu_flash_attention", "torch_npu")):
+        if getattr(args, flag) and importlib.util.find_spec(module) is None:
+            hint = "this machine has no NPU" if module == "torch_npu" else f"`pip install {module}`"
+            raise UsageError(f"--{flag} needs {module}, which is not installed ({hint}): drop --{flag}.")
+    resolve_resume_dir(args)
+    if args.mixed_precision in ("fp16", "bf16"):
+        cpu = os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes")
+        if not cpu:  # only now is torch worth importing
+            import torch as _torch
+
+            cpu = not _torch.cuda.is_available()
+        if cpu and args.mixed_precision == "fp16":
+            raise UsageError("--mixed_precision fp16 needs a GPU; this run is on the CPU: use bf16 or no.")
+        if not cpu and args.mixed_precision == "bf16" and not _torch.cuda.is_bf16_supported():
+            raise UsageError("--mixed_precision bf16 is not supported by this GPU: use fp16 or no.")
+
+
+def resolve_resume_dir(args: argparse.Namespace) -> Path | None:
+    """The checkpoint folder to resume from, or None; a missing or damaged one is an error (never a silent fresh
+    start). ``latest`` skips incomplete or damaged checkpoints (with a warning naming them) for the newest complete one.
+    """
+    from hf_arb.checkpointing import checkpoint_problems, find_resumable, list_checkpoints
+
+    if not args.resume_from_checkpoint:
+        return None  # (also called by check_environment: a missing checkpoint fails before anything loads)
+    out = Path(args.output_dir)
+    model_dirs = ("unet", "unet_ema") if args.use_ema else ("unet",)
+    if args.resume_from_checkpoint == "latest":
+        path, skipped = find_resumable(out, STATE_FILE, model_dirs)
+        if skipped:
+            logger.warning("--resume_from_checkpoint latest: skipping incomplete or damaged checkpoint(s): %s",
+                           "; ".join(skipped))
+        if path is None:
+            raise UsageFileError(
+                f"--resume_from_checkpoint latest: no checkpoint-* folder in {out} can be resumed from"
+                + (f" (skipped: {'; '.join(skipped)})" if skipped else "")
+                + ". Drop the flag to start a new run, or point --output_dir at the run to resume."
+            )
+        return path
+    path = Path(args.resume_from_checkpoint)
+    if not path.is_dir():
+        path = out / path.name
+    if not path.is_dir() or not (path / STATE_FILE).exists():
+        raise UsageFileError(
+            f"--resume_from_checkpoint {args.resume_from_checkpoint!r}: {path} is not a checkpoint of this script "
+            f"(missing folder or {STATE_FILE}). Available: {[d.name for d in list_checkpoints(out)] or 'none'}."
+        )
+    problems = checkpoint_problems(path, STATE_FILE, model_dirs)
+    if problems:
+        raise UsageError(
+            f"Checkpoint {path} is damaged: {problems[0]}{f' (and {len(problems) - 1} more)' if len(problems) > 1 else ''}"
+            ". Resume from another checkpoint, or pass --resume_from_checkpoint latest to take the newest complete one."
+        )
+    return path
+
+
+def cli_parse(argv: list[str]) -> argparse.Namespace:
+    """Parse + environment checks for the command line: a :class:`UsageError` exits with one ``error:`` line."""
+    try:
+        args = parse_args(argv)
+        check_environment(args)
+        return args
+    except UsageError as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
+
+
 
 
 # ========================================================================================= accelerator
@@ -213,11 +495,14 @@ def make_accelerator(args: argparse.Namespace) -> Any:
     from accelerate.utils import DDPCommunicationHookType, DistributedDataParallelKwargs, ProjectConfiguration
 
     kwargs_handlers = []
+    ddp: dict[str, Any] = {}
     if args.ddp_comm_hook != "no":
         state = {"matrix_approximation_rank": args.power_sgd_rank} if args.ddp_comm_hook == "power_sgd" else {}
-        kwargs_handlers.append(
-            DistributedDataParallelKwargs(comm_hook=DDPCommunicationHookType(args.ddp_comm_hook), comm_state_option=state)
-        )
+        ddp.update(comm_hook=DDPCommunicationHookType(args.ddp_comm_hook), comm_state_option=state)
+    if getattr(args, "train_text_encoder", False):  # SDXL's first encoder: the last layer's adapter gets no grad
+        ddp["find_unused_parameters"] = True
+    if ddp:
+        kwargs_handlers.append(DistributedDataParallelKwargs(**ddp))
     report_to = None if args.report_to in (None, "none", "") else args.report_to
     project = ProjectConfiguration(project_dir=args.output_dir, logging_dir=os.path.join(args.output_dir, args.logging_dir))
     return Accelerator(
@@ -229,46 +514,44 @@ def make_accelerator(args: argparse.Namespace) -> Any:
     )
 
 
-def setup_logging(accelerator: Any) -> None:
-    import datasets
-    import diffusers
-    import transformers
-
+def setup_logging(accelerator: Any, libraries: tuple[str, ...] = ("datasets", "transformers", "diffusers")) -> None:
+    """Log format and library verbosity (quiet on non-main ranks; ``accelerator`` None: a single process). The
+    script sets datasets' first and transformers'/diffusers' once the data is checked: importing diffusers takes
+    seconds, data errors should not."""
     logging.basicConfig(format="%(asctime)s - %(levelname)s - %(name)s - %(message)s", level=logging.INFO)
-    if not accelerator.is_local_main_process:
+    main = accelerator is None or accelerator.is_local_main_process
+    if not main:
         logger.setLevel(logging.WARNING)
-    for lib in (datasets, transformers, diffusers):
-        lib.utils.logging.set_verbosity_warning() if accelerator.is_local_main_process else lib.utils.logging.set_verbosity_error()
+    for name in libraries:
+        lib = importlib.import_module(name)
+        lib.utils.logging.set_verbosity_warning() if main else lib.utils.logging.set_verbosity_error()
 
 
 def agree_on_seed(args: argparse.Namespace, accelerator: Any, resume_dir: Path | None) -> int:
-    """One seed for every rank: --seed, else the checkpoint's, else a random one broadcast from rank 0."""
+    """One seed for every rank: --seed, else the checkpoint's, else a random one broadcast from rank 0
+    (``accelerator`` None: a single process)."""
     if resume_dir is not None:
         saved = json.loads((resume_dir / STATE_FILE).read_text())["seed"]
         if args.seed is not None and args.seed != saved:
-            raise ValueError(
+            raise UsageError(
                 f"--seed {args.seed} differs from the seed of the checkpoint being resumed ({saved}); an exact "
                 f"resume needs the same seed. Pass --seed {saved} or drop --seed."
             )
         return int(saved)
     if args.seed is not None:
         return int(args.seed)
-    from accelerate.utils import broadcast_object_list
-
     box = [int.from_bytes(os.urandom(4), "little")]
-    if accelerator.num_processes > 1:
+    if accelerator is not None and accelerator.num_processes > 1:
+        from accelerate.utils import broadcast_object_list
+
         broadcast_object_list(box, from_process=0)
     return int(box[0])
 
 
-def resolve_run_args(args: argparse.Namespace, accelerator: Any, resume_dir: Path | None) -> argparse.Namespace:
-    """The run's settings: a copy of the parsed ``args`` (never mutated) with the agreed seed and the learning
-    rate after ``--scale_lr``."""
-    seed = agree_on_seed(args, accelerator, resume_dir)
-    lr = args.learning_rate
-    if args.scale_lr:
-        lr *= args.gradient_accumulation_steps * args.train_batch_size * accelerator.num_processes
-    return argparse.Namespace(**{**vars(args), "seed": seed, "learning_rate": lr})
+def updated(args: argparse.Namespace, **changes: Any) -> argparse.Namespace:
+    """A copy of ``args`` with ``changes``: the parsed arguments are never mutated (the seed agreed on and the
+    learning rate after ``--scale_lr`` live in the copy the run uses)."""
+    return argparse.Namespace(**{**vars(args), **changes})
 
 
 # ============================================================================================ models
@@ -283,6 +566,7 @@ class Models:
     unet: Any
     sdxl: bool
     ema_unet: Any = None
+    trained_text_encoders: list[Any] | None = None  # LoRA --train_text_encoder: the prepared (wrapped) encoders
 
 
 def load_models(args: argparse.Namespace) -> Models:
@@ -322,16 +606,27 @@ def load_models(args: argparse.Namespace) -> Models:
         ema_src = UNet2DConditionModel.from_pretrained(path, subfolder="unet", revision=rev, variant=var)
         if args.resolution_conditioning:
             ema_src = add_resolution_conditioning(ema_src, embed_dim=args.resolution_embed_dim)
-        models.ema_unet = EMAModel(ema_src.parameters(), model_cls=UNet2DConditionModel, model_config=ema_src.config)
+        models.ema_unet = EMAModel(ema_src.parameters(), model_cls=UNet2DConditionModel, model_config=ema_src.config,
+                                   foreach=args.foreach_ema)
     if args.enable_xformers_memory_efficient_attention:
         from diffusers.utils.import_utils import is_xformers_available
 
         if not is_xformers_available():
-            raise ValueError("xformers is not available. Install it or drop --enable_xformers_memory_efficient_attention.")
+            raise UsageError("xformers is not available. Install it or drop --enable_xformers_memory_efficient_attention.")
         unet.enable_xformers_memory_efficient_attention()
+    if args.enable_npu_flash_attention:
+        unet.enable_npu_flash_attention()
     if args.gradient_checkpointing:
         unet.enable_gradient_checkpointing()
     return models
+
+
+def check_family(args: argparse.Namespace, models: Models) -> None:
+    """Warn when family defaults were chosen for another family than the loaded UNet's (a Hub id's name misled)."""
+    family = "sdxl" if models.sdxl else "sd"
+    if family != args.family and args.family_defaults:
+        logger.warning("Defaults %s were chosen for %s, but the model is %s: pass these flags explicitly.",
+                       ", ".join(f"--{k} {v}" for k, v in args.family_defaults.items()), args.family, family)
 
 
 def register_checkpoint_hooks(accelerator: Any, models: Models) -> None:
@@ -363,7 +658,8 @@ def register_checkpoint_hooks(accelerator: Any, models: Models) -> None:
     accelerator.register_load_state_pre_hook(load_hook)
 
 
-def make_optimizer(args: argparse.Namespace, unet: Any) -> torch.optim.Optimizer:
+def make_optimizer(args: argparse.Namespace, params: Any) -> torch.optim.Optimizer:
+    """AdamW (or bitsandbytes' 8-bit AdamW) over ``params``: the UNet's weights, or the LoRA parameters."""
     if args.use_8bit_adam:
         try:
             import bitsandbytes as bnb
@@ -372,8 +668,70 @@ def make_optimizer(args: argparse.Namespace, unet: Any) -> torch.optim.Optimizer
         cls: Any = bnb.optim.AdamW8bit
     else:
         cls = torch.optim.AdamW
-    return cls(unet.parameters(), lr=args.learning_rate, betas=(args.adam_beta1, args.adam_beta2),
+    return cls(params, lr=args.learning_rate, betas=(args.adam_beta1, args.adam_beta2),
                weight_decay=args.adam_weight_decay, eps=args.adam_epsilon)
+
+
+# ================================================================================================ LoRA
+def setup_lora(args: argparse.Namespace, models: Models, weight_dtype: torch.dtype) -> list[torch.nn.Parameter]:
+    """Add LoRA adapters to the UNet (and, with --train_text_encoder, every text encoder); frozen base weights go
+    to the mixed-precision dtype, the adapters stay float32. Returns the trainable parameters."""
+    from hf_arb.lora import TEXT_ENCODER_TARGET_MODULES, UNET_TARGET_MODULES, add_lora
+
+    kw = {"rank": args.rank, "alpha": args.lora_alpha, "dropout": args.lora_dropout, "dtype": weight_dtype}
+    params = add_lora(models.unet, target_modules=UNET_TARGET_MODULES, **kw)
+    if args.train_text_encoder:
+        for te in models.text_encoders:
+            params += add_lora(te, target_modules=TEXT_ENCODER_TARGET_MODULES, **kw)
+    return params
+
+
+def register_lora_checkpoint_hooks(accelerator: Any, models: Models, args: argparse.Namespace) -> None:
+    """Checkpoints hold only the adapters, as ``pytorch_lora_weights.safetensors`` (loadable by diffusers too);
+    accelerate saves the optimizer, scheduler, sampler and RNG next to it. The prepared models arrive in the order
+    they were prepared: the UNet, then the trained text encoders."""
+    from hf_arb.lora import load_lora, save_lora
+
+    cls = pipeline_class(models, args)
+
+    def save_hook(hook_models: list[Any], weights: list[Any], output_dir: str) -> None:
+        if accelerator.is_main_process:
+            unwrapped = [accelerator.unwrap_model(m) for m in hook_models]
+            save_lora(cls, output_dir, unwrapped[0], unwrapped[1:] or None)
+        weights.clear()  # the frozen base weights are not part of the checkpoint
+
+    def load_hook(hook_models: list[Any], input_dir: str) -> None:
+        unwrapped = [accelerator.unwrap_model(m) for m in hook_models]
+        hook_models.clear()
+        load_lora(cls, input_dir, unwrapped[0], unwrapped[1:] or None)
+
+    accelerator.register_save_state_pre_hook(save_hook)
+    accelerator.register_load_state_pre_hook(load_hook)
+
+
+def save_final_lora(args: argparse.Namespace, accelerator: Any, models: Models, unet: Any, buckets: Any,
+                    progress: Progress, validation_images: list[str], stats: dict[str, Any]) -> None:
+    """Write ``pytorch_lora_weights.safetensors`` (no pipeline, as upstream), then validate by loading that file
+    into a fresh base pipeline with ``load_lora_weights``, the way users will."""
+    from hf_arb.lora import save_lora
+
+    accelerator.wait_for_everyone()
+    if not accelerator.is_main_process:
+        return
+    cls = pipeline_class(models, args)
+    encoders = [accelerator.unwrap_model(te) for te in models.trained_text_encoders or []]
+    save_lora(cls, args.output_dir, accelerator.unwrap_model(unet), encoders or None)
+    (Path(args.output_dir) / BUCKETS_FILE).write_text(json.dumps(buckets.to_dict(), indent=1))
+    if args.validation_prompts:
+        parts = {"vae": models.vae.to(torch.float32)} if args.pretrained_vae_model_name_or_path else {}
+        pipe = cls.from_pretrained(args.pretrained_model_name_or_path, revision=args.revision, variant=args.variant,
+                                   **parts)
+        pipe.load_lora_weights(args.output_dir)
+        last = log_validation(args, accelerator, models, None, buckets, progress.global_step, torch.float32,
+                              pipe=pipe, name=f"final-{progress.global_step:06d}")
+        if last is not None:
+            validation_images.append(str(last))
+    finish_outputs(args, buckets, models, validation_images, stats)
 
 
 # ============================================================================================== data
@@ -393,7 +751,7 @@ def load_raw_dataset(args: argparse.Namespace) -> Any:
                                    cache_dir=args.cache_dir)
     if isinstance(ds, datasets.DatasetDict):
         if "train" not in ds:
-            raise ValueError(f"The dataset has no 'train' split; its splits are {list(ds)}.")
+            raise UsageError(f"The dataset has no 'train' split; its splits are {list(ds)}.")
         ds = ds["train"]
     return ds
 
@@ -402,7 +760,7 @@ def check_columns(ds: Any, args: argparse.Namespace) -> None:
     for flag in ("image_column", "caption_column"):
         value = getattr(args, flag)
         if value not in ds.column_names:
-            raise ValueError(f"--{flag} value '{value}' needs to be one of: {', '.join(ds.column_names)}")
+            raise UsageError(f"--{flag} value '{value}' needs to be one of: {', '.join(ds.column_names)}")
 
 
 def bucket_set_from_args(args: argparse.Namespace) -> Any:
@@ -420,7 +778,7 @@ def dataset_with_buckets(args: argparse.Namespace, accelerator: Any) -> tuple[An
     """
     from hf_arb import BucketSet, add_bucket_columns
 
-    with accelerator.main_process_first():
+    with accelerator.main_process_first() if accelerator is not None else contextlib.nullcontext():
         ds = load_raw_dataset(args)
         check_columns(ds, args)
         if args.max_train_samples is not None:
@@ -437,12 +795,27 @@ def dataset_with_buckets(args: argparse.Namespace, accelerator: Any) -> tuple[An
         if "skip_reason" in ds.column_names and len(ds):
             for r in ds["skip_reason"]:
                 reasons[r] = reasons.get(r, 0) + 1
-        raise ValueError(
+        raise UsageError(
             f"No trainable images: {len(ds)} rows, 0 assigned to a bucket (skip reasons: {reasons or 'none'}). "
             f"Loosen --max_aspect_error (now {args.max_aspect_error}), pick another --bucket_preset, or check the "
             "--image_column."
         )
     return ds, buckets
+
+
+def check_plan(args: argparse.Namespace, ds: Any, num_processes: int) -> None:
+    """With --bucket_leftover drop, some bucket must hold a full (global) batch, or the epoch has no step."""
+    if args.bucket_leftover != "drop":
+        return
+    ids = np.asarray(ds.with_format("numpy")["bucket"])
+    largest = int(np.bincount(ids[ids >= 0]).max()) if (ids >= 0).any() else 0
+    need = args.train_batch_size * (1 if args.no_bucket_sync else num_processes)
+    if largest < need:
+        raise UsageError(
+            f"The sampler yields no full batch per rank: the largest bucket has {largest} images, a step needs {need} "
+            f"(--train_batch_size {args.train_batch_size} x {num_processes} processes). Lower --train_batch_size, "
+            "use --bucket_leftover fill (or catch_all), or add images."
+        )
 
 
 def make_sampler(args: argparse.Namespace, ds: Any, buckets: Any, accelerator: Any) -> Any:
@@ -461,8 +834,8 @@ def image_dataset(args: argparse.Namespace, ds: Any, buckets: Any) -> Any:
 
     return BucketedImageDataset(ds, buckets, image_column=args.image_column, caption_column=args.caption_column,
                                 tokenizer=None, seed=args.seed, center_crop=args.center_crop,
-                                random_flip=args.random_flip, on_bad_image=args.on_bad_image,
-                                bad_image_log=Path(args.output_dir) / SKIPPED_ROWS_FILE)
+                                random_flip=args.random_flip, resample=args.image_interpolation_mode,
+                                on_bad_image=args.on_bad_image, bad_image_log=Path(args.output_dir) / SKIPPED_ROWS_FILE)
 
 
 def build_dataloader(args: argparse.Namespace, accelerator: Any, ds: Any, buckets: Any, models: Models, sampler: Any,
@@ -507,7 +880,7 @@ def compute_schedule(batches_per_epoch: int, *, gradient_accumulation_steps: int
                      max_train_steps: int | None, lr_warmup_steps: int, num_processes: int) -> Schedule:
     """diffusers' step arithmetic: updates/epoch = ceil(batches/accum); epochs from max steps if given."""
     if batches_per_epoch < 1:
-        raise ValueError(
+        raise UsageError(
             "The sampler yields no full batch per rank: fewer trainable images per bucket than "
             "--train_batch_size x processes. Lower --train_batch_size, use --bucket_leftover fill, or add images."
         )
@@ -540,6 +913,8 @@ def build_latent_cache(args: argparse.Namespace, accelerator: Any, ds: Any, buck
     cache = lat.LatentCache(args.latent_cache_dir or os.path.join(args.output_dir, "latent_cache"))
     vae = models.vae.to(accelerator.device, dtype=torch.float32)
     vae_id = lat.vae_fingerprint(vae)
+    if args.image_interpolation_mode != "lanczos":  # another resize filter makes other latents
+        vae_id = f"{vae_id}|{args.image_interpolation_mode}"
     ids = np.asarray(ds.with_format("numpy")["bucket"])
     rows = np.flatnonzero(ids >= 0)
     share = rows[lat.plan_share(len(rows), accelerator.process_index, accelerator.num_processes)]
@@ -606,11 +981,15 @@ class TextEncoder:
     def __init__(self, models: Models, device: torch.device, dtype: torch.dtype, cache: bool) -> None:
         self.models, self.device, self.dtype = models, device, dtype
         self.memo: dict[str, tuple[torch.Tensor, torch.Tensor | None]] | None = {} if cache else None
+        self.trained = models.trained_text_encoders  # LoRA on the encoders: forward through them with gradients
 
-    @torch.no_grad()
     def _encode(self, captions: list[str]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        with torch.set_grad_enabled(self.trained is not None):
+            return self._encode_inner(captions)
+
+    def _encode_inner(self, captions: list[str]) -> tuple[torch.Tensor, torch.Tensor | None]:
         hidden, pooled = [], None
-        for tok, te in zip(self.models.tokenizers, self.models.text_encoders):
+        for tok, te in zip(self.models.tokenizers, self.trained or self.models.text_encoders):
             ids = tok(captions, max_length=tok.model_max_length, padding="max_length", truncation=True,
                       return_tensors="pt").input_ids.to(self.device)
             if self.models.sdxl:
@@ -643,45 +1022,6 @@ class Progress:
     global_step: int = 0
     seed: int = 0
     micro_step: int = 0
-
-
-def resolve_resume_dir(args: argparse.Namespace) -> Path | None:
-    """The checkpoint folder to resume from, or None; a missing or damaged one is an error (never a silent fresh
-    start). ``latest`` skips incomplete or damaged checkpoints (with a warning naming them) for the newest complete one.
-    """
-    from hf_arb.checkpointing import checkpoint_problems, find_resumable, list_checkpoints
-
-    if not args.resume_from_checkpoint:
-        return None
-    out = Path(args.output_dir)
-    model_dirs = ("unet", "unet_ema") if args.use_ema else ("unet",)
-    if args.resume_from_checkpoint == "latest":
-        path, skipped = find_resumable(out, STATE_FILE, model_dirs)
-        if skipped:
-            logger.warning("--resume_from_checkpoint latest: skipping incomplete or damaged checkpoint(s): %s",
-                           "; ".join(skipped))
-        if path is None:
-            raise FileNotFoundError(
-                f"--resume_from_checkpoint latest: no checkpoint-* folder in {out} can be resumed from"
-                + (f" (skipped: {'; '.join(skipped)})" if skipped else "")
-                + ". Drop the flag to start a new run, or point --output_dir at the run to resume."
-            )
-        return path
-    path = Path(args.resume_from_checkpoint)
-    if not path.is_dir():
-        path = out / path.name
-    if not path.is_dir() or not (path / STATE_FILE).exists():
-        raise FileNotFoundError(
-            f"--resume_from_checkpoint {args.resume_from_checkpoint!r}: {path} is not a checkpoint of this script "
-            f"(missing folder or {STATE_FILE}). Available: {[d.name for d in list_checkpoints(out)] or 'none'}."
-        )
-    problems = checkpoint_problems(path, STATE_FILE, model_dirs)
-    if problems:
-        raise ValueError(
-            f"Checkpoint {path} is damaged: {problems[0]}{f' (and {len(problems) - 1} more)' if len(problems) > 1 else ''}"
-            ". Resume from another checkpoint, or pass --resume_from_checkpoint latest to take the newest complete one."
-        )
-    return path
 
 
 def restore(accelerator: Any, resume_dir: Path | None, seed: int) -> Progress:
@@ -778,7 +1118,11 @@ def diffusion_loss(args: argparse.Namespace, models: Models, unet: Any, batch: d
     if args.noise_offset:
         noise = noise + args.noise_offset * torch.randn((bsz, latents.shape[1], 1, 1), generator=gen, device=device,
                                                           dtype=latents.dtype)
-    timesteps = torch.randint(0, sched.config.num_train_timesteps, (bsz,), generator=gen, device=device).long()
+    if args.timestep_bias_strategy == "none":
+        timesteps = torch.randint(0, sched.config.num_train_timesteps, (bsz,), generator=gen, device=device).long()
+    else:
+        weights = timestep_bias_weights(args, sched.config.num_train_timesteps).to(device)
+        timesteps = torch.multinomial(weights, bsz, replacement=True, generator=gen).long()
     if args.input_perturbation:
         perturbed = noise + args.input_perturbation * torch.randn(noise.shape, generator=gen, device=device,
                                                                   dtype=noise.dtype)
@@ -797,6 +1141,10 @@ def diffusion_loss(args: argparse.Namespace, models: Models, unet: Any, batch: d
         target = sched.get_velocity(latents, noise, timesteps)
     else:
         raise ValueError(f"Unknown prediction type {sched.config.prediction_type}; use epsilon or v_prediction.")
+    if args.dream_training:
+        noisy, target = dream_adjust(sched, timesteps, noise, noisy, target, args.dream_detail_preservation,
+                                     lambda x: unet_forward(models, unet, x, timesteps, hidden, pooled, time_ids,
+                                                            resolution_dim))
     pred = unet_forward(models, unet, noisy, timesteps, hidden, pooled, time_ids, resolution_dim)
     if args.snr_gamma is None:
         return F.mse_loss(pred.float(), target.float(), reduction="mean")
@@ -806,6 +1154,47 @@ def diffusion_loss(args: argparse.Namespace, models: Models, unet: Any, batch: d
     weights = torch.clamp(snr, max=args.snr_gamma) / snr
     loss = F.mse_loss(pred.float(), target.float(), reduction="none").mean(dim=(1, 2, 3)) * weights
     return loss.mean()
+
+
+def timestep_bias_weights(args: argparse.Namespace, num_timesteps: int) -> torch.Tensor:
+    """Sampling weights over ``num_timesteps`` for --timestep_bias_* (the SDXL script's options).
+
+    ``earlier`` / ``later`` multiply the first / last ``portion`` of the timesteps by ``multiplier``; ``range``
+    multiplies ``[begin, end)``. Returns a ``(num_timesteps,)`` probability vector.
+    """
+    weights = torch.ones(num_timesteps, dtype=torch.float64)
+    count = int(args.timestep_bias_portion * num_timesteps)
+    strategy = args.timestep_bias_strategy
+    if strategy == "later":
+        sel = slice(num_timesteps - count, num_timesteps)
+    elif strategy == "earlier":
+        sel = slice(0, count)
+    elif strategy == "range":
+        if args.timestep_bias_end > num_timesteps:
+            raise UsageError(f"--timestep_bias_end {args.timestep_bias_end} exceeds the scheduler's "
+                             f"{num_timesteps} training timesteps.")
+        sel = slice(args.timestep_bias_begin, args.timestep_bias_end)
+    else:
+        sel = slice(0, 0)
+    weights[sel] *= args.timestep_bias_multiplier
+    return (weights / weights.sum()).float()
+
+
+def dream_adjust(sched: Any, timesteps: torch.Tensor, noise: torch.Tensor, noisy: torch.Tensor, target: torch.Tensor,
+                 detail_preservation: float, predict: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """DREAM (arXiv:2312.00210, Algorithm 3): shift the noisy input and the target by the model's own error.
+
+    ``predict(noisy)`` is one UNet call (run without gradients); with ``sigma = sqrt(1 - alpha_bar_t)`` and
+    ``delta = (noise - prediction) * sigma ** p``, returns ``(noisy + sigma * delta, target + delta)``.
+    """
+    if sched.config.prediction_type != "epsilon":
+        raise UsageError("--dream_training supports epsilon prediction only: drop --prediction_type v_prediction.")
+    alpha_bar = sched.alphas_cumprod.to(noisy.device)[timesteps].float()
+    sigma = (1.0 - alpha_bar).sqrt().view(-1, *([1] * (noisy.ndim - 1)))
+    with torch.no_grad():
+        pred = predict(noisy)
+    delta = (noise.float() - pred.float()) * sigma ** detail_preservation
+    return (noisy.float() + sigma * delta).to(noisy.dtype), (target.float() + delta).to(target.dtype)
 
 
 def batch_captions(batch: dict[str, Any]) -> dict[str, Any]:
@@ -884,11 +1273,15 @@ def build_pipeline(args: argparse.Namespace, models: Models, unet: Any, dtype: t
 
 
 def log_validation(args: argparse.Namespace, accelerator: Any, models: Models, unet: Any, buckets: Any,
-                   step: int, dtype: torch.dtype) -> Path | None:
-    """Generate every prompt at portrait / square / landscape buckets, save one grid PNG, log it to trackers."""
+                   step: int, dtype: torch.dtype, *, pipe: Any = None, name: str | None = None) -> Path | None:
+    """Generate every prompt at portrait / square / landscape buckets, save one grid PNG, log it to trackers.
+
+    ``pipe``: a ready pipeline (the final LoRA check loads the saved adapter into the base model); by default one
+    is built around ``unet`` (which carries the adapter in LoRA mode).
+    """
     if not args.validation_prompts or not accelerator.is_main_process:
         return None
-    pipe = build_pipeline(args, models, unet, dtype).to(accelerator.device)
+    pipe = (pipe or build_pipeline(args, models, unet, dtype)).to(accelerator.device)
     pipe.set_progress_bar_config(disable=True)
     shapes = validation_shapes(buckets)
     rows = []
@@ -901,7 +1294,7 @@ def log_validation(args: argparse.Namespace, accelerator: Any, models: Models, u
                                 generator=g).images[0])
         rows.append(row)
     grid = image_grid(rows)
-    path = Path(args.output_dir) / "validation" / f"step-{step:06d}.png"
+    path = Path(args.output_dir) / "validation" / f"{name or f'step-{step:06d}'}.png"
     path.parent.mkdir(parents=True, exist_ok=True)
     grid.save(path)
     for tracker in accelerator.trackers:
@@ -936,13 +1329,14 @@ def save_model_card(args: argparse.Namespace, repo_id: str, buckets: Any, *, sdx
         f"per device, gradient accumulation {args.gradient_accumulation_steps}, learning rate {args.learning_rate}",
         f"* mixed precision: {args.mixed_precision}; dataset: {args.dataset_name or args.train_data_dir}", "",
     ]
-    if args.resolution_conditioning and not sdxl:
-        body += ["The UNet takes SDXL-style size/crop conditioning; load it with "
-                 "`hf_arb.conditioning.StableDiffusionResolutionPipeline`.", ""]
-    body += ["## Use", "", "```python", "import torch",
-             f"from diffusers import {'StableDiffusionXLPipeline' if sdxl else 'StableDiffusionPipeline'} as Pipeline",
-             f'pipe = Pipeline.from_pretrained("{repo_id}", torch_dtype=torch.float16).to("cuda")',
-             'image = pipe("a photo", height=768, width=512).images[0]', "```", ""]
+    if getattr(args, "lora", False):
+        body += [f"LoRA adapters (rank {args.rank}, alpha {args.lora_alpha or args.rank}) on the UNet"
+                 + (" and the text encoder(s)" if args.train_text_encoder else "")
+                 + f", in `pytorch_lora_weights.safetensors`; load them into **{base}**.", ""]
+    elif args.resolution_conditioning and not sdxl:
+        body += ["The UNet takes SDXL-style size/crop conditioning. The folder carries its pipeline "
+                 "(`pipeline.py`), which plain diffusers loads with `custom_pipeline` and `trust_remote_code`.", ""]
+    body += ["## Use", "", "```python", *usage_snippet(args, repo_id, sdxl=sdxl), "```", ""]
     if args.validation_prompts:
         body += ["## Validation", "", "Prompts: " + "; ".join(f"`{p}`" for p in args.validation_prompts), ""]
         body += [f"![validation]({Path(p).relative_to(args.output_dir).as_posix()})" for p in images or []]
@@ -952,6 +1346,26 @@ def save_model_card(args: argparse.Namespace, repo_id: str, buckets: Any, *, sdx
     path = Path(args.output_dir) / "README.md"
     path.write_text("\n".join(front + body))
     return path
+
+
+def usage_snippet(args: argparse.Namespace, repo_id: str, *, sdxl: bool) -> list[str]:
+    """The model card's "Use" code: plain diffusers, no hf_arb (LoRA, custom pipeline, or the stock class).
+
+    Always: imports, the lines that load ``pipe``, ``pipe = pipe.to("cuda", torch.float16)``, one generation (the
+    tests run everything but the device line in a process where ``import hf_arb`` fails).
+    """
+    cls = "StableDiffusionXLPipeline" if sdxl else "StableDiffusionPipeline"
+    if getattr(args, "lora", False):
+        load = [f'pipe = {cls}.from_pretrained("{args.pretrained_model_name_or_path}")',
+                f'pipe.load_lora_weights("{repo_id}")']
+    elif args.resolution_conditioning and not sdxl:  # the folder's own pipeline.py (no hf_arb needed)
+        cls = "DiffusionPipeline"
+        load = [f'pipe = DiffusionPipeline.from_pretrained("{repo_id}", custom_pipeline="{repo_id}", '
+                'trust_remote_code=True)']
+    else:
+        load = [f'pipe = {cls}.from_pretrained("{repo_id}")']
+    return ["import torch", f"from diffusers import {cls}", "", *load, 'pipe = pipe.to("cuda", torch.float16)',
+            'image = pipe("a photo", height=768, width=512).images[0]  # any bucket shape']
 
 
 def save_final(args: argparse.Namespace, accelerator: Any, models: Models, unet: Any, buckets: Any,
@@ -967,18 +1381,32 @@ def save_final(args: argparse.Namespace, accelerator: Any, models: Models, unet:
     if args.prediction_type is not None:  # sample with the objective the UNet was trained on
         pipe.scheduler.register_to_config(prediction_type=args.prediction_type)
     pipe.save_pretrained(args.output_dir)
+    if args.resolution_conditioning and not models.sdxl:  # loadable without hf_arb: the pipeline code goes along
+        from hf_arb.conditioning import save_custom_pipeline
+
+        save_custom_pipeline(args.output_dir)
     (Path(args.output_dir) / BUCKETS_FILE).write_text(json.dumps(buckets.to_dict(), indent=1))
     done = Path(args.output_dir) / "validation" / f"step-{progress.global_step:06d}.png"
     if not done.exists():  # the last epoch's validation may already show these weights
         last = log_validation(args, accelerator, models, unet, buckets, progress.global_step, torch.float32)
         if last is not None:
             validation_images.append(str(last))
+    finish_outputs(args, buckets, models, validation_images, stats)
+
+
+def finish_outputs(args: argparse.Namespace, buckets: Any, models: Models, validation_images: list[str],
+                   stats: dict[str, Any]) -> None:
+    """Model card in output_dir (always: it says how to load the folder), then the push if asked."""
+    repo_id = args.output_dir
     if args.push_to_hub:
-        from huggingface_hub import create_repo, upload_folder
+        from huggingface_hub import create_repo
 
         repo_id = create_repo(repo_id=args.hub_model_id or Path(args.output_dir).name, exist_ok=True,
                               token=args.hub_token).repo_id
-        save_model_card(args, repo_id, buckets, sdxl=models.sdxl, images=validation_images, stats=stats)
+    save_model_card(args, repo_id, buckets, sdxl=models.sdxl, images=validation_images, stats=stats)
+    if args.push_to_hub:
+        from huggingface_hub import upload_folder
+
         upload_folder(repo_id=repo_id, folder_path=args.output_dir, commit_message="End of training",
                       ignore_patterns=["step_*", "epoch_*", "checkpoint-*", "latent_cache/*", "batches/*"],
                       token=args.hub_token)
@@ -1027,34 +1455,61 @@ def weight_dtype_of(accelerator: Any) -> torch.dtype:
     return {"fp16": torch.float16, "bf16": torch.bfloat16}.get(accelerator.mixed_precision, torch.float32)
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    """Run a training; returns the run statistics (also written to ``<output_dir>/hf_arb_run.json``)."""
+def main(argv: list[str] | argparse.Namespace | None = None) -> dict[str, Any]:
+    """Run a training; returns the run statistics (also written to ``<output_dir>/hf_arb_run.json``).
+
+    ``argv``: a command line (parsed and checked here) or arguments already through :func:`cli_parse`.
+    """
+    if isinstance(argv, argparse.Namespace):
+        args = argv
+    else:
+        args = parse_args(argv)
+        check_environment(args)
+    resume_dir = resolve_resume_dir(args)
+    single = int(os.environ.get("WORLD_SIZE", "1")) <= 1
+    if single:  # the data and the plan are checked before torch, accelerate or any model is loaded
+        setup_logging(None, ("datasets",))
+        args = updated(args, seed=agree_on_seed(args, None, resume_dir))
+        ds, buckets = dataset_with_buckets(args, None)
+        check_plan(args, ds, 1)
     from accelerate.utils import set_seed
-    from diffusers.optimization import get_scheduler
     from tqdm.auto import tqdm
 
-    args = parse_args(argv)
     accelerator = make_accelerator(args)
-    setup_logging(accelerator)
-    resume_dir = resolve_resume_dir(args)
-    args = resolve_run_args(args, accelerator, resume_dir)
+    setup_logging(accelerator, ("datasets",))
+    if not single:
+        args = updated(args, seed=agree_on_seed(args, accelerator, resume_dir))
     set_seed(args.seed)
     if accelerator.is_main_process:
         os.makedirs(args.output_dir, exist_ok=True)
 
-    ds, buckets = dataset_with_buckets(args, accelerator)
-    models = load_models(args)
-    encode_calls = count_calls(models.vae, "encode")
-    register_checkpoint_hooks(accelerator, models)
-    if args.allow_tf32:
-        torch.backends.cuda.matmul.allow_tf32 = True
-    optimizer = make_optimizer(args, models.unet)
-    weight_dtype = weight_dtype_of(accelerator)
-
+    if not single:
+        ds, buckets = dataset_with_buckets(args, accelerator)
+    check_plan(args, ds, accelerator.num_processes)  # the plan is checked before any model is loaded
     sampler = make_sampler(args, ds, buckets, accelerator)
     schedule = compute_schedule(sampler.steps_per_epoch, gradient_accumulation_steps=args.gradient_accumulation_steps,
                                 num_train_epochs=args.num_train_epochs, max_train_steps=args.max_train_steps,
                                 lr_warmup_steps=args.lr_warmup_steps, num_processes=accelerator.num_processes)
+    from diffusers.optimization import get_scheduler
+
+    setup_logging(accelerator, ("transformers", "diffusers"))
+    models = load_models(args)
+    check_family(args, models)
+    encode_calls = count_calls(models.vae, "encode")
+    weight_dtype = weight_dtype_of(accelerator)
+    if args.lora:
+        trainable = setup_lora(args, models, weight_dtype)
+        register_lora_checkpoint_hooks(accelerator, models, args)
+    else:
+        trainable = list(models.unet.parameters())
+        register_checkpoint_hooks(accelerator, models)
+    if args.allow_tf32:
+        torch.backends.cuda.matmul.allow_tf32 = True
+    if args.scale_lr:
+        args = updated(args, learning_rate=args.learning_rate * args.gradient_accumulation_steps
+                       * args.train_batch_size * accelerator.num_processes)
+    optimizer = make_optimizer(args, trainable)
+
     dataloader, index = build_dataloader(args, accelerator, ds, buckets, models, sampler, schedule, weight_dtype)
     lr_scheduler = get_scheduler(args.lr_scheduler, optimizer=optimizer,
                                  num_warmup_steps=schedule.scheduler_warmup_steps,
@@ -1063,11 +1518,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     from hf_arb.sampling.accelerate import fill_deepspeed_micro_batch
 
     fill_deepspeed_micro_batch(accelerator, sampler)  # DeepSpeed cannot read a batch sampler's batch size
-    unet, optimizer, dataloader, lr_scheduler = accelerator.prepare(models.unet, optimizer, dataloader, lr_scheduler)
+    if args.lora and args.train_text_encoder:
+        unet, *encoders, optimizer, dataloader, lr_scheduler = accelerator.prepare(
+            models.unet, *models.text_encoders, optimizer, dataloader, lr_scheduler)
+        models.trained_text_encoders = encoders
+    else:
+        unet, optimizer, dataloader, lr_scheduler = accelerator.prepare(models.unet, optimizer, dataloader,
+                                                                        lr_scheduler)
     accelerator.register_for_checkpointing(sampler)  # its plan check refuses a checkpoint of another dataset/seed
     if models.ema_unet is not None:
-        models.ema_unet.to(accelerator.device)
-    for te in models.text_encoders:
+        models.ema_unet.to("cpu" if args.offload_ema else accelerator.device)
+    for te in models.text_encoders if models.trained_text_encoders is None else []:
         te.to(accelerator.device, dtype=weight_dtype)
     models.vae.to(accelerator.device, dtype=torch.float32 if models.sdxl and not args.pretrained_vae_model_name_or_path
                   else weight_dtype)
@@ -1088,9 +1549,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     stats.update(vae_encode_calls=encode_calls[0], latents_encoded=index.encoded if index else None,
                  latents_reused=index.reused if index else None,
                  latents_repaired=index.repaired if index else None,
-                 bad_images=report_bad_images(args, accelerator), num_processes=accelerator.num_processes, sdxl=models.sdxl, seed=args.seed,
-                 schedule=schedule.__dict__)
-    save_final(args, accelerator, models, unet, buckets, progress, stats.setdefault("validation_images", []), stats)
+                 bad_images=report_bad_images(args, accelerator), num_processes=accelerator.num_processes,
+                 sdxl=models.sdxl, seed=args.seed, schedule=schedule.__dict__, lora=args.lora,
+                 trainable_parameters=sum(p.numel() for p in trainable))
+    finish = save_final_lora if args.lora else save_final
+    finish(args, accelerator, models, unet, buckets, progress, stats.setdefault("validation_images", []), stats)
     if accelerator.is_main_process:
         (Path(args.output_dir) / STATS_FILE).write_text(json.dumps(stats, indent=1, default=str))
     accelerator.end_training()
@@ -1115,6 +1578,8 @@ def train_loop(args: argparse.Namespace, accelerator: Any, models: Models, unet:
                progress: Progress, weight_dtype: torch.dtype, resolution_dim: int | None, tqdm: Any) -> dict[str, Any]:
     """Epochs of bucketed batches; checkpoints mid-epoch resume with the same batches, crops and noise."""
     text = TextEncoder(models, accelerator.device, weight_dtype, cache=args.cache_text_embeddings)
+    trained = [unet, *(models.trained_text_encoders or [])]
+    params = [p for m in trained for p in m.parameters() if p.requires_grad]
     labels = buckets.labels()
     trace = None
     if args.log_batches:
@@ -1144,7 +1609,7 @@ def train_loop(args: argparse.Namespace, accelerator: Any, models: Models, unet:
             gen = micro_step_generator(args.seed, micro, accelerator.process_index, accelerator.device)
             batch = batch_captions(batch)
             bucket = int(batch["buckets"][0])
-            with accelerator.accumulate(unet):
+            with accelerator.accumulate(*trained):
                 loss = diffusion_loss(args, models, unet, batch, text, gen, weight_dtype, resolution_dim)
                 avg = accelerator.gather(loss.detach().repeat(args.train_batch_size)).mean()
                 train_loss += avg.item() / args.gradient_accumulation_steps
@@ -1155,10 +1620,13 @@ def train_loop(args: argparse.Namespace, accelerator: Any, models: Models, unet:
                     bucket_losses.setdefault(int(b), []).append(value)
                 accelerator.backward(loss)
                 if accelerator.sync_gradients:
-                    accelerator.clip_grad_norm_(unet.parameters(), args.max_grad_norm)
+                    accelerator.clip_grad_norm_(params, args.max_grad_norm)
                 optimizer.step()
                 lr_scheduler.step()
                 optimizer.zero_grad()
+            if args.debug_loss:
+                accelerator.log({f"loss_for_row{int(r)}": float(loss.detach()) for r in batch["rows"]},
+                                step=progress.global_step)
             images_seen += len(batch["captions"]) * accelerator.num_processes
             if trace is not None:
                 tensor = batch["latent_stats"] if "latent_stats" in batch else batch["pixel_values"]
@@ -1172,7 +1640,11 @@ def train_loop(args: argparse.Namespace, accelerator: Any, models: Models, unet:
             if not accelerator.sync_gradients:
                 continue
             if models.ema_unet is not None:
+                if args.offload_ema:
+                    models.ema_unet.to(accelerator.device)
                 models.ema_unet.step(unet.parameters())
+                if args.offload_ema:
+                    models.ema_unet.to("cpu")
             progress.global_step += 1
             bar.update(1)
             losses.append(train_loss)
@@ -1206,8 +1678,9 @@ def train_loop(args: argparse.Namespace, accelerator: Any, models: Models, unet:
 
 
 if __name__ == "__main__":
+    CLI_ARGS = cli_parse(sys.argv[1:])  # --help and argument errors: torch is not imported yet
     try:
-        main()
-    except (ValueError, FileNotFoundError) as err:  # argument/data errors: one clear line, no traceback noise
+        main(CLI_ARGS)
+    except UsageError as err:  # mistakes in the command or its data: one line; anything else keeps its traceback
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)

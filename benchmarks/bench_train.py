@@ -53,7 +53,8 @@ def ours(model: str, data: str, out: Path, *, steps: int, batch: int, resolution
     argv = ["--pretrained_model_name_or_path", model, "--train_data_dir", data, "--output_dir", str(out),
             "--resolution", str(resolution), "--bucket_step", "32", "--train_batch_size", str(batch),
             "--max_train_steps", str(steps), "--center_crop", "--report_to", "none", "--seed", "0",
-            "--lr_warmup_steps", "0", "--checkpointing_steps", "100000", "--bucket_leftover", "fill"]
+            "--lr_warmup_steps", "0", "--checkpointing_steps", "100000", "--bucket_leftover", "fill",
+            "--full_finetune"]  # the default --learning_rate 1e-4 needs the mode spelt out
     if cache:
         argv.append("--cache_latents")
     t0 = time.perf_counter()

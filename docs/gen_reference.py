@@ -47,6 +47,8 @@ MODULES: dict[str, str] = {
     "hf_arb.bad_images": "training.md",
     "hf_arb.conditioning": "training.md",
     "hf_arb.shift": "flow.md",
+    "hf_arb.lora": "training.md",
+    "hf_arb.pipeline_sd_resolution": "training.md",
     "hf_arb.tiny": "training.md",
     "hf_arb.tiny_flow": "flow.md",
     "hf_arb.tiny_text": "training.md",

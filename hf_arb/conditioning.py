@@ -19,9 +19,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
+
+from .pipeline_sd_resolution import StableDiffusionResolutionPipeline
 
 __all__ = [
     "sdxl_time_ids",
@@ -31,6 +34,7 @@ __all__ = [
     "has_resolution_conditioning",
     "resolution_embed_dim",
     "StableDiffusionResolutionPipeline",
+    "save_custom_pipeline",
 ]
 
 #: Number of micro-conditioning ids: original (h, w), crop (top, left), target (h, w).
@@ -177,51 +181,26 @@ def add_resolution_conditioning(unet: Any, embed_dim: int = 256) -> Any:
     return new if unet.dtype == torch.float32 else new.to(dtype=unet.dtype)
 
 
-def _pipeline_base() -> type:
-    from diffusers import StableDiffusionPipeline
-
-    return StableDiffusionPipeline
+#: File name diffusers looks for when ``custom_pipeline`` is a folder or a Hub repository.
+CUSTOM_PIPELINE_FILE = "pipeline.py"
 
 
-class StableDiffusionResolutionPipeline(_pipeline_base()):  # type: ignore[misc]
-    """``StableDiffusionPipeline`` that feeds size/crop ids to a resolution-conditioned SD 1.x / 2.x UNet.
+def save_custom_pipeline(folder: str | Path) -> Path:
+    """Make a saved resolution-conditioned pipeline folder load in plain diffusers, without hf_arb.
 
-    Loads any folder ``StableDiffusionPipeline.from_pretrained`` loads. With a UNet trained with
-    ``--resolution_conditioning`` it conditions on ``(original_size, crops_coords_top_left, target_size)``
-    (defaults as in SDXL: the output size, ``(0, 0)``, the output size); with a stock UNet it behaves exactly
-    like its parent.
+    Copies the self-contained :mod:`hf_arb.pipeline_sd_resolution` into ``folder`` as ``pipeline.py``, diffusers'
+    custom-pipeline file, so that ``DiffusionPipeline.from_pretrained(folder, custom_pipeline=folder,
+    trust_remote_code=True)`` (for a Hub repository: its id in both places) builds
+    :class:`StableDiffusionResolutionPipeline` from the folder's own code. ``model_index.json`` keeps the class
+    name, so ``StableDiffusionResolutionPipeline.from_pretrained(folder)`` still works where hf_arb is installed.
 
-    Example:
-        ```py
-        >>> from hf_arb.conditioning import StableDiffusionResolutionPipeline
-        >>> pipe = StableDiffusionResolutionPipeline.from_pretrained("sd-model-finetuned")
-        >>> image = pipe("a lighthouse", height=768, width=512).images[0]
-        ```
+    Returns:
+        The copied pipeline file.
     """
+    import shutil
 
-    def __call__(  # type: ignore[override]
-        self,
-        *args: Any,
-        original_size: Sequence[int] | None = None,
-        crops_coords_top_left: Sequence[int] = (0, 0),
-        target_size: Sequence[int] | None = None,
-        **kwargs: Any,
-    ) -> Any:
-        if not has_resolution_conditioning(self.unet):
-            return super().__call__(*args, **kwargs)
-        factor = self.vae_scale_factor
-        height = kwargs.get("height") or self.unet.config.sample_size * factor
-        width = kwargs.get("width") or self.unet.config.sample_size * factor
-        ids = inference_time_ids(height, width, original_size, crops_coords_top_left, target_size)  # (1, 6)
-        labels = resolution_class_labels(ids, resolution_embed_dim(self.unet))  # (1, 6*dim)
+    from . import pipeline_sd_resolution
 
-        def inject(module: Any, a: tuple, kw: dict) -> tuple[tuple, dict]:
-            sample = a[0] if a else kw["sample"]
-            kw["class_labels"] = labels.to(sample.device, sample.dtype).expand(sample.shape[0], -1)
-            return a, kw
-
-        handle = self.unet.register_forward_pre_hook(inject, with_kwargs=True)
-        try:
-            return super().__call__(*args, **kwargs)
-        finally:
-            handle.remove()
+    target = Path(folder) / CUSTOM_PIPELINE_FILE
+    shutil.copyfile(pipeline_sd_resolution.__file__, target)
+    return target

@@ -96,6 +96,7 @@ def train(out: Path, annotated: Path, model: str, resolution: int, step_px: int,
          "--pretrained_model_name_or_path", model, "--dataset_name", str(annotated),
          "--caption_column", "text", "--resolution", str(resolution), "--bucket_step", str(step_px),
          "--train_batch_size", "4", "--max_train_steps", str(steps), "--learning_rate", "1e-4",
+         "--full_finetune",  # a tiny random model: a high rate on every weight is what the demo wants
          "--lr_scheduler", "constant", "--cache_latents", "--random_flip",
          "--checkpointing_steps", str(max(1, steps // 3)), "--checkpoints_total_limit", "2",
          "--validation_prompts", "a portrait photo of astronaut number 0", "a landscape photo of coffee number 1",

@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 import train_text_to_image_arb as script  # noqa: E402
 
 COMMON = ["--resolution", "64", "--bucket_step", "16", "--train_batch_size", "2", "--report_to", "none",
-          "--seed", "0", "--lr_warmup_steps", "0", "--log_batches", "--learning_rate", "1e-3"]
+          "--seed", "0", "--lr_warmup_steps", "0", "--log_batches", "--learning_rate", "1e-3", "--full_finetune"]
 
 
 # ------------------------------------------------------------------------------------------- fixtures
@@ -125,7 +125,7 @@ DIFFUSERS_DEFAULTS: dict[str, Any] = {
 
 def test_cli_has_every_diffusers_flag_with_its_default(monkeypatch):
     monkeypatch.delenv("LOCAL_RANK", raising=False)
-    args = script.parse_args(["--pretrained_model_name_or_path", "x", "--train_data_dir", "d"])
+    args = script.parse_args(["--pretrained_model_name_or_path", "x", "--train_data_dir", "d", "--full_finetune"])
     parsed = vars(args)
     for name, default in DIFFUSERS_DEFAULTS.items():
         if name in ("train_data_dir",):
@@ -143,7 +143,8 @@ def test_cli_rejects_missing_data_source_and_bad_choices():
     with pytest.raises(SystemExit):
         script.parse_args(["--pretrained_model_name_or_path", "x", "--train_data_dir", "d", "--bucket_leftover", "x"])
     with pytest.raises(ValueError, match="--train_batch_size must be >= 1, got 0"):
-        script.parse_args(["--pretrained_model_name_or_path", "x", "--train_data_dir", "d", "--train_batch_size", "0"])
+        script.parse_args(["--pretrained_model_name_or_path", "x", "--train_data_dir", "d", "--train_batch_size", "0",
+                           "--full_finetune"])
 
 
 def _diffusers_steps(len_dl: int, accum: int, epochs: int, max_steps: int | None) -> tuple[int, int]:
@@ -202,7 +203,7 @@ def test_model_card_with_and_without_validation(tmp_path, with_validation):
     from hf_arb import BucketSet
 
     args = script.parse_args(["--pretrained_model_name_or_path", "base/model", "--train_data_dir", "d",
-                              "--output_dir", str(tmp_path), "--report_to", "none"]
+                              "--output_dir", str(tmp_path), "--report_to", "none", "--full_finetune"]
                              + (["--validation_prompts", "a cat", "a dog"] if with_validation else []))
     images = [str(tmp_path / "validation" / "step-000004.png")] if with_validation else []
     path = script.save_model_card(args, "me/arb-model", BucketSet.from_budget(64, step=16), sdxl=False,
@@ -480,14 +481,16 @@ def test_sdxl_trains_with_pipeline_time_ids_and_saves_stock_pipeline(assets, tmp
 
 
 def test_parse_args_namespace_roundtrip():
-    ns = script.parse_args(["--pretrained_model_name_or_path", "x", "--dataset_name", "d", "--validation_prompt", "p"])
+    ns = script.parse_args(["--pretrained_model_name_or_path", "x", "--dataset_name", "d", "--validation_prompt", "p",
+                            "--full_finetune"])
     assert isinstance(ns, argparse.Namespace) and ns.validation_prompts == ["p"]
 
 
 @pytest.mark.parametrize("hook", ["fp16", "power_sgd"])
 def test_ddp_comm_hook_reaches_accelerate(hook, tmp_path):
     args = script.parse_args(["--pretrained_model_name_or_path", "x", "--train_data_dir", "d", "--report_to", "none",
-                              "--output_dir", str(tmp_path), "--ddp_comm_hook", hook, "--power_sgd_rank", "2"])
+                              "--output_dir", str(tmp_path), "--ddp_comm_hook", hook, "--power_sgd_rank", "2",
+                              "--full_finetune"])
     handler = script.make_accelerator(args).ddp_handler
     assert handler.comm_hook.value == hook
     assert handler.comm_state_option == ({"matrix_approximation_rank": 2} if hook == "power_sgd" else {})

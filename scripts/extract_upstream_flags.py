@@ -1,0 +1,110 @@
+#!/usr/bin/env python
+"""Write tests/fixtures/upstream_flags.json: the argparse flags of diffusers' four text-to-image scripts.
+
+The training script promises the command line of diffusers' ``examples/text_to_image`` scripts. This reads the
+four scripts' ``parse_args`` *statically* (``ast``; the scripts import torchvision and are never executed) and
+records, per script, every ``parser.add_argument("--flag", ...)`` with its default, type, action and choices.
+``tests/test_train.py`` asserts that our parser accepts every one of them.
+
+Usage (against a local diffusers checkout, or a bare git mirror plus a revision):
+
+    python scripts/extract_upstream_flags.py --diffusers_dir ~/src/diffusers
+    python scripts/extract_upstream_flags.py --git_dir /path/to/diffusers.git --revision HEAD
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+SCRIPTS = (
+    "train_text_to_image.py",
+    "train_text_to_image_sdxl.py",
+    "train_text_to_image_lora.py",
+    "train_text_to_image_lora_sdxl.py",
+)
+FOLDER = "examples/text_to_image"
+OUT = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "upstream_flags.json"
+
+
+def _value(node: ast.expr | None, source: str) -> Any:
+    """A literal's value; a non-literal expression is kept as its source text in ``{"expr": ...}``."""
+    if node is None:
+        return None
+    try:
+        return ast.literal_eval(node)
+    except ValueError:
+        return {"expr": ast.get_source_segment(source, node)}
+
+
+def flags_of(source: str) -> dict[str, dict[str, Any]]:
+    """``{flag name without dashes: {"default", "type", "action", "choices", "required"}}`` of one script."""
+    out: dict[str, dict[str, Any]] = {}
+    for node in ast.walk(ast.parse(source)):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "add_argument" and node.args):
+            continue
+        name = _value(node.args[0], source)
+        if not (isinstance(name, str) and name.startswith("--")):
+            continue
+        kw = {k.arg: k.value for k in node.keywords if k.arg}
+        action = _value(kw.get("action"), source)
+        default = _value(kw["default"], source) if "default" in kw else (False if action == "store_true" else None)
+        typ = kw.get("type")
+        out[name[2:]] = {
+            "default": default,
+            "type": typ.id if isinstance(typ, ast.Name) else None,
+            "action": action,
+            "choices": _value(kw.get("choices"), source),
+            "required": bool(_value(kw.get("required"), source)),
+            "nargs": _value(kw.get("nargs"), source),
+        }
+    return out
+
+
+def read_sources(diffusers_dir: str | None, git_dir: str | None, revision: str) -> tuple[dict[str, str], dict[str, str]]:
+    """The four scripts' text, and where they came from (commit and diffusers version when known)."""
+    texts, origin = {}, {}
+    if git_dir:
+        def show(path: str) -> str:
+            return subprocess.run(["git", "--git-dir", git_dir, "show", f"{revision}:{path}"], check=True,
+                                  capture_output=True, text=True).stdout
+
+        texts = {s: show(f"{FOLDER}/{s}") for s in SCRIPTS}
+        commit = subprocess.run(["git", "--git-dir", git_dir, "rev-parse", revision], check=True,
+                                capture_output=True, text=True).stdout.strip()
+        init = show("src/diffusers/__init__.py")
+        origin["commit"] = commit
+    else:
+        root = Path(diffusers_dir or ".")
+        texts = {s: (root / FOLDER / s).read_text() for s in SCRIPTS}
+        init = (root / "src" / "diffusers" / "__init__.py").read_text()
+    for line in init.splitlines():
+        if line.startswith("__version__"):
+            origin["diffusers_version"] = line.split("=")[1].strip().strip('"')
+    return texts, origin
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--diffusers_dir", help="A diffusers source checkout (its examples/text_to_image is read).")
+    p.add_argument("--git_dir", help="A (bare) diffusers git directory, read with `git show`.")
+    p.add_argument("--revision", default="HEAD", help="Revision to read with --git_dir.")
+    p.add_argument("--out", default=str(OUT), help="Where the JSON goes.")
+    args = p.parse_args(argv)
+    if not args.diffusers_dir and not args.git_dir:
+        p.error("pass --diffusers_dir or --git_dir")
+    texts, origin = read_sources(args.diffusers_dir, args.git_dir, args.revision)
+    data = {"source": {"repo": "huggingface/diffusers", "folder": FOLDER, **origin},
+            "scripts": {s: flags_of(t) for s, t in texts.items()}}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(data, indent=1, sort_keys=False) + "\n")
+    print(f"{args.out}: " + ", ".join(f"{s} {len(f)} flags" for s, f in data["scripts"].items()))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,124 @@
+"""Every output folder loads in plain diffusers, in a process where ``import hf_arb`` fails, with the code its
+model card shows: a stock SD pipeline, a LoRA file, and a ``--resolution_conditioning`` model (which carries its
+own pipeline file, diffusers' custom-pipeline convention)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import test_train
+from test_train import COMMON, run_script
+
+from hf_arb.conditioning import resolution_class_labels, sdxl_time_ids
+from hf_arb.pipeline_sd_resolution import conditioning_dim, embed_time_ids
+
+#: Runs in a fresh interpreter: hf_arb blocked, then each card's code (minus the CUDA line), then generation.
+BLOCKED = r"""
+import json, sys
+sys.modules["hf_arb"] = None  # any `import hf_arb` now raises ImportError
+try:
+    import hf_arb
+    raise SystemExit("hf_arb is importable")
+except ImportError:
+    pass
+import numpy as np, torch
+results = {}
+for name, code in json.loads(sys.argv[1]).items():
+    scope = {}
+    exec(code, scope)  # the model card's snippet: imports and the lines that load `pipe`
+    pipe = scope["pipe"]
+    def gen(**kw):
+        return pipe("a wide photo", height=48, width=80, num_inference_steps=2, output_type="np",
+                    generator=torch.Generator().manual_seed(0), **kw).images
+    a = gen()
+    extra = {"size_matters": float(np.abs(a - gen(original_size=(96, 32))).max())} if name == "conditioned" else {}
+    adapters = pipe.get_active_adapters() if hasattr(pipe, "get_active_adapters") else []
+    results[name] = {"cls": type(pipe).__name__, "module": type(pipe).__module__, "shape": list(a.shape),
+                     "finite": bool(np.isfinite(a).all()), "adapters": list(adapters), **extra}
+print(json.dumps(results))
+"""
+
+assets = test_train.assets  # the session's tiny models and images
+_clean_accelerate_state = test_train._clean_accelerate_state
+
+
+def test_standalone_pipeline_embeds_like_hf_arb_conditioning():
+    ids = sdxl_time_ids([[768, 512], [300, 1200]], [[0, 0], [10, 20]], [[768, 512], [256, 1024]])
+    torch.testing.assert_close(embed_time_ids(ids, 16), resolution_class_labels(ids, 16))
+
+
+def test_standalone_pipeline_file_imports_only_torch_and_diffusers():
+    import ast
+
+    import hf_arb.pipeline_sd_resolution as module
+
+    tree = ast.parse(Path(module.__file__).read_text())
+    roots = {(n.module or "").split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    roots |= {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    assert roots <= {"__future__", "math", "collections", "typing", "torch", "diffusers"}, roots
+
+
+@pytest.fixture(scope="module")
+def outputs(assets, tmp_path_factory) -> dict[str, Path]:
+    """Three 2-step trainings: stock SD, SD LoRA, resolution-conditioned SD."""
+    base = ["--pretrained_model_name_or_path", assets["sd"], "--train_data_dir", assets["images"], *COMMON,
+            "--max_train_steps", "2", "--checkpointing_steps", "100"]
+    modes = {"stock": [], "lora": ["--rank", "4"],
+             "conditioned": ["--resolution_conditioning", "--resolution_embed_dim", "16", "--learning_rate", "1e-2"]}
+    out = {}
+    for name, extra in modes.items():
+        out[name] = tmp_path_factory.mktemp(name)
+        argv = base + extra + ["--output_dir", str(out[name])]
+        if name == "lora":
+            argv.remove("--full_finetune")
+        run_script(argv)
+    return out
+
+
+def card_code(folder: Path) -> str:
+    """The model card's Python block without its CUDA line and its 768x512 generation."""
+    card = (folder / "README.md").read_text()
+    block = card.split("## Use", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    return "\n".join(line for line in block.splitlines() if '"cuda"' not in line and not line.startswith("image ="))
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("portable")
+def test_every_output_loads_with_its_card_code_without_hf_arb(outputs):
+    codes = {name: card_code(folder) for name, folder in outputs.items()}
+    for code in codes.values():
+        assert "hf_arb" not in code
+    assert f'custom_pipeline="{outputs["conditioned"]}", trust_remote_code=True' in codes["conditioned"]
+    assert f'pipe.load_lora_weights("{outputs["lora"]}")' in codes["lora"]
+    assert (outputs["conditioned"] / "pipeline.py").is_file()
+    assert json.loads((outputs["conditioned"] / "model_index.json").read_text())["_class_name"] == \
+        "StableDiffusionResolutionPipeline"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["HF_HUB_OFFLINE"] = "1"
+    proc = subprocess.run([sys.executable, "-c", BLOCKED, json.dumps(codes)], capture_output=True, text=True,
+                          env=env, timeout=300, cwd="/")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    for name, r in results.items():
+        assert r["shape"] == [1, 48, 80, 3] and r["finite"], name  # non-square generation
+        assert "hf_arb" not in r["module"], name
+    assert results["stock"]["cls"] == "StableDiffusionPipeline"
+    assert results["lora"]["cls"] == "StableDiffusionPipeline" and results["lora"]["adapters"]
+    assert results["conditioned"]["cls"] == "StableDiffusionResolutionPipeline"
+    assert results["conditioned"]["size_matters"] > 0  # the folder's pipeline feeds the trained size conditioning
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("portable")
+def test_conditioned_folder_still_loads_with_hf_arbs_class(outputs):
+    from hf_arb.conditioning import StableDiffusionResolutionPipeline
+
+    pipe = StableDiffusionResolutionPipeline.from_pretrained(outputs["conditioned"])
+    assert type(pipe) is StableDiffusionResolutionPipeline and conditioning_dim(pipe.unet) == 16
