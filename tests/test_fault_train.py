@@ -190,8 +190,8 @@ def test_tampered_global_step_is_refused(ckpt_run, assets, tmp_path) -> None:
     state = out / "checkpoint-4" / script.STATE_FILE
     state.write_text(json.dumps({**json.loads(state.read_text()), "global_step": 3}))
     try:
-        with pytest.raises(ValueError, match=r"inconsistent: hf_arb_state.json says global_step 3, but the sampler "
-                                             r"state is at update 4 .* optimizer at step 4"):
+        with pytest.raises(ValueError, match=r"inconsistent: hf_arb_state.json says global_step 3, but its "
+                                             r"micro_step 4 is at update 4 .* optimizer at step 4"):
             script.main(_argv(assets, out, "--max_train_steps", "4", "--resume_from_checkpoint", "latest"))
     finally:
         reset_accelerate()
