@@ -25,6 +25,8 @@ MODULES: dict[str, str] = {
     "hf_arb.matching": "buckets.md",
     "hf_arb.sizes": "annotate.md",
     "hf_arb.annotate": "annotate.md",
+    "hf_arb.annotation_summary": "annotate.md",
+    "hf_arb.image_values": "annotate.md",
     "hf_arb.hub": "annotate.md",
     "hf_arb.plot": "annotate.md",
     "hf_arb.schema": "annotate.md",

@@ -15,19 +15,17 @@ metadata and the Hub card's ``dataset_info`` all keep; see :func:`hf_arb.schema.
 from __future__ import annotations
 
 import functools
-import io
-import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .buckets import AssignmentSummary, BucketSet
+from .buckets import BucketSet
+from .annotation_summary import AnnotationSummary, summarize_annotation, summarize_columns  # noqa: F401  (re-exported)
+from .image_values import arrow_values, decoding_images, sizes_of  # noqa: F401  (decoding_images re-exported)
 from .schema import BUCKET_COLUMNS, CONFIG_ID_PREFIX, arrow_schema, bucket_features  # noqa: F401  (re-exported)
-from .sizes import ImageSizeError, _decode_fully, _size_of_open, read_image_size, verify_image
 
 # skip_reason codes of the vectorised core (0 = kept). Order = priority: the first that applies wins.
 _REASONS: tuple[str | None, ...] = (None, "missing", "invalid_size", "aspect", "too_small", "upscale")
@@ -192,105 +190,6 @@ def _buckets_from_json(config: str) -> BucketSet:
     return BucketSet.from_json(config)
 
 
-def _sizes_of(values: Sequence[Any], verify: bool = False) -> tuple[np.ndarray, np.ndarray, list[str | None]]:
-    """Read header sizes of a batch of image values; the only per-row Python loop (it opens files).
-
-    With ``verify`` each readable image is also decoded; a broken body gives ``"truncated: …"`` or
-    ``"undecodable: …"``.
-    """
-    n = len(values)
-    w = np.full(n, np.nan)  # (n,)
-    h = np.full(n, np.nan)  # (n,)
-    reasons: list[str | None] = [None] * n
-    for i, v in enumerate(values):
-        if v is None:
-            continue  # null image → "missing"
-        try:
-            w[i], h[i] = v.size() if isinstance(v, _ArrowImage) else read_image_size(v)
-        except ImageSizeError as e:
-            reasons[i] = f"unreadable: {e.reason}"
-            continue
-        except Exception as e:  # noqa: BLE001 - nothing may raise mid-map; record the reason instead
-            reasons[i] = f"unreadable: {type(e).__name__}: {e}"[:200]
-            continue
-        if verify:
-            try:
-                v.verify() if isinstance(v, _ArrowImage) else verify_image(v)
-            except ImageSizeError as e:
-                reasons[i] = (f"{e.reason}: {e.detail}" if e.reason in ("truncated", "undecodable") else f"unreadable: {e.reason}")[:200]
-            except Exception as e:  # noqa: BLE001
-                reasons[i] = f"undecodable: {type(e).__name__}: {e}"[:200]
-    return w, h, reasons
-
-
-class _ArrowImage:
-    """An encoded image held in an Arrow buffer (zero-copy), with the path it came from for error messages."""
-
-    __slots__ = ("buffer", "path")
-
-    def __init__(self, buffer: pa.Buffer, path: str | None) -> None:
-        self.buffer = buffer
-        self.path = path
-
-    def size(self) -> tuple[int, int]:
-        source = f"<bytes: {self.buffer.size}>" + (f" ({self.path!r})" if self.path else "")
-        if self.buffer.size == 0:
-            raise ImageSizeError(source, "empty (0 bytes)")
-        # Pillow's plugins seek past the end and call readline (WebP, TIFF, …), which pyarrow's BufferReader
-        # refuses; a BytesIO over the buffer behaves like a file on disk for every format.
-        return _size_of_open(io.BytesIO(self.buffer), source)
-
-    def verify(self) -> None:
-        _decode_fully(io.BytesIO(self.buffer), f"<bytes: {self.buffer.size}>" + (f" ({self.path!r})" if self.path else ""))
-
-
-def _arrow_values(column: pa.ChunkedArray | pa.Array) -> list[Any]:
-    """Image values of one Arrow column without copying encoded bytes into Python objects.
-
-    ``Image`` storage (``struct<bytes, path>``) gives an :class:`_ArrowImage` where bytes are present, else the
-    path; a string column gives paths; a binary column gives buffers; null gives None. Shape: one per row.
-    """
-    chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
-    out: list[Any] = []
-    for chunk in chunks:
-        t = chunk.type
-        if pa.types.is_struct(t):
-            fields = dict(zip([f.name for f in t], chunk.flatten()))  # offsets and parent nulls applied
-            data, paths = fields.get("bytes"), fields.get("path")
-            path_list = paths.to_pylist() if paths is not None else [None] * len(chunk)
-            has_bytes = data.is_valid().to_numpy(zero_copy_only=False) if data is not None else np.zeros(len(chunk), bool)
-            valid = chunk.is_valid().to_numpy(zero_copy_only=False)
-            for i in range(len(chunk)):
-                if not valid[i]:
-                    out.append(None)
-                elif has_bytes[i]:
-                    out.append(_ArrowImage(data[i].as_buffer(), path_list[i]))
-                else:
-                    out.append({"bytes": None, "path": path_list[i]})
-        elif pa.types.is_binary(t) or pa.types.is_large_binary(t):
-            valid = chunk.is_valid().to_numpy(zero_copy_only=False)
-            out.extend(_ArrowImage(chunk[i].as_buffer(), None) if valid[i] else None for i in range(len(chunk)))
-        else:
-            out.extend(chunk.to_pylist())  # paths (strings) or anything read_image_size accepts
-    return out
-
-
-def decoding_images(ds: Any) -> Any:
-    """``ds`` with every ``Image(decode=False)`` column cast back to a decoding ``Image()``.
-
-    Annotated streams keep their images encoded (so a broken one cannot end the iteration); use this before saving or
-    pushing a stream so that whoever loads the result gets PIL images as usual.
-    """
-    import datasets
-
-    if isinstance(ds, (datasets.DatasetDict, datasets.IterableDatasetDict)):
-        return type(ds)({k: decoding_images(v) for k, v in ds.items()})
-    for name, feature in (ds.features or {}).items():
-        if isinstance(feature, datasets.Image) and not feature.decode:
-            ds = ds.cast_column(name, datasets.Image(mode=feature.mode))
-    return ds
-
-
 def _image_batch(values: Any, *, config: str, max_upscale: float | None, min_size: int | None,
                  as_dict: bool, verify: bool = False) -> Any:
     """``map`` function for the image path: header sizes → bucket columns for one batch.
@@ -298,8 +197,8 @@ def _image_batch(values: Any, *, config: str, max_upscale: float | None, min_siz
     ``values`` is a Python list (streaming) or an Arrow column (map-style, read zero-copy).
     """
     if isinstance(values, (pa.ChunkedArray, pa.Array)):
-        values = _arrow_values(values)
-    w, h, reasons = _sizes_of(values, verify)
+        values = arrow_values(values)
+    w, h, reasons = sizes_of(values, verify)
     table = annotate_sizes(w, h, _buckets_from_json(config), reasons=reasons, max_upscale=max_upscale, min_size=min_size)
     return table.to_pydict() if as_dict else table
 
@@ -475,122 +374,3 @@ def _annotate_iterable(ds: Any, buckets: BucketSet, *, image_column: str | None,
         out = src.map(_image_batch, batched=True, batch_size=batch_size, input_columns=[image_column],
                       fn_kwargs=image_kwargs)
     return out.cast(features) if features is not None else out
-
-
-# ----------------------------------------------------------------------------------- summary
-@dataclass(frozen=True)
-class AnnotationSummary:
-    """What :func:`add_bucket_columns` did, in the shape of NovelAI's printout.
-
-    Attributes:
-        rows: rows in the dataset.
-        skipped_by_reason: skipped rows per reason category (the part of ``skip_reason`` before ``":"``).
-        assignment: the :class:`~hf_arb.AssignmentSummary` (rows per bucket, aspect error over kept rows).
-        unreadable_examples: up to 5 distinct full ``"unreadable: …"`` / ``"truncated: …"`` / ``"undecodable: …"``
-            reasons, to show what went wrong.
-    """
-
-    rows: int
-    skipped_by_reason: dict[str, int]
-    assignment: AssignmentSummary
-    unreadable_examples: tuple[str, ...] = ()
-
-    @property
-    def skipped(self) -> int:
-        return sum(self.skipped_by_reason.values())
-
-    @property
-    def kept(self) -> int:
-        return self.rows - self.skipped
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON/YAML-friendly form (used in dataset cards)."""
-        a = self.assignment
-        err = {k: (None if math.isnan(v) else round(v, 6)) for k, v in
-               (("mean", a.error_mean), ("median", a.error_median), ("max", a.error_max))}
-        return {
-            "rows": self.rows, "kept": self.kept, "skipped": dict(sorted(self.skipped_by_reason.items())),
-            "aspect_error": err,
-            "counts": {f"{w}x{h}": int(c) for (w, h), c in zip(a.resolutions.tolist(), a.counts.tolist())},
-        }
-
-    def __str__(self) -> str:
-        a = self.assignment
-        lines = [f"rows: {self.rows:,}  kept: {self.kept:,}  skipped: {self.skipped:,}"]
-        if self.skipped_by_reason:
-            lines.append("skipped by reason: " + ", ".join(f"{k} {v:,}" for k, v in sorted(self.skipped_by_reason.items())))
-        for ex in self.unreadable_examples:
-            lines.append(f"  e.g. {ex}")
-        lines.append(f"aspect error: mean {a.error_mean:.4f}  median {a.error_median:.4f}  max {a.error_max:.4f}")
-        lines.append("rows per bucket (width x height, aspect), portrait to landscape:")
-        res = a.resolutions
-        order = np.lexsort((res[:, 0] * res[:, 1], res[:, 0] / res[:, 1]))
-        for i in order:
-            w, h = res[i]
-            lines.append(f"  {w:>5} x {h:<5} {w / h:6.3f}  {int(a.counts[i]):>10,}")
-        return "\n".join(lines)
-
-
-def summarize_columns(bucket: Any, aspect_error: Any, skip_reason: Any, buckets: BucketSet) -> AnnotationSummary:
-    """:class:`AnnotationSummary` from the three columns (arrays or pyarrow arrays), vectorised.
-
-    Args:
-        bucket: bucket ids, shape ``(n,)``, ``-1`` = skipped.
-        aspect_error: shape ``(n,)``; nulls allowed.
-        skip_reason: strings or nulls, shape ``(n,)``.
-        buckets: the BucketSet the ids refer to.
-    """
-    ids = pc.cast(_chunked(bucket), pa.int64()).to_numpy()  # (n,)
-    err = pc.cast(_chunked(aspect_error), pa.float64()).to_numpy()  # (n,) NaN for null
-    reasons = _chunked(skip_reason)
-    by_reason: dict[str, int] = {}
-    examples: list[str] = []
-    counts = pc.value_counts(reasons.drop_null()) if len(reasons) else pa.array([], pa.struct([("values", pa.string()), ("counts", pa.int64())]))
-    for item in counts.to_pylist():  # one entry per distinct reason string (few)
-        full, c = item["values"], item["counts"]
-        cat = full.split(":", 1)[0].strip()
-        by_reason[cat] = by_reason.get(cat, 0) + int(c)
-        if cat in ("unreadable", "truncated", "undecodable") and len(examples) < 5:
-            examples.append(full)
-    if ids.size and ids.max(initial=-1) >= len(buckets):
-        raise ValueError(f"Bucket id {int(ids.max())} is out of range for a BucketSet of {len(buckets)} buckets; "
-                         "the dataset was annotated with a different BucketSet. Use BucketSet.from_dataset(ds).")
-    # rows with bucket -1 but no reason (should not happen) are counted as "unknown"
-    missing_reason = int((ids < 0).sum()) - sum(by_reason.values())
-    if missing_reason > 0:
-        by_reason["unknown"] = missing_reason
-    return AnnotationSummary(int(ids.size), by_reason, buckets.summarize(ids, err), tuple(examples))
-
-
-def _chunked(values: Any) -> pa.ChunkedArray:
-    if isinstance(values, pa.ChunkedArray):
-        return values
-    if isinstance(values, pa.Array):
-        return pa.chunked_array([values])
-    return pa.chunked_array([pa.array(values)])
-
-
-def summarize_annotation(ds: Any, buckets: BucketSet | None = None) -> AnnotationSummary:
-    """Summary of an annotated ``Dataset`` (vectorised over its columns) or ``IterableDataset`` (iterates once).
-
-    Args:
-        ds: a dataset with the :data:`BUCKET_COLUMNS`.
-        buckets: the BucketSet; default: restored from the dataset with ``BucketSet.from_dataset``.
-    """
-    import datasets
-
-    if buckets is None:
-        buckets = BucketSet.from_dataset(ds)
-    cols = ["bucket", "aspect_error", "skip_reason"]
-    if isinstance(ds, datasets.Dataset):
-        _check_columns(ds.column_names, cols)
-        t = ds.select_columns(cols).with_format("arrow")[:]
-        return summarize_columns(t.column(0), t.column(1), t.column(2), buckets)
-    if isinstance(ds, datasets.IterableDataset):
-        parts: dict[str, list[Any]] = {c: [] for c in cols}
-        for batch in ds.select_columns(cols).iter(batch_size=10_000):
-            for c in cols:
-                parts[c].extend(batch[c])
-        return summarize_columns(pa.array(parts["bucket"], pa.int64()), pa.array(parts["aspect_error"], pa.float64()),
-                                 pa.array(parts["skip_reason"], pa.string()), buckets)
-    raise TypeError(f"`ds` must be a datasets Dataset or IterableDataset, got {type(ds).__name__}.")

@@ -16,7 +16,7 @@ from huggingface_hub import CommitOperationAdd, DatasetCard, HfApi
 from huggingface_hub.errors import EntryNotFoundError
 
 from . import __version__
-from .annotate import AnnotationSummary, summarize_annotation
+from .annotation_summary import AnnotationSummary, summarize_annotation
 from .buckets import BucketSet
 from .schema import (  # noqa: F401  (re-exported: the readers used to live here)
     BUCKET_COLUMNS,
