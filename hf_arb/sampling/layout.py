@@ -51,6 +51,10 @@ class IndependentLayout:
             self._targets = np.empty((0, world), np.int64)
         self._targets.flags.writeable = False
 
+    def rows(self, s0: int, s1: int, rank: int | None = None) -> np.ndarray:
+        """Rows of steps ``[s0, s1)``: int64 ``(s1 - s0, world, batch)`` (with ``rank``: ``(s1 - s0, 1, batch)``)."""
+        return self.plan[s0:s1] if rank is None else self.plan[s0:s1, rank : rank + 1]
+
     def step_targets(self, s0: int, s1: int) -> np.ndarray:
         """Target buckets of steps ``[s0, s1)``: int64 ``(s1 - s0, world)``."""
         return self._targets[s0:s1]
@@ -97,10 +101,6 @@ class IndependentLayout:
     def targets(self) -> np.ndarray:
         """Target bucket of every batch, int64 shape ``(steps, world)``, read-only."""
         return self._targets
-
-    def rows(self, s0: int, s1: int) -> np.ndarray:
-        """Rows of steps ``[s0, s1)``: int64 of shape ``(s1 - s0, world, batch)``."""
-        return self.plan[s0:s1]
 
     def usage(self) -> tuple[int, int, int]:
         """``(rows_used, rows_repeated, rows_catch_all)`` of the epoch."""

@@ -161,16 +161,17 @@ def make_layout(eff_ids: np.ndarray | None, k: int, *, batch_size: int, world_si
     return IndependentLayout(eff_ids, k, world_size, batch_size, seed, epoch, shuffle, leftover, catch_all_bucket)
 
 
-def iter_chunks(layout: Any, start: int = 0, max_chunk: int = CHUNK_STEPS) -> Any:
-    """Yield ``(s0, rows)`` with ``rows`` of shape ``(m, world, batch)`` for steps ``[start, steps)``.
+def iter_chunks(layout: Any, start: int = 0, max_chunk: int = CHUNK_STEPS, rank: int | None = None) -> Any:
+    """Yield ``(s0, rows)`` with ``rows`` of shape ``(m, world, batch)`` for steps ``[start, steps)`` (with
+    ``rank``: ``(m, 1, batch)``, that rank's batches only).
 
-    Chunks grow 1, 8, 64, … steps: the first batch after a resume only shuffles its own bucket's block.
+    Chunks grow 1, 8, 64, … steps: the first batch after a resume computes one step.
     """
     s0, size = start, 1
     while s0 < layout.num_steps:
         s1 = min(layout.num_steps, s0 + size)
         size = min(size * 8, max_chunk)
-        yield s0, layout.rows(s0, s1)
+        yield s0, layout.rows(s0, s1, rank)
         s0 = s1
 
 

@@ -305,8 +305,9 @@ class BucketBatchSampler:
                 f"or pass num_replicas=accelerator.num_processes."
             )
 
-    def _steps(self) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
-        """Yield ``(epoch, rows (W, B), targets (W,))`` for each remaining step; moves the cursor as it goes."""
+    def _steps(self, rank: int | None = None) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+        """Yield ``(epoch, rows (W, B), targets (W,))`` for each remaining step (with ``rank``: ``(1, B)`` and
+        ``(1,)``, that rank's only); moves the cursor as it goes."""
         self._check_world()
         if self.log_report and not self._logged:
             self._logged = True
@@ -316,8 +317,10 @@ class BucketBatchSampler:
             self._epoch, self._consumed = self._epoch + 1, 0
         e = self._epoch
         lay = self._layout(e)
-        for s0, rows in iter_chunks(lay, self._consumed):
+        for s0, rows in iter_chunks(lay, self._consumed, rank=rank):
             targets = lay.step_targets(s0, s0 + len(rows))  # (m, W)
+            if rank is not None:
+                targets = targets[:, rank : rank + 1]
             for i in range(len(rows)):
                 if self._epoch == e:
                     self._consumed = s0 + i + 1

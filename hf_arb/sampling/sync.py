@@ -124,23 +124,25 @@ class SyncLayout:
             out[sel] = self._bucket_rows(bb, q[sel])
         return out
 
-    def rows(self, s0: int, s1: int) -> np.ndarray:
-        """Rows of steps ``[s0, s1)``: int64 of shape ``(s1 - s0, world, batch)``."""
+    def rows(self, s0: int, s1: int, rank: int | None = None) -> np.ndarray:
+        """Rows of steps ``[s0, s1)``: int64 of shape ``(s1 - s0, world, batch)``; with ``rank``, that rank's
+        batches only, shape ``(s1 - s0, 1, batch)``."""
         seg, loc = self._segments(s0, s1)  # (m,), (m,)
         m, G = seg.size, self.G
-        out = np.empty((m, G), dtype=np.int64)
+        cols = np.arange(G, dtype=np.int64) if rank is None else rank * self.batch + np.arange(self.batch)
+        out = np.empty((m, cols.size), dtype=np.int64)
         by_seg = np.argsort(seg, kind="stable")  # steps grouped by segment
         cuts = np.flatnonzero(np.diff(seg[by_seg])) + 1
         for steps in np.split(by_seg, cuts) if m else []:
             s = int(seg[steps[0]])
-            p = loc[steps, None] * G + np.arange(G, dtype=np.int64)  # (m_s, G) positions in the segment
+            p = loc[steps, None] * G + cols  # (m_s, G or batch) positions in the segment
             if s == self.k:
                 out[steps] = self._pool_rows(p.reshape(-1)).reshape(p.shape)
             else:
                 if self.leftover == "fill":
                     p %= self.index.count[s]
                 out[steps] = self._bucket_rows(s, p)
-        return out.reshape(m, self.world, self.batch)
+        return out.reshape(m, -1, self.batch)
 
     def usage(self) -> tuple[int, int, int]:
         """``(rows_used, rows_repeated, rows_catch_all)`` of the epoch (closed form, no iteration)."""
