@@ -21,7 +21,6 @@ import numpy as np
 
 from ..rng import PLAN_POOL, PLAN_RANK, PLAN_SHARD, generator
 from .index import count_blocks
-from .sync import SyncLayout
 
 def bucket_counts(ids: np.ndarray, k: int) -> np.ndarray:
     """Rows per bucket, int64 shape ``(k,)`` (``ids``: shape ``(n,)``, any integer dtype, ``-1`` rows not counted;
@@ -111,4 +110,4 @@ class IndependentLayout:
         return used, int(self.plan.size - used), catch
 
 
-__all__ = ["IndependentLayout", "SyncLayout", "bucket_counts"]
+__all__ = ["IndependentLayout", "bucket_counts"]

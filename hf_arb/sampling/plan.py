@@ -31,7 +31,8 @@ from typing import Any, Literal, overload
 import numpy as np
 
 from .index import RowIndex, build_index
-from .layout import IndependentLayout, SyncLayout, bucket_counts
+from .layout import IndependentLayout, bucket_counts
+from .sync import SyncLayout
 
 Leftover = Literal["drop", "fill", "catch_all"]
 LEFTOVERS = ("drop", "fill", "catch_all")
