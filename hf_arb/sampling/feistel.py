@@ -104,4 +104,4 @@ class FeistelPermutation:
         return y.astype(np.int64).reshape(pos.shape)
 
 
-__all__ = ["FeistelPermutation", "ROUNDS"]
+__all__ = ["ROUNDS", "FeistelPermutation"]

@@ -22,6 +22,7 @@ import numpy as np
 from ..rng import PLAN_POOL, PLAN_RANK, PLAN_SHARD, generator
 from .index import count_blocks
 
+
 def bucket_counts(ids: np.ndarray, k: int) -> np.ndarray:
     """Rows per bucket, int64 shape ``(k,)`` (``ids``: shape ``(n,)``, any integer dtype, ``-1`` rows not counted;
     read in chunks, so no ``O(n)`` temporary)."""

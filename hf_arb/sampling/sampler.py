@@ -17,14 +17,14 @@ import logging
 import os
 import tempfile
 import warnings
-from pathlib import Path
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from .inputs import aspects, choose_catch_all, default_world, fingerprint, leftover_from, read_input, runtime_world
 from .index import LOW_BITS, build_index, count_blocks, open_index
+from .inputs import aspects, choose_catch_all, default_world, fingerprint, leftover_from, read_input, runtime_world
 from .plan import Leftover, check_nonneg, check_positive, effective_ids, iter_chunks, make_layout, merge_small_buckets
 from .rank import RankBatchSampler
 from .report import PlanReport, build_report
