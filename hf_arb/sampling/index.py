@@ -86,9 +86,10 @@ def merge_blocks(blocks: np.ndarray, merge_map: np.ndarray | None, k: int) -> np
 
 
 def _lookup(merge_map: np.ndarray | None, k0: int) -> np.ndarray:
-    """``table[id + 1]`` = effective bucket of ``id`` (``-1`` stays ``-1``), int32 ``(k0 + 1,)``."""
+    """``table[id + 1]`` = effective bucket of ``id`` (``-1`` stays ``-1``), int16 ``(k0 + 1,)``: numpy sorts
+    16-bit keys with a radix sort (twice as fast as the merge sort it uses for wider ones)."""
     mm = np.arange(k0) if merge_map is None else np.asarray(merge_map, dtype=np.int64)[:k0]
-    return np.concatenate([[-1], mm]).astype(np.int32)
+    return np.concatenate([[-1], mm]).astype(np.int16)
 
 
 def _fill(ids: np.ndarray, table: np.ndarray, start: np.ndarray, low_bits: int, out: np.ndarray) -> None:
