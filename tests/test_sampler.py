@@ -291,6 +291,9 @@ def test_load_rejects_mismatch_naming_the_field() -> None:
     ]
     with pytest.raises(ValueError, match="`plan_version`"):
         s.load_state_dict({**state, "plan_version": 0})
+    assert state["plan_version"] == 2
+    with pytest.raises(ValueError, match=r"`plan_version` does not match: saved 1, .*set_epoch"):
+        s.load_state_dict({**state, "plan_version": 1})  # a state of the materialising plan (hf_arb <= issue 10)
     for sampler, field in cases:
         with pytest.raises(ValueError, match=f"`{field}`"):
             sampler.load_state_dict(state)
