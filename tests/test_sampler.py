@@ -291,6 +291,9 @@ def test_load_rejects_mismatch_naming_the_field() -> None:
     ]
     with pytest.raises(ValueError, match="`plan_version`"):
         s.load_state_dict({**state, "plan_version": 0})
+    assert state["plan_version"] == 2
+    with pytest.raises(ValueError, match=r"`plan_version` does not match: saved 1, .*set_epoch"):
+        s.load_state_dict({**state, "plan_version": 1})  # a state of the materialising plan (hf_arb <= issue 10)
     for sampler, field in cases:
         with pytest.raises(ValueError, match=f"`{field}`"):
             sampler.load_state_dict(state)
@@ -595,56 +598,162 @@ def test_sampler_built_for_another_world_is_refused() -> None:
     assert "num_replicas=accelerator.num_processes" in out.stdout
 
 
-# ------------------------------------------------------------------------------------------ block-lazy bucket orders
+# ------------------------------------------------------------------------------------------ counter-based plan
 
 
-def test_bucket_permutation_lazy_and_full_paths_agree(monkeypatch: pytest.MonkeyPatch) -> None:
-    from hf_arb.sampling.layout import BucketPermutation
+@pytest.mark.parametrize("n", [0, 1, 2, 10, 255, 256, 257, 1000, 70_001])
+def test_feistel_is_a_deterministic_bijection(n: int) -> None:
+    from hf_arb.sampling.feistel import FeistelPermutation
 
-    monkeypatch.setattr("hf_arb.sampling.layout._BLOCK", 256)  # 5000 rows → about 20 blocks
-
-    rows = np.arange(5000, dtype=np.int32) * 3
-    orders = []
-    for plan in ([np.arange(5000)], [np.array([17]), np.array([4000]), np.arange(5000)],
-                 [np.array([1]), np.arange(2500), np.arange(5000)]):
-        out = np.full(5000, -1, dtype=np.int32)
-        perm = BucketPermutation(rows, out, (3, 2), bucket=1, shuffle=True)
-        for positions in plan:
-            perm.ensure_positions(positions)
-            assert (out[positions] >= 0).all()
-        orders.append(out)
-    assert perm.ready.size == 20  # the block path is exercised
-    for out in orders[1:]:
-        np.testing.assert_array_equal(out, orders[0])
-    assert sorted(orders[0].tolist()) == rows.tolist()
+    p = FeistelPermutation(n, (3, 2, 1, 7))
+    y = p(np.arange(n))
+    assert y.dtype == np.int64
+    np.testing.assert_array_equal(np.sort(y), np.arange(n))  # a permutation of [0, n)
+    np.testing.assert_array_equal(FeistelPermutation(n, (3, 2, 1, 7))(np.arange(n)), y)  # a pure function of its key
+    if n >= 10:
+        assert not np.array_equal(FeistelPermutation(n, (3, 2, 1, 8))(np.arange(n)), y), "keys must matter"
+        assert (y != np.arange(n)).mean() > 0.5
+        perm = np.random.default_rng(n).permutation(n)[: min(n, 50)]
+        np.testing.assert_array_equal(p(perm.reshape(-1, 1)).ravel(), y[perm])  # any positions, any shape
+    np.testing.assert_array_equal(FeistelPermutation(n, (3,), shuffle=False)(np.arange(n)), np.arange(n))
 
 
-@pytest.fixture
-def small_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("hf_arb.sampling.layout._BLOCK", 3)
+def test_feistel_small_table_equals_cycle_walking(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Small domains are tabulated once; the table is the same permutation as walking by re-encryption."""
+    from hf_arb.sampling.feistel import FeistelPermutation
+
+    tabulated = FeistelPermutation(1000, (4, 5))(np.arange(1000))
+    monkeypatch.setattr("hf_arb.sampling.feistel._TABLE_MAX", 0)
+    np.testing.assert_array_equal(FeistelPermutation(1000, (4, 5))(np.arange(1000)), tabulated)
 
 
-def test_block_order_is_a_uniform_shuffle(small_blocks: None) -> None:
-    """Every row lands at every position with probability 1/n (10 rows in ~4 blocks, 4000 epochs)."""
-    from hf_arb.sampling.layout import BucketPermutation
+def test_feistel_beyond_32_bits() -> None:
+    """Domains past 2^32 (a bucket of 10^10 rows) use 64-bit arithmetic and stay inside and injective."""
+    from hf_arb.sampling.feistel import FeistelPermutation
 
-    n, draws = 10, 4000
+    n = 3 * 2**33 + 5
+    x = np.concatenate([np.arange(20_000), n - 1 - np.arange(20_000)])
+    y = FeistelPermutation(n, (0, 1))(x)
+    assert y.min() >= 0 and y.max() < n and np.unique(y).size == x.size
+    assert y.max() > 2**32, "images must spread over the whole domain"
+
+
+@pytest.mark.parametrize("n", [10, 37])
+def test_feistel_positions_are_uniform_over_keys(n: int) -> None:
+    """Over many keys every value lands at every position equally often (χ²/dof ≈ 1, within 5 sd) and a pair
+    keeps its order half the time: the statistics of a uniform shuffle."""
+    from hf_arb.sampling.feistel import FeistelPermutation
+
+    keys = 3000
     hits = np.zeros((n, n))
     before = 0
-    rows = np.arange(n, dtype=np.int32)
-    for epoch in range(draws):
-        out = np.empty(n, dtype=np.int32)
-        perm = BucketPermutation(rows, out, (0, epoch), bucket=0, shuffle=True)
-        perm.ensure_positions(np.arange(n))
-        hits[out, np.arange(n)] += 1
-        before += int(np.flatnonzero(out == 0)[0] < np.flatnonzero(out == 9)[0])
-    expected = draws / n
-    sd = np.sqrt(draws * (1 / n) * (1 - 1 / n))
-    assert np.abs(hits - expected).max() < 5 * sd, hits
-    assert abs(before / draws - 0.5) < 5 * np.sqrt(0.25 / draws)
+    for e in range(keys):
+        y = FeistelPermutation(n, (0, e, 1, 0))(np.arange(n))
+        hits[y, np.arange(n)] += 1
+        before += int(y[0] < y[n - 1])
+    expected = keys / n
+    dof = (n - 1) ** 2
+    chi_per_dof = float(((hits - expected) ** 2 / expected).sum()) / dof
+    assert abs(chi_per_dof - 1) < 5 * np.sqrt(2 / dof), chi_per_dof
+    assert abs(before / keys - 0.5) < 5 * np.sqrt(0.25 / keys)
 
 
-def test_block_path_sampler_matches_plan_and_resumes(small_blocks: None) -> None:
+def test_row_index_recovers_high_bits_of_row_ids() -> None:
+    """The index keeps only the low bits of a row id; the high bits come from per-block counts. With 3 low bits
+    (blocks of 8 rows) every row id >= 8 exercises it; the plan is the same as with 32 bits."""
+    from hf_arb.sampling.index import build_index, count_blocks
+    from hf_arb.sampling.sync import SyncLayout
+
+    ids = make_ids(500, k=4, seed=12)
+    mm = np.array([0, 1, 1, 3])  # bucket 2 merged into 1
+    eff = np.where(ids >= 0, mm[np.maximum(ids, 0)], -1)
+    narrow = build_index(ids, mm, 4, count_blocks(ids, 4, low_bits=3), low_bits=3)
+    wide = build_index(ids, mm, 4)
+    assert narrow.block_ends is not None and wide.block_ends is None
+    for b in range(4):
+        members = np.flatnonzero(eff == b)
+        np.testing.assert_array_equal(narrow.rows(b, np.arange(members.size)), members)
+        np.testing.assert_array_equal(wide.rows(b, np.arange(members.size)), members)
+    for leftover in ("drop", "fill", "catch_all"):
+        a, c = (SyncLayout(ix, 2, 3, 5, 1, True, leftover, 0) for ix in (narrow, wide))
+        np.testing.assert_array_equal(a.rows(0, a.num_steps), c.rows(0, c.num_steps))
+
+
+def test_epoch_state_is_o_buckets_at_web_scale() -> None:
+    """A layout over 10^10 rows (a stand-in index: only counts) is built, located and reported in closed form;
+    its last step's positions come straight from the permutations, nothing of size n is allocated."""
+    import tracemalloc
+
+    from hf_arb.sampling.index import RowIndex
+    from hf_arb.sampling.sync import SyncLayout
+
+    count = np.array([6 * 10**9, 3 * 10**9 + 17, 10**9 + 5], dtype=np.int64)
+    index = RowIndex(low=np.empty(0, np.uint32), start=np.concatenate([[0], np.cumsum(count)[:-1]]), count=count,
+                     block_ends=None)
+    tracemalloc.start()
+    lay = SyncLayout(index, 8, 8, 0, 3, True, "catch_all", 0)
+    last = lay.step_targets(lay.num_steps - 1, lay.num_steps)
+    seg, loc = lay._segments(lay.num_steps - 1, lay.num_steps)
+    b = int(seg[0])
+    p = (loc[:, None] * 64 + np.arange(64)).ravel()
+    q = lay._pool_rows(p) if b == lay.k else lay._perm(b)(p)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < 1_000_000, peak
+    assert lay.num_steps == int((count // 64).sum() + (count % 64).sum() // 64)
+    assert last.shape == (1, 8) and (last == last[0, 0]).all()
+    assert np.unique(q).size == 64 and q.max() >= 2**32 or b == lay.k
+    assert sum(lay.batches_per_target().values()) == lay.num_steps
+    assert lay.usage()[2] == (count % 64).sum() // 64 * 64
+
+
+def test_index_file_is_built_once_and_mapped(tmp_path: Path) -> None:
+    """With index_dir the grouped rows go to one .npy file that later samplers (every rank of a node) map
+    read-only; a damaged file is rebuilt; the plan is the same as with the in-memory index."""
+    ids = make_ids(3000, k=5, seed=13).astype(np.int8)
+    ref = BucketBatchSampler(ids, 4, num_replicas=2, seed=1, leftover="catch_all", catch_all_bucket=0)
+    a = BucketBatchSampler(ids, 4, num_replicas=2, seed=1, leftover="catch_all", catch_all_bucket=0,
+                           index_dir=tmp_path)
+    files = list(tmp_path.glob("*.npy"))
+    assert len(files) == 1 and files[0].stat().st_size < 4 * ids.size + 256  # <= 4 bytes per row
+    mtime = files[0].stat().st_mtime_ns
+    b = BucketBatchSampler(ids, 4, num_replicas=2, seed=1, leftover="catch_all", catch_all_bucket=0,
+                           index_dir=tmp_path)
+    assert isinstance(b._index.low, np.memmap) and not b._index.low.flags.writeable
+    assert files[0].stat().st_mtime_ns == mtime, "an existing index must be mapped, not rebuilt"
+    np.testing.assert_array_equal(a.plan(2), ref.plan(2))
+    np.testing.assert_array_equal(b.plan(2), ref.plan(2))
+    np.save(files[0], np.zeros(5, np.uint32))  # wrong size: rebuilt
+    c = BucketBatchSampler(ids, 4, num_replicas=2, seed=1, leftover="catch_all", catch_all_bucket=0,
+                           index_dir=tmp_path)
+    np.testing.assert_array_equal(c.plan(2), ref.plan(2))
+    assert list(tmp_path.glob("*.tmp")) == []
+
+
+def test_construction_memory_does_not_grow_with_rows(tmp_path: Path) -> None:
+    """Besides the shared index file, building a sampler reads the ids in chunks: its peak Python-heap memory
+    (tracemalloc) stays far below a per-row copy of the ids, and resuming plans nothing of size n."""
+    import tracemalloc
+
+    peaks = []
+    for n in (1_000_000, 4_000_000):
+        ids = np.random.default_rng(0).integers(-1, 19, n).astype(np.int8)
+        tracemalloc.start()
+        s = BucketBatchSampler(ids, 8, num_replicas=8, rank=0, seed=0, leftover="catch_all", catch_all_bucket=0,
+                               index_dir=tmp_path, log_report=False)
+        peaks.append(tracemalloc.get_traced_memory()[1])
+        tracemalloc.reset_peak()
+        s.load_state_dict({**s.state_dict(), "epoch": 3, "batches_consumed": s.steps_per_epoch - 2})
+        first = next(iter(s))
+        resume_peak = tracemalloc.get_traced_memory()[1] - tracemalloc.get_traced_memory()[0]
+        tracemalloc.stop()
+        assert resume_peak < 200_000, resume_peak
+    assert peaks[1] < 1.3 * peaks[0] + 1e6, f"peak grows with rows: {peaks}"
+    assert peaks[1] < 4 * 4_000_000, f"{peaks[1] / 1e6:.1f} MB: as much as an int32 copy of the ids"
+    assert len(first) == 8
+
+
+def test_sampler_resumes_anywhere_and_matches_the_plan() -> None:
     ids = make_ids(600, k=4, seed=9)
     for leftover in ("drop", "fill", "catch_all"):
         kw = dict(seed=2, leftover=leftover, catch_all_bucket=0)

@@ -2,6 +2,9 @@
 
 - :mod:`~hf_arb.sampling.plan` — :func:`plan_epoch`, the pure function (and input validation, merging);
 - :mod:`~hf_arb.sampling.layout` — the epoch layouts (synchronised and independent) behind one interface;
+- :mod:`~hf_arb.sampling.sync` — the synchronised layout, every step computed directly (``O(buckets)`` state);
+- :mod:`~hf_arb.sampling.feistel` — counter-based keyed permutations of ``[0, n)``;
+- :mod:`~hf_arb.sampling.index` — the bucket-grouped row index (4 bytes per row, shareable memory-mapped file);
 - :mod:`~hf_arb.sampling.report` — :class:`PlanReport`;
 - :mod:`~hf_arb.sampling.state` — the resume state and its validation;
 - :mod:`~hf_arb.sampling.sampler` — :class:`BucketBatchSampler`, a thin class around the plan;

@@ -4,20 +4,24 @@
 ``r`` trains on at step ``s``. Every rank computes the same array from the same inputs, so all ranks agree on the
 number of steps and, with ``sync_buckets=True``, on the bucket of every step.
 
-How a synchronised plan is built:
+How a synchronised plan is built (:mod:`~hf_arb.sampling.sync` has the details):
 
-1. Rows are grouped by (effective) bucket once: ``O(n)``.
-2. Each bucket's rows are shuffled with their own random stream (``seed, epoch, bucket``; block by block, see
-   :class:`~hf_arb.sampling.layout.BucketPermutation`) and cut into *global* batches of ``world × batch`` rows.
-   What does not fill a last global batch is the bucket's leftover: dropped (a different random subset each
-   epoch), completed with repeats from the same bucket (``"fill"``), or pooled into catch-all batches served at a
-   base bucket (``"catch_all"``).
-3. All global batches are put in one uniformly random order. A uniform shuffle of whole batches draws, at every
-   step, a bucket with probability proportional to its remaining batches — exactly NovelAI's "probability
-   proportional to remaining size" (``docs/sampler.md`` has the proof).
+1. Rows are grouped by (effective) bucket once: a 4-byte-per-row index (:mod:`~hf_arb.sampling.index`), which
+   the sampler can share between the ranks of a node as a memory-mapped file.
+2. Each bucket's rows are put in a pseudo-random order by a keyed Feistel permutation (``seed, epoch, bucket``;
+   :mod:`~hf_arb.sampling.feistel`) and cut into *global* batches of ``world × batch`` rows. What does not fill
+   a last global batch is the bucket's leftover: dropped (a different random subset each epoch), completed with
+   repeats from the same bucket (``"fill"``), or pooled into catch-all batches served at a base bucket
+   (``"catch_all"``).
+3. All global batches are put in one random order (another Feistel permutation). A uniform shuffle of whole
+   batches draws, at every step, a bucket with probability proportional to its remaining batches — exactly
+   NovelAI's "probability proportional to remaining size" (``docs/sampler.md`` has the proof).
 4. Global batch ``j`` is split into ``world`` consecutive chunks of ``batch`` rows; rank ``r`` takes chunk ``r``.
    Only the global batch size enters steps 1–3, so a run checkpointed on ``W1`` processes resumes on ``W2``
    processes with the same global batch and continues the same global sequence.
+
+Every permutation is evaluated at the positions a step needs, so step ``t``'s batch costs ``O(batch)`` whatever
+``t`` (``O(1)`` resume) and an epoch's state is ``O(buckets)``.
 """
 
 from __future__ import annotations
@@ -26,7 +30,9 @@ from typing import Any, Literal, overload
 
 import numpy as np
 
-from .layout import IndependentLayout, SyncLayout, bucket_counts, group_rows
+from .index import RowIndex, build_index
+from .layout import IndependentLayout, bucket_counts
+from .sync import SyncLayout
 
 Leftover = Literal["drop", "fill", "catch_all"]
 LEFTOVERS = ("drop", "fill", "catch_all")
@@ -35,25 +41,33 @@ CHUNK_STEPS = 4096  # steps materialised at a time (bounds temporary memory)
 
 # --------------------------------------------------------------------------------------------------- validation
 def as_bucket_ids(bucket_ids: Any) -> np.ndarray:
-    """Validate bucket ids → int32 array of shape ``(n,)`` (``-1`` = never sampled)."""
+    """Validate bucket ids → an integer array of shape ``(n,)`` (``-1`` = never sampled).
+
+    An integer numpy array is returned as it is (no copy: at 10⁸ rows an ``int8``/``int16`` id column is
+    100–200 MB, and the plan never needs a wider copy); lists, bools and integral floats are converted.
+    """
     arr = np.asarray(bucket_ids)
     if arr.ndim != 1:
         raise ValueError(
             f"`bucket_ids` must be 1-D (one bucket id per row), got shape {arr.shape}. "
             "Pass the dataset's `bucket` column or a flat list of ints."
         )
-    if arr.size and arr.dtype.kind not in "iub":
+    if arr.size == 0:
+        return np.empty(0, dtype=np.int32)
+    if arr.dtype.kind == "b":
+        arr = arr.astype(np.int8)
+    elif arr.dtype.kind not in "iu":
         if arr.dtype.kind == "f" and np.all(arr == np.round(arr)):
             arr = arr.astype(np.int64)
         else:
             raise ValueError(f"`bucket_ids` must be integers, got dtype {arr.dtype}. Use the `bucket` column.")
-    arr = arr.astype(np.int64, copy=False)
-    if arr.size and arr.min() < -1:
+    lo, hi = int(arr.min()), int(arr.max())
+    if lo < -1:
         i = int(np.argmin(arr))
-        raise ValueError(f"`bucket_ids` must be >= -1 (-1 marks a skipped row), but bucket_ids[{i}] = {int(arr[i])}.")
-    if arr.size and arr.max() >= 2**15 - 1:
-        raise ValueError(f"At most 32766 buckets are supported, got bucket id {int(arr.max())}.")
-    return arr.astype(np.int32)
+        raise ValueError(f"`bucket_ids` must be >= -1 (-1 marks a skipped row), but bucket_ids[{i}] = {lo}.")
+    if hi >= 2**15 - 1:
+        raise ValueError(f"At most 32766 buckets are supported, got bucket id {hi}.")
+    return arr
 
 
 def check_positive(name: str, value: Any) -> int:
@@ -110,39 +124,55 @@ def merge_small_buckets(counts: Any, aspects: Any, min_rows: int) -> np.ndarray:
     return mapping
 
 
-def effective_ids(ids: np.ndarray, merge_map: Any | None) -> tuple[np.ndarray, int]:
-    """Bucket ids after merging (shape ``(n,)``) and the number of bucket ids ``k`` they range over."""
-    k = int(ids.max()) + 1 if ids.size and ids.max() >= 0 else 0
-    if merge_map is None:
-        return ids, k
+def num_buckets(ids: np.ndarray) -> int:
+    """``max(ids) + 1`` (0 when no row is assigned)."""
+    return int(ids.max()) + 1 if ids.size and ids.max() >= 0 else 0
+
+
+def check_merge_map(merge_map: Any, ids: np.ndarray) -> np.ndarray:
+    """``merge_map`` as int64 ``(k',)`` with ``k' >=`` the number of bucket ids, else a ValueError."""
+    k = num_buckets(ids)
     mm = np.asarray(merge_map, dtype=np.int64)
     if mm.ndim != 1 or mm.size < k:
         raise ValueError(f"`merge_map` must have shape (k,) with k >= {k} (one target per bucket), got {mm.shape}.")
+    return mm
+
+
+def effective_ids(ids: np.ndarray, merge_map: Any | None) -> tuple[np.ndarray, int]:
+    """Bucket ids after merging (shape ``(n,)``; an ``O(n)`` copy when merging) and the number of bucket ids
+    ``k`` they range over. Only the independent per-rank layout needs them row by row."""
+    k = num_buckets(ids)
+    if merge_map is None:
+        return ids, k
+    mm = check_merge_map(merge_map, ids)
     eff = np.where(ids >= 0, mm[np.maximum(ids, 0)], -1).astype(np.int32)
     return eff, max(k, mm.size)
 
 
 # --------------------------------------------------------------------------------------------------- layouts
-def make_layout(eff_ids: np.ndarray, k: int, *, batch_size: int, world_size: int, seed: int, epoch: int,
+def make_layout(eff_ids: np.ndarray | None, k: int, *, batch_size: int, world_size: int, seed: int, epoch: int,
                 shuffle: bool, sync_buckets: bool, leftover: str, catch_all_bucket: int | None,
-                grouping: Any | None = None) -> SyncLayout | IndependentLayout:
-    """The layout of one epoch (see :mod:`hf_arb.sampling.layout`); ``grouping`` reuses a precomputed grouping."""
+                index: RowIndex | None = None) -> SyncLayout | IndependentLayout:
+    """The layout of one epoch (see :mod:`hf_arb.sampling.layout`). A synchronised layout reads the grouped rows
+    ``index`` (built from ``eff_ids`` when None); an independent one reads ``eff_ids``."""
     if sync_buckets:
-        g = grouping if grouping is not None else group_rows(eff_ids, k)
-        return SyncLayout(g, world_size, batch_size, seed, epoch, shuffle, leftover, catch_all_bucket)
+        if index is None:
+            index = build_index(eff_ids, None, k)  # type: ignore[arg-type]
+        return SyncLayout(index, world_size, batch_size, seed, epoch, shuffle, leftover, catch_all_bucket)
     return IndependentLayout(eff_ids, k, world_size, batch_size, seed, epoch, shuffle, leftover, catch_all_bucket)
 
 
-def iter_chunks(layout: Any, start: int = 0, max_chunk: int = CHUNK_STEPS) -> Any:
-    """Yield ``(s0, rows)`` with ``rows`` of shape ``(m, world, batch)`` for steps ``[start, steps)``.
+def iter_chunks(layout: Any, start: int = 0, max_chunk: int = CHUNK_STEPS, rank: int | None = None) -> Any:
+    """Yield ``(s0, rows)`` with ``rows`` of shape ``(m, world, batch)`` for steps ``[start, steps)`` (with
+    ``rank``: ``(m, 1, batch)``, that rank's batches only).
 
-    Chunks grow 1, 8, 64, … steps: the first batch after a resume only shuffles its own bucket's block.
+    Chunks grow 1, 8, 64, … steps: the first batch after a resume computes one step.
     """
     s0, size = start, 1
     while s0 < layout.num_steps:
         s1 = min(layout.num_steps, s0 + size)
         size = min(size * 8, max_chunk)
-        yield s0, layout.rows(s0, s1)
+        yield s0, layout.rows(s0, s1, rank)
         s0 = s1
 
 
@@ -212,14 +242,21 @@ def plan_epoch(
     batch_size, world_size = check_positive("batch_size", batch_size), check_positive("world_size", world_size)
     seed, epoch = check_nonneg("seed", seed), check_nonneg("epoch", epoch)
     leftover = check_leftover(leftover)  # type: ignore[assignment]
-    eff, k = effective_ids(ids, merge_map)
-    if leftover == "catch_all":
-        if catch_all_bucket is None:
-            raise ValueError('`leftover="catch_all"` needs `catch_all_bucket` (the bucket that serves the leftovers).')
-        k = max(k, int(catch_all_bucket) + 1)
+    if leftover == "catch_all" and catch_all_bucket is None:
+        raise ValueError('`leftover="catch_all"` needs `catch_all_bucket` (the bucket that serves the leftovers).')
+    extra = int(catch_all_bucket) + 1 if leftover == "catch_all" else 0
+    index = None
+    if sync_buckets:
+        mm = None if merge_map is None else check_merge_map(merge_map, ids)
+        k = max(num_buckets(ids) if mm is None else mm.size, extra)
+        eff = None
+        index = build_index(ids, mm, k)
+    else:
+        eff, k = effective_ids(ids, merge_map)
+        k = max(k, extra)
     layout = make_layout(eff, k, batch_size=batch_size, world_size=world_size, seed=seed, epoch=epoch,
                          shuffle=shuffle, sync_buckets=sync_buckets, leftover=leftover,
-                         catch_all_bucket=catch_all_bucket)
+                         catch_all_bucket=catch_all_bucket, index=index)
     plan = np.empty((layout.num_steps, world_size, batch_size), dtype=np.int64)
     for s0 in range(0, layout.num_steps, CHUNK_STEPS):  # chunks bound the index temporaries
         s1 = min(layout.num_steps, s0 + CHUNK_STEPS)

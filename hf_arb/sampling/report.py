@@ -67,7 +67,8 @@ def build_report(layout: Any, *, epoch: int, counts: np.ndarray, rows_total: int
     """The report of one epoch's layout.
 
     Args:
-        layout: a :class:`~hf_arb.sampling.layout.SyncLayout` or ``IndependentLayout``.
+        layout: a :class:`~hf_arb.sampling.sync.SyncLayout` or ``IndependentLayout`` (closed-form counts: no
+            pass over the epoch's steps).
         epoch: the epoch it plans.
         counts: rows per original bucket, shape ``(k,)``.
         rows_total: rows of the dataset, assigned or not.
@@ -80,12 +81,10 @@ def build_report(layout: Any, *, epoch: int, counts: np.ndarray, rows_total: int
         moved = merge_map[: counts.size] != np.arange(counts.size)  # (k,)
         merged = int(counts[moved].sum())
     used, repeated, catch = layout.usage()
-    per_step = layout.targets[:, 0]  # (steps,): in a synced plan every rank's column is equal
-    tvals, tcounts = np.unique(layout.targets if not sync_buckets else per_step, return_counts=True)
     return PlanReport(
         epoch=epoch, rows_total=rows_total, rows_unassigned=rows_total - assigned, rows_used=used,
         rows_dropped=assigned - used, rows_repeated=repeated, rows_merged=merged, rows_catch_all=catch,
         steps=layout.num_steps, num_replicas=layout.world, batch_size=layout.batch,
         global_batch_size=layout.world * layout.batch, leftover=leftover, sync_buckets=sync_buckets,
-        batches_per_bucket={int(t): int(c) for t, c in zip(tvals.tolist(), tcounts.tolist())},
+        batches_per_bucket=layout.batches_per_target(),
     )

@@ -14,20 +14,27 @@ batches.
 from __future__ import annotations
 
 import logging
+import os
+import tempfile
 import warnings
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from .index import LOW_BITS, build_index, count_blocks, open_index
 from .inputs import aspects, choose_catch_all, default_world, fingerprint, leftover_from, read_input, runtime_world
-from .layout import bucket_counts, group_rows
 from .plan import Leftover, check_nonneg, check_positive, effective_ids, iter_chunks, make_layout, merge_small_buckets
 from .rank import RankBatchSampler
 from .report import PlanReport, build_report
 from .state import PLAN_VERSION, STATE_FORMAT, as_state_mapping, check_state
 
 logger = logging.getLogger(__name__)
+
+#: with ``index_dir=None``, grouped row indexes up to this many rows (64 MB) stay in memory; larger ones go to a
+#: memory-mapped file shared by the processes of the node
+INDEX_IN_MEMORY_ROWS = 1 << 24
 
 
 class BucketBatchSampler:
@@ -62,6 +69,12 @@ class BucketBatchSampler:
         buckets: a ``BucketSet`` or resolutions of shape ``(k, 2)`` as ``(width, height)``; read from the dataset
             when it is annotated.
         log_report: log :meth:`report` once when iteration first starts.
+        index_dir: where the bucket-grouped row index (4 bytes per assigned row, ``sync_buckets=True``) is kept.
+            None (default): in memory below :data:`INDEX_IN_MEMORY_ROWS` rows (16 M rows, 64 MB), above that a
+            file in the system's temporary directory. A directory: always a file there, named after the
+            fingerprint of the bucket ids, written once (by whichever process gets there first; concurrent
+            writers produce identical bytes and rename atomically) and memory-mapped read-only by every process
+            of the node, so the node holds it once in its page cache. Use a node-local disk at web scale.
 
     Example:
         ```py
@@ -89,6 +102,7 @@ class BucketBatchSampler:
         merge_small: bool = False,
         buckets: Any | None = None,
         log_report: bool = True,
+        index_dir: str | os.PathLike | None = None,
     ) -> None:
         ids, self.resolutions = read_input(bucket_ids, buckets)
         self._set_world(num_replicas, rank, batch_size, split_batches)
@@ -97,6 +111,7 @@ class BucketBatchSampler:
         self.leftover = leftover_from(drop_last, leftover)
         self.drop_last = self.leftover == "drop"
         self.log_report = bool(log_report)
+        self._index_dir = index_dir
         self._prepare_plan(ids, catch_all_bucket, merge_small)
         self._epoch, self._consumed = 0, 0
         self._restored_epoch: int | None = None  # set by load_state_dict until the next set_epoch/iteration
@@ -128,14 +143,18 @@ class BucketBatchSampler:
         self.batch_size = batch_size
 
     def _prepare_plan(self, ids: np.ndarray, catch_all_bucket: int | None, merge_small: bool) -> None:
-        """Counts, merge map, catch-all bucket, and the O(n) grouping every epoch reuses."""
-        n_valid = int(np.count_nonzero(ids >= 0))
+        """Counts, merge map, catch-all bucket, fingerprint, and the grouped row index every epoch reuses.
+
+        Reads ``ids`` in chunks: besides the index (4 bytes per assigned row, shareable, see ``index_dir``) the
+        temporaries stay at a few tens of MB whatever the number of rows.
+        """
         self._rows_total = int(ids.size)
-        if n_valid == 0:
+        k = int(ids.max()) + 1 if ids.size else 0
+        blocks = count_blocks(ids, max(k, 0))  # (H, k) rows per (block of 2^32 rows, bucket)
+        self._counts = blocks.sum(axis=0)  # (k,)
+        if k <= 0 or int(self._counts.sum()) == 0:
             raise ValueError(f"No row has a bucket (got {ids.size} rows, all -1 or none). The sampler needs at least "
                              "one assigned row: check the annotation (`skip_reason` column) or the bucket set.")
-        k = int(ids.max()) + 1
-        self._counts = bucket_counts(ids, k)  # (k,)
         self._merge_map = None
         if merge_small:
             if self.resolutions is None:
@@ -144,13 +163,21 @@ class BucketBatchSampler:
             min_rows = self.global_batch_size if self.sync_buckets else self.per_rank_batch_size
             self._merge_map = merge_small_buckets(self._counts, aspects(self.resolutions)[:k], min_rows)
         self.catch_all_bucket = choose_catch_all(self.leftover, catch_all_bucket, self.resolutions, self._counts)
-        self._eff, self._k = effective_ids(ids, self._merge_map)
+        self._k = k if self._merge_map is None else max(k, self._merge_map.size)
         if self.catch_all_bucket is not None:
             self._k = max(self._k, self.catch_all_bucket + 1)
-        self._grouping = group_rows(self._eff, self._k) if self.sync_buckets else None
         self._fingerprint = fingerprint(ids, self._merge_map)
-        if self.sync_buckets:  # the grouping is all a synchronised plan needs
-            self._eff = None  # type: ignore[assignment]
+        self._eff, self._index = None, None
+        if not self.sync_buckets:  # independent per-rank plans read the (merged) id of every row
+            self._eff = effective_ids(ids, self._merge_map)[0]
+            return
+        n_valid = int(self._counts.sum())
+        if self._index_dir is None and n_valid <= INDEX_IN_MEMORY_ROWS:
+            self._index = build_index(ids, self._merge_map, self._k, blocks)
+        else:
+            folder = Path(tempfile.gettempdir()) / "hf_arb_index" if self._index_dir is None else Path(self._index_dir)
+            name = f"rows-{self._fingerprint}-k{self._k}-b{LOW_BITS}.npy"
+            self._index = open_index(ids, self._merge_map, self._k, blocks, folder / name)
 
     def _remedies(self) -> list[str]:
         out = ["a smaller `batch_size`", "fewer buckets"]
@@ -219,7 +246,7 @@ class BucketBatchSampler:
         if self._layout_cache is None or self._layout_cache[0] != epoch:
             lay = make_layout(self._eff, self._k, batch_size=self.per_rank_batch_size, world_size=self.num_replicas,
                               seed=self.seed, epoch=epoch, shuffle=self.shuffle, sync_buckets=self.sync_buckets,
-                              leftover=self.leftover, catch_all_bucket=self.catch_all_bucket, grouping=self._grouping)
+                              leftover=self.leftover, catch_all_bucket=self.catch_all_bucket, index=self._index)
             self._layout_cache = (epoch, lay)
         return self._layout_cache[1]
 
@@ -278,8 +305,9 @@ class BucketBatchSampler:
                 f"or pass num_replicas=accelerator.num_processes."
             )
 
-    def _steps(self) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
-        """Yield ``(epoch, rows (W, B), targets (W,))`` for each remaining step; moves the cursor as it goes."""
+    def _steps(self, rank: int | None = None) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+        """Yield ``(epoch, rows (W, B), targets (W,))`` for each remaining step (with ``rank``: ``(1, B)`` and
+        ``(1,)``, that rank's only); moves the cursor as it goes."""
         self._check_world()
         if self.log_report and not self._logged:
             self._logged = True
@@ -289,8 +317,10 @@ class BucketBatchSampler:
             self._epoch, self._consumed = self._epoch + 1, 0
         e = self._epoch
         lay = self._layout(e)
-        for s0, rows in iter_chunks(lay, self._consumed):
-            targets = lay.targets[s0 : s0 + len(rows)]  # (m, W)
+        for s0, rows in iter_chunks(lay, self._consumed, rank=rank):
+            targets = lay.step_targets(s0, s0 + len(rows))  # (m, W)
+            if rank is not None:
+                targets = targets[:, rank : rank + 1]
             for i in range(len(rows)):
                 if self._epoch == e:
                     self._consumed = s0 + i + 1

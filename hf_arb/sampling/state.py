@@ -15,7 +15,7 @@ from typing import Any
 from .plan import check_nonneg
 
 STATE_FORMAT = 1
-PLAN_VERSION = 1  # bump whenever the same inputs would give a different plan: old states are then refused
+PLAN_VERSION = 2  # 2: counter-based (Feistel) permutations, O(buckets) state; bump whenever the same inputs would give a different plan: old states are then refused
 
 
 def _mismatch(name: str, saved: Any, ours: Any, fix: str) -> ValueError:

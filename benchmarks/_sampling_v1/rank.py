@@ -1,0 +1,33 @@
+"""One rank's view of the global plan, for plain PyTorch DDP without accelerate (``sampler.shard(rank)``)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+
+class RankBatchSampler:
+    """One rank's view of a :class:`BucketBatchSampler` (``sampler.shard(rank)``): yields ``plan[s, rank]`` for
+    each step. The cursor, epoch and state are the parent sampler's."""
+
+    def __init__(self, parent: Any, rank: int) -> None:
+        if not 0 <= int(rank) < parent.num_replicas:
+            raise ValueError(f"`rank` must be in [0, {parent.num_replicas}), got {rank}.")
+        self.parent, self.rank = parent, int(rank)
+        self.batch_size, self.drop_last = parent.per_rank_batch_size, parent.drop_last
+
+    def __len__(self) -> int:
+        return self.parent.steps_per_epoch
+
+    def __iter__(self) -> Iterator[list]:
+        for e, rows, targets in self.parent._steps():
+            yield self.parent._keys(rows[self.rank], int(targets[self.rank]), e)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.parent.set_epoch(epoch)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.parent.state_dict()
+
+    def load_state_dict(self, state: Any) -> None:
+        self.parent.load_state_dict(state)
