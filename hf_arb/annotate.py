@@ -223,8 +223,12 @@ def _image_batch(values: Any, *, config: str, max_upscale: float | None, min_siz
 
     ``values`` is a Python list (streaming) or an Arrow column (map-style, read zero-copy).
     """
-    if isinstance(values, (pa.ChunkedArray, pa.Array)):
-        values = _arrow_values(values)
+    if isinstance(values, (pa.ChunkedArray, pa.Array)):  # map-style: the engines' Arrow-batch function
+        from .arrow_batch import bucket_columns
+
+        table = bucket_columns(pa.table({"image": values}), _buckets_from_json(config), image_column="image",
+                               max_upscale=max_upscale, min_size=min_size)
+        return table.to_pydict() if as_dict else table
     w, h, reasons = _sizes_of(values)
     table = annotate_sizes(w, h, _buckets_from_json(config), reasons=reasons, max_upscale=max_upscale, min_size=min_size)
     return table.to_pydict() if as_dict else table
@@ -233,8 +237,10 @@ def _image_batch(values: Any, *, config: str, max_upscale: float | None, min_siz
 def _size_batch(widths: list[Any], heights: list[Any], *, config: str, max_upscale: float | None,
                 min_size: int | None, as_dict: bool) -> Any:
     """``map`` function for the metadata path (streaming): width/height values → bucket columns."""
-    table = annotate_sizes(_float_array(_none_to_nan(widths)), _float_array(_none_to_nan(heights)),
-                           _buckets_from_json(config), max_upscale=max_upscale, min_size=min_size)
+    from .arrow_batch import bucket_columns
+
+    table = bucket_columns(pa.table({"w": _none_to_nan(widths), "h": _none_to_nan(heights)}), _buckets_from_json(config),
+                           width_column="w", height_column="h", max_upscale=max_upscale, min_size=min_size)
     return table.to_pydict() if as_dict else table
 
 
@@ -348,7 +354,10 @@ def _annotate_dataset(ds: Any, buckets: BucketSet, *, image_column: str | None, 
     if width_column is not None:
         _check_columns(base.column_names, (width_column, height_column))
         cols = base.select_columns([width_column, height_column]).with_format("arrow")[:]  # pa.Table, indices applied
-        table = annotate_sizes(cols.column(0), cols.column(1), buckets, max_upscale=max_upscale, min_size=min_size)
+        from .arrow_batch import bucket_columns
+
+        table = bucket_columns(cols, buckets, width_column=width_column, height_column=height_column,
+                               max_upscale=max_upscale, min_size=min_size)
         fp = _fingerprint(base._fingerprint, buckets.fingerprint, width_column, height_column, max_upscale, min_size)
         new = datasets.Dataset(table.cast(features.arrow_schema), info=datasets.DatasetInfo(features=features),
                                fingerprint=fp)
