@@ -231,3 +231,27 @@ def test_spark_equals_datasets_map_on_image_bytes(spark, images_parquet: Path, t
     assert isinstance(loaded.features["image"], datasets.Image)
     assert BucketSet.from_dataset(loaded) == BUCKETS
     _assert_summary_equal(hf_spark.summarize(out, BUCKETS), summarize_annotation(want, BUCKETS))
+
+
+# ----------------------------------------------------------------------------------- CLI
+@pytest.mark.slow
+@pytest.mark.parametrize("engine", ["ray", "spark"])
+def test_cli_engine_writes_parquet_that_datasets_reads(engine: str, request: pytest.FixtureRequest,
+                                                       images_parquet: Path, tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    from hf_arb.cli import main
+
+    request.getfixturevalue("ray_cluster" if engine == "ray" else "spark")  # the CLI reuses the running cluster
+    out = tmp_path / "out"
+    rc = main(["annotate", str(images_parquet), "--engine", engine, "--output-dir", str(out), "--preset", "sdxl",
+               "--max-aspect-error", "0.12", "--max-upscale", "2", "--min-size", "64"])
+    assert rc == 0
+    printed = capsys.readouterr().out
+    assert "unreadable 2" in printed and "rows: 12" in printed
+    loaded = datasets.load_dataset("parquet", data_dir=str(out), split="train")
+    assert BucketSet.from_dataset(loaded) == BUCKETS
+    assert isinstance(loaded.features["image"], datasets.Image)
+    _assert_rows_equal(loaded, _reference(images_parquet))
+    (tmp_path / "empty").mkdir()
+    assert main(["annotate", str(tmp_path / "empty"), "--engine", engine, "--output-dir", str(tmp_path / "x")]) == 1
+    assert "is not a .parquet file" in capsys.readouterr().err
