@@ -158,22 +158,21 @@ def main() -> int:
     load0 = os.getloadavg()[0]
     only = set(args.only.split(","))
     results: dict[str, dict[str, float]] = {}
-    if "datasets" in only:
-        s, sm, n = run_datasets(src, root / "out-datasets", use_map=False)
-        assert n == rows
-        results["datasets"] = {"seconds": s, "summary": sm}
-    if "map" in only:
-        s, sm, n = run_datasets(src, root / "out-map", use_map=True)
-        assert n == rows
-        results["datasets.map"] = {"seconds": s, "summary": sm}
-    if "ray" in only:
-        st, s, sm, n = run_ray(src, root / "out-ray", args.cpus)
-        assert n == rows
-        results["Ray Data"] = {"seconds": s, "summary": sm, "startup": st}
-    if "spark" in only:
-        st, s, sm, n = run_spark(src, root / "out-spark", args.cpus)
-        assert n == rows
-        results["Spark"] = {"seconds": s, "summary": sm, "startup": st}
+    runs = [("datasets", "datasets", lambda: (None, *run_datasets(src, root / "out-datasets", use_map=False))),
+            ("map", "datasets.map", lambda: (None, *run_datasets(src, root / "out-map", use_map=True))),
+            ("ray", "Ray Data", lambda: run_ray(src, root / "out-ray", args.cpus)),
+            ("spark", "Spark", lambda: run_spark(src, root / "out-spark", args.cpus))]
+    for key, name, fn in runs:
+        if key not in only:
+            continue
+        st, s, sm, n = fn()
+        assert n == rows, (name, n, rows)
+        results[name] = {"seconds": s, "summary": sm, **({} if st is None else {"startup": st})}
+        _save(results, rows, args, load0)  # after every engine: a later failure keeps the figures so far
+    return 0
+
+
+def _save(results: dict[str, dict[str, float]], rows: int, args: argparse.Namespace, load0: float) -> None:
     load1 = os.getloadavg()[0]
     base = results.get("datasets", {}).get("seconds")
     table = []
@@ -193,7 +192,6 @@ def main() -> int:
                  f"{load0:.1f} at the start and {load1:.1f} at the end (the machine was shared: figures are "
                  "pessimistic for Ray and Spark, which need free cores for their workers)."),
         extra={"rows": rows, "cpus": args.cpus, "loadavg": [load0, load1], "results": results})
-    return 0
 
 
 if __name__ == "__main__":
