@@ -1,6 +1,7 @@
 """Ray Data and Spark run the same Arrow-batch function as ``datasets.map``: row-for-row equal results.
 
-The clusters are real and local (``ray.init(num_cpus=2)``, ``local[2]``), started once per session and shared.
+The clusters are real and local (``ray.init(num_cpus=2)``, ``local[2]``), started once per session and shared; the
+cluster tests share one xdist group, so under ``-n 2 --dist loadgroup`` one worker runs them all.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import pytest
 from hf_arb import BucketBatchSampler, BucketSet, add_bucket_columns
 from hf_arb.annotate import summarize_annotation, summarize_columns
 from hf_arb.arrow_batch import ERROR_BIN, BatchAnnotator, annotate_batch, bucket_columns, summary_from_groups, summary_partials
-from hf_arb.schema import BUCKET_COLUMNS, CONFIG_ID_PREFIX
+from hf_arb.schema import BUCKET_COLUMNS, CONFIG_ID_PREFIX, buckets_from_card
 
 from _photos import PHOTOS, encode, photo
 
@@ -174,6 +175,7 @@ def test_summary_from_groups_equals_column_summary() -> None:
 
 # ----------------------------------------------------------------------------------- Ray
 @pytest.mark.slow
+@pytest.mark.xdist_group("engines")  # one worker: the clusters start once and never compete
 def test_ray_equals_datasets_map_on_100k_rows(ray_cluster, sizes_parquet: Path, sizes_reference: datasets.Dataset,
                                               tmp_path: Path) -> None:
     from hf_arb.engines import ray as hf_ray
@@ -187,6 +189,7 @@ def test_ray_equals_datasets_map_on_100k_rows(ray_cluster, sizes_parquet: Path, 
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("engines")  # one worker: the clusters start once and never compete
 def test_ray_equals_datasets_map_on_image_bytes(ray_cluster, images_parquet: Path, tmp_path: Path) -> None:
     from hf_arb.engines import ray as hf_ray
 
@@ -204,6 +207,7 @@ def test_ray_equals_datasets_map_on_image_bytes(ray_cluster, images_parquet: Pat
 
 # ----------------------------------------------------------------------------------- Spark
 @pytest.mark.slow
+@pytest.mark.xdist_group("engines")  # one worker: the clusters start once and never compete
 def test_spark_equals_datasets_map_on_100k_rows(spark, sizes_parquet: Path, sizes_reference: datasets.Dataset,
                                                 tmp_path: Path) -> None:
     from hf_arb.engines import spark as hf_spark
@@ -218,6 +222,7 @@ def test_spark_equals_datasets_map_on_100k_rows(spark, sizes_parquet: Path, size
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("engines")  # one worker: the clusters start once and never compete
 def test_spark_equals_datasets_map_on_image_bytes(spark, images_parquet: Path, tmp_path: Path) -> None:
     from hf_arb.engines import spark as hf_spark
 
@@ -235,6 +240,7 @@ def test_spark_equals_datasets_map_on_image_bytes(spark, images_parquet: Path, t
 
 # ----------------------------------------------------------------------------------- CLI
 @pytest.mark.slow
+@pytest.mark.xdist_group("engines")  # one worker: the clusters start once and never compete
 @pytest.mark.parametrize("engine", ["ray", "spark"])
 def test_cli_engine_writes_parquet_that_datasets_reads(engine: str, request: pytest.FixtureRequest,
                                                        images_parquet: Path, tmp_path: Path,
@@ -250,6 +256,7 @@ def test_cli_engine_writes_parquet_that_datasets_reads(engine: str, request: pyt
     assert "unreadable 2" in printed and "rows: 12" in printed
     loaded = datasets.load_dataset("parquet", data_dir=str(out), split="train")
     assert BucketSet.from_dataset(loaded) == BUCKETS
+    assert buckets_from_card(out / "README.md") == BUCKETS  # the card travels with the files
     assert isinstance(loaded.features["image"], datasets.Image)
     _assert_rows_equal(loaded, _reference(images_parquet))
     (tmp_path / "empty").mkdir()

@@ -1,7 +1,7 @@
 """``hf-arb annotate --engine ray|spark``: annotate Parquet on a cluster engine and write Parquet.
 
 The output folder holds ``part-*.parquet`` files whose schema metadata carries the ``datasets`` features (the
-BucketSet rides in the ``bucket`` feature), so ``datasets.load_dataset("parquet", data_dir=OUT)`` and
+BucketSet rides in the ``bucket`` feature) and a ``README.md`` dataset card with the ``hf_arb`` YAML block, so ``datasets.load_dataset("parquet", data_dir=OUT)`` and
 ``BucketSet.from_dataset`` read it back exactly. Ray connects to ``RAY_ADDRESS`` when set (else starts a local
 cluster); Spark uses the session ``spark-submit`` configured (else ``local[*]``).
 """
@@ -76,6 +76,12 @@ def run_engine(args: argparse.Namespace, buckets: BucketSet) -> int:
         finally:
             if active is None:
                 spark.stop()
+    # The dataset card (README.md) with the hf_arb YAML block: `hf upload-large-folder` pushes it with the files.
+    from ..hub import update_card_text
+
+    card = Path(out) / "README.md"
+    card.write_text(update_card_text(card.read_text(encoding="utf-8") if card.exists() else None, Path(out).name,
+                                     buckets, {"default": {"train": summary.to_dict()}}, None), encoding="utf-8")
     print(summary)
     print(f"saved Parquet to {out} (load it with datasets.load_dataset('parquet', data_dir={out!r}))")
     return 0
