@@ -85,17 +85,36 @@ def bucket_columns(batch: pa.RecordBatch | pa.Table, buckets: BucketSet, *, imag
     return annotate_sizes(w, h, buckets, reasons=reasons, max_upscale=max_upscale, min_size=min_size)
 
 
-@functools.lru_cache(maxsize=64)
-def _metadata(schema: pa.Schema, config: str, features: str | None) -> dict[bytes, bytes]:
-    """``b"huggingface"`` schema metadata for the annotated schema: input features plus the bucket features."""
-    import datasets
+@functools.lru_cache(maxsize=16)
+def _bucket_features_json(config: str) -> str:
+    """JSON of the bucket columns' ``datasets`` features (imports ``datasets``: done once, on the driver)."""
+    return json.dumps(bucket_features(_buckets(config)).to_dict())
 
-    out = datasets.Features.from_arrow_schema(schema)  # keeps e.g. Image where the input schema carried it
-    if features is not None:  # given input features win where their Arrow type is the batch's (datasets' own rule)
-        given = datasets.Features.from_dict(json.loads(features))
-        out.update({k: v for k, v in given.items() if k in out and given.arrow_schema.field(k) == schema.field(k)})
-    out.update(bucket_features(_buckets(config)))
-    return {b"huggingface": json.dumps({"info": {"features": out.to_dict()}}).encode()}
+
+@functools.lru_cache(maxsize=256)
+def _metadata(input_metadata: bytes | None, features: str | None, bucket_json: str) -> dict[bytes, bytes]:
+    """``b"huggingface"`` schema metadata of an annotated batch, built from JSON alone (workers never import datasets).
+
+    Features of the input columns come from the batch's own ``b"huggingface"`` metadata, then from ``features``
+    (given by the caller); columns with neither are left to ``datasets`` to infer from their Arrow types on load
+    (``Features.from_arrow_schema`` also ignores a stored feature whose Arrow type differs from the column's).
+    """
+    out: dict[str, Any] = {}
+    if input_metadata:
+        try:
+            out.update(json.loads(input_metadata)["info"]["features"] or {})
+        except (ValueError, KeyError, TypeError):
+            pass  # not datasets' metadata: infer on load
+    if features:
+        out.update(json.loads(features))
+    for c in BUCKET_COLUMNS:
+        out.pop(c, None)
+    out.update(json.loads(bucket_json))
+    return {b"huggingface": json.dumps({"info": {"features": out}}).encode()}
+
+
+def _input_metadata(schema: pa.Schema) -> bytes | None:
+    return (schema.metadata or {}).get(b"huggingface")
 
 
 def _features_json(features: Any) -> str | None:
@@ -114,7 +133,8 @@ def output_schema(schema: pa.Schema, buckets: BucketSet, features: Any = None) -
     """
     base = pa.schema([f for f in schema if f.name not in BUCKET_COLUMNS], metadata=schema.metadata)
     fields = list(base) + list(arrow_schema())
-    return pa.schema(fields, metadata=_metadata(base, buckets.to_json(), _features_json(features)))
+    meta = _metadata(_input_metadata(schema), _features_json(features), _bucket_features_json(buckets.to_json()))
+    return pa.schema(fields, metadata=meta)
 
 
 def annotate_batch(batch: pa.RecordBatch | pa.Table, buckets: BucketSet, *, features: Any = None,
@@ -132,16 +152,17 @@ def annotate_batch(batch: pa.RecordBatch | pa.Table, buckets: BucketSet, *, feat
         The input columns (minus any old bucket columns) followed by the :data:`~hf_arb.schema.BUCKET_COLUMNS`; the
         schema metadata holds the ``datasets`` features, so Parquet written from it restores the BucketSet.
     """
-    return _annotate(batch, buckets, _features_json(features), kwargs)
+    return _annotate(batch, buckets, _features_json(features), _bucket_features_json(buckets.to_json()), kwargs)
 
 
-def _annotate(batch: pa.RecordBatch | pa.Table, buckets: BucketSet, features: str | None,
+def _annotate(batch: pa.RecordBatch | pa.Table, buckets: BucketSet, features: str | None, bucket_json: str,
               kwargs: dict[str, Any]) -> pa.RecordBatch | pa.Table:
     table = _table(batch)
     new = bucket_columns(table, buckets, **kwargs)
     keep = [c for c in table.column_names if c not in BUCKET_COLUMNS]
     base = pa.schema([table.schema.field(c) for c in keep], metadata=table.schema.metadata)
-    schema = pa.schema(list(base) + list(arrow_schema()), metadata=_metadata(base, buckets.to_json(), features))
+    schema = pa.schema(list(base) + list(arrow_schema()),
+                       metadata=_metadata(_input_metadata(table.schema), features, bucket_json))
     arrays = [table.column(c) for c in keep] + list(new.columns)
     if isinstance(batch, pa.RecordBatch):
         return pa.RecordBatch.from_arrays([a.combine_chunks() for a in arrays], schema=schema)
@@ -156,6 +177,7 @@ class BatchAnnotator:
         config: ``BucketSet.to_json()``.
         image_column, width_column, height_column, max_upscale, min_size: as in :func:`bucket_columns`.
         features: JSON of the input columns' ``datasets.Features`` (``Features.to_dict()``), or None.
+        bucket_features: JSON of the bucket columns' features, made on the driver so workers need no ``datasets``.
     """
 
     config: str
@@ -165,6 +187,7 @@ class BatchAnnotator:
     max_upscale: float | None = None
     min_size: int | None = None
     features: str | None = None
+    bucket_features: str = ""
 
     @classmethod
     def create(cls, buckets: BucketSet, *, features: Any = None, **kwargs: Any) -> BatchAnnotator:
@@ -178,7 +201,8 @@ class BatchAnnotator:
         if not isinstance(buckets, BucketSet):
             raise TypeError(f"`buckets` must be a hf_arb.BucketSet, got {type(buckets).__name__}. "
                             "Build one with BucketSet.sdxl(), BucketSet.novelai() or BucketSet.from_budget(...).")
-        out = cls(buckets.to_json(), **kwargs, features=_features_json(features))
+        out = cls(buckets.to_json(), **kwargs, features=_features_json(features),
+                  bucket_features=_bucket_features_json(buckets.to_json()))
         if (out.width_column is None) != (out.height_column is None):
             raise ValueError(f"Pass both `width_column` and `height_column` or neither, got "
                              f"width_column={out.width_column!r}, height_column={out.height_column!r}.")
@@ -203,7 +227,8 @@ class BatchAnnotator:
         return [str(self.image_column)]
 
     def __call__(self, batch: pa.RecordBatch | pa.Table) -> pa.RecordBatch | pa.Table:
-        return _annotate(batch, self.buckets, self.features, dict(
+        return _annotate(batch, self.buckets, self.features,
+                         self.bucket_features or _bucket_features_json(self.config), dict(
             image_column=self.image_column, width_column=self.width_column, height_column=self.height_column,
             max_upscale=self.max_upscale, min_size=self.min_size))
 

@@ -160,6 +160,23 @@ def test_arrow_batch_keeps_type_metadata_and_matches_the_core() -> None:
         BatchAnnotator.create("sdxl")  # type: ignore[arg-type]
 
 
+def test_pickled_annotator_runs_without_importing_datasets(tmp_path: Path) -> None:
+    """What a Ray/Spark worker does: unpickle the annotator, map a batch; the metadata was made on the driver."""
+    import pickle
+    import subprocess
+
+    fn = BatchAnnotator.create(BUCKETS, width_column="WIDTH", height_column="HEIGHT", **OPTS)
+    (tmp_path / "fn.pkl").write_bytes(pickle.dumps(fn))
+    pq.write_table(_sizes_table(1000), tmp_path / "in.parquet")
+    code = ("import pickle, sys, pyarrow.parquet as pq; fn = pickle.load(open(sys.argv[1], 'rb')); "
+            "pq.write_table(fn(pq.read_table(sys.argv[2])), sys.argv[3]); assert 'datasets' not in sys.modules")
+    subprocess.run([sys.executable, "-c", code, str(tmp_path / "fn.pkl"), str(tmp_path / "in.parquet"),
+                    str(tmp_path / "out.parquet")], check=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    loaded = datasets.load_dataset("parquet", data_files=str(tmp_path / "out.parquet"), split="train")
+    assert BucketSet.from_dataset(loaded) == BUCKETS
+    assert loaded.features["id"] == datasets.Value("int64")  # left to datasets to infer
+
+
 def test_summary_from_groups_equals_column_summary() -> None:
     t = bucket_columns(_sizes_table(20_000, seed=5), BUCKETS, width_column="WIDTH", height_column="HEIGHT", **OPTS)
     parts = pa.concat_tables([summary_partials(b) for b in t.to_batches(max_chunksize=3000)])  # 7 partial batches
