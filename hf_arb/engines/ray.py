@@ -57,9 +57,11 @@ def add_bucket_columns(ds: Any, buckets: BucketSet, image_column: str | None = "
     fn = BatchAnnotator.create(buckets, image_column=image_column, width_column=width_column,
                                height_column=height_column, max_upscale=max_upscale, min_size=min_size,
                                features=features)
-    missing = [c for c in fn.input_columns if c not in ds.columns()]
+    schema = ds.schema(fetch_if_missing=False)  # known without running anything (e.g. read_parquet); else checked
+    names = list(schema.names) if schema is not None else None  # in the tasks with the same message
+    missing = [c for c in fn.input_columns if names is not None and c not in names]
     if missing:
-        raise ValueError(f"Column(s) {missing} are not in the Ray dataset; its columns are {ds.columns()}. Pass the "
+        raise ValueError(f"Column(s) {missing} are not in the Ray dataset; its columns are {names}. Pass the "
                          "right name with image_column=..., width_column=..., height_column=...")
     return ds.map_batches(fn, batch_format="pyarrow", batch_size=batch_size, zero_copy_batch=True,
                           **map_batches_kwargs)
