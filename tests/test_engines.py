@@ -207,19 +207,10 @@ def test_ray_equals_datasets_map_on_100k_rows(ray_cluster, sizes_parquet: Path, 
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("engines")  # one worker: the clusters start once and never compete
-def test_ray_equals_datasets_map_on_image_bytes(ray_cluster, images_parquet: Path, tmp_path: Path) -> None:
-    from hf_arb.engines import ray as hf_ray
-
-    want = _reference(images_parquet)
-    assert {"unreadable", "missing", "too_small"} <= set(summarize_annotation(want, BUCKETS).skipped_by_reason)
-    features = datasets.Features.from_arrow_schema(pq.read_schema(images_parquet))
-    out = hf_ray.add_bucket_columns(ray_cluster.data.read_parquet(str(images_parquet)), BUCKETS, features=features,
-                                    **OPTS)
-    out.write_parquet(str(tmp_path / "out"))
-    loaded = datasets.load_dataset("parquet", data_dir=str(tmp_path / "out"), split="train")
-    _assert_rows_equal(loaded, want)
-    assert isinstance(loaded.features["image"], datasets.Image)  # the input's features ride along
-    assert BucketSet.from_dataset(loaded) == BUCKETS
+def test_cli_engine_ray_on_image_bytes(ray_cluster, images_parquet: Path, tmp_path: Path,
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """Ray's image-bytes equality with datasets, through the CLI (which reuses the running cluster)."""
+    _check_cli("ray", images_parquet, tmp_path, capsys)
 
 
 # ----------------------------------------------------------------------------------- Spark
@@ -255,16 +246,19 @@ def test_spark_equals_datasets_map_on_image_bytes(spark, images_parquet: Path, t
     _assert_summary_equal(hf_spark.summarize(out, BUCKETS), summarize_annotation(want, BUCKETS))
 
 
-# ----------------------------------------------------------------------------------- CLI
 @pytest.mark.slow
 @pytest.mark.xdist_group("engines")  # one worker: the clusters start once and never compete
-@pytest.mark.parametrize("engine", ["ray", "spark"])
-def test_cli_engine_writes_parquet_that_datasets_reads(engine: str, request: pytest.FixtureRequest,
-                                                       images_parquet: Path, tmp_path: Path,
-                                                       capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_engine_spark_on_image_bytes(spark, images_parquet: Path, tmp_path: Path,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    _check_cli("spark", images_parquet, tmp_path, capsys)
+
+
+def _check_cli(engine: str, images_parquet: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``hf-arb annotate --engine`` (the API underneath, with the source's features) on image bytes."""
     from hf_arb.cli import main
 
-    request.getfixturevalue("ray_cluster" if engine == "ray" else "spark")  # the CLI reuses the running cluster
+    want = _reference(images_parquet)
+    assert {"unreadable", "missing", "too_small", "upscale"} <= set(summarize_annotation(want, BUCKETS).skipped_by_reason)
     out = tmp_path / "out"
     rc = main(["annotate", str(images_parquet), "--engine", engine, "--output-dir", str(out), "--preset", "sdxl",
                "--max-aspect-error", "0.12", "--max-upscale", "2", "--min-size", "64"])
@@ -275,7 +269,7 @@ def test_cli_engine_writes_parquet_that_datasets_reads(engine: str, request: pyt
     assert BucketSet.from_dataset(loaded) == BUCKETS
     assert buckets_from_card(out / "README.md") == BUCKETS  # the card travels with the files
     assert isinstance(loaded.features["image"], datasets.Image)
-    _assert_rows_equal(loaded, _reference(images_parquet))
+    _assert_rows_equal(loaded, want)
     (tmp_path / "empty").mkdir()
     assert main(["annotate", str(tmp_path / "empty"), "--engine", engine, "--output-dir", str(tmp_path / "x")]) == 1
     assert "is not a .parquet file" in capsys.readouterr().err
