@@ -32,9 +32,9 @@ import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from _util import row, save_result  # noqa: E402
+from _util import row, save_result
 
-from hf_arb import BucketSet  # noqa: E402
+from hf_arb import BucketSet
 
 BUCKETS = BucketSet.sdxl()
 

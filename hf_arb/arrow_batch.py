@@ -326,4 +326,4 @@ def summary_from_groups(bucket: Any, skip_reason: Any, error_bin: Any, count: An
 
 def _floats(values: Any) -> np.ndarray:
     """float64 array of shape (g,), NaN for None / NaN / pandas NA."""
-    return np.asarray([np.nan if v is None or v != v else float(v) for v in values], dtype=np.float64)
+    return pa.array(list(values), type=pa.float64(), from_pandas=True).fill_null(np.nan).to_numpy()

@@ -16,13 +16,19 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from _photos import PHOTOS, encode, photo
 
 from hf_arb import BucketBatchSampler, BucketSet, add_bucket_columns
 from hf_arb.annotate import summarize_annotation, summarize_columns
-from hf_arb.arrow_batch import ERROR_BIN, BatchAnnotator, annotate_batch, bucket_columns, summary_from_groups, summary_partials
+from hf_arb.arrow_batch import (
+    ERROR_BIN,
+    BatchAnnotator,
+    annotate_batch,
+    bucket_columns,
+    summary_from_groups,
+    summary_partials,
+)
 from hf_arb.schema import BUCKET_COLUMNS, CONFIG_ID_PREFIX, buckets_from_card
-
-from _photos import PHOTOS, encode, photo
 
 BUCKETS = BucketSet.sdxl().replace(max_aspect_error=0.12)
 OPTS = dict(max_upscale=2.0, min_size=64)
