@@ -27,7 +27,7 @@ from typing import Any
 import pyarrow as pa
 
 from ..annotate import AnnotationSummary
-from ..arrow_batch import ERROR_BIN, BatchAnnotator, output_schema, summary_from_groups
+from ..arrow_batch import ERROR_BIN, BatchAnnotator, _bucket_features_json, _metadata, summary_from_groups
 from ..buckets import BucketSet
 from ..schema import BUCKET_COLUMNS, bucket_features
 
@@ -140,7 +140,9 @@ def write_parquet(df: Any, path: str, buckets: BucketSet, *, features: Any = Non
         full = datasets.Features({k: v for k, v in features.items() if k not in BUCKET_COLUMNS})
         full.update(bucket_features(buckets))
         fixed = full.arrow_schema.serialize().to_pybytes().hex()
-    (df.write.format(FORMAT).mode(mode).option("path", path).option("config", buckets.to_json())
+    # The metadata is made here, on the driver, so the writing tasks never import datasets.
+    metadata = _metadata(None, None, _bucket_features_json(buckets.to_json()))[b"huggingface"].decode()
+    (df.write.format(FORMAT).mode(mode).option("path", path).option("metadata", metadata)
      .option("schema", fixed or "").option("compression", compression).save())
 
 
@@ -154,7 +156,7 @@ class _Written(WriterCommitMessage):  # type: ignore[misc]
 class _ParquetWriter(DataSourceArrowWriter):  # type: ignore[misc]
     def __init__(self, options: dict[str, str], overwrite: bool) -> None:
         self.path = options["path"].rstrip("/")
-        self.config = options["config"]
+        self.metadata = options["metadata"]
         self.schema_hex = options.get("schema") or ""
         self.compression = options.get("compression", "snappy")
         self.overwrite = overwrite
@@ -178,7 +180,7 @@ class _ParquetWriter(DataSourceArrowWriter):  # type: ignore[misc]
         try:
             for batch in iterator:
                 if writer is None:
-                    schema = fixed or output_schema(batch.schema, BucketSet.from_json(self.config))
+                    schema = fixed or batch.schema.with_metadata({b"huggingface": self.metadata.encode()})
                     filesystem.create_dir(f"{root}/_temporary/{self.job}", recursive=True)
                     writer = pq.ParquetWriter(temporary, schema, filesystem=filesystem, compression=self.compression)
                 writer.write_table(pa.Table.from_batches([batch]).cast(schema))
