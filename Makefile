@@ -13,6 +13,7 @@ help:
 	@echo "make demo   - annotate, train a tiny SD pipeline on 2 processes, write pictures (offline)"
 	@echo "make bench  - run every benchmark side by side with its baseline, write docs/benchmarks.md"
 	@echo "make docs   - build the documentation site into site/ (offline, strict: a broken link fails)"
+	@echo "             (the venv has the ray and spark extras; a JRE is installed from the OS packages if java is missing)"
 
 venv: $(STAMP)
 
@@ -20,7 +21,8 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q torch==2.13.0 -c constraints.txt
-	$(PY) -m pip install -q -e ".[test,plot,tensorboard]" -c constraints.txt
+	$(PY) -m pip install -q -e ".[test,plot,tensorboard,ray,spark]" -c constraints.txt
+	command -v java >/dev/null || { apt-get update -qq && apt-get install -y -qq default-jre-headless; }
 	touch $(STAMP)
 
 test: venv

@@ -107,6 +107,9 @@ def _add_annotate_arguments(p: argparse.ArgumentParser) -> None:
                    help="also decode every image (parallel with --num-proc) and skip truncated or undecodable ones")
     p.add_argument("--plot", default=None, metavar="FILE.png", help="also write the bucket chart here")
     p.add_argument("--private", action="store_true", help="with --push-to-hub: create a private repo")
+    p.add_argument("--engine", choices=("datasets", "ray", "spark"), default="datasets",
+                   help="where to run: datasets (default), or Ray Data / Spark for Parquet sources (writes Parquet to "
+                        "--output-dir; needs hf_arb[ray] / hf_arb[spark])")
 
 
 def _run_annotate(args: argparse.Namespace) -> int:
@@ -119,6 +122,10 @@ def _run_annotate(args: argparse.Namespace) -> int:
         return 2
     buckets = _buckets(args)
     print(f"{buckets!r}  fingerprint {buckets.fingerprint}")
+    if args.engine != "datasets":
+        from .engines.cli import run_engine
+
+        return run_engine(args, buckets)
     ds = load_source(args.source, split=args.split, streaming=args.streaming)
     image_column = None if args.width_column else args.image_column
     annotated = add_bucket_columns(ds, buckets, image_column=image_column, width_column=args.width_column,

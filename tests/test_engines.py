@@ -1,0 +1,281 @@
+"""Ray Data and Spark run the same Arrow-batch function as ``datasets.map``: row-for-row equal results.
+
+The clusters are real and local (``ray.init(num_cpus=2)``, ``local[2]``), started once per session and shared; the
+cluster tests share one xdist group, so under ``-n 2 --dist loadgroup`` one worker runs them all.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+from pathlib import Path
+
+import datasets
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from _photos import PHOTOS, encode, photo
+
+from hf_arb import BucketBatchSampler, BucketSet, add_bucket_columns
+from hf_arb.annotate import summarize_annotation, summarize_columns
+from hf_arb.arrow_batch import (
+    ERROR_BIN,
+    BatchAnnotator,
+    annotate_batch,
+    bucket_columns,
+    summary_from_groups,
+    summary_partials,
+)
+from hf_arb.schema import BUCKET_COLUMNS, CONFIG_ID_PREFIX, buckets_from_card
+
+BUCKETS = BucketSet.sdxl().replace(max_aspect_error=0.12)
+OPTS = dict(max_upscale=2.0, min_size=64)
+ROWS = 100_000
+
+
+def _sizes_table(n: int = ROWS, seed: int = 0) -> pa.Table:
+    """``id``, ``WIDTH``, ``HEIGHT`` (int64), LAION-like, with nulls, zeros, negatives, huge and extreme sizes."""
+    rng = np.random.default_rng(seed)
+    w = rng.integers(16, 4000, n).astype(np.int64)
+    h = (w / np.exp(rng.normal(0, 0.4, n))).astype(np.int64) + 1
+    mask_w = rng.random(n) < 0.01  # null widths
+    w[rng.random(n) < 0.005] = 0
+    h[rng.random(n) < 0.005] = -5
+    w[rng.random(n) < 0.002] = 3_000_000_000  # beyond int32
+    h[rng.random(n) < 0.01] = 1  # extreme aspect -> "aspect"
+    return pa.table({"id": pa.array(np.arange(n)), "WIDTH": pa.array(w, mask=mask_w), "HEIGHT": pa.array(h),
+                     "caption": pa.array([f"c{i % 97}" for i in range(n)])})
+
+
+@pytest.fixture(scope="session")
+def sizes_parquet(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("sizes") / "sizes.parquet"
+    pq.write_table(_sizes_table(), path, row_group_size=20_000)
+    return path
+
+
+@pytest.fixture(scope="session")
+def images_parquet(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A datasets-written Parquet with an ``Image`` column: real JPEG/PNG bytes, empty bytes, text, null, path."""
+    root = tmp_path_factory.mktemp("images")
+    rows = [{"bytes": encode(photo(name), "JPEG" if i % 2 else "PNG"), "path": name}
+            for i, name in enumerate(sorted(PHOTOS))]
+    rows += [{"bytes": b"", "path": "empty.jpg"}, {"bytes": b"not an image", "path": "text.jpg"}, None,
+             {"bytes": encode(photo("coffee.png", (40, 30)), "PNG"), "path": "tiny.png"}]
+    ds = datasets.Dataset.from_dict({"id": list(range(len(rows))), "image": rows},
+                                    features=datasets.Features({"id": datasets.Value("int64"),
+                                                                "image": datasets.Image()}))
+    path = root / "images.parquet"
+    ds.to_parquet(str(path))
+    return path
+
+
+def _reference(path: Path, **kwargs: object) -> datasets.Dataset:
+    ds = datasets.load_dataset("parquet", data_files=str(path), split="train")
+    return add_bucket_columns(ds, BUCKETS, show_summary=False, **OPTS, **kwargs)  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="session")
+def sizes_reference(sizes_parquet: Path) -> datasets.Dataset:
+    return _reference(sizes_parquet, width_column="WIDTH", height_column="HEIGHT")
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():  # type: ignore[no-untyped-def]
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    ctx = ray.data.DataContext.get_current()
+    ctx.enable_progress_bars = False
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def spark():  # type: ignore[no-untyped-def]
+    pytest.importorskip("pyspark")
+    from pyspark.sql import SparkSession
+
+    os.environ["PYSPARK_PYTHON"] = sys.executable  # workers use this interpreter (and its hf_arb)
+    session = (SparkSession.builder.master("local[2]").appName("hf_arb-tests").config("spark.ui.enabled", "false")
+               .config("spark.sql.shuffle.partitions", "2").getOrCreate())
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
+
+
+def _by_id(ds: datasets.Dataset) -> pa.Table:
+    t = ds.with_format("arrow")[:]
+    return t.take(np.argsort(t.column("id").to_numpy(), kind="stable"))
+
+
+def _assert_rows_equal(got: datasets.Dataset, want: datasets.Dataset) -> None:
+    g, w = _by_id(got), _by_id(want)
+    assert g.num_rows == w.num_rows
+    assert g.column("id").equals(w.column("id"))
+    for c in BUCKET_COLUMNS:
+        assert g.column(c).type == w.column(c).type, c
+        assert g.column(c).combine_chunks().equals(w.column(c).combine_chunks()), c  # nulls and NaN positions too
+
+
+def _assert_summary_equal(got, want) -> None:  # type: ignore[no-untyped-def]
+    assert got.rows == want.rows
+    assert got.skipped_by_reason == want.skipped_by_reason
+    assert sorted(got.unreadable_examples) == sorted(want.unreadable_examples)  # order: engine's, not the rows'
+
+    np.testing.assert_array_equal(got.assignment.counts, want.assignment.counts)
+    if math.isnan(want.assignment.error_mean):
+        assert math.isnan(got.assignment.error_mean)
+        return
+    assert got.assignment.error_mean == pytest.approx(want.assignment.error_mean, rel=1e-9)
+    assert got.assignment.error_max == want.assignment.error_max
+    assert abs(got.assignment.error_median - want.assignment.error_median) <= ERROR_BIN
+
+
+def _check_round_trip(folder: Path, want: datasets.Dataset) -> None:
+    """The engine's Parquet loads with datasets, restores the exact BucketSet and feeds the sampler."""
+    loaded = datasets.load_dataset("parquet", data_dir=str(folder), split="train")
+    _assert_rows_equal(loaded, want)
+    assert loaded.features["bucket"].id == CONFIG_ID_PREFIX + BUCKETS.to_json()
+    restored = BucketSet.from_dataset(loaded)
+    assert restored == BUCKETS and restored.fingerprint == BUCKETS.fingerprint
+    sampler = BucketBatchSampler(loaded, 8, seed=1, log_report=False)
+    ids = np.asarray(loaded["bucket"])
+    batches = list(sampler)
+    assert batches and all(len(set(ids[b].tolist())) == 1 and ids[b[0]] >= 0 for b in batches)
+
+
+# ----------------------------------------------------------------------------------- pure, no cluster
+def test_arrow_batch_keeps_type_metadata_and_matches_the_core() -> None:
+    t = _sizes_table(3000, seed=3)
+    batch = t.to_batches(max_chunksize=3000)[0]
+    out = annotate_batch(batch, BUCKETS, width_column="WIDTH", height_column="HEIGHT", **OPTS)
+    assert isinstance(out, pa.RecordBatch)
+    assert out.schema.names == t.column_names + list(BUCKET_COLUMNS)
+    again = annotate_batch(pa.Table.from_batches([out]), BUCKETS, width_column="WIDTH", height_column="HEIGHT", **OPTS)
+    assert isinstance(again, pa.Table) and again.column_names == out.schema.names  # old columns replaced
+    features = datasets.Features.from_arrow_schema(out.schema)
+    assert BucketSet.from_dataset(datasets.Dataset(pa.Table.from_batches([out]),
+                                                   info=datasets.DatasetInfo(features=features))) == BUCKETS
+    cols = bucket_columns(t, BUCKETS, width_column="WIDTH", height_column="HEIGHT", **OPTS)
+    assert pa.Table.from_batches([out]).select(list(BUCKET_COLUMNS)).equals(cols)
+    with pytest.raises(ValueError, match="'W'.*columns are"):
+        bucket_columns(t, BUCKETS, width_column="W", height_column="HEIGHT")
+    with pytest.raises(TypeError, match="BucketSet"):
+        BatchAnnotator.create("sdxl")  # type: ignore[arg-type]
+
+
+def test_pickled_annotator_runs_without_importing_datasets(tmp_path: Path) -> None:
+    """What a Ray/Spark worker does: unpickle the annotator, map a batch; the metadata was made on the driver."""
+    import pickle
+    import subprocess
+
+    fn = BatchAnnotator.create(BUCKETS, width_column="WIDTH", height_column="HEIGHT", **OPTS)
+    (tmp_path / "fn.pkl").write_bytes(pickle.dumps(fn))
+    pq.write_table(_sizes_table(1000), tmp_path / "in.parquet")
+    code = ("import pickle, sys, pyarrow.parquet as pq; fn = pickle.load(open(sys.argv[1], 'rb')); "
+            "pq.write_table(fn(pq.read_table(sys.argv[2])), sys.argv[3]); assert 'datasets' not in sys.modules")
+    subprocess.run([sys.executable, "-c", code, str(tmp_path / "fn.pkl"), str(tmp_path / "in.parquet"),
+                    str(tmp_path / "out.parquet")], check=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    loaded = datasets.load_dataset("parquet", data_files=str(tmp_path / "out.parquet"), split="train")
+    assert BucketSet.from_dataset(loaded) == BUCKETS
+    assert loaded.features["id"] == datasets.Value("int64")  # left to datasets to infer
+
+
+def test_summary_from_groups_equals_column_summary() -> None:
+    t = bucket_columns(_sizes_table(20_000, seed=5), BUCKETS, width_column="WIDTH", height_column="HEIGHT", **OPTS)
+    parts = pa.concat_tables([summary_partials(b) for b in t.to_batches(max_chunksize=3000)])  # 7 partial batches
+    g = parts.group_by(["bucket", "skip_reason", "error_bin"]).aggregate(
+        [("count", "sum"), ("error_sum", "sum"), ("error_max", "max")])
+    assert g.num_rows < parts.num_rows < t.num_rows
+    got = summary_from_groups(*(g.column(c).to_pylist() for c in ("bucket", "skip_reason", "error_bin", "count_sum",
+                                                                  "error_sum_sum", "error_max_max")), BUCKETS)
+    want = summarize_columns(t.column("bucket"), t.column("aspect_error"), t.column("skip_reason"), BUCKETS)
+    assert set(want.skipped_by_reason) >= {"missing", "invalid_size", "aspect", "too_small", "upscale"}
+    _assert_summary_equal(got, want)
+
+
+# ----------------------------------------------------------------------------------- Ray
+@pytest.mark.slow
+@pytest.mark.xdist_group("engines")  # one worker: the clusters start once and never compete
+def test_ray_equals_datasets_map_on_100k_rows(ray_cluster, sizes_parquet: Path, sizes_reference: datasets.Dataset,
+                                              tmp_path: Path) -> None:
+    from hf_arb.engines import ray as hf_ray
+
+    ds = ray_cluster.data.read_parquet(str(sizes_parquet))
+    out = hf_ray.add_bucket_columns(ds, BUCKETS, width_column="WIDTH", height_column="HEIGHT", **OPTS)
+    out = out.materialize()
+    out.write_parquet(str(tmp_path / "out"))
+    _check_round_trip(tmp_path / "out", sizes_reference)
+    _assert_summary_equal(hf_ray.summarize(out, BUCKETS), summarize_annotation(sizes_reference, BUCKETS))
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("engines")  # one worker: the clusters start once and never compete
+def test_cli_engine_ray_on_image_bytes(ray_cluster, images_parquet: Path, tmp_path: Path,
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """Ray's image-bytes equality with datasets, through the CLI (which reuses the running cluster)."""
+    _check_cli("ray", images_parquet, tmp_path, capsys)
+
+
+# ----------------------------------------------------------------------------------- Spark
+@pytest.mark.slow
+@pytest.mark.xdist_group("engines")  # one worker: the clusters start once and never compete
+def test_spark_equals_datasets_map_on_100k_rows(spark, sizes_parquet: Path, sizes_reference: datasets.Dataset,
+                                                tmp_path: Path) -> None:
+    from hf_arb.engines import spark as hf_spark
+
+    df = spark.read.parquet(str(sizes_parquet))
+    out = hf_spark.add_bucket_columns(df, BUCKETS, width_column="WIDTH", height_column="HEIGHT", **OPTS).cache()
+    hf_spark.write_parquet(out, str(tmp_path / "out"), BUCKETS)
+    assert not (tmp_path / "out" / "_temporary").exists()
+    _check_round_trip(tmp_path / "out", sizes_reference)
+    _assert_summary_equal(hf_spark.summarize(out, BUCKETS), summarize_annotation(sizes_reference, BUCKETS))
+    out.unpersist()
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("engines")  # one worker: the clusters start once and never compete
+def test_spark_equals_datasets_map_on_image_bytes(spark, images_parquet: Path, tmp_path: Path) -> None:
+    from hf_arb.engines import spark as hf_spark
+
+    want = _reference(images_parquet)
+    df = spark.read.parquet(str(images_parquet))
+    out = hf_spark.add_bucket_columns(df, BUCKETS, **OPTS)
+    features = datasets.Features.from_arrow_schema(pq.read_schema(images_parquet))
+    hf_spark.write_parquet(out, str(tmp_path / "out"), BUCKETS, features=features)
+    loaded = datasets.load_dataset("parquet", data_dir=str(tmp_path / "out"), split="train")
+    _assert_rows_equal(loaded, want)
+    assert isinstance(loaded.features["image"], datasets.Image)
+    assert BucketSet.from_dataset(loaded) == BUCKETS
+    _assert_summary_equal(hf_spark.summarize(out, BUCKETS), summarize_annotation(want, BUCKETS))
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("engines")  # one worker: the clusters start once and never compete
+def test_cli_engine_spark_on_image_bytes(spark, images_parquet: Path, tmp_path: Path,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    _check_cli("spark", images_parquet, tmp_path, capsys)
+
+
+def _check_cli(engine: str, images_parquet: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``hf-arb annotate --engine`` (the API underneath, with the source's features) on image bytes."""
+    from hf_arb.cli import main
+
+    want = _reference(images_parquet)
+    assert {"unreadable", "missing", "too_small", "upscale"} <= set(summarize_annotation(want, BUCKETS).skipped_by_reason)
+    out = tmp_path / "out"
+    rc = main(["annotate", str(images_parquet), "--engine", engine, "--output-dir", str(out), "--preset", "sdxl",
+               "--max-aspect-error", "0.12", "--max-upscale", "2", "--min-size", "64"])
+    assert rc == 0
+    printed = capsys.readouterr().out
+    assert "unreadable 2" in printed and "rows: 12" in printed
+    loaded = datasets.load_dataset("parquet", data_dir=str(out), split="train")
+    assert BucketSet.from_dataset(loaded) == BUCKETS
+    assert buckets_from_card(out / "README.md") == BUCKETS  # the card travels with the files
+    assert isinstance(loaded.features["image"], datasets.Image)
+    _assert_rows_equal(loaded, want)
+    (tmp_path / "empty").mkdir()
+    assert main(["annotate", str(tmp_path / "empty"), "--engine", engine, "--output-dir", str(tmp_path / "x")]) == 1
+    assert "is not a .parquet file" in capsys.readouterr().err
