@@ -445,9 +445,12 @@ def resolve_resume_dir(args: argparse.Namespace) -> Path | None:
     if not args.resume_from_checkpoint:
         return None  # (also called by check_environment: a missing checkpoint fails before anything loads)
     out = Path(args.output_dir)
-    model_dirs = ("unet", "unet_ema") if args.use_ema else ("unet",)
+    if getattr(args, "lora", False):  # LoRA checkpoints hold the adapter file, not a UNet folder
+        model_dirs, model_files = (), ("pytorch_lora_weights.safetensors",)
+    else:
+        model_dirs, model_files = ("unet", "unet_ema") if args.use_ema else ("unet",), ()
     if args.resume_from_checkpoint == "latest":
-        path, skipped = find_resumable(out, STATE_FILE, model_dirs)
+        path, skipped = find_resumable(out, STATE_FILE, model_dirs, model_files)
         if skipped:
             logger.warning("--resume_from_checkpoint latest: skipping incomplete or damaged checkpoint(s): %s",
                            "; ".join(skipped))
@@ -466,7 +469,7 @@ def resolve_resume_dir(args: argparse.Namespace) -> Path | None:
             f"--resume_from_checkpoint {args.resume_from_checkpoint!r}: {path} is not a checkpoint of this script "
             f"(missing folder or {STATE_FILE}). Available: {[d.name for d in list_checkpoints(out)] or 'none'}."
         )
-    problems = checkpoint_problems(path, STATE_FILE, model_dirs)
+    problems = checkpoint_problems(path, STATE_FILE, model_dirs, model_files)
     if problems:
         raise UsageError(
             f"Checkpoint {path} is damaged: {problems[0]}{f' (and {len(problems) - 1} more)' if len(problems) > 1 else ''}"

@@ -59,19 +59,22 @@ def _file_problem(path: Path) -> str | None:
     return None
 
 
-def checkpoint_problems(path: str | Path, state_file: str, model_dirs: tuple[str, ...] = ("unet",)) -> list[str]:
+def checkpoint_problems(path: str | Path, state_file: str, model_dirs: tuple[str, ...] = ("unet",),
+                        model_files: tuple[str, ...] = ()) -> list[str]:
     """One line per missing or damaged file of a checkpoint folder; ``[]`` when it can be resumed from.
 
     Args:
         path: the ``checkpoint-<step>`` folder.
         state_file: the script's own counters file (must hold ``global_step`` and ``seed``).
         model_dirs: sub-folders holding a diffusers model (``config.json`` + weights, possibly sharded).
+        model_files: files holding the trained weights directly (a LoRA checkpoint's
+            ``pytorch_lora_weights.safetensors``).
     """
     path = Path(path)
     if not path.is_dir():
         return [f"{path}: not a folder"]
     problems = []
-    for name in (state_file, *REQUIRED):
+    for name in (state_file, *REQUIRED, *model_files):
         if not (path / name).is_file():
             problems.append(f"{path / name}: missing")
     for d in model_dirs:
@@ -100,7 +103,8 @@ def checkpoint_problems(path: str | Path, state_file: str, model_dirs: tuple[str
     return problems
 
 
-def find_resumable(output_dir: str | Path, state_file: str, model_dirs: tuple[str, ...] = ("unet",)) -> tuple[Path | None, list[str]]:
+def find_resumable(output_dir: str | Path, state_file: str, model_dirs: tuple[str, ...] = ("unet",),
+                   model_files: tuple[str, ...] = ()) -> tuple[Path | None, list[str]]:
     """The newest checkpoint without problems, and the problems of the newer ones skipped on the way.
 
     Returns:
@@ -108,7 +112,7 @@ def find_resumable(output_dir: str | Path, state_file: str, model_dirs: tuple[st
     """
     skipped = []
     for ckpt in reversed(list_checkpoints(output_dir)):
-        problems = checkpoint_problems(ckpt, state_file, model_dirs)
+        problems = checkpoint_problems(ckpt, state_file, model_dirs, model_files)
         if not problems:
             return ckpt, skipped
         skipped.append(f"{ckpt.name} ({problems[0]}{f'; +{len(problems) - 1} more' if len(problems) > 1 else ''})")

@@ -104,3 +104,20 @@ def test_publish_renames_then_prunes_and_cleans_stale_temporaries(tmp_path: Path
 def test_expected_global_step(spe: int, accum: int, epoch: int, consumed: int, want: int) -> None:
     state = {"steps_per_epoch": spe, "epoch": epoch, "batches_consumed": consumed}
     assert expected_global_step(state, accum) == want
+
+
+def test_lora_checkpoint_is_checked_by_its_adapter_file(tmp_path) -> None:
+    """A LoRA checkpoint holds pytorch_lora_weights.safetensors instead of a unet/ folder: complete without it
+    being a problem, damaged when the adapter file is missing."""
+    from hf_arb.checkpointing import REQUIRED, checkpoint_problems
+
+    ckpt = tmp_path / "checkpoint-2"
+    ckpt.mkdir()
+    (ckpt / "state.json").write_text('{"global_step": 2, "seed": 0}')
+    for name in REQUIRED:
+        (ckpt / name).write_bytes(b"\0" * 8)
+    files = ("pytorch_lora_weights.safetensors",)
+    assert any("pytorch_lora_weights.safetensors: missing" in p for p in checkpoint_problems(ckpt, "state.json", (), files))
+    (ckpt / files[0]).write_bytes(b"\0" * 8)
+    problems = checkpoint_problems(ckpt, "state.json", (), files)
+    assert not any("unet" in p or "lora_weights.safetensors: missing" in p for p in problems)
