@@ -31,6 +31,7 @@ MODULES: dict[str, str] = {
     "hf_arb.hub": "annotate.md",
     "hf_arb.plot": "annotate.md",
     "hf_arb.schema": "annotate.md",
+    "hf_arb.checks": "sampler.md",
     "hf_arb.arrow_batch": "web_scale.md",
     "hf_arb.engines.ray": "web_scale.md",
     "hf_arb.engines.spark": "web_scale.md",

@@ -14,21 +14,14 @@ from typing import Any
 
 import numpy as np
 
+from .checks import check_nonneg, check_positive
+
 from .shift import ShiftConfig, calculate_mu, shift_sigmas
 
 __all__ = ["FittedSizes", "PackMeta", "fit_sizes", "pack_meta"]
 
 
-def _positive(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"`{name}` must be a positive integer, got {value!r}.")
-    return int(value)
-
-
-def _nonneg(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
-        raise ValueError(f"`{name}` must be a non-negative integer, got {value!r}.")
-    return int(value)
+_positive, _nonneg = check_positive, check_nonneg
 
 
 # ------------------------------------------------------------------------------------------------- sizes

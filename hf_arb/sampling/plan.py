@@ -31,6 +31,7 @@ from typing import Any, Literal, overload
 import numpy as np
 
 from .index import RowIndex, build_index
+from ..checks import check_nonneg, check_positive  # noqa: F401  (re-exported)
 from .layout import IndependentLayout, bucket_counts
 from .sync import SyncLayout
 
@@ -68,20 +69,6 @@ def as_bucket_ids(bucket_ids: Any) -> np.ndarray:
     if hi >= 2**15 - 1:
         raise ValueError(f"At most 32766 buckets are supported, got bucket id {hi}.")
     return arr
-
-
-def check_positive(name: str, value: Any) -> int:
-    """``value`` as an int >= 1, or a ValueError naming ``name``."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"`{name}` must be a positive integer, got {value!r}.")
-    return int(value)
-
-
-def check_nonneg(name: str, value: Any) -> int:
-    """``value`` as an int >= 0, or a ValueError naming ``name``."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
-        raise ValueError(f"`{name}` must be a non-negative integer, got {value!r}.")
-    return int(value)
 
 
 def check_leftover(leftover: Any) -> str:
