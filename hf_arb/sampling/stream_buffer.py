@@ -1,0 +1,232 @@
+"""One rank's half of a bucketed stream: :class:`RankBuffer` reads the rank's split of the source into one
+buffer per bucket and serves the scheduled bucket at each step; its state is the rows' *read indices*.
+
+Resume without pixels: the buffer's rows are re-read from the source on load. While reading, the source's own
+``state_dict()`` (``datasets``' resumable ``IterableDataset``) is snapshotted every ``snapshot_every`` rows; the
+state keeps the snapshots that precede a buffered row, and loading replays from those snapshots, keeping only
+the recorded rows. Replay reads at most ``snapshot_every`` rows per snapshot it restores.
+
+Each bucket's buffer is a list sorted by read index (rows are appended in read order and removals keep the
+order), so the set of read indices fixes it exactly; rows are picked from it with
+``rng.generator(seed, epoch, STREAM_PICK, rank, step)``.
+"""
+
+from __future__ import annotations
+
+import bisect
+import collections
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from .. import rng
+
+COUNTERS = ("read", "used", "repeated", "skipped_unassigned", "skipped_small", "skipped_surplus", "evicted", "peak")
+
+
+class BufferOverflowError(RuntimeError):
+    """The scheduled bucket could not be filled within ``buffer_size`` rows (``on_overflow="error"``)."""
+
+
+class RankBuffer:
+    """The reader of one rank.
+
+    Args:
+        open_source: ``open_source(state_or_None)`` returns a fresh ``datasets.IterableDataset`` of this rank's
+            split for the epoch, positioned at ``state`` (a ``state_dict()`` of it) when given.
+        schedule: the epoch's global bucket schedule, shape ``(steps,)``.
+        rank, batch_size, buffer_size, fill, seed, epoch: see :class:`~hf_arb.sampling.stream.BucketedStream`.
+        on_overflow: ``"error"`` or ``"evict"``.
+        bucket_column: the column with the bucket id.
+        snapshot_every: rows between two source snapshots.
+        history: steps whose state can still be produced (the loader prefetches).
+    """
+
+    def __init__(self, open_source: Callable[[Any], Any], schedule: np.ndarray, *, rank: int, batch_size: int,
+                 buffer_size: int, fill: int, seed: int, epoch: int, on_overflow: str, bucket_column: str,
+                 snapshot_every: int, history: int) -> None:
+        self.open_source, self.schedule, self.rank, self.batch = open_source, schedule, rank, batch_size
+        self.buffer_size, self.fill, self.seed, self.epoch = buffer_size, fill, seed, epoch
+        self.on_overflow, self.column, self.every = on_overflow, bucket_column, snapshot_every
+        k = int(schedule.max()) + 1 if schedule.size else 0
+        self.scheduled = np.bincount(schedule, minlength=k).astype(np.int64)  # (k,) batches of the epoch
+        self.remaining = self.scheduled.copy()  # (k,) scheduled batches left, this step included
+        self.buffers: dict[int, list[tuple[int, Any]]] = collections.defaultdict(list)
+        self.reserve: dict[int, list[tuple[int, Any]]] = {}
+        self.total = 0  # rows in self.buffers
+        self.reserved = 0  # rows in self.reserve
+        self.c = dict.fromkeys(COUNTERS, 0)
+        self.step = 0
+        self.snapshots: dict[int, Any] = {}
+        self.history: collections.deque = collections.deque(maxlen=history)
+        self.source = open_source(None)
+        self.it = iter(self.source)
+        self.exhausted = False
+        self.snapshots[0] = self.source.state_dict()
+
+    # ------------------------------------------------------------------------------------------ reading
+    def _next_row(self) -> Any:
+        idx = self.c["read"]
+        if idx % self.every == 0 and idx not in self.snapshots:
+            self.snapshots[idx] = self.source.state_dict()
+            self._prune()
+        try:
+            row = next(self.it)
+        except StopIteration:
+            self.exhausted = True
+            return None
+        self.c["read"] += 1
+        return row
+
+    def _read_one(self) -> None:
+        row = self._next_row()
+        if row is None:
+            return
+        idx = self.c["read"] - 1
+        b = row.get(self.column)
+        if b is None or b < 0:
+            self.c["skipped_unassigned"] += 1
+        elif b >= self.scheduled.size or self.scheduled[b] == 0:
+            self.c["skipped_small"] += 1
+        elif len(self.buffers[b]) >= self.remaining[b] * self.batch:
+            self.c["skipped_surplus"] += 1
+        else:
+            self.buffers[b].append((idx, row))
+            self.total += 1
+            self.c["peak"] = max(self.c["peak"], self.total + self.reserved)
+
+    def _evict(self, keep: int) -> tuple[int, int]:
+        """Drop the oldest row of the fullest bucket other than ``keep``; returns its ``(read index, bucket)``."""
+        b = max((v for v in self.buffers if v != keep and self.buffers[v]), key=lambda v: len(self.buffers[v]))
+        idx, _ = self.buffers[b].pop(0)
+        self.total -= 1
+        self.c["evicted"] += 1
+        return idx, b
+
+    # ------------------------------------------------------------------------------------------ one step
+    def next_batch(self) -> list[Any]:
+        """The rows of this rank's batch at the next step (``batch_size`` rows of the scheduled bucket)."""
+        s, b = self.step, int(self.schedule[self.step])
+        entry = {"step": s, "read": self.c["read"], "counters": dict(self.c), "removed": [],
+                 "reserve": (b, [i for i, _ in self.reserve.get(b, [])])}
+        fill = min(self.fill, int(self.remaining.sum()) * self.batch)  # never read rows no step can use
+        while not self.exhausted and self.total < fill:
+            self._read_one()
+        while not self.exhausted and len(self.buffers[b]) < self.batch:
+            if self.total >= self.buffer_size:
+                if self.on_overflow == "error" or self.total == len(self.buffers[b]):
+                    sizes = {k: len(v) for k, v in self.buffers.items() if v}
+                    raise BufferOverflowError(
+                        f"Rank {self.rank}, step {s}: bucket {b} has {len(self.buffers[b])} of {self.batch} rows and "
+                        f"the buffer is full ({self.buffer_size} rows; per bucket {sizes}). The stream is not mixed "
+                        "enough for this buffer: raise `buffer_size`, shuffle the source's shards "
+                        "(`ds.shuffle(seed=...)`), or pass `on_overflow='evict'` to drop buffered rows (counted).")
+                entry["removed"].append(self._evict(b))
+            self._read_one()
+        buf = self.buffers[b]
+        pick_rng = rng.generator(self.seed, self.epoch, rng.STREAM_PICK, self.rank, s)
+        if len(buf) >= self.batch:
+            pick = pick_rng.choice(len(buf), self.batch, replace=False)
+            fresh = [buf[i] for i in pick.tolist()]
+            chosen = set(pick.tolist())
+            self.buffers[b] = [x for j, x in enumerate(buf) if j not in chosen]
+            rows = fresh
+        else:  # the source is exhausted: complete with repeats of this bucket's rows
+            fresh, self.buffers[b] = list(buf), []
+            pool = fresh or self.reserve.get(b, [])
+            if not pool:
+                raise RuntimeError(
+                    f"Rank {self.rank}, step {s}: the schedule asks for bucket {b}, but this rank's stream has no row "
+                    f"of it left and never emitted one. The counts passed ({int(self.remaining[b])} batches of it "
+                    "left) do not match this rank's shards: check `counts`, or use more and smaller shards "
+                    "(`to_iterable_dataset(num_shards=...)`) so every rank sees every bucket.")
+            extra = pick_rng.choice(len(pool), self.batch - len(fresh), replace=True)
+            rows = fresh + [pool[i] for i in extra.tolist()]
+            self.c["repeated"] += self.batch - len(fresh)
+        self.total -= len(fresh)
+        self.c["used"] += len(fresh)
+        entry["removed"] += [(i, b) for i, _ in fresh]
+        if fresh:
+            self.reserved += len(fresh) - len(self.reserve.get(b, []))
+            self.reserve[b] = fresh
+        self.remaining[b] -= 1
+        self.step += 1
+        self.history.append(entry)
+        return [row for _, row in rows]
+
+    # ------------------------------------------------------------------------------------------ state
+    def _prune(self) -> None:
+        """Keep only the snapshots a state in the history window can need."""
+        need = {i for v in self.buffers.values() for i, _ in v}
+        need |= {i for v in self.reserve.values() for i, _ in v}
+        for e in self.history:
+            need |= {i for i, _ in e["removed"]} | set(e["reserve"][1])
+        oldest = self.history[0]["read"] if self.history else self.c["read"]
+        keys = sorted(self.snapshots)
+        keep = {floor_key(keys, i) for i in need | {oldest}}
+        for key in [k for k in keys if k not in keep and k < oldest]:
+            del self.snapshots[key]
+
+    def state_at(self, step: int) -> dict[str, Any]:
+        """The JSON-serialisable state at the start of ``step`` (at most ``history`` steps back)."""
+        if step == self.step:
+            read, counters, removed, reserve = self.c["read"], dict(self.c), [], {}
+        else:
+            back = [e for e in self.history if e["step"] >= step]
+            if not back or back[0]["step"] != step:
+                raise ValueError(f"Rank {self.rank}: the state of step {step} is no longer known (produced up to step "
+                                 f"{self.step}, history of {self.history.maxlen} steps); pass a later step or raise "
+                                 "`history`.")
+            read, counters = back[0]["read"], back[0]["counters"]
+            removed = [x for e in back for x in e["removed"]]
+            reserve = {}
+            for e in reversed(back):
+                reserve[e["reserve"][0]] = e["reserve"][1]
+        rows = sorted({(i, b) for b, v in self.buffers.items() for i, _ in v} | set(removed))
+        rows = [[i, b] for i, b in rows if i < read]
+        res = {b: [i for i, _ in v] for b, v in self.reserve.items()}
+        res.update(reserve)
+        res = {str(b): v for b, v in res.items() if v}
+        need = {i for i, _ in rows} | {i for v in res.values() for i in v} | {read}
+        keys = sorted(self.snapshots)
+        snaps = {str(k): self.snapshots[k] for k in sorted({floor_key(keys, i) for i in need})}
+        return {"rank": self.rank, "step": step, "read": read, "counters": counters, "buffer": rows,
+                "reserve": res, "snapshots": snaps}
+
+    def load(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_at`'s output: re-read the buffered rows from the source and position it."""
+        self.step, read = int(state["step"]), int(state["read"])
+        self.c = {k: int(v) for k, v in state["counters"].items()}
+        self.remaining = np.bincount(self.schedule[self.step:], minlength=self.remaining.size).astype(np.int64)
+        snaps = {int(k): v for k, v in state["snapshots"].items()}
+        keys = sorted(snaps)
+        want_buf = {int(i): int(b) for i, b in state["buffer"]}
+        want_res = {int(i): int(b) for b, v in state["reserve"].items() for i in v}
+        wanted = sorted(set(want_buf) | set(want_res))
+        got: dict[int, Any] = {}
+        src, it, pos = None, None, -1
+        for target, stop in [(i, i + 1) for i in wanted] + [(read, read)]:  # read rows [.., stop)
+            base = floor_key(keys, target)
+            if it is None or pos > target or pos < base:
+                src = self.open_source(snaps[base])
+                it, pos = iter(src), base
+            while pos < stop:
+                row = next(it)
+                if pos in want_buf or pos in want_res:
+                    got[pos] = row
+                pos += 1
+        self.source, self.it, self.exhausted = src, it, False
+        self.buffers = collections.defaultdict(list)
+        for i, b in sorted(want_buf.items()):
+            self.buffers[b].append((i, got[i]))
+        self.total = len(want_buf)
+        self.reserve = {int(b): [(int(i), got[int(i)]) for i in v] for b, v in state["reserve"].items()}
+        self.reserved = sum(len(v) for v in self.reserve.values())
+        self.snapshots = dict(snaps)
+        self.history.clear()
+
+
+def floor_key(keys: list[int], i: int) -> int:
+    """The largest of the sorted ``keys`` that is ``<= i`` (there always is one: 0 is snapshotted first)."""
+    return keys[bisect.bisect_right(keys, i) - 1]
