@@ -140,8 +140,8 @@ class BucketedStream(torch.utils.data.IterableDataset):
     def _open(self, rank: int, epoch: int, state: Any) -> Any:
         from datasets.distributed import split_dataset_by_node
 
-        src = self.dataset if self.num_replicas == 1 else split_dataset_by_node(
-            self.dataset, rank=rank, world_size=self.num_replicas)
+        # a new IterableDataset even for one rank: loading a state must never touch the caller's dataset
+        src = split_dataset_by_node(self.dataset, rank=rank, world_size=self.num_replicas)
         src.set_epoch(epoch)
         if state is not None:
             src.load_state_dict(state)
@@ -225,6 +225,8 @@ class BucketedStream(torch.utils.data.IterableDataset):
             rows_skipped_unassigned=c["skipped_unassigned"], rows_skipped_small=c["skipped_small"],
             rows_skipped_surplus=c["skipped_surplus"], rows_evicted=c["evicted"],
             peak_buffered=max((e.c["peak"] for e in engines), default=0),
+            rows_unread=None if self.rank is not None and self.num_replicas > 1 else
+            int(self.counts.sum()) - (c["read"] - c["skipped_unassigned"]),
             batches_per_bucket={int(b): int(k) for b, k in zip(labels.tolist(), n.tolist())},
         )
 

@@ -98,7 +98,8 @@ class RankBuffer:
 
     def _evict(self, keep: int) -> tuple[int, int]:
         """Drop the oldest row of the fullest bucket other than ``keep``; returns its ``(read index, bucket)``."""
-        b = max((v for v in self.buffers if v != keep and self.buffers[v]), key=lambda v: len(self.buffers[v]))
+        # ties go to the lowest bucket id (never to dict order, which a resumed buffer does not share)
+        b = max(sorted(v for v in self.buffers if v != keep and self.buffers[v]), key=lambda v: len(self.buffers[v]))
         idx, _ = self.buffers[b].pop(0)
         self.total -= 1
         self.c["evicted"] += 1

@@ -120,6 +120,8 @@ class StreamReport:
             schedule will ever ask of this rank for their bucket; rows_evicted: rows dropped from a full buffer
             (``on_overflow="evict"``).
         peak_buffered: the most rows held at once (buffer plus the repeat reserve), per rank, maximum.
+        rows_unread: rows with a bucket never read (``rows_expected`` minus the assigned rows read; the epoch
+            stops reading once every scheduled batch is served); None unless every rank is read by this process.
         batches_per_bucket: ``{bucket: global batches}`` of the schedule.
     """
 
@@ -139,6 +141,7 @@ class StreamReport:
     rows_skipped_surplus: int
     rows_evicted: int
     peak_buffered: int
+    rows_unread: int | None = None
     batches_per_bucket: dict[int, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -153,6 +156,7 @@ class StreamReport:
             f"{self.batch_size} (ranks {self.ranks}); rows: {self.rows_read:,} read, {self.rows_used:,} used, "
             f"{self.rows_repeated:,} repeat slots, {self.rows_buffered:,} buffered, skipped "
             f"{self.rows_skipped_unassigned:,} unassigned + {self.rows_skipped_small:,} small-bucket + "
-            f"{self.rows_skipped_surplus:,} surplus, {self.rows_evicted:,} evicted; peak buffer "
+            f"{self.rows_skipped_surplus:,} surplus, {self.rows_evicted:,} evicted, "
+            f"{'?' if self.rows_unread is None else format(self.rows_unread, ',')} unread; peak buffer "
             f"{self.peak_buffered:,} rows"
         )

@@ -1,0 +1,170 @@
+"""BucketedStream: the global schedule, every rank's buffers simulated in one process, exact resume."""
+
+from __future__ import annotations
+
+import json
+
+import datasets
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+
+import hf_arb
+from hf_arb.sampling.stream import BucketedStream, BufferOverflowError, build_stream_loader
+from hf_arb.sampling.stream_plan import as_counts, stream_schedule
+
+
+def _stream_ds(bucket_ids: np.ndarray, num_shards: int) -> datasets.IterableDataset:
+    ds = datasets.Dataset.from_dict({"key": np.arange(bucket_ids.size), "bucket": bucket_ids})
+    return ds.to_iterable_dataset(num_shards=num_shards)
+
+
+def _counts(bucket_ids: np.ndarray) -> np.ndarray:
+    return np.bincount(bucket_ids[bucket_ids >= 0], minlength=int(bucket_ids.max()) + 1)
+
+
+def _run(stream: BucketedStream, state: dict | None = None, stop_after: int | None = None):
+    """Iterate ``stream`` (after loading ``state``); with ``stop_after``, stop one step past it (as a prefetching
+    loader does) and return the state at ``stop_after`` steps (JSON round trip)."""
+    if state is not None:
+        stream.load_state_dict(state)
+    w, out = stream.num_replicas, []
+    for item in stream:
+        out.append([(int(r["key"]), int(r["bucket"])) for r in item])
+        if stop_after is not None and len(out) == (stop_after + 1) * w:
+            return out, json.loads(json.dumps(stream.state_dict(step=stop_after)))
+    return out, None
+
+
+# ------------------------------------------------------------------------------------------ schedule
+def test_schedule_is_pure_and_proportional():
+    counts = np.array([100, 37, 0, 8, 64])
+    s = stream_schedule(counts, 8, seed=3, epoch=1)
+    assert np.array_equal(s, stream_schedule(counts, 8, seed=3, epoch=1))
+    assert np.bincount(s, minlength=5).tolist() == (counts // 8).tolist()
+    assert not np.array_equal(s, stream_schedule(counts, 8, seed=3, epoch=2))
+
+
+def test_as_counts_forms():
+    buckets = hf_arb.BucketSet([(64, 64), (96, 48)])
+    assert as_counts({1: 5, 0: 2}).tolist() == [2, 5]
+    assert as_counts({"counts": {"96x48": 7, "64x64": 1}}, buckets).tolist() == [1, 7]
+    with pytest.raises(ValueError, match="need `buckets`"):
+        as_counts({"96x48": 7})
+    with pytest.raises(ValueError, match=">= 0"):
+        as_counts([3, -1])
+
+
+# ------------------------------------------------------------------------------------------ simulation of W ranks
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow],
+          phases=[Phase.explicit, Phase.reuse, Phase.generate])  # each example streams; shrinking would be slow
+@given(weights=st.lists(st.integers(1, 20), min_size=1, max_size=5), unassigned=st.integers(0, 3),
+       n=st.integers(60, 500), world=st.integers(1, 3), batch=st.integers(1, 4), buffer_mult=st.integers(1, 40),
+       shards=st.integers(1, 7), seed=st.integers(0, 3), cut=st.floats(0, 1))
+def test_simulated_ranks(weights, unassigned, n, world, batch, buffer_mult, shards, seed, cut):
+    p = np.array([unassigned] + weights, dtype=float)
+    ids = np.random.default_rng(seed).choice(np.arange(-1, len(weights)), size=n, p=p / p.sum())
+    if (ids < 0).all():
+        ids[0] = 0
+    ds = _stream_ds(ids, shards)
+    kw = dict(counts=_counts(ids), num_replicas=world, seed=seed, buffer_size=batch * buffer_mult,
+              on_overflow="evict", snapshot_every=7)
+    stream = BucketedStream(ds, batch, **kw)
+    out, _ = _run(stream)
+    steps = stream.steps_per_epoch
+    assert len(out) == steps * world  # every rank gets the same number of batches
+    sched = stream.schedule
+    for s in range(steps):  # every rank serves the scheduled bucket at every step, full batches
+        for r in range(world):
+            assert len(out[s * world + r]) == batch
+            assert {b for _, b in out[s * world + r]} == {int(sched[s])}
+    rep = stream.report()
+    keys = [k for item in out for k, _ in item]
+    assert len(set(keys)) == rep.rows_used  # no row twice, except the counted repeat slots
+    assert len(keys) == rep.rows_used + rep.rows_repeated
+    assert rep.rows_read == (rep.rows_used + rep.rows_buffered + rep.rows_skipped_unassigned + rep.rows_skipped_small
+                             + rep.rows_skipped_surplus + rep.rows_evicted)  # every row read is emitted or reported
+    assert rep.rows_read - rep.rows_skipped_unassigned + rep.rows_unread == (ids >= 0).sum()  # or reported unread
+    assert rep.peak_buffered <= kw["buffer_size"] + len(weights) * batch
+    if steps:  # resume mid-epoch equals the uninterrupted run
+        k = min(int(cut * steps), steps - 1)
+        _, state = _run(BucketedStream(ds, batch, **kw), stop_after=k)
+        if state is not None:
+            rest, _ = _run(BucketedStream(ds, batch, **kw), state)
+            assert rest == out[k * world:]
+
+
+def test_resume_at_several_points_and_report_survives():
+    ids = np.random.default_rng(0).choice([-1, 0, 1, 2, 3], size=900, p=[.05, .5, .3, .14, .01])
+    ds = _stream_ds(ids, 4)
+    kw = dict(counts=_counts(ids), num_replicas=2, seed=1, buffer_size=200, snapshot_every=16)
+    full_stream = BucketedStream(ds, 3, **kw)
+    full, _ = _run(full_stream)
+    for k in (0, 1, 40, full_stream.steps_per_epoch - 1):
+        _, state = _run(BucketedStream(ds, 3, **kw), stop_after=k)
+        resumed = BucketedStream(ds, 3, **kw)
+        rest, _ = _run(resumed, state)
+        assert rest == full[2 * k:], k
+        assert resumed.report() == full_stream.report()
+
+
+def test_epochs_differ_and_set_epoch_keeps_a_resumed_position():
+    ids = np.random.default_rng(1).integers(0, 3, size=300)
+    ds = _stream_ds(ids, 3)
+    stream = BucketedStream(ds, 4, counts=_counts(ids), seed=0, buffer_size=64)
+    e0, _ = _run(stream)
+    stream.set_epoch(1)
+    e1, _ = _run(stream)
+    assert e0 != e1 and sorted(map(tuple, e0)) != []
+    _, state = _run(BucketedStream(ds, 4, counts=_counts(ids), seed=0, buffer_size=64), stop_after=5)
+    again = BucketedStream(ds, 4, counts=_counts(ids), seed=0, buffer_size=64)
+    again.load_state_dict(state)
+    again.set_epoch(0)  # what accelerate does at the start of iteration: must not rewind
+    assert _run(again)[0] == e0[5:]
+
+
+# ------------------------------------------------------------------------------------------ errors
+def test_overflow_raises_a_clear_error():
+    ids = np.array([0] * 200 + [1] * 8)  # bucket 1 only at the very end of the stream
+    ds = _stream_ds(ids, 1)
+    stream = BucketedStream(ds, 4, counts=_counts(ids), seed=0, buffer_size=16)
+    with pytest.raises(BufferOverflowError, match="buffer_size"):
+        _run(stream)
+    evict = BucketedStream(ds, 4, counts=_counts(ids), seed=0, buffer_size=16, on_overflow="evict")
+    out, _ = _run(evict)
+    assert len(out) == evict.steps_per_epoch and evict.report().rows_evicted > 0
+
+
+def test_bad_inputs():
+    ids = np.zeros(40, dtype=int)
+    ds = _stream_ds(ids, 2)
+    with pytest.raises(TypeError, match="IterableDataset"):
+        BucketedStream(datasets.Dataset.from_dict({"bucket": ids}), 4, counts=[40])
+    with pytest.raises(ValueError, match="'bucket' column"):
+        BucketedStream(ds.remove_columns("bucket"), 4, counts=[40])
+    with pytest.raises(ValueError, match="at least one batch"):
+        BucketedStream(ds, 4, counts=[40], buffer_size=2)
+    state = BucketedStream(ds, 4, counts=[40]).state_dict()
+    with pytest.raises(ValueError, match="same world size"):
+        BucketedStream(ds, 2, counts=[40]).load_state_dict(state)
+
+
+def test_build_stream_loader_through_accelerate_one_process():
+    from accelerate import Accelerator
+
+    ids = np.random.default_rng(2).integers(0, 3, size=200)
+    ds = _stream_ds(ids, 2)
+    import torch
+
+    def collate(rows):  # accelerate's default for iterable datasets (dispatch_batches) needs tensors
+        return {"key": torch.tensor([r["key"] for r in rows])}
+
+    acc = Accelerator(cpu=True)
+    loader, stream = build_stream_loader(ds, 4, counts=_counts(ids), accelerator=acc, seed=0, buffer_size=64,
+                                         collate_fn=collate)
+    prepared = acc.prepare(loader)
+    batches = [b["key"].tolist() for b in prepared]
+    assert len(batches) == len(prepared) == stream.steps_per_epoch
+    plain, _ = _run(BucketedStream(ds, 4, counts=_counts(ids), seed=0, buffer_size=64))
+    assert batches == [[k for k, _ in item] for item in plain]
