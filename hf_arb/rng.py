@@ -20,7 +20,7 @@ PLAN_POOL = 2  #: order of the catch-all pool (extra: [rank] for independent pla
 PLAN_SHARD = 3  #: sharding of rows to ranks (independent per-rank plans)
 PLAN_RANK = 4  #: batch order of one rank (independent per-rank plans; extra: rank)
 STREAM_ORDER = 20  #: bucket schedule of a streaming epoch (hf_arb.sampling.stream)
-STREAM_PICK = 21  #: rows picked from a rank's buffer at one step (extra: rank, step)
+STREAM_PICK = 21  #: rows picked from a rank's buffer (extra: rank, block of 1024 steps)
 
 # --- one dataset row: entropy (seed, epoch, row, tag) -------------------------------------------------------
 ROW_CROP = 0  #: random crop offset when fitting the image to its bucket

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import re
 
 import datasets
 import numpy as np
 import pytest
+from datasets.distributed import split_dataset_by_node
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
@@ -71,7 +73,14 @@ def test_simulated_ranks(weights, unassigned, n, world, batch, buffer_mult, shar
     kw = dict(counts=_counts(ids), num_replicas=world, seed=seed, buffer_size=batch * buffer_mult,
               on_overflow="evict", snapshot_every=7)
     stream = BucketedStream(ds, batch, **kw)
-    out, _ = _run(stream)
+    try:
+        out, _ = _run(stream)
+    except RuntimeError as err:  # documented limit: a rank whose split has no row of a scheduled bucket
+        found = re.search(r"Rank (\d+), step \d+: the schedule asks for bucket (\d+)", str(err))
+        assert found, err
+        rank, bucket = map(int, found.groups())
+        assert bucket not in {row["bucket"] for row in split_dataset_by_node(ds, rank=rank, world_size=world)}
+        return
     steps = stream.steps_per_epoch
     assert len(out) == steps * world  # every rank gets the same number of batches
     sched = stream.schedule

@@ -7,8 +7,9 @@ state keeps the snapshots that precede a buffered row, and loading replays from 
 the recorded rows. Replay reads at most ``snapshot_every`` rows per snapshot it restores.
 
 Each bucket's buffer is a list sorted by read index (rows are appended in read order and removals keep the
-order), so the set of read indices fixes it exactly; rows are picked from it with
-``rng.generator(seed, epoch, STREAM_PICK, rank, step)``.
+order), so the set of read indices fixes it exactly. Rows are picked from it with ``batch_size`` uniforms per
+step, drawn in blocks of :data:`PICK_BLOCK` steps from ``rng.generator(seed, epoch, STREAM_PICK, rank, block)``:
+a pure function of the step, without the cost of a generator per step.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import numpy as np
 
 from .. import rng
 
+PICK_BLOCK = 1024  #: steps whose pick uniforms are drawn at once
 COUNTERS = ("read", "used", "repeated", "skipped_unassigned", "skipped_small", "skipped_surplus", "evicted", "peak")
 
 
@@ -60,6 +62,7 @@ class RankBuffer:
         self.step = 0
         self.snapshots: dict[int, Any] = {}
         self.history: collections.deque = collections.deque(maxlen=history)
+        self._block, self._uniforms = -1, np.empty((0, batch_size))
         self.source = open_source(None)
         self.it = iter(self.source)
         self.exhausted = False
@@ -96,13 +99,20 @@ class RankBuffer:
             self.total += 1
             self.c["peak"] = max(self.c["peak"], self.total + self.reserved)
 
-    def _evict(self, keep: int) -> tuple[int, int]:
+    def _set_reserve(self, b: int, rows: list[tuple[int, Any]], entry: dict[str, Any]) -> None:
+        entry["reserve"].append((b, [i for i, _ in self.reserve.get(b, [])]))  # undo log for state_at
+        self.reserved += len(rows) - len(self.reserve.get(b, []))
+        self.reserve[b] = rows
+
+    def _evict(self, keep: int, entry: dict[str, Any]) -> tuple[int, int]:
         """Drop the oldest row of the fullest bucket other than ``keep``; returns its ``(read index, bucket)``."""
         # ties go to the lowest bucket id (never to dict order, which a resumed buffer does not share)
         b = max(sorted(v for v in self.buffers if v != keep and self.buffers[v]), key=lambda v: len(self.buffers[v]))
-        idx, _ = self.buffers[b].pop(0)
+        idx, row = self.buffers[b].pop(0)
         self.total -= 1
         self.c["evicted"] += 1
+        if not self.reserve.get(b):  # keep it as the bucket's repeat source, so a later step of b can be served
+            self._set_reserve(b, [(idx, row)], entry)
         return idx, b
 
     # ------------------------------------------------------------------------------------------ one step
@@ -110,7 +120,7 @@ class RankBuffer:
         """The rows of this rank's batch at the next step (``batch_size`` rows of the scheduled bucket)."""
         s, b = self.step, int(self.schedule[self.step])
         entry = {"step": s, "read": self.c["read"], "counters": dict(self.c), "removed": [],
-                 "reserve": (b, [i for i, _ in self.reserve.get(b, [])])}
+                 "reserve": []}
         fill = min(self.fill, int(self.remaining.sum()) * self.batch)  # never read rows no step can use
         while not self.exhausted and self.total < fill:
             self._read_one()
@@ -123,15 +133,11 @@ class RankBuffer:
                         f"the buffer is full ({self.buffer_size} rows; per bucket {sizes}). The stream is not mixed "
                         "enough for this buffer: raise `buffer_size`, shuffle the source's shards "
                         "(`ds.shuffle(seed=...)`), or pass `on_overflow='evict'` to drop buffered rows (counted).")
-                entry["removed"].append(self._evict(b))
+                entry["removed"].append(self._evict(b, entry))
             self._read_one()
-        buf = self.buffers[b]
-        pick_rng = rng.generator(self.seed, self.epoch, rng.STREAM_PICK, self.rank, s)
-        if len(buf) >= self.batch:
-            pick = pick_rng.choice(len(buf), self.batch, replace=False)
-            fresh = [buf[i] for i in pick.tolist()]
-            chosen = set(pick.tolist())
-            self.buffers[b] = [x for j, x in enumerate(buf) if j not in chosen]
+        buf, u = self.buffers[b], self._step_uniforms(s)
+        if len(buf) >= self.batch:  # sequential sampling without replacement; pop keeps the list sorted
+            fresh = [buf.pop(int(u[j] * (len(buf)))) for j in range(self.batch)]
             rows = fresh
         else:  # the source is exhausted: complete with repeats of this bucket's rows
             fresh, self.buffers[b] = list(buf), []
@@ -142,19 +148,25 @@ class RankBuffer:
                     f"of it left and never emitted one. The counts passed ({int(self.remaining[b])} batches of it "
                     "left) do not match this rank's shards: check `counts`, or use more and smaller shards "
                     "(`to_iterable_dataset(num_shards=...)`) so every rank sees every bucket.")
-            extra = pick_rng.choice(len(pool), self.batch - len(fresh), replace=True)
-            rows = fresh + [pool[i] for i in extra.tolist()]
+            rows = fresh + [pool[int(u[j] * len(pool))] for j in range(len(fresh), self.batch)]
             self.c["repeated"] += self.batch - len(fresh)
         self.total -= len(fresh)
         self.c["used"] += len(fresh)
         entry["removed"] += [(i, b) for i, _ in fresh]
         if fresh:
-            self.reserved += len(fresh) - len(self.reserve.get(b, []))
-            self.reserve[b] = fresh
+            self._set_reserve(b, fresh, entry)
         self.remaining[b] -= 1
         self.step += 1
         self.history.append(entry)
         return [row for _, row in rows]
+
+    def _step_uniforms(self, step: int) -> list[float]:
+        """``batch_size`` uniforms in [0, 1) for ``step``: row ``step % PICK_BLOCK`` of its block."""
+        block = step // PICK_BLOCK
+        if block != self._block:
+            g = rng.generator(self.seed, self.epoch, rng.STREAM_PICK, self.rank, block)
+            self._block, self._uniforms = block, g.random((PICK_BLOCK, self.batch))
+        return self._uniforms[step % PICK_BLOCK].tolist()
 
     # ------------------------------------------------------------------------------------------ state
     def _prune(self) -> None:
@@ -162,7 +174,7 @@ class RankBuffer:
         need = {i for v in self.buffers.values() for i, _ in v}
         need |= {i for v in self.reserve.values() for i, _ in v}
         for e in self.history:
-            need |= {i for i, _ in e["removed"]} | set(e["reserve"][1])
+            need |= {i for i, _ in e["removed"]} | {i for _, before in e["reserve"] for i in before}
         oldest = self.history[0]["read"] if self.history else self.c["read"]
         keys = sorted(self.snapshots)
         keep = {floor_key(keys, i) for i in need | {oldest}}
@@ -182,8 +194,9 @@ class RankBuffer:
             read, counters = back[0]["read"], back[0]["counters"]
             removed = [x for e in back for x in e["removed"]]
             reserve = {}
-            for e in reversed(back):
-                reserve[e["reserve"][0]] = e["reserve"][1]
+            for e in reversed(back):  # undo the reserve changes, newest first
+                for bucket, before in reversed(e["reserve"]):
+                    reserve[bucket] = before
         rows = sorted({(i, b) for b, v in self.buffers.items() for i, _ in v} | set(removed))
         rows = [[i, b] for i, b in rows if i < read]
         res = {b: [i for i, _ in v] for b, v in self.reserve.items()}
