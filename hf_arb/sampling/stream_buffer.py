@@ -58,6 +58,7 @@ class RankBuffer:
         self.reserve: dict[int, list[tuple[int, Any]]] = {}
         self.total = 0  # rows in self.buffers
         self.reserved = 0  # rows in self.reserve
+        self.unused: set[int] = set()  # reserve rows that came from eviction and were never emitted
         self.c = dict.fromkeys(COUNTERS, 0)
         self.step = 0
         self.snapshots: dict[int, Any] = {}
@@ -101,6 +102,10 @@ class RankBuffer:
 
     def _set_reserve(self, b: int, rows: list[tuple[int, Any]], entry: dict[str, Any]) -> None:
         entry["reserve"].append((b, [i for i, _ in self.reserve.get(b, [])]))  # undo log for state_at
+        for i, _ in self.reserve.get(b, []):
+            if i in self.unused:  # an evicted row leaves the reserve unemitted: it stays counted as evicted
+                self.unused.discard(i)
+                entry["unused"].append(("del", i))
         self.reserved += len(rows) - len(self.reserve.get(b, []))
         self.reserve[b] = rows
 
@@ -113,6 +118,8 @@ class RankBuffer:
         self.c["evicted"] += 1
         if not self.reserve.get(b):  # keep it as the bucket's repeat source, so a later step of b can be served
             self._set_reserve(b, [(idx, row)], entry)
+            self.unused.add(idx)
+            entry["unused"].append(("add", idx))
         return idx, b
 
     # ------------------------------------------------------------------------------------------ one step
@@ -120,7 +127,7 @@ class RankBuffer:
         """The rows of this rank's batch at the next step (``batch_size`` rows of the scheduled bucket)."""
         s, b = self.step, int(self.schedule[self.step])
         entry = {"step": s, "read": self.c["read"], "counters": dict(self.c), "removed": [],
-                 "reserve": []}
+                 "reserve": [], "unused": []}
         fill = min(self.fill, int(self.remaining.sum()) * self.batch)  # never read rows no step can use
         while not self.exhausted and self.total < fill:
             self._read_one()
@@ -149,7 +156,14 @@ class RankBuffer:
                     "left) do not match this rank's shards: check `counts`, or use more and smaller shards "
                     "(`to_iterable_dataset(num_shards=...)`) so every rank sees every bucket.")
             rows = fresh + [pool[int(u[j] * len(pool))] for j in range(len(fresh), self.batch)]
-            self.c["repeated"] += self.batch - len(fresh)
+            for i, _ in rows[len(fresh):]:
+                if i in self.unused:  # an evicted row emitted for the first time: used after all
+                    self.unused.discard(i)
+                    entry["unused"].append(("del", i))
+                    self.c["used"] += 1
+                    self.c["evicted"] -= 1
+                else:
+                    self.c["repeated"] += 1
         self.total -= len(fresh)
         self.c["used"] += len(fresh)
         entry["removed"] += [(i, b) for i, _ in fresh]
@@ -184,7 +198,7 @@ class RankBuffer:
     def state_at(self, step: int) -> dict[str, Any]:
         """The JSON-serialisable state at the start of ``step`` (at most ``history`` steps back)."""
         if step == self.step:
-            read, counters, removed, reserve = self.c["read"], dict(self.c), [], {}
+            read, counters, removed, reserve, unused = self.c["read"], dict(self.c), [], {}, set(self.unused)
         else:
             back = [e for e in self.history if e["step"] >= step]
             if not back or back[0]["step"] != step:
@@ -193,8 +207,10 @@ class RankBuffer:
                                  "`history`.")
             read, counters = back[0]["read"], back[0]["counters"]
             removed = [x for e in back for x in e["removed"]]
-            reserve = {}
+            reserve, unused = {}, set(self.unused)
             for e in reversed(back):  # undo the reserve changes, newest first
+                for op, i in reversed(e["unused"]):
+                    (unused.discard if op == "add" else unused.add)(i)
                 for bucket, before in reversed(e["reserve"]):
                     reserve[bucket] = before
         rows = sorted({(i, b) for b, v in self.buffers.items() for i, _ in v} | set(removed))
@@ -206,7 +222,7 @@ class RankBuffer:
         keys = sorted(self.snapshots)
         snaps = {str(k): self.snapshots[k] for k in sorted({floor_key(keys, i) for i in need})}
         return {"rank": self.rank, "step": step, "read": read, "counters": counters, "buffer": rows,
-                "reserve": res, "snapshots": snaps}
+                "reserve": res, "unused": sorted(unused), "snapshots": snaps}
 
     def load(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_at`'s output: re-read the buffered rows from the source and position it."""
@@ -237,6 +253,7 @@ class RankBuffer:
         self.total = len(want_buf)
         self.reserve = {int(b): [(int(i), got[int(i)]) for i in v] for b, v in state["reserve"].items()}
         self.reserved = sum(len(v) for v in self.reserve.values())
+        self.unused = {int(i) for i in state["unused"]}
         self.snapshots = dict(snaps)
         self.history.clear()
 
