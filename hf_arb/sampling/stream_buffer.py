@@ -64,6 +64,7 @@ class RankBuffer:
         self.snapshots: dict[int, Any] = {}
         self.history: collections.deque = collections.deque(maxlen=history)
         self._block, self._uniforms = -1, np.empty((0, batch_size))
+        self._prune_at = 8
         self.source = open_source(None)
         self.it = iter(self.source)
         self.exhausted = False
@@ -74,7 +75,9 @@ class RankBuffer:
         idx = self.c["read"]
         if idx % self.every == 0 and idx not in self.snapshots:
             self.snapshots[idx] = self.source.state_dict()
-            self._prune()
+            if len(self.snapshots) >= self._prune_at:  # amortised: prune when the count has doubled
+                self._prune()
+                self._prune_at = 2 * len(self.snapshots) + 8
         try:
             row = next(self.it)
         except StopIteration:
@@ -190,9 +193,10 @@ class RankBuffer:
         for e in self.history:
             need |= {i for i, _ in e["removed"]} | {i for _, before in e["reserve"] for i in before}
         oldest = self.history[0]["read"] if self.history else self.c["read"]
-        keys = sorted(self.snapshots)
-        keep = {floor_key(keys, i) for i in need | {oldest}}
-        for key in [k for k in keys if k not in keep and k < oldest]:
+        keys = np.array(sorted(self.snapshots), dtype=np.int64)
+        need_arr = np.fromiter(need | {oldest}, dtype=np.int64)
+        keep = set(keys[np.searchsorted(keys, need_arr, side="right") - 1].tolist())
+        for key in [k for k in keys.tolist() if k not in keep and k < oldest]:
             del self.snapshots[key]
 
     def state_at(self, step: int) -> dict[str, Any]:
@@ -219,8 +223,9 @@ class RankBuffer:
         res.update(reserve)
         res = {str(b): v for b, v in res.items() if v}
         need = {i for i, _ in rows} | {i for v in res.values() for i in v} | {read}
-        keys = sorted(self.snapshots)
-        snaps = {str(k): self.snapshots[k] for k in sorted({floor_key(keys, i) for i in need})}
+        keys = np.array(sorted(self.snapshots), dtype=np.int64)
+        used = np.unique(keys[np.searchsorted(keys, np.fromiter(need, dtype=np.int64), side="right") - 1])
+        snaps = {str(k): self.snapshots[k] for k in used.tolist()}
         return {"rank": self.rank, "step": step, "read": read, "counters": counters, "buffer": rows,
                 "reserve": res, "unused": sorted(unused), "snapshots": snaps}
 
