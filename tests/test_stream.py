@@ -177,3 +177,17 @@ def test_build_stream_loader_through_accelerate_one_process():
     assert len(batches) == len(prepared) == stream.steps_per_epoch
     plain, _ = _run(BucketedStream(ds, 4, counts=_counts(ids), seed=0, buffer_size=64))
     assert batches == [[k for k, _ in item] for item in plain]
+
+
+def test_counts_from_card():
+    import yaml
+    from huggingface_hub import DatasetCard
+
+    from hf_arb.sampling.stream_plan import counts_from_card
+
+    buckets = hf_arb.BucketSet([(64, 64), (96, 48), (48, 96)])
+    meta = {"hf_arb": {"buckets": buckets.to_dict(), "stats": {"train": {"counts": {"48x96": 4, "64x64": 9}}}}}
+    card = DatasetCard("---\n" + yaml.safe_dump(meta) + "---\n# photos\n")
+    assert counts_from_card(card, "train").tolist() == [9, 0, 4]
+    with pytest.raises(ValueError, match="no `hf_arb.stats.test`"):
+        counts_from_card(card, "test")
