@@ -12,7 +12,7 @@ published proportions in random order. Two ranks, *simulated in one process* (th
 Also measured: peak rows held by a rank (buffer + repeat reserve, bounded by ``buffer_size + k × batch``) and
 its bytes, the state size and the time to resume mid-epoch (``load_state_dict`` + first batch).
 
-Usage: ``python benchmarks/bench_stream.py [--quick]``
+Usage: ``python benchmarks/bench_stream.py [--quick] [--rows N]``
 """
 
 from __future__ import annotations
@@ -87,7 +87,9 @@ def ours(ds, counts: np.ndarray) -> tuple[int, BucketedStream]:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
-    n = 50_000 if ap.parse_args().quick else 1_000_000
+    ap.add_argument("--rows", type=int, default=1_000_000, help="rows of the source (default 1e6)")
+    args = ap.parse_args()
+    n = 50_000 if args.quick else args.rows
     from datasets import load_dataset
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -40,6 +40,7 @@ MODULES: dict[str, str] = {
     "hf_arb.sampling.stream_plan": "sampler.md#streaming",
     "hf_arb.sampling.stream_buffer": "sampler.md#streaming",
     "hf_arb.sampling.stream": "sampler.md#streaming",
+    "hf_arb.sampling.stream_collate": "sampler.md#streaming",
     "hf_arb.imaging": "imaging.md",
     "hf_arb.data": "imaging.md",
     "hf_arb.latents": "training.md",

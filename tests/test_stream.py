@@ -191,3 +191,43 @@ def test_counts_from_card():
     assert counts_from_card(card, "train").tolist() == [9, 0, 4]
     with pytest.raises(ValueError, match="no `hf_arb.stats.test`"):
         counts_from_card(card, "test")
+
+
+def test_stream_image_collate_fits_rows_to_their_bucket():
+    import io
+
+    from PIL import Image
+
+    from hf_arb.sampling.stream_collate import StreamImageCollate
+
+    sizes = {0: (32, 32), 1: (48, 16)}
+    rng = np.random.default_rng(0)
+    rows = {"key": [], "image": [], "text": [], "bucket": [], "bucket_width": [], "bucket_height": []}
+    for i in range(24):
+        b = i % 2
+        buf = io.BytesIO()
+        w, h = (40, 38) if b == 0 else (90, 33)
+        Image.fromarray(rng.integers(0, 255, (h, w, 3), dtype=np.uint8)).save(buf, format="PNG")
+        for k, v in zip(rows, (i, buf.getvalue(), [f"a {i}", f"b {i}"], b, *sizes[b])):
+            rows[k].append(v)
+    ds = datasets.Dataset.from_dict(rows).to_iterable_dataset(num_shards=2)
+    collate = StreamImageCollate("key", seed=3, random_flip=True)
+    stream = BucketedStream(ds, 4, counts=[12, 12], seed=0, buffer_size=24, collate_fn=collate)
+    batches = list(stream)
+    assert len(batches) == 6
+    for batch in batches:
+        b = int(batch["buckets"][0])
+        assert (batch["buckets"] == b).all()
+        assert tuple(batch["pixel_values"].shape) == (4, 3, sizes[b][1], sizes[b][0])
+        assert all(c.split()[1] == str(int(r)) for c, r in zip(batch["captions"], batch["rows"]))
+    stream.set_epoch(1)
+    assert collate.epoch == 1
+    again = list(BucketedStream(ds, 4, counts=[12, 12], seed=0, buffer_size=24,
+                                collate_fn=StreamImageCollate("key", seed=3, random_flip=True)))
+    assert all(torch_equal(a["pixel_values"], b["pixel_values"]) for a, b in zip(batches, again))
+
+
+def torch_equal(a, b) -> bool:
+    import torch
+
+    return bool(torch.equal(a, b))

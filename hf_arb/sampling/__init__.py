@@ -6,7 +6,8 @@
 - :mod:`~hf_arb.sampling.state` — the resume state and its validation;
 - :mod:`~hf_arb.sampling.sampler` — :class:`BucketBatchSampler`, a thin class around the plan;
 - :mod:`~hf_arb.sampling.accelerate` — optional conveniences around ``accelerator.prepare``;
-- :mod:`~hf_arb.sampling.stream` — :class:`BucketedStream`, bucketed batches from a streaming dataset
+- :mod:`~hf_arb.sampling.stream` — :class:`BucketedStream`, bucketed batches from a streaming dataset;
+  :mod:`~hf_arb.sampling.stream_collate` fits streamed image rows to their bucket
   (:mod:`~hf_arb.sampling.stream_plan` its pure schedule, :mod:`~hf_arb.sampling.stream_buffer` one rank's buffer).
 """
 
@@ -16,8 +17,9 @@ from .report import PlanReport
 from .rank import RankBatchSampler
 from .sampler import BucketBatchSampler
 from .stream import BucketedStream, BufferOverflowError, build_stream_loader
+from .stream_collate import StreamImageCollate
 from .stream_plan import StreamReport, stream_schedule
 
-__all__ = ["BucketBatchSampler", "BucketedStream", "BufferOverflowError", "PlanReport", "StreamReport",
-           "build_stream_loader", "stream_schedule", "RankBatchSampler", "merge_small_buckets", "plan_epoch",
-           "prepare_dataloader", "resume_dataloader"]
+__all__ = ["BucketBatchSampler", "BucketedStream", "BufferOverflowError", "PlanReport", "RankBatchSampler",
+           "StreamImageCollate", "StreamReport", "build_stream_loader", "merge_small_buckets", "plan_epoch",
+           "prepare_dataloader", "resume_dataloader", "stream_schedule"]

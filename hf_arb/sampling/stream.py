@@ -131,6 +131,8 @@ class BucketedStream(torch.utils.data.IterableDataset):
     def set_epoch(self, epoch: int) -> None:
         """Start ``epoch`` from its first step; a no-op when it is the current epoch (so a resumed position is
         kept when accelerate calls ``set_epoch`` at the start of iteration)."""
+        if hasattr(self.collate_fn, "set_epoch"):  # e.g. StreamImageCollate: per-row draws follow the epoch
+            self.collate_fn.set_epoch(int(epoch))
         if int(epoch) != self.epoch:
             self.epoch = int(epoch)
             self._schedule = stream_schedule(self.counts, self.global_batch_size, self.seed, self.epoch)
