@@ -63,15 +63,15 @@ def test_as_counts_forms():
           phases=[Phase.explicit, Phase.reuse, Phase.generate])  # each example streams; shrinking would be slow
 @given(weights=st.lists(st.integers(1, 20), min_size=1, max_size=5), unassigned=st.integers(0, 3),
        n=st.integers(60, 500), world=st.integers(1, 3), batch=st.integers(1, 4), buffer_mult=st.integers(1, 40),
-       shards=st.integers(1, 7), seed=st.integers(0, 3), cut=st.floats(0, 1))
-def test_simulated_ranks(weights, unassigned, n, world, batch, buffer_mult, shards, seed, cut):
+       shards=st.integers(1, 7), seed=st.integers(0, 3), cut=st.floats(0, 1), window=st.integers(1, 12))
+def test_simulated_ranks(weights, unassigned, n, world, batch, buffer_mult, shards, seed, cut, window):
     p = np.array([unassigned] + weights, dtype=float)
     ids = np.random.default_rng(seed).choice(np.arange(-1, len(weights)), size=n, p=p / p.sum())
     if (ids < 0).all():
         ids[0] = 0
     ds = _stream_ds(ids, shards)
     kw = dict(counts=_counts(ids), num_replicas=world, seed=seed, buffer_size=batch * buffer_mult,
-              on_overflow="evict", snapshot_every=7)
+              on_overflow="evict", snapshot_every=7, pick_window=batch * window)
     stream = BucketedStream(ds, batch, **kw)
     try:
         out, _ = _run(stream)

@@ -60,13 +60,15 @@ class BucketedStream(torch.utils.data.IterableDataset):
         collate_fn: turns a rank's list of rows into its batch (default: the list of row dicts).
         snapshot_every: rows between two snapshots of the source's ``state_dict()`` (bounds replay on resume).
         history: steps back that :meth:`state_dict` can describe (the loader runs ahead of training by 1–2 steps).
+        pick_window: a batch is drawn uniformly from its bucket's ``pick_window`` oldest buffered rows (default
+            ``8 * batch_size``): larger mixes more, but rows wait longer in the buffer and a resume re-reads more.
     """
 
     def __init__(self, dataset: Any, batch_size: int, *, counts: Any, buckets: Any = None, num_replicas: int = 1,
                  rank: int | None = None, seed: int = 0, buffer_size: int = 2048, shuffle_rows: int | None = None,
                  on_overflow: str = "error", bucket_column: str = "bucket",
                  collate_fn: Callable[[list[Any]], Any] | None = None, snapshot_every: int = 256,
-                 history: int = 8) -> None:
+                 history: int = 8, pick_window: int | None = None) -> None:
         import datasets
 
         if not isinstance(dataset, datasets.IterableDataset):
@@ -94,6 +96,9 @@ class BucketedStream(torch.utils.data.IterableDataset):
         self.seed, self.buffer_size, self.shuffle_rows = int(seed), int(buffer_size), shuffle_rows
         self.on_overflow, self.bucket_column, self.collate_fn = on_overflow, bucket_column, collate_fn
         self.snapshot_every, self.history = int(snapshot_every), int(history)
+        self.pick_window = 8 * self.batch_size if pick_window is None else int(pick_window)
+        if self.pick_window < self.batch_size:
+            raise ValueError(f"`pick_window` must be >= batch_size ({self.batch_size}), got {pick_window}.")
         self.epoch = 0
         self._schedule = stream_schedule(self.counts, self.global_batch_size, self.seed, 0)
         self._engines: dict[int, RankBuffer] | None = None
@@ -154,7 +159,7 @@ class BucketedStream(torch.utils.data.IterableDataset):
                               batch_size=self.batch_size, buffer_size=self.buffer_size, fill=self.shuffle_rows,
                               seed=self.seed, epoch=self.epoch, on_overflow=self.on_overflow,
                               bucket_column=self.bucket_column, snapshot_every=self.snapshot_every,
-                              history=self.history) for r in self.ranks}
+                              history=self.history, pick_window=self.pick_window) for r in self.ranks}
 
     def __iter__(self) -> Iterator[Any]:
         """The rest of the epoch: per step, one item per rank (``None`` for ranks this process does not read)."""
@@ -176,6 +181,8 @@ class BucketedStream(torch.utils.data.IterableDataset):
     def _config(self) -> dict[str, Any]:
         digest = hashlib.sha1(self.counts.tobytes()).hexdigest()[:16]
         return {"num_replicas": self.num_replicas, "batch_size": self.batch_size, "seed": self.seed,
+                "pick_window": self.pick_window, "buffer_size": self.buffer_size, "shuffle_rows": self.shuffle_rows,
+                "on_overflow": self.on_overflow,
                 "counts_sha1": digest, "bucket_column": self.bucket_column}
 
     def state_dict(self, step: int | None = None) -> dict[str, Any]:
@@ -202,7 +209,7 @@ class BucketedStream(torch.utils.data.IterableDataset):
             raise ValueError(f"Unsupported stream state version {state.get('version')!r} (expected {STATE_VERSION}).")
         if state["config"] != self._config():
             raise ValueError(f"The stream state was saved with {state['config']}, but this stream has "
-                             f"{self._config()}; resume with the same world size, batch size, seed and counts.")
+                             f"{self._config()}; resume with the same world size, batch size, seed, counts and buffer settings.")
         self.set_epoch(int(state["epoch"]))
         self._engines = None
         if not state["ranks"]:

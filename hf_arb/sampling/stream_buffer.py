@@ -7,7 +7,8 @@ state keeps the snapshots that precede a buffered row, and loading replays from 
 the recorded rows. Replay reads at most ``snapshot_every`` rows per snapshot it restores.
 
 Each bucket's buffer is a list sorted by read index (rows are appended in read order and removals keep the
-order), so the set of read indices fixes it exactly. Rows are picked from it with ``batch_size`` uniforms per
+order), so the set of read indices fixes it exactly. A batch is drawn from the bucket's ``pick_window`` oldest
+rows (bounding how long a row waits, hence how far back a resume must re-read) with ``batch_size`` uniforms per
 step, drawn in blocks of :data:`PICK_BLOCK` steps from ``rng.generator(seed, epoch, STREAM_PICK, rank, block)``:
 a pure function of the step, without the cost of a generator per step.
 """
@@ -43,14 +44,16 @@ class RankBuffer:
         bucket_column: the column with the bucket id.
         snapshot_every: rows between two source snapshots.
         history: steps whose state can still be produced (the loader prefetches).
+        pick_window: a batch is drawn uniformly from its bucket's ``pick_window`` oldest buffered rows.
     """
 
     def __init__(self, open_source: Callable[[Any], Any], schedule: np.ndarray, *, rank: int, batch_size: int,
                  buffer_size: int, fill: int, seed: int, epoch: int, on_overflow: str, bucket_column: str,
-                 snapshot_every: int, history: int) -> None:
+                 snapshot_every: int, history: int, pick_window: int) -> None:
         self.open_source, self.schedule, self.rank, self.batch = open_source, schedule, rank, batch_size
         self.buffer_size, self.fill, self.seed, self.epoch = buffer_size, fill, seed, epoch
         self.on_overflow, self.column, self.every = on_overflow, bucket_column, snapshot_every
+        self.window = max(int(pick_window), batch_size)
         k = int(schedule.max()) + 1 if schedule.size else 0
         self.scheduled = np.bincount(schedule, minlength=k).astype(np.int64)  # (k,) batches of the epoch
         self.remaining = self.scheduled.copy()  # (k,) scheduled batches left, this step included
@@ -101,7 +104,8 @@ class RankBuffer:
         else:
             self.buffers[b].append((idx, row))
             self.total += 1
-            self.c["peak"] = max(self.c["peak"], self.total + self.reserved)
+            if self.total + self.reserved > self.c["peak"]:
+                self.c["peak"] = self.total + self.reserved
 
     def _set_reserve(self, b: int, rows: list[tuple[int, Any]], entry: dict[str, Any]) -> None:
         entry["reserve"].append((b, [i for i, _ in self.reserve.get(b, [])]))  # undo log for state_at
@@ -147,7 +151,8 @@ class RankBuffer:
             self._read_one()
         buf, u = self.buffers[b], self._step_uniforms(s)
         if len(buf) >= self.batch:  # sequential sampling without replacement; pop keeps the list sorted
-            fresh = [buf.pop(int(u[j] * (len(buf)))) for j in range(self.batch)]
+            w = min(len(buf), self.window)  # the bucket's oldest rows: bounds a row's age, hence resume replay
+            fresh = [buf.pop(int(u[j] * (w - j))) for j in range(self.batch)]
             rows = fresh
         else:  # the source is exhausted: complete with repeats of this bucket's rows
             fresh, self.buffers[b] = list(buf), []
