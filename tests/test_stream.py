@@ -231,3 +231,16 @@ def torch_equal(a, b) -> bool:
     import torch
 
     return bool(torch.equal(a, b))
+
+
+def test_one_rank_reads_only_its_split_and_matches_the_simulation():
+    ids = np.random.default_rng(4).integers(0, 3, size=240)
+    ds = _stream_ds(ids, 4)
+    kw = dict(counts=_counts(ids), num_replicas=2, seed=5, buffer_size=80)
+    everyone, _ = _run(BucketedStream(ds, 3, **kw))
+    mine = BucketedStream(ds, 3, rank=1, **kw)
+    got = [[(int(r["key"]), int(r["bucket"])) for r in b] for b in mine.rank_batches()]
+    assert got == everyone[1::2]
+    assert mine.report().rows_unread is None  # unknowable from one rank
+    with pytest.raises(ValueError, match="needs the stream built with `rank=`"):
+        next(BucketedStream(ds, 3, **kw).rank_batches())
