@@ -40,12 +40,30 @@ def _run(stream: BucketedStream, state: dict | None = None, stop_after: int | No
 
 
 # ------------------------------------------------------------------------------------------ schedule
-def test_schedule_is_pure_and_proportional():
-    counts = np.array([100, 37, 0, 8, 64])
-    s = stream_schedule(counts, 8, seed=3, epoch=1)
-    assert np.array_equal(s, stream_schedule(counts, 8, seed=3, epoch=1))
+@pytest.mark.parametrize("order", ["arrival", "shuffle"])
+def test_schedule_is_pure_and_proportional(order):
+    counts = np.array([1000, 370, 0, 80, 640])
+    s = stream_schedule(counts, 8, seed=3, epoch=1, order=order, batch_size=4)
+    assert np.array_equal(s, stream_schedule(counts, 8, seed=3, epoch=1, order=order, batch_size=4))
     assert np.bincount(s, minlength=5).tolist() == (counts // 8).tolist()
-    assert not np.array_equal(s, stream_schedule(counts, 8, seed=3, epoch=2))
+    assert not np.array_equal(s, stream_schedule(counts, 8, seed=3, epoch=2, order=order, batch_size=4))
+    if order == "arrival":  # every bucket's batches spread over the epoch: each half holds 30-70% of them
+        first = np.bincount(s[: s.size // 2], minlength=5)[[0, 1, 3, 4]]
+        assert ((first >= 0.3 * counts[[0, 1, 3, 4]] // 8) & (first <= 0.7 * counts[[0, 1, 3, 4]] // 8)).all()
+
+
+def test_arrival_schedule_keeps_rare_buckets_within_a_small_buffer():
+    """NovelAI-like proportions in random order: the arrival order needs no eviction where a shuffle does."""
+    p = np.array([.41, .12, .11, .08, .08, .05, .04, .04, .03, .01, .01, .005, .003, .003, .002, .001])
+    ids = np.random.default_rng(0).choice(p.size, size=20_000, p=p / p.sum())
+    ds = _stream_ds(ids, 4)
+    evicted = {}
+    for order in ("arrival", "shuffle"):
+        stream = BucketedStream(ds, 4, counts=_counts(ids), num_replicas=2, seed=0, buffer_size=600,
+                                on_overflow="evict", schedule=order)
+        _run(stream)
+        evicted[order] = stream.report().rows_evicted
+    assert evicted["arrival"] == 0 < evicted["shuffle"]
 
 
 def test_as_counts_forms():
@@ -63,15 +81,16 @@ def test_as_counts_forms():
           phases=[Phase.explicit, Phase.reuse, Phase.generate])  # each example streams; shrinking would be slow
 @given(weights=st.lists(st.integers(1, 20), min_size=1, max_size=5), unassigned=st.integers(0, 3),
        n=st.integers(60, 500), world=st.integers(1, 3), batch=st.integers(1, 4), buffer_mult=st.integers(1, 40),
-       shards=st.integers(1, 7), seed=st.integers(0, 3), cut=st.floats(0, 1), window=st.integers(1, 12))
-def test_simulated_ranks(weights, unassigned, n, world, batch, buffer_mult, shards, seed, cut, window):
+       shards=st.integers(1, 7), seed=st.integers(0, 3), cut=st.floats(0, 1), window=st.integers(1, 12),
+       order=st.sampled_from(["arrival", "shuffle"]))
+def test_simulated_ranks(weights, unassigned, n, world, batch, buffer_mult, shards, seed, cut, window, order):
     p = np.array([unassigned] + weights, dtype=float)
     ids = np.random.default_rng(seed).choice(np.arange(-1, len(weights)), size=n, p=p / p.sum())
     if (ids < 0).all():
         ids[0] = 0
     ds = _stream_ds(ids, shards)
     kw = dict(counts=_counts(ids), num_replicas=world, seed=seed, buffer_size=batch * buffer_mult,
-              on_overflow="evict", snapshot_every=7, pick_window=batch * window)
+              on_overflow="evict", snapshot_every=7, pick_window=batch * window, schedule=order)
     stream = BucketedStream(ds, batch, **kw)
     try:
         out, _ = _run(stream)
@@ -137,10 +156,10 @@ def test_epochs_differ_and_set_epoch_keeps_a_resumed_position():
 def test_overflow_raises_a_clear_error():
     ids = np.array([0] * 200 + [1] * 8)  # bucket 1 only at the very end of the stream
     ds = _stream_ds(ids, 1)
-    stream = BucketedStream(ds, 4, counts=_counts(ids), seed=0, buffer_size=16)
+    stream = BucketedStream(ds, 4, counts=_counts(ids), seed=0, buffer_size=16, schedule="shuffle")
     with pytest.raises(BufferOverflowError, match="buffer_size"):
         _run(stream)
-    evict = BucketedStream(ds, 4, counts=_counts(ids), seed=0, buffer_size=16, on_overflow="evict")
+    evict = BucketedStream(ds, 4, counts=_counts(ids), seed=0, buffer_size=16, on_overflow="evict", schedule="shuffle")
     out, _ = _run(evict)
     assert len(out) == evict.steps_per_epoch and evict.report().rows_evicted > 0
 

@@ -60,6 +60,9 @@ class BucketedStream(torch.utils.data.IterableDataset):
         collate_fn: turns a rank's list of rows into its batch (default: the list of row dicts).
         snapshot_every: rows between two snapshots of the source's ``state_dict()`` (bounds replay on resume).
         history: steps back that :meth:`state_dict` can describe (the loader runs ahead of training by 1–2 steps).
+        schedule: the order of the buckets' batches, see :func:`~hf_arb.sampling.stream_plan.stream_schedule`:
+            ``"arrival"`` (each bucket's batches spread evenly, placed after their rows can have arrived) or
+            ``"shuffle"`` (uniform, as the map-style plan; needs a much larger buffer for rare buckets).
         pick_window: a batch is drawn uniformly from its bucket's ``pick_window`` oldest buffered rows (default
             ``8 * batch_size``): larger mixes more, but rows wait longer in the buffer and a resume re-reads more.
     """
@@ -68,7 +71,7 @@ class BucketedStream(torch.utils.data.IterableDataset):
                  rank: int | None = None, seed: int = 0, buffer_size: int = 2048, shuffle_rows: int | None = None,
                  on_overflow: str = "error", bucket_column: str = "bucket",
                  collate_fn: Callable[[list[Any]], Any] | None = None, snapshot_every: int = 256,
-                 history: int = 8, pick_window: int | None = None) -> None:
+                 history: int = 8, pick_window: int | None = None, schedule: str = "arrival") -> None:
         import datasets
 
         if not isinstance(dataset, datasets.IterableDataset):
@@ -100,7 +103,10 @@ class BucketedStream(torch.utils.data.IterableDataset):
         if self.pick_window < self.batch_size:
             raise ValueError(f"`pick_window` must be >= batch_size ({self.batch_size}), got {pick_window}.")
         self.epoch = 0
-        self._schedule = stream_schedule(self.counts, self.global_batch_size, self.seed, 0)
+        if schedule not in ("arrival", "shuffle"):
+            raise ValueError(f"`schedule` must be 'arrival' or 'shuffle', got {schedule!r}.")
+        self.schedule_order = schedule
+        self._schedule = self._make_schedule()
         self._engines: dict[int, RankBuffer] | None = None
 
     # ------------------------------------------------------------------------------------------ shape
@@ -140,8 +146,12 @@ class BucketedStream(torch.utils.data.IterableDataset):
             self.collate_fn.set_epoch(int(epoch))
         if int(epoch) != self.epoch:
             self.epoch = int(epoch)
-            self._schedule = stream_schedule(self.counts, self.global_batch_size, self.seed, self.epoch)
+            self._schedule = self._make_schedule()
             self._engines = None
+
+    def _make_schedule(self) -> np.ndarray:
+        return stream_schedule(self.counts, self.global_batch_size, self.seed, self.epoch, order=self.schedule_order,
+                               batch_size=self.batch_size)
 
     # ------------------------------------------------------------------------------------------ iteration
     def _open(self, rank: int, epoch: int, state: Any) -> Any:
@@ -182,7 +192,7 @@ class BucketedStream(torch.utils.data.IterableDataset):
         digest = hashlib.sha1(self.counts.tobytes()).hexdigest()[:16]
         return {"num_replicas": self.num_replicas, "batch_size": self.batch_size, "seed": self.seed,
                 "pick_window": self.pick_window, "buffer_size": self.buffer_size, "shuffle_rows": self.shuffle_rows,
-                "on_overflow": self.on_overflow,
+                "on_overflow": self.on_overflow, "schedule": self.schedule_order,
                 "counts_sha1": digest, "bucket_column": self.bucket_column}
 
     def state_dict(self, step: int | None = None) -> dict[str, Any]:

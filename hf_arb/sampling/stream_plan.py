@@ -1,11 +1,9 @@
 """The pure half of streaming: per-bucket counts, the global bucket schedule, and :class:`StreamReport`.
 
-The schedule of a streaming epoch is a pure function of ``(per-bucket counts, global batch, seed, epoch)``:
-bucket ``b`` gets ``counts[b] // global_batch`` global batches and the multiset of their labels is shuffled
-uniformly (``rng.generator(seed, epoch, STREAM_ORDER)``). Every rank computes the same array, so every rank
-knows the bucket of every step and the number of steps without talking to the others. A uniform shuffle of
-whole batches draws, at every step, a bucket with probability proportional to its remaining batches, as the
-map-style plan does (``docs/sampler.md``).
+The schedule of a streaming epoch is a pure function of ``(per-bucket counts, global batch, per-rank batch,
+seed, epoch)``: bucket ``b`` gets ``counts[b] // global_batch`` global batches, ordered by
+:func:`stream_schedule` (by expected arrival of their rows, or a uniform shuffle). Every rank computes the same
+array, so every rank knows the bucket of every step and the number of steps without talking to the others.
 """
 
 from __future__ import annotations
@@ -83,21 +81,51 @@ def counts_from_card(card: Any, split: str = "train", buckets: Any = None) -> np
     return as_counts(stats[split], buckets if buckets is not None else buckets_from_card(card))
 
 
-def stream_schedule(counts: np.ndarray, global_batch: int, seed: int, epoch: int) -> np.ndarray:
+ORDERS = ("arrival", "shuffle")
+
+
+def stream_schedule(counts: np.ndarray, global_batch: int, seed: int, epoch: int, *, order: str = "arrival",
+                    batch_size: int | None = None, margin: float = 3.0) -> np.ndarray:
     """The bucket of every global step of one epoch: ``int32`` array of shape ``(steps,)``.
+
+    Bucket ``b`` gets ``counts[b] // global_batch`` global batches; buckets with fewer rows than one global
+    batch never appear (their rows are counted as skipped). Two orders:
+
+    - ``"arrival"`` (default): batch ``j`` of bucket ``b`` is placed where a rank reading its split in random
+      order has, in expectation, already read its rows with ``margin`` standard deviations to spare:
+      ``t = (need + margin·sqrt(need) + u·batch) / rows_per_rank[b]`` with ``need = (j + 1)·batch`` and a seeded
+      jitter ``u ~ U[0, 1)``; steps are sorted by ``t`` (clamped to the epoch's end, ties in random order). Each
+      bucket's batches are spread evenly over the epoch, so the rate of every bucket stays proportional to its
+      size, and rare buckets are never asked for before their rows can have arrived: the buffer a rank needs
+      stays small (about ``margin`` standard deviations of each bucket's count).
+    - ``"shuffle"``: a uniform shuffle of the labels (the map-style plan's order: at every step a bucket with
+      probability proportional to its remaining batches). Rare buckets then need a buffer of a sizeable
+      fraction of the epoch on a random-order stream.
 
     Args:
         counts: rows per bucket, shape ``(k,)``.
         global_batch: rows per step over all ranks (``num_replicas * batch_size``).
-        seed, epoch: the run's seed and the epoch (non-negative).
-
-    Returns:
-        ``counts // global_batch`` labels of each bucket, uniformly shuffled; buckets with fewer rows than one
-        global batch never appear (their rows are counted as skipped).
+        seed, epoch: the run's seed and the epoch (non-negative); the random draws come from
+            ``rng.generator(seed, epoch, STREAM_ORDER)``.
+        order: ``"arrival"`` or ``"shuffle"``.
+        batch_size: rows per rank and batch (default ``global_batch``: one rank).
+        margin: standard deviations of slack for ``"arrival"``.
     """
-    per_bucket = np.asarray(counts, dtype=np.int64) // int(global_batch)  # (k,)
-    labels = np.repeat(np.arange(per_bucket.size, dtype=np.int32), per_bucket)  # (steps,)
-    return rng.generator(seed, epoch, rng.STREAM_ORDER).permutation(labels)
+    if order not in ORDERS:
+        raise ValueError(f"`order` must be one of {ORDERS}, got {order!r}.")
+    counts = np.asarray(counts, dtype=np.int64)
+    per_bucket = counts // int(global_batch)  # (k,)
+    labels = np.repeat(np.arange(per_bucket.size, dtype=np.int32), per_bucket)  # (steps,) bucket-sorted
+    g = rng.generator(seed, epoch, rng.STREAM_ORDER)
+    if order == "shuffle":
+        return g.permutation(labels)
+    batch = int(global_batch if batch_size is None else batch_size)
+    starts = np.concatenate([[0], np.cumsum(per_bucket)[:-1]])  # (k,)
+    j = np.arange(labels.size) - starts[labels]  # (steps,) index of the batch within its bucket
+    need = (j + 1) * batch  # rows of its bucket a rank has used after this batch
+    per_rank = counts[labels] * batch / int(global_batch)  # (steps,) expected rows of the bucket per rank
+    t = np.minimum((need + margin * np.sqrt(need) + g.random(labels.size) * batch) / per_rank, 1.0)
+    return labels[np.lexsort((g.random(labels.size), t))]
 
 
 @dataclass(frozen=True)
