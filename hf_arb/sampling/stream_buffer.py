@@ -25,6 +25,7 @@ import numpy as np
 from .. import rng
 
 PICK_BLOCK = 1024  #: steps whose pick uniforms are drawn at once
+REOPEN_ROWS = 1024  #: on load, gaps up to this many rows are read through instead of restoring a snapshot
 COUNTERS = ("read", "used", "repeated", "skipped_unassigned", "skipped_small", "skipped_surplus", "evicted", "peak")
 
 
@@ -248,7 +249,8 @@ class RankBuffer:
         src, it, pos = None, None, -1
         for target, stop in [(i, i + 1) for i in wanted] + [(read, read)]:  # read rows [.., stop)
             base = floor_key(keys, target)
-            if it is None or pos > target or pos < base:
+            # restoring a snapshot costs about as much as reading ~1000 rows: read on through short gaps
+            if it is None or pos > target or (pos < base and target - pos > REOPEN_ROWS):
                 src = self.open_source(snaps[base])
                 it, pos = iter(src), base
             while pos < stop:
