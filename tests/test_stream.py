@@ -123,7 +123,11 @@ def test_simulated_ranks(weights, unassigned, n, world, batch, buffer_mult, shar
             assert rest == out[k * world:]
 
 
-def test_resume_at_several_points_and_report_survives():
+@pytest.mark.parametrize("reopen_rows", [0, 1024])  # 0: restore a snapshot for every buffered row's group
+def test_resume_at_several_points_and_report_survives(monkeypatch, reopen_rows):
+    from hf_arb.sampling import stream_buffer
+
+    monkeypatch.setattr(stream_buffer, "REOPEN_ROWS", reopen_rows)
     ids = np.random.default_rng(0).choice([-1, 0, 1, 2, 3], size=900, p=[.05, .5, .3, .14, .01])
     ds = _stream_ds(ids, 4)
     kw = dict(counts=_counts(ids), num_replicas=2, seed=1, buffer_size=200, snapshot_every=16)
