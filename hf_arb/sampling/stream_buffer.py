@@ -1,0 +1,275 @@
+"""One rank's half of a bucketed stream: :class:`RankBuffer` reads the rank's split of the source into one
+buffer per bucket and serves the scheduled bucket at each step; its state is the rows' *read indices*.
+
+Resume without pixels: the buffer's rows are re-read from the source on load. While reading, the source's own
+``state_dict()`` (``datasets``' resumable ``IterableDataset``) is snapshotted every ``snapshot_every`` rows; the
+state keeps the snapshots that precede a buffered row, and loading replays from those snapshots, keeping only
+the recorded rows. Replay reads at most ``snapshot_every`` rows per snapshot it restores.
+
+Each bucket's buffer is a list sorted by read index (rows are appended in read order and removals keep the
+order), so the set of read indices fixes it exactly. A batch is drawn from the bucket's ``pick_window`` oldest
+rows (bounding how long a row waits, hence how far back a resume must re-read) with ``batch_size`` uniforms per
+step, drawn in blocks of :data:`PICK_BLOCK` steps from ``rng.generator(seed, epoch, STREAM_PICK, rank, block)``:
+a pure function of the step, without the cost of a generator per step.
+"""
+
+from __future__ import annotations
+
+import bisect
+import collections
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from .. import rng
+
+PICK_BLOCK = 1024  #: steps whose pick uniforms are drawn at once
+REOPEN_ROWS = 1024  #: on load, gaps up to this many rows are read through instead of restoring a snapshot
+COUNTERS = ("read", "used", "repeated", "skipped_unassigned", "skipped_small", "skipped_surplus", "evicted", "peak")
+
+
+class BufferOverflowError(RuntimeError):
+    """The scheduled bucket could not be filled within ``buffer_size`` rows (``on_overflow="error"``)."""
+
+
+class RankBuffer:
+    """The reader of one rank.
+
+    Args:
+        open_source: ``open_source(state_or_None)`` returns a fresh ``datasets.IterableDataset`` of this rank's
+            split for the epoch, positioned at ``state`` (a ``state_dict()`` of it) when given.
+        schedule: the epoch's global bucket schedule, shape ``(steps,)``.
+        rank, batch_size, buffer_size, fill, seed, epoch: see :class:`~hf_arb.sampling.stream.BucketedStream`.
+        on_overflow: ``"error"`` or ``"evict"``.
+        bucket_column: the column with the bucket id.
+        snapshot_every: rows between two source snapshots.
+        history: steps whose state can still be produced (the loader prefetches).
+        pick_window: a batch is drawn uniformly from its bucket's ``pick_window`` oldest buffered rows.
+    """
+
+    def __init__(self, open_source: Callable[[Any], Any], schedule: np.ndarray, *, rank: int, batch_size: int,
+                 buffer_size: int, fill: int, seed: int, epoch: int, on_overflow: str, bucket_column: str,
+                 snapshot_every: int, history: int, pick_window: int) -> None:
+        self.open_source, self.schedule, self.rank, self.batch = open_source, schedule, rank, batch_size
+        self.buffer_size, self.fill, self.seed, self.epoch = buffer_size, fill, seed, epoch
+        self.on_overflow, self.column, self.every = on_overflow, bucket_column, snapshot_every
+        self.window = max(int(pick_window), batch_size)
+        k = int(schedule.max()) + 1 if schedule.size else 0
+        self.scheduled = np.bincount(schedule, minlength=k).astype(np.int64)  # (k,) batches of the epoch
+        self.remaining = self.scheduled.copy()  # (k,) scheduled batches left, this step included
+        self.buffers: dict[int, list[tuple[int, Any]]] = collections.defaultdict(list)
+        self.reserve: dict[int, list[tuple[int, Any]]] = {}
+        self.total = 0  # rows in self.buffers
+        self.reserved = 0  # rows in self.reserve
+        self.unused: set[int] = set()  # reserve rows that came from eviction and were never emitted
+        self.c = dict.fromkeys(COUNTERS, 0)
+        self.step = 0
+        self.snapshots: dict[int, Any] = {}
+        self.history: collections.deque = collections.deque(maxlen=history)
+        self._block, self._uniforms = -1, np.empty((0, batch_size))
+        self._prune_at = 8
+        self.source = open_source(None)
+        self.it = iter(self.source)
+        self.exhausted = False
+        self.snapshots[0] = self.source.state_dict()
+
+    # ------------------------------------------------------------------------------------------ reading
+    def _next_row(self) -> Any:
+        idx = self.c["read"]
+        if idx % self.every == 0 and idx not in self.snapshots:
+            self.snapshots[idx] = self.source.state_dict()
+            if len(self.snapshots) >= self._prune_at:  # amortised: prune when the count has doubled
+                self._prune()
+                self._prune_at = 2 * len(self.snapshots) + 8
+        try:
+            row = next(self.it)
+        except StopIteration:
+            self.exhausted = True
+            return None
+        self.c["read"] += 1
+        return row
+
+    def _read_one(self) -> None:
+        row = self._next_row()
+        if row is None:
+            return
+        idx = self.c["read"] - 1
+        b = row.get(self.column)
+        if b is None or b < 0:
+            self.c["skipped_unassigned"] += 1
+        elif b >= self.scheduled.size or self.scheduled[b] == 0:
+            self.c["skipped_small"] += 1
+        elif len(self.buffers[b]) >= self.remaining[b] * self.batch:
+            self.c["skipped_surplus"] += 1
+        else:
+            self.buffers[b].append((idx, row))
+            self.total += 1
+            if self.total + self.reserved > self.c["peak"]:
+                self.c["peak"] = self.total + self.reserved
+
+    def _set_reserve(self, b: int, rows: list[tuple[int, Any]], entry: dict[str, Any]) -> None:
+        entry["reserve"].append((b, [i for i, _ in self.reserve.get(b, [])]))  # undo log for state_at
+        for i, _ in self.reserve.get(b, []):
+            if i in self.unused:  # an evicted row leaves the reserve unemitted: it stays counted as evicted
+                self.unused.discard(i)
+                entry["unused"].append(("del", i))
+        self.reserved += len(rows) - len(self.reserve.get(b, []))
+        self.reserve[b] = rows
+
+    def _evict(self, keep: int, entry: dict[str, Any]) -> tuple[int, int]:
+        """Drop the oldest row of the fullest bucket other than ``keep``; returns its ``(read index, bucket)``."""
+        # ties go to the lowest bucket id (never to dict order, which a resumed buffer does not share)
+        b = max(sorted(v for v in self.buffers if v != keep and self.buffers[v]), key=lambda v: len(self.buffers[v]))
+        idx, row = self.buffers[b].pop(0)
+        self.total -= 1
+        self.c["evicted"] += 1
+        if not self.reserve.get(b):  # keep it as the bucket's repeat source, so a later step of b can be served
+            self._set_reserve(b, [(idx, row)], entry)
+            self.unused.add(idx)
+            entry["unused"].append(("add", idx))
+        return idx, b
+
+    # ------------------------------------------------------------------------------------------ one step
+    def next_batch(self) -> list[Any]:
+        """The rows of this rank's batch at the next step (``batch_size`` rows of the scheduled bucket)."""
+        s, b = self.step, int(self.schedule[self.step])
+        entry = {"step": s, "read": self.c["read"], "counters": dict(self.c), "removed": [],
+                 "reserve": [], "unused": []}
+        fill = min(self.fill, int(self.remaining.sum()) * self.batch)  # never read rows no step can use
+        while not self.exhausted and self.total < fill:
+            self._read_one()
+        while not self.exhausted and len(self.buffers[b]) < self.batch:
+            if self.total >= self.buffer_size:
+                if self.on_overflow == "error" or self.total == len(self.buffers[b]):
+                    sizes = {k: len(v) for k, v in self.buffers.items() if v}
+                    raise BufferOverflowError(
+                        f"Rank {self.rank}, step {s}: bucket {b} has {len(self.buffers[b])} of {self.batch} rows and "
+                        f"the buffer is full ({self.buffer_size} rows; per bucket {sizes}). The stream is not mixed "
+                        "enough for this buffer: raise `buffer_size`, shuffle the source's shards "
+                        "(`ds.shuffle(seed=...)`), or pass `on_overflow='evict'` to drop buffered rows (counted).")
+                entry["removed"].append(self._evict(b, entry))
+            self._read_one()
+        buf, u = self.buffers[b], self._step_uniforms(s)
+        if len(buf) >= self.batch:  # sequential sampling without replacement; pop keeps the list sorted
+            w = min(len(buf), self.window)  # the bucket's oldest rows: bounds a row's age, hence resume replay
+            fresh = [buf.pop(int(u[j] * (w - j))) for j in range(self.batch)]
+            rows = fresh
+        else:  # the source is exhausted: complete with repeats of this bucket's rows
+            fresh, self.buffers[b] = list(buf), []
+            pool = fresh or self.reserve.get(b, [])
+            if not pool:
+                raise RuntimeError(
+                    f"Rank {self.rank}, step {s}: the schedule asks for bucket {b}, but this rank's stream has no row "
+                    f"of it left and never emitted one. The counts passed ({int(self.remaining[b])} batches of it "
+                    "left) do not match this rank's shards: check `counts`, or use more and smaller shards "
+                    "(`to_iterable_dataset(num_shards=...)`) so every rank sees every bucket.")
+            rows = fresh + [pool[int(u[j] * len(pool))] for j in range(len(fresh), self.batch)]
+            for i, _ in rows[len(fresh):]:
+                if i in self.unused:  # an evicted row emitted for the first time: used after all
+                    self.unused.discard(i)
+                    entry["unused"].append(("del", i))
+                    self.c["used"] += 1
+                    self.c["evicted"] -= 1
+                else:
+                    self.c["repeated"] += 1
+        self.total -= len(fresh)
+        self.c["used"] += len(fresh)
+        entry["removed"] += [(i, b) for i, _ in fresh]
+        if fresh:
+            self._set_reserve(b, fresh, entry)
+        self.remaining[b] -= 1
+        self.step += 1
+        self.history.append(entry)
+        return [row for _, row in rows]
+
+    def _step_uniforms(self, step: int) -> list[float]:
+        """``batch_size`` uniforms in [0, 1) for ``step``: row ``step % PICK_BLOCK`` of its block."""
+        block = step // PICK_BLOCK
+        if block != self._block:
+            g = rng.generator(self.seed, self.epoch, rng.STREAM_PICK, self.rank, block)
+            self._block, self._uniforms = block, g.random((PICK_BLOCK, self.batch))
+        return self._uniforms[step % PICK_BLOCK].tolist()
+
+    # ------------------------------------------------------------------------------------------ state
+    def _prune(self) -> None:
+        """Keep only the snapshots a state in the history window can need."""
+        need = {i for v in self.buffers.values() for i, _ in v}
+        need |= {i for v in self.reserve.values() for i, _ in v}
+        for e in self.history:
+            need |= {i for i, _ in e["removed"]} | {i for _, before in e["reserve"] for i in before}
+        oldest = self.history[0]["read"] if self.history else self.c["read"]
+        keys = np.array(sorted(self.snapshots), dtype=np.int64)
+        need_arr = np.fromiter(need | {oldest}, dtype=np.int64)
+        keep = set(keys[np.searchsorted(keys, need_arr, side="right") - 1].tolist())
+        for key in [k for k in keys.tolist() if k not in keep and k < oldest]:
+            del self.snapshots[key]
+
+    def state_at(self, step: int) -> dict[str, Any]:
+        """The JSON-serialisable state at the start of ``step`` (at most ``history`` steps back)."""
+        if step == self.step:
+            read, counters, removed, reserve, unused = self.c["read"], dict(self.c), [], {}, set(self.unused)
+        else:
+            back = [e for e in self.history if e["step"] >= step]
+            if not back or back[0]["step"] != step:
+                raise ValueError(f"Rank {self.rank}: the state of step {step} is no longer known (produced up to step "
+                                 f"{self.step}, history of {self.history.maxlen} steps); pass a later step or raise "
+                                 "`history`.")
+            read, counters = back[0]["read"], back[0]["counters"]
+            removed = [x for e in back for x in e["removed"]]
+            reserve, unused = {}, set(self.unused)
+            for e in reversed(back):  # undo the reserve changes, newest first
+                for op, i in reversed(e["unused"]):
+                    (unused.discard if op == "add" else unused.add)(i)
+                for bucket, before in reversed(e["reserve"]):
+                    reserve[bucket] = before
+        rows = sorted({(i, b) for b, v in self.buffers.items() for i, _ in v} | set(removed))
+        rows = [[i, b] for i, b in rows if i < read]
+        res = {b: [i for i, _ in v] for b, v in self.reserve.items()}
+        res.update(reserve)
+        res = {str(b): v for b, v in res.items() if v}
+        need = {i for i, _ in rows} | {i for v in res.values() for i in v} | {read}
+        keys = np.array(sorted(self.snapshots), dtype=np.int64)
+        used = np.unique(keys[np.searchsorted(keys, np.fromiter(need, dtype=np.int64), side="right") - 1])
+        snaps = {str(k): self.snapshots[k] for k in used.tolist()}
+        return {"rank": self.rank, "step": step, "read": read, "counters": counters, "buffer": rows,
+                "reserve": res, "unused": sorted(unused), "snapshots": snaps}
+
+    def load(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_at`'s output: re-read the buffered rows from the source and position it."""
+        self.step, read = int(state["step"]), int(state["read"])
+        self.c = {k: int(v) for k, v in state["counters"].items()}
+        self.remaining = np.bincount(self.schedule[self.step:], minlength=self.remaining.size).astype(np.int64)
+        snaps = {int(k): v for k, v in state["snapshots"].items()}
+        keys = sorted(snaps)
+        want_buf = {int(i): int(b) for i, b in state["buffer"]}
+        want_res = {int(i): int(b) for b, v in state["reserve"].items() for i in v}
+        wanted = sorted(set(want_buf) | set(want_res))
+        got: dict[int, Any] = {}
+        src, it, pos = None, None, -1
+        for target, stop in [(i, i + 1) for i in wanted] + [(read, read)]:  # read rows [.., stop)
+            base = floor_key(keys, target)
+            # restoring a snapshot costs about as much as reading ~1000 rows: read on through short gaps
+            if it is None or pos > target or (pos < base and target - pos > REOPEN_ROWS):
+                src = self.open_source(snaps[base])
+                it, pos = iter(src), base
+            while pos < stop:
+                row = next(it)
+                if pos in want_buf or pos in want_res:
+                    got[pos] = row
+                pos += 1
+        self.source, self.it, self.exhausted = src, it, False
+        self.buffers = collections.defaultdict(list)
+        for i, b in sorted(want_buf.items()):
+            self.buffers[b].append((i, got[i]))
+        self.total = len(want_buf)
+        self.reserve = {int(b): [(int(i), got[int(i)]) for i in v] for b, v in state["reserve"].items()}
+        self.reserved = sum(len(v) for v in self.reserve.values())
+        self.unused = {int(i) for i in state["unused"]}
+        self.snapshots = dict(snaps)
+        self.history.clear()
+
+
+def floor_key(keys: list[int], i: int) -> int:
+    """The largest of the sorted ``keys`` that is ``<= i`` (there always is one: 0 is snapshotted first)."""
+    return keys[bisect.bisect_right(keys, i) - 1]
