@@ -187,6 +187,16 @@ def build_parser() -> argparse.ArgumentParser:
     a("--resolution_conditioning", action="store_true",
       help="SD 1.x/2.x: add a zero-initialised size/crop embedding (SDXL's six time ids) to the UNet.")
     a("--resolution_embed_dim", type=int, default=256, help="Sinusoid width per time id for --resolution_conditioning.")
+    # --- streaming (hf_arb.BucketedStream over annotated parquet shards; docs/training.md "Streaming")
+    a("--streaming", action="store_true",
+      help="Stream the annotated dataset (datasets streaming=True) through hf_arb.BucketedStream: no rank holds it.")
+    a("--stream_buffer_size", type=int, default=4096, help="--streaming: rows buffered per rank.")
+    a("--stream_on_overflow", choices=("error", "evict"), default="error",
+      help="--streaming: when a scheduled bucket gets no batch within the buffer, stop (error) or drop old rows.")
+    a("--stream_counts", type=str, default=None,
+      help="--streaming: JSON file {bucket id: rows} (default: the Hub dataset card, else one pass over the bucket column).")
+    a("--stream_key_column", type=str, default=None,
+      help="--streaming: an integer id column (seeds each row's crop/flip/caption draws); required with --streaming.")
     # --- latent / text caches
     a("--cache_latents", action="store_true",
       help="Encode every (image, bucket, crop, flip) once with the VAE and train from the cache.")
@@ -363,6 +373,28 @@ def check_values(args: argparse.Namespace) -> None:
                          "Drop the flag.")
     if (args.offload_ema or args.foreach_ema) and not args.use_ema:
         raise UsageError("--offload_ema / --foreach_ema configure the EMA model: add --use_ema or drop them.")
+    check_streaming_flags(args)
+
+
+def check_streaming_flags(args: argparse.Namespace) -> None:
+    """--streaming needs an id column and excludes --cache_latents; the stream_* flags need --streaming."""
+    if not args.streaming:
+        given = [f for f in ("stream_counts", "stream_key_column") if getattr(args, f) is not None]
+        if given:
+            raise UsageError(f"--{given[0]} configures streaming: add --streaming or drop --{given[0]}.")
+        return
+    if args.cache_latents:
+        raise UsageError("--cache_latents does not apply to --streaming (a stream is read once per epoch): "
+                         "drop one of them.")
+    if args.stream_key_column is None:
+        raise UsageError("--streaming needs --stream_key_column: an integer id column of the rows (e.g. `id`, "
+                         "the row number written with the shards); it seeds each row's crop, flip and caption.")
+    if args.stream_buffer_size < 1:
+        raise UsageError(f"--stream_buffer_size must be >= 1, got {args.stream_buffer_size}.")
+    if args.max_train_samples is not None:
+        raise UsageError("--max_train_samples is not supported with --streaming: write fewer shards instead.")
+    if args.stream_counts is not None and not Path(args.stream_counts).is_file():
+        raise UsageFileError(f"--stream_counts {args.stream_counts}: no such file (JSON {{bucket id: rows}}).")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -440,7 +472,7 @@ def resolve_resume_dir(args: argparse.Namespace) -> Path | None:
     """The checkpoint folder to resume from, or None; a missing or damaged one is an error (never a silent fresh
     start). ``latest`` skips incomplete or damaged checkpoints (with a warning naming them) for the newest complete one.
     """
-    from hf_arb.checkpointing import checkpoint_problems, find_resumable, list_checkpoints
+    from hf_arb.checkpointing import REQUIRED, checkpoint_problems, find_resumable, list_checkpoints
 
     if not args.resume_from_checkpoint:
         return None  # (also called by check_environment: a missing checkpoint fails before anything loads)
@@ -449,8 +481,11 @@ def resolve_resume_dir(args: argparse.Namespace) -> Path | None:
         model_dirs, model_files = (), ("pytorch_lora_weights.safetensors",)
     else:
         model_dirs, model_files = ("unet", "unet_ema") if args.use_ema else ("unet",), ()
+    required = REQUIRED
+    if getattr(args, "streaming", False):  # no sampler state; the stream's per-rank files instead
+        required = tuple(f for f in REQUIRED if not f.startswith("custom_checkpoint")) + ("stream_rank0.json",)
     if args.resume_from_checkpoint == "latest":
-        path, skipped = find_resumable(out, STATE_FILE, model_dirs, model_files)
+        path, skipped = find_resumable(out, STATE_FILE, model_dirs, model_files, required)
         if skipped:
             logger.warning("--resume_from_checkpoint latest: skipping incomplete or damaged checkpoint(s): %s",
                            "; ".join(skipped))
@@ -469,7 +504,7 @@ def resolve_resume_dir(args: argparse.Namespace) -> Path | None:
             f"--resume_from_checkpoint {args.resume_from_checkpoint!r}: {path} is not a checkpoint of this script "
             f"(missing folder or {STATE_FILE}). Available: {[d.name for d in list_checkpoints(out)] or 'none'}."
         )
-    problems = checkpoint_problems(path, STATE_FILE, model_dirs, model_files)
+    problems = checkpoint_problems(path, STATE_FILE, model_dirs, model_files, required)
     if problems:
         raise UsageError(
             f"Checkpoint {path} is damaged: {problems[0]}{f' (and {len(problems) - 1} more)' if len(problems) > 1 else ''}"
@@ -514,7 +549,17 @@ def make_accelerator(args: argparse.Namespace) -> Any:
         log_with=report_to,
         project_config=project,
         kwargs_handlers=kwargs_handlers,
+        **stream_accelerator_kwargs(args),
     )
+
+
+def stream_accelerator_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    """--streaming: every rank reads its own split (accelerate keeps item ``process_index`` of each step)."""
+    if not getattr(args, "streaming", False):
+        return {}
+    from accelerate.utils import DataLoaderConfiguration
+
+    return {"dataloader_config": DataLoaderConfiguration(dispatch_batches=False)}
 
 
 def setup_logging(accelerator: Any, libraries: tuple[str, ...] = ("datasets", "transformers", "diffusers")) -> None:
@@ -866,6 +911,102 @@ def build_dataloader(args: argparse.Namespace, accelerator: Any, ds: Any, bucket
     return loader, index
 
 
+# ============================================================================================ streaming
+def stream_files(args: argparse.Namespace) -> list[str]:
+    """The annotated parquet shards of --train_data_dir (for --streaming)."""
+    files = sorted(str(f) for f in Path(args.train_data_dir).glob("*.parquet"))
+    if not files:
+        raise UsageError(f"--streaming --train_data_dir {args.train_data_dir}: no *.parquet shards there. Write the "
+                         "annotated dataset as parquet shards (`hf-arb annotate ...`, then `ds.to_parquet`).")
+    return files
+
+
+def streaming_dataset(args: argparse.Namespace) -> tuple[Any, Any, np.ndarray]:
+    """``(IterableDataset, BucketSet, rows per bucket)`` for --streaming; the data must carry bucket columns."""
+    import datasets
+
+    from hf_arb import BucketSet
+    from hf_arb.sampling.stream_plan import as_counts
+
+    files = stream_files(args) if args.dataset_name is None else None
+    ds = datasets.load_dataset(args.dataset_name or "parquet", args.dataset_config_name, data_files=files,
+                               data_dir=args.train_data_dir if args.dataset_name else None, split="train",
+                               streaming=True, cache_dir=args.cache_dir)
+    ds = ds.shuffle(seed=args.seed, buffer_size=1)  # shard order only: the stream's buffer mixes the rows
+    columns = ds.column_names or list(ds.features or [])
+    if "bucket" not in columns:
+        raise UsageError(f"--streaming needs a dataset with bucket columns; {args.dataset_name or args.train_data_dir} "
+                         f"has {columns}. Run `hf-arb annotate` first and stream the annotated shards.")
+    for flag in ("image_column", "caption_column", "stream_key_column"):
+        if getattr(args, flag) not in columns:
+            raise UsageError(f"--{flag} value '{getattr(args, flag)}' needs to be one of: {', '.join(columns)}")
+    buckets = BucketSet.from_dataset(ds)
+    if args.stream_counts is not None:
+        counts = as_counts(json.loads(Path(args.stream_counts).read_text()), buckets)
+    elif files is not None:  # local shards: the bucket column alone, vectorised
+        import pyarrow.parquet as pq
+
+        ids = np.concatenate([pq.read_table(f, columns=["bucket"]).column("bucket").to_numpy() for f in files])
+        counts = np.bincount(ids[ids >= 0], minlength=len(buckets)).astype(np.int64)
+    else:
+        counts = hub_counts(args, ds, buckets)
+    if counts.sum() == 0:
+        raise UsageError(f"No trainable images: the stream's bucket column assigns no row to a bucket. Re-annotate "
+                         "(`hf-arb annotate`) with a looser --max_aspect_error or another preset.")
+    return ds, buckets, counts
+
+
+def hub_counts(args: argparse.Namespace, ds: Any, buckets: Any) -> np.ndarray:
+    """Rows per bucket from the dataset card (``hf_arb.push_to_hub``), else one pass over the bucket column."""
+    from hf_arb.sampling.stream_plan import counts_from_card
+
+    try:
+        from huggingface_hub import DatasetCard
+
+        return counts_from_card(DatasetCard.load(args.dataset_name), "train", buckets)
+    except Exception as err:  # no card, no hf_arb stats in it, offline: count instead (said, not silent)
+        logger.warning("--streaming: no bucket counts from the card of %s (%s); counting the bucket column in one "
+                       "pass (pass --stream_counts to skip it).", args.dataset_name, err)
+    counts = np.zeros(len(buckets), dtype=np.int64)
+    for batch in ds.select_columns(["bucket"]).iter(batch_size=65536):
+        ids = np.asarray(batch["bucket"], dtype=np.int64)
+        counts += np.bincount(ids[ids >= 0], minlength=len(buckets))[: len(buckets)]
+    return counts
+
+
+def build_stream_dataloader(args: argparse.Namespace, accelerator: Any, ds: Any, counts: np.ndarray) -> tuple[Any, Any]:
+    """``(DataLoader, BucketedStream)``: one bucket per step on every rank, each rank reading its own split."""
+    import hf_arb
+    from hf_arb.sampling import StreamImageCollate
+
+    collate = StreamImageCollate(args.stream_key_column, args.image_column, args.caption_column, seed=args.seed,
+                                 center_crop=args.center_crop, random_flip=args.random_flip)
+    return hf_arb.build_stream_loader(ds, args.train_batch_size, counts=counts, accelerator=accelerator,
+                                      seed=args.seed, buffer_size=args.stream_buffer_size,
+                                      on_overflow=args.stream_on_overflow, collate_fn=collate)
+
+
+def stream_state_path(folder: Path | str, accelerator: Any) -> Path:
+    return Path(folder) / f"stream_rank{accelerator.process_index}.json"
+
+
+def stream_startup_report(accelerator: Any, buckets: Any, counts: np.ndarray, stream: Any, schedule: Schedule,
+                          args: argparse.Namespace) -> None:
+    """--streaming's first table: rows per bucket (from the counts), the stream's report, the step arithmetic."""
+    if not accelerator.is_main_process:
+        return
+    lines = [f"{'bucket':>11} {'aspect':>7} {'rows':>9}"]
+    for i in buckets.portrait_to_landscape():
+        w, h = buckets.resolutions[i]
+        lines.append(f"{w:>5} x {h:<5} {w / h:7.3f} {int(counts[i]) if i < len(counts) else 0:>9,}")
+    print("\n".join(lines), flush=True)
+    print(stream.report(), flush=True)
+    print(f"***** Running training (streaming) *****\n  Num examples = {int(counts.sum())}\n"
+          f"  Steps per epoch = {schedule.batches_per_epoch}\n  Num Epochs = {schedule.num_train_epochs}\n"
+          f"  Instantaneous batch size per device = {args.train_batch_size}\n"
+          f"  Total optimization steps = {schedule.max_train_steps}", flush=True)
+
+
 # =================================================================================== steps and schedule
 @dataclass(frozen=True)
 class Schedule:
@@ -1036,6 +1177,20 @@ def restore(accelerator: Any, resume_dir: Path | None, seed: int) -> Progress:
     return Progress(**json.loads((resume_dir / STATE_FILE).read_text()))
 
 
+def restore_stream(accelerator: Any, stream: Any, resume_dir: Path, progress: Progress) -> None:
+    """--streaming: this rank's stream state from the checkpoint; it must sit where the micro-batch counter is."""
+    path = stream_state_path(resume_dir, accelerator)
+    if not path.exists():
+        raise UsageError(f"Checkpoint {resume_dir} has no {path.name}: it was not saved by a --streaming run (or with "
+                         "another number of processes). Resume it without --streaming, or start a new run.")
+    stream.load_state_dict(json.loads(path.read_text()))
+    where = divmod(progress.micro_step, stream.steps_per_epoch)
+    at_end = stream.step >= stream.steps_per_epoch  # saved after an epoch's last batch: the next epoch starts
+    if (stream.epoch + at_end, 0 if at_end else stream.step) != where:
+        raise ValueError(f"Checkpoint {resume_dir}: {path.name} is at epoch {stream.epoch} step {stream.step}, but "
+                         f"{STATE_FILE}'s micro_step {progress.micro_step} is at epoch {where[0]} step {where[1]}.")
+
+
 def check_resumed_step(args: argparse.Namespace, accelerator: Any, progress: Progress, sampler: Any, optimizer: Any,
                        resume_dir: Path | None) -> None:
     """The checkpoint's global_step must agree with its micro-batch counter and the optimizer's step count."""
@@ -1043,7 +1198,8 @@ def check_resumed_step(args: argparse.Namespace, accelerator: Any, progress: Pro
 
     if resume_dir is None:
         return
-    epoch, position = sampler.locate(progress.micro_step)  # where the saved micro-batch counter resumes
+    locate = getattr(sampler, "locate", None)  # a BucketedStream (--streaming): every epoch is steps_per_epoch long
+    epoch, position = locate(progress.micro_step) if locate else divmod(progress.micro_step, sampler.steps_per_epoch)
     expected = expected_global_step({"steps_per_epoch": sampler.steps_per_epoch, "epoch": epoch,
                                      "batches_consumed": position}, args.gradient_accumulation_steps)
     try:  # plain torch layout; wrappers (DeepSpeed, 8-bit) that differ are checked through the sampler only
@@ -1064,7 +1220,8 @@ def check_resumed_step(args: argparse.Namespace, accelerator: Any, progress: Pro
         )
 
 
-def save_checkpoint(args: argparse.Namespace, accelerator: Any, progress: Progress) -> Path:
+def save_checkpoint(args: argparse.Namespace, accelerator: Any, progress: Progress,
+                    stream_state: dict[str, Any] | None = None) -> Path:
     """accelerate's state (UNet, optimizer, LR scheduler, sampler, RNG) + our counters, written to a temporary
     folder, renamed into place once complete, and only then are old checkpoints pruned (see hf_arb.checkpointing)."""
     from hf_arb.checkpointing import publish_checkpoint, tmp_checkpoint_dir
@@ -1076,6 +1233,8 @@ def save_checkpoint(args: argparse.Namespace, accelerator: Any, progress: Progre
     accelerator.save_state(str(tmp))
     if accelerator.is_main_process:
         (tmp / STATE_FILE).write_text(json.dumps(progress.__dict__, indent=1))
+    if stream_state is not None:  # --streaming: each rank's buffer and position (not accelerate's to save)
+        stream_state_path(tmp, accelerator).write_text(json.dumps(stream_state))
     accelerator.wait_for_everyone()
     path = Path(args.output_dir) / f"checkpoint-{progress.global_step}"
     if accelerator.is_main_process:
@@ -1473,8 +1632,9 @@ def main(argv: list[str] | argparse.Namespace | None = None) -> dict[str, Any]:
     if single:  # the data and the plan are checked before torch, accelerate or any model is loaded
         setup_logging(None, ("datasets",))
         args = updated(args, seed=agree_on_seed(args, None, resume_dir))
-        ds, buckets = dataset_with_buckets(args, None)
-        check_plan(args, ds, 1)
+        if not args.streaming:
+            ds, buckets = dataset_with_buckets(args, None)
+            check_plan(args, ds, 1)
     from accelerate.utils import set_seed
     from tqdm.auto import tqdm
 
@@ -1486,10 +1646,16 @@ def main(argv: list[str] | argparse.Namespace | None = None) -> dict[str, Any]:
     if accelerator.is_main_process:
         os.makedirs(args.output_dir, exist_ok=True)
 
-    if not single:
-        ds, buckets = dataset_with_buckets(args, accelerator)
-    check_plan(args, ds, accelerator.num_processes)  # the plan is checked before any model is loaded
-    sampler = make_sampler(args, ds, buckets, accelerator)
+    stream = None
+    if args.streaming:  # a BucketedStream stands in for the sampler: steps per epoch, and where a resume is
+        ds, buckets, counts = streaming_dataset(args)
+        dataloader, stream = build_stream_dataloader(args, accelerator, ds, counts)
+        sampler = stream
+    else:
+        if not single:
+            ds, buckets = dataset_with_buckets(args, accelerator)
+        check_plan(args, ds, accelerator.num_processes)  # the plan is checked before any model is loaded
+        sampler = make_sampler(args, ds, buckets, accelerator)
     schedule = compute_schedule(sampler.steps_per_epoch, gradient_accumulation_steps=args.gradient_accumulation_steps,
                                 num_train_epochs=args.num_train_epochs, max_train_steps=args.max_train_steps,
                                 lr_warmup_steps=args.lr_warmup_steps, num_processes=accelerator.num_processes)
@@ -1513,14 +1679,18 @@ def main(argv: list[str] | argparse.Namespace | None = None) -> dict[str, Any]:
                        * args.train_batch_size * accelerator.num_processes)
     optimizer = make_optimizer(args, trainable)
 
-    dataloader, index = build_dataloader(args, accelerator, ds, buckets, models, sampler, schedule, weight_dtype)
+    if stream is None:
+        dataloader, index = build_dataloader(args, accelerator, ds, buckets, models, sampler, schedule, weight_dtype)
+    else:
+        index = None
     lr_scheduler = get_scheduler(args.lr_scheduler, optimizer=optimizer,
                                  num_warmup_steps=schedule.scheduler_warmup_steps,
                                  num_training_steps=schedule.scheduler_training_steps)
     # as diffusers' scripts: one plain prepare call; the sampler's global plan is dealt to the ranks by accelerate
     from hf_arb.sampling.accelerate import fill_deepspeed_micro_batch
 
-    fill_deepspeed_micro_batch(accelerator, sampler)  # DeepSpeed cannot read a batch sampler's batch size
+    if stream is None:
+        fill_deepspeed_micro_batch(accelerator, sampler)  # DeepSpeed cannot read a batch sampler's batch size
     if args.lora and args.train_text_encoder:
         unet, *encoders, optimizer, dataloader, lr_scheduler = accelerator.prepare(
             models.unet, *models.text_encoders, optimizer, dataloader, lr_scheduler)
@@ -1528,7 +1698,8 @@ def main(argv: list[str] | argparse.Namespace | None = None) -> dict[str, Any]:
     else:
         unet, optimizer, dataloader, lr_scheduler = accelerator.prepare(models.unet, optimizer, dataloader,
                                                                         lr_scheduler)
-    accelerator.register_for_checkpointing(sampler)  # its plan check refuses a checkpoint of another dataset/seed
+    if stream is None:  # (the stream's state is per rank: save_checkpoint writes it beside accelerate's)
+        accelerator.register_for_checkpointing(sampler)  # its plan check refuses a checkpoint of another dataset/seed
     if models.ema_unet is not None:
         models.ema_unet.to("cpu" if args.offload_ema else accelerator.device)
     for te in models.text_encoders if models.trained_text_encoders is None else []:
@@ -1538,9 +1709,14 @@ def main(argv: list[str] | argparse.Namespace | None = None) -> dict[str, Any]:
     if accelerator.is_main_process and accelerator.trackers == [] and args.report_to not in (None, "none", ""):
         config = {k: v for k, v in vars(args).items() if isinstance(v, (int, float, str, bool))}
         accelerator.init_trackers(args.tracker_project_name, config)
-    startup_report(accelerator, ds, buckets, sampler, schedule, args, models)
+    if stream is None:
+        startup_report(accelerator, ds, buckets, sampler, schedule, args, models)
+    else:
+        stream_startup_report(accelerator, buckets, counts, stream, schedule, args)
 
     progress = restore(accelerator, resume_dir, args.seed)
+    if stream is not None and resume_dir is not None:
+        restore_stream(accelerator, stream, resume_dir, progress)
     check_resumed_step(args, accelerator, progress, sampler, optimizer, resume_dir)
     resolution_dim = None
     if args.resolution_conditioning and not models.sdxl:
@@ -1555,6 +1731,8 @@ def main(argv: list[str] | argparse.Namespace | None = None) -> dict[str, Any]:
                  bad_images=report_bad_images(args, accelerator), num_processes=accelerator.num_processes,
                  sdxl=models.sdxl, seed=args.seed, schedule=schedule.__dict__, lora=args.lora,
                  trainable_parameters=sum(p.numel() for p in trainable))
+    if stream is not None:
+        stats["stream_report"] = stream.report().to_dict()
     finish = save_final_lora if args.lora else save_final
     finish(args, accelerator, models, unet, buckets, progress, stats.setdefault("validation_images", []), stats)
     if accelerator.is_main_process:
@@ -1574,6 +1752,11 @@ def report_bad_images(args: argparse.Namespace, accelerator: Any) -> int:
         logger.warning("%d row(s) had images that could not be decoded and were replaced by rows of the same bucket; "
                        "see %s. Re-annotate with `hf-arb annotate ... --verify` to skip them up front.", len(rows), path)
     return len(rows)
+
+
+def stream_print(accelerator: Any, stream: Any, when: str) -> None:
+    if stream is not None and accelerator.is_main_process:
+        print(f"[stream, {when}] {stream.report()}", flush=True)
 
 
 def train_loop(args: argparse.Namespace, accelerator: Any, models: Models, unet: Any, optimizer: Any,
@@ -1597,7 +1780,13 @@ def train_loop(args: argparse.Namespace, accelerator: Any, models: Models, unet:
     images_seen, t_start = 0, time.perf_counter()
     from hf_arb import resume_dataloader
 
-    first_loader, first_epoch = resume_dataloader(accelerator, dataloader, progress.micro_step)
+    stream = sampler if getattr(sampler, "locate", None) is None else None  # --streaming: a BucketedStream
+    if stream is None:
+        first_loader, first_epoch = resume_dataloader(accelerator, dataloader, progress.micro_step)
+    else:  # the stream resumes itself (load_state_dict); set_epoch keeps its position within the same epoch
+        first_epoch = stream.epoch + (stream.step >= stream.steps_per_epoch)
+        dataloader.set_epoch(first_epoch)
+        first_loader = dataloader
     for epoch in range(first_epoch, schedule.num_train_epochs):  # a resumed run continues mid-epoch
         if progress.global_step >= schedule.max_train_steps:
             break
@@ -1606,6 +1795,7 @@ def train_loop(args: argparse.Namespace, accelerator: Any, models: Models, unet:
         else:
             dataloader.set_epoch(epoch)
             loader = dataloader
+        stream_print(accelerator, stream, f"epoch {epoch} start")
         for batch in loader:
             micro = progress.micro_step  # this batch's index since the start of training (per rank)
             progress.micro_step += 1
@@ -1658,9 +1848,12 @@ def train_loop(args: argparse.Namespace, accelerator: Any, models: Models, unet:
             bar.set_postfix(loss=f"{train_loss:.4f}", bucket=labels[bucket])
             train_loss, bucket_losses = 0.0, {}
             if progress.global_step % args.checkpointing_steps == 0:
-                save_checkpoint(args, accelerator, progress)
+                in_epoch = progress.micro_step - epoch * schedule.batches_per_epoch  # micro-batches trained this epoch
+                save_checkpoint(args, accelerator, progress,
+                                None if stream is None else stream.state_dict(step=in_epoch))
             if progress.global_step >= schedule.max_train_steps:
                 break
+        stream_print(accelerator, stream, f"epoch {epoch} end")
         if args.validation_prompts and (epoch + 1) % args.validation_epochs == 0:
             if models.ema_unet is not None:
                 models.ema_unet.store(unet.parameters())

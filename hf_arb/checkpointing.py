@@ -60,7 +60,7 @@ def _file_problem(path: Path) -> str | None:
 
 
 def checkpoint_problems(path: str | Path, state_file: str, model_dirs: tuple[str, ...] = ("unet",),
-                        model_files: tuple[str, ...] = ()) -> list[str]:
+                        model_files: tuple[str, ...] = (), required: tuple[str, ...] = REQUIRED) -> list[str]:
     """One line per missing or damaged file of a checkpoint folder; ``[]`` when it can be resumed from.
 
     Args:
@@ -69,12 +69,14 @@ def checkpoint_problems(path: str | Path, state_file: str, model_dirs: tuple[str
         model_dirs: sub-folders holding a diffusers model (``config.json`` + weights, possibly sharded).
         model_files: files holding the trained weights directly (a LoRA checkpoint's
             ``pytorch_lora_weights.safetensors``).
+        required: accelerate's files the checkpoint must have (default :data:`REQUIRED`; a ``--streaming`` run
+            has no sampler, ``custom_checkpoint_0.pkl``, but per-rank ``stream_rank*.json`` files).
     """
     path = Path(path)
     if not path.is_dir():
         return [f"{path}: not a folder"]
     problems = []
-    for name in (state_file, *REQUIRED, *model_files):
+    for name in (state_file, *required, *model_files):
         if not (path / name).is_file():
             problems.append(f"{path / name}: missing")
     for d in model_dirs:
@@ -104,7 +106,8 @@ def checkpoint_problems(path: str | Path, state_file: str, model_dirs: tuple[str
 
 
 def find_resumable(output_dir: str | Path, state_file: str, model_dirs: tuple[str, ...] = ("unet",),
-                   model_files: tuple[str, ...] = ()) -> tuple[Path | None, list[str]]:
+                   model_files: tuple[str, ...] = (), required: tuple[str, ...] = REQUIRED
+                   ) -> tuple[Path | None, list[str]]:
     """The newest checkpoint without problems, and the problems of the newer ones skipped on the way.
 
     Returns:
@@ -112,7 +115,7 @@ def find_resumable(output_dir: str | Path, state_file: str, model_dirs: tuple[st
     """
     skipped = []
     for ckpt in reversed(list_checkpoints(output_dir)):
-        problems = checkpoint_problems(ckpt, state_file, model_dirs, model_files)
+        problems = checkpoint_problems(ckpt, state_file, model_dirs, model_files, required)
         if not problems:
             return ckpt, skipped
         skipped.append(f"{ckpt.name} ({problems[0]}{f'; +{len(problems) - 1} more' if len(problems) > 1 else ''})")
