@@ -940,6 +940,10 @@ def streaming_dataset(args: argparse.Namespace) -> tuple[Any, Any, np.ndarray]:
     for flag in ("image_column", "caption_column", "stream_key_column"):
         if getattr(args, flag) not in columns:
             raise UsageError(f"--{flag} value '{getattr(args, flag)}' needs to be one of: {', '.join(columns)}")
+    key_type = getattr((ds.features or {}).get(args.stream_key_column), "dtype", None)
+    if key_type is not None and not str(key_type).startswith(("int", "uint")):
+        raise UsageError(f"--stream_key_column {args.stream_key_column} holds {key_type}, not integers: pass an integer "
+                         "id column (e.g. the row number, added when writing the shards).")
     buckets = BucketSet.from_dataset(ds)
     if args.stream_counts is not None:
         counts = as_counts(json.loads(Path(args.stream_counts).read_text()), buckets)

@@ -100,6 +100,19 @@ def test_unannotated_data_is_an_error(stream_assets, tmp_path):
         reset_accelerate()
 
 
+def test_non_integer_key_column_is_an_error(stream_assets, tmp_path):
+    args = script.parse_args(_args(stream_assets, tmp_path, "--stream_key_column", "text"))
+    with pytest.raises(script.UsageError, match="--stream_key_column text holds string, not integers"):
+        script.streaming_dataset(args)
+
+
+def test_stream_counts_file_is_used(stream_assets, tmp_path):
+    counts = tmp_path / "counts.json"
+    counts.write_text('{"4": 8, "6": 12}')
+    args = script.parse_args(_args(stream_assets, tmp_path, "--stream_counts", str(counts)))
+    assert script.streaming_dataset(args)[2].tolist() == [0, 0, 0, 0, 8, 0, 12]
+
+
 def test_stream_counts_come_from_the_shards(stream_assets):
     import numpy as np
 
