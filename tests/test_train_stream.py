@@ -165,3 +165,26 @@ def test_streaming_resume_reaches_the_same_weights(stream_runs):
                [(t["step"], t["rows"], t["time_ids_first"]) for t in tail]
     assert stream_runs["stats_resumed"]["global_step"] == 5
     assert max_weight_diff(full, resumed) < 1e-6
+
+
+def test_restore_stream_at_an_epoch_end_and_a_wrong_counter(stream_assets, tmp_path):
+    """A checkpoint after an epoch's last batch resumes at the next epoch; a stream file that disagrees with the
+    micro-batch counter is refused (no model: the stream alone, one process)."""
+    import json
+    from types import SimpleNamespace
+
+    args = script.parse_args(_args(stream_assets, tmp_path, "--train_batch_size", "6"))
+    ds, _, counts = script.streaming_dataset(args)
+    loader, stream = script.build_stream_dataloader(args, None, ds, counts)
+    steps = stream.steps_per_epoch
+    assert sum(1 for _ in loader) == steps
+    rank0 = SimpleNamespace(process_index=0)
+    script.stream_state_path(tmp_path, rank0).write_text(json.dumps(stream.state_dict(step=steps)))
+    _, again = script.build_stream_dataloader(args, None, ds, counts)
+    script.restore_stream(rank0, again, tmp_path, script.Progress(micro_step=steps))
+    assert (again.epoch, again.step) == (0, steps)
+    _, wrong = script.build_stream_dataloader(args, None, ds, counts)
+    with pytest.raises(ValueError, match="micro_step"):
+        script.restore_stream(rank0, wrong, tmp_path, script.Progress(micro_step=steps - 1))
+    with pytest.raises(script.UsageError, match="stream_rank0.json"):
+        script.restore_stream(rank0, wrong, tmp_path / "nowhere", script.Progress())
