@@ -955,7 +955,7 @@ def streaming_dataset(args: argparse.Namespace) -> tuple[Any, Any, np.ndarray]:
     else:
         counts = hub_counts(args, ds, buckets)
     if counts.sum() == 0:
-        raise UsageError(f"No trainable images: the stream's bucket column assigns no row to a bucket. Re-annotate "
+        raise UsageError("No trainable images: the stream's bucket column assigns no row to a bucket. Re-annotate "
                          "(`hf-arb annotate`) with a looser --max_aspect_error or another preset.")
     return ds, buckets, counts
 
@@ -968,7 +968,7 @@ def hub_counts(args: argparse.Namespace, ds: Any, buckets: Any) -> np.ndarray:
         from huggingface_hub import DatasetCard
 
         return counts_from_card(DatasetCard.load(args.dataset_name), "train", buckets)
-    except Exception as err:  # no card, no hf_arb stats in it, offline: count instead (said, not silent)
+    except Exception as err:  # noqa: BLE001 -- no card, no hf_arb stats in it, offline: count instead (said, not silent)
         logger.warning("--streaming: no bucket counts from the card of %s (%s); counting the bucket column in one "
                        "pass (pass --stream_counts to skip it).", args.dataset_name, err)
     counts = np.zeros(len(buckets), dtype=np.int64)

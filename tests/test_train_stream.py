@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from test_train import COMMON, max_weight_diff, read_trace, reset_accelerate, run_script, script  # noqa: F401
+from test_train import COMMON, max_weight_diff, read_trace, reset_accelerate, run_script, script
 
 #: 20 tiny photos (5 aspect ratios x 4) repeated this many times with distinct ids, so each rank's split
 #: holds rows of every bucket.
