@@ -48,6 +48,13 @@ def _image_batch(values: Any, *, config: str, max_upscale: float | None, min_siz
     return table.to_pydict() if as_dict else table
 
 
+def _size_table(table: pa.Table, *, config: str, width_column: str, height_column: str, max_upscale: float | None,
+                min_size: int | None) -> pa.Table:
+    """``map`` function for the metadata path (map-style, the whole table at once): the bucket columns."""
+    return bucket_columns(table, _buckets_from_json(config), width_column=width_column, height_column=height_column,
+                          max_upscale=max_upscale, min_size=min_size)
+
+
 def _size_batch(widths: list[Any], heights: list[Any], *, config: str, max_upscale: float | None,
                 min_size: int | None, as_dict: bool, columns: tuple[str, str] = ("width", "height")) -> Any:
     """``map`` function for the metadata path (streaming): width/height values → bucket columns."""
@@ -152,12 +159,6 @@ def _check_columns(names: Sequence[str] | None, wanted: Sequence[str | None]) ->
                              "Pass the right name with image_column=..., width_column=..., height_column=...")
 
 
-def _fingerprint(*parts: Any) -> str:
-    from datasets.fingerprint import Hasher
-
-    return Hasher.hash(["hf_arb.add_bucket_columns", *parts])
-
-
 def _annotate_dataset(ds: Any, buckets: BucketSet, *, image_column: str | None, width_column: str | None,
                       height_column: str | None, num_proc: int | None, batch_size: int, max_upscale: float | None,
                       min_size: int | None, desc: str | None, show_summary: bool,
@@ -168,12 +169,13 @@ def _annotate_dataset(ds: Any, buckets: BucketSet, *, image_column: str | None, 
     features = bucket_features(buckets)
     if width_column is not None:
         _check_columns(base.column_names, (width_column, height_column))
-        cols = base.select_columns([width_column, height_column]).with_format("arrow")[:]  # pa.Table, indices applied
-        table = bucket_columns(cols, buckets, width_column=width_column, height_column=height_column,
-                               max_upscale=max_upscale, min_size=min_size)
-        fp = _fingerprint(base._fingerprint, buckets.fingerprint, width_column, height_column, max_upscale, min_size)
-        new = datasets.Dataset(table.cast(features.arrow_schema), info=datasets.DatasetInfo(features=features),
-                               fingerprint=fp)
+        # one vectorised call over the whole table (batch_size=None), in memory; datasets derives the fingerprint
+        new = base.select_columns([width_column, height_column]).with_format("arrow").map(
+            _size_table, batched=True, batch_size=None, keep_in_memory=True, features=features,
+            remove_columns=[width_column, height_column], desc=desc or "Assigning buckets",
+            fn_kwargs=dict(config=buckets.to_json(), width_column=width_column, height_column=height_column,
+                           max_upscale=max_upscale, min_size=min_size),
+        ).with_format(None)
     else:
         _check_columns(base.column_names, (image_column,))
         src = base.select_columns([image_column])
