@@ -105,12 +105,15 @@ def bucket_loss_figure(runs: dict[str, Path], path: Path) -> Path:
         recs = read_trace(model_dir)
         labels = sorted({r["label"] for r in recs}, key=lambda s: int(s.split("x")[0]) / int(s.split("x")[1]))
         for label in labels:
-            mine = sorted((r["step"], r["loss"]) for r in recs if r["label"] == label)
-            steps = np.array([s for s, _ in mine], dtype=np.float64)
-            loss = np.array([v for _, v in mine], dtype=np.float64)
+            by_step: dict[int, list[float]] = {}
+            for r in recs:  # every rank trains the same bucket at a step: average the ranks' losses
+                if r["label"] == label:
+                    by_step.setdefault(int(r["step"]), []).append(float(r["loss"]))
+            steps = np.array(sorted(by_step), dtype=np.float64)
+            loss = np.array([np.mean(by_step[s]) for s in sorted(by_step)], dtype=np.float64)
             k = max(1, min(15, loss.size // 4))
             smooth = np.convolve(loss, np.ones(k) / k, mode="valid")
-            ax.plot(steps[k - 1:], smooth, label=f"{label} ({loss.size} batches)")
+            ax.plot(steps[k - 1:], smooth, marker="." if smooth.size < 20 else None, label=f"{label} ({loss.size} steps)")
         ax.set_xlabel("optimizer step")
         ax.set_ylabel("training loss (moving mean)")
         ax.set_title(f"{name}: loss per bucket shape, portrait → landscape")
@@ -121,29 +124,42 @@ def bucket_loss_figure(runs: dict[str, Path], path: Path) -> Path:
     return path
 
 
+def _font(size: int) -> Any:
+    from PIL import ImageFont
+
+    try:
+        return ImageFont.load_default(size=size)
+    except TypeError:  # Pillow < 10.1: one bitmap size
+        return ImageFont.load_default()
+
+
 def sample_figure(rows: list[tuple[str, list[tuple[str, Image.Image]]]], title: str, path: Path) -> Path:
-    """A labelled grid: one row per ``(row label, [(column label, image), ...])``, images upscaled 3×."""
-    plt = _pyplot()
-    cols = max(len(r[1]) for r in rows)
-    widths = [max(im.width for _, cells in rows for i, (_, im) in enumerate(cells) if i == c) for c in range(cols)]
-    fig, axes = plt.subplots(len(rows), cols, squeeze=False,
-                             figsize=(sum(widths) * UPSCALE / 60 + 1.5, len(rows) * 2.4),
-                             gridspec_kw={"width_ratios": widths})
-    for r, (label, cells) in enumerate(rows):
-        for c in range(cols):
-            ax = axes[r][c]
-            ax.set_xticks([])
-            ax.set_yticks([])
-            if c >= len(cells):
-                ax.axis("off")
-                continue
-            name, im = cells[c]
-            ax.imshow(im.resize((im.width * UPSCALE, im.height * UPSCALE), Image.Resampling.NEAREST))
-            ax.set_title(name, fontsize=8)
-            if c == 0:
-                ax.set_ylabel(label, fontsize=8)
-    fig.suptitle(title, fontsize=11)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    """A labelled grid: one row per ``(row label, [(column label, image), ...])``, images upscaled 3× (nearest).
+
+    Column ``c`` is as wide as its widest image; each image sits at the top left of its cell, at its own size, so
+    the shapes compare at a glance.
+    """
+    from PIL import ImageDraw
+
+    pad, label_w, head, line = 12, 300, 40, 18
+    cols = max(len(cells) for _, cells in rows)
+    col_w = [max(cells[c][1].width for _, cells in rows if c < len(cells)) * UPSCALE for c in range(cols)]
+    row_h = [max(im.height for _, im in cells) * UPSCALE for _, cells in rows]
+    width = label_w + sum(col_w) + pad * (cols + 1)
+    height = head + sum(h + line + pad for h in row_h) + pad
+    canvas = Image.new("RGB", (width, height), "white")
+    draw = ImageDraw.Draw(canvas)
+    draw.text((pad, 8), title, fill="black", font=_font(20))
+    y = head
+    for (label, cells), h in zip(rows, row_h):
+        for i, text in enumerate(label.split("\n")):
+            draw.text((pad, y + line + 4 + i * line), text, fill="black", font=_font(14))
+        x = label_w + pad
+        for (name, im), w in zip(cells, col_w):
+            draw.text((x, y), name, fill="dimgray", font=_font(14))
+            canvas.paste(im.resize((im.width * UPSCALE, im.height * UPSCALE), Image.Resampling.NEAREST),
+                         (x, y + line))
+            x += w + pad
+        y += h + line + pad
+    canvas.save(path)
     return path
