@@ -618,13 +618,17 @@ def setup_logging(accelerator: Any, libraries: tuple[str, ...] = ("datasets", "t
     """Log format and library verbosity (quiet on non-main ranks; ``accelerator`` None: a single process). The
     script sets datasets' first and transformers'/diffusers' once the data is checked: importing diffusers takes
     seconds, data errors should not."""
-    logging.basicConfig(format="%(asctime)s - %(levelname)s - %(name)s - %(message)s", level=logging.INFO)
+    from hf_arb.logs import quiet_library_notes
+
+    # libraries log warnings; our own loggers (the script's and hf_arb's) also say what they do, at INFO
+    logging.basicConfig(format="%(asctime)s - %(levelname)s - %(name)s - %(message)s", level=logging.WARNING)
     main = accelerator is None or accelerator.is_local_main_process
-    if not main:
-        logger.setLevel(logging.WARNING)
+    for name in (logger.name, "hf_arb"):
+        logging.getLogger(name).setLevel(logging.INFO if main else logging.WARNING)
     for name in libraries:
         lib = importlib.import_module(name)
         lib.utils.logging.set_verbosity_warning() if main else lib.utils.logging.set_verbosity_error()
+    quiet_library_notes(libraries)
 
 
 def agree_on_seed(args: argparse.Namespace, accelerator: Any, resume_dir: Path | None) -> int:
@@ -823,7 +827,7 @@ def save_final_lora(args: argparse.Namespace, accelerator: Any, models: Models, 
     save_lora(cls, args.output_dir, accelerator.unwrap_model(unet), encoders or None)
     (Path(args.output_dir) / BUCKETS_FILE).write_text(json.dumps(buckets.to_dict(), indent=1))
     if args.validation_prompts:
-        parts = {"vae": models.vae.to(torch.float32)} if args.pretrained_vae_model_name_or_path else {}
+        parts = {"vae": place(models.vae, dtype=torch.float32)} if args.pretrained_vae_model_name_or_path else {}
         pipe = cls.from_pretrained(args.pretrained_model_name_or_path, revision=args.revision, variant=args.variant,
                                    **parts)
         pipe.load_lora_weights(args.output_dir)
@@ -954,7 +958,7 @@ def make_sampler(args: argparse.Namespace, ds: Any, buckets: Any, accelerator: A
     return BucketBatchSampler(
         ds, args.train_batch_size, num_replicas=accelerator.num_processes, rank=accelerator.process_index,
         seed=args.seed, shuffle=True, sync_buckets=not args.no_bucket_sync, leftover=args.bucket_leftover,
-        return_keys=True, buckets=buckets,
+        return_keys=True, buckets=buckets, log_report=False,  # startup_report prints it
     )
 
 
@@ -1140,7 +1144,7 @@ def build_latent_cache(args: argparse.Namespace, accelerator: Any, ds: Any, buck
     from hf_arb import latents as lat
 
     cache = lat.LatentCache(args.latent_cache_dir or os.path.join(args.output_dir, "latent_cache"))
-    vae = models.vae.to(accelerator.device, dtype=torch.float32)
+    vae = place(models.vae, accelerator.device, torch.float32)
     vae_id = lat.vae_fingerprint(vae)
     if args.image_interpolation_mode != "lanczos":  # another resize filter makes other latents
         vae_id = f"{vae_id}|{args.image_interpolation_mode}"
@@ -1185,7 +1189,7 @@ def build_latent_cache(args: argparse.Namespace, accelerator: Any, ds: Any, buck
     logger.info("Latent cache %s: encoded %d (%d of them damaged entries), reused %d entries (%d variant(s) per "
                 "image) in %.1f s.", cache.root, index.encoded, index.repaired, index.reused, index.variants,
                 time.perf_counter() - t0)
-    models.vae.to(dtype=weight_dtype)
+    place(models.vae, dtype=weight_dtype)
     return cache, index, latent_repair(cache, index, load_batch, models.vae)
 
 
@@ -1514,7 +1518,7 @@ def build_pipeline(args: argparse.Namespace, models: Models, unet: Any, dtype: t
         else:
             parts.update(safety_checker=None, feature_extractor=None, requires_safety_checker=False)
     elif args.pretrained_vae_model_name_or_path:
-        parts["vae"] = models.vae.to(torch.float32)
+        parts["vae"] = place(models.vae, dtype=torch.float32)
     return cls.from_pretrained(args.pretrained_model_name_or_path, revision=args.revision, variant=args.variant,
                                dtype=dtype, **parts)
 
@@ -1702,6 +1706,16 @@ def weight_dtype_of(accelerator: Any) -> torch.dtype:
     return {"fp16": torch.float16, "bf16": torch.bfloat16}.get(accelerator.mixed_precision, torch.float32)
 
 
+def place(module: Any, device: Any = None, dtype: torch.dtype | None = None) -> Any:
+    """``module.to(device)``, and ``.to(dtype)`` only when the dtype changes (diffusers warns on every dtype cast,
+    even a no-op one)."""
+    if device is not None:
+        module.to(device)
+    if dtype is not None and module.dtype != dtype:
+        module.to(dtype=dtype)
+    return module
+
+
 def main(argv: list[str] | argparse.Namespace | None = None) -> dict[str, Any]:
     """Run a training; returns the run statistics (also written to ``<output_dir>/hf_arb_run.json``).
 
@@ -1788,8 +1802,8 @@ def main(argv: list[str] | argparse.Namespace | None = None) -> dict[str, Any]:
     if models.ema_unet is not None:
         models.ema_unet.to("cpu" if args.offload_ema else accelerator.device)
     for te in models.text_encoders if models.trained_text_encoders is None else []:
-        te.to(accelerator.device, dtype=weight_dtype)
-    models.vae.to(accelerator.device, dtype=torch.float32 if models.sdxl and not args.pretrained_vae_model_name_or_path
+        place(te, accelerator.device, weight_dtype)
+    place(models.vae, accelerator.device, torch.float32 if models.sdxl and not args.pretrained_vae_model_name_or_path
                   else weight_dtype)
     if accelerator.is_main_process and accelerator.trackers == [] and args.report_to not in (None, "none", ""):
         config = {k: v for k, v in vars(args).items() if isinstance(v, (int, float, str, bool))}

@@ -64,6 +64,7 @@ MODULES: dict[str, str] = {
     "hf_arb.conditioning": "training.md",
     "hf_arb.shift": "flow.md",
     "hf_arb.lora": "training.md",
+    "hf_arb.logs": "training.md",
     "hf_arb.pipeline_sd_resolution": "training.md",
     "hf_arb.tiny": "training.md",
     "hf_arb.tiny_flow": "flow.md",

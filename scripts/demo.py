@@ -170,6 +170,9 @@ def samples(base: str, model_dir: Path, shapes: list[tuple[int, int]], texts: li
 
 def main() -> None:
     from hf_arb import BucketSet
+    from hf_arb.logs import quiet_library_notes
+
+    quiet_library_notes()
 
     t_start = time.perf_counter()
     out = (ROOT / os.environ.get("DEMO_OUTPUT", "demo_output")).resolve()

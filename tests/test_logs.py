@@ -1,0 +1,35 @@
+"""Console hygiene: the notes hf_arb.logs turns off are off, and real warnings still print."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+
+import pytest
+
+SNIPPET = """
+import logging, sys
+{setup}
+from diffusers import StableDiffusionPipeline  # transformers notes the torchvision fallback here
+import transformers, diffusers
+print("bars", transformers.utils.logging.is_progress_bar_enabled(), diffusers.utils.logging.is_progress_bar_enabled())
+transformers.utils.logging.get_logger("transformers.modeling_utils").warning("a real warning")
+"""
+
+
+def _run(setup: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", SNIPPET.format(setup=setup)], capture_output=True, text=True,
+                          timeout=300, check=True)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torchvision") is not None, reason="the note is printed only without "
+                    "torchvision")
+def test_torchvision_note_and_loading_bars_are_off_warnings_are_not() -> None:
+    plain = _run("")
+    assert "requires torchvision" in plain.stderr  # the note exists: otherwise this test proves nothing
+    assert "bars True True" in plain.stdout
+    quiet = _run("from hf_arb.logs import quiet_library_notes; quiet_library_notes()")
+    assert "requires torchvision" not in quiet.stderr
+    assert "bars False False" in quiet.stdout
+    assert "a real warning" in quiet.stderr
