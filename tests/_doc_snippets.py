@@ -48,12 +48,15 @@ SUBSTITUTIONS: tuple[tuple[str, str, str], ...] = (
     (r"\bme/my-data\b", "{pushed}",
      "what hf_arb.push_to_hub uploads (Parquet with the bucket feature) for my_images, as a local folder"),
     (r"/mnt/laion/buckets", "{pushed}", "the same annotated Parquet folder stands in for the engine's output"),
-    # CPU-sized training
+    # CPU-sized buckets and training
+    (r"--preset budget --resolution 1024\b", "--preset budget --resolution 128", "5 buckets of ~128² px, not 1 MP"),
+    (r"(?<!pixart )--resolution[ =]512\b", "--resolution 128", "the same for the training commands"),
     (r"--max_train_steps[ =]\d+", "--max_train_steps 2", "two optimizer steps"),
     (r"--checkpointing_steps[ =]\d+", "--checkpointing_steps 1", "a checkpoint is written"),
     (r"--mixed_precision[ =]\"?(?:fp16|bf16)\"?", "--mixed_precision no", "half precision needs a GPU"),
     (r"--validation_epochs[ =]\d+", "--validation_epochs 1", "validation runs once"),
     (r"\bnum_workers=\d+", "num_workers=0", "no DataLoader worker processes (2 shared cores)"),
+    (r"for epoch in range\(\d+\):", "for epoch in range(1):", "one pass over the data"),
 )
 
 #: files every page's folder starts with: ``name -> what it is``
@@ -111,7 +114,7 @@ def extract_blocks(path: Path, root: Path = ROOT) -> list[Block]:
         j = i + 1
         while j < len(lines) and not re.match(rf"^[ \t]*{re.escape(fence[0])}{{{len(fence)},}}\s*$", lines[j]):
             j += 1
-        body = "\n".join(ln[len(indent):] if ln.startswith(indent) else ln for ln in lines[i + 1:j])
+        body = "\n".join(ln.removeprefix(indent) for ln in lines[i + 1:j])
         prev = next((lines[k].strip() for k in range(i - 1, -1, -1) if lines[k].strip()), "")
         mk = _MARKER.match(prev)
         marker = reason = None

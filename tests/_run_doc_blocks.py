@@ -43,7 +43,7 @@ def _run_bash(source: str) -> None:
     commands = _hf_arb_commands(source)
     if commands is None:
         env = {**os.environ, "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")}
-        proc = subprocess.run(["bash", "-euo", "pipefail", "-c", source], env=env, capture_output=True, text=True)
+        proc = subprocess.run(["bash", "-euo", "pipefail", "-c", source], env=env, capture_output=True, text=True, check=False)
         sys.stdout.write(proc.stdout[-3000:])
         if proc.returncode != 0:
             raise RuntimeError(f"bash exited with {proc.returncode}:\n{proc.stderr[-4000:]}")
@@ -89,7 +89,7 @@ def run(plan: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
                 else:
                     _run_bash(block["source"])
                 results[block["id"]] = {"ok": True, "seconds": time.perf_counter() - t0, "error": ""}
-            except BaseException as e:  # noqa: BLE001 - every failure is reported with its block
+            except BaseException as e:
                 if isinstance(e, KeyboardInterrupt):
                     raise
                 failed = block["id"]

@@ -18,7 +18,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _doc_snippets import CODE_LANGS, ROOT, SUBSTITUTIONS, extract_blocks, pages, substitute
+from _doc_snippets import (
+    CODE_LANGS,
+    ROOT,
+    SUBSTITUTIONS,
+    extract_blocks,
+    pages,
+    substitute,
+)
 
 ALL_BLOCKS = [b for p in pages() for b in extract_blocks(p)]
 CODE_BLOCKS = [b for b in ALL_BLOCKS if b.lang in CODE_LANGS]
@@ -57,16 +64,47 @@ def test_every_substitution_is_used() -> None:
     assert substitute("load_dataset('lambdalabs/naruto-blip-captions')", assets) == "load_dataset('<naruto>')"
 
 
+def test_readme_documents_the_substitution_table() -> None:
+    readme = (ROOT / "README.md").read_text()
+    for pattern, replacement, why in SUBSTITUTIONS:
+        row = f"| `{pattern}` | `{replacement}` | {why} |".replace("|bf16", "\\|bf16")
+        assert row in readme, f"README.md, 'Docs that run': add or update the row\n{row}"
+
+
+def test_runner_reports_every_kind_of_failure(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The runner cannot pass a broken block: an exception, a doctest mismatch, an hf-arb error, a shell error."""
+    import _run_doc_blocks
+
+    blocks = {"ok.py": ("python", "x = 2\n"), "uses-x.py": ("python", ">>> x + 1\n3\n"),
+              "bad-doctest": ("python", ">>> x + 1\n4\n"), "raises": ("python", "1 / 0\n"),
+              "cli-error": ("bash", "hf-arb buckets --preset novelai\nhf-arb buckets --resolution 0\n"),
+              "shell-error": ("bash", "echo fine\nfalse\n"), "cli-ok": ("bash", "hf-arb buckets --preset sdxl  # a comment\n")}
+    plan = [{"page": name, "workdir": str(tmp_path), "blocks": [{"id": name, "lang": lang, "source": src}]}
+            for name, (lang, src) in blocks.items()]
+    plan[1]["blocks"].insert(0, plan.pop(0)["blocks"][0])  # x is defined by the page's earlier block
+    res = _run_doc_blocks.run(plan)
+    assert {k for k, v in res.items() if v["ok"]} == {"ok.py", "uses-x.py", "cli-ok"}
+    assert "NameError" in res["bad-doctest"]["error"]  # pages do not share a namespace
+    assert "ZeroDivisionError" in res["raises"]["error"]
+    assert "exited with status 2" in res["cli-error"]["error"] and "bash exited with 1" in res["shell-error"]["error"]
+    two = _run_doc_blocks.run([{"page": "p", "workdir": str(tmp_path), "blocks": [
+        {"id": "a", "lang": "python", "source": "x = 2\n"}, {"id": "b", "lang": "python", "source": ">>> x + 1\n4\n"},
+        {"id": "c", "lang": "python", "source": "pass\n"}]}])
+    assert "Expected:\n    4\nGot:\n    3" in two["b"]["error"] and two["c"]["error"] == "not run: b failed first"
+    assert _run_doc_blocks._hf_arb_commands("hf-arb a \\\n  --b 1  # c\nhf-arb d\n") == [["a", "--b", "1"], ["d"]]
+    assert _run_doc_blocks._hf_arb_commands("hf-arb a | head\n") is None
+    assert _run_doc_blocks._hf_arb_commands("RAY_ADDRESS=auto hf-arb a\n") is None
+
+
 # ------------------------------------------------------------------------------------------- running
 def _build_assets(root: Path) -> dict[str, str]:
     """The stand-ins of the substitution table and the starting files (``_doc_snippets.FILES``)."""
     import datasets
+    import numpy as np
     from _photos import save_photo
 
     from hf_arb import BucketSet, add_bucket_columns
     from hf_arb.tiny import save_tiny_flux, save_tiny_imagefolder, save_tiny_sd
-
-    import numpy as np
 
     naruto = save_tiny_imagefolder(root / "naruto", per_size=8)
     pushed = root / "pushed"
@@ -106,7 +144,7 @@ def _run(root: Path, page_names: list[str], assets: dict[str, str], *, slow: boo
            "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "MPLBACKEND": "Agg", "ACCELERATE_USE_CPU": "1",
            "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "WANDB_MODE": "disabled"}
     proc = subprocess.run([sys.executable, str(ROOT / "tests" / "_run_doc_blocks.py"), str(root / "plan.json"),
-                           str(root / "results.json")], env=env, capture_output=True, text=True, timeout=900)
+                           str(root / "results.json")], env=env, capture_output=True, text=True, timeout=900, check=False)
     (root / "log.txt").write_text(proc.stderr)
     if proc.returncode != 0:
         return {"__driver__": {"ok": False, "error": proc.stderr[-6000:]}}
