@@ -175,11 +175,31 @@ def build_parser() -> argparse.ArgumentParser:
     a("--image_interpolation_mode", type=str, default="lanczos",
       choices=["bicubic", "bilinear", "box", "hamming", "lanczos", "nearest", "nearest_exact"],
       help="Filter for resizing images (Pillow's; nearest/nearest_exact are refused: not antialiased).")
-    a("--bucket_preset", type=str, default="budget", choices=["budget", "novelai", "sdxl"],
-      help="Bucket table: 'budget' (OneTrainer aspects scaled to --resolution²), 'novelai' or 'sdxl'.")
-    a("--bucket_step", type=int, default=64, help="Bucket sides are multiples of this (budget preset).")
+    from hf_arb.matching import METRICS
+    from hf_arb.presets import PRESETS
+
+    a("--bucket_preset", type=str, default=None, choices=PRESETS,
+      help="Bucket table (all listed in docs/buckets.md): 'budget' (default; OneTrainer aspects scaled to "
+           "--resolution²), 'novelai', 'sdxl', the model families' own 'pixart', 'sana' (--resolution picks the "
+           "table), 'hunyuan_dit', 'flux_kontext', or the trainers' 'diffusers', 'onetrainer', 'kohya'. Fixed tables "
+           "ignore --resolution and say so at start-up." + NO_DEFAULT)
+    a("--aspect_ratio_buckets", type=str, default=None, metavar="H,W;H,W",
+      help="Explicit buckets in diffusers' dreambooth format, height first, e.g. '1024,1024;768,1360' (instead of "
+           "--bucket_preset).")
+    a("--bucket_step", type=int, default=None,
+      help="Bucket sides are multiples of this (budget, onetrainer, kohya: default 64; diffusers: its divisibility, "
+           "default 16; fixed tables ignore it)." + NO_DEFAULT)
+    a("--bucket_min_side", type=int, default=None,
+      help="kohya: sd-scripts' --min_bucket_reso, the smallest bucket side (default 256)." + NO_DEFAULT)
+    a("--bucket_max_side", type=int, default=None,
+      help="kohya: sd-scripts' --max_bucket_reso, the largest bucket side, >= --resolution (default 1024)." + NO_DEFAULT)
+    a("--bucket_metric", type=str, default="log", choices=(*METRICS, "native"),
+      help="How an image finds its bucket: 'log' |log(w/h) - log(bw/bh)| (symmetric), NovelAI's 'linear' |w/h - "
+           "bw/bh| (with --bucket_preset novelai: NovelAI's own assignment), 'linear_hw' (on h/w), diffusers' "
+           "'cross' |h*bw - w*bh|, or 'native': the preset's source's own rule (PixArt, HunyuanDiT, diffusers, ...).")
     a("--max_aspect_error", type=float, default=None,
-      help="Skip images whose |log aspect - log bucket aspect| exceeds this (default: keep all).")
+      help="Skip images whose aspect error exceeds this, in --bucket_metric units (log: |log aspect - log bucket "
+           "aspect|; default: keep all).")
     a("--bucket_leftover", type=str, default="drop", choices=["drop", "fill", "catch_all"],
       help="What the sampler does with a bucket's last, incomplete batch (see docs/training.md).")
     a("--no_bucket_sync", action="store_true",
@@ -331,7 +351,8 @@ def resolve_mode(args: argparse.Namespace) -> None:
 
 def check_values(args: argparse.Namespace) -> None:
     """Range checks, phrased in flags."""
-    positive = ("train_batch_size", "gradient_accumulation_steps", "resolution", "bucket_step", "checkpointing_steps",
+    positive = ("train_batch_size", "gradient_accumulation_steps", "resolution", "bucket_step", "bucket_min_side",
+                "bucket_max_side", "checkpointing_steps",
                 "num_train_epochs", "max_train_steps", "num_validation_images", "validation_epochs",
                 "num_validation_inference_steps", "latent_cache_variants", "checkpoints_total_limit", "rank",
                 "resolution_embed_dim", "power_sgd_rank", "max_train_samples")
@@ -374,6 +395,37 @@ def check_values(args: argparse.Namespace) -> None:
     if (args.offload_ema or args.foreach_ema) and not args.use_ema:
         raise UsageError("--offload_ema / --foreach_ema configure the EMA model: add --use_ema or drop them.")
     check_streaming_flags(args)
+    check_bucket_flags(args)
+
+
+#: BucketSet's parameter names in its error messages → this script's flags.
+BUCKET_FLAG_NAMES = {"`resolution`": "--resolution", "`step`": "--bucket_step", "`max_aspect_error`": "--max_aspect_error",
+                     "`metric`": "--bucket_metric", " (--resolution)": "", "max_side=": "--bucket_max_side ",
+                     "resolution=": "--resolution ", "step=": "--bucket_step "}
+
+
+def check_bucket_flags(args: argparse.Namespace) -> None:
+    """--bucket_preset or --aspect_ratio_buckets (not both; default budget), the preset's --bucket_step default, and
+    the table itself built once, so that a bad combination fails here, in flags."""
+    from hf_arb.cli_buckets import in_flags
+    from hf_arb.presets import PRESET_INFO
+
+    if args.aspect_ratio_buckets is not None and args.bucket_preset is not None:
+        raise UsageError(f"--aspect_ratio_buckets is a bucket table and --bucket_preset {args.bucket_preset} names "
+                         "another: pass only one of them.")
+    sides = [f"--bucket_{k}" for k in ("min_side", "max_side") if getattr(args, f"bucket_{k}") is not None]
+    if sides and args.bucket_preset != "kohya":
+        raise UsageError(f"{sides[0]} is a parameter of --bucket_preset kohya: add --bucket_preset kohya or drop "
+                         f"{sides[0]}.")
+    if args.aspect_ratio_buckets is None:
+        args.bucket_preset = args.bucket_preset or "budget"
+        if args.bucket_step is None:
+            args.bucket_step = PRESET_INFO[args.bucket_preset].default_step
+    try:
+        bucket_set_from_args(args)
+    except ValueError as err:
+        flag = "--aspect_ratio_buckets" if args.aspect_ratio_buckets is not None else f"--bucket_preset {args.bucket_preset}"
+        raise UsageError(f"{flag}: {in_flags(str(err), BUCKET_FLAG_NAMES).strip()}") from None
 
 
 def check_streaming_flags(args: argparse.Namespace) -> None:
@@ -812,10 +864,37 @@ def check_columns(ds: Any, args: argparse.Namespace) -> None:
 
 
 def bucket_set_from_args(args: argparse.Namespace) -> Any:
-    from hf_arb import BucketSet
+    """The BucketSet of --bucket_preset / --aspect_ratio_buckets, --resolution, --bucket_step, --bucket_metric and
+    --max_aspect_error."""
+    return bucket_table_from_args(args)[0]
 
-    kw = {} if args.max_aspect_error is None else {"max_aspect_error": args.max_aspect_error}
-    return BucketSet.preset(args.bucket_preset, resolution=args.resolution, step=args.bucket_step, **kw)
+
+def bucket_table_from_args(args: argparse.Namespace) -> tuple[Any, list[str]]:
+    """``(BucketSet, notes)``, built as ``hf-arb buckets`` builds it; ``notes`` say which flags the table ignores."""
+    from hf_arb.cli_buckets import resolve_buckets
+
+    sides = {k: v for k in ("min_side", "max_side") if (v := getattr(args, f"bucket_{k}", None)) is not None}
+    return resolve_buckets(args.bucket_preset, args.aspect_ratio_buckets, resolution=args.resolution,
+                           step=args.bucket_step, metric=args.bucket_metric, max_aspect_error=args.max_aspect_error,
+                           **sides)
+
+
+def log_bucket_notes(args: argparse.Namespace, notes: list[str]) -> None:
+    """Say once that the preset ignores --resolution: a warning if it was given, else (a family default) info."""
+    given = "resolution" not in getattr(args, "family_defaults", {})
+    for note in notes:
+        logger.log(logging.WARNING if given else logging.INFO, "--bucket_preset: %s", note)
+
+
+def bucket_origin(args: argparse.Namespace) -> str:
+    """Where the run's bucket table came from, for the model card."""
+    if args.aspect_ratio_buckets is not None:
+        return f"`--aspect_ratio_buckets {args.aspect_ratio_buckets}`"
+    from hf_arb.presets import PRESET_INFO
+
+    if PRESET_INFO[args.bucket_preset].default_resolution is None:
+        return f"`--bucket_preset {args.bucket_preset}`, a fixed table"
+    return f"`--bucket_preset {args.bucket_preset}` at `--resolution {args.resolution}`"
 
 
 def dataset_with_buckets(args: argparse.Namespace, accelerator: Any) -> tuple[Any, Any]:
@@ -835,7 +914,9 @@ def dataset_with_buckets(args: argparse.Namespace, accelerator: Any) -> tuple[An
             buckets = BucketSet.from_dataset(ds)
             logger.info("Dataset already carries bucket columns: using its %d buckets as they are.", len(buckets))
         else:
-            buckets = bucket_set_from_args(args)
+            buckets, notes = bucket_table_from_args(args)
+            if accelerator is None or accelerator.is_main_process:
+                log_bucket_notes(args, notes)
             ds = add_bucket_columns(ds, buckets, image_column=args.image_column)
     ids = np.asarray(ds.with_format("numpy")["bucket"])
     if len(ds) == 0 or not (ids >= 0).any():
@@ -1490,7 +1571,7 @@ def save_model_card(args: argparse.Namespace, repo_id: str, buckets: Any, *, sdx
         f"Fine-tuned from **{base}** with aspect-ratio bucketing (hf_arb's `train_text_to_image_arb.py`): each "
         "image was trained at close to its own aspect ratio, and every batch held one bucket shape.", "",
         f"* buckets: {len(labels)} ({', '.join(labels[:12])}{', ...' if len(labels) > 12 else ''}), "
-        f"pixel budget about {args.resolution}² (`--bucket_preset {args.bucket_preset}`)",
+        f"from {bucket_origin(args)}",
         f"* steps: {stats.get('global_step') if stats else args.max_train_steps}, batch size {args.train_batch_size} "
         f"per device, gradient accumulation {args.gradient_accumulation_steps}, learning rate {args.learning_rate}",
         f"* mixed precision: {args.mixed_precision}; dataset: {args.dataset_name or args.train_data_dir}", "",

@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 from .buckets import BucketSet
 from .matching import METRICS
-from .presets import PRESETS
+from .presets import PRESETS, preset_notes
 
 
 def positive_int(text: str) -> int:
@@ -48,9 +48,17 @@ FLAG_NAMES = {"resolution": "--resolution", "step": "--step", "max_aspect_error"
 _PARAM = re.compile(r"`(\w+)`|\b(\w+)=(\.\.\.)?")
 
 
-def in_flags(message: str) -> str:
-    """A library error message with its parameter names replaced by this CLI's flags: `` `step` `` → ``--step``,
-    ``image_column=...`` → ``--image-column``, ``width_column='w'`` → ``--width-column 'w'``."""
+def in_flags(message: str, names: dict[str, str] | None = None) -> str:
+    """A library error message with its parameter names replaced by flags.
+
+    With ``names`` (``{text: replacement}``, e.g. the training script's own flag names), each text is replaced as
+    it is. Without, this CLI's :data:`FLAG_NAMES`: `` `step` `` → ``--step``, ``image_column=...`` →
+    ``--image-column``, ``width_column='w'`` → ``--width-column 'w'``.
+    """
+    if names is not None:
+        for name, flag in names.items():
+            message = message.replace(name, flag)
+        return message
 
     def flag(m: re.Match[str]) -> str:
         name = m.group(1) or m.group(2)
@@ -83,17 +91,43 @@ def add_bucket_arguments(p: argparse.ArgumentParser) -> None:
                    help="skip images farther than this from every bucket (in --metric units).")
 
 
+def resolve_buckets(preset: str | None, buckets_string: str | None = None, *, resolution: int | None = None,
+                    step: int | None = None, metric: str = "log", max_aspect_error: float | None = None,
+                    **table_params: int) -> tuple[BucketSet, list[str]]:
+    """The BucketSet a command line describes, and the notes to show about options it ignores.
+
+    Shared by ``hf-arb buckets`` / ``hf-arb annotate`` and ``train_text_to_image_arb.py``.
+
+    Args:
+        preset: a name from :data:`hf_arb.PRESETS` (used when ``buckets_string`` is empty).
+        buckets_string: diffusers' ``"h1,w1;h2,w2"`` (``--aspect_ratio_buckets``); replaces the preset.
+        resolution, step, metric, max_aspect_error, table_params: as :meth:`BucketSet.preset` takes them.
+
+    Returns:
+        ``(buckets, notes)``: ``notes`` are sentences such as "preset 'sdxl' ignores resolution=768: its table is
+        fixed (...)" (:func:`hf_arb.presets.preset_notes`), for the caller to print or log once.
+
+    Raises:
+        ValueError: a bad value, named in BucketSet's parameter names (see :func:`in_flags`).
+    """
+    if buckets_string:
+        return BucketSet.from_string(buckets_string, metric=metric, max_aspect_error=max_aspect_error), []
+    if preset is None:
+        raise ValueError("No bucket table: pass a preset name or a 'height,width;height,width' bucket string.")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # the same sentences come back as `notes`
+        bs = BucketSet.preset(preset, resolution=resolution, step=step, metric=metric,
+                              max_aspect_error=max_aspect_error, **table_params)
+    return bs, preset_notes(preset, resolution)
+
+
 def buckets_from_args(args: argparse.Namespace) -> BucketSet:
     """Build the BucketSet the options describe; notes about ignored options are printed, not raised."""
-    kw = {"max_aspect_error": args.max_aspect_error}
-    if getattr(args, "aspect_ratio_buckets", None):
-        return BucketSet.from_string(args.aspect_ratio_buckets, metric=args.metric, **kw)
-    kw.update({k: v for k in ("min_side", "max_side") if (v := getattr(args, k, None)) is not None})
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", UserWarning)
-        bs = BucketSet.preset(args.preset, resolution=args.resolution, step=args.step, metric=args.metric, **kw)
-    for w in caught:
-        print(f"note: {w.message}")
+    params = {k: v for k in ("min_side", "max_side") if (v := getattr(args, k, None)) is not None}
+    bs, notes = resolve_buckets(args.preset, getattr(args, "aspect_ratio_buckets", None), resolution=args.resolution,
+                                step=args.step, metric=args.metric, max_aspect_error=args.max_aspect_error, **params)
+    for note in notes:
+        print(f"note: {note}")
     return bs
 
 

@@ -1,15 +1,19 @@
-"""`make demo`: the whole hf_arb pipeline, offline, on a 2-core CPU machine in a few minutes.
+"""`make demo`: the whole hf_arb pipeline, offline, on a 2-core CPU machine in about five minutes.
 
 1. builds a small imagefolder of real photos (scikit-image's samples) cropped to six aspect ratios, with captions;
-2. annotates it with ``hf-arb annotate`` (header-only sizes → bucket columns) and prints the summary;
-3. draws the bucket chart with ``hf-arb stats --plot``;
-4. builds a tiny Stable Diffusion pipeline locally (no Hub here) — or uses ``MODEL=...`` if you have one;
-5. trains it with two processes through the real launcher (``torchrun``, gloo on CPU; NCCL on GPUs when
-   present) with cached latents and checkpoints, writing validation grids at portrait/square/landscape buckets;
-6. plots the loss curve and prints where every picture and the saved pipeline are.
+2. annotates it with ``hf-arb annotate`` (header-only sizes → bucket columns) and draws the bucket chart with
+   ``hf-arb stats --plot``;
+3. draws what a centre square keeps of each photo next to what its bucket keeps;
+4. builds tiny Stable Diffusion and Flux.1 pipelines locally (no Hub here) whose VAEs have seen the photos
+   (``scripts/demo_models.py``), or uses ``MODEL=...`` for the SD run if you have a real one;
+5. trains SD with LoRA and Flux (full fine-tune, per-bucket resolution shift) with two processes each through the
+   real launcher (``torchrun``, gloo on CPU; NCCL on GPUs when present), cached latents, checkpoints, TensorBoard;
+6. draws the loss of every bucket shape and samples at every bucket shape before and after training, and prints
+   where everything is and the ``tensorboard`` command.
 
-Environment overrides: ``MODEL`` (a diffusers model folder or Hub id), ``RESOLUTION`` (pixel budget side,
-default 64 for the tiny model), ``STEPS`` (default 300), ``DEMO_OUTPUT`` (default ``demo_output``).
+Environment overrides: ``MODEL`` (a diffusers SD model folder or Hub id), ``RESOLUTION`` (pixel budget side,
+default 96 for the tiny models), ``STEPS`` (optimizer steps per model, default 150), ``FLOW=0`` (skip Flux),
+``DEMO_OUTPUT`` (default ``demo_output``).
 """
 
 from __future__ import annotations
@@ -22,10 +26,16 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from demo_figures import bucket_loss_figure, crop_figure, sample_figure
+from demo_models import save_demo_model
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 SIZES = ((240, 160), (160, 240), (200, 200), (288, 128), (128, 288), (256, 192))  # 3:2 2:3 1:1 9:4 4:9 4:3
+PROMPTS = 3  # sample prompts: captions of the training set, one per photo subject
 
 
 def step(title: str) -> float:
@@ -63,16 +73,35 @@ def annotate(out: Path, images: Path, resolution: int, step_px: int) -> Path:
     return annotated
 
 
-def model_path(out: Path) -> str:
-    if os.environ.get("MODEL"):
-        return os.environ["MODEL"]
-    from hf_arb.tiny import save_tiny_sd
+def photos_by_shape(images: Path) -> list[tuple[str, Any]]:
+    """The first demo photo of each aspect ratio, with its caption."""
+    from PIL import Image
 
-    path = out / "tiny-sd"
-    shutil.rmtree(path, ignore_errors=True)
-    save_tiny_sd(path)
-    print(f"tiny SD pipeline (random weights, offline) → {path}")
-    return str(path)
+    meta = [json.loads(line) for line in (images / "metadata.jsonl").read_text().splitlines() if line.strip()]
+    seen: dict[str, tuple[str, Image.Image]] = {}
+    for m in meta:
+        shape = m["file_name"].split("_")[1].split(".")[0]
+        if shape not in seen:
+            seen[shape] = (m["text"], Image.open(images / m["file_name"]).convert("RGB"))
+    return list(seen.values())
+
+
+def models(out: Path, images: Path, flow: bool) -> dict[str, str]:
+    """Tiny SD (or ``MODEL``) and tiny Flux pipelines whose VAEs were fitted to the demo photos."""
+    from PIL import Image
+
+    photos = [Image.open(p).convert("RGB") for p in sorted(images.glob("*.jpg"))]
+    paths: dict[str, str] = {}
+    families = (["sd"] if not os.environ.get("MODEL") else []) + (["flux"] if flow else [])
+    for family in families:
+        path = out / f"tiny-{family}"
+        fig = save_demo_model(family, path, photos, vae_steps=int(os.environ.get("VAE_STEPS", "300")))
+        print(f"tiny {family} pipeline (random {'UNet' if family == 'sd' else 'transformer'}, VAE fitted to the "
+              f"photos in {fig['seconds']:.0f} s, reconstruction MSE {fig['mse']:.3f}) → {path}")
+        paths[family] = str(path)
+    if os.environ.get("MODEL"):
+        paths["sd"] = os.environ["MODEL"]
+    return paths
 
 
 def launcher() -> tuple[list[str], dict[str, str]]:
@@ -88,75 +117,114 @@ def launcher() -> tuple[list[str], dict[str, str]]:
     return cmd, env
 
 
-def train(out: Path, annotated: Path, model: str, resolution: int, step_px: int, steps: int) -> Path:
-    model_dir = out / "model"
+def train(name: str, annotated: Path, out: Path, model: str, resolution: int, step_px: int, steps: int,
+          extra: list[str]) -> Path:
+    """One 2-process training run of ``train_text_to_image_arb.py``; returns its output folder."""
+    model_dir = out / name
     shutil.rmtree(model_dir, ignore_errors=True)
     cmd, env = launcher()
     run([*cmd, "train_text_to_image_arb.py",
          "--pretrained_model_name_or_path", model, "--dataset_name", str(annotated),
          "--caption_column", "text", "--resolution", str(resolution), "--bucket_step", str(step_px),
-         "--train_batch_size", "4", "--max_train_steps", str(steps), "--learning_rate", "1e-4",
-         "--full_finetune",  # a tiny random model: a high rate on every weight is what the demo wants
-         "--lr_scheduler", "constant", "--cache_latents", "--random_flip",
-         "--checkpointing_steps", str(max(1, steps // 3)), "--checkpoints_total_limit", "2",
-         "--validation_prompts", "a portrait photo of astronaut number 0", "a landscape photo of coffee number 1",
-         "--validation_epochs", "25", "--num_validation_inference_steps", "10",
-         "--seed", "0", "--report_to", "tensorboard", "--log_batches", "--output_dir", str(model_dir)], env)
+         "--train_batch_size", "4", "--max_train_steps", str(steps), "--lr_scheduler", "constant",
+         "--cache_latents", "--checkpointing_steps", str(max(1, steps // 2)), "--checkpoints_total_limit", "1",
+         "--seed", "0", "--report_to", "tensorboard", "--log_batches", "--output_dir", str(model_dir), *extra], env)
     return model_dir
 
 
-def loss_curve(model_dir: Path, path: Path) -> None:
-    import matplotlib
+def prompts(images: Path) -> list[str]:
+    """``PROMPTS`` training captions about different photos (the tiny models can only learn what they saw)."""
+    meta = [json.loads(line)["text"] for line in (images / "metadata.jsonl").read_text().splitlines() if line]
+    picked: dict[str, str] = {}
+    for text in meta:
+        picked.setdefault(text.split(" of ")[1].split(" number")[0], text)
+    return list(picked.values())[:PROMPTS]
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
 
-    fig, ax = plt.subplots(figsize=(8, 4))
-    for trace in sorted((model_dir / "batches").glob("rank*.jsonl")):
-        recs = [json.loads(line) for line in trace.read_text().splitlines() if line.strip()]
-        steps = np.array([r["step"] for r in recs])
-        loss = np.array([r["loss"] for r in recs])
-        ax.plot(steps, loss, alpha=0.3, label=f"{trace.stem} per batch")
-        k = max(1, len(loss) // 20)
-        ax.plot(steps[k - 1:], np.convolve(loss, np.ones(k) / k, mode="valid"), label=f"{trace.stem} mean of {k}")
-    ax.set_xlabel("step")
-    ax.set_ylabel("diffusion loss (MSE)")
-    ax.set_title("tiny SD, bucketed training, 2 processes")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+def samples(base: str, model_dir: Path, shapes: list[tuple[int, int]], texts: list[str],
+            steps: int) -> list[tuple[str, list]]:
+    """Images at every bucket shape for every prompt, from the base model and from the trained one."""
+    import torch
+    from diffusers import DiffusionPipeline
+
+    def generate(pipe: object, label: str) -> list[tuple[str, list]]:
+        pipe.set_progress_bar_config(disable=True)
+        rows = []
+        for i, text in enumerate(texts):
+            cells = []
+            for w, h in shapes:
+                g = torch.Generator().manual_seed(i)
+                cells.append((f"{w}×{h}", pipe(text, height=h, width=w, num_inference_steps=10, generator=g).images[0]))
+            rows.append((f"{label}\n{text}", cells))
+        return rows
+
+    pipe = DiffusionPipeline.from_pretrained(base)
+    before = generate(pipe, "step 0 (base)")
+    if (model_dir / "pytorch_lora_weights.safetensors").exists():
+        pipe.load_lora_weights(str(model_dir))
+        after = generate(pipe, f"step {steps} + LoRA")
+    else:
+        after = generate(DiffusionPipeline.from_pretrained(str(model_dir)), f"step {steps}")
+    return [r for pair in zip(before, after) for r in pair]
 
 
 def main() -> None:
+    from hf_arb import BucketSet
+
     t_start = time.perf_counter()
     out = (ROOT / os.environ.get("DEMO_OUTPUT", "demo_output")).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    resolution = int(os.environ.get("RESOLUTION", "512" if os.environ.get("MODEL") else "64"))
+    resolution = int(os.environ.get("RESOLUTION", "512" if os.environ.get("MODEL") else "96"))
     step_px = 64 if resolution >= 256 else 16
-    steps = int(os.environ.get("STEPS", "300"))
+    steps = int(os.environ.get("STEPS", "150"))
+    flow = os.environ.get("FLOW", "1") != "0"
+    pictures: dict[str, Path] = {}
 
     step("1. embedded dataset (real photos in six aspect ratios, with captions)")
     images = build_dataset(out)
-    step("2-3. annotate (header-only sizes → bucket columns) and chart")
+    step("2. annotate (header-only sizes → bucket columns) and chart")
     annotated = annotate(out, images, resolution, step_px)
-    step("4. model")
-    model = model_path(out)
-    t = step(f"5. train {steps} steps on two processes, cached latents, checkpoints, validation grids")
-    model_dir = train(out, annotated, model, resolution, step_px, steps)
-    print(f"training took {time.perf_counter() - t:.0f} s")
-    step("6. loss curve")
-    loss_curve(model_dir, out / "loss.png")
+    pictures["bucket chart"] = out / "buckets.png"
+    step("3. what a centre square keeps, and what a bucket keeps")
+    buckets = BucketSet.preset("budget", resolution=resolution, step=step_px)
+    pictures["crops"] = crop_figure(photos_by_shape(images), buckets, resolution, out / "crops.png")
+    step("4. tiny models")
+    paths = models(out, images, flow)
+    runs: dict[str, Path] = {}
+    t = step(f"5a. SD + LoRA: {steps} steps on two processes, cached latents, checkpoints")
+    runs["SD + LoRA"] = train("sd-lora", annotated, out, paths["sd"], resolution, step_px, steps,
+                              ["--rank", "16", "--learning_rate", "1e-3"])
+    print(f"SD + LoRA trained in {time.perf_counter() - t:.0f} s")
+    if flow:
+        t = step(f"5b. Flux: {steps} steps on two processes, per-bucket resolution shift, cached latents")
+        runs["Flux"] = train("flux", annotated, out, paths["flux"], resolution, step_px, steps,
+                             ["--full_finetune", "--learning_rate", "1e-3"])
+        print(f"Flux trained in {time.perf_counter() - t:.0f} s")
+    step("6. pictures: loss per bucket, samples at every bucket shape before and after training")
+    pictures["loss per bucket"] = bucket_loss_figure(runs, out / "loss_per_bucket.png")
+    trained = sorted({tuple(int(x) for x in label.split("x")) for label in _trained_labels(runs)},
+                     key=lambda wh: wh[0] / wh[1])  # the bucket shapes the runs trained, portrait → landscape
+    texts = prompts(images)
+    for name, model_dir in runs.items():
+        family = "flux" if name == "Flux" else "sd"
+        rows = samples(paths[family], model_dir, trained, texts, steps)
+        path = out / f"samples_{family}.png"
+        sample_figure(rows, f"{name}: one prompt per row pair, every trained bucket shape, before and after "
+                      f"{steps} steps", path)
+        pictures[f"samples {name}"] = path
 
-    grids = sorted((model_dir / "validation").glob("*.png"))
     print(f"\nDone in {time.perf_counter() - t_start:.0f} s. Look at:")
-    print(f"  bucket chart      {out / 'buckets.png'}")
-    print(f"  loss curve        {out / 'loss.png'}")
-    for g in grids:
-        print(f"  validation grid   {g}")
-    print(f"  saved pipeline    {model_dir}  (StableDiffusionPipeline.from_pretrained)")
-    print(f"  checkpoints       {sorted(p.name for p in model_dir.glob('checkpoint-*'))}")
+    for label, path in pictures.items():
+        print(f"  {label:<18} {path}")
+    for name, model_dir in runs.items():
+        print(f"  {name + ' output':<18} {model_dir}  (loads in plain diffusers; see its README.md)")
+    print(f"\nTraining curves (loss, loss per bucket, learning rate):\n  tensorboard --logdir {out}")
+
+
+def _trained_labels(runs: dict[str, Path]) -> set[str]:
+    from demo_figures import read_trace
+
+    return {r["label"] for d in runs.values() for r in read_trace(d)}
 
 
 if __name__ == "__main__":

@@ -44,6 +44,16 @@ def test_generated_reference_is_current():
     assert proc.returncode == 0, proc.stderr[-2000:]
 
 
+def test_presets_table_in_buckets_md_is_current():
+    """docs/buckets.md's table of every preset is what the code builds now (fast; the slow check covers all files)."""
+    from hf_arb import PRESETS
+
+    doc = (ROOT / "docs" / "buckets.md").read_text()
+    assert gen_reference.buckets_md(doc) == doc, "docs/buckets.md presets table is stale: run python docs/gen_reference.py"
+    table = doc[doc.index(gen_reference.PRESETS_BEGIN):doc.index(gen_reference.PRESETS_END)]
+    assert {row.split("|")[1].strip() for row in table.splitlines()[3:]} == set(PRESETS)  # every preset has a row
+
+
 @pytest.mark.parametrize("page", sorted([*(ROOT / "docs").glob("*.md"), ROOT / "README.md"]), ids=lambda p: p.name)
 def test_relative_links_resolve(page):
     for target in LINK.findall(page.read_text()):

@@ -1,0 +1,181 @@
+"""train_text_to_image_arb.py's bucket-table flags: every preset, --aspect_ratio_buckets, --bucket_metric, the
+kohya side flags, and the start-up note of presets that ignore --resolution.
+
+Argument-level tests build the table from the parsed flags (no model, no torch); one dataset-level test annotates a
+tiny imagefolder as the script does; one tiny real run (shared models of test_train.py) trains on a bucket string.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import train_text_to_image_arb as script  # noqa: I001 (after the sys.path line)
+from test_train import COMMON, run_script
+from test_train import assets as _assets  # the shared tiny models and photos (a session fixture)
+
+from hf_arb import PRESETS, BucketSet
+from hf_arb.presets import PRESET_INFO, preset_notes
+
+assets = _assets
+
+
+@pytest.fixture(scope="module")
+def sd_folder(tmp_path_factory) -> str:
+    """A folder whose unet/config.json says SD 1.x (all parse_args reads): family default --resolution 512."""
+    folder = tmp_path_factory.mktemp("fake-sd")
+    (folder / "unet").mkdir()
+    (folder / "unet" / "config.json").write_text("{}")
+    (folder / "model_index.json").write_text("{}")
+    return str(folder)
+
+
+def parse(sd_folder: str, *extra: str):
+    return script.parse_args(["--pretrained_model_name_or_path", sd_folder, "--train_data_dir", "d",
+                              "--full_finetune", *extra])
+
+
+def test_bucket_preset_choices_are_every_library_preset():
+    action = next(a for a in script.build_parser()._actions if "--bucket_preset" in a.option_strings)
+    assert tuple(action.choices) == PRESETS and len(PRESETS) == 10
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_every_preset_builds_the_library_table(name, sd_folder):
+    args = parse(sd_folder, "--bucket_preset", name)
+    info = PRESET_INFO[name]
+    assert args.bucket_step == info.default_step  # the preset's own step (diffusers: 16), not budget's 64
+    expected = BucketSet.preset(name, resolution=512 if info.default_resolution else None, step=info.default_step)
+    assert script.bucket_set_from_args(args) == expected
+
+
+def test_default_is_budget_at_the_family_resolution(sd_folder):
+    args = parse(sd_folder)
+    assert (args.bucket_preset, args.bucket_step, args.bucket_metric) == ("budget", 64, "log")
+    assert script.bucket_set_from_args(args) == BucketSet.preset("budget", resolution=512)
+
+
+def test_aspect_ratio_buckets_are_height_first(sd_folder):
+    args = parse(sd_folder, "--aspect_ratio_buckets", "1024,1024;768,1360")
+    bs = script.bucket_set_from_args(args)
+    assert args.bucket_preset is None and bs.resolutions.tolist() == [[1024, 1024], [1360, 768]]
+    assert bs.metric == "log"
+    native = script.bucket_set_from_args(parse(sd_folder, "--aspect_ratio_buckets", "1024,1024;768,1360",
+                                               "--bucket_metric", "native"))
+    assert native == BucketSet.from_string("1024,1024;768,1360") and native.metric == "cross"  # find_nearest_bucket
+    assert "`--aspect_ratio_buckets 1024,1024;768,1360`" in script.bucket_origin(args)
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--bucket_preset", "sdxl", "--aspect_ratio_buckets", "512,512"],
+     "--aspect_ratio_buckets is a bucket table and --bucket_preset sdxl names another: pass only one of them."),
+    (["--aspect_ratio_buckets", "512,512;768"], "--aspect_ratio_buckets: Bucket 1 of '512,512;768' is '768'"),
+    (["--bucket_preset", "pixart", "--resolution", "768"],
+     ("--bucket_preset pixart: Preset 'pixart' has tables for resolution [256, 512, 1024, 2048], got 768. Pass one "
+      "of those as --resolution.")),
+    (["--bucket_preset", "kohya", "--resolution", "2048"], "Pass --bucket_max_side 2048 or more."),
+    (["--bucket_max_side", "2048"], "--bucket_max_side is a parameter of --bucket_preset kohya"),
+    (["--bucket_step", "1024"], "--bucket_preset budget: --bucket_step (1024) must not exceed --resolution (512)"),
+    (["--bucket_step", "0"], "--bucket_step must be >= 1, got 0."),
+])
+def test_bad_bucket_flags_fail_at_parse_time_in_flags(extra, message, sd_folder):
+    with pytest.raises(script.UsageError) as err:
+        parse(sd_folder, *extra)
+    assert message in str(err.value) and "`" not in str(err.value)
+
+
+def test_kohya_side_flags_reach_the_table(sd_folder):
+    args = parse(sd_folder, "--bucket_preset", "kohya", "--resolution", "1536", "--bucket_max_side", "2048",
+                 "--bucket_min_side", "512")
+    assert script.bucket_set_from_args(args) == BucketSet.preset("kohya", 1536, 64, min_side=512, max_side=2048)
+
+
+def test_bucket_metric_linear_reproduces_novelai_assignment(sd_folder):
+    bs = script.bucket_set_from_args(parse(sd_folder, "--bucket_preset", "novelai", "--bucket_metric", "linear"))
+    assert bs == BucketSet.novelai(metric="linear")
+    w = np.arange(300, 3000, 7, dtype=np.int64)
+    h = np.full_like(w, 1000)
+    ids, _ = bs.assign(w, h)
+    # NovelAI's reference rule: argmin |bucket aspect - image aspect| per image
+    reference = np.abs(bs.aspects[None, :] - (w / h)[:, None]).argmin(axis=1)
+    assert np.array_equal(ids, reference)
+    log_ids, _ = script.bucket_set_from_args(parse(sd_folder, "--bucket_preset", "novelai")).assign(w, h)
+    assert (log_ids != ids).any()  # the flag changes the assignment
+
+
+def test_fixed_table_note_is_logged_once_and_only_on_the_main_process(sd_folder, caplog):
+    args = parse(sd_folder, "--bucket_preset", "flux_kontext")
+    _, notes = script.bucket_table_from_args(args)
+    assert notes == preset_notes("flux_kontext", 512) and len(notes) == 1  # the sentence `hf-arb buckets` prints
+    with caplog.at_level(logging.INFO, logger=script.logger.name):
+        script.log_bucket_notes(args, notes)
+    assert [(r.levelno, r.getMessage()) for r in caplog.records] == [
+        (logging.INFO, f"--bucket_preset: {notes[0]}")]  # --resolution was the SD default: info, not a warning
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger=script.logger.name):
+        script.log_bucket_notes(parse(sd_folder, "--bucket_preset", "sdxl", "--resolution", "768"),
+                                preset_notes("sdxl", 768))
+    assert [r.levelno for r in caplog.records] == [logging.WARNING]  # given explicitly: a warning
+    assert script.bucket_table_from_args(parse(sd_folder, "--bucket_preset", "pixart"))[1] == []
+
+
+@pytest.fixture(scope="module")
+def five_images(tmp_path_factory) -> str:
+    from hf_arb.tiny import save_tiny_imagefolder
+
+    return save_tiny_imagefolder(tmp_path_factory.mktemp("five") / "images", per_size=1)
+
+
+@pytest.mark.parametrize("metric", ["log", "linear"])
+def test_dataset_annotation_uses_bucket_metric(metric, sd_folder, five_images, caplog):
+    # 122x72 (aspect 1.69) lies between the log midpoint (1.58) and the linear midpoint (1.75) of buckets 1:1 and
+    # 2.5:1, so the two metrics put it in different buckets.
+    args = script.parse_args(["--pretrained_model_name_or_path", sd_folder, "--train_data_dir", five_images,
+                              "--full_finetune", "--aspect_ratio_buckets", "64,64;32,80", "--bucket_metric", metric])
+    not_main = SimpleNamespace(is_main_process=False, main_process_first=contextlib.nullcontext)
+    with caplog.at_level(logging.INFO, logger=script.logger.name):
+        ds, buckets = script.dataset_with_buckets(args, not_main)
+    assert buckets.metric == metric and not [r for r in caplog.records if "--bucket_preset" in r.getMessage()]
+    sizes = list(zip(ds["original_width"], ds["original_height"]))
+    bucket_of = dict(zip(sizes, ds["bucket"]))
+    assert bucket_of[(122, 72)] == (1 if metric == "log" else 0)
+    w, h = np.asarray(ds["original_width"]), np.asarray(ds["original_height"])
+    assert ds["bucket"] == BucketSet.from_string("64,64;32,80", metric=metric).assign(w, h)[0].tolist()
+
+
+def test_dataset_annotation_logs_the_fixed_table_note_on_the_main_process(sd_folder, five_images, caplog):
+    args = script.parse_args(["--pretrained_model_name_or_path", sd_folder, "--train_data_dir", five_images,
+                              "--full_finetune", "--bucket_preset", "hunyuan_dit", "--resolution", "1024"])
+    with caplog.at_level(logging.INFO, logger=script.logger.name):
+        script.dataset_with_buckets(args, None)
+    notes = [r for r in caplog.records if "ignores resolution=1024" in r.getMessage()]
+    assert len(notes) == 1 and notes[0].levelno == logging.WARNING
+
+
+# ------------------------------------------------------------------------------------ one tiny real run
+@pytest.mark.slow
+@pytest.mark.xdist_group("train_sd")
+def test_training_on_a_bucket_string_with_linear_metric(tmp_path, assets):
+    table = "64,64;48,96;96,48"  # not the 64/16 budget table the other tiny runs use
+    stats = run_script(["--pretrained_model_name_or_path", assets["sd"], "--train_data_dir", assets["images"],
+                        "--output_dir", str(tmp_path), *COMMON, "--max_train_steps", "1",
+                        "--aspect_ratio_buckets", table, "--bucket_metric", "linear"])
+    assert stats["global_step"] == 1
+    saved = json.loads((tmp_path / script.BUCKETS_FILE).read_text())
+    assert saved["metric"] == "linear" and saved["resolutions"] == [[64, 64], [96, 48], [48, 96]]
+    trace = [json.loads(line) for line in (tmp_path / "batches" / "rank0.jsonl").read_text().splitlines()]
+    assert len(trace) == 1
+    for t in trace:
+        w, h = saved["resolutions"][t["bucket"]]
+        assert t["shape"] == [2, 3, h, w]
+    assert f"`--aspect_ratio_buckets {table}`" in (tmp_path / "README.md").read_text()
