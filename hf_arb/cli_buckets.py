@@ -66,7 +66,7 @@ def in_flags(message: str, names: dict[str, str] | None = None) -> str:
             return m.group(0)
         return FLAG_NAMES[name] if m.group(1) or m.group(3) else FLAG_NAMES[name] + " "
 
-    return _PARAM.sub(flag, message)
+    return re.sub(r"(--[\w-]+) \(\1\)", r"\1", _PARAM.sub(flag, message))  # "`step` (--step)" said once
 
 
 def add_bucket_arguments(p: argparse.ArgumentParser) -> None:

@@ -165,6 +165,7 @@ def test_summary_warns_about_outliers_and_the_flags_skip_them(outlier_dir: Path,
     (["--batch-size", "0"], "argument --batch-size: must be a positive integer, got 0"),
     (["--num-proc", "x"], "argument --num-proc: expected a positive integer, got 'x'"),
     (["--aspect-range", "2", "1"], "--aspect-range must be (min, max)"),
+    (["--preset", "pixart", "--resolution", "100"], "got 100. Pass one of those as --resolution."),
 ])
 def test_annotate_errors_are_argparse_errors_in_flags(outlier_dir: Path, tmp_path: Path, extra: list[str],
                                                       message: str, capsys: pytest.CaptureFixture[str]) -> None:
