@@ -169,12 +169,14 @@ def _assert_page_ok(results: dict[str, Any], page: str, slow: bool = False) -> N
     assert not failed, "\n\n".join(failed) + f"\n(output of the run: {results.get('__log__')})"
 
 
+@pytest.mark.xdist_group("doc-snippets")  # one worker: the others would only wait on the shared run's lock
 @pytest.mark.parametrize("page", RUN_PAGES)
 def test_page_runs_as_written(page: str, doc_results: dict[str, Any]) -> None:
     _assert_page_ok(doc_results, page)
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("doc-snippets")
 def test_training_commands_run_as_written(tmp_path: Path, doc_assets: dict[str, str]) -> None:
     """The ``runnable: slow`` blocks (training commands), each page from its start."""
     results = _run(tmp_path, SLOW_PAGES, doc_assets, slow=True)
