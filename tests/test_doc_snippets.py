@@ -176,7 +176,6 @@ def test_page_runs_as_written(page: str, doc_results: dict[str, Any]) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("doc-snippets")
 def test_training_commands_run_as_written(tmp_path: Path, doc_assets: dict[str, str]) -> None:
     """The ``runnable: slow`` blocks (training commands), each page from its start."""
     results = _run(tmp_path, SLOW_PAGES, doc_assets, slow=True)
