@@ -18,6 +18,8 @@ Every figure on this page is written by a script in `benchmarks/`; nothing is ty
 Each script runs our implementation and its baseline side by side in one process run.
 Reproduce everything with:
 
+<!-- not runnable: runs every benchmark (tens of minutes) and rewrites this page -->
+
 ```bash
 make bench            # = .venv/bin/python benchmarks/run_all.py
 ```

@@ -150,13 +150,14 @@ def add_bucket_columns(
     raise TypeError(f"`ds` must be a datasets Dataset, IterableDataset or their Dict, got {type(ds).__name__}.")
 
 
-def _check_columns(names: Sequence[str] | None, wanted: Sequence[str | None]) -> None:
+def _check_columns(names: Sequence[str] | None, wanted: dict[str, str | None]) -> None:
+    """Raise naming the argument (``image_column='img'``) whose column the dataset lacks, and the columns it has."""
     if names is None:
         return  # streaming dataset with unknown features: checked on first batch by datasets
-    for c in wanted:
+    for arg, c in wanted.items():
         if c is not None and c not in names:
-            raise ValueError(f"Column {c!r} is not in the dataset; its columns are {list(names)}. "
-                             "Pass the right name with image_column=..., width_column=..., height_column=...")
+            raise ValueError(f"{arg}={c!r}: the dataset has no such column; its columns are {list(names)}. "
+                             f"Pass one of those as {arg}=...")
 
 
 def _annotate_dataset(ds: Any, buckets: BucketSet, *, image_column: str | None, width_column: str | None,
@@ -168,7 +169,7 @@ def _annotate_dataset(ds: Any, buckets: BucketSet, *, image_column: str | None, 
     base = ds.remove_columns([c for c in BUCKET_COLUMNS if c in ds.column_names])
     features = bucket_features(buckets)
     if width_column is not None:
-        _check_columns(base.column_names, (width_column, height_column))
+        _check_columns(base.column_names, {"width_column": width_column, "height_column": height_column})
         # one vectorised call over the whole table (batch_size=None), in memory; datasets derives the fingerprint
         new = base.select_columns([width_column, height_column]).with_format("arrow").map(
             _size_table, batched=True, batch_size=None, keep_in_memory=True, features=features,
@@ -177,7 +178,7 @@ def _annotate_dataset(ds: Any, buckets: BucketSet, *, image_column: str | None, 
                            max_upscale=max_upscale, min_size=min_size),
         ).with_format(None)
     else:
-        _check_columns(base.column_names, (image_column,))
+        _check_columns(base.column_names, {"image_column": image_column})
         src = base.select_columns([image_column])
         if isinstance(src.features[image_column], datasets.Image):
             src = src.cast_column(image_column, datasets.Image(decode=False))
@@ -212,11 +213,11 @@ def _annotate_iterable(ds: Any, buckets: BucketSet, *, image_column: str | None,
     fn_kwargs = dict(config=buckets.to_json(), max_upscale=max_upscale, min_size=min_size, as_dict=True)
     image_kwargs = {**fn_kwargs, "verify": verify}
     if width_column is not None:
-        _check_columns(names, (width_column, height_column))
+        _check_columns(names, {"width_column": width_column, "height_column": height_column})
         out = base.map(_size_batch, batched=True, batch_size=batch_size, input_columns=[width_column, height_column],
                        fn_kwargs={**fn_kwargs, "columns": (width_column, height_column)})
     else:
-        _check_columns(names, (image_column,))
+        _check_columns(names, {"image_column": image_column})
         decoding_image = base.features is not None and isinstance(base.features.get(image_column), datasets.Image)
         src = base.cast_column(image_column, datasets.Image(decode=False)) if decoding_image else base
         # The final cast below types the new columns (and keeps the image column undecoded).

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from .buckets import BucketSet
-from .cli_buckets import add_bucket_arguments, buckets_from_args
+from .cli_buckets import UsageError, add_bucket_arguments, buckets_from_args, in_flags, positive_int
 
 _FILE_BUILDERS = {".parquet": "parquet", ".csv": "csv", ".tsv": "csv", ".json": "json", ".jsonl": "json",
                   ".arrow": "arrow"}
@@ -58,6 +58,28 @@ def _splits(ds: Any) -> list[tuple[str, Any]]:
     return [(str(ds.split) if ds.split is not None else "train", ds)]
 
 
+def _positive_float(text: str) -> float:
+    """argparse type: a finite number > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
+    return value
+
+
+def _pixels(text: str) -> int:
+    """argparse type: a whole number of pixels >= 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number of pixels, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0 pixels, got {value}")
+    return value
+
+
 def _buckets(args: argparse.Namespace) -> BucketSet:
     bs = buckets_from_args(args)
     if args.aspect_range is not None:
@@ -98,11 +120,14 @@ def _add_annotate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--width-column", default=None, help="width column: use metadata sizes, open no image")
     p.add_argument("--height-column", default=None, help="height column (with --width-column)")
     p.add_argument("--split", default=None, help="only this split (default: all splits)")
-    p.add_argument("--num-proc", type=int, default=None, help="processes reading image headers")
-    p.add_argument("--batch-size", type=int, default=1000, help="rows per map batch (default 1000)")
+    p.add_argument("--num-proc", type=positive_int, default=None, help="processes reading image headers")
+    p.add_argument("--batch-size", type=positive_int, default=1000, help="rows per map batch (default 1000)")
     p.add_argument("--streaming", action="store_true", help="stream the source instead of downloading it first")
-    p.add_argument("--max-upscale", type=float, default=None, help="skip images needing more upscale than this")
-    p.add_argument("--min-size", type=int, default=None, help="skip images whose shorter side is below this")
+    p.add_argument("--max-upscale", type=_positive_float, default=None, metavar="F",
+                   help="skip images that must be upscaled more than F times to cover their bucket (skip_reason "
+                        "'upscale'); without it the summary warns about rows above 2x")
+    p.add_argument("--min-size", type=_pixels, default=None, metavar="PX",
+                   help="skip images whose shorter side is below PX pixels (skip_reason 'too_small')")
     p.add_argument("--verify", action="store_true",
                    help="also decode every image (parallel with --num-proc) and skip truncated or undecodable ones")
     p.add_argument("--plot", default=None, metavar="FILE.png", help="also write the bucket chart here")
@@ -118,8 +143,8 @@ def _run_annotate(args: argparse.Namespace) -> int:
     from .annotate import add_bucket_columns, decoding_images, summarize_annotation
 
     if (args.width_column is None) != (args.height_column is None):
-        print("error: pass both --width-column and --height-column, or neither.", file=sys.stderr)
-        return 2
+        raise UsageError(f"pass both --width-column and --height-column, or neither (got --width-column "
+                         f"{args.width_column!r}, --height-column {args.height_column!r})")
     buckets = _buckets(args)
     print(f"{buckets!r}  fingerprint {buckets.fingerprint}")
     if args.engine != "datasets":
@@ -148,9 +173,11 @@ def _run_annotate(args: argparse.Namespace) -> int:
                      if isinstance(annotated, datasets.IterableDatasetDict) else materialise(annotated))
     streaming_push = isinstance(annotated, (datasets.IterableDataset, datasets.IterableDatasetDict))
     if not streaming_push:
+        # the outlier warnings name the flags that skip them; a flag given is the user's choice: no warning for it
+        warn = {} if args.max_upscale is None else {"warn_upscale": None}
         for split, part in _splits(annotated):
             print(f"== {split} ==")
-            print(summarize_annotation(part, buckets))
+            print(summarize_annotation(part, buckets, **warn))
     if args.output_dir:
         annotated.save_to_disk(args.output_dir)
         print(f"saved to {args.output_dir}")
@@ -195,14 +222,20 @@ def _run_stats(args: argparse.Namespace) -> int:
 
 
 def _guard(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
-    """Turn the errors a user can fix (bad path, wrong column, …) into one line on stderr and exit status 1."""
+    """Turn the errors a user can fix (bad path, wrong column, unknown split, …) into a :class:`UsageError` phrased
+    in flags (``image_column=...`` → ``--image-column``), which ``hf-arb`` reports like argparse: one line, status 2."""
 
     def wrapped(args: argparse.Namespace) -> int:
         try:
             return run(args)
+        except UsageError:
+            raise
         except (ValueError, FileNotFoundError, TypeError, ConnectionError) as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 1
+            message = in_flags(str(e))
+            split = getattr(args, "split", None)
+            if split is not None and "split" in message.lower() and "--split" not in message:
+                message = f"--split {split!r}: {message}"
+            raise UsageError(message) from e
 
     return wrapped
 

@@ -1,5 +1,10 @@
-"""What an annotation did: :class:`AnnotationSummary` (rows per bucket, skips by reason, aspect errors), from
-the bucket columns of a dataset (:func:`summarize_annotation`) or of arrays (:func:`summarize_columns`)."""
+"""What an annotation did: :class:`AnnotationSummary` (rows per bucket, skips by reason, aspect errors, outliers), from
+the bucket columns of a dataset (:func:`summarize_annotation`) or of arrays (:func:`summarize_columns`).
+
+Outliers are kept rows a user probably does not want to train on as they are: an aspect error above
+:data:`WARN_ASPECT_ERROR` (a 2000×100 banner cropped to a 4:1 bucket) or a cover upscale above :data:`WARN_UPSCALE`
+(a 32×48 thumbnail blown up to 512×768). The summary counts them, shows the worst few and names the option that
+skips them (``--max-aspect-error`` / ``--max-upscale`` / ``--min-size``, recorded in ``skip_reason``)."""
 
 from __future__ import annotations
 
@@ -15,6 +20,48 @@ from .buckets import AssignmentSummary, BucketSet
 from .schema import require_columns
 
 
+#: default threshold of the aspect-error warning, in the BucketSet's metric units (``log``: 0.25 crops ~22 %)
+WARN_ASPECT_ERROR = 0.25
+#: default threshold of the upscale warning: kept rows that must be enlarged more than this to cover their bucket
+WARN_UPSCALE = 2.0
+_EXAMPLES = 3
+
+
+@dataclass(frozen=True)
+class Outliers:
+    """Kept rows beyond a warning threshold.
+
+    Attributes:
+        kind: ``"aspect_error"`` or ``"upscale"``.
+        threshold: the warning threshold.
+        count: kept rows above it.
+        worst: the largest value among them.
+        examples: up to 3 of the worst, as ``(row, width, height, bucket_width, bucket_height, value)``.
+    """
+
+    kind: str
+    threshold: float
+    count: int
+    worst: float
+    examples: tuple[tuple[int, int, int, int, int, float], ...]
+
+    def __str__(self) -> str:
+        t = f"{self.threshold:g}"
+        if self.kind == "aspect_error":
+            head = (f"warning: {self.count:,} kept row(s) have an aspect error above {t} (worst {self.worst:.3f}): "
+                    "cropped far from their shape")
+            fix = f"  skip them with --max-aspect-error {t} (Python: max_aspect_error={t} in the BucketSet)"
+            fmt = "aspect error {:.3f}"
+        else:
+            head = (f"warning: {self.count:,} kept row(s) must be upscaled more than {t}x to cover their bucket "
+                    f"(worst {self.worst:.1f}x)")
+            fix = (f"  skip them with --max-upscale {t} or --min-size PX (Python: add_bucket_columns(..., "
+                   f"max_upscale={t}, min_size=PX))")
+            fmt = "{:.1f}x"
+        rows = [f"  e.g. row {r}: {w}x{h} -> bucket {bw}x{bh} ({fmt.format(v)})" for r, w, h, bw, bh, v in self.examples]
+        return "\n".join([head, *rows, fix])
+
+
 @dataclass(frozen=True)
 class AnnotationSummary:
     """What :func:`add_bucket_columns` did, in the shape of NovelAI's printout.
@@ -25,12 +72,14 @@ class AnnotationSummary:
         assignment: the :class:`~hf_arb.AssignmentSummary` (rows per bucket, aspect error over kept rows).
         unreadable_examples: up to 5 distinct full ``"unreadable: …"`` / ``"truncated: …"`` / ``"undecodable: …"``
             reasons, to show what went wrong.
+        outliers: kept rows beyond the warning thresholds (:class:`Outliers`, one per kind that has any).
     """
 
     rows: int
     skipped_by_reason: dict[str, int]
     assignment: AssignmentSummary
     unreadable_examples: tuple[str, ...] = ()
+    outliers: tuple[Outliers, ...] = ()
 
     @property
     def skipped(self) -> int:
@@ -65,10 +114,13 @@ class AnnotationSummary:
         for i in order:
             w, h = res[i]
             lines.append(f"  {w:>5} x {h:<5} {w / h:6.3f}  {int(a.counts[i]):>10,}")
+        lines.extend(str(o) for o in self.outliers)
         return "\n".join(lines)
 
 
-def summarize_columns(bucket: Any, aspect_error: Any, skip_reason: Any, buckets: BucketSet) -> AnnotationSummary:
+def summarize_columns(bucket: Any, aspect_error: Any, skip_reason: Any, buckets: BucketSet, *,
+                      sizes: tuple[Any, Any] | None = None, warn_aspect_error: float | None = WARN_ASPECT_ERROR,
+                      warn_upscale: float | None = WARN_UPSCALE) -> AnnotationSummary:
     """:class:`AnnotationSummary` from the three columns (arrays or pyarrow arrays), vectorised.
 
     Args:
@@ -76,6 +128,12 @@ def summarize_columns(bucket: Any, aspect_error: Any, skip_reason: Any, buckets:
         aspect_error: shape ``(n,)``; nulls allowed.
         skip_reason: strings or nulls, shape ``(n,)``.
         buckets: the BucketSet the ids refer to.
+        sizes: the ``original_width`` and ``original_height`` columns, shape ``(n,)`` each; needed for the upscale
+            warning and for the sizes in the examples.
+        warn_aspect_error: report kept rows whose aspect error exceeds this (``None``: no warning; also none when the
+            BucketSet already prunes with ``max_aspect_error``).
+        warn_upscale: report kept rows whose cover scale ``max(bucket_w / w, bucket_h / h)`` exceeds this (``None``:
+            no warning, e.g. when ``max_upscale`` already skipped them).
     """
     ids = pc.cast(_chunked(bucket), pa.int64()).to_numpy()  # (n,)
     err = pc.cast(_chunked(aspect_error), pa.float64()).to_numpy()  # (n,) NaN for null
@@ -96,7 +154,38 @@ def summarize_columns(bucket: Any, aspect_error: Any, skip_reason: Any, buckets:
     missing_reason = int((ids < 0).sum()) - sum(by_reason.values())
     if missing_reason > 0:
         by_reason["unknown"] = missing_reason
-    return AnnotationSummary(int(ids.size), by_reason, buckets.summarize(ids, err), tuple(examples))
+    if buckets.max_aspect_error is not None:
+        warn_aspect_error = None  # the BucketSet prunes by its own threshold: every kept row is within it
+    outliers = _outliers(ids, err, sizes, buckets, warn_aspect_error, warn_upscale)
+    return AnnotationSummary(int(ids.size), by_reason, buckets.summarize(ids, err), tuple(examples), outliers)
+
+
+def _outliers(ids: np.ndarray, err: np.ndarray, sizes: tuple[Any, Any] | None, buckets: BucketSet,
+              warn_aspect_error: float | None, warn_upscale: float | None) -> tuple[Outliers, ...]:
+    """Kept rows above the warning thresholds, vectorised; the worst :data:`_EXAMPLES` of each kind as examples."""
+    kept = ids >= 0  # (n,)
+    res = buckets.resolutions  # (k, 2)
+    bw, bh = (res[np.where(kept, ids, 0), j] for j in (0, 1))  # (n,) each
+    if sizes is not None:
+        w, h = (pc.cast(_chunked(c), pa.float64()).to_numpy(zero_copy_only=False) for c in sizes)  # (n,) NaN = null
+    else:
+        w = h = np.full(ids.shape, np.nan)
+    values: list[tuple[str, float | None, np.ndarray]] = [("aspect_error", warn_aspect_error, err)]
+    if sizes is not None:
+        with np.errstate(invalid="ignore", divide="ignore"):
+            values.append(("upscale", warn_upscale, np.maximum(bw / w, bh / h)))  # (n,) cover scale
+    out = []
+    for kind, threshold, v in values:
+        if threshold is None:
+            continue
+        over = np.flatnonzero(kept & (np.nan_to_num(v, nan=-np.inf) > threshold))  # row indices, ascending
+        if over.size == 0:
+            continue
+        worst = over[np.argsort(-v[over], kind="stable")[:_EXAMPLES]]
+        ex = tuple((int(r), *(int(x) if np.isfinite(x) else 0 for x in (w[r], h[r], bw[r], bh[r])), float(v[r]))
+                   for r in worst)
+        out.append(Outliers(kind, float(threshold), int(over.size), float(v[worst[0]]), ex))  # type: ignore[arg-type]
+    return tuple(out)
 
 
 def _chunked(values: Any) -> pa.ChunkedArray:
@@ -107,27 +196,36 @@ def _chunked(values: Any) -> pa.ChunkedArray:
     return pa.chunked_array([pa.array(values)])
 
 
-def summarize_annotation(ds: Any, buckets: BucketSet | None = None) -> AnnotationSummary:
+def summarize_annotation(ds: Any, buckets: BucketSet | None = None, *,
+                         warn_aspect_error: float | None = WARN_ASPECT_ERROR,
+                         warn_upscale: float | None = WARN_UPSCALE) -> AnnotationSummary:
     """Summary of an annotated ``Dataset`` (vectorised over its columns) or ``IterableDataset`` (iterates once).
 
     Args:
         ds: a dataset with the :data:`BUCKET_COLUMNS`.
         buckets: the BucketSet; default: restored from the dataset with ``BucketSet.from_dataset``.
+        warn_aspect_error, warn_upscale: thresholds of the outlier warnings (see :func:`summarize_columns`).
     """
     import datasets
 
     if buckets is None:
         buckets = BucketSet.from_dataset(ds)
     cols = ["bucket", "aspect_error", "skip_reason"]
+    names = getattr(ds, "column_names", None) or []
+    size_cols = [c for c in ("original_width", "original_height") if c in names]
+    warn: dict[str, float | None] = {"warn_aspect_error": warn_aspect_error, "warn_upscale": warn_upscale}
     if isinstance(ds, datasets.Dataset):
         require_columns(ds, cols, "Summarising the annotation")
-        t = ds.select_columns(cols).with_format("arrow")[:]
-        return summarize_columns(t.column(0), t.column(1), t.column(2), buckets)
+        t = ds.select_columns(cols + size_cols).with_format("arrow")[:]
+        sizes = (t.column(3), t.column(4)) if len(size_cols) == 2 else None
+        return summarize_columns(t.column(0), t.column(1), t.column(2), buckets, sizes=sizes, **warn)
     if isinstance(ds, datasets.IterableDataset):
-        parts: dict[str, list[Any]] = {c: [] for c in cols}
-        for batch in ds.select_columns(cols).iter(batch_size=10_000):
-            for c in cols:
-                parts[c].extend(batch[c])
+        parts: dict[str, list[Any]] = {c: [] for c in cols + size_cols}
+        for batch in ds.select_columns(cols + size_cols).iter(batch_size=10_000):
+            for c, values in parts.items():
+                values.extend(batch[c])
+        sizes = (pa.array(parts["original_width"], pa.int64()), pa.array(parts["original_height"], pa.int64())) \
+            if len(size_cols) == 2 else None
         return summarize_columns(pa.array(parts["bucket"], pa.int64()), pa.array(parts["aspect_error"], pa.float64()),
-                                 pa.array(parts["skip_reason"], pa.string()), buckets)
+                                 pa.array(parts["skip_reason"], pa.string()), buckets, sizes=sizes, **warn)
     raise TypeError(f"`ds` must be a datasets Dataset or IterableDataset, got {type(ds).__name__}.")

@@ -22,26 +22,35 @@ def commands() -> dict[str, Command]:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    return _build_parsers()[0]
+
+
+def _build_parsers() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
     parser = argparse.ArgumentParser(prog="hf-arb", description="Aspect-ratio bucketing for Hugging Face datasets.")
     sub = parser.add_subparsers(dest="command", required=True)
+    subparsers = {}
     for name, (help_text, add_args, _) in commands().items():
-        add_args(sub.add_parser(name, help=help_text, description=help_text))
-    return parser
+        subparsers[name] = sub.add_parser(name, help=help_text, description=help_text)
+        add_args(subparsers[name])
+    return parser, subparsers
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run a sub-command. A bad option combination the parser cannot see (e.g. ``--step`` above
-    ``--resolution``) exits like an argparse error, phrased in flags."""
-    from .cli_buckets import in_flags
+    """Run a sub-command. A bad option value or combination the parser cannot see (``--step`` above
+    ``--resolution``, a ``--image-column`` the dataset lacks) exits like an argparse error, phrased in flags:
+    ``hf-arb annotate: error: ...`` and exit status 2."""
+    from .cli_buckets import UsageError, in_flags
 
-    parser = build_parser()
+    parser, subparsers = _build_parsers()
     args = parser.parse_args(argv)
     try:
         return commands()[args.command][2](args)
+    except UsageError as e:
+        subparsers[args.command].error(str(e))
     except ValueError as e:
-        if args.command != "buckets":  # the other commands report their own errors; a bug keeps its traceback
+        if args.command != "buckets":  # the other commands raise UsageError for bad input; a bug keeps its traceback
             raise
-        parser.error(f"{args.command}: {in_flags(str(e))}")
+        subparsers[args.command].error(in_flags(str(e)))
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 import warnings
 from collections.abc import Callable
 
@@ -33,16 +34,39 @@ def non_negative_float(text: str) -> float:
     return value
 
 
-#: BucketSet parameter names → the flags that set them, for error messages phrased in flags
-FLAG_NAMES = {"`resolution`": "--resolution", "`step`": "--step", "`max_aspect_error`": "--max-aspect-error",
-              "`min_side`": "--min-side", "`max_side`": "--max-side", "`metric`": "--metric"}
+class UsageError(ValueError):
+    """A bad option value or combination, already phrased in flags: ``hf-arb`` reports it like argparse does
+    (``hf-arb SUBCOMMAND: error: ...``, exit status 2) instead of a traceback."""
+
+
+#: Python parameter names (BucketSet, add_bucket_columns) → the flags that set them, for messages phrased in flags
+FLAG_NAMES = {"resolution": "--resolution", "step": "--step", "max_aspect_error": "--max-aspect-error",
+              "min_side": "--min-side", "max_side": "--max-side", "metric": "--metric",
+              "aspect_range": "--aspect-range", "image_column": "--image-column", "width_column": "--width-column",
+              "height_column": "--height-column", "max_upscale": "--max-upscale", "min_size": "--min-size",
+              "batch_size": "--batch-size", "num_proc": "--num-proc"}
+_PARAM = re.compile(r"`(\w+)`|\b(\w+)=(\.\.\.)?")
 
 
 def in_flags(message: str, names: dict[str, str] | None = None) -> str:
-    """A BucketSet error message with its parameter names replaced by flags (``names``; default this CLI's)."""
-    for name, flag in (FLAG_NAMES if names is None else names).items():
-        message = message.replace(name, flag)
-    return message
+    """A library error message with its parameter names replaced by flags.
+
+    With ``names`` (``{text: replacement}``, e.g. the training script's own flag names), each text is replaced as
+    it is. Without, this CLI's :data:`FLAG_NAMES`: `` `step` `` → ``--step``, ``image_column=...`` →
+    ``--image-column``, ``width_column='w'`` → ``--width-column 'w'``.
+    """
+    if names is not None:
+        for name, flag in names.items():
+            message = message.replace(name, flag)
+        return message
+
+    def flag(m: re.Match[str]) -> str:
+        name = m.group(1) or m.group(2)
+        if name not in FLAG_NAMES:
+            return m.group(0)
+        return FLAG_NAMES[name] if m.group(1) or m.group(3) else FLAG_NAMES[name] + " "
+
+    return re.sub(r"(--[\w-]+) \(\1\)", r"\1", _PARAM.sub(flag, message))  # "`step` (--step)" said once
 
 
 def add_bucket_arguments(p: argparse.ArgumentParser) -> None:

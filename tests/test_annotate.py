@@ -12,7 +12,7 @@ from _photos import save_photo
 from PIL import Image
 
 from hf_arb import BucketSet, add_bucket_columns
-from hf_arb.annotate import BUCKET_COLUMNS, annotate_sizes, summarize_annotation
+from hf_arb.annotate import BUCKET_COLUMNS, annotate_sizes, summarize_annotation, summarize_columns
 
 BAD = {"zz_empty.jpg": "unreadable: empty (0 bytes)", "zz_text.jpg": "unreadable: not an image",
        "zz_cut.jpg": "unreadable: truncated or corrupt JPEG header"}
@@ -208,6 +208,38 @@ def test_summary_matches_columns(image_ds: datasets.Dataset, capsys: pytest.Capt
     assert sum(d["counts"].values()) == s.kept
 
 
+def test_summary_outliers_vectorised() -> None:
+    """Kept rows past the warning thresholds are counted, the worst shown first; a threshold set by the user
+    (``max_aspect_error`` in the BucketSet, ``warn_upscale=None``) silences its warning."""
+    w = np.array([1000, 2000, 32, 640, 40, 3000, 0])
+    h = np.array([1000, 100, 48, 427, 40, 200, 10])  # last row: invalid size (skipped, no bucket)
+    bs = BucketSet.novelai()
+    t = annotate_sizes(w, h, bs)
+    cols = [t.column(c) for c in ("bucket", "aspect_error", "skip_reason")]
+    sizes = (t.column("original_width"), t.column("original_height"))
+    s = summarize_columns(*cols, bs, sizes=sizes)
+    aspect, up = s.outliers
+    err = t.column("aspect_error").to_numpy(zero_copy_only=False)
+    assert aspect.kind == "aspect_error" and aspect.count == 2  # the 20:1 banner and the 15:1 strip
+    assert [e[0] for e in aspect.examples] == [1, 5] and aspect.worst == pytest.approx(float(err[1]))
+    assert aspect.examples[0][1:5] == (2000, 100, 1024, 256) and aspect.worst > 1.6
+    res = bs.resolutions[t.column("bucket").to_numpy()[:6]]
+    scale = np.maximum(res[:, 0] / w[:6], res[:, 1] / h[:6])
+    assert up.count == int((scale > 2).sum()) == 3 and up.examples[0][:5] == (2, 32, 48, 512, 768)
+    assert up.worst == pytest.approx(16.0)
+    text = str(s)
+    assert "2 kept row(s) have an aspect error above 0.25" in text and "--max-aspect-error 0.25" in text
+    assert "e.g. row 2: 32x48 -> bucket 512x768 (16.0x)" in text and "--max-upscale 2" in text
+    assert "--min-size" in text
+    quiet = summarize_columns(*cols, bs, sizes=sizes, warn_aspect_error=None, warn_upscale=None)
+    assert quiet.outliers == () and "warning" not in str(quiet)
+    pruned = BucketSet.novelai(max_aspect_error=0.5)
+    tp = annotate_sizes(w, h, pruned)
+    sp = summarize_columns(*(tp.column(c) for c in ("bucket", "aspect_error", "skip_reason")), pruned,
+                           sizes=(tp.column("original_width"), tp.column("original_height")))
+    assert [o.kind for o in sp.outliers] == ["upscale"] and sp.skipped_by_reason == {"aspect": 2, "invalid_size": 1}
+
+
 def test_reannotation_replaces_columns_and_image_still_decodes(image_ds: datasets.Dataset) -> None:
     once = add_bucket_columns(image_ds, BucketSet.novelai(), show_summary=False)
     twice = add_bucket_columns(once, BucketSet.sdxl(), show_summary=False)
@@ -230,7 +262,7 @@ def test_dataset_dict_and_shuffled(image_ds: datasets.Dataset) -> None:
 
 def test_errors_name_the_fix(image_ds: datasets.Dataset) -> None:
     bs = BucketSet.novelai()
-    with pytest.raises(ValueError, match="not in the dataset"):
+    with pytest.raises(ValueError, match=r"image_column='img': the dataset has no such column; its columns are \["):
         add_bucket_columns(image_ds, bs, image_column="img")
     with pytest.raises(ValueError, match="both"):
         add_bucket_columns(image_ds, bs, width_column="w")

@@ -108,12 +108,85 @@ def test_annotate_streaming_to_disk(image_dir: Path, tmp_path: Path) -> None:
 
 
 def test_cli_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["annotate", str(tmp_path / "nope"), "--output-dir", str(tmp_path / "o")]) == 1
-    assert "does not exist" in capsys.readouterr().err
-    assert main(["annotate", str(tmp_path), "--output-dir", "o", "--width-column", "w"]) == 2
-    assert "both" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        main(["annotate", str(tmp_path / "nope"), "--output-dir", str(tmp_path / "o")])
+    assert exc.value.code == 2 and "does not exist" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["annotate", str(tmp_path)])  # neither --output-dir nor --push-to-hub
+
+
+@pytest.fixture(scope="module")
+def outlier_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Real photos plus the two outliers of issue 17: a 2000×100 banner and a 32×48 thumbnail."""
+    d = tmp_path_factory.mktemp("outliers")
+    save_photo(d / "banner.jpg", "coffee.png", "JPEG", size=(2000, 100))
+    save_photo(d / "thumb.jpg", "chelsea.png", "JPEG", size=(32, 48))
+    save_photo(d / "rocket.jpg", "rocket.jpg", "JPEG")
+    save_photo(d / "astronaut.png", "astronaut.png", "PNG")
+    save_photo(d / "cell.png", "cell.png", "PNG")
+    return d
+
+
+def _annotate(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    assert main(["annotate", *argv]) == 0
+    return capsys.readouterr().out
+
+
+def test_summary_warns_about_outliers_and_the_flags_skip_them(outlier_dir: Path, tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    out = _annotate([str(outlier_dir), "--output-dir", str(tmp_path / "a"), "--preset", "novelai"], capsys)
+    assert "rows: 5  kept: 5  skipped: 0" in out
+    assert "warning: 1 kept row(s) have an aspect error above 0.25 (worst 1.609)" in out
+    assert "2000x100 -> bucket 1024x256 (aspect error 1.609)" in out and "--max-aspect-error 0.25" in out
+    assert "warning: 2 kept row(s) must be upscaled more than 2x to cover their bucket (worst 16.0x)" in out
+    assert "32x48 -> bucket 512x768 (16.0x)" in out and "--max-upscale 2 or --min-size" in out
+
+    out = _annotate([str(outlier_dir), "--output-dir", str(tmp_path / "b"), "--preset", "novelai",
+                     "--max-aspect-error", "0.25", "--max-upscale", "2"], capsys)
+    assert "rows: 5  kept: 3  skipped: 2" in out and "skipped by reason: aspect 1, upscale 1" in out
+    assert "warning" not in out  # both skipped, recorded and counted
+    back = datasets.load_from_disk(str(tmp_path / "b"))["train"]
+    reasons = dict(zip(back["original_width"], back["skip_reason"]))
+    assert reasons[2000] == "aspect" and reasons[32] == "upscale" and back["bucket"].count(-1) == 2
+
+    out = _annotate([str(outlier_dir), "--output-dir", str(tmp_path / "c"), "--preset", "novelai",
+                     "--min-size", "64"], capsys)
+    assert "skipped by reason: too_small 1" in out and "aspect error above 0.25" in out
+    assert "upscaled more than 2x" in out and "(16.0x)" not in out  # the banner (2.6x) still warns, not the thumb
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--image-column", "img"], "--image-column 'img': the dataset has no such column; its columns are ['image']"),
+    (["--width-column", "w", "--height-column", "h"], "--width-column 'w': the dataset has no such column"),
+    (["--width-column", "w"], "pass both --width-column and --height-column, or neither"),
+    (["--split", "test"], "--split 'test': "),
+    (["--max-upscale", "0"], "argument --max-upscale: must be a finite number > 0, got 0"),
+    (["--min-size", "-1"], "argument --min-size: must be >= 0 pixels, got -1"),
+    (["--batch-size", "0"], "argument --batch-size: must be a positive integer, got 0"),
+    (["--num-proc", "x"], "argument --num-proc: expected a positive integer, got 'x'"),
+    (["--aspect-range", "2", "1"], "--aspect-range must be (min, max)"),
+    (["--preset", "pixart", "--resolution", "100"], "got 100. Pass one of those as --resolution."),
+])
+def test_annotate_errors_are_argparse_errors_in_flags(outlier_dir: Path, tmp_path: Path, extra: list[str],
+                                                      message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["annotate", str(outlier_dir), "--output-dir", str(tmp_path / "o"), *extra])
+    err = capsys.readouterr().err
+    last = err.strip().splitlines()[-1]
+    assert exc.value.code == 2 and last.startswith("hf-arb annotate: error: ") and message in last, err
+    assert "Traceback" not in err and "`" not in last
+    assert not any(f"{p}=" in last for p in ("image_column", "width_column", "height_column", "max_upscale",
+                                             "min_size", "aspect_range")), "Python argument names leaked"
+
+
+def test_non_numeric_size_column_names_the_flag(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    src = tmp_path / "meta.csv"
+    src.write_text("url,W,H\na.jpg,512,512\nb.jpg,wide,300\n")
+    with pytest.raises(SystemExit) as exc:
+        main(["annotate", str(src), "--output-dir", str(tmp_path / "o"), "--width-column", "W", "--height-column", "H"])
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert exc.value.code == 2 and "Size column 'W' must hold numbers" in last and "'wide'" in last
+    assert "--image-column instead" in last and "image_column=" not in last
 
 
 def test_entry_point_lists_commands() -> None:

@@ -277,5 +277,6 @@ def _check_cli(engine: str, images_parquet: Path, tmp_path: Path, capsys: pytest
     assert isinstance(loaded.features["image"], datasets.Image)
     _assert_rows_equal(loaded, want)
     (tmp_path / "empty").mkdir()
-    assert main(["annotate", str(tmp_path / "empty"), "--engine", engine, "--output-dir", str(tmp_path / "x")]) == 1
-    assert "is not a .parquet file" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:  # an argparse error of `hf-arb annotate`
+        main(["annotate", str(tmp_path / "empty"), "--engine", engine, "--output-dir", str(tmp_path / "x")])
+    assert exc.value.code == 2 and "is not a .parquet file" in capsys.readouterr().err

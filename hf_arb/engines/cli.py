@@ -37,9 +37,10 @@ def run_engine(args: argparse.Namespace, buckets: BucketSet) -> int:
     import pyarrow.parquet as pq
 
     if not args.output_dir:
-        print(f"error: --engine {args.engine} writes Parquet to --output-dir; push that folder afterwards with "
-              "`hf upload-large-folder REPO OUT --repo-type dataset`.", file=sys.stderr)
-        return 2
+        from ..cli_buckets import UsageError
+
+        raise UsageError(f"--engine {args.engine} writes Parquet to --output-dir; push that folder afterwards with "
+                         "`hf upload-large-folder REPO OUT --repo-type dataset`.")
     files = parquet_files(args.source)
     features = datasets.Features.from_arrow_schema(pq.read_schema(files[0]))
     kwargs: dict[str, Any] = dict(image_column=None if args.width_column else args.image_column,

@@ -1,0 +1,110 @@
+"""Run documentation blocks page by page (see tests/_doc_snippets.py); used by tests/test_doc_snippets.py.
+
+Usage: ``python tests/_run_doc_blocks.py PLAN.json RESULTS.json``. ``PLAN.json`` holds
+``[{"page", "workdir", "blocks": [{"id", "lang", "source"}]}]`` (blocks already substituted); ``RESULTS.json`` gets
+``{block id: {"ok": bool, "seconds": float, "error": str}}``. A page stops at its first failing block (the later
+ones are reported as not run). One process runs every page, so the heavy imports are paid once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import doctest
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+import traceback
+from typing import Any
+
+
+def _hf_arb_commands(source: str) -> list[list[str]] | None:
+    """The argv of each command when ``source`` is only ``hf-arb`` commands (comments, ``\\`` continuations); else
+    None (the block needs a real shell)."""
+    commands = []
+    for line in source.replace("\\\n", " ").splitlines():
+        try:
+            argv = shlex.split(line, comments=True)
+        except ValueError:
+            return None
+        if not argv:
+            continue
+        if argv[0] != "hf-arb" or any(tok in {"|", "&&", "||", ";", ">", "<", "&"} for tok in argv):
+            return None
+        if any(c in line.split("#")[0] for c in "$`"):
+            return None  # shell expansion
+        commands.append(argv[1:])
+    return commands
+
+
+def _run_bash(source: str) -> None:
+    commands = _hf_arb_commands(source)
+    if commands is None:
+        env = {**os.environ, "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")}
+        proc = subprocess.run(["bash", "-euo", "pipefail", "-c", source], env=env, capture_output=True, text=True, check=False)
+        sys.stdout.write(proc.stdout[-3000:])
+        if proc.returncode != 0:
+            raise RuntimeError(f"bash exited with {proc.returncode}:\n{proc.stderr[-4000:]}")
+        return
+    from hf_arb.cli import main
+
+    for argv in commands:
+        try:
+            rc = main(argv)
+        except SystemExit as e:  # argparse errors
+            rc = e.code if isinstance(e.code, int) else 1
+        if rc:
+            raise RuntimeError(f"`hf-arb {shlex.join(argv)}` exited with status {rc}")
+
+
+def _run_python(source: str, name: str, ns: dict[str, Any]) -> None:
+    if source.lstrip().startswith(">>>"):
+        test = doctest.DocTestParser().get_doctest(source, ns, name, name, 0)
+        runner = doctest.DocTestRunner(optionflags=doctest.NORMALIZE_WHITESPACE | doctest.ELLIPSIS)
+        out: list[str] = []
+        runner.run(test, out=out.append, clear_globs=False)
+        if runner.failures:
+            raise AssertionError("doctest failed:\n" + "".join(out)[-4000:])
+        return
+    exec(compile(source, name, "exec"), ns)  # noqa: S102 - running the docs is the point
+
+
+def run(plan: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    results: dict[str, dict[str, Any]] = {}
+    start_dir = os.getcwd()
+    for page in plan:
+        os.chdir(page["workdir"])
+        ns: dict[str, Any] = {"__name__": "__main__"}
+        failed = None
+        for block in page["blocks"]:
+            if failed:
+                results[block["id"]] = {"ok": False, "seconds": 0.0, "error": f"not run: {failed} failed first"}
+                continue
+            t0 = time.perf_counter()
+            try:
+                if block["lang"] in ("python", "py"):
+                    _run_python(block["source"], block["id"], ns)
+                else:
+                    _run_bash(block["source"])
+                results[block["id"]] = {"ok": True, "seconds": time.perf_counter() - t0, "error": ""}
+            except BaseException as e:
+                if isinstance(e, KeyboardInterrupt):
+                    raise
+                failed = block["id"]
+                results[block["id"]] = {"ok": False, "seconds": time.perf_counter() - t0,
+                                        "error": "".join(traceback.format_exception(e))[-6000:]}
+            print(f"== {block['id']}: {'ok' if results[block['id']]['ok'] else 'FAILED'} "
+                  f"({results[block['id']]['seconds']:.1f} s)", flush=True)
+        os.chdir(start_dir)
+    return results
+
+
+if __name__ == "__main__":
+    with open(sys.argv[1]) as f:
+        plan = json.load(f)
+    with contextlib.redirect_stdout(sys.stderr):  # block output goes to stderr; stdout stays clean
+        res = run(plan)
+    with open(sys.argv[2], "w") as f:
+        json.dump(res, f, indent=1)

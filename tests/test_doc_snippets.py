@@ -1,0 +1,183 @@
+"""Every command and snippet in README.md and docs/ runs as written (offline, on tiny stand-ins).
+
+The marker convention, the substitution table and the starting files are documented in tests/_doc_snippets.py
+(and summarised in README.md, "Development"). Runnable blocks of all pages run in one process, once per test run
+(``shared_artifact``); each page is reported by its own test. Training commands (``runnable: slow``) run in the
+slow test.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from _doc_snippets import (
+    CODE_LANGS,
+    ROOT,
+    SUBSTITUTIONS,
+    extract_blocks,
+    pages,
+    substitute,
+)
+
+ALL_BLOCKS = [b for p in pages() for b in extract_blocks(p)]
+CODE_BLOCKS = [b for b in ALL_BLOCKS if b.lang in CODE_LANGS]
+RUN_PAGES = sorted({b.page for b in CODE_BLOCKS if b.runnable})
+SLOW_PAGES = sorted({b.page for b in CODE_BLOCKS if b.slow})
+
+
+def test_every_code_block_is_marked() -> None:
+    unmarked = [f"{b.id} ({b.lang}): {b.source.splitlines()[0][:60]}" for b in CODE_BLOCKS if b.marker is None]
+    assert not unmarked, ("code blocks without `<!-- runnable -->` or `<!-- not runnable: <reason> -->` on the line "
+                          "before the fence (see tests/_doc_snippets.py):\n" + "\n".join(unmarked))
+    no_reason = [b.id for b in CODE_BLOCKS if b.marker == "not runnable" and len(b.reason) < 4]
+    assert not no_reason, f"say why these cannot run: {no_reason}"
+    assert len([b for b in CODE_BLOCKS if b.runnable or b.slow]) >= 25
+
+
+def test_marker_parser(tmp_path: Path) -> None:
+    page = tmp_path / "page.md"
+    page.write_text("intro\n\n<!-- runnable -->\n\n```python\nx = 1\n```\n\n```bash\nls\n```\n\n"
+                    "<!-- not runnable: needs 8 GPUs -->\n````bash\n```\n````\n\n```text\nout\n```\n"
+                    "<!-- runnable: slow -->\n  ```sh\n  echo hi\n  ```\n")
+    blocks = extract_blocks(page, root=tmp_path)
+    assert [(b.lang, b.marker, b.reason) for b in blocks] == [
+        ("python", "runnable", ""), ("bash", None, ""), ("bash", "not runnable", "needs 8 GPUs"), ("text", None, ""),
+        ("sh", "runnable: slow", "")]
+    assert blocks[0].source == "x = 1\n" and blocks[2].source == "```\n" and blocks[4].source == "echo hi\n"
+    assert blocks[0].line == 5
+
+
+def test_every_substitution_is_used() -> None:
+    """No dead rows in the documented table: each rewrite changes at least one runnable block."""
+    assets = {k: f"<{k}>" for k in ("naruto", "tiny_sd", "tiny_flux", "pushed")}
+    runnable = [b.source for b in CODE_BLOCKS if b.runnable or b.slow]
+    unused = [pat for pat, _, _ in SUBSTITUTIONS if not any(re.search(pat, s) for s in runnable)]
+    assert not unused, f"substitutions that rewrite no runnable block (remove them from the table): {unused}"
+    assert substitute("load_dataset('lambdalabs/naruto-blip-captions')", assets) == "load_dataset('<naruto>')"
+
+
+def test_readme_documents_the_substitution_table() -> None:
+    readme = (ROOT / "README.md").read_text()
+    for pattern, replacement, why in SUBSTITUTIONS:
+        row = f"| `{pattern}` | `{replacement}` | {why} |".replace("|bf16", "\\|bf16")
+        assert row in readme, f"README.md, 'Docs that run': add or update the row\n{row}"
+
+
+def test_runner_reports_every_kind_of_failure(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The runner cannot pass a broken block: an exception, a doctest mismatch, an hf-arb error, a shell error."""
+    import _run_doc_blocks
+
+    blocks = {"ok.py": ("python", "x = 2\n"), "uses-x.py": ("python", ">>> x + 1\n3\n"),
+              "bad-doctest": ("python", ">>> x + 1\n4\n"), "raises": ("python", "1 / 0\n"),
+              "cli-error": ("bash", "hf-arb buckets --preset novelai\nhf-arb buckets --resolution 0\n"),
+              "shell-error": ("bash", "echo fine\nfalse\n"), "cli-ok": ("bash", "hf-arb buckets --preset sdxl  # a comment\n")}
+    plan = [{"page": name, "workdir": str(tmp_path), "blocks": [{"id": name, "lang": lang, "source": src}]}
+            for name, (lang, src) in blocks.items()]
+    plan[1]["blocks"].insert(0, plan.pop(0)["blocks"][0])  # x is defined by the page's earlier block
+    res = _run_doc_blocks.run(plan)
+    assert {k for k, v in res.items() if v["ok"]} == {"ok.py", "uses-x.py", "cli-ok"}
+    assert "NameError" in res["bad-doctest"]["error"]  # pages do not share a namespace
+    assert "ZeroDivisionError" in res["raises"]["error"]
+    assert "exited with status 2" in res["cli-error"]["error"] and "bash exited with 1" in res["shell-error"]["error"]
+    two = _run_doc_blocks.run([{"page": "p", "workdir": str(tmp_path), "blocks": [
+        {"id": "a", "lang": "python", "source": "x = 2\n"}, {"id": "b", "lang": "python", "source": ">>> x + 1\n4\n"},
+        {"id": "c", "lang": "python", "source": "pass\n"}]}])
+    assert "Expected:\n    4\nGot:\n    3" in two["b"]["error"] and two["c"]["error"] == "not run: b failed first"
+    assert _run_doc_blocks._hf_arb_commands("hf-arb a \\\n  --b 1  # c\nhf-arb d\n") == [["a", "--b", "1"], ["d"]]
+    assert _run_doc_blocks._hf_arb_commands("hf-arb a | head\n") is None
+    assert _run_doc_blocks._hf_arb_commands("RAY_ADDRESS=auto hf-arb a\n") is None
+
+
+# ------------------------------------------------------------------------------------------- running
+def _build_assets(root: Path) -> dict[str, str]:
+    """The stand-ins of the substitution table and the starting files (``_doc_snippets.FILES``)."""
+    import datasets
+    import numpy as np
+    from _photos import save_photo
+
+    from hf_arb import BucketSet, add_bucket_columns
+    from hf_arb.tiny import save_tiny_flux, save_tiny_imagefolder, save_tiny_sd
+
+    naruto = save_tiny_imagefolder(root / "naruto", per_size=8)
+    pushed = root / "pushed"
+    ds = add_bucket_columns(datasets.load_dataset("imagefolder", data_dir=naruto, split="train"), BucketSet.sdxl(),
+                            show_summary=False)
+    ds.to_parquet(str(pushed / "data" / "train-00000-of-00001.parquet"))
+    rng = np.random.default_rng(0)
+    n = 2000
+    datasets.Dataset.from_dict({"url": [f"https://example.com/{i}.jpg" for i in range(n)],
+                                "WIDTH": rng.integers(200, 4000, n), "HEIGHT": rng.integers(200, 4000, n)}
+                               ).to_parquet(str(root / "laion_meta.parquet"))
+    save_photo(root / "photo.jpg", "coffee.png", "JPEG")
+    return {"naruto": naruto, "pushed": str(pushed), "tiny_sd": save_tiny_sd(root / "tiny-sd"),
+            "tiny_flux": save_tiny_flux(root / "tiny-flux"),
+            "laion_meta": str(root / "laion_meta.parquet"), "photo": str(root / "photo.jpg")}
+
+
+def _workdir(root: Path, page: str, assets: dict[str, str]) -> Path:
+    d = root / page.replace("/", "_").replace(".md", "")
+    shutil.rmtree(d, ignore_errors=True)
+    d.mkdir(parents=True)
+    (d / "my_images").symlink_to(assets["naruto"], target_is_directory=True)
+    shutil.copy(assets["photo"], d / "photo.jpg")
+    (d / "laion_meta.parquet").symlink_to(assets["laion_meta"])
+    for script in ("train_text_to_image_arb.py", "train_text_to_image_lora_arb.py"):
+        (d / script).symlink_to(ROOT / script)
+    return d
+
+
+def _run(root: Path, page_names: list[str], assets: dict[str, str], *, slow: bool) -> dict[str, Any]:
+    plan = [{"page": page, "workdir": str(_workdir(root, page, assets)),
+             "blocks": [{"id": b.id, "lang": b.lang, "source": substitute(b.source, assets)}
+                        for b in CODE_BLOCKS if b.page == page and (b.runnable or (slow and b.slow))]}
+            for page in page_names]
+    (root / "plan.json").write_text(json.dumps(plan, indent=1))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")]),
+           "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "MPLBACKEND": "Agg", "ACCELERATE_USE_CPU": "1",
+           "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "WANDB_MODE": "disabled"}
+    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "_run_doc_blocks.py"), str(root / "plan.json"),
+                           str(root / "results.json")], env=env, capture_output=True, text=True, timeout=900, check=False)
+    (root / "log.txt").write_text(proc.stderr)
+    if proc.returncode != 0:
+        return {"__driver__": {"ok": False, "error": proc.stderr[-6000:]}}
+    return {**json.loads((root / "results.json").read_text()), "__log__": str(root / "log.txt")}
+
+
+@pytest.fixture(scope="session")
+def doc_assets(shared_artifact) -> dict[str, str]:
+    return shared_artifact("doc-snippet-assets", _build_assets)
+
+
+@pytest.fixture(scope="session")
+def doc_results(shared_artifact, doc_assets: dict[str, str]) -> dict[str, Any]:
+    """Every runnable block of every page, run once per test run (all xdist workers share the results)."""
+    return shared_artifact("doc-snippet-run", lambda root: _run(root, RUN_PAGES, doc_assets, slow=False))
+
+
+def _assert_page_ok(results: dict[str, Any], page: str, slow: bool = False) -> None:
+    assert "__driver__" not in results, results.get("__driver__")
+    blocks = [b for b in CODE_BLOCKS if b.page == page and (b.runnable or (slow and b.slow))]
+    failed = [f"{b.id}:\n{results[b.id]['error']}" for b in blocks if not results[b.id]["ok"]]
+    assert not failed, "\n\n".join(failed) + f"\n(output of the run: {results.get('__log__')})"
+
+
+@pytest.mark.xdist_group("doc-snippets")  # one worker: the others would only wait on the shared run's lock
+@pytest.mark.parametrize("page", RUN_PAGES)
+def test_page_runs_as_written(page: str, doc_results: dict[str, Any]) -> None:
+    _assert_page_ok(doc_results, page)
+
+
+@pytest.mark.slow
+def test_training_commands_run_as_written(tmp_path: Path, doc_assets: dict[str, str]) -> None:
+    """The ``runnable: slow`` blocks (training commands), each page from its start."""
+    results = _run(tmp_path, SLOW_PAGES, doc_assets, slow=True)
+    for page in SLOW_PAGES:
+        _assert_page_ok(results, page, slow=True)
