@@ -228,7 +228,7 @@ class BucketBatchSampler:
     @property
     def batch_sizes(self) -> dict[int, int] | None:
         """``{bucket: rows per rank of its batches}`` when batch sizes differ by bucket, else None."""
-        return None if self._sizes is None else {b: int(v) for b, v in enumerate(self._sizes[: self._k].tolist())}
+        return None if self._sizes is None else dict(enumerate(self._sizes.tolist()))
 
     def step_batch_sizes(self, epoch: int | None = None) -> np.ndarray:
         """Rows per rank of every step of ``epoch`` (default: current), int64 ``(steps,)`` (for the loss weights
