@@ -1,6 +1,8 @@
 """The synchronised epoch layout, computed step by step: ``O(buckets)`` state, any step's batch in ``O(batch)``.
 
-Let ``G = world × batch`` (the global batch) and ``n_b`` the rows of (effective) bucket ``b``. One epoch of seed
+Let ``G = world × batch`` (the global batch) and ``n_b`` the rows of (effective) bucket ``b``. With a batch size
+per bucket (a pixel budget, :mod:`~hf_arb.sampling.batch_sizes`) every ``G`` below is that bucket's own
+``G_b = world × batch_b`` (the pool's is its target bucket's); nothing else changes. One epoch of seed
 ``s`` and epoch ``e`` is defined by three kinds of keyed permutations (:class:`~hf_arb.sampling.feistel.
 FeistelPermutation`), none of them materialised:
 
