@@ -179,6 +179,10 @@ def test_modes_that_cannot_work_are_refused_and_equal_sizes_are_the_fixed_plan()
         BucketBatchSampler(ids, None, buckets=RES, max_pixels_per_batch=MP // 2)
     with pytest.raises(ValueError, match="zero batches.*its batch size"):
         BucketBatchSampler(ids[:10], {b: 50 for b in range(5)} | {0: 60}, buckets=RES)
+    # merge_small compares each bucket with its own global batch: 1 row of 1024² < 2 ranks × 1 → merged into 512²
+    small = np.r_[np.zeros(40, int), [1], np.full(30, 2)]
+    merged = BucketBatchSampler(small, None, num_replicas=2, buckets=RES, max_pixels_per_batch=MP, merge_small=True)
+    assert merged.report().rows_merged == 1 and 1 not in merged.report().batches_per_bucket
     # one size for every bucket (here: a cap below every budget) is the plain fixed-batch sampler
     same = BucketBatchSampler(ids, 2, num_replicas=2, buckets=RES, max_pixels_per_batch=4 * MP, seed=3)
     plain = BucketBatchSampler(ids, 2, num_replicas=2, seed=3)
