@@ -83,8 +83,8 @@ def check_state(state: Mapping[str, Any], expected: Mapping[str, Any], *, per_ra
         ("fingerprint", "The bucket ids differ from the checkpointed run: resume on the same annotated dataset "
                         "(same rows, same order, same bucket set and merging)."),
         ("seed", "Build the sampler with the checkpoint's seed."),
-        ("global_batch_sizes", "Resume with the same global batch of every bucket (num_replicas × its batch size: "
-                               "the same max_pixels_per_batch, or mapping, for the same total of processes)."),
+        ("global_batch_sizes", ("Resume with the same global batch of every bucket (num_replicas × its batch size: "
+                                "the same max_pixels_per_batch, or mapping, for the same total of processes).")),
         ("global_batch_size", "Resume with num_replicas × batch_size equal to the checkpointed run's."),
     ]
     if per_rank_plan:
