@@ -11,8 +11,10 @@ log aspect.
 * pixel budget (ours): bucket ``b`` takes ``floor(budget / area_b)`` images.
 
 Budget utilisation and steps per epoch are exact counts over the 10⁶ rows. Throughput runs the tiny SD UNet
-(:mod:`hf_arb.tiny`, forward + backward, CPU) on the first steps of both plans, every latent side divided by 4 (so
-1024² is a 32×32 latent), the same steps' buckets for both; images/s and pixels/s count full-scale images. Plan
+(:mod:`hf_arb.tiny`, forward + backward, CPU, one thread) on the same images both ways: the pixel-budget plan's
+first 24 steps, and the same images cut into batches of the fixed size; every latent side is divided by 4 (so
+1024² is a 32×32 latent); images/s and pixels/s count full-scale images. The two runs alternate five times and
+each keeps its best time. Plan
 time: :func:`~hf_arb.sampling.plan.plan_epoch` vs :func:`~hf_arb.sampling.ragged.plan_epoch_ragged` for the whole
 epoch of 10⁶ rows on 8 ranks.
 
@@ -73,19 +75,19 @@ def counts(ids: np.ndarray, res: np.ndarray, sizes: np.ndarray) -> dict[str, flo
             "dropped": float(1 - images.sum() / n.sum())}
 
 
-def make_inputs(buckets: list[int], sizes: np.ndarray, res: np.ndarray, dim: int) -> tuple[list, int, float]:
-    """Random latents/timesteps/text of the given steps' buckets (latent sides ÷ 4); images; full-scale pixels."""
+def make_inputs(steps: list[tuple[int, int]], res: np.ndarray, dim: int) -> tuple[list, int, float]:
+    """Random latents/timesteps/text of the given ``(bucket, images)`` steps (latent sides ÷ 4); images; full-scale
+    pixels."""
     import torch
 
     area = res[:, 0] * res[:, 1]
     gen = torch.Generator().manual_seed(0)
     inputs = []
-    for b in buckets:
+    for b, m in steps:
         w, h = (int(v) // 32 for v in res[b])  # latent (÷8) side ÷4
-        x = torch.randn(int(sizes[b]), 4, h, w, generator=gen)
-        inputs.append((x, torch.randint(0, 1000, (int(sizes[b]),), generator=gen),
-                       torch.randn(int(sizes[b]), 8, dim, generator=gen)))
-    return inputs, int(sum(sizes[b] for b in buckets)), float(sum(sizes[b] * area[b] for b in buckets))
+        inputs.append((torch.randn(m, 4, h, w, generator=gen), torch.randint(0, 1000, (m,), generator=gen),
+                       torch.randn(m, 8, dim, generator=gen)))
+    return inputs, sum(m for _, m in steps), float(sum(m * area[b] for b, m in steps))
 
 
 def throughput(runs: dict[str, tuple[list, int, float]], unet, repeat: int) -> dict[str, tuple[float, float]]:
@@ -127,15 +129,13 @@ def main() -> None:
     torch.manual_seed(0)
     torch.set_num_threads(1)
     unet = tiny_sd_pipeline().unet.train()
-    steps = 12 if quick else 40
-    fix_buckets = plan_epoch(ids, fixed_b, 1, seed=0, return_buckets=True)[1][:steps, 0].tolist()
+    steps = 8 if quick else 24
     pix_plan = plan_epoch_ragged(ids, sizes, 1, seed=0)
-    # the same images' worth of steps: as many pixel-budget steps as cover the fixed plan's images
-    target = fixed_b * steps
-    pix_steps = int(np.searchsorted(np.cumsum(pix_plan.batch), target)) + 1
-    pix_buckets = pix_plan.buckets[:pix_steps].tolist()
+    # the same images both ways: the pixel plan's first steps, and those images in batches of the fixed size
+    pix_steps = [(int(b), int(m)) for b, m in zip(pix_plan.buckets[:steps], pix_plan.batch[:steps])]
+    fix_steps = [(b, min(fixed_b, m - i)) for b, m in pix_steps for i in range(0, m, fixed_b)]
     dim = unet.config.cross_attention_dim
-    runs = {"fixed": make_inputs(fix_buckets, fixed, res, dim), "pixel": make_inputs(pix_buckets, sizes, res, dim)}
+    runs = {"fixed": make_inputs(fix_steps, res, dim), "pixel": make_inputs(pix_steps, res, dim)}
     t0 = time.perf_counter()
     speed = throughput(runs, unet, repeat=1 if quick else 5)
     bench_s = time.perf_counter() - t0
@@ -159,7 +159,7 @@ def main() -> None:
                  f"({int(res[np.argmax(area)][0])}x{int(res[np.argmax(area)][1])}) that fit {BUDGET:,} pixels",
         details=__doc__.split("Usage:")[0].split("\n", 1)[1],
         extra={"buckets": len(res), "batch_sizes": sorted(set(sizes.tolist())), "rows": n,
-               "fixed": c_fix, "pixel_budget": c_pix, "throughput_steps": [len(fix_buckets), len(pix_buckets)],
+               "fixed": c_fix, "pixel_budget": c_pix, "throughput_steps": [len(fix_steps), len(pix_steps)],
                "throughput_seconds": bench_s},
     )
 
