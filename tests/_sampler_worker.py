@@ -33,8 +33,10 @@ MODES = {  # name -> (DataLoaderConfiguration kwargs, sampler split_batches, Dat
     "even_batches_off": ({"even_batches": False}, False, 0),
     "stateful": ({"use_stateful_dataloader": True}, False, 1),
 }
-#: variable batch sizes (a pixel budget: a batch size per bucket), run with ``--pixel``
-PIXEL_MODES = {"pixel_budget": ({}, False, 0), "pixel_dispatch": ({"dispatch_batches": True}, False, 0)}
+#: variable batch sizes (a pixel budget: a batch size per bucket), run with ``--pixel``. Dispatched: the mode that
+#: needs real processes (rank 0 reads, concatenates and broadcasts); accelerate's BatchSamplerShard deals the same
+#: plan in-process in tests/test_pixel_budget.py
+PIXEL_MODES = {"pixel_dispatch": ({"dispatch_batches": True}, False, 0)}
 PIXEL_RES = [(512, 512), (1024, 1024), (768, 512), (512, 768), (1024, 576)]  # bucket (width, height)
 PIXEL_BUDGET = 1024 * 1024  # batch sizes [4, 1, 2, 2, 1]
 

@@ -116,7 +116,7 @@ def test_plain_accelerate_prepare_every_mode_2_and_3_processes(tmp_path: Path) -
 
 
 def check_pixel_modes(full: list[dict], resumed: list[dict], save_at: int) -> None:
-    """Variable batch sizes (a pixel budget) through a plain prepare, sharded and dispatched: every rank trains
+    """Variable batch sizes (a pixel budget) through a plain prepare, dispatched: every rank trains
     its planned batch of every step, of the step's bucket and that bucket's size, and resumes exactly."""
     from _sampler_worker import EPOCHS, PIXEL_BUDGET, PIXEL_MODES, PIXEL_RES, SEED, bucket_ids
 
