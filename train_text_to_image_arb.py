@@ -228,6 +228,11 @@ def build_parser() -> argparse.ArgumentParser:
       help="Keep the frozen text encoders' outputs per caption in memory instead of re-encoding.")
     # --- optimisation
     a("--train_batch_size", type=int, default=16, help="Batch size (per device) for the training dataloader.")
+    a("--max_pixels_per_batch", type=int, default=None,
+      help="NEW (SD/SDXL): a pixel budget per batch and device instead of one batch size: bucket WxH trains "
+           "floor(N / (W*H)) images per batch, capped at --train_batch_size (e.g. 4194304 = four 1024x1024 images "
+           "or sixteen 512x512 ones). Every device trains the same bucket at each step; each optimizer step "
+           "weights every image equally (docs/training.md). Printed per bucket at startup.")
     a("--num_train_epochs", type=int, default=100)
     a("--max_train_steps", type=int, default=None,
       help="Total number of training steps to perform. If provided, overrides num_train_epochs.")
@@ -355,7 +360,7 @@ def check_values(args: argparse.Namespace) -> None:
                 "bucket_max_side", "checkpointing_steps",
                 "num_train_epochs", "max_train_steps", "num_validation_images", "validation_epochs",
                 "num_validation_inference_steps", "latent_cache_variants", "checkpoints_total_limit", "rank",
-                "resolution_embed_dim", "power_sgd_rank", "max_train_samples")
+                "resolution_embed_dim", "power_sgd_rank", "max_train_samples", "max_pixels_per_batch")
     for name in positive:
         value = getattr(args, name)
         if value is not None and value < 1:
@@ -396,6 +401,9 @@ def check_values(args: argparse.Namespace) -> None:
         raise UsageError("--offload_ema / --foreach_ema configure the EMA model: add --use_ema or drop them.")
     check_streaming_flags(args)
     check_bucket_flags(args)
+    if args.max_pixels_per_batch is not None and (args.no_bucket_sync or args.streaming):
+        raise UsageError(f"--max_pixels_per_batch needs every device in the same bucket at each step: drop "
+                         f"{'--no_bucket_sync' if args.no_bucket_sync else '--streaming'} or --max_pixels_per_batch.")
 
 
 #: BucketSet's parameter names in its error messages → this script's flags.
@@ -938,7 +946,7 @@ def dataset_with_buckets(args: argparse.Namespace, accelerator: Any) -> tuple[An
 
 def check_plan(args: argparse.Namespace, ds: Any, num_processes: int) -> None:
     """With --bucket_leftover drop, some bucket must hold a full (global) batch, or the epoch has no step."""
-    if args.bucket_leftover != "drop":
+    if args.bucket_leftover != "drop" or args.max_pixels_per_batch is not None:  # the sampler checks a pixel budget
         return
     ids = np.asarray(ds.with_format("numpy")["bucket"])
     largest = int(np.bincount(ids[ids >= 0]).max()) if (ids >= 0).any() else 0
@@ -955,11 +963,17 @@ def make_sampler(args: argparse.Namespace, ds: Any, buckets: Any, accelerator: A
     """The global epoch plan over all ranks; a plain ``accelerator.prepare`` deals each rank its batches."""
     from hf_arb import BucketBatchSampler
 
-    return BucketBatchSampler(
-        ds, args.train_batch_size, num_replicas=accelerator.num_processes, rank=accelerator.process_index,
-        seed=args.seed, shuffle=True, sync_buckets=not args.no_bucket_sync, leftover=args.bucket_leftover,
-        return_keys=True, buckets=buckets, log_report=False,  # startup_report prints it
-    )
+    try:
+        return BucketBatchSampler(
+            ds, args.train_batch_size, num_replicas=accelerator.num_processes, rank=accelerator.process_index,
+            seed=args.seed, shuffle=True, sync_buckets=not args.no_bucket_sync, leftover=args.bucket_leftover,
+            return_keys=True, buckets=buckets, max_pixels_per_batch=args.max_pixels_per_batch,
+            log_report=False,  # startup_report prints it
+        )
+    except ValueError as e:  # a pixel budget below a bucket's area, or no full batch: the flags to change
+        if args.max_pixels_per_batch is None:
+            raise
+        raise UsageError(f"--max_pixels_per_batch {args.max_pixels_per_batch}: {e}") from None
 
 
 def image_dataset(args: argparse.Namespace, ds: Any, buckets: Any) -> Any:
@@ -1160,6 +1174,9 @@ def build_latent_cache(args: argparse.Namespace, accelerator: Any, ds: Any, buck
     if args.bucket_leftover != "drop":  # leftovers may be trained at another bucket: read the all-ranks plan
         for epoch in range(schedule.num_train_epochs):
             plan = sampler.plan(epoch)  # (steps, world, batch): every rank's rows
+            if hasattr(plan, "offsets"):  # --max_pixels_per_batch: a ragged plan (flat rows, a bucket per step)
+                pairs.update(zip(plan.rows.tolist(), np.repeat(plan.buckets, np.diff(plan.offsets)).tolist()))
+                continue
             for r in range(plan.shape[1]):
                 targets = sampler.batch_buckets(epoch, rank=r)  # (steps,)
                 pairs.update(zip(plan[:, r].ravel().tolist(), np.repeat(targets, plan.shape[2]).tolist()))
@@ -1670,19 +1687,22 @@ def startup_report(accelerator: Any, ds: Any, buckets: Any, sampler: Any, schedu
         return
     ids = np.asarray(ds.with_format("numpy")["bucket"])
     counts = np.bincount(ids[ids >= 0], minlength=len(buckets))
-    lines = [f"{'bucket':>11} {'aspect':>7} {'rows':>9}"]
+    sizes = getattr(sampler, "batch_sizes", None)  # --max_pixels_per_batch: {bucket: batch size per device}
+    lines = [f"{'bucket':>11} {'aspect':>7} {'rows':>9}" + (f" {'batch':>6}" if sizes else "")]
     for i in buckets.portrait_to_landscape():
         w, h = buckets.resolutions[i]
-        lines.append(f"{w:>5} x {h:<5} {w / h:7.3f} {int(counts[i]):>9,}")
+        lines.append(f"{w:>5} x {h:<5} {w / h:7.3f} {int(counts[i]):>9,}" + (f" {sizes.get(int(i), '-'):>6}" if sizes else ""))
     lines.append(f"skipped: {int((ids < 0).sum()):,} of {len(ids):,} rows")
     print("\n".join(lines), flush=True)
     report = getattr(sampler, "report", None)
     if callable(report):
         print(report(), flush=True)
-    total = args.train_batch_size * accelerator.num_processes * args.gradient_accumulation_steps
+    per_device = sampler.per_rank_batch_size if sizes else args.train_batch_size
+    total = per_device * accelerator.num_processes * args.gradient_accumulation_steps
     print(f"***** Running training ({'SDXL' if models.sdxl else 'SD'}) *****\n"
           f"  Num examples = {int((ids >= 0).sum())}\n  Num Epochs = {schedule.num_train_epochs}\n"
-          f"  Instantaneous batch size per device = {args.train_batch_size}\n"
+          f"  Instantaneous batch size per device = {per_device}"
+          f"{f' (at most; per bucket with --max_pixels_per_batch {args.max_pixels_per_batch})' if sizes else ''}\n"
           f"  Total train batch size (w. parallel, distributed & accumulation) = {total}\n"
           f"  Gradient Accumulation steps = {args.gradient_accumulation_steps}\n"
           f"  Total optimization steps = {schedule.max_train_steps}", flush=True)
@@ -1858,6 +1878,32 @@ def stream_print(accelerator: Any, stream: Any, when: str) -> None:
         print(f"[stream, {when}] {stream.report()}", flush=True)
 
 
+def image_loss_weights(args: argparse.Namespace, sampler: Any) -> Any:
+    """``weight(epoch, step_in_epoch) -> float``: the factor on a micro-batch's mean loss.
+
+    With one batch size it is 1 (diffusers' loss). With ``--max_pixels_per_batch`` the micro-batches of an
+    optimizer step differ in size; micro-step ``s`` of ``b_s`` images gets ``b_s · A / n`` (``A`` the
+    accumulation steps, ``n`` the images per device in its accumulation window), so that after accelerate's
+    division by ``A`` and DDP's mean over devices the step's gradient is the mean loss over all its images: every
+    image weighs the same (:func:`hf_arb.sampling.batch_sizes.accumulation_weights`). All devices train the same
+    bucket at each step, so ``n`` is the same on every device and needs no communication; it is a pure function of
+    the plan, so a resumed run weights exactly as the uninterrupted one.
+    """
+    if args.max_pixels_per_batch is None or getattr(sampler, "batch_sizes", None) is None:
+        return lambda epoch, step: 1.0
+    from hf_arb.sampling.batch_sizes import accumulation_weights
+
+    cache: dict[int, np.ndarray] = {}
+
+    def weight(epoch: int, step: int) -> float:
+        if epoch not in cache:
+            cache.clear()
+            cache[epoch] = accumulation_weights(sampler.step_batch_sizes(epoch), args.gradient_accumulation_steps)
+        return float(cache[epoch][step])
+
+    return weight
+
+
 def train_loop(args: argparse.Namespace, accelerator: Any, models: Models, unet: Any, optimizer: Any,
                lr_scheduler: Any, dataloader: Any, sampler: Any, buckets: Any, schedule: Schedule,
                progress: Progress, weight_dtype: torch.dtype, resolution_dim: int | None, tqdm: Any) -> dict[str, Any]:
@@ -1880,6 +1926,7 @@ def train_loop(args: argparse.Namespace, accelerator: Any, models: Models, unet:
     from hf_arb import resume_dataloader
 
     stream = sampler if getattr(sampler, "locate", None) is None else None  # --streaming: a BucketedStream
+    loss_weight = image_loss_weights(args, sampler)
     if stream is None:
         first_loader, first_epoch = resume_dataloader(accelerator, dataloader, progress.micro_step)
     else:  # the stream resumes itself (load_state_dict); set_epoch keeps its position within the same epoch
@@ -1903,14 +1950,15 @@ def train_loop(args: argparse.Namespace, accelerator: Any, models: Models, unet:
             bucket = int(batch["buckets"][0])
             with accelerator.accumulate(*trained):
                 loss = diffusion_loss(args, models, unet, batch, text, gen, weight_dtype, resolution_dim)
+                weight = loss_weight(epoch, micro - epoch * schedule.batches_per_epoch)  # 1 but with a pixel budget
                 avg = accelerator.gather(loss.detach().repeat(args.train_batch_size)).mean()
-                train_loss += avg.item() / args.gradient_accumulation_steps
+                train_loss += avg.item() * weight / args.gradient_accumulation_steps
                 # (bucket, loss) of every rank: with --no_bucket_sync the ranks train different buckets
                 pairs = accelerator.gather(torch.stack([torch.tensor(float(bucket), device=loss.device),
                                                         loss.detach().float()])[None])  # (world, 2)
                 for b, value in pairs.tolist():
                     bucket_losses.setdefault(int(b), []).append(value)
-                accelerator.backward(loss)
+                accelerator.backward(loss * weight if weight != 1.0 else loss)
                 if accelerator.sync_gradients:
                     accelerator.clip_grad_norm_(params, args.max_grad_norm)
                 optimizer.step()

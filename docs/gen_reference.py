@@ -49,6 +49,8 @@ MODULES: dict[str, str] = {
     "hf_arb.sampling.rank": "sampler.md",
     "hf_arb.sampling.sampler": "sampler.md",
     "hf_arb.sampling.accelerate": "sampler.md",
+    "hf_arb.sampling.batch_sizes": "sampler.md#a-batch-size-per-bucket-pixel-budget",
+    "hf_arb.sampling.ragged": "sampler.md#a-batch-size-per-bucket-pixel-budget",
     "hf_arb.geometry": "imaging.md",
     "hf_arb.sampling.stream_plan": "sampler.md#streaming",
     "hf_arb.sampling.stream_buffer": "sampler.md#streaming",

@@ -33,6 +33,12 @@ MODES = {  # name -> (DataLoaderConfiguration kwargs, sampler split_batches, Dat
     "even_batches_off": ({"even_batches": False}, False, 0),
     "stateful": ({"use_stateful_dataloader": True}, False, 1),
 }
+#: variable batch sizes (a pixel budget: a batch size per bucket), run with ``--pixel``. Dispatched: the mode that
+#: needs real processes (rank 0 reads, concatenates and broadcasts); accelerate's BatchSamplerShard deals the same
+#: plan in-process in tests/test_pixel_budget.py
+PIXEL_MODES = {"pixel_dispatch": ({"dispatch_batches": True}, False, 0)}
+PIXEL_RES = [(512, 512), (1024, 1024), (768, 512), (512, 768), (1024, 576)]  # bucket (width, height)
+PIXEL_BUDGET = 1024 * 1024  # batch sizes [4, 1, 2, 2, 1]
 
 
 def bucket_ids() -> np.ndarray:
@@ -59,12 +65,16 @@ def setup(mode: str, ids: np.ndarray, batch_size: int):
     from accelerate import Accelerator
     from accelerate.utils import DataLoaderConfiguration
 
-    cfg, split, workers = MODES[mode]
+    cfg, split, workers = {**MODES, **PIXEL_MODES}[mode]
     accelerator = Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(**cfg))
     model = torch.nn.Linear(1, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     per_step = batch_size * accelerator.num_processes if split else batch_size
-    sampler = hf_arb.BucketBatchSampler(ids, per_step, drop_last=False, seed=SEED, split_batches=split)
+    if mode in PIXEL_MODES:
+        sampler = hf_arb.BucketBatchSampler(ids, None, drop_last=False, seed=SEED, buckets=PIXEL_RES,
+                                            max_pixels_per_batch=PIXEL_BUDGET)
+    else:
+        sampler = hf_arb.BucketBatchSampler(ids, per_step, drop_last=False, seed=SEED, split_batches=split)
     train_dataloader = DataLoader(RowDataset(ids), batch_sampler=sampler, num_workers=workers)
     # diffusers: len(train_dataloader) / num_processes before prepare ...
     len_before = math.ceil(len(train_dataloader) / (1 if split else accelerator.num_processes))
@@ -167,13 +177,14 @@ def main() -> None:
     p.add_argument("--save-at", type=int, default=5)
     p.add_argument("--save-elastic", default="")
     p.add_argument("--load-elastic", default="")
+    p.add_argument("--pixel", action="store_true", help="also run the variable-batch (pixel budget) modes")
     args = p.parse_args()
     ids = bucket_ids()
     if args.phase == "plain":
         result = run_plain(args, ids)
     else:
         run = run_full if args.phase == "full" else run_resume
-        result = {mode: run(mode, args, ids) for mode in MODES}
+        result = {mode: run(mode, args, ids) for mode in (*MODES, *(PIXEL_MODES if args.pixel else ()))}
         if args.load_elastic:
             result["elastic"] = run_elastic(args, ids)
     rank = int(os.environ.get("RANK", "0"))

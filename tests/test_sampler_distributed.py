@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from hf_arb import plan_epoch
+from hf_arb.sampling.ragged import plan_epoch_ragged
 
 WORKER = Path(__file__).resolve().parent / "_sampler_worker.py"
 ROOT = WORKER.parent.parent
@@ -82,7 +83,7 @@ def test_plain_accelerate_prepare_every_mode_2_and_3_processes(tmp_path: Path) -
     elastic = tmp_path / "elastic.json"
     for world, batch, save_at in ((2, 3, 9), (3, 2, 41)):
         out = tmp_path / f"w{world}"
-        extra = ("--save-elastic", str(elastic)) if world == 2 else ("--load-elastic", str(elastic))
+        extra = ("--save-elastic", str(elastic), "--pixel") if world == 2 else ("--load-elastic", str(elastic))
         full = _torchrun(world, out, "full", "--batch-size", str(batch), "--save-at", str(save_at), *extra)
         resumed = _torchrun(world, out, "resume", "--batch-size", str(batch), *extra)
         exp_rows, exp_epochs = _expected(world, batch)
@@ -105,11 +106,37 @@ def test_plain_accelerate_prepare_every_mode_2_and_3_processes(tmp_path: Path) -
             np.testing.assert_array_equal(rest, exp_rows[save_at:], err_msg=f"{where}: resume differs")
             np.testing.assert_array_equal(rest_epochs, exp_epochs[save_at:], err_msg=where)
         assert "num_replicas=1, but torch.distributed runs" in full[0]["default"]["wrong_world_error"]
+        if world == 2:
+            check_pixel_modes(full, resumed, save_at)
     el_rows, _ = _steps(resumed, "elastic")  # 3 ranks x 2 continuing 2 ranks x 3
     assert resumed[0]["elastic"]["saved_world"] == 2 and resumed[0]["elastic"]["global_batch"] == 6
     glob = plan_epoch(ids, 6, 1, seed=7, epoch=0, leftover="fill")[:, 0]  # (steps, 6)
     steps_done = resumed[0]["elastic"]["steps_done"]
     np.testing.assert_array_equal(el_rows.reshape(len(el_rows), -1), glob[steps_done:])
+
+
+def check_pixel_modes(full: list[dict], resumed: list[dict], save_at: int) -> None:
+    """Variable batch sizes (a pixel budget) through a plain prepare, dispatched: every rank trains
+    its planned batch of every step, of the step's bucket and that bucket's size, and resumes exactly."""
+    from _sampler_worker import EPOCHS, PIXEL_BUDGET, PIXEL_MODES, PIXEL_RES, SEED, bucket_ids
+
+    from hf_arb.sampling.batch_sizes import batch_sizes_for_pixels
+
+    ids, world = bucket_ids(), len(full)
+    sizes = batch_sizes_for_pixels(PIXEL_RES, PIXEL_BUDGET)
+    plans = [plan_epoch_ragged(ids, sizes, world, seed=SEED, epoch=e, leftover="fill") for e in range(EPOCHS)]
+    expected = [p.step(s).tolist() for p in plans for s in range(p.num_steps)]  # [step][rank] -> rows
+    assert len(set(sizes.tolist())) > 1 and len({len(step[0]) for step in expected}) > 1  # really ragged
+    for mode in PIXEL_MODES:
+        for results, start in ((full, 0), (resumed, save_at)):
+            recs = [res[mode]["record"] for res in results]
+            assert all(len(r) == len(expected) - start for r in recs), f"{mode}: steps differ from the plan"
+            for s, want in enumerate(expected[start:]):
+                got = [recs[r][s]["rows"] for r in range(world)]
+                assert got == want, f"{mode}: step {start + s} differs from the plan"
+                bucket = ids[np.array(got)]  # (world, b)
+                assert (bucket == bucket[0, 0]).all() and bucket.shape[1] == sizes[bucket[0, 0]], mode
+        assert full[0][mode]["len_after"] == plans[0].num_steps
 
 
 @pytest.mark.slow

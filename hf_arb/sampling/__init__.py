@@ -3,6 +3,8 @@
 - :mod:`~hf_arb.sampling.plan` — :func:`plan_epoch`, the pure function (and input validation, merging);
 - :mod:`~hf_arb.sampling.layout` — the epoch layouts (synchronised and independent) behind one interface;
 - :mod:`~hf_arb.sampling.sync` — the synchronised layout, every step computed directly (``O(buckets)`` state);
+- :mod:`~hf_arb.sampling.batch_sizes` — a batch size per bucket (pixel budget, mapping) and the loss weights;
+  :mod:`~hf_arb.sampling.ragged` — the plan with them (:func:`plan_epoch_ragged`);
 - :mod:`~hf_arb.sampling.feistel` — counter-based keyed permutations of ``[0, n)``;
 - :mod:`~hf_arb.sampling.index` — the bucket-grouped row index (4 bytes per row, shareable memory-mapped file);
 - :mod:`~hf_arb.sampling.report` — :class:`PlanReport`;
@@ -15,7 +17,9 @@
 """
 
 from .accelerate import prepare_dataloader, resume_dataloader
+from .batch_sizes import accumulation_weights, batch_sizes_for_pixels, batch_sizes_from_mapping
 from .plan import merge_small_buckets, plan_epoch
+from .ragged import RaggedPlan, plan_epoch_ragged
 from .report import PlanReport
 from .rank import RankBatchSampler
 from .sampler import BucketBatchSampler
@@ -23,6 +27,7 @@ from .stream import BucketedStream, BufferOverflowError, build_stream_loader
 from .stream_collate import StreamImageCollate
 from .stream_plan import StreamReport, stream_schedule
 
-__all__ = ["BucketBatchSampler", "BucketedStream", "BufferOverflowError", "PlanReport", "RankBatchSampler",
-           "StreamImageCollate", "StreamReport", "build_stream_loader", "merge_small_buckets", "plan_epoch",
+__all__ = ["BucketBatchSampler", "BucketedStream", "BufferOverflowError", "PlanReport", "RaggedPlan", "RankBatchSampler",
+           "StreamImageCollate", "StreamReport", "accumulation_weights", "batch_sizes_for_pixels",
+           "batch_sizes_from_mapping", "build_stream_loader", "merge_small_buckets", "plan_epoch", "plan_epoch_ragged",
            "prepare_dataloader", "resume_dataloader", "stream_schedule"]

@@ -23,6 +23,18 @@ def runtime_world() -> tuple[int, int] | None:
     return None
 
 
+def check_world(num_replicas: int) -> None:
+    """A RuntimeError when ``torch.distributed`` runs another number of processes than the sampler was built for."""
+    live = runtime_world()
+    if live is not None and live[0] != num_replicas:
+        raise RuntimeError(
+            f"BucketBatchSampler was built for num_replicas={num_replicas}, but torch.distributed runs "
+            f"{live[0]} processes: its global batches would be dealt to the wrong ranks and buckets would not be "
+            f"in sync. Build the sampler after creating the Accelerator (the default reads the process group) "
+            f"or pass num_replicas=accelerator.num_processes."
+        )
+
+
 def default_world() -> tuple[int, int]:
     """(num_replicas, rank): ``torch.distributed`` when initialised, else the launcher's ``WORLD_SIZE``/``RANK``
     environment (set by ``torchrun`` and ``accelerate launch`` before the Accelerator exists), else ``(1, 0)``."""

@@ -14,7 +14,9 @@ class RankBatchSampler:
         if not 0 <= int(rank) < parent.num_replicas:
             raise ValueError(f"`rank` must be in [0, {parent.num_replicas}), got {rank}.")
         self.parent, self.rank = parent, int(rank)
-        self.batch_size, self.drop_last = parent.per_rank_batch_size, parent.drop_last
+        # None with a batch size per bucket (batches of varying length, as the parent)
+        self.batch_size = None if parent.batch_size is None else parent.per_rank_batch_size
+        self.drop_last = parent.drop_last
 
     def __len__(self) -> int:
         return self.parent.steps_per_epoch

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import warnings
+
 import numpy as np
 
 
@@ -19,8 +21,11 @@ class PlanReport:
         rows_repeated: extra samples beyond one per row (``"fill"``).
         rows_merged: rows served at a bucket other than their own by merging of small buckets.
         rows_catch_all: rows served in catch-all batches.
-        steps: batches per rank; global_batch_size: rows per step over all ranks.
+        steps: batches per rank; global_batch_size: rows per step over all ranks (the largest, with a batch size
+            per bucket).
         batches_per_bucket: ``{target bucket: global batches}``.
+        batch_size_per_bucket: ``{target bucket: rows per rank of its batches}`` when batch sizes differ by bucket
+            (a pixel budget), else empty.
     """
 
     epoch: int
@@ -38,6 +43,7 @@ class PlanReport:
     leftover: str
     sync_buckets: bool
     batches_per_bucket: dict[int, int] = field(default_factory=dict)
+    batch_size_per_bucket: dict[int, int] = field(default_factory=dict)
 
     @property
     def dropped_fraction(self) -> float:
@@ -49,12 +55,15 @@ class PlanReport:
         """A JSON-serialisable dict (bucket keys as strings) with ``dropped_fraction``."""
         d = asdict(self)
         d["batches_per_bucket"] = {str(b): c for b, c in self.batches_per_bucket.items()}
+        d["batch_size_per_bucket"] = {str(b): c for b, c in self.batch_size_per_bucket.items()}
         d["dropped_fraction"] = self.dropped_fraction
         return d
 
     def __str__(self) -> str:
+        batch = (f"batch per bucket {self.batch_size_per_bucket}" if self.batch_size_per_bucket
+                 else f"batch {self.batch_size}")
         return (
-            f"epoch {self.epoch}: {self.steps:,} steps/rank × {self.num_replicas} ranks × batch {self.batch_size}; "
+            f"epoch {self.epoch}: {self.steps:,} steps/rank × {self.num_replicas} ranks × {batch}; "
             f"rows: {self.rows_total:,} total, {self.rows_used:,} used, {self.rows_dropped:,} dropped "
             f"({100 * self.dropped_fraction:.1f}%), {self.rows_repeated:,} repeated, {self.rows_merged:,} merged, "
             f"{self.rows_catch_all:,} in catch-all batches, {self.rows_unassigned:,} unassigned (bucket -1); "
@@ -87,4 +96,40 @@ def build_report(layout: Any, *, epoch: int, counts: np.ndarray, rows_total: int
         steps=layout.num_steps, num_replicas=layout.world, batch_size=layout.batch,
         global_batch_size=layout.world * layout.batch, leftover=leftover, sync_buckets=sync_buckets,
         batches_per_bucket=layout.batches_per_target(),
+        batch_size_per_bucket={} if getattr(layout, "uniform", True) else layout.batch_per_target(),
     )
+
+
+def remedies(sampler: Any) -> list[str]:
+    """What a user can change when the plan drops too much or has no batch."""
+    out = ["a smaller `batch_size`" if sampler.batch_size is not None else "a smaller batch per bucket",
+           "fewer buckets"]
+    if sampler.leftover != "fill":
+        out.append('`leftover="fill"`' + ("" if sampler.leftover == "catch_all" else ' or `"catch_all"`'))
+    if sampler._merge_map is None:
+        out.append("`merge_small=True` (merge small buckets)")
+    return out
+
+
+def zero_batches_message(sampler: Any) -> str:
+    """The error of a plan without a single step."""
+    sizes = sampler.batch_sizes
+    need = (f"num_replicas {sampler.num_replicas} × batch_size {sampler.per_rank_batch_size}" if sizes is None
+            else f"num_replicas {sampler.num_replicas} × its batch size {sizes}")
+    return (
+        f"The epoch plan has zero batches: no bucket holds a full global batch ({need}); largest bucket has "
+        f"{int(sampler._counts.max())} rows, {int(sampler._counts.sum())} assigned rows in all. Remedies: "
+        + ", ".join(remedies(sampler)) + "."
+    )
+
+
+def warn_if_dropping(sampler: Any) -> None:
+    """A UserWarning when the plan drops more than 10 % of the assigned rows per epoch."""
+    rep = sampler.report()
+    if rep.dropped_fraction > 0.10:
+        warnings.warn(
+            f"BucketBatchSampler drops {rep.rows_dropped:,} of {rep.rows_total - rep.rows_unassigned:,} assigned "
+            f"rows ({100 * rep.dropped_fraction:.1f}% > 10%) per epoch with global batch "
+            f"{sampler.global_batch_size}. Remedies: " + ", ".join(remedies(sampler)) + ".",
+            UserWarning, stacklevel=3,
+        )

@@ -17,18 +17,20 @@ import logging
 import os
 import tempfile
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from .batch_sizes import resolve_batch_sizes
 from .index import LOW_BITS, build_index, count_blocks, open_index
-from .inputs import aspects, choose_catch_all, default_world, fingerprint, leftover_from, read_input, runtime_world
+from .inputs import aspects, check_world, choose_catch_all, default_world, fingerprint, leftover_from, read_input
 from .plan import Leftover, check_nonneg, check_positive, effective_ids, iter_chunks, make_layout, merge_small_buckets
+from .ragged import RaggedPlan, iter_ragged, materialise
 from .rank import RankBatchSampler
-from .report import PlanReport, build_report
-from .state import PLAN_VERSION, STATE_FORMAT, as_state_mapping, check_state
+from .report import PlanReport, build_report, warn_if_dropping, zero_batches_message
+from .state import as_state_mapping, check_state, sampler_state
 
 logger = logging.getLogger(__name__)
 
@@ -48,7 +50,9 @@ class BucketBatchSampler:
     Args:
         bucket_ids: an annotated ``datasets.Dataset`` (its ``bucket`` column; its stored BucketSet gives the
             resolutions) or the bucket id per row, shape ``(n,)`` (``-1`` rows are never sampled).
-        batch_size: rows per batch on one rank (with ``split_batches=True``: per step over all ranks).
+        batch_size: rows per batch on one rank (with ``split_batches=True``: per step over all ranks); or a batch
+            size per bucket, ``{bucket id or "WxH" label: rows}`` (every bucket with rows needs one); with
+            ``max_pixels_per_batch``, the cap on every bucket's batch (None: no cap).
         drop_last: diffusers' flag. ``True`` drops each bucket's incomplete last batch (``leftover="drop"``);
             ``False`` keeps every row by completing it from the same bucket (``leftover="fill"``). Batches are
             always full and of one bucket.
@@ -69,6 +73,13 @@ class BucketBatchSampler:
         buckets: a ``BucketSet`` or resolutions of shape ``(k, 2)`` as ``(width, height)``; read from the dataset
             when it is annotated.
         log_report: log :meth:`report` once when iteration first starts.
+        max_pixels_per_batch: a pixel budget per batch on one rank: bucket ``b`` gets
+            ``floor(max_pixels_per_batch / (w_b × h_b))`` rows, capped at ``batch_size``
+            (:func:`~hf_arb.sampling.batch_sizes.batch_sizes_for_pixels`; needs resolutions). With batch sizes that
+            differ by bucket, every rank still trains the same bucket (so the same batch size) at every step, a
+            bucket's steps are its rows over its global batch (weighting by size in rows), ``batch_size`` is None
+            (accelerate's convention for batches of varying length) and :meth:`step_batch_sizes` gives each step's.
+            Needs ``sync_buckets=True`` and ``split_batches=False``.
         index_dir: where the bucket-grouped row index (4 bytes per assigned row, ``sync_buckets=True``) is kept.
             None (default): in memory below :data:`INDEX_IN_MEMORY_ROWS` rows (16 M rows, 64 MB), above that a
             file in the system's temporary directory. A directory: always a file there, named after the
@@ -87,7 +98,7 @@ class BucketBatchSampler:
     def __init__(
         self,
         bucket_ids: Any,
-        batch_size: int,
+        batch_size: int | Mapping[Any, int] | None,
         drop_last: bool | None = None,
         *,
         num_replicas: int | None = None,
@@ -103,9 +114,16 @@ class BucketBatchSampler:
         buckets: Any | None = None,
         log_report: bool = True,
         index_dir: str | os.PathLike | None = None,
+        max_pixels_per_batch: int | None = None,
     ) -> None:
         ids, self.resolutions = read_input(bucket_ids, buckets)
-        self._set_world(num_replicas, rank, batch_size, split_batches)
+        self._batch_arg, self._max_pixels = batch_size, max_pixels_per_batch
+        self._sizes: np.ndarray | None = None  # rows per rank of each bucket's batches, when they differ
+        per_bucket = max_pixels_per_batch is not None or isinstance(batch_size, Mapping)
+        if per_bucket and (split_batches or not sync_buckets):
+            raise ValueError("A batch size per bucket needs sync_buckets=True and split_batches=False: accelerate's "
+                             "split_batches slices every batch by one fixed size. Use one `batch_size` for those.")
+        self._set_world(num_replicas, rank, 1 if per_bucket else batch_size, split_batches)
         self.seed = check_nonneg("seed", seed)
         self.shuffle, self.sync_buckets, self.return_keys = bool(shuffle), bool(sync_buckets), bool(return_keys)
         self.leftover = leftover_from(drop_last, leftover)
@@ -119,8 +137,8 @@ class BucketBatchSampler:
         self._layout_cache: tuple[int, Any] | None = None
         self._steps0 = self._layout(0).num_steps  # constant over epochs when synced
         if self._steps0 == 0:
-            raise ValueError(self._zero_batches_message())
-        self._warn_if_dropping()
+            raise ValueError(zero_batches_message(self))
+        warn_if_dropping(self)
 
     # ---------------------------------------------------------------- construction steps
     def _set_world(self, num_replicas: int | None, rank: int | None, batch_size: int, split_batches: bool) -> None:
@@ -155,17 +173,25 @@ class BucketBatchSampler:
         if k <= 0 or int(self._counts.sum()) == 0:
             raise ValueError(f"No row has a bucket (got {ids.size} rows, all -1 or none). The sampler needs at least "
                              "one assigned row: check the annotation (`skip_reason` column) or the bucket set.")
+        self._resolve_sizes(self._counts > 0)
         self._merge_map = None
         if merge_small:
             if self.resolutions is None:
                 raise ValueError("`merge_small=True` needs bucket resolutions to find the nearest bucket in log aspect: "
                                  "pass `buckets=BucketSet(...)` (or an annotated dataset).")
             min_rows = self.global_batch_size if self.sync_buckets else self.per_rank_batch_size
+            if self._sizes is not None:
+                min_rows = self.num_replicas * self._sizes[:k]
             self._merge_map = merge_small_buckets(self._counts, aspects(self.resolutions)[:k], min_rows)
         self.catch_all_bucket = choose_catch_all(self.leftover, catch_all_bucket, self.resolutions, self._counts)
         self._k = k if self._merge_map is None else max(k, self._merge_map.size)
         if self.catch_all_bucket is not None:
             self._k = max(self._k, self.catch_all_bucket + 1)
+            needed = np.zeros(max(self._k, k), bool)
+            needed[:k], needed[self.catch_all_bucket] = self._counts > 0, True
+            self._resolve_sizes(needed)
+        if self._sizes is not None and self._sizes.size < self._k:
+            raise ValueError(f"Bucket id {self._k - 1} has no batch size: pass the bucket set (`buckets=`).")
         self._fingerprint = fingerprint(ids, self._merge_map)
         self._eff, self._index = None, None
         if not self.sync_buckets:  # independent per-rank plans read the (merged) id of every row
@@ -179,37 +205,38 @@ class BucketBatchSampler:
             name = f"rows-{self._fingerprint}-k{self._k}-b{LOW_BITS}.npy"
             self._index = open_index(ids, self._merge_map, self._k, blocks, folder / name)
 
-    def _remedies(self) -> list[str]:
-        out = ["a smaller `batch_size`", "fewer buckets"]
-        if self.leftover != "fill":
-            out.append('`leftover="fill"`' + ("" if self.leftover == "catch_all" else ' or `"catch_all"`'))
-        if self._merge_map is None:
-            out.append("`merge_small=True` (merge small buckets)")
-        return out
-
-    def _zero_batches_message(self) -> str:
-        return (
-            f"The epoch plan has zero batches: no bucket holds a full global batch of {self.global_batch_size} rows "
-            f"(num_replicas {self.num_replicas} × batch_size {self.per_rank_batch_size}); largest bucket has "
-            f"{int(self._counts.max())} rows, {int(self._counts.sum())} assigned rows in all. Remedies: "
-            + ", ".join(self._remedies()) + "."
-        )
-
-    def _warn_if_dropping(self) -> None:
-        rep = self.report()
-        if rep.dropped_fraction > 0.10:
-            warnings.warn(
-                f"BucketBatchSampler drops {rep.rows_dropped:,} of {rep.rows_total - rep.rows_unassigned:,} assigned "
-                f"rows ({100 * rep.dropped_fraction:.1f}% > 10%) per epoch with global batch "
-                f"{self.global_batch_size}. Remedies: " + ", ".join(self._remedies()) + ".",
-                UserWarning, stacklevel=3,
-            )
+    def _resolve_sizes(self, needed: np.ndarray) -> None:
+        """Per-bucket batch sizes (a mapping or a pixel budget; :mod:`~hf_arb.sampling.batch_sizes`); one size
+        for every needed bucket falls back to the plain fixed-batch plan."""
+        if self._max_pixels is None and not isinstance(self._batch_arg, Mapping):
+            return
+        self._sizes = resolve_batch_sizes(self._batch_arg, max_pixels_per_batch=self._max_pixels,
+                                          resolutions=self.resolutions, needed=needed)
+        used = self._sizes[: needed.size][needed]
+        self.per_rank_batch_size = int(used.max())
+        if (used == used[0]).all():  # one size after all: the fixed-batch plan (and its batch_size)
+            self._sizes, self.batch_size = None, self.per_rank_batch_size
+        else:
+            self.batch_size = None  # type: ignore[assignment]  # accelerate: batches of varying length
 
     # ---------------------------------------------------------------- properties
     @property
     def global_batch_size(self) -> int:
         """Rows per step over all ranks: ``num_replicas × per-rank batch``."""
         return self.num_replicas * self.per_rank_batch_size
+
+    @property
+    def batch_sizes(self) -> dict[int, int] | None:
+        """``{bucket: rows per rank of its batches}`` when batch sizes differ by bucket, else None."""
+        return None if self._sizes is None else dict(enumerate(self._sizes.tolist()))
+
+    def step_batch_sizes(self, epoch: int | None = None) -> np.ndarray:
+        """Rows per rank of every step of ``epoch`` (default: current), int64 ``(steps,)`` (for the loss weights
+        of :func:`~hf_arb.sampling.batch_sizes.accumulation_weights`)."""
+        lay = self._layout(self._epoch if epoch is None else check_nonneg("epoch", epoch))
+        if self._sizes is None:
+            return np.full(lay.num_steps, self.per_rank_batch_size, np.int64)
+        return lay.step_batch(0, lay.num_steps)
 
     @property
     def sampler(self) -> BucketBatchSampler:
@@ -244,17 +271,19 @@ class BucketBatchSampler:
     # ---------------------------------------------------------------- planning
     def _layout(self, epoch: int) -> Any:
         if self._layout_cache is None or self._layout_cache[0] != epoch:
-            lay = make_layout(self._eff, self._k, batch_size=self.per_rank_batch_size, world_size=self.num_replicas,
+            batch = self.per_rank_batch_size if self._sizes is None else self._sizes
+            lay = make_layout(self._eff, self._k, batch_size=batch, world_size=self.num_replicas,
                               seed=self.seed, epoch=epoch, shuffle=self.shuffle, sync_buckets=self.sync_buckets,
                               leftover=self.leftover, catch_all_bucket=self.catch_all_bucket, index=self._index)
             self._layout_cache = (epoch, lay)
         return self._layout_cache[1]
 
-    def plan(self, epoch: int | None = None) -> np.ndarray:
+    def plan(self, epoch: int | None = None) -> np.ndarray | RaggedPlan:
         """The whole plan of ``epoch`` (default: current): int64 ``(steps, num_replicas, batch)``, equal to
-        :func:`~hf_arb.plan_epoch` with this sampler's arguments."""
+        :func:`~hf_arb.plan_epoch` with this sampler's arguments; with batch sizes per bucket the
+        :class:`~hf_arb.sampling.ragged.RaggedPlan` of :func:`~hf_arb.sampling.ragged.plan_epoch_ragged`."""
         lay = self._layout(self._epoch if epoch is None else check_nonneg("epoch", epoch))
-        return lay.rows(0, lay.num_steps)
+        return lay.rows(0, lay.num_steps) if self._sizes is None else materialise(lay)
 
     def batch_buckets(self, epoch: int | None = None, rank: int | None = None) -> np.ndarray:
         """Target bucket of each step's batch on ``rank`` (default: this sampler's) in ``epoch`` (default:
@@ -295,20 +324,10 @@ class BucketBatchSampler:
         self._restored_epoch = None
         self._epoch, self._consumed = epoch, 0
 
-    def _check_world(self) -> None:
-        live = runtime_world()
-        if live is not None and live[0] != self.num_replicas:
-            raise RuntimeError(
-                f"BucketBatchSampler was built for num_replicas={self.num_replicas}, but torch.distributed runs "
-                f"{live[0]} processes: its global batches would be dealt to the wrong ranks and buckets would not be "
-                f"in sync. Build the sampler after creating the Accelerator (the default reads the process group) "
-                f"or pass num_replicas=accelerator.num_processes."
-            )
-
     def _steps(self, rank: int | None = None) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
         """Yield ``(epoch, rows (W, B), targets (W,))`` for each remaining step (with ``rank``: ``(1, B)`` and
         ``(1,)``, that rank's only); moves the cursor as it goes."""
-        self._check_world()
+        check_world(self.num_replicas)
         if self.log_report and not self._logged:
             self._logged = True
             logger.info("hf_arb BucketBatchSampler: %s", self.report())
@@ -317,6 +336,12 @@ class BucketBatchSampler:
             self._epoch, self._consumed = self._epoch + 1, 0
         e = self._epoch
         lay = self._layout(e)
+        if self._sizes is not None:  # ragged steps (a batch size per bucket): the targets equal on every rank
+            for s, rows in iter_ragged(lay, self._consumed, rank=rank):
+                if self._epoch == e:
+                    self._consumed = s + 1
+                yield e, rows, lay.step_targets(s, s + 1)[0, : len(rows)]
+            return
         for s0, rows in iter_chunks(lay, self._consumed, rank=rank):
             targets = lay.step_targets(s0, s0 + len(rows))  # (m, W)
             if rank is not None:
@@ -348,20 +373,7 @@ class BucketBatchSampler:
     def state_dict(self) -> dict[str, Any]:
         """Small JSON-serialisable state: the iterator's position (epoch, steps handed out) and the plan's inputs
         (seed, batch sizes, options, a fingerprint of the bucket ids)."""
-        return {
-            "format": STATE_FORMAT,
-            "plan_version": PLAN_VERSION,
-            "epoch": self._epoch,
-            "batches_consumed": self._consumed,
-            "steps_per_epoch": self.steps_per_epoch,
-            "seed": self.seed,
-            "batch_size": self.per_rank_batch_size,
-            "num_replicas": self.num_replicas,
-            "global_batch_size": self.global_batch_size,
-            "options": {"shuffle": self.shuffle, "sync_buckets": self.sync_buckets, "leftover": self.leftover,
-                        "catch_all_bucket": self.catch_all_bucket, "merge_small": self._merge_map is not None},
-            "fingerprint": self._fingerprint,
-        }
+        return sampler_state(self)
 
     def load_state_dict(self, state: Any) -> None:
         """Restore the position in O(1); the next pass continues from it (unless ``set_epoch`` starts an epoch).

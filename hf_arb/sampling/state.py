@@ -40,6 +40,25 @@ def as_state_mapping(state: Any) -> Mapping[str, Any]:
     return state
 
 
+def sampler_state(sampler: Any) -> dict[str, Any]:
+    """A :class:`~hf_arb.sampling.sampler.BucketBatchSampler`'s state (its ``state_dict()``)."""
+    return {
+        "format": STATE_FORMAT,
+        "plan_version": PLAN_VERSION,
+        "epoch": sampler._epoch,
+        "batches_consumed": sampler._consumed,
+        "steps_per_epoch": sampler.steps_per_epoch,
+        "seed": sampler.seed,
+        "batch_size": sampler.per_rank_batch_size,
+        "num_replicas": sampler.num_replicas,
+        "global_batch_size": sampler.global_batch_size,
+        "global_batch_sizes": None if sampler._sizes is None else (sampler.num_replicas * sampler._sizes).tolist(),
+        "options": {"shuffle": sampler.shuffle, "sync_buckets": sampler.sync_buckets, "leftover": sampler.leftover,
+                    "catch_all_bucket": sampler.catch_all_bucket, "merge_small": sampler._merge_map is not None},
+        "fingerprint": sampler._fingerprint,
+    }
+
+
 def check_state(state: Mapping[str, Any], expected: Mapping[str, Any], *, per_rank_plan: bool) -> tuple[int, int]:
     """Validate a saved state against this sampler's ``expected`` state; return ``(epoch, batches_consumed)``.
 
@@ -64,13 +83,15 @@ def check_state(state: Mapping[str, Any], expected: Mapping[str, Any], *, per_ra
         ("fingerprint", "The bucket ids differ from the checkpointed run: resume on the same annotated dataset "
                         "(same rows, same order, same bucket set and merging)."),
         ("seed", "Build the sampler with the checkpoint's seed."),
+        ("global_batch_sizes", ("Resume with the same global batch of every bucket (num_replicas × its batch size: "
+                                "the same max_pixels_per_batch, or mapping, for the same total of processes).")),
         ("global_batch_size", "Resume with num_replicas × batch_size equal to the checkpointed run's."),
     ]
     if per_rank_plan:
         fix = "With sync_buckets=False the plan is per rank: keep the same processes and batch size."
         checks += [("batch_size", fix), ("num_replicas", fix)]
     for name, fix in checks:
-        if state.get(name) != expected[name]:
+        if state.get(name) != expected.get(name):
             raise _mismatch(name, state.get(name), expected[name], fix)
     saved_opts = state.get("options")
     if not isinstance(saved_opts, Mapping):

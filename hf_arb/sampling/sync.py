@@ -1,6 +1,8 @@
 """The synchronised epoch layout, computed step by step: ``O(buckets)`` state, any step's batch in ``O(batch)``.
 
-Let ``G = world × batch`` (the global batch) and ``n_b`` the rows of (effective) bucket ``b``. One epoch of seed
+Let ``G = world × batch`` (the global batch) and ``n_b`` the rows of (effective) bucket ``b``. With a batch size
+per bucket (a pixel budget, :mod:`~hf_arb.sampling.batch_sizes`) every ``G`` below is that bucket's own
+``G_b = world × batch_b`` (the pool's is its target bucket's); nothing else changes. One epoch of seed
 ``s`` and epoch ``e`` is defined by three kinds of keyed permutations (:class:`~hf_arb.sampling.feistel.
 FeistelPermutation`), none of them materialised:
 
@@ -49,23 +51,34 @@ class SyncLayout:
         catch_all_bucket: target bucket of the pool's batches (``"catch_all"``).
     """
 
-    def __init__(self, index: RowIndex, world: int, batch: int, seed: int, epoch: int, shuffle: bool,
+    def __init__(self, index: RowIndex, world: int, batch: int | np.ndarray, seed: int, epoch: int, shuffle: bool,
                  leftover: str, catch_all_bucket: int | None) -> None:
-        self.index, self.world, self.batch = index, world, batch
-        G = self.G = world * batch
-        self.key, self.shuffle, self.leftover = (seed, epoch), shuffle, leftover
+        self.index, self.world = index, world
         n = index.count  # (k,)
         k = self.k = n.size
-        self.full_batches = n // G  # (k,)
-        nb = -(-n // G) if leftover == "fill" else self.full_batches  # (k,) global batches per bucket
-        left = n % G if leftover == "catch_all" else np.zeros(k, np.int64)  # (k,) leftover rows per bucket
+        b_all = np.asarray(batch, dtype=np.int64)
+        if b_all.ndim and b_all.size < k:
+            raise ValueError(f"`batch` must give a batch size for each of the {k} buckets, got {b_all.size}.")
+        per_bucket = np.full(k, int(b_all), np.int64) if b_all.ndim == 0 else b_all[:k]  # (k,)
+        pool_target = catch_all_bucket if catch_all_bucket is not None else -1
+        pool_batch = int(per_bucket[pool_target]) if 0 <= pool_target < k else int(per_bucket.max(initial=1))
+        #: per-rank rows of one batch of each segment (bucket 0 … k-1, then the pool), int64 ``(k + 1,)``
+        self.seg_batch = np.concatenate([per_bucket, [pool_batch]]).astype(np.int64)
+        self.uniform = bool((self.seg_batch == self.seg_batch[0]).all())
+        #: rows per rank of a batch (the largest one when batch sizes differ by bucket)
+        self.batch = int(self.seg_batch.max())
+        Gs = self.seg_G = world * self.seg_batch  # (k + 1,) global batch of each segment
+        self.G = int(Gs.max())
+        self.key, self.shuffle, self.leftover = (seed, epoch), shuffle, leftover
+        self.full_batches = n // Gs[:k]  # (k,)
+        nb = -(-n // Gs[:k]) if leftover == "fill" else self.full_batches  # (k,) global batches per bucket
+        left = n % Gs[:k] if leftover == "catch_all" else np.zeros(k, np.int64)  # (k,) leftover rows per bucket
         self.left_end = np.cumsum(left)  # (k,) end of each bucket's tail in the pool
         self.left_start = self.left_end - left
         self.pool_rows = int(left.sum())
-        self.seg_batches = np.concatenate([nb, [self.pool_rows // G]]).astype(np.int64)  # (k + 1,)
+        self.seg_batches = np.concatenate([nb, [self.pool_rows // Gs[k]]]).astype(np.int64)  # (k + 1,)
         self.batch_end = np.cumsum(self.seg_batches)  # (k + 1,)
         self.num_steps = int(self.batch_end[-1])
-        pool_target = catch_all_bucket if catch_all_bucket is not None else -1
         self.seg_target = np.concatenate([np.arange(k), [pool_target]]).astype(np.int64)  # (k + 1,)
         self.order = FeistelPermutation(self.num_steps, (seed, epoch, PLAN_ORDER), shuffle)
         self.pool = FeistelPermutation(self.pool_rows, (seed, epoch, PLAN_POOL), shuffle)
@@ -117,43 +130,66 @@ class SyncLayout:
         """Rows at positions ``p`` (shape ``(m,)``) of the catch-all pool."""
         u = self.pool(p)  # (m,) position in the concatenated tails
         b = np.searchsorted(self.left_end, u, side="right")  # (m,) bucket whose tail holds it
-        q = self.full_batches[b] * self.G + (u - self.left_start[b])  # (m,) position in that bucket's order
+        q = self.full_batches[b] * self.seg_G[b] + (u - self.left_start[b])  # (m,) position in that bucket's order
         out = np.empty(p.shape, dtype=np.int64)
         for bb in np.unique(b).tolist():
             sel = b == bb
             out[sel] = self._bucket_rows(bb, q[sel])
         return out
 
-    def rows(self, s0: int, s1: int, rank: int | None = None) -> np.ndarray:
-        """Rows of steps ``[s0, s1)``: int64 of shape ``(s1 - s0, world, batch)``; with ``rank``, that rank's
-        batches only, shape ``(s1 - s0, 1, batch)``."""
+    def step_batch(self, s0: int, s1: int) -> np.ndarray:
+        """Rows per rank of each batch of steps ``[s0, s1)``: int64 ``(s1 - s0,)``."""
+        return self.seg_batch[self._segments(s0, s1)[0]]
+
+    def rows_flat(self, s0: int, s1: int, rank: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Rows of steps ``[s0, s1)`` as a ragged array: ``(flat, offsets)``, int64 of shapes ``(R,)`` and
+        ``(m + 1,)`` with ``m = s1 - s0``. Step ``s0 + i``'s rows are ``flat[offsets[i]:offsets[i + 1]]``:
+        ``world × b_i`` rows, rank ``r``'s batch being the ``r``-th run of ``b_i`` (with ``rank``: that rank's
+        ``b_i`` rows only), ``b_i`` the batch size of the step's bucket."""
         seg, loc = self._segments(s0, s1)  # (m,), (m,)
-        m, G = seg.size, self.G
-        cols = np.arange(G, dtype=np.int64) if rank is None else rank * self.batch + np.arange(self.batch)
-        out = np.empty((m, cols.size), dtype=np.int64)
+        width = self.seg_batch[seg] * (self.world if rank is None else 1)  # (m,)
+        offsets = np.concatenate([[0], np.cumsum(width)]).astype(np.int64)
+        flat = np.empty(int(offsets[-1]), dtype=np.int64)
         by_seg = np.argsort(seg, kind="stable")  # steps grouped by segment
         cuts = np.flatnonzero(np.diff(seg[by_seg])) + 1
-        for steps in np.split(by_seg, cuts) if m else []:
+        for steps in np.split(by_seg, cuts) if seg.size else []:
             s = int(seg[steps[0]])
-            p = loc[steps, None] * G + cols  # (m_s, G or batch) positions in the segment
+            B, G = int(self.seg_batch[s]), int(self.seg_G[s])
+            cols = np.arange(G, dtype=np.int64) if rank is None else rank * B + np.arange(B, dtype=np.int64)
+            p = loc[steps, None] * G + cols  # (m_s, G or B) positions in the segment
             if s == self.k:
-                out[steps] = self._pool_rows(p.reshape(-1)).reshape(p.shape)
+                got = self._pool_rows(p.reshape(-1)).reshape(p.shape)
             else:
                 if self.leftover == "fill":
                     p %= self.index.count[s]
-                out[steps] = self._bucket_rows(s, p)
-        return out.reshape(m, -1, self.batch)
+                got = self._bucket_rows(s, p)
+            flat[offsets[steps, None] + np.arange(cols.size)] = got
+        return flat, offsets
+
+    def rows(self, s0: int, s1: int, rank: int | None = None) -> np.ndarray:
+        """Rows of steps ``[s0, s1)``: int64 of shape ``(s1 - s0, world, batch)``; with ``rank``, that rank's
+        batches only, shape ``(s1 - s0, 1, batch)``. Only for one batch size in every bucket (else
+        :meth:`rows_flat`)."""
+        if not self.uniform:
+            raise ValueError("This plan has a batch size per bucket: its steps are ragged, read them with "
+                             "`rows_flat` (or `plan_epoch_ragged`).")
+        flat, _ = self.rows_flat(s0, s1, rank)
+        return flat.reshape(s1 - s0 if s1 > s0 else 0, -1, self.batch)
 
     def usage(self) -> tuple[int, int, int]:
         """``(rows_used, rows_repeated, rows_catch_all)`` of the epoch (closed form, no iteration)."""
         assigned = int(self.index.count.sum())
-        full = int((self.full_batches * self.G).sum())
+        full = int((self.full_batches * self.seg_G[:-1]).sum())
         if self.leftover == "fill":
-            return assigned, int(self.seg_batches[:-1].sum() * self.G - assigned), 0
+            return assigned, int((self.seg_batches[:-1] * self.seg_G[:-1]).sum() - assigned), 0
         if self.leftover == "catch_all":
-            catch = int(self.seg_batches[-1] * self.G)
+            catch = int(self.seg_batches[-1] * self.seg_G[-1])
             return full + catch, 0, catch
         return full, 0, 0
+
+    def batch_per_target(self) -> dict[int, int]:
+        """``{target bucket: rows per rank of its batches}`` for the targets that have batches."""
+        return {int(t): int(b) for t, b, c in zip(self.seg_target, self.seg_batch, self.seg_batches) if c}
 
 
 __all__ = ["SyncLayout"]

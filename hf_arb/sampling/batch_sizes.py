@@ -1,0 +1,165 @@
+"""A batch size per bucket: derived from a pixel budget, or given as a mapping; and the loss weights that keep every
+image's weight equal when batch sizes vary between the micro-steps of an optimizer step.
+
+UNets (SD 1.x/2.x, SDXL) cannot pack images of different shapes into one sequence, but they can keep the *pixels*
+of a batch roughly constant: a 512×512 bucket takes four times the images of a 1024×1024 one. Open-Sora's
+``bucket_config`` does the same (a batch size per resolution). :func:`batch_sizes_for_pixels` derives the sizes
+from a budget, :func:`batch_sizes_from_mapping` takes them from the user, and
+:class:`~hf_arb.sampling.sampler.BucketBatchSampler` plans with them (every rank in the same bucket, so with the
+same batch size, at every step).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from ..checks import check_positive
+
+
+def _label(res: np.ndarray, b: int) -> str:
+    return f"{int(res[b, 0])}x{int(res[b, 1])}"
+
+
+def batch_sizes_for_pixels(resolutions: Any, max_pixels_per_batch: int, *, max_batch_size: int | None = None,
+                           needed: Any | None = None) -> np.ndarray:
+    """Rows per batch of each bucket under a pixel budget: ``floor(max_pixels_per_batch / (width × height))``,
+    capped at ``max_batch_size``.
+
+    Args:
+        resolutions: bucket ``(width, height)`` pairs, shape ``(k, 2)`` (a ``BucketSet``'s ``resolutions``).
+        max_pixels_per_batch: pixels of one batch on one rank (at the bucket resolution, before the VAE).
+        max_batch_size: optional cap on every bucket's batch size.
+        needed: optional bool mask ``(k,)`` of the buckets that must fit one image (default: all); the others
+            get batch size 1 when they do not fit (they never form a batch).
+
+    Returns:
+        ``np.ndarray[int64]`` of shape ``(k,)``, every entry ``>= 1``.
+
+    Raises:
+        ValueError: a needed bucket cannot hold even one image in the budget (naming the bucket and the fix).
+
+    Example:
+        ```py
+        >>> batch_sizes_for_pixels([(512, 512), (1024, 1024), (768, 512)], 4 * 1024 * 1024).tolist()
+        [16, 4, 10]
+        ```
+    """
+    res = np.asarray(getattr(resolutions, "resolutions", resolutions), dtype=np.int64)
+    if res.ndim != 2 or res.shape[1] != 2:
+        raise ValueError(f"`resolutions` must have shape (k, 2) as (width, height), got {res.shape}.")
+    budget = check_positive("max_pixels_per_batch", max_pixels_per_batch)
+    area = res[:, 0] * res[:, 1]  # (k,)
+    need = np.ones(res.shape[0], bool) if needed is None else np.asarray(needed, bool)
+    bad = np.flatnonzero(need & (area <= 0))
+    if bad.size:
+        raise ValueError(f"Bucket {int(bad[0])} has resolution {_label(res, int(bad[0]))}: a pixel budget needs "
+                         "every bucket's width and height. Pass the BucketSet the dataset was annotated with.")
+    sizes = np.where(area > 0, budget // np.maximum(area, 1), 1)  # (k,)
+    small = np.flatnonzero(need & (sizes < 1))
+    if small.size:
+        b = int(small[np.argmax(area[small])])
+        raise ValueError(
+            f"max_pixels_per_batch={budget:,} cannot hold one image of bucket {b} ({_label(res, b)}, "
+            f"{int(area[b]):,} pixels). Raise max_pixels_per_batch to at least {int(area[need].max()):,} (the "
+            "largest bucket's area), or use a bucket set without buckets that large."
+        )
+    if max_batch_size is not None:
+        sizes = np.minimum(sizes, check_positive("max_batch_size", max_batch_size))
+    return np.maximum(sizes, 1).astype(np.int64)
+
+
+def batch_sizes_from_mapping(mapping: Mapping[Any, int], num_buckets: int, *, resolutions: Any | None = None,
+                             needed: Any | None = None) -> np.ndarray:
+    """Rows per batch of each bucket from ``{bucket: batch size}``.
+
+    Args:
+        mapping: keys are bucket ids (``int``) or labels ``"WxH"`` (needs ``resolutions``); values positive ints.
+        num_buckets: ``k``, the number of bucket ids.
+        resolutions: bucket ``(width, height)`` pairs ``(k', 2)``, to read labels.
+        needed: bool mask ``(k,)`` of the buckets that must have a size (those with rows, the catch-all bucket);
+            default: all. Buckets not needed and not named get the largest size given (they never form a batch).
+
+    Returns:
+        ``np.ndarray[int64]`` of shape ``(k,)``.
+
+    Raises:
+        ValueError: an unknown key, a size that is not a positive int, or a needed bucket without a size.
+    """
+    if not isinstance(mapping, Mapping) or not mapping:
+        raise ValueError(f"A per-bucket batch size must be a non-empty mapping {{bucket: batch size}}, got {mapping!r}.")
+    res = None if resolutions is None else np.asarray(getattr(resolutions, "resolutions", resolutions), np.int64)
+    labels = {} if res is None else {_label(res, b): b for b in range(res.shape[0])}
+    sizes = np.zeros(num_buckets, np.int64)
+    for key, value in mapping.items():
+        if isinstance(key, str) and key in labels:
+            b = labels[key]
+        elif isinstance(key, (int, np.integer)) and not isinstance(key, bool) and 0 <= int(key) < num_buckets:
+            b = int(key)
+        else:
+            known = f"labels like {next(iter(labels))!r} or " if labels else ""
+            raise ValueError(f"Unknown bucket {key!r} in the batch size mapping: use {known}bucket ids in "
+                             f"[0, {num_buckets}).")
+        if b < num_buckets:
+            sizes[b] = check_positive(f"batch size of bucket {key!r}", value)
+    need = np.ones(num_buckets, bool) if needed is None else np.asarray(needed, bool)[:num_buckets]
+    missing = np.flatnonzero(need & (sizes == 0))
+    if missing.size:
+        b = int(missing[0])
+        name = f"{b} ({_label(res, b)})" if res is not None and b < res.shape[0] else str(b)
+        raise ValueError(f"The batch size mapping has no entry for bucket {name}, which has rows (or serves the "
+                         f"catch-all batches): add it, e.g. {{{b}: 4, ...}}, or pass `max_pixels_per_batch`.")
+    sizes[sizes == 0] = int(sizes.max())
+    return sizes
+
+
+def resolve_batch_sizes(batch_size: Any, *, max_pixels_per_batch: int | None, resolutions: Any | None,
+                        needed: np.ndarray) -> np.ndarray:
+    """The sampler's per-bucket batch sizes, int64 ``(k,)`` (``k``: resolutions known, else ``needed.size``).
+
+    ``max_pixels_per_batch`` given: :func:`batch_sizes_for_pixels` capped at ``batch_size`` (None: no cap);
+    else ``batch_size`` is a mapping for :func:`batch_sizes_from_mapping`. ``needed``: bool ``(k',)``, the
+    buckets that need a size (those with rows and the catch-all bucket).
+    """
+    k = needed.size if resolutions is None else max(needed.size, len(resolutions))
+    need = np.zeros(k, bool)
+    need[: needed.size] = needed
+    if max_pixels_per_batch is None:
+        return batch_sizes_from_mapping(batch_size, k, resolutions=resolutions, needed=need)
+    if resolutions is None:
+        raise ValueError("`max_pixels_per_batch` needs the bucket resolutions: pass `buckets=BucketSet(...)` (or an "
+                         "annotated dataset).")
+    if isinstance(batch_size, Mapping):
+        raise ValueError("With `max_pixels_per_batch`, `batch_size` is the cap on every bucket's batch (an int or "
+                         "None), got a mapping. Pass one or the other.")
+    return batch_sizes_for_pixels(resolutions, max_pixels_per_batch, max_batch_size=batch_size, needed=need)
+
+
+def accumulation_weights(step_batch: Any, accumulation_steps: int) -> np.ndarray:
+    """Loss multipliers that weight every image of an optimizer step equally when batch sizes vary.
+
+    A training step averages ``accumulation_steps`` micro-batches (accelerate divides each micro-batch's loss by
+    ``accumulation_steps``; DDP averages the ranks). With batch sizes ``b_s`` that differ between micro-steps, the
+    images of a small batch would weigh more than those of a large one. Multiplying micro-step ``s``'s *mean* loss
+    by ``w_s = b_s · accumulation_steps / n_window`` (``n_window``: images per rank in its accumulation window)
+    makes the step's gradient the mean over all its images, on every rank alike (all ranks train the same bucket,
+    so the same ``b_s``, at each step). With one batch size and full windows every ``w_s`` is 1.
+
+    Args:
+        step_batch: rows per rank of each step of the epoch, shape ``(steps,)``.
+        accumulation_steps: micro-steps per optimizer step. Windows are ``[j·A, (j+1)·A)`` within the epoch; the
+            last one may be shorter (accelerate steps the optimizer at the end of the dataloader).
+
+    Returns:
+        ``np.ndarray[float64]`` of shape ``(steps,)``.
+    """
+    b = np.asarray(step_batch, dtype=np.float64)
+    A = check_positive("accumulation_steps", accumulation_steps)
+    window = np.arange(b.size) // A  # (steps,)
+    n_window = np.bincount(window, weights=b)[window] if b.size else b  # (steps,)
+    return b * A / n_window
+
+
+__all__ = ["accumulation_weights", "batch_sizes_for_pixels", "batch_sizes_from_mapping", "resolve_batch_sizes"]
