@@ -206,9 +206,11 @@ def build_parser() -> argparse.ArgumentParser:
       help="Flux: the guidance input of guidance-distilled transformers (Flux.1-dev) during training.")
     a("--max_sequence_length", type=int, default=None,
       help="SD3/Flux: T5 tokens per prompt. Default: SD3 77 | Flux 512." + NO_DEFAULT)
-    a("--shift_by_resolution", action=argparse.BooleanOptionalAction, default=None,
+    a("--shift_by_resolution", action="store_const", const=True, default=None,
       help="SD3/Flux: shift each batch's sigmas with the mu of its bucket's token count, as the pipeline does at "
            "inference. Default: on where the base scheduler has use_dynamic_shifting (Flux), else off." + NO_DEFAULT)
+    a("--no_shift_by_resolution", dest="shift_by_resolution", action="store_const", const=False,
+      help="SD3/Flux: one shift for every bucket (the scheduler's static shift, or none), as diffusers' scripts.")
     a("--lora_layers", type=str, default=None,
       help="SD3/Flux LoRA: comma-separated transformer modules to adapt (default: those of diffusers' "
            "train_dreambooth_lora_sd3/flux.py)." + NO_DEFAULT)
@@ -1581,23 +1583,19 @@ def build_pipeline(args: argparse.Namespace, models: Models, unet: Any, dtype: t
 
 def build_flow_pipeline(args: argparse.Namespace, models: Models, transformer: Any, dtype: torch.dtype, *,
                         final: bool) -> Any:
-    """SD3 / Flux: the stock pipeline around the trained transformer (validation reuses the loaded parts). A
-    static-shift scheduler trained with --shift_by_resolution gets ``use_dynamic_shifting`` so that inference
-    shifts each size as training did."""
-    parts: dict[str, Any] = {"transformer": transformer}
+    """SD3 / Flux: the stock pipeline around the trained transformer (validation reuses the loaded parts; see
+    :func:`hf_arb.families.flow.stock_pipeline`)."""
+    from hf_arb.families.flow import stock_pipeline
+
+    parts: dict[str, Any] = {}
     if not final:
         names = ("", "_2", "_3")
         parts.update(vae=models.vae, **{f"text_encoder{n}": te for n, te in zip(names, models.text_encoders)},
                      **{f"tokenizer{n}": tok for n, tok in zip(names, models.tokenizers)})
     elif args.pretrained_vae_model_name_or_path:
         parts["vae"] = models.vae.to(torch.float32)
-    pipe = models.flow.pipeline_class().from_pretrained(args.pretrained_model_name_or_path, revision=args.revision,
-                                                        variant=args.variant, dtype=dtype, **parts)
-    if models.flow_options.by_resolution and not pipe.scheduler.config.get("use_dynamic_shifting", False):
-        from diffusers import FlowMatchEulerDiscreteScheduler
-
-        pipe.scheduler = FlowMatchEulerDiscreteScheduler.from_config(pipe.scheduler.config, use_dynamic_shifting=True)
-    return pipe
+    return stock_pipeline(models.flow, models.flow_options, args.pretrained_model_name_or_path, transformer,
+                          components=parts, revision=args.revision, variant=args.variant, dtype=dtype)
 
 
 def log_validation(args: argparse.Namespace, accelerator: Any, models: Models, unet: Any, buckets: Any,
@@ -1787,14 +1785,9 @@ def startup_report(accelerator: Any, ds: Any, buckets: Any, sampler: Any, schedu
 
 def flow_shift_report(models: Models, buckets: Any) -> str:
     """SD3 / Flux: each bucket's image_seq_len and mu, and the shift training applies (hf_arb.shift's table)."""
-    from hf_arb.shift import shift_table_text
+    from hf_arb.families.flow import shift_report
 
-    opts = models.flow_options
-    factor = 2 ** (len(models.vae.config.block_out_channels) - 1)
-    head = (f"Resolution shift: per bucket (mu from image_seq_len; {opts.shift.time_shift_type})" if opts.by_resolution
-            else f"Resolution shift: off, one static shift {opts.shift.shift:g} for every bucket "
-                 "(--shift_by_resolution shifts each bucket as the pipeline does at its size)")
-    return head + "\n" + shift_table_text(buckets, opts.shift, factor, opts.token_patch)
+    return shift_report(models.flow_options, buckets, 2 ** (len(models.vae.config.block_out_channels) - 1))
 
 
 # =============================================================================================== main

@@ -36,9 +36,22 @@ import torch
 
 from ..shift import ShiftConfig, calculate_mu, check_latent_sizes, shift_sigmas
 
-__all__ = ["WEIGHTING_SCHEMES", "FlowParts", "FlowOptions", "FlowFamily", "training_shift_config", "unshifted_times",
-           "batch_sigmas", "sample_latents", "flow_matching_loss", "flow_loss", "check_bucket_sizes",
-           "register_transformer_hooks"]
+__all__ = [
+    "WEIGHTING_SCHEMES",
+    "FlowFamily",
+    "FlowOptions",
+    "FlowParts",
+    "batch_sigmas",
+    "check_bucket_sizes",
+    "flow_loss",
+    "flow_matching_loss",
+    "register_transformer_hooks",
+    "sample_latents",
+    "shift_report",
+    "stock_pipeline",
+    "training_shift_config",
+    "unshifted_times",
+]
 
 #: ``--weighting_scheme`` values of diffusers' SD3 / Flux training scripts.
 WEIGHTING_SCHEMES = ("sigma_sqrt", "logit_normal", "mode", "cosmap", "none")
@@ -85,7 +98,7 @@ class FlowOptions:
     logit_std: float = 1.0
     mode_scale: float = 1.29
     precondition_outputs: bool = False
-    shift: ShiftConfig = ShiftConfig()
+    shift: ShiftConfig = dataclasses.field(default_factory=ShiftConfig)
     guidance_scale: float = 3.5
     max_sequence_length: int = 512
     num_train_timesteps: int = 1000
@@ -286,6 +299,33 @@ def check_bucket_sizes(resolutions: Any, vae_scale_factor: int, patch_size: int)
     """
     check_latent_sizes(np.asarray(resolutions), vae_scale_factor, patch_size)
     return vae_scale_factor * patch_size
+
+
+def shift_report(options: FlowOptions, buckets: Any, vae_scale_factor: int) -> str:
+    """The startup report's shift section: how training shifts, then each bucket's ``image_seq_len`` and ``mu``."""
+    from ..shift import shift_table_text
+
+    cfg = options.shift
+    head = (f"Resolution shift: per bucket (mu from image_seq_len; {cfg.time_shift_type})" if options.by_resolution
+            else f"Resolution shift: off, one static shift {cfg.shift:g} for every bucket "
+                 "(--shift_by_resolution shifts each bucket as the pipeline does at its size)")
+    return head + "\n" + shift_table_text(buckets, cfg, vae_scale_factor, options.token_patch)
+
+
+def stock_pipeline(family: FlowFamily, options: FlowOptions, path: str, transformer: Any, *,
+                   components: Mapping[str, Any] | None = None, **from_pretrained: Any) -> Any:
+    """The family's stock pipeline around ``transformer``, loaded from ``path`` (``components`` replace parts).
+
+    A static-shift scheduler (SD3) trained with the per-bucket shift gets ``use_dynamic_shifting=True``, so that
+    inference shifts each size exactly as training did; ``from_pretrained`` keywords pass through.
+    """
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    pipe = family.pipeline_class().from_pretrained(path, transformer=transformer, **dict(components or {}),
+                                                   **from_pretrained)
+    if options.by_resolution and not pipe.scheduler.config.get("use_dynamic_shifting", False):
+        pipe.scheduler = FlowMatchEulerDiscreteScheduler.from_config(pipe.scheduler.config, use_dynamic_shifting=True)
+    return pipe
 
 
 def register_transformer_hooks(accelerator: Any, transformer_cls: Any, subfolder: str = "transformer") -> None:

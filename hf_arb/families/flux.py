@@ -23,8 +23,14 @@ import torch
 
 from .flow import FlowFamily, FlowOptions, FlowParts
 
-__all__ = ["FLUX_LORA_TARGET_MODULES", "FluxFamily", "pack_latents", "unpack_latents", "latent_image_ids",
-           "encode_flux_prompts"]
+__all__ = [
+    "FLUX_LORA_TARGET_MODULES",
+    "FluxFamily",
+    "encode_flux_prompts",
+    "latent_image_ids",
+    "pack_latents",
+    "unpack_latents",
+]
 
 #: The layers diffusers' ``train_dreambooth_lora_flux.py`` adapts by default: attention of both streams and the
 #: feed-forward layers.
@@ -87,7 +93,11 @@ class FluxFamily(FlowFamily):
 
     def load(self, path: str, revision: str | None = None, variant: str | None = None) -> FlowParts:
         """Scheduler, CLIP + T5 tokenizers and encoders, VAE and transformer."""
-        from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxTransformer2DModel
+        from diffusers import (
+            AutoencoderKL,
+            FlowMatchEulerDiscreteScheduler,
+            FluxTransformer2DModel,
+        )
         from transformers import AutoTokenizer, CLIPTextModel, T5EncoderModel
 
         kw = {"revision": revision}

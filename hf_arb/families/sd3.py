@@ -78,8 +78,16 @@ class SD3Family(FlowFamily):
 
     def load(self, path: str, revision: str | None = None, variant: str | None = None) -> FlowParts:
         """Scheduler, CLIP-L/CLIP-G/T5 tokenizers and encoders, VAE and transformer (T5 ``None`` if absent)."""
-        from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel
-        from transformers import AutoTokenizer, CLIPTextModelWithProjection, T5EncoderModel
+        from diffusers import (
+            AutoencoderKL,
+            FlowMatchEulerDiscreteScheduler,
+            SD3Transformer2DModel,
+        )
+        from transformers import (
+            AutoTokenizer,
+            CLIPTextModelWithProjection,
+            T5EncoderModel,
+        )
 
         kw = {"revision": revision}
         tokenizers = [AutoTokenizer.from_pretrained(path, subfolder=f"tokenizer{s}", **kw) for s in ("", "_2")]
