@@ -8,6 +8,7 @@
 - :mod:`~hf_arb.sampling.report` — :class:`PlanReport`;
 - :mod:`~hf_arb.sampling.state` — the resume state and its validation;
 - :mod:`~hf_arb.sampling.sampler` — :class:`BucketBatchSampler`, a thin class around the plan;
+- :mod:`~hf_arb.sampling.packs` — :class:`PackBatchSampler`, NaViT packs of images at their own size;
 - :mod:`~hf_arb.sampling.accelerate` — optional conveniences around ``accelerator.prepare``;
 - :mod:`~hf_arb.sampling.stream` — :class:`BucketedStream`, bucketed batches from a streaming dataset;
   :mod:`~hf_arb.sampling.stream_collate` fits streamed image rows to their bucket
@@ -15,6 +16,7 @@
 """
 
 from .accelerate import prepare_dataloader, resume_dataloader
+from .packs import PackBatchSampler
 from .plan import merge_small_buckets, plan_epoch
 from .report import PlanReport
 from .rank import RankBatchSampler
@@ -23,6 +25,7 @@ from .stream import BucketedStream, BufferOverflowError, build_stream_loader
 from .stream_collate import StreamImageCollate
 from .stream_plan import StreamReport, stream_schedule
 
-__all__ = ["BucketBatchSampler", "BucketedStream", "BufferOverflowError", "PlanReport", "RankBatchSampler",
+__all__ = ["BucketBatchSampler", "BucketedStream", "BufferOverflowError", "PackBatchSampler", "PlanReport",
+           "RankBatchSampler",
            "StreamImageCollate", "StreamReport", "build_stream_loader", "merge_small_buckets", "plan_epoch",
            "prepare_dataloader", "resume_dataloader", "stream_schedule"]
