@@ -71,6 +71,9 @@ MODULES: dict[str, str] = {
     "hf_arb.pack_layout": "packing.md",
     "hf_arb.packed": "packing.md",
     "hf_arb.packed_attention": "packing.md",
+    "hf_arb.sampling.packs": "packing.md#the-data-path",
+    "hf_arb.packed_data": "packing.md#the-data-path",
+    "hf_arb.packed_loss": "packing.md#the-packed-loss",
 }
 
 

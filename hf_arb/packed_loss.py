@@ -26,7 +26,14 @@ from typing import Any, Literal
 import torch
 
 from .pack_layout import PackMeta
-from .packed import Backend, enable_packed_attention, pack_tokens, packed_flux_forward, packed_sd3_forward, patchify
+from .packed import (
+    Backend,
+    enable_packed_attention,
+    pack_tokens,
+    packed_flux_forward,
+    packed_sd3_forward,
+    patchify,
+)
 
 __all__ = ["PackedFlowModel", "PackedLoss", "flow_family", "flux_pack_latent", "flux_unpack_latent",
            "packed_flow_loss"]
@@ -115,7 +122,7 @@ def packed_flow_loss(transformer: Any, latents: Sequence[torch.Tensor], noise: S
     noisy = [(1 - s) * x + s * n for s, x, n in zip(sig.to(dtype), latents, noise)]
     if family == "sd3":
         p = transformer.config.patch_size
-        to_tokens = lambda x: patchify(x, p)  # noqa: E731
+        to_tokens = lambda x: patchify(x, p)
         out = packed_sd3_forward(transformer, noisy, prompt_embeds, pooled_projections,
                                  (sig * num_train_timesteps).to(dtype), max_tokens=max_tokens,
                                  max_text_tokens=max_text_tokens, meta=meta, backend=backend)

@@ -14,8 +14,8 @@ import pytest
 from hf_arb.packing import fit_sizes, plan_packs
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _pack_worker import MAX_TOKENS, MODES, SEED, sizes  # noqa: E402
-from test_sampler_distributed import _launch  # noqa: E402
+from _pack_worker import MAX_TOKENS, MODES, SEED, sizes
+from test_sampler_distributed import _launch
 
 WORKER = Path(__file__).resolve().parent / "_pack_worker.py"
 ROOT = WORKER.parent.parent

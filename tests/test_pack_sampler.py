@@ -17,7 +17,13 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader
 
-from hf_arb import BucketBatchSampler, BucketSet, PackBatchSampler, PackedImageDataset, add_bucket_columns
+from hf_arb import (
+    BucketBatchSampler,
+    BucketSet,
+    PackBatchSampler,
+    PackedImageDataset,
+    add_bucket_columns,
+)
 from hf_arb.pack_layout import fit_sizes
 from hf_arb.packing import plan_packs
 from hf_arb.sampling.packs import pack_sizes

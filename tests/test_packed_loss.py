@@ -9,7 +9,13 @@ import torch
 from diffusers.training_utils import compute_loss_weighting_for_sd3
 
 from hf_arb.packed import enable_packed_attention
-from hf_arb.packed_loss import PackedFlowModel, flow_family, flux_pack_latent, flux_unpack_latent, packed_flow_loss
+from hf_arb.packed_loss import (
+    PackedFlowModel,
+    flow_family,
+    flux_pack_latent,
+    flux_unpack_latent,
+    packed_flow_loss,
+)
 
 LATENTS = [(8, 12), (12, 6), (10, 10)]  # (H, W) of 16-channel latents: SD3 grids 4x6, 6x3, 5x5 (Flux the same)
 TEXT = (5, 7, 4)
