@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Fine-tune Stable Diffusion 1.x / 2.x or SDXL, in full or with LoRA, with aspect-ratio bucketing.
+"""Fine-tune Stable Diffusion 1.x / 2.x, SDXL, SD3 / SD3.5 or Flux.1, in full or with LoRA, with aspect-ratio bucketing.
 
 This script takes the command line of diffusers' four ``examples/text_to_image`` scripts
 (``train_text_to_image.py``, ``_sdxl.py``, ``_lora.py``, ``_lora_sdxl.py``: same flag names, defaults and
@@ -10,6 +10,12 @@ SD 1.x / 2.x and SDXL are detected from the UNet config (``addition_embed_type =
 SDXL gets both text encoders, the pooled embedding and per-sample micro-conditioning time ids
 ``(original h, original w, crop top, crop left, bucket h, bucket w)``; SD 1.x / 2.x can get the same signal with
 ``--resolution_conditioning`` (zero-initialised, so step 0 equals the base model).
+
+SD3 / SD3.5 and Flux.1 are detected from ``model_index.json`` (or the ``transformer`` subfolder) and train with the
+flow-matching objective of diffusers' SD3 / Flux scripts (``--weighting_scheme``, ``--precondition_outputs``,
+Flux's ``--guidance_scale``); their code lives in :mod:`hf_arb.families`. With ``--shift_by_resolution`` (the
+default where the scheduler shifts dynamically, as Flux's does) every batch's sigmas are shifted with the ``mu``
+the stock pipeline uses for that bucket's height x width.
 
 ``--rank N`` (or ``--lora``) trains LoRA adapters with peft instead of the whole UNet and writes
 ``pytorch_lora_weights.safetensors``; ``--full_finetune`` asks for a full fine-tune explicitly, which a learning rate
@@ -187,6 +193,27 @@ def build_parser() -> argparse.ArgumentParser:
     a("--resolution_conditioning", action="store_true",
       help="SD 1.x/2.x: add a zero-initialised size/crop embedding (SDXL's six time ids) to the UNet.")
     a("--resolution_embed_dim", type=int, default=256, help="Sinusoid width per time id for --resolution_conditioning.")
+    # --- flow-matching families (SD3 / SD3.5, Flux.1): diffusers' train_dreambooth_(lora_)sd3/flux.py flags
+    a("--weighting_scheme", type=str, default=None, choices=["sigma_sqrt", "logit_normal", "mode", "cosmap", "none"],
+      help="SD3/Flux: timestep density and loss weighting. Default: SD3 logit_normal | Flux none." + NO_DEFAULT)
+    a("--logit_mean", type=float, default=0.0, help="SD3/Flux: mean of the logit_normal weighting scheme.")
+    a("--logit_std", type=float, default=1.0, help="SD3/Flux: std of the logit_normal weighting scheme.")
+    a("--mode_scale", type=float, default=1.29, help="SD3/Flux: scale of the mode weighting scheme.")
+    a("--precondition_outputs", type=int, default=None, choices=[0, 1],
+      help="SD3/Flux: 1 trains the output as an x0 prediction (pred * -sigma + noisy), as diffusers' SD3 scripts. "
+           "Default: SD3 1 | Flux 0." + NO_DEFAULT)
+    a("--guidance_scale", type=float, default=3.5,
+      help="Flux: the guidance input of guidance-distilled transformers (Flux.1-dev) during training.")
+    a("--max_sequence_length", type=int, default=None,
+      help="SD3/Flux: T5 tokens per prompt. Default: SD3 77 | Flux 512." + NO_DEFAULT)
+    a("--shift_by_resolution", action="store_const", const=True, default=None,
+      help="SD3/Flux: shift each batch's sigmas with the mu of its bucket's token count, as the pipeline does at "
+           "inference. Default: on where the base scheduler has use_dynamic_shifting (Flux), else off." + NO_DEFAULT)
+    a("--no_shift_by_resolution", dest="shift_by_resolution", action="store_const", const=False,
+      help="SD3/Flux: one shift for every bucket (the scheduler's static shift, or none), as diffusers' scripts.")
+    a("--lora_layers", type=str, default=None,
+      help="SD3/Flux LoRA: comma-separated transformer modules to adapt (default: those of diffusers' "
+           "train_dreambooth_lora_sd3/flux.py)." + NO_DEFAULT)
     # --- streaming (hf_arb.BucketedStream over annotated parquet shards; docs/training.md "Streaming")
     a("--streaming", action="store_true",
       help="Stream the annotated dataset (datasets streaming=True) through hf_arb.BucketedStream: no rank holds it.")
@@ -289,7 +316,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def detect_family(model: str) -> str:
-    """'sdxl' or 'sd' from a local pipeline's ``unet/config.json``; for a Hub id, from its name (``xl``)."""
+    """'sd3' / 'flux' from ``model_index.json`` or the transformer config (:func:`hf_arb.families.detect_flow_family`),
+    else 'sdxl' or 'sd' from a local pipeline's ``unet/config.json``; for a Hub id, from its name (``xl``)."""
+    from hf_arb.families import detect_flow_family
+
+    flow = detect_flow_family(model)
+    if flow is not None:
+        return flow
     config = Path(model) / "unet" / "config.json"
     if config.is_file():
         try:
@@ -373,7 +406,32 @@ def check_values(args: argparse.Namespace) -> None:
                          "Drop the flag.")
     if (args.offload_ema or args.foreach_ema) and not args.use_ema:
         raise UsageError("--offload_ema / --foreach_ema configure the EMA model: add --use_ema or drop them.")
+    check_family_flags(args)
     check_streaming_flags(args)
+
+
+#: flags of the UNet (epsilon / v-prediction) objective, and their "not given" values
+UNET_ONLY_FLAGS = {"snr_gamma": None, "dream_training": False, "prediction_type": None, "input_perturbation": 0,
+                   "noise_offset": 0, "timestep_bias_strategy": "none", "resolution_conditioning": False,
+                   "use_ema": False, "train_text_encoder": False}
+#: flags of the flow-matching (SD3 / Flux) objective, and their defaults
+FLOW_ONLY_FLAGS = {"weighting_scheme": None, "logit_mean": 0.0, "logit_std": 1.0, "mode_scale": 1.29,
+                   "precondition_outputs": None, "guidance_scale": 3.5, "max_sequence_length": None,
+                   "shift_by_resolution": None, "lora_layers": None}
+FLOW_FAMILIES = ("sd3", "flux")
+
+
+def check_family_flags(args: argparse.Namespace) -> None:
+    """A flag of the other objective is an error naming the model family (never silently ignored)."""
+    flow = args.family in FLOW_FAMILIES
+    for flag, unset in (UNET_ONLY_FLAGS if flow else FLOW_ONLY_FLAGS).items():
+        if getattr(args, flag) != unset:
+            raise UsageError(
+                f"--{flag} applies to {'SD 1.x/2.x/SDXL UNets' if flow else 'SD3 / Flux (flow matching)'}, but "
+                f"{args.pretrained_model_name_or_path} is {args.family.upper()}: drop --{flag}"
+                + (" (SD3/Flux train with --weighting_scheme and --shift_by_resolution instead)." if flow else "."))
+    if flow and args.max_sequence_length is not None and args.max_sequence_length < 1:
+        raise UsageError(f"--max_sequence_length must be >= 1, got {args.max_sequence_length}.")
 
 
 def check_streaming_flags(args: argparse.Namespace) -> None:
@@ -415,12 +473,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.validation_prompts = [args.validation_prompt]
     resolve_mode(args)
     args.family = detect_family(args.pretrained_model_name_or_path)
-    column = (args.family == "sdxl") + 2 * args.lora
+    column = (args.family != "sd") + 2 * args.lora  # SD3 / Flux take SDXL's (1024-pixel) defaults
     args.family_defaults = {}
     for name, values in FAMILY_DEFAULTS.items():
         if getattr(args, name) is None:
-            setattr(args, name, values[column])
-            args.family_defaults[name] = values[column]
+            value = values[column]
+            if name == "output_dir" and args.family in FLOW_FAMILIES:
+                value = f"{args.family}-model-finetuned" + ("-lora" if args.lora else "")
+            setattr(args, name, value)
+            args.family_defaults[name] = value
     check_values(args)
     return args
 
@@ -479,6 +540,8 @@ def resolve_resume_dir(args: argparse.Namespace) -> Path | None:
     out = Path(args.output_dir)
     if getattr(args, "lora", False):  # LoRA checkpoints hold the adapter file, not a UNet folder
         model_dirs, model_files = (), ("pytorch_lora_weights.safetensors",)
+    elif getattr(args, "family", "sd") in FLOW_FAMILIES:
+        model_dirs, model_files = ("transformer",), ()
     else:
         model_dirs, model_files = ("unet", "unet_ema") if args.use_ema else ("unet",), ()
     required = REQUIRED
@@ -605,7 +668,9 @@ def updated(args: argparse.Namespace, **changes: Any) -> argparse.Namespace:
 # ============================================================================================ models
 @dataclass
 class Models:
-    """Everything loaded from the pretrained folder. ``sdxl`` is read from the UNet config."""
+    """Everything loaded from the pretrained folder. ``sdxl`` is read from the UNet config. For SD3 / Flux, ``unet``
+    holds the transformer (the trained denoiser), ``flow`` the family adapter (:mod:`hf_arb.families`) and
+    ``flow_options`` the resolved flow-matching flags."""
 
     noise_scheduler: Any
     tokenizers: list[Any]
@@ -615,10 +680,62 @@ class Models:
     sdxl: bool
     ema_unet: Any = None
     trained_text_encoders: list[Any] | None = None  # LoRA --train_text_encoder: the prepared (wrapped) encoders
+    flow: Any = None
+    flow_options: Any = None
+
+    @property
+    def family(self) -> str:
+        return self.flow.name if self.flow is not None else "sdxl" if self.sdxl else "sd"
+
+
+def load_flow_models(args: argparse.Namespace) -> Models:
+    """SD3 / Flux: the family adapter loads its parts; everything but the transformer is frozen."""
+    from hf_arb.families import get_family
+
+    family = get_family(args.family)
+    parts = family.load(args.pretrained_model_name_or_path, revision=args.revision, variant=args.variant)
+    if args.pretrained_vae_model_name_or_path:
+        from diffusers import AutoencoderKL
+
+        parts.vae = AutoencoderKL.from_pretrained(args.pretrained_vae_model_name_or_path, revision=args.revision,
+                                                  variant=args.variant)
+    options = family.options(parts.scheduler.config, parts.transformer, weighting_scheme=args.weighting_scheme,
+                             logit_mean=args.logit_mean, logit_std=args.logit_std, mode_scale=args.mode_scale,
+                             precondition_outputs=None if args.precondition_outputs is None
+                             else bool(args.precondition_outputs), shift_by_resolution=args.shift_by_resolution,
+                             guidance_scale=args.guidance_scale, max_sequence_length=args.max_sequence_length)
+    parts.vae.requires_grad_(False)
+    for te in parts.text_encoders:
+        te.requires_grad_(False)
+    transformer = parts.transformer
+    transformer.train()
+    if args.enable_xformers_memory_efficient_attention:
+        transformer.enable_xformers_memory_efficient_attention()
+    if args.enable_npu_flash_attention:
+        transformer.enable_npu_flash_attention()
+    if args.gradient_checkpointing:
+        transformer.enable_gradient_checkpointing()
+    return Models(parts.scheduler, parts.tokenizers, parts.text_encoders, parts.vae, transformer, False,
+                  flow=family, flow_options=options)
+
+
+def check_flow_buckets(models: Models, buckets: Any, args: argparse.Namespace) -> None:
+    """SD3 / Flux: every bucket side must be a multiple of VAE factor x token patch (16), else a UsageError."""
+    from hf_arb.families.flow import check_bucket_sizes
+
+    factor = 2 ** (len(models.vae.config.block_out_channels) - 1)
+    try:
+        check_bucket_sizes(buckets.resolutions, factor, models.flow_options.token_patch)
+    except ValueError as err:
+        raise UsageError(f"{err} For this {models.family.upper()} model: --bucket_step "
+                         f"{factor * models.flow_options.token_patch} (or a multiple of it).") from None
 
 
 def load_models(args: argparse.Namespace) -> Models:
-    """Load scheduler, tokenizer(s), text encoder(s), VAE and UNet; freeze all but the UNet."""
+    """Load scheduler, tokenizer(s), text encoder(s), VAE and UNet; freeze all but the UNet (SD3 / Flux: the
+    transformer, :func:`load_flow_models`)."""
+    if args.family in FLOW_FAMILIES:
+        return load_flow_models(args)
     from diffusers import AutoencoderKL, DDPMScheduler, UNet2DConditionModel
     from transformers import AutoTokenizer, CLIPTextModel, CLIPTextModelWithProjection
 
@@ -671,14 +788,20 @@ def load_models(args: argparse.Namespace) -> Models:
 
 def check_family(args: argparse.Namespace, models: Models) -> None:
     """Warn when family defaults were chosen for another family than the loaded UNet's (a Hub id's name misled)."""
-    family = "sdxl" if models.sdxl else "sd"
+    family = models.family
     if family != args.family and args.family_defaults:
         logger.warning("Defaults %s were chosen for %s, but the model is %s: pass these flags explicitly.",
                        ", ".join(f"--{k} {v}" for k, v in args.family_defaults.items()), args.family, family)
 
 
 def register_checkpoint_hooks(accelerator: Any, models: Models) -> None:
-    """Save the UNet (and EMA) in diffusers format inside accelerate checkpoints, and load them back."""
+    """Save the UNet (and EMA) in diffusers format inside accelerate checkpoints, and load them back (SD3 / Flux:
+    the transformer, under ``transformer/``)."""
+    if models.flow is not None:
+        from hf_arb.families.flow import register_transformer_hooks
+
+        register_transformer_hooks(accelerator, models.flow.transformer_class())
+        return
     from diffusers import UNet2DConditionModel
 
     def save_hook(hook_models: list[Any], weights: list[Any], output_dir: str) -> None:
@@ -727,7 +850,10 @@ def setup_lora(args: argparse.Namespace, models: Models, weight_dtype: torch.dty
     from hf_arb.lora import TEXT_ENCODER_TARGET_MODULES, UNET_TARGET_MODULES, add_lora
 
     kw = {"rank": args.rank, "alpha": args.lora_alpha, "dropout": args.lora_dropout, "dtype": weight_dtype}
-    params = add_lora(models.unet, target_modules=UNET_TARGET_MODULES, **kw)
+    targets: Any = UNET_TARGET_MODULES
+    if models.flow is not None:  # diffusers' dreambooth_lora_sd3/flux targets, or --lora_layers
+        targets = [m.strip() for m in args.lora_layers.split(",")] if args.lora_layers else models.flow.lora_target_modules
+    params = add_lora(models.unet, target_modules=targets, **kw)
     if args.train_text_encoder:
         for te in models.text_encoders:
             params += add_lora(te, target_modules=TEXT_ENCODER_TARGET_MODULES, **kw)
@@ -741,17 +867,18 @@ def register_lora_checkpoint_hooks(accelerator: Any, models: Models, args: argpa
     from hf_arb.lora import load_lora, save_lora
 
     cls = pipeline_class(models, args)
+    denoiser = "unet" if models.flow is None else "transformer"
 
     def save_hook(hook_models: list[Any], weights: list[Any], output_dir: str) -> None:
         if accelerator.is_main_process:
             unwrapped = [accelerator.unwrap_model(m) for m in hook_models]
-            save_lora(cls, output_dir, unwrapped[0], unwrapped[1:] or None)
+            save_lora(cls, output_dir, unwrapped[0], unwrapped[1:] or None, denoiser=denoiser)
         weights.clear()  # the frozen base weights are not part of the checkpoint
 
     def load_hook(hook_models: list[Any], input_dir: str) -> None:
         unwrapped = [accelerator.unwrap_model(m) for m in hook_models]
         hook_models.clear()
-        load_lora(cls, input_dir, unwrapped[0], unwrapped[1:] or None)
+        load_lora(cls, input_dir, unwrapped[0], unwrapped[1:] or None, denoiser=denoiser)
 
     accelerator.register_save_state_pre_hook(save_hook)
     accelerator.register_load_state_pre_hook(load_hook)
@@ -768,7 +895,8 @@ def save_final_lora(args: argparse.Namespace, accelerator: Any, models: Models, 
         return
     cls = pipeline_class(models, args)
     encoders = [accelerator.unwrap_model(te) for te in models.trained_text_encoders or []]
-    save_lora(cls, args.output_dir, accelerator.unwrap_model(unet), encoders or None)
+    save_lora(cls, args.output_dir, accelerator.unwrap_model(unet), encoders or None,
+              denoiser="unet" if models.flow is None else "transformer")
     (Path(args.output_dir) / BUCKETS_FILE).write_text(json.dumps(buckets.to_dict(), indent=1))
     if args.validation_prompts:
         parts = {"vae": models.vae.to(torch.float32)} if args.pretrained_vae_model_name_or_path else {}
@@ -1136,6 +1264,10 @@ class TextEncoder:
             return self._encode_inner(captions)
 
     def _encode_inner(self, captions: list[str]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if self.models.flow is not None:  # SD3 / Flux: the family's own prompt encoding
+            h, p = self.models.flow.encode_prompts(self.models.tokenizers, self.models.text_encoders, captions,
+                                                   self.device, self.models.flow_options.max_sequence_length)
+            return h.to(self.dtype), p.to(self.dtype)
         hidden, pooled = [], None
         for tok, te in zip(self.models.tokenizers, self.trained or self.models.text_encoders):
             ids = tok(captions, max_length=tok.model_max_length, padding="max_length", truncation=True,
@@ -1157,7 +1289,8 @@ class TextEncoder:
             for i, c in enumerate(todo):
                 self.memo[c] = (h[i].cpu(), None if p is None else p[i].cpu())
         hidden = torch.stack([self.memo[c][0] for c in captions]).to(self.device)
-        pooled = None if self.models.sdxl is False else torch.stack([self.memo[c][1] for c in captions]).to(self.device)
+        pooled = None if self.memo[captions[0]][1] is None else torch.stack(
+            [self.memo[c][1] for c in captions]).to(self.device)
         return hidden, pooled
 
 
@@ -1263,7 +1396,13 @@ def unet_forward(models: Models, unet: Any, noisy: torch.Tensor, timesteps: torc
 
 def diffusion_loss(args: argparse.Namespace, models: Models, unet: Any, batch: dict[str, Any], text: TextEncoder,
                    gen: torch.Generator, weight_dtype: torch.dtype, resolution_dim: int | None) -> torch.Tensor:
-    """The diffusers loss for one micro-batch: latents → noise → UNet → (SNR-weighted) MSE."""
+    """The diffusers loss for one micro-batch: latents → noise → UNet → (SNR-weighted) MSE (SD3 / Flux: the
+    flow-matching loss with the batch's resolution shift, :func:`hf_arb.families.flow.flow_loss`)."""
+    if models.flow is not None:
+        from hf_arb.families.flow import flow_loss
+
+        return flow_loss(models.flow, models.flow_options, unet, batch, models.vae, text, gen, weight_dtype,
+                         args.proportion_empty_prompts)
     from diffusers.training_utils import compute_snr
 
     from hf_arb.conditioning import sdxl_time_ids
@@ -1403,6 +1542,8 @@ def image_grid(rows: list[list[Any]]) -> Any:
 
 
 def pipeline_class(models: Models, args: argparse.Namespace) -> Any:
+    if models.flow is not None:
+        return models.flow.pipeline_class()
     if models.sdxl:
         from diffusers import StableDiffusionXLPipeline
 
@@ -1425,6 +1566,8 @@ def build_pipeline(args: argparse.Namespace, models: Models, unet: Any, dtype: t
     checker), plus the replacement VAE if one was given.
     """
     cls = pipeline_class(models, args)
+    if models.flow is not None:
+        return build_flow_pipeline(args, models, unet, dtype, final=final)
     parts: dict[str, Any] = {"unet": unet}
     if not final:
         parts.update(vae=models.vae, text_encoder=models.text_encoders[0], tokenizer=models.tokenizers[0])
@@ -1436,6 +1579,23 @@ def build_pipeline(args: argparse.Namespace, models: Models, unet: Any, dtype: t
         parts["vae"] = models.vae.to(torch.float32)
     return cls.from_pretrained(args.pretrained_model_name_or_path, revision=args.revision, variant=args.variant,
                                dtype=dtype, **parts)
+
+
+def build_flow_pipeline(args: argparse.Namespace, models: Models, transformer: Any, dtype: torch.dtype, *,
+                        final: bool) -> Any:
+    """SD3 / Flux: the stock pipeline around the trained transformer (validation reuses the loaded parts; see
+    :func:`hf_arb.families.flow.stock_pipeline`)."""
+    from hf_arb.families.flow import stock_pipeline
+
+    parts: dict[str, Any] = {}
+    if not final:
+        names = ("", "_2", "_3")
+        parts.update(vae=models.vae, **{f"text_encoder{n}": te for n, te in zip(names, models.text_encoders)},
+                     **{f"tokenizer{n}": tok for n, tok in zip(names, models.tokenizers)})
+    elif args.pretrained_vae_model_name_or_path:
+        parts["vae"] = models.vae.to(torch.float32)
+    return stock_pipeline(models.flow, models.flow_options, args.pretrained_model_name_or_path, transformer,
+                          components=parts, revision=args.revision, variant=args.variant, dtype=dtype)
 
 
 def log_validation(args: argparse.Namespace, accelerator: Any, models: Models, unet: Any, buckets: Any,
@@ -1476,13 +1636,24 @@ def log_validation(args: argparse.Namespace, accelerator: Any, models: Models, u
 
 
 # ============================================================================================ outputs
+#: model card per flow family: (tags, license, pipeline class)
+FLOW_CARDS = {"sd3": (["sd3", "sd3-diffusers"], "other", "StableDiffusion3Pipeline"),
+              "flux": (["flux", "flux-diffusers"], "other", "FluxPipeline")}
+
+
 def save_model_card(args: argparse.Namespace, repo_id: str, buckets: Any, *, sdxl: bool,
-                    images: list[str] | None = None, stats: dict[str, Any] | None = None) -> Path:
-    """Write ``README.md`` in output_dir: works with or without validation images and trackers."""
+                    images: list[str] | None = None, stats: dict[str, Any] | None = None,
+                    family: str | None = None) -> Path:
+    """Write ``README.md`` in output_dir: works with or without validation images and trackers. ``family``
+    ("sd3" / "flux") selects the flow families' tags and pipeline class."""
     base = args.pretrained_model_name_or_path
     tags = ["stable-diffusion-xl" if sdxl else "stable-diffusion", "text-to-image", "diffusers",
             "diffusers-training", "aspect-ratio-bucketing", "hf_arb"]
-    front = ["---", "license: creativeml-openrail-m", f"base_model: {base}", "library_name: diffusers", "tags:"]
+    license_ = "creativeml-openrail-m"
+    if family in FLOW_CARDS:
+        tags = [*FLOW_CARDS[family][0], *tags[1:]]
+        license_ = FLOW_CARDS[family][1]
+    front = ["---", f"license: {license_}", f"base_model: {base}", "library_name: diffusers", "tags:"]
     front += [f"- {t}" for t in tags] + ["inference: true", "---", ""]
     labels = buckets.labels()
     body = [
@@ -1496,13 +1667,17 @@ def save_model_card(args: argparse.Namespace, repo_id: str, buckets: Any, *, sdx
         f"* mixed precision: {args.mixed_precision}; dataset: {args.dataset_name or args.train_data_dir}", "",
     ]
     if getattr(args, "lora", False):
-        body += [f"LoRA adapters (rank {args.rank}, alpha {args.lora_alpha or args.rank}) on the UNet"
+        body += [f"LoRA adapters (rank {args.rank}, alpha {args.lora_alpha or args.rank}) on the "
+                 f"{'transformer' if family in FLOW_CARDS else 'UNet'}"
                  + (" and the text encoder(s)" if args.train_text_encoder else "")
                  + f", in `pytorch_lora_weights.safetensors`; load them into **{base}**.", ""]
     elif args.resolution_conditioning and not sdxl:
         body += ["The UNet takes SDXL-style size/crop conditioning. The folder carries its pipeline "
                  "(`pipeline.py`), which plain diffusers loads with `custom_pipeline` and `trust_remote_code`.", ""]
-    body += ["## Use", "", "```python", *usage_snippet(args, repo_id, sdxl=sdxl), "```", ""]
+    if family in FLOW_CARDS and getattr(args, "shift_table", None):
+        body += ["Per-bucket resolution shift (`mu` from each bucket's latent token count, as the pipeline "
+                 "computes at inference):", "", "```", args.shift_table, "```", ""]
+    body += ["## Use", "", "```python", *usage_snippet(args, repo_id, sdxl=sdxl, family=family), "```", ""]
     if args.validation_prompts:
         body += ["## Validation", "", "Prompts: " + "; ".join(f"`{p}`" for p in args.validation_prompts), ""]
         body += [f"![validation]({Path(p).relative_to(args.output_dir).as_posix()})" for p in images or []]
@@ -1514,17 +1689,19 @@ def save_model_card(args: argparse.Namespace, repo_id: str, buckets: Any, *, sdx
     return path
 
 
-def usage_snippet(args: argparse.Namespace, repo_id: str, *, sdxl: bool) -> list[str]:
+def usage_snippet(args: argparse.Namespace, repo_id: str, *, sdxl: bool, family: str | None = None) -> list[str]:
     """The model card's "Use" code: plain diffusers, no hf_arb (LoRA, custom pipeline, or the stock class).
 
     Always: imports, the lines that load ``pipe``, ``pipe = pipe.to("cuda", torch.float16)``, one generation (the
     tests run everything but the device line in a process where ``import hf_arb`` fails).
     """
     cls = "StableDiffusionXLPipeline" if sdxl else "StableDiffusionPipeline"
+    if family in FLOW_CARDS:
+        cls = FLOW_CARDS[family][2]
     if getattr(args, "lora", False):
         load = [f'pipe = {cls}.from_pretrained("{args.pretrained_model_name_or_path}")',
                 f'pipe.load_lora_weights("{repo_id}")']
-    elif args.resolution_conditioning and not sdxl:  # the folder's own pipeline.py (no hf_arb needed)
+    elif args.resolution_conditioning and not sdxl and family not in FLOW_CARDS:  # the folder's own pipeline.py (no hf_arb needed)
         cls = "DiffusionPipeline"
         load = [f'pipe = DiffusionPipeline.from_pretrained("{repo_id}", custom_pipeline="{repo_id}", '
                 'trust_remote_code=True)']
@@ -1569,7 +1746,8 @@ def finish_outputs(args: argparse.Namespace, buckets: Any, models: Models, valid
 
         repo_id = create_repo(repo_id=args.hub_model_id or Path(args.output_dir).name, exist_ok=True,
                               token=args.hub_token).repo_id
-    save_model_card(args, repo_id, buckets, sdxl=models.sdxl, images=validation_images, stats=stats)
+    save_model_card(args, repo_id, buckets, sdxl=models.sdxl, images=validation_images, stats=stats,
+                    family=models.family)
     if args.push_to_hub:
         from huggingface_hub import upload_folder
 
@@ -1595,12 +1773,21 @@ def startup_report(accelerator: Any, ds: Any, buckets: Any, sampler: Any, schedu
     if callable(report):
         print(report(), flush=True)
     total = args.train_batch_size * accelerator.num_processes * args.gradient_accumulation_steps
-    print(f"***** Running training ({'SDXL' if models.sdxl else 'SD'}) *****\n"
+    if models.flow is not None:
+        print(flow_shift_report(models, buckets), flush=True)
+    print(f"***** Running training ({models.family.upper()}) *****\n"
           f"  Num examples = {int((ids >= 0).sum())}\n  Num Epochs = {schedule.num_train_epochs}\n"
           f"  Instantaneous batch size per device = {args.train_batch_size}\n"
           f"  Total train batch size (w. parallel, distributed & accumulation) = {total}\n"
           f"  Gradient Accumulation steps = {args.gradient_accumulation_steps}\n"
           f"  Total optimization steps = {schedule.max_train_steps}", flush=True)
+
+
+def flow_shift_report(models: Models, buckets: Any) -> str:
+    """SD3 / Flux: each bucket's image_seq_len and mu, and the shift training applies (hf_arb.shift's table)."""
+    from hf_arb.families.flow import shift_report
+
+    return shift_report(models.flow_options, buckets, 2 ** (len(models.vae.config.block_out_channels) - 1))
 
 
 # =============================================================================================== main
@@ -1668,6 +1855,9 @@ def main(argv: list[str] | argparse.Namespace | None = None) -> dict[str, Any]:
     setup_logging(accelerator, ("transformers", "diffusers"))
     models = load_models(args)
     check_family(args, models)
+    if models.flow is not None:  # latent sizes the transformer can patch, and the per-bucket shift for the card
+        check_flow_buckets(models, buckets, args)
+        args = updated(args, shift_table=flow_shift_report(models, buckets))
     encode_calls = count_calls(models.vae, "encode")
     weight_dtype = weight_dtype_of(accelerator)
     if args.lora:
@@ -1733,7 +1923,7 @@ def main(argv: list[str] | argparse.Namespace | None = None) -> dict[str, Any]:
                  latents_reused=index.reused if index else None,
                  latents_repaired=index.repaired if index else None,
                  bad_images=report_bad_images(args, accelerator), num_processes=accelerator.num_processes,
-                 sdxl=models.sdxl, seed=args.seed, schedule=schedule.__dict__, lora=args.lora,
+                 sdxl=models.sdxl, family=models.family, seed=args.seed, schedule=schedule.__dict__, lora=args.lora,
                  trainable_parameters=sum(p.numel() for p in trainable))
     if stream is not None:
         stats["stream_report"] = stream.report().to_dict()

@@ -71,31 +71,38 @@ def add_lora(model: Any, *, rank: int, target_modules: tuple[str, ...] | list[st
     return [p for p in model.parameters() if p.requires_grad]
 
 
-def lora_layers(model: Any) -> dict[str, torch.Tensor]:
-    """The model's adapter weights in diffusers' serialisation format."""
+def lora_layers(model: Any, *, convert: bool = True) -> dict[str, torch.Tensor]:
+    """The model's adapter weights in diffusers' serialisation format (``convert=False``: peft's key names, which
+    the SD3 / Flux LoRA loaders take, as diffusers' dreambooth_lora_sd3/flux scripts save them)."""
     from diffusers.utils import convert_state_dict_to_diffusers
     from peft.utils import get_peft_model_state_dict
 
-    return convert_state_dict_to_diffusers(get_peft_model_state_dict(model))
+    state = get_peft_model_state_dict(model)
+    return convert_state_dict_to_diffusers(state) if convert else state
 
 
-def save_lora(pipeline_cls: Any, folder: str | Path, unet: Any, text_encoders: list[Any] | None = None) -> Path:
+def save_lora(pipeline_cls: Any, folder: str | Path, unet: Any, text_encoders: list[Any] | None = None, *,
+              denoiser: str = "unet") -> Path:
     """Write ``folder/pytorch_lora_weights.safetensors`` with ``pipeline_cls.save_lora_weights``.
 
     Args:
         pipeline_cls: ``StableDiffusionPipeline`` or ``StableDiffusionXLPipeline`` (its LoRA loader format).
         unet: the UNet carrying the adapter.
         text_encoders: text encoders carrying adapters, in pipeline order (``text_encoder``, ``text_encoder_2``).
+        denoiser: ``"unet"``, or ``"transformer"`` for SD3 / Flux (``unet`` is then the transformer).
     """
-    kwargs: dict[str, Any] = {"unet_lora_layers": lora_layers(unet)}
+    kwargs: dict[str, Any] = {f"{denoiser}_lora_layers": lora_layers(unet, convert=denoiser == "unet")}
     for name, te in zip(_TEXT_ENCODER_KWARGS, text_encoders or []):
         kwargs[name] = lora_layers(te)
     pipeline_cls.save_lora_weights(str(folder), **kwargs)
     return Path(folder) / LORA_WEIGHTS_NAME
 
 
-def load_lora(pipeline_cls: Any, folder: str | Path, unet: Any, text_encoders: list[Any] | None = None) -> None:
+def load_lora(pipeline_cls: Any, folder: str | Path, unet: Any, text_encoders: list[Any] | None = None, *,
+              denoiser: str = "unet") -> None:
     """Load a :func:`save_lora` file into the adapters of ``unet`` (and ``text_encoders``), exactly.
+
+    ``denoiser``: the weights' prefix, ``"unet"`` or ``"transformer"`` (SD3 / Flux).
 
     Raises:
         ValueError: the file lacks weights for a model's adapter, or has weights no adapter takes.
@@ -105,7 +112,7 @@ def load_lora(pipeline_cls: Any, folder: str | Path, unet: Any, text_encoders: l
 
     state = pipeline_cls.lora_state_dict(str(folder))
     state = state[0] if isinstance(state, tuple) else state
-    parts: list[tuple[str, Any, Any]] = [("unet.", unet, convert_unet_state_dict_to_peft)]
+    parts: list[tuple[str, Any, Any]] = [(f"{denoiser}.", unet, convert_unet_state_dict_to_peft)]
     parts += [(p, te, convert_state_dict_to_peft) for p, te in zip(_TEXT_ENCODER_PREFIXES, text_encoders or [])]
     for prefix, model, convert in parts:
         sub = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
