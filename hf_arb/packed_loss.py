@@ -35,24 +35,25 @@ from .packed import (
     patchify,
 )
 
-__all__ = ["PackedFlowModel", "PackedLoss", "flow_family", "flux_pack_latent", "flux_unpack_latent",
+__all__ = ["PackedFlowModel", "PackedLoss", "denoiser", "flow_family", "flux_pack_latent", "flux_unpack_latent",
            "packed_flow_loss"]
 
 Reduction = Literal["image", "token"]
 
 
 def flux_pack_latent(latent: torch.Tensor) -> torch.Tensor:
-    """A ``(C, H, W)`` latent as Flux's ``(H/2 * W/2, 4C)`` tokens, in the order of ``FluxPipeline``'s latent
-    packing (channel, then the 2×2 patch's row and column)."""
-    c, h, w = latent.shape
-    return latent.reshape(c, h // 2, 2, w // 2, 2).permute(1, 3, 0, 2, 4).reshape((h // 2) * (w // 2), c * 4)
+    """A ``(C, H, W)`` latent as Flux's ``(H/2 * W/2, 4C)`` tokens (:func:`hf_arb.families.flux.pack_latents`, the
+    order of ``FluxPipeline``'s latent packing)."""
+    from .families.flux import pack_latents
+
+    return pack_latents(latent[None])[0]
 
 
 def flux_unpack_latent(tokens: torch.Tensor, grid: Sequence[int]) -> torch.Tensor:
     """Inverse of :func:`flux_pack_latent`: ``(h * w, 4C)`` tokens of token grid ``(h, w)`` → ``(C, 2h, 2w)``."""
-    h, w = int(grid[0]), int(grid[1])
-    c = tokens.shape[-1] // 4
-    return tokens.reshape(h, w, c, 2, 2).permute(2, 0, 3, 1, 4).reshape(c, h * 2, w * 2)
+    from .families.flux import unpack_latents
+
+    return unpack_latents(tokens[None], 2 * int(grid[0]), 2 * int(grid[1]))[0]
 
 
 def flow_family(transformer: Any) -> str:
@@ -78,13 +79,18 @@ class PackedLoss:
     meta: PackMeta
 
 
+def denoiser(model: Any) -> Any:
+    """The transformer inside a :class:`PackedFlowModel` (after ``accelerator.unwrap_model``), else ``model``."""
+    return model.transformer if isinstance(model, PackedFlowModel) else model
+
+
 def packed_flow_loss(transformer: Any, latents: Sequence[torch.Tensor], noise: Sequence[torch.Tensor],
                      prompt_embeds: Sequence[torch.Tensor], pooled_projections: torch.Tensor, sigmas: Any, *,
                      guidance: torch.Tensor | None = None, max_tokens: int | None = None,
                      max_text_tokens: int | None = None, meta: PackMeta | None = None,
                      weighting_scheme: str = "none", precondition_outputs: bool = False,
                      reduction: Reduction = "image", num_train_timesteps: int = 1000,
-                     backend: Backend = "auto") -> PackedLoss:
+                     dtype: torch.dtype | None = None, backend: Backend = "auto") -> PackedLoss:
     """The flow-matching loss of one pack (see the module docstring).
 
     Args:
@@ -101,6 +107,8 @@ def packed_flow_loss(transformer: Any, latents: Sequence[torch.Tensor], noise: S
         precondition_outputs: diffusers' ``--precondition_outputs`` (target ``x``, prediction ``pred·(-s) + noisy``).
         reduction: ``"image"`` or ``"token"``.
         num_train_timesteps: SD3's timestep scale (``timestep = sigma × num_train_timesteps``).
+        dtype: the dtype of the model's inputs (noisy latents, text, timesteps; default: the latents'); targets and
+            the loss stay in float32.
         backend: attention backend of the packed forward.
 
     Raises:
@@ -115,33 +123,37 @@ def packed_flow_loss(transformer: Any, latents: Sequence[torch.Tensor], noise: S
     if reduction not in ("image", "token"):
         raise ValueError(f"`reduction` must be 'image' or 'token', got {reduction!r}.")
     family = flow_family(transformer)
-    dev, dtype = latents[0].device, latents[0].dtype
+    dev = latents[0].device
+    dtype = latents[0].dtype if dtype is None else dtype
     sig = torch.as_tensor(sigmas, dtype=torch.float32, device=dev).reshape(-1)
     if sig.numel() != m:
         raise ValueError(f"`sigmas` must hold one sigma per image ({m}), got {sig.numel()}.")
-    noisy = [(1 - s) * x + s * n for s, x, n in zip(sig.to(dtype), latents, noise)]
+    noisy = [(1 - s) * x.float() + s * n.float() for s, x, n in zip(sig, latents, noise)]
+    text = [e.to(dtype) for e in prompt_embeds]
+    pooled = pooled_projections.to(dtype)
     if family == "sd3":
         p = transformer.config.patch_size
         to_tokens = lambda x: patchify(x, p)
-        out = packed_sd3_forward(transformer, noisy, prompt_embeds, pooled_projections,
+        out = packed_sd3_forward(transformer, [x.to(dtype) for x in noisy], text, pooled,
                                  (sig * num_train_timesteps).to(dtype), max_tokens=max_tokens,
                                  max_text_tokens=max_text_tokens, meta=meta, backend=backend)
     else:
         to_tokens = flux_pack_latent
         grids = [(x.shape[-2] // 2, x.shape[-1] // 2) for x in latents]
-        out = packed_flux_forward(transformer, [to_tokens(x) for x in noisy], grids, prompt_embeds,
-                                  pooled_projections, sig.to(dtype), guidance, max_tokens=max_tokens,
-                                  max_text_tokens=max_text_tokens, meta=meta, backend=backend)
+        out = packed_flux_forward(transformer, [to_tokens(x).to(dtype) for x in noisy], grids, text, pooled,
+                                  sig.to(dtype), None if guidance is None else guidance.to(dtype),
+                                  max_tokens=max_tokens, max_text_tokens=max_text_tokens, meta=meta,
+                                  backend=backend)
     meta = out.meta
     length = int(meta.document_id.size)
     doc = torch.as_tensor(meta.document_id, device=dev).long()
     idx, real = doc.clamp(min=0), (doc >= 0)
     pred = out.sample[0].float()  # (L, D)
     if precondition_outputs:
-        pred = pred * (-sig[idx])[:, None] + pack_tokens([to_tokens(x) for x in noisy], length)[0].float()
-        target = pack_tokens([to_tokens(x) for x in latents], length)[0].float()
+        pred = pred * (-sig[idx])[:, None] + pack_tokens([to_tokens(x) for x in noisy], length)[0]
+        target = pack_tokens([to_tokens(x.float()) for x in latents], length)[0]
     else:
-        target = pack_tokens([to_tokens(n - x) for x, n in zip(latents, noise)], length)[0].float()
+        target = pack_tokens([to_tokens(n.float() - x.float()) for x, n in zip(latents, noise)], length)[0]
     weight = compute_loss_weighting_for_sd3(weighting_scheme, sig).float()  # (m,)
     se = ((pred - target) ** 2).sum(-1) * weight[idx] * real  # (L,): padding masked
     per_sum = torch.zeros(m, device=dev, dtype=se.dtype).index_add(0, idx, se)
