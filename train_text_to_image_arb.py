@@ -1056,7 +1056,10 @@ def make_pack_sampler(args: argparse.Namespace, ds: Any, accelerator: Any) -> An
 def pack_schedule(args: argparse.Namespace, sampler: Any, num_processes: int) -> Schedule:
     """diffusers' step arithmetic over the real epochs: with packing, steps per epoch differ a little."""
     accum = args.gradient_accumulation_steps
-    updates = lambda e: math.ceil(sampler.steps_in(e) / accum)  # noqa: E731
+
+    def updates(epoch: int) -> int:
+        return math.ceil(sampler.steps_in(epoch) / accum)
+
     if args.max_train_steps is None:
         epochs = args.num_train_epochs
         steps = sum(updates(e) for e in range(epochs))

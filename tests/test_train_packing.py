@@ -1,0 +1,115 @@
+"""``--packing --max_tokens N`` in train_text_to_image_arb.py (SD3 / Flux): flag checks (fast), a one-process Flux
+run whose steps are packs of images at their own sizes, and (slow) a two-process SD3 run checkpointed mid-epoch and
+resumed across an epoch boundary to bit-identical weights. Runs are shared through ``shared_artifact``."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import test_train
+import test_train_flow
+import torch
+from test_train import read_trace, run_script
+from test_train_flow import FLOW, transformer_weights
+
+import train_text_to_image_arb as script
+
+PACK = [*FLOW, "--packing", "--max_tokens", "40", "--full_finetune", "--learning_rate", "1e-3"]
+_clean_accelerate_state = test_train._clean_accelerate_state
+flow_assets = test_train_flow.flow_assets  # the tiny SD3 / Flux pipelines and photos, built once per test run
+
+
+def _jsonable(stats: dict[str, Any]) -> dict[str, Any]:
+    return json.loads(json.dumps(stats, default=str))
+
+
+@pytest.mark.parametrize(("model", "flags", "message"), [
+    ("some/sd-model", ["--packing"], "UNet with no token sequence.*--max_pixels_per_batch"),
+    ("flux", ["--max_tokens", "64"], "add --packing or drop --max_tokens"),
+    ("flux", ["--packing", "--cache_latents"], "--cache_latents is not supported with --packing"),
+    ("flux", ["--packing", "--max_tokens", "0"], "--max_tokens must be >= 1"),
+])
+def test_packing_flags_are_checked(flow_assets, model, flags, message):
+    path = flow_assets.get(model, model)
+    with pytest.raises(script.UsageError, match=message):
+        script.parse_args(["--pretrained_model_name_or_path", path, "--train_data_dir", "d", "--full_finetune",
+                           *flags])
+    args = script.parse_args(["--pretrained_model_name_or_path", flow_assets["flux"], "--train_data_dir", "d",
+                              "--full_finetune", "--packing", "--resolution", "512"])
+    assert args.max_tokens == 32 * 32  # one --resolution^2 image
+
+
+# ------------------------------------------------------------------------------------ one process (Flux)
+@pytest.fixture(scope="module")
+def flux_run(flow_assets, shared_artifact) -> dict[str, Any]:
+    def build(root: Path) -> dict[str, Any]:
+        out = root / "out"
+        stats = run_script(["--pretrained_model_name_or_path", flow_assets["flux"], "--train_data_dir",
+                            flow_assets["images"], *PACK, "--max_train_steps", "3", "--checkpointing_steps", "100",
+                            "--output_dir", str(out)])
+        return {"dir": str(out), "stats": _jsonable(stats)}
+
+    return shared_artifact("pack-flux-1proc", build)
+
+
+@pytest.mark.slow
+def test_one_process_trains_packs_of_images_at_their_own_size(flux_run, flow_assets):
+    from diffusers import FluxTransformer2DModel
+
+    out, stats = Path(flux_run["dir"]), flux_run["stats"]
+    assert stats["global_step"] == 3 and all(map(math.isfinite, stats["losses"]))
+    trace = read_trace(out, 0)
+    rows = [r for t in trace for r in t["rows"]]
+    assert len(rows) == len(set(rows))  # every image at most once in the epoch
+    for t in trace:
+        tokens = sum((h // 16) * (w // 16) for _, h, w in t["shape"])
+        assert tokens <= 40 and all(h % 16 == 0 and w % 16 == 0 for _, h, w in t["shape"])
+    assert max(len(t["rows"]) for t in trace) > 1  # several images in one sequence
+    assert len({tuple(s) for t in trace for s in t["shape"]}) > 2  # and at several sizes
+    log = stats["log"]
+    assert "packing: 20/20 rows in" in log and "padding" in log and "packed) *****" in log
+    trained = FluxTransformer2DModel.from_pretrained(out, subfolder="transformer")
+    base = FluxTransformer2DModel.from_pretrained(flow_assets["flux"], subfolder="transformer")
+    assert any(not torch.equal(a, b) for a, b in zip(trained.state_dict().values(), base.state_dict().values()))
+
+
+# ----------------------------------------------------------------------- two processes + resume (SD3)
+def _sd3_runs(flow_assets: dict[str, str], root: Path) -> dict[str, Any]:
+    """2 processes, 6 steps (4 per epoch: the run crosses an epoch), checkpoint at 3; resume checkpoint-3."""
+    base = ["--pretrained_model_name_or_path", flow_assets["sd3"], "--train_data_dir", flow_assets["images"], *PACK,
+            "--max_train_steps", "6", "--checkpointing_steps", "3", "--random_flip"]
+    full, resumed = root / "full", root / "resumed"
+    stats = run_script(base + ["--output_dir", str(full)], nproc=2)
+    shutil.copytree(full / "checkpoint-3", resumed / "checkpoint-3")
+    again = run_script(base + ["--output_dir", str(resumed), "--resume_from_checkpoint", "latest"], nproc=2)
+    return {"full": str(full), "resumed": str(resumed), "stats": _jsonable(stats), "resumed_stats": _jsonable(again)}
+
+
+@pytest.fixture(scope="module")
+def sd3_runs(flow_assets, shared_artifact) -> dict[str, Any]:
+    return shared_artifact("pack-sd3-2proc", lambda root: _sd3_runs(flow_assets, root))
+
+
+@pytest.mark.slow
+def test_two_processes_train_their_own_packs_and_resume_bit_exactly(sd3_runs):
+    full, resumed = Path(sd3_runs["full"]), Path(sd3_runs["resumed"])
+    assert sd3_runs["stats"]["num_processes"] == 2 and sd3_runs["stats"]["global_step"] == 6
+    r0, r1 = read_trace(full, 0), read_trace(full, 1)
+    assert [t["step"] for t in r0] == [t["step"] for t in r1] == list(range(6))
+    assert {t["epoch"] for t in r0} == {0, 1}  # the run crosses an epoch boundary
+    for a, b in zip(r0, r1):
+        assert not set(a["rows"]) & set(b["rows"])  # each rank its own pack
+    for rank in (0, 1):
+        tail = [t for t in read_trace(full, rank) if t["step"] >= 3]
+        again = read_trace(resumed, rank)
+        assert [(t["step"], t["rows"], t["shape"], t["loss"]) for t in again] == \
+            [(t["step"], t["rows"], t["shape"], t["loss"]) for t in tail]
+    a, b = transformer_weights(full), transformer_weights(resumed)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    ckpt = transformer_weights(full / "checkpoint-3")
+    assert any(not torch.equal(ckpt[k], a[k]) for k in a)  # steps 4-6 did change the weights
