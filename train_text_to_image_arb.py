@@ -426,7 +426,7 @@ UNET_ONLY_FLAGS = {"snr_gamma": None, "dream_training": False, "prediction_type"
 FLOW_ONLY_FLAGS = {"weighting_scheme": None, "logit_mean": 0.0, "logit_std": 1.0, "mode_scale": 1.29,
                    "precondition_outputs": None, "guidance_scale": 3.5, "max_sequence_length": None,
                    "shift_by_resolution": None, "lora_layers": None}
-FLOW_FAMILIES = ("sd3", "flux")
+FLOW_FAMILIES = ("sd3", "flux")  # = hf_arb.families.FLOW_FAMILIES (without importing it before --help answers)
 
 
 def check_family_flags(args: argparse.Namespace) -> None:

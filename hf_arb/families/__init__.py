@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from .flow import FlowFamily
-from .flux import FluxFamily
-from .sd3 import SD3Family
+if TYPE_CHECKING:  # the adapters import torch: loaded on first use, so detection stays instant
+    from .flow import FlowFamily
 
 __all__ = ["FLOW_FAMILIES", "detect_flow_family", "get_family"]
 
@@ -65,7 +65,12 @@ def detect_flow_family(model: str) -> str | None:
 
 def get_family(name: str) -> FlowFamily:
     """The adapter for ``"sd3"`` or ``"flux"``."""
-    families: dict[str, type[FlowFamily]] = {"sd3": SD3Family, "flux": FluxFamily}
-    if name not in families:
-        raise ValueError(f"Unknown flow family {name!r}; known: {', '.join(families)}.")
-    return families[name]()
+    if name == "sd3":
+        from .sd3 import SD3Family
+
+        return SD3Family()
+    if name == "flux":
+        from .flux import FluxFamily
+
+        return FluxFamily()
+    raise ValueError(f"Unknown flow family {name!r}; known: {', '.join(FLOW_FAMILIES)}.")
