@@ -2044,6 +2044,9 @@ def main(argv: list[str] | argparse.Namespace | None = None) -> dict[str, Any]:
                  trainable_parameters=sum(p.numel() for p in trainable))
     if stream is not None:
         stats["stream_report"] = stream.report().to_dict()
+    if args.packing:
+        last_epoch = sampler.locate(max(progress.micro_step - 1, 0))[0]  # the epoch of the last trained pack
+        stats["pack_reports"] = {e: sampler.report(e).to_dict() for e in range(last_epoch + 1)}
     finish = save_final_lora if args.lora else save_final
     finish(args, accelerator, models, unet, buckets, progress, stats.setdefault("validation_images", []), stats)
     if accelerator.is_main_process:
@@ -2107,6 +2110,8 @@ def train_loop(args: argparse.Namespace, accelerator: Any, models: Models, unet:
             dataloader.set_epoch(epoch)
             loader = dataloader
         stream_print(accelerator, stream, f"epoch {epoch} start")
+        if args.packing and accelerator.is_main_process:  # each epoch packs differently: its padding and leftovers
+            print(f"epoch {epoch} {sampler.report(epoch).text()}", flush=True)
         for batch in loader:
             micro = progress.micro_step  # this batch's index since the start of training (per rank)
             progress.micro_step += 1

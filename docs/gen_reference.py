@@ -67,6 +67,7 @@ MODULES: dict[str, str] = {
     "hf_arb.families.flow": "training.md#per-bucket-resolution-shift",
     "hf_arb.families.sd3": "training.md#sd3--sd35",
     "hf_arb.families.flux": "training.md#flux1",
+    "hf_arb.families.packed": "packing.md#training-with-packing",
     "hf_arb.pipeline_sd_resolution": "training.md",
     "hf_arb.tiny": "training.md",
     "hf_arb.tiny_flow": "flow.md",

@@ -102,6 +102,9 @@ def test_two_processes_train_their_own_packs_and_resume_bit_exactly(sd3_runs):
     r0, r1 = read_trace(full, 0), read_trace(full, 1)
     assert [t["step"] for t in r0] == [t["step"] for t in r1] == list(range(6))
     assert {t["epoch"] for t in r0} == {0, 1}  # the run crosses an epoch boundary
+    reports = sd3_runs["stats"]["pack_reports"]  # the padding of every epoch trained, in the log and the stats
+    assert set(reports) == {"0", "1"} and all(0 <= r["padding_fraction"] < 0.5 for r in reports.values())
+    assert f"epoch 1 packing: {reports['1']['rows_packed']}/20 rows" in sd3_runs["stats"]["log"]
     for a, b in zip(r0, r1):
         assert not set(a["rows"]) & set(b["rows"])  # each rank its own pack
     for rank in (0, 1):
