@@ -141,3 +141,37 @@ def test_errors_name_the_fix(sd3, x):
         packed_flow_loss(sd3, x["latents"], x["noise"], x["text"], x["pooled"], x["sigmas"], reduction="sum")
     with pytest.raises(ValueError, match=">= 1 image"):
         packed_flow_loss(sd3, [], [], [], x["pooled"][:0], [])
+
+
+# ------------------------------------------------------------------------------ the training step (--packing)
+@pytest.mark.parametrize("family", ["sd3", "flux"])
+def test_a_one_image_pack_trains_exactly_like_a_one_image_batch(family):
+    """packed_flow_step draws posterior sample, noise, u and prompt dropout in flow_loss's order and shifts by the
+    image's own token count, so a pack of one image (with padding) has the loss of the bucketed batch of it."""
+    from hf_arb.families import get_family
+    from hf_arb.families.flow import flow_loss
+    from hf_arb.families.packed import packed_flow_step
+    from hf_arb.tiny_flow import tiny_flux_pipeline, tiny_sd3_pipeline
+
+    pipe = tiny_sd3_pipeline() if family == "sd3" else tiny_flux_pipeline()
+    fam = get_family(family)
+    opts = fam.options(pipe.scheduler.config, pipe.transformer, max_sequence_length=16)
+    assert opts.by_resolution == (family == "flux")  # Flux shifts per resolution, SD3 statically (both paths)
+    tokenizers = [pipe.tokenizer, pipe.tokenizer_2] + ([pipe.tokenizer_3] if family == "sd3" else [])
+    encoders = [pipe.text_encoder, pipe.text_encoder_2] + ([pipe.text_encoder_3] if family == "sd3" else [])
+
+    def encode(captions):
+        return fam.encode_prompts(tokenizers, encoders, captions, torch.device("cpu"), 16)
+
+    pixels = torch.rand(3, 48, 80, generator=torch.Generator().manual_seed(0)) * 2 - 1
+    captions = ["a wide photo"]
+    model = PackedFlowModel(pipe.transformer)
+    with torch.no_grad():
+        packed = packed_flow_step(fam, opts, model, {"pixel_values": [pixels], "grids": torch.tensor([[3, 5]]),
+                                                     "captions": captions}, pipe.vae, encode,
+                                  torch.Generator().manual_seed(7), torch.float32, max_tokens=20,
+                                  proportion_empty_prompts=0.5)
+        ref = flow_loss(fam, opts, pipe.transformer, {"pixel_values": pixels[None], "captions": captions}, pipe.vae,
+                        encode, torch.Generator().manual_seed(7), torch.float32, proportion_empty_prompts=0.5)
+    assert model.last_meta.padding_fraction == pytest.approx(1 - 15 / 20)
+    torch.testing.assert_close(packed, ref, rtol=1e-5, atol=1e-6)
