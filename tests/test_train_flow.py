@@ -112,6 +112,21 @@ def test_prompt_encoding_equals_the_stock_pipelines(flow_assets):
     assert torch.equal(unpack_latents(packed, 6, 10), x)
 
 
+@pytest.mark.parametrize("scheme", ["none", "logit_normal", "sigma_sqrt", "cosmap"])
+def test_the_exact_velocity_has_zero_loss_with_and_without_preconditioning(scheme):
+    from hf_arb.families.flow import flow_matching_loss
+
+    g = torch.Generator().manual_seed(0)
+    x, noise = torch.randn(3, 16, 4, 6, generator=g), torch.randn(3, 16, 4, 6, generator=g)
+    sigmas = torch.tensor([0.2, 0.5, 0.9])
+    s = sigmas.view(-1, 1, 1, 1)
+    noisy = (1 - s) * x + s * noise
+    for precondition in (False, True):  # preconditioned: pred * -sigma + noisy = x exactly for the true velocity
+        assert flow_matching_loss(noise - x, x, noise, noisy, sigmas, scheme, precondition) < 1e-10
+        wrong = flow_matching_loss(noise, x, noise, noisy, sigmas, scheme, precondition)
+        assert wrong > 0.1
+
+
 SHIFT_SIZES = [(80, 48), (48, 96), (1024, 1024), (1344, 768), (512, 512)]  # (width, height)
 
 
