@@ -45,6 +45,32 @@ def test_packing_flags_are_checked(flow_assets, model, flags, message):
     assert args.max_tokens == 32 * 32  # one --resolution^2 image
 
 
+@pytest.mark.parametrize(("epochs", "max_steps", "accum"), [(3, None, 1), (3, None, 2), (None, 30, 2)])
+def test_the_pack_schedule_follows_each_epochs_own_length(epochs, max_steps, accum):
+    """Steps per epoch vary with the packing: the schedule sums the real epochs (diffusers' ceil per epoch), and a
+    step budget gets just enough epochs."""
+    import argparse
+
+    import numpy as np
+
+    from hf_arb import PackBatchSampler
+
+    r = np.random.default_rng(0)
+    sampler = PackBatchSampler((r.integers(50, 700, 40), r.integers(50, 700, 40)), 1024, num_replicas=1,
+                               window=16, log_report=False)
+    lengths = [sampler.steps_in(e) for e in range(6)]
+    assert len(set(lengths)) > 1  # the epochs really differ
+    args = argparse.Namespace(gradient_accumulation_steps=accum, num_train_epochs=epochs or 100,
+                              max_train_steps=max_steps, lr_warmup_steps=0)
+    sched = script.pack_schedule(args, sampler, num_processes=1)
+    updates = [math.ceil(n / accum) for n in lengths]
+    if max_steps is None:
+        assert (sched.num_train_epochs, sched.max_train_steps) == (epochs, sum(updates[:epochs]))
+    else:
+        assert sched.max_train_steps == max_steps
+        assert sum(updates[:sched.num_train_epochs - 1]) < max_steps <= sum(updates[:sched.num_train_epochs])
+
+
 # ------------------------------------------------------------------------------------ one process (Flux LoRA)
 @pytest.fixture(scope="module")
 def flux_run(flow_assets, shared_artifact) -> dict[str, Any]:
