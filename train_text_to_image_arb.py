@@ -234,6 +234,13 @@ def build_parser() -> argparse.ArgumentParser:
     a("--lora_layers", type=str, default=None,
       help="SD3/Flux LoRA: comma-separated transformer modules to adapt (default: those of diffusers' "
            "train_dreambooth_lora_sd3/flux.py)." + NO_DEFAULT)
+    # --- packing (SD3 / Flux): NaViT packs of images at their own size instead of buckets (docs/packing.md)
+    a("--packing", action="store_true",
+      help="SD3/Flux: train packs of images at their own size and aspect (no bucket crop) in one token sequence "
+           "per device and step, attention masked per image; replaces buckets and --train_batch_size.")
+    a("--max_tokens", type=int, default=None,
+      help="--packing: latent tokens per pack (per device per step); each image is also capped at "
+           "min(this, (--resolution/16)^2) tokens. Default: (--resolution/16)^2." + NO_DEFAULT)
     # --- streaming (hf_arb.BucketedStream over annotated parquet shards; docs/training.md "Streaming")
     a("--streaming", action="store_true",
       help="Stream the annotated dataset (datasets streaming=True) through hf_arb.BucketedStream: no rank holds it.")
@@ -435,6 +442,7 @@ def check_values(args: argparse.Namespace) -> None:
     check_family_flags(args)
     check_streaming_flags(args)
     check_bucket_flags(args)
+    check_packing_flags(args)
     if args.max_pixels_per_batch is not None and (args.no_bucket_sync or args.streaming):
         raise UsageError(f"--max_pixels_per_batch needs every device in the same bucket at each step: drop "
                          f"{'--no_bucket_sync' if args.no_bucket_sync else '--streaming'} or --max_pixels_per_batch.")
@@ -513,6 +521,29 @@ def check_streaming_flags(args: argparse.Namespace) -> None:
         raise UsageError("--max_train_samples is not supported with --streaming: write fewer shards instead.")
     if args.stream_counts is not None and not Path(args.stream_counts).is_file():
         raise UsageFileError(f"--stream_counts {args.stream_counts}: no such file (JSON {{bucket id: rows}}).")
+
+
+def check_packing_flags(args: argparse.Namespace) -> None:
+    """--packing is for the flow transformers (a UNet has no token sequence) and excludes streaming / cached latents;
+    --max_tokens needs --packing."""
+    if not args.packing:
+        if args.max_tokens is not None:
+            raise UsageError("--max_tokens is the token budget of --packing: add --packing or drop --max_tokens.")
+        return
+    if args.family not in FLOW_FAMILIES:
+        raise UsageError(f"--packing packs transformer tokens (SD3 / Flux), but {args.pretrained_model_name_or_path} "
+                         f"is {args.family.upper()}, a UNet with no token sequence. Its analogue is a pixel budget "
+                         "per batch: --max_pixels_per_batch (a per-bucket batch size). Drop --packing.")
+    for flag in ("streaming", "cache_latents"):
+        if getattr(args, flag):
+            raise UsageError(f"--{flag} is not supported with --packing yet: drop one of them.")
+    if args.max_pixels_per_batch is not None:
+        raise UsageError("--max_pixels_per_batch sizes bucketed batches; --packing sizes packs by --max_tokens: drop "
+                         "one of them.")
+    if args.max_tokens is None:
+        args.max_tokens = (args.resolution // 16) ** 2
+    if args.max_tokens < 1:
+        raise UsageError(f"--max_tokens must be >= 1, got {args.max_tokens}.")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -864,7 +895,8 @@ def register_checkpoint_hooks(accelerator: Any, models: Models) -> None:
     if models.flow is not None:
         from hf_arb.families.flow import register_transformer_hooks
 
-        register_transformer_hooks(accelerator, models.flow.transformer_class())
+        register_transformer_hooks(accelerator, models.flow.transformer_class(),
+                                   unwrap=lambda m: unwrap(accelerator, m))
         return
     from diffusers import UNet2DConditionModel
 
@@ -935,12 +967,12 @@ def register_lora_checkpoint_hooks(accelerator: Any, models: Models, args: argpa
 
     def save_hook(hook_models: list[Any], weights: list[Any], output_dir: str) -> None:
         if accelerator.is_main_process:
-            unwrapped = [accelerator.unwrap_model(m) for m in hook_models]
+            unwrapped = [unwrap(accelerator, m) for m in hook_models]
             save_lora(cls, output_dir, unwrapped[0], unwrapped[1:] or None, denoiser=denoiser)
         weights.clear()  # the frozen base weights are not part of the checkpoint
 
     def load_hook(hook_models: list[Any], input_dir: str) -> None:
-        unwrapped = [accelerator.unwrap_model(m) for m in hook_models]
+        unwrapped = [unwrap(accelerator, m) for m in hook_models]
         hook_models.clear()
         load_lora(cls, input_dir, unwrapped[0], unwrapped[1:] or None, denoiser=denoiser)
 
@@ -959,7 +991,7 @@ def save_final_lora(args: argparse.Namespace, accelerator: Any, models: Models, 
         return
     cls = pipeline_class(models, args)
     encoders = [accelerator.unwrap_model(te) for te in models.trained_text_encoders or []]
-    save_lora(cls, args.output_dir, accelerator.unwrap_model(unet), encoders or None,
+    save_lora(cls, args.output_dir, unwrap(accelerator, unet), encoders or None,
               denoiser="unet" if models.flow is None else "transformer")
     (Path(args.output_dir) / BUCKETS_FILE).write_text(json.dumps(buckets.to_dict(), indent=1))
     if args.validation_prompts:
@@ -1073,8 +1105,9 @@ def dataset_with_buckets(args: argparse.Namespace, accelerator: Any) -> tuple[An
 
 
 def check_plan(args: argparse.Namespace, ds: Any, num_processes: int) -> None:
-    """With --bucket_leftover drop, some bucket must hold a full (global) batch, or the epoch has no step."""
-    if args.bucket_leftover != "drop" or args.max_pixels_per_batch is not None:  # the sampler checks a pixel budget
+    """With --bucket_leftover drop, some bucket must hold a full (global) batch, or the epoch has no step (a pixel
+    budget and --packing: their samplers check their own plans)."""
+    if args.bucket_leftover != "drop" or args.max_pixels_per_batch is not None or args.packing:
         return
     ids = np.asarray(ds.with_format("numpy")["bucket"])
     largest = int(np.bincount(ids[ids >= 0]).max()) if (ids >= 0).any() else 0
@@ -1091,6 +1124,8 @@ def make_sampler(args: argparse.Namespace, ds: Any, buckets: Any, accelerator: A
     """The global epoch plan over all ranks; a plain ``accelerator.prepare`` deals each rank its batches."""
     from hf_arb import BucketBatchSampler
 
+    if args.packing:
+        return make_pack_sampler(args, ds, accelerator)
     try:
         return BucketBatchSampler(
             ds, args.train_batch_size, num_replicas=accelerator.num_processes, rank=accelerator.process_index,
@@ -1102,6 +1137,66 @@ def make_sampler(args: argparse.Namespace, ds: Any, buckets: Any, accelerator: A
         if args.max_pixels_per_batch is None:
             raise
         raise UsageError(f"--max_pixels_per_batch {args.max_pixels_per_batch}: {e}") from None
+
+
+# ============================================================================================ packing
+def make_pack_sampler(args: argparse.Namespace, ds: Any, accelerator: Any) -> Any:
+    """--packing: every image at its own size (at most (--resolution/16)^2 tokens), packs of --max_tokens tokens."""
+    from hf_arb import PackBatchSampler
+
+    image_tokens = min(args.max_tokens, max(1, (args.resolution // 16) ** 2))
+    try:
+        return PackBatchSampler(ds, args.max_tokens, max_image_tokens=image_tokens,
+                                num_replicas=accelerator.num_processes, rank=accelerator.process_index,
+                                seed=args.seed, leftover="fill" if args.bucket_leftover == "fill" else "drop",
+                                log_report=False)
+    except ValueError as err:
+        raise UsageError(f"--packing --max_tokens {args.max_tokens}: {err}") from None
+
+
+def pack_schedule(args: argparse.Namespace, sampler: Any, num_processes: int) -> Schedule:
+    """diffusers' step arithmetic over the real epochs: with packing, steps per epoch differ a little."""
+    accum = args.gradient_accumulation_steps
+
+    def updates(epoch: int) -> int:
+        return math.ceil(sampler.steps_in(epoch) / accum)
+
+    if args.max_train_steps is None:
+        epochs = args.num_train_epochs
+        steps = sum(updates(e) for e in range(epochs))
+    else:
+        steps, epochs, done = args.max_train_steps, 0, 0
+        while done < steps:
+            done, epochs = done + updates(epochs), epochs + 1
+    return Schedule(sampler.steps_in(0), updates(0), steps, epochs, args.lr_warmup_steps * num_processes,
+                    steps * num_processes)
+
+
+def packed_model(args: argparse.Namespace, models: Models) -> Any:
+    """What ``accelerator.prepare`` wraps: with --packing, a module whose forward is the packed loss, so that DDP
+    synchronises the packed computation; else the denoiser itself."""
+    if not args.packing:
+        return models.unet
+    from hf_arb.packed_loss import PackedFlowModel
+
+    return PackedFlowModel(models.unet)
+
+
+def unwrap(accelerator: Any, model: Any) -> Any:
+    """The trained denoiser behind a prepared model (through a --packing wrapper)."""
+    from hf_arb.packed_loss import denoiser
+
+    return denoiser(accelerator.unwrap_model(model))
+
+
+def packing_report(sampler: Any) -> str:
+    """--packing's startup lines: this epoch's packs, padding and left-out rows, and the crop to the patch grid."""
+    rep = sampler.report()
+    ok = sampler.sizes.tokens > 0
+    return (f"{rep.text()}\nimages at their own size: {int(ok.sum()):,} rows, mean "
+            f"{sampler.sizes.tokens[ok].mean():,.0f} "
+            f"tokens (cap {int(sampler.max_image_tokens):,}), mean crop to the 16 px grid "
+            f"{100 * sampler.mean_crop_fraction():.2f}% of the area; pack budget {sampler.max_tokens:,} tokens")
 
 
 def image_dataset(args: argparse.Namespace, ds: Any, buckets: Any) -> Any:
@@ -1131,7 +1226,15 @@ def build_dataloader(args: argparse.Namespace, accelerator: Any, ds: Any, bucket
         collate = CachedLatentDataset.collate
     else:
         index = None
-        dataset = image_dataset(args, ds, buckets)
+        if args.packing:
+            from hf_arb import PackedImageDataset
+
+            dataset = PackedImageDataset(
+                ds, sampler.sizes, image_column=args.image_column, caption_column=args.caption_column, seed=args.seed,
+                center_crop=args.center_crop, random_flip=args.random_flip, resample=args.image_interpolation_mode,
+                on_bad_image=args.on_bad_image, bad_image_log=Path(args.output_dir) / SKIPPED_ROWS_FILE)
+        else:
+            dataset = image_dataset(args, ds, buckets)
         collate = dataset.collate
     loader = torch.utils.data.DataLoader(dataset, batch_sampler=sampler, collate_fn=collate,
                                          num_workers=args.dataloader_num_workers)
@@ -1500,6 +1603,11 @@ def diffusion_loss(args: argparse.Namespace, models: Models, unet: Any, batch: d
                    gen: torch.Generator, weight_dtype: torch.dtype, resolution_dim: int | None) -> torch.Tensor:
     """The diffusers loss for one micro-batch: latents → noise → UNet → (SNR-weighted) MSE (SD3 / Flux: the
     flow-matching loss with the batch's resolution shift, :func:`hf_arb.families.flow.flow_loss`)."""
+    if models.flow is not None and "grids" in batch:  # --packing: one pack of images at their own sizes
+        from hf_arb.families.packed import packed_flow_step
+
+        return packed_flow_step(models.flow, models.flow_options, unet, batch, models.vae, text, gen, weight_dtype,
+                                args.max_tokens, args.proportion_empty_prompts)
     if models.flow is not None:
         from hf_arb.families.flow import flow_loss
 
@@ -1819,7 +1927,7 @@ def save_final(args: argparse.Namespace, accelerator: Any, models: Models, unet:
     accelerator.wait_for_everyone()
     if not accelerator.is_main_process:
         return
-    unet = accelerator.unwrap_model(unet)
+    unet = unwrap(accelerator, unet)
     if models.ema_unet is not None:
         models.ema_unet.copy_to(unet.parameters())
     pipe = build_pipeline(args, models, unet, torch.float32, final=True)
@@ -1864,6 +1972,15 @@ def startup_report(accelerator: Any, ds: Any, buckets: Any, sampler: Any, schedu
     if not accelerator.is_main_process:
         return
     ids = np.asarray(ds.with_format("numpy")["bucket"])
+    if args.packing:
+        print(packing_report(sampler), flush=True)
+        print(f"***** Running training ({models.family.upper()}, packed) *****\n"
+              f"  Num examples = {int((sampler.sizes.tokens > 0).sum())}\n  Num Epochs = {schedule.num_train_epochs}\n"
+              f"  One pack of <= {args.max_tokens} tokens per device and step "
+              f"({sampler.report().mean_images_per_pack:.2f} images on average)\n"
+              f"  Gradient Accumulation steps = {args.gradient_accumulation_steps}\n"
+              f"  Total optimization steps = {schedule.max_train_steps}", flush=True)
+        return
     counts = np.bincount(ids[ids >= 0], minlength=len(buckets))
     sizes = getattr(sampler, "batch_sizes", None)  # --max_pixels_per_batch: {bucket: batch size per device}
     lines = [f"{'bucket':>11} {'aspect':>7} {'rows':>9}" + (f" {'batch':>6}" if sizes else "")]
@@ -1965,12 +2082,14 @@ def main(argv: list[str] | argparse.Namespace | None = None) -> dict[str, Any]:
     schedule = compute_schedule(sampler.steps_per_epoch, gradient_accumulation_steps=args.gradient_accumulation_steps,
                                 num_train_epochs=args.num_train_epochs, max_train_steps=args.max_train_steps,
                                 lr_warmup_steps=args.lr_warmup_steps, num_processes=accelerator.num_processes)
+    if args.packing:
+        schedule = pack_schedule(args, sampler, accelerator.num_processes)
     from diffusers.optimization import get_scheduler
 
     setup_logging(accelerator, ("transformers", "diffusers"))
     models = load_models(args)
     check_family(args, models)
-    if models.flow is not None:  # latent sizes the transformer can patch, and the per-bucket shift for the card
+    if models.flow is not None and not args.packing:  # latent sizes the transformer can patch, per-bucket shift
         check_flow_buckets(models, buckets, args)
         args = updated(args, shift_table=flow_shift_report(models, buckets))
     encode_calls = count_calls(models.vae, "encode")
@@ -2002,11 +2121,11 @@ def main(argv: list[str] | argparse.Namespace | None = None) -> dict[str, Any]:
         fill_deepspeed_micro_batch(accelerator, sampler)  # DeepSpeed cannot read a batch sampler's batch size
     if args.lora and args.train_text_encoder:
         unet, *encoders, optimizer, dataloader, lr_scheduler = accelerator.prepare(
-            models.unet, *models.text_encoders, optimizer, dataloader, lr_scheduler)
+            packed_model(args, models), *models.text_encoders, optimizer, dataloader, lr_scheduler)
         models.trained_text_encoders = encoders
     else:
-        unet, optimizer, dataloader, lr_scheduler = accelerator.prepare(models.unet, optimizer, dataloader,
-                                                                        lr_scheduler)
+        unet, optimizer, dataloader, lr_scheduler = accelerator.prepare(packed_model(args, models), optimizer,
+                                                                        dataloader, lr_scheduler)
     if stream is None:  # (the stream's state is per rank: save_checkpoint writes it beside accelerate's)
         accelerator.register_for_checkpointing(sampler)  # its plan check refuses a checkpoint of another dataset/seed
     if models.ema_unet is not None:
@@ -2042,6 +2161,9 @@ def main(argv: list[str] | argparse.Namespace | None = None) -> dict[str, Any]:
                  trainable_parameters=sum(p.numel() for p in trainable))
     if stream is not None:
         stats["stream_report"] = stream.report().to_dict()
+    if args.packing:
+        last_epoch = sampler.locate(max(progress.micro_step - 1, 0))[0]  # the epoch of the last trained pack
+        stats["pack_reports"] = {e: sampler.report(e).to_dict() for e in range(last_epoch + 1)}
     finish = save_final_lora if args.lora else save_final
     finish(args, accelerator, models, unet, buckets, progress, stats.setdefault("validation_images", []), stats)
     if accelerator.is_main_process:
@@ -2101,7 +2223,7 @@ def train_loop(args: argparse.Namespace, accelerator: Any, models: Models, unet:
     text = TextEncoder(models, accelerator.device, weight_dtype, cache=args.cache_text_embeddings)
     trained = [unet, *(models.trained_text_encoders or [])]
     params = [p for m in trained for p in m.parameters() if p.requires_grad]
-    labels = buckets.labels()
+    labels = {**dict(enumerate(buckets.labels())), -1: "pack"}  # --packing: a pack is not one bucket
     trace = None
     if args.log_batches:
         trace_path = Path(args.output_dir) / "batches" / f"rank{accelerator.process_index}.jsonl"
@@ -2132,12 +2254,14 @@ def train_loop(args: argparse.Namespace, accelerator: Any, models: Models, unet:
             dataloader.set_epoch(epoch)
             loader = dataloader
         stream_print(accelerator, stream, f"epoch {epoch} start")
+        if args.packing and accelerator.is_main_process:  # each epoch packs differently: its padding and leftovers
+            print(f"epoch {epoch} {sampler.report(epoch).text()}", flush=True)
         for batch in loader:
             micro = progress.micro_step  # this batch's index since the start of training (per rank)
             progress.micro_step += 1
             gen = micro_step_generator(args.seed, micro, accelerator.process_index, accelerator.device)
             batch = batch_captions(batch)
-            bucket = int(batch["buckets"][0])
+            bucket = -1 if args.packing else int(batch["buckets"][0])
             with accelerator.accumulate(*trained):
                 loss = diffusion_loss(args, models, unet, batch, text, gen, weight_dtype, resolution_dim)
                 weight = loss_weight(epoch, micro - epoch * schedule.batches_per_epoch)  # 1 but with a pixel budget
@@ -2161,7 +2285,9 @@ def train_loop(args: argparse.Namespace, accelerator: Any, models: Models, unet:
             if trace is not None:
                 tensor = batch["latent_stats"] if "latent_stats" in batch else batch["pixel_values"]
                 trace.write(json.dumps({"step": progress.global_step, "micro": micro, "epoch": epoch,
-                                        "bucket": bucket, "label": labels[bucket], "shape": list(tensor.shape),
+                                        "bucket": bucket, "label": labels[bucket],
+                                        "shape": [list(t.shape) for t in tensor] if isinstance(tensor, list)
+                                        else list(tensor.shape),
                                         "rows": [int(r) for r in batch["rows"]], "loss": float(loss.detach()),
                                         "time_ids_first": batch["original_sizes"][0].tolist()
                                         + batch["crop_top_lefts"][0].tolist() + batch["target_sizes"][0].tolist()})
@@ -2195,7 +2321,7 @@ def train_loop(args: argparse.Namespace, accelerator: Any, models: Models, unet:
             if models.ema_unet is not None:
                 models.ema_unet.store(unet.parameters())
                 models.ema_unet.copy_to(unet.parameters())
-            path = log_validation(args, accelerator, models, accelerator.unwrap_model(unet), buckets,
+            path = log_validation(args, accelerator, models, unwrap(accelerator, unet), buckets,
                                   progress.global_step, weight_dtype)
             if path:
                 validation_images.append(str(path))

@@ -71,6 +71,7 @@ MODULES: dict[str, str] = {
     "hf_arb.families.flow": "training.md#per-bucket-resolution-shift",
     "hf_arb.families.sd3": "training.md#sd3--sd35",
     "hf_arb.families.flux": "training.md#flux1",
+    "hf_arb.families.packed": "packing.md#training-with-packing",
     "hf_arb.pipeline_sd_resolution": "training.md",
     "hf_arb.tiny": "training.md",
     "hf_arb.tiny_flow": "flow.md",
@@ -79,6 +80,9 @@ MODULES: dict[str, str] = {
     "hf_arb.pack_layout": "packing.md",
     "hf_arb.packed": "packing.md",
     "hf_arb.packed_attention": "packing.md",
+    "hf_arb.sampling.packs": "packing.md#the-data-path",
+    "hf_arb.packed_data": "packing.md#the-data-path",
+    "hf_arb.packed_loss": "packing.md#the-packed-loss",
 }
 
 

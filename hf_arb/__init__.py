@@ -21,6 +21,7 @@ _EXPORTS: dict[str, str] = {
     "add_bucket_columns": "annotate",
     "push_to_hub": "hub",
     "BucketBatchSampler": "sampling",
+    "PackBatchSampler": "sampling",
     "PlanReport": "sampling",
     "plan_epoch": "sampling",
     "prepare_dataloader": "sampling",
@@ -32,6 +33,7 @@ _EXPORTS: dict[str, str] = {
     "FitResult": "imaging",
     "to_tensor": "imaging",
     "BucketedImageDataset": "data",
+    "PackedImageDataset": "packed_data",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]

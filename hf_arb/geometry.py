@@ -126,8 +126,31 @@ def plan_fit(
         raise ValueError(f"`size` and `bucket` must be (width, height) pairs, got size={size!r}, bucket={bucket!r}.")
     w, h = _positive_int(size[0], "width"), _positive_int(size[1], "height")
     bw, bh = _positive_int(bucket[0], "bucket width"), _positive_int(bucket[1], "bucket height")
-    sw, sh = cover_size(w, h, bw, bh)
-    ex, ey = sw - bw, sh - bh  # >= 0; one of them is 0
+    return crop_plan((w, h), cover_size(w, h, bw, bh), (bw, bh), crop=crop, rng=rng, flip=flip)
+
+
+def crop_plan(
+    size: Sequence[int],
+    scaled_size: Sequence[int],
+    bucket: Sequence[int],
+    crop: CropMode = "random",
+    rng: np.random.Generator | None = None,
+    flip: bool = False,
+) -> FitPlan:
+    """The crop step of :func:`plan_fit` for a given scaled size: where ``bucket`` is cut from the image scaled
+    to ``scaled_size`` (e.g. :func:`hf_arb.pack_layout.fit_sizes`' ``resize_width/height``, which may leave a
+    remainder on both sides). Same crop and flip rules and random draws as :func:`plan_fit`.
+
+    Raises:
+        ValueError: a size that is not positive, or a scaled size that does not cover the bucket.
+    """
+    w, h = _positive_int(size[0], "width"), _positive_int(size[1], "height")
+    sw, sh = _positive_int(scaled_size[0], "scaled width"), _positive_int(scaled_size[1], "scaled height")
+    bw, bh = _positive_int(bucket[0], "bucket width"), _positive_int(bucket[1], "bucket height")
+    ex, ey = sw - bw, sh - bh
+    if ex < 0 or ey < 0:
+        raise ValueError(f"The scaled size {sw}x{sh} does not cover the bucket {bw}x{bh}; scale to cover it "
+                         "(`cover_size`).")
     if crop == "center":
         x, y = ex // 2, ey // 2
     elif crop == "random":

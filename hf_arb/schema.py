@@ -105,6 +105,17 @@ def read_ids_and_errors(ds: Any) -> tuple[np.ndarray, np.ndarray]:
     return ids, pc.cast(t.column("aspect_error"), pa.float64()).to_numpy(zero_copy_only=False)
 
 
+def read_original_sizes(ds: Any, column: str = "bucket") -> tuple[np.ndarray, np.ndarray]:
+    """Displayed ``(width, height)`` of every row from the annotation (``original_width``/``original_height``),
+    int64 ``(n,)`` each; ``0`` where the row was skipped at annotation (bucket ``-1``) or a size is null."""
+    require_columns(ds, [column, "original_width", "original_height"], "Reading the original sizes")
+    t = ds.select_columns([column, "original_width", "original_height"]).with_format("arrow")[:]
+    kept = pc.fill_null(t.column(column), -1).to_numpy() >= 0
+    w, h = (pc.fill_null(t.column(c), 0).to_numpy().astype(np.int64) for c in ("original_width", "original_height"))
+    ok = kept & (w > 0) & (h > 0)
+    return np.where(ok, w, 0), np.where(ok, h, 0)
+
+
 def _column_table(ds: Any, need: list[str], extra: list[str]) -> pa.Table:
     require_columns(ds, need, "Rebuilding the bucket table")
     extra = [c for c in extra if c in ds.column_names]

@@ -328,23 +328,27 @@ def stock_pipeline(family: FlowFamily, options: FlowOptions, path: str, transfor
     return pipe
 
 
-def register_transformer_hooks(accelerator: Any, transformer_cls: Any, subfolder: str = "transformer") -> None:
+def register_transformer_hooks(accelerator: Any, transformer_cls: Any, subfolder: str = "transformer",
+                               unwrap: Callable[[Any], Any] | None = None) -> None:
     """Save the trained transformer in diffusers format under ``<checkpoint>/transformer`` and load it back.
 
     Args:
         accelerator: the run's ``accelerate.Accelerator`` (its public save/load state pre-hooks).
         transformer_cls: the diffusers class to load the checkpoint's transformer with.
+        unwrap: prepared model → transformer (default ``accelerator.unwrap_model``; ``--packing`` prepares a
+            wrapper around the transformer).
     """
+    unwrap = unwrap or accelerator.unwrap_model
 
     def save_hook(models: list[Any], weights: list[Any], output_dir: str) -> None:
         if accelerator.is_main_process:
             for model in models:
-                accelerator.unwrap_model(model).save_pretrained(os.path.join(output_dir, subfolder))
+                unwrap(model).save_pretrained(os.path.join(output_dir, subfolder))
                 weights.pop()
 
     def load_hook(models: list[Any], input_dir: str) -> None:
         while models:
-            model = accelerator.unwrap_model(models.pop())
+            model = unwrap(models.pop())
             loaded = transformer_cls.from_pretrained(input_dir, subfolder=subfolder)
             model.load_state_dict(loaded.state_dict())
             del loaded

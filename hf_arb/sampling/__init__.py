@@ -10,6 +10,7 @@
 - :mod:`~hf_arb.sampling.report` — :class:`PlanReport`;
 - :mod:`~hf_arb.sampling.state` — the resume state and its validation;
 - :mod:`~hf_arb.sampling.sampler` — :class:`BucketBatchSampler`, a thin class around the plan;
+- :mod:`~hf_arb.sampling.packs` — :class:`PackBatchSampler`, NaViT packs of images at their own size;
 - :mod:`~hf_arb.sampling.accelerate` — optional conveniences around ``accelerator.prepare``;
 - :mod:`~hf_arb.sampling.stream` — :class:`BucketedStream`, bucketed batches from a streaming dataset;
   :mod:`~hf_arb.sampling.stream_collate` fits streamed image rows to their bucket
@@ -18,6 +19,7 @@
 
 from .accelerate import prepare_dataloader, resume_dataloader
 from .batch_sizes import accumulation_weights, batch_sizes_for_pixels, batch_sizes_from_mapping
+from .packs import PackBatchSampler
 from .plan import merge_small_buckets, plan_epoch
 from .ragged import RaggedPlan, plan_epoch_ragged
 from .report import PlanReport
@@ -27,7 +29,8 @@ from .stream import BucketedStream, BufferOverflowError, build_stream_loader
 from .stream_collate import StreamImageCollate
 from .stream_plan import StreamReport, stream_schedule
 
-__all__ = ["BucketBatchSampler", "BucketedStream", "BufferOverflowError", "PlanReport", "RaggedPlan", "RankBatchSampler",
-           "StreamImageCollate", "StreamReport", "accumulation_weights", "batch_sizes_for_pixels",
-           "batch_sizes_from_mapping", "build_stream_loader", "merge_small_buckets", "plan_epoch", "plan_epoch_ragged",
+__all__ = ["BucketBatchSampler", "BucketedStream", "BufferOverflowError", "PackBatchSampler", "PlanReport",
+           "RaggedPlan", "RankBatchSampler", "StreamImageCollate", "StreamReport", "accumulation_weights",
+           "batch_sizes_for_pixels", "batch_sizes_from_mapping", "build_stream_loader", "merge_small_buckets",
+           "plan_epoch", "plan_epoch_ragged",
            "prepare_dataloader", "resume_dataloader", "stream_schedule"]

@@ -10,14 +10,16 @@ from __future__ import annotations
 
 from typing import Any
 
+from .packs import PackBatchSampler
 from .sampler import BucketBatchSampler, RankBatchSampler
 
 
-def find_sampler(dataloader: Any) -> BucketBatchSampler:
-    """The :class:`BucketBatchSampler` behind a (prepared or plain) ``DataLoader``."""
+def find_sampler(dataloader: Any) -> BucketBatchSampler | PackBatchSampler:
+    """The :class:`BucketBatchSampler` (or :class:`~hf_arb.sampling.packs.PackBatchSampler`) behind a (prepared
+    or plain) ``DataLoader``."""
     bs = getattr(dataloader, "batch_sampler", None)
     for candidate in (bs, getattr(bs, "batch_sampler", None), getattr(dataloader, "sampler", None)):
-        if isinstance(candidate, BucketBatchSampler):
+        if isinstance(candidate, (BucketBatchSampler, PackBatchSampler)):
             return candidate
         if isinstance(candidate, RankBatchSampler):
             return candidate.parent
