@@ -34,6 +34,7 @@ def _jsonable(stats: dict[str, Any]) -> dict[str, Any]:
     ("flux", ["--max_tokens", "64"], "add --packing or drop --max_tokens"),
     ("flux", ["--packing", "--cache_latents"], "--cache_latents is not supported with --packing"),
     ("flux", ["--packing", "--max_tokens", "0"], "--max_tokens must be >= 1"),
+    ("flux", ["--packing", "--max_pixels_per_batch", "65536"], "--max_pixels_per_batch sizes bucketed batches"),
 ])
 def test_packing_flags_are_checked(flow_assets, model, flags, message):
     path = flow_assets.get(model, model)
