@@ -2,8 +2,9 @@
 
 The worker (tests/_sampler_worker.py) is a diffusers-style script (everything in one plain
 ``accelerator.prepare``); each rank records what it trained and these tests assert on the records. The
-2-process run (batch 3) saves a sampler state mid-epoch that the 3-process run (batch 2, the same global
-batch of 6) resumes: elastic resume across real launches.
+2-process run (batch 3) checkpoints mid-epoch 1 and the 3-process run (batch 2) exactly at the end of epoch 0 (a
+state saved at the end of a pass is the case torchdata restores through a dropped pass); the 3-process run also
+continues the 2-process run's sampler state (the same global batch of 6): elastic resume across real launches.
 """
 
 from __future__ import annotations
@@ -74,19 +75,21 @@ def _expected(world: int, batch: int) -> tuple[np.ndarray, np.ndarray]:
 def test_plain_accelerate_prepare_every_mode_2_and_3_processes(tmp_path: Path) -> None:
     """The diffusers-style script on 2 and 3 processes, in every accelerate mode: each rank trains exactly its
     planned batches, in the same bucket as every other rank, len() is right before and after prepare, and a
-    checkpoint taken mid-epoch resumes in a new process with identical remaining batches. The 3-process run also
-    continues the 2-process run's sampler state (elastic resume, same global batch of 6)."""
+    checkpoint resumes in a new process with identical remaining batches: taken mid-epoch 1 on 2 processes, exactly
+    at the end of epoch 0 on 3. The 3-process run also continues the 2-process run's sampler state (elastic resume,
+    same global batch of 6)."""
     sys.path.insert(0, str(ROOT / "tests"))
     from _sampler_worker import MODES, bucket_ids
 
     ids = bucket_ids()
     elastic = tmp_path / "elastic.json"
-    for world, batch, save_at in ((2, 3, 9), (3, 2, 41)):
+    for world, batch, mid_epoch_step in ((2, 3, 9), (3, 2, 0)):
+        exp_rows, exp_epochs = _expected(world, batch)
+        save_at = len(exp_rows) // 2 + mid_epoch_step  # in epoch 1, or at the end of epoch 0
         out = tmp_path / f"w{world}"
         extra = ("--save-elastic", str(elastic), "--pixel") if world == 2 else ("--load-elastic", str(elastic))
         full = _torchrun(world, out, "full", "--batch-size", str(batch), "--save-at", str(save_at), *extra)
         resumed = _torchrun(world, out, "resume", "--batch-size", str(batch), *extra)
-        exp_rows, exp_epochs = _expected(world, batch)
         assert 0 < save_at < len(exp_rows)
         for mode in MODES:
             where = f"{mode}, {world} processes"
@@ -110,9 +113,10 @@ def test_plain_accelerate_prepare_every_mode_2_and_3_processes(tmp_path: Path) -
             check_pixel_modes(full, resumed, save_at)
     el_rows, _ = _steps(resumed, "elastic")  # 3 ranks x 2 continuing 2 ranks x 3
     assert resumed[0]["elastic"]["saved_world"] == 2 and resumed[0]["elastic"]["global_batch"] == 6
-    glob = plan_epoch(ids, 6, 1, seed=7, epoch=0, leftover="fill")[:, 0]  # (steps, 6)
     steps_done = resumed[0]["elastic"]["steps_done"]
-    np.testing.assert_array_equal(el_rows.reshape(len(el_rows), -1), glob[steps_done:])
+    glob = plan_epoch(ids, 6, 1, seed=7, epoch=1, leftover="fill")[:, 0]  # (steps, 6); saved in epoch 1
+    assert resumed[0]["elastic"]["epoch"] == 1 and steps_done == len(glob) + 9
+    np.testing.assert_array_equal(el_rows.reshape(len(el_rows), -1), glob[steps_done - len(glob):])
 
 
 def check_pixel_modes(full: list[dict], resumed: list[dict], save_at: int) -> None:

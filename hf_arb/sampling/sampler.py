@@ -133,6 +133,10 @@ class BucketBatchSampler:
         self._prepare_plan(ids, catch_all_bucket, merge_small)
         self._epoch, self._consumed = 0, 0
         self._restored_epoch: int | None = None  # set by load_state_dict until the next set_epoch/iteration
+        # where the next pass starts: set_epoch's (epoch, 0) for every pass until the next set_epoch (pinned), or
+        # load_state_dict's position until a pass from it hands out the epoch's last step; None: the cursor
+        self._start: tuple[int, int] | None = None
+        self._pinned, self._start_id = False, 0
         self._logged = False
         self._layout_cache: tuple[int, Any] | None = None
         self._steps0 = self._layout(0).num_steps  # constant over epochs when synced
@@ -310,6 +314,11 @@ class BucketBatchSampler:
     def set_epoch(self, epoch: int) -> None:
         """Start epoch ``epoch`` from its first batch (accelerate calls this through the prepared loader).
 
+        Every pass from then on yields epoch ``epoch`` from its first batch until the next ``set_epoch`` (as
+        ``DistributedSampler`` and accelerate's samplers do); only a sampler whose epoch is never set moves on to the
+        next epoch by itself after a finished pass. A pass begun and abandoned (torchdata's ``StatefulDataLoader``
+        builds and drops one when it restores a state saved at the end of a pass) thus never shifts the next one.
+
         After :meth:`load_state_dict`, an epoch other than the restored one gets a warning: the loop probably
         forgot ``train_dataloader.set_epoch(epoch)`` (accelerate then counts passes from 0 again).
         """
@@ -323,6 +332,7 @@ class BucketBatchSampler:
             )
         self._restored_epoch = None
         self._epoch, self._consumed = epoch, 0
+        self._start, self._pinned, self._start_id = (epoch, 0), True, self._start_id + 1
 
     def _steps(self, rank: int | None = None) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
         """Yield ``(epoch, rows (W, B), targets (W,))`` for each remaining step (with ``rank``: ``(1, B)`` and
@@ -332,9 +342,11 @@ class BucketBatchSampler:
             self._logged = True
             logger.info("hf_arb BucketBatchSampler: %s", self.report())
         self._restored_epoch = None
-        if self._consumed >= self._steps_in(self._epoch):  # the last pass finished: this one is the next epoch
+        if self._start is not None:  # set_epoch / load_state_dict: every pass starts there (see set_epoch)
+            self._epoch, self._consumed = self._start
+        elif self._consumed >= self._steps_in(self._epoch):  # the last pass finished: this one is the next epoch
             self._epoch, self._consumed = self._epoch + 1, 0
-        e = self._epoch
+        e, start_id, steps = self._epoch, self._start_id, self._steps_in(self._epoch)
         lay = self._layout(e)
         if self._sizes is not None:  # ragged steps (a batch size per bucket): the targets equal on every rank
             for s, rows in iter_ragged(lay, self._consumed, rank=rank):
@@ -349,6 +361,8 @@ class BucketBatchSampler:
             for i in range(len(rows)):
                 if self._epoch == e:
                     self._consumed = s0 + i + 1
+                    if self._consumed == steps and not self._pinned and self._start_id == start_id:
+                        self._start = None  # a restored position is used up once its epoch is handed out
                 yield e, rows[i], targets[i]
 
     def _keys(self, batch: np.ndarray, target: int, epoch: int) -> list:
@@ -376,7 +390,8 @@ class BucketBatchSampler:
         return sampler_state(self)
 
     def load_state_dict(self, state: Any) -> None:
-        """Restore the position in O(1); the next pass continues from it (unless ``set_epoch`` starts an epoch).
+        """Restore the position in O(1); the next pass continues from it (unless ``set_epoch`` starts an epoch),
+        and so does any pass begun after it until one hands out the rest of that epoch.
 
         Rejects anything that is not a state of this plan, naming the field. With the same global batch
         (``num_replicas × batch``) the number of processes may change (elastic resume; ``sync_buckets=True``).
@@ -390,6 +405,7 @@ class BucketBatchSampler:
         if consumed == steps:
             epoch, consumed = epoch + 1, 0
         self._epoch, self._consumed, self._restored_epoch = epoch, consumed, epoch
+        self._start, self._pinned, self._start_id = (epoch, consumed), False, self._start_id + 1
 
     # ---------------------------------------------------------------- report
     def report(self, epoch: int | None = None) -> PlanReport:
