@@ -180,6 +180,43 @@ def test_bad_inputs():
     state = BucketedStream(ds, 4, counts=[40]).state_dict()
     with pytest.raises(ValueError, match="same world size"):
         BucketedStream(ds, 2, counts=[40]).load_state_dict(state)
+    with pytest.raises(ValueError, match="version 1 .*restart the epoch"):  # row-by-row snapshots: refused
+        BucketedStream(ds, 4, counts=[40]).load_state_dict({**state, "version": 1})
+    with pytest.raises(TypeError, match="with_format"):  # chunks must be dicts of columns
+        list(BucketedStream(ds.with_format("arrow"), 4, counts=[40]))
+
+
+# ------------------------------------------------------------------------------------------ chunked reading
+@settings(max_examples=60, deadline=None)
+@given(ids=st.lists(st.integers(-1, 5), min_size=1, max_size=60), room=st.lists(st.integers(-2, 6), min_size=5,
+       max_size=5), scheduled=st.lists(st.integers(0, 2), min_size=5, max_size=5))
+def test_accepted_rows_decides_as_row_by_row(ids, room, scheduled):
+    from hf_arb.sampling.stream_buffer import accepted_rows
+
+    ok, acc = accepted_rows(np.array(ids), np.array(scheduled), np.array(room))
+    left = list(room)
+    for j, b in enumerate(ids):  # the per-row rule of RankBuffer._read_one
+        assert ok[j] == (0 <= b < 5 and scheduled[b] > 0)
+        assert acc[j] == (ok[j] and left[b] > 0)
+        if acc[j]:
+            left[b] -= 1
+
+
+def test_numpy_fill_equals_row_by_row_fill_and_states(monkeypatch):
+    """The vectorised fill and the per-row path give the same batches, states and report."""
+    from hf_arb.sampling import stream_buffer
+
+    ids = np.random.default_rng(3).choice([-1, 0, 1, 2, 3], size=700, p=[.05, .5, .3, .14, .01])
+    ds = _stream_ds(ids, 3)
+    kw = dict(counts=_counts(ids), num_replicas=2, seed=2, buffer_size=120, snapshot_every=32, on_overflow="evict")
+    got = {}
+    for rows in (1, 10**9):  # 1: every fill through numpy; 10**9: every row alone
+        monkeypatch.setattr(stream_buffer, "VECTOR_ROWS", rows)
+        stream = BucketedStream(ds, 3, **kw)
+        out, state = _run(stream, stop_after=30)
+        full, _ = _run(BucketedStream(ds, 3, **kw))
+        got[rows] = (out, state, full, stream.report())
+    assert got[1] == got[10**9]
 
 
 def test_build_stream_loader_through_accelerate_one_process():
