@@ -141,6 +141,20 @@ def test_resume_at_several_points_and_report_survives(monkeypatch, reopen_rows):
         assert resumed.report() == full_stream.report()
 
 
+def test_resume_at_step_0_after_snapshots_were_pruned_during_step_0():
+    """Step 0 reads a whole fill, taking (and pruning) many snapshots: the one at row 0 must survive."""
+    ids = np.random.default_rng(5).choice([-1, 0, 1], size=400, p=[.1, .6, .3])
+    ids[:12] = -1  # no buffered row needs snapshot 0: only the step's start does
+    ds = _stream_ds(ids, 7)  # 7 shards over 3 ranks: rows split one in three
+    kw = dict(counts=_counts(ids), num_replicas=3, seed=2, buffer_size=150, snapshot_every=1, on_overflow="evict")
+    full, _ = _run(BucketedStream(ds, 3, **kw))
+    for k in (0, 1):
+        _, state = _run(BucketedStream(ds, 3, **kw), stop_after=k)
+        assert k or all("0" in r["snapshots"] for r in state["ranks"].values())
+        rest, _ = _run(BucketedStream(ds, 3, **kw), state)
+        assert rest == full[3 * k:], k
+
+
 def test_epochs_differ_and_set_epoch_keeps_a_resumed_position():
     ids = np.random.default_rng(1).integers(0, 3, size=300)
     ds = _stream_ds(ids, 3)

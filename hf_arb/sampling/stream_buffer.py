@@ -78,6 +78,7 @@ class RankBuffer:
         self.history: collections.deque = collections.deque(maxlen=history)
         self._block, self._uniforms = -1, np.empty((0, batch_size))
         self._prune_at = 8
+        self._current: dict[str, Any] | None = None
         self.k, self._scheduled = self.scheduled.size, self.scheduled.tolist()
         self._rows: list[Any] = []  # the current chunk: its rows, their bucket ids, and the next row's position
         self._ids, self._idl, self._pos = np.empty(0, dtype=np.int64), [], 0
@@ -182,6 +183,7 @@ class RankBuffer:
         s, b = self.step, int(self.schedule[self.step])
         entry = {"step": s, "read": self.c["read"], "counters": dict(self.c), "removed": [],
                  "reserve": [], "unused": []}
+        self._current = entry  # the step in progress: its reads may prune snapshots its state will need
         self._fill(min(self.fill, self._left * self.batch))  # never read rows no step can use
         while not self.exhausted and len(self.buffers[b]) < self.batch:
             if self.total >= self.buffer_size:
@@ -226,6 +228,7 @@ class RankBuffer:
         self._left -= 1
         self.step += 1
         self.history.append(entry)
+        self._current = None
         return [row for _, row in rows]
 
     def _step_uniforms(self, step: int) -> list[float]:
@@ -241,9 +244,10 @@ class RankBuffer:
         """Keep only the snapshots a state in the history window can need."""
         need = {i for v in self.buffers.values() for i, _ in v}
         need |= {i for v in self.reserve.values() for i, _ in v}
-        for e in self.history:
+        entries = [*self.history, *([self._current] if self._current else [])]
+        for e in entries:
             need |= {i for i, _ in e["removed"]} | {i for _, before in e["reserve"] for i in before}
-        oldest = self.history[0]["read"] if self.history else self.c["read"]
+        oldest = entries[0]["read"] if entries else self.c["read"]
         keys = np.array(sorted(self.snapshots), dtype=np.int64)
         need_arr = np.fromiter(need | {oldest}, dtype=np.int64)
         keep = set(keys[np.searchsorted(keys, need_arr, side="right") - 1].tolist())
@@ -275,7 +279,11 @@ class RankBuffer:
         res = {str(b): v for b, v in res.items() if v}
         need = {i for i, _ in rows} | {i for v in res.values() for i in v} | {read}
         keys = np.array(sorted(self.snapshots), dtype=np.int64)
-        used = np.unique(keys[np.searchsorted(keys, np.fromiter(need, dtype=np.int64), side="right") - 1])
+        at = np.searchsorted(keys, np.fromiter(need, dtype=np.int64), side="right") - 1
+        if at.size and at.min() < 0:  # never expected: every needed row keeps the snapshot before it
+            raise RuntimeError(f"Rank {self.rank}: no source snapshot precedes row {min(need)} (step {step}); please "
+                               "report this with the stream's settings.")
+        used = np.unique(keys[at])
         snaps = {str(k): self.snapshots[k] for k in used.tolist()}
         return {"rank": self.rank, "step": step, "read": read, "counters": counters, "buffer": rows,
                 "reserve": res, "unused": sorted(unused), "snapshots": snaps}
