@@ -126,7 +126,7 @@ def main() -> None:
         size_mb = sum(Path(f).stat().st_size for f in files) / 1e6
         runs: dict[str, list[tuple[float, float]]] = {"plain": [], "ours": [], "floor": []}  # (wall s, CPU s)
         for _ in range(args.repeats):  # alternated, on a shared machine
-            for name in runs:
+            for name, times in runs.items():
                 t0, c0 = time.perf_counter(), time.process_time()
                 if name == "plain":
                     nb_plain = plain(ds)
@@ -134,8 +134,8 @@ def main() -> None:
                     nb_ours, stream = ours(ds, counts)
                 else:
                     floor(ds)
-                runs[name].append((time.perf_counter() - t0, time.process_time() - c0))
-                print(name, f"{runs[name][-1][0]:.2f} s wall, {runs[name][-1][1]:.2f} s CPU", flush=True)
+                times.append((time.perf_counter() - t0, time.process_time() - c0))
+                print(name, f"{times[-1][0]:.2f} s wall, {times[-1][1]:.2f} s CPU", flush=True)
         rep = stream.report()
         med = {k: (statistics.median(w for w, _ in v), statistics.median(c for _, c in v)) for k, v in runs.items()}
         row_bytes = size_mb * 1e6 / n

@@ -216,6 +216,15 @@ def test_accepted_rows_decides_as_row_by_row(ids, room, scheduled):
             left[b] -= 1
 
 
+@pytest.mark.parametrize("fmt", ["numpy", "torch"])
+def test_formatted_sources_give_the_same_batches(fmt):
+    ids = np.random.default_rng(0).integers(-1, 2, 200)
+    ds = _stream_ds(ids, 2)
+    plain, _ = _run(BucketedStream(ds, 4, counts=_counts(ids), buffer_size=40))
+    formatted, _ = _run(BucketedStream(ds.with_format(fmt), 4, counts=_counts(ids), buffer_size=40))
+    assert formatted == plain
+
+
 def test_numpy_fill_equals_row_by_row_fill_and_states(monkeypatch):
     """The vectorised fill and the per-row path give the same batches, states and report."""
     from hf_arb.sampling import stream_buffer
