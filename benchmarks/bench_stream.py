@@ -6,13 +6,17 @@ published proportions in random order. Two ranks, *simulated in one process* (th
 
 * ours: ``BucketedStream(num_replicas=2, rank=None, batch_size=8, buffer_size=4096)`` — every rank's split read
   through ``split_dataset_by_node``, buffered per bucket, one batch per rank and step of the global schedule;
-* baseline: the same two splits read with plain ``datasets`` streaming and cut into batches of 8 with no
-  bucketing (rank 0's split, then rank 1's).
+* baseline: the same two splits read with plain ``datasets`` streaming (``for row in split``, what a
+  ``DataLoader`` over the stream does) and cut into batches of 8 with no bucketing (rank 0's split, then rank 1's);
+* floor (for reference): the same splits read the way BucketedStream reads them, in chunks of 256 rows
+  (``split.iter(batch_size=256)``, split into row dicts), cut into batches of 8 — reading without bucketing.
 
-Also measured: peak rows held by a rank (buffer + repeat reserve, bounded by ``buffer_size + k × batch``) and
-its bytes, the state size and the time to resume mid-epoch (``load_state_dict`` + first batch).
+Repeats alternate baseline, ours and floor (3 by default); every repeat is reported with wall time and CPU time
+per row (CPU time is what the machine's load does not change much; the machine is shared). Also measured: peak
+rows held by a rank (buffer + repeat reserve, bounded by ``buffer_size + k × batch``) and their memory, the
+state size and the time to resume mid-epoch (``load_state_dict`` + first batch).
 
-Usage: ``python benchmarks/bench_stream.py [--quick] [--rows N]``
+Usage: ``python benchmarks/bench_stream.py [--quick] [--rows N] [--repeats R]``
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import statistics
 import sys
 import tempfile
 import time
@@ -78,6 +83,26 @@ def plain(ds) -> int:
     return batches
 
 
+def floor(ds, chunk: int = 256) -> int:
+    from datasets.distributed import split_dataset_by_node
+
+    batches = 0
+    for r in range(WORLD):
+        batch = []
+        for cols in split_dataset_by_node(ds, rank=r, world_size=WORLD).iter(batch_size=chunk):
+            for ex in (dict(zip(cols, values)) for values in zip(*cols.values())):
+                batch.append(ex)
+                if len(batch) == BATCH:
+                    batches, batch = batches + 1, []
+    return batches
+
+
+def row_bytes_in_memory(ds) -> float:
+    """Mean Python memory of a decoded row (the dict and its values), over the first 1,000 rows."""
+    sizes = [sys.getsizeof(ex) + sum(sys.getsizeof(v) for v in ex.values()) for ex in ds.take(1000)]
+    return float(np.mean(sizes))
+
+
 def ours(ds, counts: np.ndarray) -> tuple[int, BucketedStream]:
     stream = BucketedStream(ds, BATCH, counts=counts, num_replicas=WORLD, seed=0, buffer_size=BUFFER,
                             on_overflow="evict")
@@ -88,6 +113,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--rows", type=int, default=1_000_000, help="rows of the source (default 1e6)")
+    ap.add_argument("--repeats", type=int, default=3, help="alternated runs of each side (default 3)")
     args = ap.parse_args()
     n = 50_000 if args.quick else args.rows
     from datasets import load_dataset
@@ -98,19 +124,22 @@ def main() -> None:
         files = sorted(str(p) for p in Path(tmp).glob("*.parquet"))
         ds = load_dataset("parquet", data_files=files, split="train", streaming=True)
         size_mb = sum(Path(f).stat().st_size for f in files) / 1e6
-        times_plain, times_ours, cpu_plain, cpu_ours = [], [], [], []
-        for _ in range(2):  # alternate, best of 2 each (shared machine)
-            t0, c0 = time.perf_counter(), time.process_time()
-            nb_plain = plain(ds)
-            times_plain.append(time.perf_counter() - t0)
-            cpu_plain.append(time.process_time() - c0)
-            t0, c0 = time.perf_counter(), time.process_time()
-            nb_ours, stream = ours(ds, counts)
-            times_ours.append(time.perf_counter() - t0)
-            cpu_ours.append(time.process_time() - c0)
+        runs: dict[str, list[tuple[float, float]]] = {"plain": [], "ours": [], "floor": []}  # (wall s, CPU s)
+        for _ in range(args.repeats):  # alternated, on a shared machine
+            for name, times in runs.items():
+                t0, c0 = time.perf_counter(), time.process_time()
+                if name == "plain":
+                    nb_plain = plain(ds)
+                elif name == "ours":
+                    nb_ours, stream = ours(ds, counts)
+                else:
+                    floor(ds)
+                times.append((time.perf_counter() - t0, time.process_time() - c0))
+                print(name, f"{times[-1][0]:.2f} s wall, {times[-1][1]:.2f} s CPU", flush=True)
         rep = stream.report()
-        t_plain, t_ours = min(times_plain), min(times_ours)
+        med = {k: (statistics.median(w for w, _ in v), statistics.median(c for _, c in v)) for k, v in runs.items()}
         row_bytes = size_mb * 1e6 / n
+        mem_row = row_bytes_in_memory(ds)
         # resume mid-epoch: state after half the steps, then load + first batch in a fresh stream
         half = BucketedStream(ds, BATCH, counts=counts, num_replicas=WORLD, seed=0, buffer_size=BUFFER,
                               on_overflow="evict")
@@ -118,35 +147,47 @@ def main() -> None:
         for _ in range(WORLD * (half.steps_per_epoch // 2 + 1)):
             next(it)
         state = json.loads(json.dumps(half.state_dict(step=half.steps_per_epoch // 2)))
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         again = BucketedStream(ds, BATCH, counts=counts, num_replicas=WORLD, seed=0, buffer_size=BUFFER,
                                on_overflow="evict")
         again.load_state_dict(state)
         next(iter(again))
-        resume_s = time.perf_counter() - t0
+        resume_s, resume_cpu = time.perf_counter() - t0, time.process_time() - c0
 
-    rows_s_ours, rows_s_plain = rep.rows_read / t_ours, n / t_plain
     k = counts.size
+    bound = BUFFER + k * BATCH
+
+    def per_row(name: str) -> str:
+        return ", ".join(f"{w:.1f} s/{c / n * 1e6:.1f}" for w, c in runs[name])
+
+    us = {name: med[name][1] / n * 1e6 for name in runs}
     rows = [
-        row("rows/s read, 2 ranks simulated in one process", rows_s_ours, rows_s_plain, "rows/s",
-            higher_is_better=True, target="within 1.3× of plain streaming (ratio ≥ 0.77)",
-            note=f"ours {t_ours:.2f} s for {rep.rows_read:,} rows read / {nb_ours:,} batches; plain {t_plain:.2f} s "
-                 f"for {n:,} rows / {nb_plain:,} batches (best of 2 each, alternated, on a shared 2-core machine); CPU time "
-                 f"ours {min(cpu_ours):.2f} s, plain {min(cpu_plain):.2f} s (ratio {min(cpu_plain) / min(cpu_ours):.2f})"),
+        row("rows/s read, 2 ranks simulated in one process (median)", n / med["ours"][0], n / med["plain"][0],
+            "rows/s", higher_is_better=True, target="within 1.3× of plain streaming (ratio ≥ 0.77)",
+            note=f"ours {med['ours'][0]:.2f} s for {rep.rows_read:,} rows read / {nb_ours:,} batches; plain "
+                 f"{med['plain'][0]:.2f} s for {n:,} rows / {nb_plain:,} batches; medians of {args.repeats} alternated "
+                 f"runs on a shared 2-core machine (each run wall s/CPU µs per row: ours {per_row('ours')}; plain "
+                 f"{per_row('plain')})"),
+        row("CPU time per row (median; load-independent)", us["ours"], us["plain"], "µs/row",
+            target="ratio ≥ 0.77",
+            note=f"floor, the same chunked reads (iter(batch_size=256)) without bucketing: {us['floor']:.1f} µs/row "
+                 f"(runs {per_row('floor')}), so bucketing costs {us['ours'] - us['floor']:.1f} µs/row over reading"),
         row("peak rows held by one rank (buffer + repeat reserve)", float(rep.peak_buffered), None, "rows",
-            target=f"≤ buffer_size + k × batch = {BUFFER + k * BATCH:,}",
-            note=f"≈ {rep.peak_buffered * row_bytes / 1e6:.2f} MB at {row_bytes:.0f} B/row on disk (decoded "
-                 "Python rows take several times more)"),
+            target=f"≤ buffer_size + k × batch = {bound:,}",
+            note=f"≈ {rep.peak_buffered * mem_row / 1e6:.1f} MB as decoded Python rows ({mem_row:.0f} B/row; "
+                 f"{row_bytes:.0f} B/row on disk); bound {bound:,} rows ≈ {bound * mem_row / 1e6:.1f} MB, plus the "
+                 f"chunk being read (snapshot_every = 256 rows ≈ {256 * mem_row / 1e6:.2f} MB)"),
         row("resume mid-epoch (load_state_dict + first batch, both ranks)", resume_s, None, "s",
-            note=f"state {len(json.dumps(state)) / 1e3:.0f} kB JSON (read indices, counters, source snapshots); "
+            note=f"{resume_cpu:.2f} s CPU; state {len(json.dumps(state)) / 1e3:.0f} kB JSON (read indices, counters, source snapshots); "
                  "replays at most snapshot_every=256 rows per snapshot it restores"),
     ]
     details = (f"{n:,} rows, {FILES} parquet files, {size_mb:.0f} MB (metadata + a 16×16 PNG per row, not decoded); "
                f"{WORLD} ranks simulated in one process, batch {BATCH}, buffer_size {BUFFER}; epoch report: {rep}")
     save_result("stream", f"Streaming ({n:,} parquet rows, 2 ranks simulated, batch {BATCH})", rows,
                 command="python benchmarks/bench_stream.py",
-                baseline="plain datasets streaming of the same splits (split_dataset_by_node), batches of 8, "
-                         "no bucketing", details=details, extra={"report": rep.to_dict()})
+                baseline="plain datasets streaming of the same splits (split_dataset_by_node, row by row), "
+                         "batches of 8, no bucketing", details=details,
+                extra={"report": rep.to_dict(), "runs_wall_cpu_s": runs, "cpu_us_per_row_median": us})
 
 
 if __name__ == "__main__":

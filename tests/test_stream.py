@@ -141,6 +141,20 @@ def test_resume_at_several_points_and_report_survives(monkeypatch, reopen_rows):
         assert resumed.report() == full_stream.report()
 
 
+def test_resume_at_step_0_after_snapshots_were_pruned_during_step_0():
+    """Step 0 reads a whole fill, taking (and pruning) many snapshots: the one at row 0 must survive."""
+    ids = np.random.default_rng(5).choice([-1, 0, 1], size=400, p=[.1, .6, .3])
+    ids[:12] = -1  # no buffered row needs snapshot 0: only the step's start does
+    ds = _stream_ds(ids, 7)  # 7 shards over 3 ranks: rows split one in three
+    kw = dict(counts=_counts(ids), num_replicas=3, seed=2, buffer_size=150, snapshot_every=1, on_overflow="evict")
+    full, _ = _run(BucketedStream(ds, 3, **kw))
+    for k in (0, 1):
+        _, state = _run(BucketedStream(ds, 3, **kw), stop_after=k)
+        assert k or all("0" in r["snapshots"] for r in state["ranks"].values())
+        rest, _ = _run(BucketedStream(ds, 3, **kw), state)
+        assert rest == full[3 * k:], k
+
+
 def test_epochs_differ_and_set_epoch_keeps_a_resumed_position():
     ids = np.random.default_rng(1).integers(0, 3, size=300)
     ds = _stream_ds(ids, 3)
@@ -180,6 +194,52 @@ def test_bad_inputs():
     state = BucketedStream(ds, 4, counts=[40]).state_dict()
     with pytest.raises(ValueError, match="same world size"):
         BucketedStream(ds, 2, counts=[40]).load_state_dict(state)
+    with pytest.raises(ValueError, match="version 1 .*restart the epoch"):  # row-by-row snapshots: refused
+        BucketedStream(ds, 4, counts=[40]).load_state_dict({**state, "version": 1})
+    with pytest.raises(TypeError, match="with_format"):  # chunks must be dicts of columns
+        list(BucketedStream(ds.with_format("arrow"), 4, counts=[40]))
+
+
+# ------------------------------------------------------------------------------------------ chunked reading
+@settings(max_examples=60, deadline=None)
+@given(ids=st.lists(st.integers(-1, 5), min_size=1, max_size=60), room=st.lists(st.integers(-2, 6), min_size=5,
+       max_size=5), scheduled=st.lists(st.integers(0, 2), min_size=5, max_size=5))
+def test_accepted_rows_decides_as_row_by_row(ids, room, scheduled):
+    from hf_arb.sampling.stream_buffer import accepted_rows
+
+    ok, acc = accepted_rows(np.array(ids), np.array(scheduled), np.array(room))
+    left = list(room)
+    for j, b in enumerate(ids):  # the per-row rule of RankBuffer._read_one
+        assert ok[j] == (0 <= b < 5 and scheduled[b] > 0)
+        assert acc[j] == (ok[j] and left[b] > 0)
+        if acc[j]:
+            left[b] -= 1
+
+
+@pytest.mark.parametrize("fmt", ["numpy", "torch"])
+def test_formatted_sources_give_the_same_batches(fmt):
+    ids = np.random.default_rng(0).integers(-1, 2, 200)
+    ds = _stream_ds(ids, 2)
+    plain, _ = _run(BucketedStream(ds, 4, counts=_counts(ids), buffer_size=40))
+    formatted, _ = _run(BucketedStream(ds.with_format(fmt), 4, counts=_counts(ids), buffer_size=40))
+    assert formatted == plain
+
+
+def test_numpy_fill_equals_row_by_row_fill_and_states(monkeypatch):
+    """The vectorised fill and the per-row path give the same batches, states and report."""
+    from hf_arb.sampling import stream_buffer
+
+    ids = np.random.default_rng(3).choice([-1, 0, 1, 2, 3], size=700, p=[.05, .5, .3, .14, .01])
+    ds = _stream_ds(ids, 3)
+    kw = dict(counts=_counts(ids), num_replicas=2, seed=2, buffer_size=120, snapshot_every=32, on_overflow="evict")
+    got = {}
+    for rows in (1, 10**9):  # 1: every fill through numpy; 10**9: every row alone
+        monkeypatch.setattr(stream_buffer, "VECTOR_ROWS", rows)
+        stream = BucketedStream(ds, 3, **kw)
+        out, state = _run(stream, stop_after=30)
+        full, _ = _run(BucketedStream(ds, 3, **kw))
+        got[rows] = (out, state, full, stream.report())
+    assert got[1] == got[10**9]
 
 
 def test_build_stream_loader_through_accelerate_one_process():

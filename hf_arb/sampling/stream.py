@@ -30,7 +30,9 @@ from .stream_buffer import COUNTERS, BufferOverflowError, RankBuffer
 from .stream_plan import StreamReport, as_counts, stream_schedule
 
 __all__ = ["BucketedStream", "BufferOverflowError", "build_stream_loader"]
-STATE_VERSION = 1
+#: 2: the source is read in chunks of ``snapshot_every`` rows (``IterableDataset.iter``), so the source snapshots
+#: in a state are those of a chunked read; version 1 snapshots were taken reading row by row.
+STATE_VERSION = 2
 
 
 class BucketedStream(torch.utils.data.IterableDataset):
@@ -58,7 +60,9 @@ class BucketedStream(torch.utils.data.IterableDataset):
             bucket (counted in ``report().rows_evicted``).
         bucket_column: the column with the bucket id (``-1``/null rows are skipped and counted).
         collate_fn: turns a rank's list of rows into its batch (default: the list of row dicts).
-        snapshot_every: rows between two snapshots of the source's ``state_dict()`` (bounds replay on resume).
+        snapshot_every: rows between two snapshots of the source's ``state_dict()`` (bounds replay on resume); the
+            source is read in chunks of this many rows (``dataset.iter(batch_size=snapshot_every)``), which is
+            much faster than row by row: keep it at 64 or more unless resume replay must be tiny.
         history: steps back that :meth:`state_dict` can describe (the loader runs ahead of training by 1–2 steps).
         schedule: the order of the buckets' batches, see :func:`~hf_arb.sampling.stream_plan.stream_schedule`:
             ``"arrival"`` (each bucket's batches spread evenly, placed after their rows can have arrived) or
@@ -215,6 +219,10 @@ class BucketedStream(torch.utils.data.IterableDataset):
         Raises:
             ValueError: the state was saved with another configuration or lacks a rank this process reads.
         """
+        if state.get("version") == 1:
+            raise ValueError("This stream state has version 1 (saved by an hf_arb that read the source row by row); "
+                             f"this version reads it in chunks and needs version {STATE_VERSION}. Resume with the "
+                             "hf_arb that saved it, or restart the epoch (`stream.set_epoch(epoch)` without loading).")
         if state.get("version") != STATE_VERSION:
             raise ValueError(f"Unsupported stream state version {state.get('version')!r} (expected {STATE_VERSION}).")
         if state["config"] != self._config():
