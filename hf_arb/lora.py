@@ -60,7 +60,8 @@ def add_lora(model: Any, *, rank: int, target_modules: tuple[str, ...] | list[st
     if rank < 1:
         raise ValueError(f"LoRA rank must be >= 1, got {rank}.")
     model.requires_grad_(False)
-    model.to(dtype=dtype)
+    if model.dtype != dtype:  # (diffusers warns on every dtype cast, a no-op one too)
+        model.to(dtype=dtype)
     config = LoraConfig(r=rank, lora_alpha=rank if alpha is None else alpha, lora_dropout=dropout,
                         init_lora_weights="gaussian", target_modules=list(target_modules))
     model.add_adapter(config)

@@ -95,7 +95,7 @@ def models(out: Path, images: Path, flow: bool) -> dict[str, str]:
     families = (["sd"] if not os.environ.get("MODEL") else []) + (["flux"] if flow else [])
     for family in families:
         path = out / f"tiny-{family}"
-        fig = save_demo_model(family, path, photos, vae_steps=int(os.environ.get("VAE_STEPS", "300")))
+        fig = save_demo_model(family, path, photos, vae_steps=int(os.environ.get("VAE_STEPS", "200")))
         print(f"tiny {family} pipeline (random {'UNet' if family == 'sd' else 'transformer'}, VAE fitted to the "
               f"photos in {fig['seconds']:.0f} s, reconstruction MSE {fig['mse']:.3f}) → {path}")
         paths[family] = str(path)
