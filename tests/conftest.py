@@ -23,15 +23,18 @@ Scheduling (``pytest -n 2 --dist loadgroup``)
 xdist hands out work units (an ``xdist_group``, or one test) in collection order. The hooks below put the
 longest units first, so both workers start on the multi-process runs and the short tests fill in at the end:
 a unit's cost is the sum of its tests' seconds in the previous run (kept in pytest's cache,
-``hf_arb/test_seconds``), or, for tests not yet timed, 60 s for a ``slow`` test and 1 s for another.
+``hf_arb/test_seconds``; time spent waiting for another worker's shared_artifact build is not counted), or, for
+tests not yet timed, 60 s for a ``slow`` test and 1 s for another.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -49,13 +52,20 @@ def shared_root(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Pat
     return root
 
 
+#: Seconds each test of this process waited for another worker's shared_artifact build (node id -> seconds).
+_WAITED: dict[str, float] = {}
+
+
 @pytest.fixture(scope="session")
 def shared_artifact(shared_root: Path) -> Callable[[str, Callable[[Path], Any]], Any]:
     def get(name: str, build: Callable[[Path], Any]) -> Any:
         folder = shared_root / name
         done = shared_root / f"{name}.done.json"
+        asked = time.monotonic()
         with FileLock(str(shared_root / f"{name}.lock")):
-            if done.exists():
+            if done.exists():  # built by another worker, maybe while this one waited: not this test's cost
+                test = os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" ", 1)[0]
+                _WAITED[test] = _WAITED.get(test, 0.0) + time.monotonic() - asked
                 return json.loads(done.read_text())
             folder.mkdir(parents=True, exist_ok=True)
             value = build(folder)
@@ -90,7 +100,8 @@ class _Timings:
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         key = _base_id(report.nodeid)
-        self.seconds[key] = self.seconds.get(key, 0.0) + report.duration
+        waited = sum(v for k, v in report.user_properties if k == "shared_artifact_wait_s")
+        self.seconds[key] = self.seconds.get(key, 0.0) + max(0.0, report.duration - waited)
 
     def pytest_sessionfinish(self) -> None:
         if self.seconds and getattr(self.config, "cache", None) is not None:
@@ -129,6 +140,16 @@ class _GroupScheduling:
                 return self.units.get(nodeid) or super()._split_scope(nodeid)
 
         return Scheduling(config, log)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Any:
+    """Tell the timings how long this test only waited for another worker's build (ordering by own cost)."""
+    report = yield
+    waited = _WAITED.pop(item.nodeid, 0.0)
+    if waited:
+        report.user_properties.append(("shared_artifact_wait_s", round(waited, 2)))
+    return report
 
 
 def pytest_configure(config: pytest.Config) -> None:
