@@ -4,11 +4,37 @@
 test run, even under ``pytest -n 2``: the first xdist worker that needs it builds it under a file lock in a
 folder every worker of the run shares; the others wait and reuse it. ``build(folder)`` returns a
 JSON-serialisable value (paths, statistics) that every caller receives.
+
+Sharing a training run between test files
+-----------------------------------------
+A run that several files assert on (a 2-process DDP run, a LoRA run, ...) is a session fixture whose body calls
+``shared_artifact("<name>", build)``: ``build(folder)`` trains into ``folder`` and returns the paths and the
+``hf_arb_run.json`` statistics the tests read (JSON only: no tensors, no open objects). Another file reuses it by
+importing the fixture (``from test_train import ddp_runs``, or ``ddp_runs = test_train.ddp_runs``); the run
+happens once per ``pytest`` invocation whichever xdist worker asks first, the others wait on the lock. Tests
+must treat the folder as read-only (copy a checkpoint out before resuming from it). The tests of one file that
+read a run usually share an ``xdist_group``, so one worker builds it while the other runs other tests instead of
+waiting on the lock; a group is required where a module fixture or one process is needed (a local Ray/Spark
+cluster). Example: ``ddp_runs`` (test_train.py), ``sd_lora`` (test_train_lora.py) and ``ckpt_run``
+(test_fault_train.py) also serve test_portable_outputs.py.
+
+Scheduling (``pytest -n 2 --dist loadgroup``)
+---------------------------------------------
+xdist hands out work units (an ``xdist_group``, or one test) in collection order. The hooks below put the
+longest units first, so both workers start on the multi-process runs and the short tests fill in at the end:
+a unit's cost is the sum of its tests' seconds in the previous run (kept in pytest's cache,
+``hf_arb/test_seconds``; time spent waiting for another worker's shared_artifact build is not counted), or, for
+tests not yet timed, 60 s for a ``slow`` test and 1 s for another.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import re
+import shutil
+import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -26,13 +52,20 @@ def shared_root(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Pat
     return root
 
 
+#: Seconds each test of this process waited for another worker's shared_artifact build (node id -> seconds).
+_WAITED: dict[str, float] = {}
+
+
 @pytest.fixture(scope="session")
 def shared_artifact(shared_root: Path) -> Callable[[str, Callable[[Path], Any]], Any]:
     def get(name: str, build: Callable[[Path], Any]) -> Any:
         folder = shared_root / name
         done = shared_root / f"{name}.done.json"
+        asked = time.monotonic()
         with FileLock(str(shared_root / f"{name}.lock")):
-            if done.exists():
+            if done.exists():  # built by another worker, maybe while this one waited: not this test's cost
+                test = os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" ", 1)[0]
+                _WAITED[test] = _WAITED.get(test, 0.0) + time.monotonic() - asked
                 return json.loads(done.read_text())
             folder.mkdir(parents=True, exist_ok=True)
             value = build(folder)
@@ -40,3 +73,121 @@ def shared_artifact(shared_root: Path) -> Callable[[str, Callable[[Path], Any]],
             return value
 
     return get
+
+
+# ------------------------------------------------------------------------------------------- scheduling
+_SECONDS_KEY = "hf_arb/test_seconds"
+_GROUP_SUFFIX = re.compile(r"@[^\]]*$")  # an ``@group`` suffix xdist's loadgroup may add to a node id
+
+
+def _base_id(nodeid: str) -> str:
+    return _GROUP_SUFFIX.sub("", nodeid)
+
+
+def _unit(item: pytest.Item) -> str:
+    """The item's work unit: ``@<group>`` for an ``xdist_group`` (names joined as xdist does), else its node id."""
+    groups = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+                     for m in item.iter_markers("xdist_group")})
+    return "@" + "_".join(groups) if groups else _base_id(item.nodeid)
+
+
+class _Timings:
+    """Records each test's seconds (setup + call + teardown) where the cache is written (xdist: the controller)."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        self.seconds: dict[str, float] = {}
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        key = _base_id(report.nodeid)
+        waited = sum(v for k, v in report.user_properties if k == "shared_artifact_wait_s")
+        self.seconds[key] = self.seconds.get(key, 0.0) + max(0.0, report.duration - waited)
+
+    def pytest_sessionfinish(self) -> None:
+        if self.seconds and getattr(self.config, "cache", None) is not None:
+            known = self.config.cache.get(_SECONDS_KEY, {})
+            known.update({k: round(v, 2) for k, v in self.seconds.items()})
+            self.config.cache.set(_SECONDS_KEY, known)
+
+
+class _GroupScheduling:
+    """``--dist loadgroup`` that keeps each ``xdist_group`` on one worker with any pytest.
+
+    pytest-xdist 3.8 marks a group by appending ``@group`` to the node id through a private attribute that
+    pytest 9.2 no longer reads, so every test became its own unit: module fixtures were built on both workers and
+    both started the Ray and Spark clusters. Here the workers write each test's unit to a file at collection and
+    the controller's scheduler (xdist's own LoadGroupScheduling) reads it to split the work.
+    """
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+
+    def pytest_configure_node(self, node: Any) -> None:
+        node.workerinput["hf_arb_units_dir"] = str(self.folder)
+
+    def pytest_xdist_make_scheduler(self, config: pytest.Config, log: Any) -> Any:
+        from xdist.scheduler import LoadGroupScheduling
+
+        folder = self.folder
+
+        class Scheduling(LoadGroupScheduling):
+            units: dict[str, str] | None = None
+
+            def _split_scope(self, nodeid: str) -> str:
+                if self.units is None:
+                    files = sorted(folder.glob("*.json"))
+                    self.units = json.loads(files[0].read_text()) if files else {}
+                return self.units.get(nodeid) or super()._split_scope(nodeid)
+
+        return Scheduling(config, log)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Any:
+    """Tell the timings how long this test only waited for another worker's build (ordering by own cost)."""
+    report = yield
+    waited = _WAITED.pop(item.nodeid, 0.0)
+    if waited:
+        report.user_properties.append(("shared_artifact_wait_s", round(waited, 2)))
+    return report
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if hasattr(config, "workerinput"):
+        return
+    config.pluginmanager.register(_Timings(config), "hf_arb_timings")
+    if config.pluginmanager.hasplugin("xdist") and config.getoption("dist", "no") == "loadgroup":
+        # xdist's default re-sorts units by their number of tests; keep ours (longest first, below).
+        config.option.loadscopereorder = False
+        folder = Path(tempfile.mkdtemp(prefix="hf_arb_units_"))
+        config.add_cleanup(lambda: shutil.rmtree(folder, ignore_errors=True))
+        config.pluginmanager.register(_GroupScheduling(folder), "hf_arb_group_scheduling")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """On xdist workers: order the work units longest first (every worker computes the same order) and, under
+    loadgroup, tell the controller each test's unit."""
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is None:
+        return
+    cache = getattr(config, "cache", None)  # None under -p no:cacheprovider
+    seconds: dict[str, float] = cache.get(_SECONDS_KEY, {}) if cache is not None else {}
+
+    def cost(item: pytest.Item) -> float:
+        known = seconds.get(_base_id(item.nodeid))
+        return known if known is not None else (60.0 if item.get_closest_marker("slow") else 1.0)
+
+    units = [_unit(item) for item in items]
+    totals: dict[str, float] = {}
+    first: dict[str, int] = {}
+    for i, (u, item) in enumerate(zip(units, items)):
+        totals[u] = totals.get(u, 0.0) + cost(item)
+        first.setdefault(u, i)
+    ranked = sorted(range(len(items)), key=lambda i: (-totals[units[i]], first[units[i]], i))
+    items[:] = [items[i] for i in ranked]
+    if "hf_arb_units_dir" in workerinput:
+        mapping = {items[j].nodeid: units[i] for j, i in enumerate(ranked)}
+        out = Path(workerinput["hf_arb_units_dir"]) / f"{workerinput['workerid']}.json"
+        tmp = out.with_suffix(".tmp")
+        tmp.write_text(json.dumps(mapping))
+        tmp.replace(out)

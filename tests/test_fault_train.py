@@ -17,15 +17,26 @@ import pytest
 
 from test_train import COMMON, ROOT, max_weight_diff, read_trace, reset_accelerate, run_script, script
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("train_faults")]
+# No xdist group: the runs several tests read are shared artifacts (tests/conftest.py), built once per test run
+# by whichever worker needs them first, so the tests spread over both workers.
+pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def assets(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    from hf_arb.tiny import save_tiny_imagefolder, save_tiny_sd
+@pytest.fixture(scope="session")
+def fault_assets(shared_artifact) -> dict[str, str]:
+    """Tiny SD and 10 photos (named apart from test_train's ``assets``: other files import fixtures of both)."""
+    def build(root: Path) -> dict[str, str]:
+        from hf_arb.tiny import save_tiny_imagefolder, save_tiny_sd
 
-    root = tmp_path_factory.mktemp("fault_assets")  # 5 shapes x 2 photos: 10 rows, one batch of 2 per bucket
-    return {"sd": save_tiny_sd(root / "tiny-sd"), "images": save_tiny_imagefolder(root / "images", per_size=2)}
+        # 5 shapes x 2 photos: 10 rows, one batch of 2 per bucket
+        return {"sd": save_tiny_sd(root / "tiny-sd"), "images": save_tiny_imagefolder(root / "images", per_size=2)}
+
+    return shared_artifact("fault-assets", build)
+
+
+@pytest.fixture(scope="session")
+def assets(fault_assets: dict[str, str]) -> dict[str, str]:
+    return fault_assets
 
 
 def _argv(assets: dict[str, str], out: Path, *extra: str, images: str | None = None) -> list[str]:
@@ -34,30 +45,40 @@ def _argv(assets: dict[str, str], out: Path, *extra: str, images: str | None = N
 
 
 # ----------------------------------------------------------------------------------- broken images
-@pytest.fixture(scope="module")
-def broken_images(assets: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> tuple[str, list[str]]:
+@pytest.fixture(scope="session")
+def broken_images(fault_assets: dict[str, str], shared_artifact) -> tuple[str, list[str]]:
     """The tiny imagefolder with 2 images cut after their header (an interrupted download): annotation keeps them."""
-    folder = tmp_path_factory.mktemp("broken") / "images"
-    shutil.copytree(assets["images"], folder)
-    files = sorted(p for p in folder.iterdir() if p.suffix == ".png")
-    damaged = [files[1], files[6]]
-    for f in damaged:
-        f.write_bytes(f.read_bytes()[: int(f.stat().st_size * 0.6)])
-    return str(folder), [f.name for f in damaged]
+    def build(root: Path) -> list:
+        folder = root / "images"
+        shutil.copytree(fault_assets["images"], folder)
+        files = sorted(p for p in folder.iterdir() if p.suffix == ".png")
+        damaged = [files[1], files[6]]
+        for f in damaged:
+            f.write_bytes(f.read_bytes()[: int(f.stat().st_size * 0.6)])
+        return [str(folder), [f.name for f in damaged]]
+
+    folder, damaged = shared_artifact("fault-broken-images", build)
+    return folder, damaged
 
 
-@pytest.fixture(scope="module")
-def replaced_runs(assets, broken_images, tmp_path_factory) -> dict[str, Any]:
-    images, _ = broken_images
-    full = tmp_path_factory.mktemp("bad_full")
-    extra = ("--num_train_epochs", "1", "--checkpointing_steps", "2")  # 5 steps: every row of the epoch is drawn
-    stats = run_script(_argv(assets, full, *extra, images=images))
-    resumed = tmp_path_factory.mktemp("bad_resumed")
-    shutil.copytree(full / "checkpoint-2", resumed / "checkpoint-2")
-    stats_resumed = run_script(_argv(assets, resumed, *extra, "--resume_from_checkpoint", "latest", images=images))
-    return {"full": full, "resumed": resumed, "stats": stats, "stats_resumed": stats_resumed}
+@pytest.fixture(scope="session")
+def replaced_runs(fault_assets, broken_images, shared_artifact) -> dict[str, Any]:
+    """One epoch on the broken images (checkpoint at step 2), and a run resumed from that checkpoint."""
+    def build(root: Path) -> dict[str, Any]:
+        images, _ = broken_images
+        full, resumed = root / "full", root / "resumed"
+        extra = ("--num_train_epochs", "1", "--checkpointing_steps", "2")  # 5 steps: every row of the epoch is drawn
+        stats = run_script(_argv(fault_assets, full, *extra, images=images))
+        shutil.copytree(full / "checkpoint-2", resumed / "checkpoint-2")
+        stats_resumed = run_script(_argv(fault_assets, resumed, *extra, "--resume_from_checkpoint", "latest",
+                                         images=images))
+        return {"full": str(full), "resumed": str(resumed), "stats": stats, "stats_resumed": stats_resumed}
+
+    runs = shared_artifact("fault-replaced-runs", build)
+    return {**runs, "full": Path(runs["full"]), "resumed": Path(runs["resumed"])}
 
 
+@pytest.mark.xdist_group("fault_replaced")  # one worker builds the run, the other is not left waiting for it
 def test_broken_images_are_replaced_and_recorded(replaced_runs, broken_images) -> None:
     _, damaged = broken_images
     full, stats = replaced_runs["full"], replaced_runs["stats"]
@@ -75,6 +96,7 @@ def test_broken_images_are_replaced_and_recorded(replaced_runs, broken_images) -
     assert {e["replaced_by"] for e in entries} <= set(trained)
 
 
+@pytest.mark.xdist_group("fault_replaced")
 def test_resume_with_replacements_is_exact(replaced_runs) -> None:
     full, resumed = replaced_runs["full"], replaced_runs["resumed"]
     assert [t["rows"] for t in read_trace(resumed, 0)] == [t["rows"] for t in read_trace(full, 0)][2:]
@@ -99,7 +121,8 @@ def test_on_bad_image_error_fails_fast_with_working_advice(assets, broken_images
                 "--step", "16", "--verify"]) == 0
     argv = _argv(assets, tmp_path / "ok", "--max_train_steps", "3", "--on_bad_image", "error")
     argv[argv.index("--train_data_dir"):argv.index("--train_data_dir") + 2] = ["--dataset_name", str(annotated)]
-    stats = run_script(argv)
+    with pytest.warns(UserWarning, match="drops 2 of 8 assigned rows"):  # 8 good rows in 5 buckets, batch 2
+        stats = run_script(argv)
     assert stats["global_step"] == 3 and stats["bad_images"] == 0
 
 
@@ -147,10 +170,15 @@ def test_latent_entry_damaged_during_training_is_reencoded_in_place(assets, tmp_
 
 
 # ----------------------------------------------------------------------------------- checkpoints
-@pytest.fixture(scope="module")
-def ckpt_run(assets, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("ckpt_full")
-    run_script(_argv(assets, out, "--max_train_steps", "4", "--checkpointing_steps", "2"))
+@pytest.fixture(scope="session")
+def ckpt_run(fault_assets, shared_artifact) -> Path:
+    """4 steps, a checkpoint every 2: read-only for the tests (they copy checkpoints out before damaging them).
+    test_portable_outputs.py loads its final pipeline as the stock SD output."""
+    def build(out: Path) -> str:
+        run_script(_argv(fault_assets, out, "--max_train_steps", "4", "--checkpointing_steps", "2"))
+        return str(out)
+
+    out = Path(shared_artifact("fault-ckpt-run", build))
     assert [d.name for d in sorted(out.glob("checkpoint-*"))] == ["checkpoint-2", "checkpoint-4"]
     return out
 
@@ -161,6 +189,7 @@ def _copy_checkpoints(src: Path, dst: Path, *names: str) -> Path:
     return dst
 
 
+@pytest.mark.xdist_group("fault_ckpt")
 def test_latest_skips_damaged_checkpoint_and_resumes_exactly(ckpt_run, assets, tmp_path, caplog) -> None:
     """Every kind of damage is named by checkpoint_problems (test_fault_checkpoint.py); here one, end to end."""
     out = _copy_checkpoints(ckpt_run, tmp_path / "run", "checkpoint-2", "checkpoint-4")
@@ -175,6 +204,7 @@ def test_latest_skips_damaged_checkpoint_and_resumes_exactly(ckpt_run, assets, t
     assert max_weight_diff(ckpt_run, out) < 1e-6
 
 
+@pytest.mark.xdist_group("fault_ckpt")
 def test_named_damaged_checkpoint_is_a_one_line_error(ckpt_run, assets, tmp_path) -> None:
     out = _copy_checkpoints(ckpt_run, tmp_path / "run", "checkpoint-4")
     opt = out / "checkpoint-4" / "optimizer.bin"
@@ -185,6 +215,7 @@ def test_named_damaged_checkpoint_is_a_one_line_error(ckpt_run, assets, tmp_path
     assert "\n" not in str(err.value)
 
 
+@pytest.mark.xdist_group("fault_ckpt")
 def test_tampered_global_step_is_refused(ckpt_run, assets, tmp_path) -> None:
     out = _copy_checkpoints(ckpt_run, tmp_path / "run", "checkpoint-4")
     state = out / "checkpoint-4" / script.STATE_FILE
@@ -214,6 +245,7 @@ script.main(sys.argv[1:])
 """
 
 
+@pytest.mark.xdist_group("fault_ckpt")
 def test_kill_during_checkpoint_write_with_limit_1_then_resume(ckpt_run, assets, tmp_path) -> None:
     out = tmp_path / "killed"
     argv = _argv(assets, out, "--max_train_steps", "4", "--checkpointing_steps", "2", "--checkpoints_total_limit", "1")

@@ -13,8 +13,9 @@ from typing import Any
 
 import pytest
 import torch
+import test_fault_train
 import test_train
-from test_train import COMMON, run_script
+import test_train_lora
 
 from hf_arb.conditioning import resolution_class_labels, sdxl_time_ids
 from hf_arb.pipeline_sd_resolution import conditioning_dim, embed_time_ids
@@ -47,6 +48,10 @@ print(json.dumps(results))
 
 assets = test_train.assets  # the session's tiny models and images
 _clean_accelerate_state = test_train._clean_accelerate_state
+# the runs whose output folders these tests load (built once per test run, whichever file asks first)
+ddp_runs = test_train.ddp_runs
+sd_lora = test_train_lora.sd_lora
+ckpt_run, fault_assets = test_fault_train.ckpt_run, test_fault_train.fault_assets
 
 
 def test_standalone_pipeline_embeds_like_hf_arb_conditioning():
@@ -66,20 +71,11 @@ def test_standalone_pipeline_file_imports_only_torch_and_diffusers():
 
 
 @pytest.fixture(scope="module")
-def outputs(assets, tmp_path_factory) -> dict[str, Path]:
-    """Three 2-step trainings: stock SD, SD LoRA, resolution-conditioned SD."""
-    base = ["--pretrained_model_name_or_path", assets["sd"], "--train_data_dir", assets["images"], *COMMON,
-            "--max_train_steps", "2", "--checkpointing_steps", "100"]
-    modes = {"stock": [], "lora": ["--rank", "4"],
-             "conditioned": ["--resolution_conditioning", "--resolution_embed_dim", "16", "--learning_rate", "1e-2"]}
-    out = {}
-    for name, extra in modes.items():
-        out[name] = tmp_path_factory.mktemp(name)
-        argv = base + extra + ["--output_dir", str(out[name])]
-        if name == "lora":
-            argv.remove("--full_finetune")
-        run_script(argv)
-    return out
+def outputs(ckpt_run, sd_lora, ddp_runs) -> dict[str, Path]:
+    """Three outputs of runs other files make anyway (shared artifacts, tests/conftest.py): a stock SD pipeline
+    (test_fault_train's 4-step run), an SD LoRA file (test_train_lora's README command) and a
+    resolution-conditioned SD pipeline (test_train's 2-process run)."""
+    return {"stock": ckpt_run, "lora": sd_lora["out"], "conditioned": ddp_runs["full"]}
 
 
 def card_code(folder: Path) -> str:

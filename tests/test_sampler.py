@@ -199,6 +199,7 @@ def test_no_global_rng_read_or_written() -> None:
         assert torch.equal(torch.get_rng_state(), before[2])
 
 
+@pytest.mark.slow  # fresh interpreters importing hf_arb (and torch)
 def test_deterministic_across_processes_with_different_hash_seeds() -> None:
     code = (
         "import numpy as np, hashlib; from hf_arb import plan_epoch;"
@@ -207,7 +208,7 @@ def test_deterministic_across_processes_with_different_hash_seeds() -> None:
         "print(hashlib.sha256(p.tobytes()).hexdigest())"
     )
     outs = set()
-    for hs in ("0", "1", "12345"):
+    for hs in ("0", "12345"):
         env = dict(os.environ, PYTHONHASHSEED=hs, PYTHONPATH=str(ROOT))
         outs.add(subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                                 check=True).stdout.strip())
@@ -489,7 +490,8 @@ def test_diffusers_dreambooth_call_works() -> None:
     keep = BucketBatchSampler(ids, 4, False, num_replicas=1)  # drop_last=False: every row, full batches
     rows = [r for b in keep for r in b]
     assert set(rows) == set(range(ids.size)) and all(len(set(ids[b])) == 1 for b in keep)
-    drop = BucketBatchSampler(ids, 4, drop_last=True, num_replicas=1)
+    with pytest.warns(UserWarning, match=r"drops 6 of 22 assigned rows \(27.3% > 10%\)"):  # said, not silent
+        drop = BucketBatchSampler(ids, 4, drop_last=True, num_replicas=1)
     assert drop.leftover == "drop" and drop.report().rows_dropped == 2 + 3 + 1
 
 
@@ -578,6 +580,7 @@ def test_accelerate_single_process_save_load_state(tmp_path: Path, stateful: boo
     assert [b.tolist() for b in dl2] == s.plan(2)[:, 0].tolist()
 
 
+@pytest.mark.slow  # a fresh interpreter with a gloo process group
 def test_sampler_built_for_another_world_is_refused() -> None:
     """A sampler whose num_replicas differs from the running process group would lose bucket sync."""
     code = (
@@ -808,7 +811,8 @@ def test_deepspeed_auto_micro_batch_is_filled_from_the_sampler() -> None:
         def is_auto(self, key):
             return self.deepspeed_config[key] == "auto"
 
-    s = BucketBatchSampler(make_ids(300), 12, num_replicas=3, split_batches=True)
+    with pytest.warns(UserWarning, match="drops 38 of 290 assigned rows"):
+        s = BucketBatchSampler(make_ids(300), 12, num_replicas=3, split_batches=True)
     for value, expected in (("auto", 4), (7, 7)):
         acc = SimpleNamespace(state=SimpleNamespace(deepspeed_plugin=Plugin(value)))
         fill_deepspeed_micro_batch(acc, s)

@@ -312,8 +312,6 @@ def test_batches_have_bucket_shapes(sd_run):
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("train_sd")
-@pytest.mark.slow
-@pytest.mark.xdist_group("train_sd")
 def test_push_to_hub_uploads_folder_with_card(sd_run, assets):
     out, stats = sd_run
     (push,) = stats["pushed"]
@@ -378,18 +376,24 @@ def test_cache_latents_same_losses_and_reused(sd_run, assets, tmp_path_factory):
 
 
 # ------------------------------------------------------------------- slow: two processes, exact resume
-@pytest.fixture(scope="module")
-def ddp_runs(assets, tmp_path_factory) -> dict[str, Any]:
-    full = tmp_path_factory.mktemp("ddp_full")
-    base = ["--pretrained_model_name_or_path", assets["sd"], "--train_data_dir", assets["images"], *COMMON,
-            "--random_flip", "--resolution_conditioning", "--resolution_embed_dim", "16",
-            "--prediction_type", "v_prediction", "--snr_gamma", "5", "--gradient_accumulation_steps", "2",
-            "--max_train_steps", "4", "--checkpointing_steps", "2"]
-    stats_full = run_script(base + ["--output_dir", str(full)], nproc=2)
-    resumed = tmp_path_factory.mktemp("ddp_resumed")
-    shutil.copytree(full / "checkpoint-2", resumed / "checkpoint-2")
-    stats_resumed = run_script(base + ["--output_dir", str(resumed), "--resume_from_checkpoint", "latest"], nproc=2)
-    return {"full": full, "resumed": resumed, "stats_full": stats_full, "stats_resumed": stats_resumed}
+@pytest.fixture(scope="session")
+def ddp_runs(assets, shared_artifact) -> dict[str, Any]:
+    """2 processes, resolution-conditioned v-prediction SD (checkpoint at step 2), and a run resumed from it.
+    Shared (tests/conftest.py): test_portable_outputs.py loads ``full`` as its resolution-conditioned output."""
+    def build(root: Path) -> dict[str, Any]:
+        full, resumed = root / "ddp_full", root / "ddp_resumed"
+        base = ["--pretrained_model_name_or_path", assets["sd"], "--train_data_dir", assets["images"], *COMMON,
+                "--random_flip", "--resolution_conditioning", "--resolution_embed_dim", "16",
+                "--prediction_type", "v_prediction", "--snr_gamma", "5", "--gradient_accumulation_steps", "2",
+                "--max_train_steps", "4", "--checkpointing_steps", "2"]
+        stats_full = run_script(base + ["--output_dir", str(full)], nproc=2)
+        shutil.copytree(full / "checkpoint-2", resumed / "checkpoint-2")
+        stats_resumed = run_script(base + ["--output_dir", str(resumed), "--resume_from_checkpoint", "latest"],
+                                   nproc=2)
+        return {"full": str(full), "resumed": str(resumed), "stats_full": stats_full, "stats_resumed": stats_resumed}
+
+    runs = shared_artifact("train-ddp-runs", build)
+    return {**runs, "full": Path(runs["full"]), "resumed": Path(runs["resumed"])}
 
 
 @pytest.mark.slow
@@ -496,8 +500,7 @@ def test_ddp_comm_hook_reaches_accelerate(hook, tmp_path):
     assert handler.comm_state_option == ({"matrix_approximation_rank": 2} if hook == "power_sgd" else {})
 
 
-@pytest.mark.slow
-@pytest.mark.xdist_group("train_sd")
+@pytest.mark.slow  # its own run: no group, so it can go to either worker
 def test_cache_latents_covers_catch_all_batches(assets, tmp_path):
     """Leftover rows trained in catch-all batches at another bucket are cached for that bucket too."""
     stats = run_script(["--pretrained_model_name_or_path", assets["sd"], "--train_data_dir", assets["images"],

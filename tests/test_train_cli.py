@@ -158,6 +158,7 @@ def test_bad_argument_fails_fast_with_one_line(extra, message, cli_assets, tmp_p
     assert cpu < 5 and wall < 30, f"{extra}: failed after {wall:.1f} s ({cpu:.1f} s CPU)"
 
 
+@pytest.mark.slow  # the script in a fresh interpreter, up to loading a model
 def test_internal_error_keeps_its_traceback(cli_assets, tmp_path):
     proc, *_ = run_cli(["--pretrained_model_name_or_path", cli_assets["broken"], "--train_data_dir",
                        cli_assets["images"], "--output_dir", str(tmp_path), "--report_to", "none",

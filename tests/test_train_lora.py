@@ -98,14 +98,19 @@ def sd_readme_command(assets: dict[str, str], out: Path) -> list[str]:
             "--log_batches"]
 
 
-@pytest.fixture(scope="module")
-def sd_lora(assets, tmp_path_factory) -> dict[str, Any]:
-    out = tmp_path_factory.mktemp("sd_lora")
-    stats = run_script(["--lora", *sd_readme_command(assets, out)])
-    resumed = tmp_path_factory.mktemp("sd_lora_resumed")
-    shutil.copytree(out / "checkpoint-2", resumed / "checkpoint-2")
-    again = run_script(["--lora", *sd_readme_command(assets, resumed), "--resume_from_checkpoint", "latest"])
-    return {"out": out, "stats": stats, "resumed": resumed, "again": again}
+@pytest.fixture(scope="session")
+def sd_lora(assets, shared_artifact) -> dict[str, Any]:
+    """The SD README LoRA command (checkpoint at step 2), and a run resumed from that checkpoint. Shared
+    (tests/conftest.py): test_portable_outputs.py loads ``out`` as its LoRA output."""
+    def build(root: Path) -> dict[str, Any]:
+        out, resumed = root / "sd_lora", root / "sd_lora_resumed"
+        stats = run_script(["--lora", *sd_readme_command(assets, out)])
+        shutil.copytree(out / "checkpoint-2", resumed / "checkpoint-2")
+        again = run_script(["--lora", *sd_readme_command(assets, resumed), "--resume_from_checkpoint", "latest"])
+        return {"out": str(out), "stats": stats, "resumed": str(resumed), "again": again}
+
+    runs = shared_artifact("train-sd-lora", build)
+    return {**runs, "out": Path(runs["out"]), "resumed": Path(runs["resumed"])}
 
 
 def lora_file(folder: Path) -> dict[str, torch.Tensor]:
@@ -209,8 +214,7 @@ def test_sdxl_readme_text_encoder_command_trains_both_encoders(assets, tmp_path)
     assert image.shape == (1, 48, 80, 3)
 
 
-@pytest.mark.slow
-@pytest.mark.xdist_group("train_lora")
+@pytest.mark.slow  # its own run: no group, so it can go to either worker
 def test_lora_under_bf16_mixed_precision_trains_fp32_adapters(assets, tmp_path):
     stats = run_script(["--pretrained_model_name_or_path", assets["sd"], "--train_data_dir", assets["images"],
                         "--output_dir", str(tmp_path), *BASE, "--rank", "4", "--mixed_precision", "bf16",
