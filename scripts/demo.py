@@ -154,7 +154,7 @@ def samples(base: str, model_dir: Path, shapes: list[tuple[int, int]], texts: li
             cells = []
             for w, h in shapes:
                 g = torch.Generator().manual_seed(i)
-                cells.append((f"{w}×{h}", pipe(text, height=h, width=w, num_inference_steps=10, generator=g).images[0]))
+                cells.append((f"{w}x{h}", pipe(text, height=h, width=w, num_inference_steps=10, generator=g).images[0]))
             rows.append((f"{label}\n{text}", cells))
         return rows
 
@@ -212,8 +212,8 @@ def main() -> None:
         family = "flux" if name == "Flux" else "sd"
         rows = samples(paths[family], model_dir, trained, texts, steps)
         path = out / f"samples_{family}.png"
-        sample_figure(rows, f"{name}: one prompt per row pair, every trained bucket shape, before and after "
-                      f"{steps} steps", path)
+        sample_figure(rows, f"{name}: each prompt at every trained bucket shape, before and after {steps} steps "
+                      "(a tiny random model learns the photos' colours and contrast here, not their content)", path)
         pictures[f"samples {name}"] = path
 
     print(f"\nDone in {time.perf_counter() - t_start:.0f} s. Look at:")

@@ -324,12 +324,10 @@ class BucketBatchSampler:
         """
         epoch = check_nonneg("epoch", epoch)
         if self._restored_epoch is not None and epoch != self._restored_epoch:
-            warnings.warn(
-                f"set_epoch({epoch}) after the sampler was restored at epoch {self._restored_epoch}: the loader starts "
-                f"epoch {epoch}. If that is not what you want, call `train_dataloader.set_epoch(epoch)` with your "
-                "loop's epoch before iterating (accelerate otherwise counts passes from 0 in a new process).",
-                UserWarning, stacklevel=2,
-            )
+            warnings.warn(f"set_epoch({epoch}) after the sampler was restored at epoch {self._restored_epoch}: the "
+                          f"loader starts epoch {epoch}. If that is not what you want, call `train_dataloader.set_epoch("
+                          "epoch)` with your loop's epoch before iterating (accelerate otherwise counts passes from 0 "
+                          "in a new process).", UserWarning, stacklevel=2)
         self._restored_epoch = None
         self._epoch, self._consumed = epoch, 0
         self._start, self._pinned, self._start_id = (epoch, 0), True, self._start_id + 1
@@ -415,9 +413,7 @@ class BucketBatchSampler:
                             merge_map=self._merge_map, leftover=self.leftover, sync_buckets=self.sync_buckets)
 
     def __repr__(self) -> str:
-        return (
-            f"BucketBatchSampler(rows={self._rows_total}, batch_size={self.batch_size}, "
-            f"num_replicas={self.num_replicas}, seed={self.seed}, epoch={self._epoch}, "
-            f"batches_consumed={self._consumed}, steps_per_epoch={self.steps_per_epoch}, leftover={self.leftover!r}, "
-            f"sync_buckets={self.sync_buckets}, split_batches={self.split_batches})"
-        )
+        return (f"BucketBatchSampler(rows={self._rows_total}, batch_size={self.batch_size}, "
+                f"num_replicas={self.num_replicas}, seed={self.seed}, epoch={self._epoch}, batches_consumed="
+                f"{self._consumed}, steps_per_epoch={self.steps_per_epoch}, leftover={self.leftover!r}, "
+                f"sync_buckets={self.sync_buckets}, split_batches={self.split_batches})")
