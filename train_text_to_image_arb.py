@@ -1616,18 +1616,11 @@ def diffusion_loss(args: argparse.Namespace, models: Models, unet: Any, batch: d
     from diffusers.training_utils import compute_snr
 
     from hf_arb.conditioning import sdxl_time_ids
+    from hf_arb.families.flow import posterior, sample_latents
 
     device, sched, vae = gen.device, models.noise_scheduler, models.vae
-    if "latent_stats" in batch:  # cached posterior: (B, 2, C, h, w)
-        stats = batch["latent_stats"].to(device, torch.float32)
-        mean, std = stats[:, 0], stats[:, 1]
-    else:
-        with torch.no_grad():
-            dist = vae.encode(batch["pixel_values"].to(device, vae.dtype)).latent_dist
-            mean, std = dist.mean.float(), dist.std.float()
-    latents = mean + std * torch.randn(mean.shape, generator=gen, device=device)
-    shift = vae.config.get("shift_factor") or 0.0
-    latents = ((latents - shift) * vae.config.scaling_factor).to(weight_dtype)
+    mean, std = posterior(batch, vae, device)  # cached (latent_stats) or encoded now
+    latents = sample_latents(mean, std, vae.config, gen).to(weight_dtype)
     bsz = latents.shape[0]
     noise = torch.randn(latents.shape, generator=gen, device=device, dtype=latents.dtype)
     if args.noise_offset:

@@ -12,7 +12,7 @@
    where everything is and the ``tensorboard`` command.
 
 Environment overrides: ``MODEL`` (a diffusers SD model folder or Hub id), ``RESOLUTION`` (pixel budget side,
-default 96 for the tiny models), ``STEPS`` (optimizer steps per model, default 150), ``FLOW=0`` (skip Flux),
+default 96 for the tiny models), ``STEPS`` (optimizer steps per model, default 300), ``FLOW=0`` (skip Flux),
 ``DEMO_OUTPUT`` (default ``demo_output``).
 """
 
@@ -95,7 +95,7 @@ def models(out: Path, images: Path, flow: bool) -> dict[str, str]:
     families = (["sd"] if not os.environ.get("MODEL") else []) + (["flux"] if flow else [])
     for family in families:
         path = out / f"tiny-{family}"
-        fig = save_demo_model(family, path, photos, vae_steps=int(os.environ.get("VAE_STEPS", "200")))
+        fig = save_demo_model(family, path, photos, vae_steps=int(os.environ.get("VAE_STEPS", "300")))
         print(f"tiny {family} pipeline (random {'UNet' if family == 'sd' else 'transformer'}, VAE fitted to the "
               f"photos in {fig['seconds']:.0f} s, reconstruction MSE {fig['mse']:.3f}) → {path}")
         paths[family] = str(path)
@@ -179,7 +179,7 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     resolution = int(os.environ.get("RESOLUTION", "512" if os.environ.get("MODEL") else "96"))
     step_px = 64 if resolution >= 256 else 16
-    steps = int(os.environ.get("STEPS", "150"))
+    steps = int(os.environ.get("STEPS", "300"))
     flow = os.environ.get("FLOW", "1") != "0"
     pictures: dict[str, Path] = {}
 

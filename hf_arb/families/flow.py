@@ -45,6 +45,7 @@ __all__ = [
     "check_bucket_sizes",
     "flow_loss",
     "flow_matching_loss",
+    "posterior",
     "register_transformer_hooks",
     "sample_latents",
     "shift_report",
@@ -226,6 +227,17 @@ def batch_sigmas(t: torch.Tensor, latent_hw: tuple[int, int], patch_size: int, c
     return shift_sigmas(t, mu, config)
 
 
+def posterior(batch: Mapping[str, Any], vae: Any, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The VAE posterior's ``(mean, std)``, float32 on ``device``: from the cache (``latent_stats`` ``(B, 2, C, h,
+    w)``) or by encoding ``pixel_values`` ``(B, 3, H, W)`` without gradients. Shared by every family's loss."""
+    if "latent_stats" in batch:
+        stats = batch["latent_stats"].to(device, torch.float32)
+        return stats[:, 0], stats[:, 1]
+    with torch.no_grad():
+        dist = vae.encode(batch["pixel_values"].to(device, vae.dtype)).latent_dist
+        return dist.mean.float(), dist.std.float()
+
+
 def sample_latents(mean: torch.Tensor, std: torch.Tensor, vae_config: Mapping[str, Any],
                    generator: torch.Generator) -> torch.Tensor:
     """A posterior sample, normalised for the transformer: ``(mean + std * eps - shift_factor) * scaling_factor``."""
@@ -264,13 +276,7 @@ def flow_loss(family: FlowFamily, options: FlowOptions, transformer: Any, batch:
     from diffusers.training_utils import compute_density_for_timestep_sampling
 
     device = generator.device
-    if "latent_stats" in batch:
-        stats = batch["latent_stats"].to(device, torch.float32)
-        mean, std = stats[:, 0], stats[:, 1]
-    else:
-        with torch.no_grad():
-            dist = vae.encode(batch["pixel_values"].to(device, vae.dtype)).latent_dist
-            mean, std = dist.mean.float(), dist.std.float()
+    mean, std = posterior(batch, vae, device)
     latents = sample_latents(mean, std, vae.config, generator)
     bsz = latents.shape[0]
     noise = torch.randn(latents.shape, generator=generator, device=device)
