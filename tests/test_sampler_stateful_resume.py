@@ -91,3 +91,32 @@ def test_set_epoch_holds_and_a_dropped_pass_does_not_move_the_next() -> None:
     it = iter(s2)
     next(it), next(it)  # torchdata's dropped restoring pass, read ahead by its worker
     assert list(s2) == plans[1] and list(s2) == plans[2]  # the restored position holds until used up, then moves on
+
+
+def test_resume_dataloader_supersedes_a_state_restored_one_epoch_ahead():
+    """accelerate reads one batch ahead: a state saved after an epoch's last step may already be in the next epoch.
+    The loop's step counter wins, silently: resume_dataloader yields the counter's batches and no set_epoch warning."""
+    import warnings
+
+    from accelerate import Accelerator
+    from torch.utils.data import DataLoader
+
+    from hf_arb import BucketBatchSampler, resume_dataloader
+
+    ids = np.repeat(np.arange(3), 8)
+    acc = Accelerator(cpu=True)
+    plain = BucketBatchSampler(ids, batch_size=2, num_replicas=1, seed=3, log_report=False)
+    epoch0 = [b for b in plain.shard(0)]  # the whole of epoch 0
+    ahead = BucketBatchSampler(ids, batch_size=2, num_replicas=1, seed=3, log_report=False)
+    ahead.set_epoch(1)
+    next(iter(ahead.shard(0)))  # the state after epoch 0 and one batch of epoch 1 read ahead
+    restored = BucketBatchSampler(ids, batch_size=2, num_replicas=1, seed=3, log_report=False)
+    restored.load_state_dict(ahead.state_dict())
+    assert restored.epoch == 1
+    loader = acc.prepare(DataLoader(list(range(len(ids))), batch_sampler=restored, collate_fn=list))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        rest, epoch = resume_dataloader(acc, loader, len(epoch0) - 1)  # the counter: epoch 0's last step is next
+        batches = list(rest)
+    assert epoch == 0 and batches == [list(map(int, epoch0[-1]))]
+    assert not [w for w in caught if "after the sampler was restored" in str(w.message)]

@@ -8,6 +8,7 @@ resume recipe in one call.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 from .packs import PackBatchSampler
@@ -83,7 +84,13 @@ def resume_dataloader(accelerator: Any, dataloader: Any, steps_done: int) -> tup
     """
     sampler = find_sampler(dataloader)
     epoch, step = sampler.locate(steps_done)
-    dataloader.set_epoch(epoch)
+    with warnings.catch_warnings():
+        # the loop's step counter decides where training resumes; a sampler state restored by load_state may sit a
+        # lookahead further (accelerate reads one batch ahead), in the next epoch: setting the counter's epoch here
+        # is not the forgotten `set_epoch` that BucketBatchSampler warns about
+        warnings.filterwarnings("ignore", message=r"set_epoch\(\d+\) after the sampler was restored",
+                                category=UserWarning)
+        dataloader.set_epoch(epoch)
     if not step:
         return dataloader, epoch
     from accelerate.data_loader import DataLoaderDispatcher
