@@ -96,3 +96,13 @@ def save_result(name: str, title: str, rows: list[dict[str, Any]], *, command: s
         print(f"{r['figure']}: ours {r['ours']:.4g} {r['unit']}, baseline {r['baseline']} -> {ratio} {r['target']}")
     print(f"wrote {path}")
     return path
+
+
+def run_worker(script: str | os.PathLike[str], config: dict[str, Any], cwd: str | os.PathLike[str]) -> dict:
+    """Run ``script --worker <config as JSON>`` in a fresh interpreter (each measurement in its own process) and
+    return the JSON object it prints last; the worker's stderr tail is the error if it fails."""
+    proc = subprocess.run([sys.executable, str(script), "--worker", json.dumps(config)], capture_output=True,
+                          text=True, cwd=cwd)
+    if proc.returncode != 0:
+        raise RuntimeError(proc.stderr[-3000:])
+    return json.loads(proc.stdout.strip().splitlines()[-1])

@@ -24,7 +24,6 @@ import argparse
 import io
 import json
 import resource
-import subprocess
 import sys
 import tempfile
 from contextlib import redirect_stderr, redirect_stdout
@@ -33,7 +32,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
-from _util import row, save_result  # noqa: E402
+from _util import row, run_worker, save_result  # noqa: E402
 
 
 def worker(config: dict) -> dict:
@@ -52,11 +51,7 @@ def worker(config: dict) -> dict:
 
 
 def run(argv: list[str]) -> dict:
-    proc = subprocess.run([sys.executable, __file__, "--worker", json.dumps({"argv": argv})], capture_output=True,
-                          text=True, cwd=HERE.parent)
-    if proc.returncode != 0:
-        raise RuntimeError(proc.stderr[-3000:])
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_worker(__file__, {"argv": argv}, HERE.parent)
 
 
 def main() -> None:
