@@ -18,6 +18,10 @@ waiting on the lock; a group is required where a module fixture or one process i
 cluster). Example: ``ddp_runs`` (test_train.py), ``sd_lora`` (test_train_lora.py) and ``ckpt_run``
 (test_fault_train.py) also serve test_portable_outputs.py.
 
+The 2-process runs that tests only read (SD3/Flux, packing, SDXL LoRA, streaming, broken images under DDP) go
+further: ``ddp_batch`` (below) runs them all in one torchrun launch, since a launch costs each process ~7 s of
+imports and a tiny run ~1 s (tests/_train_fixtures.py). Add a run there rather than launching torchrun per test.
+
 Scheduling (``pytest -n 2 --dist loadgroup``)
 ---------------------------------------------
 xdist hands out work units (an ``xdist_group``, or one test) in collection order. The hooks below put the
@@ -73,6 +77,40 @@ def shared_artifact(shared_root: Path) -> Callable[[str, Callable[[Path], Any]],
             return value
 
     return get
+
+
+# ------------------------------------------------------------------------------------- training fixtures
+# Built once per test run (tests/_train_fixtures.py says what each holds).
+@pytest.fixture(scope="session")
+def train_assets(shared_artifact) -> dict[str, str]:
+    """Tiny SD / SDXL pipelines and a photo imagefolder (5 aspect ratios x 4 photos)."""
+    from _train_fixtures import build_train_assets
+
+    return shared_artifact("train-assets", build_train_assets)
+
+
+@pytest.fixture(scope="session")
+def flow_assets(shared_artifact) -> dict[str, str]:
+    """Tiny SD3 / Flux pipelines and the photo imagefolder."""
+    from _train_fixtures import build_flow_assets
+
+    return shared_artifact("flow-assets", build_flow_assets)
+
+
+@pytest.fixture(scope="session")
+def stream_assets(shared_artifact) -> dict[str, Any]:
+    """Annotated parquet shards with an integer ``id`` column, and a tiny SD."""
+    from _train_fixtures import build_stream_assets
+
+    return shared_artifact("train-stream-assets", build_stream_assets)
+
+
+@pytest.fixture(scope="session")
+def ddp_batch(shared_artifact, train_assets, flow_assets, stream_assets) -> dict[str, Any]:
+    """The 2-process runs of several test files, in one torchrun launch (read them with ``batch_result``)."""
+    from _train_fixtures import build_batch
+
+    return shared_artifact("ddp-batch", lambda root: build_batch(root, train_assets, flow_assets, stream_assets))
 
 
 # ------------------------------------------------------------------------------------------- scheduling

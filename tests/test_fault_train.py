@@ -14,8 +14,16 @@ from typing import Any
 
 import numpy as np
 import pytest
-
-from test_train import COMMON, ROOT, max_weight_diff, read_trace, reset_accelerate, run_script, script
+from _train_fixtures import GROUP, batch_result
+from test_train import (
+    COMMON,
+    ROOT,
+    max_weight_diff,
+    read_trace,
+    reset_accelerate,
+    run_script,
+    script,
+)
 
 # No xdist group: the runs several tests read are shared artifacts (tests/conftest.py), built once per test run
 # by whichever worker needs them first, so the tests spread over both workers.
@@ -156,7 +164,7 @@ def test_latent_entry_damaged_during_training_is_reencoded_in_place(assets, tmp_
     first = run_script(argv)
     fill = lat.fill_cache
 
-    def fill_then_damage(cache, index, **kw):  # noqa: ANN001, ANN003, ANN202
+    def fill_then_damage(cache, index, **kw):
         done = fill(cache, index, **kw)
         for npy in Path(cache.root).glob("*/*.npy"):
             npy.write_bytes(npy.read_bytes()[:64])
@@ -260,20 +268,14 @@ def test_kill_during_checkpoint_write_with_limit_1_then_resume(ckpt_run, assets,
     assert max_weight_diff(ckpt_run, out) < 1e-6
 
 
-def test_two_ranks_replace_broken_images_and_stay_in_step(assets, tmp_path) -> None:
+@pytest.mark.slow
+@pytest.mark.xdist_group(GROUP)
+def test_two_ranks_replace_broken_images_and_stay_in_step(ddp_batch) -> None:
     """DDP (2 processes, gloo): replacements keep every batch full and both ranks in the same bucket at each step;
-    both ranks append to one skipped_rows.jsonl, each bad row once."""
-    from hf_arb.tiny import save_tiny_imagefolder
-
-    images = Path(save_tiny_imagefolder(tmp_path / "images", per_size=4))  # 20 rows: one global batch of 4 per bucket
-    files = sorted(p for p in images.iterdir() if p.suffix == ".png")
-    damaged = {files[0].name, files[9].name, files[17].name}
-    for f in files:
-        if f.name in damaged:
-            f.write_bytes(f.read_bytes()[: int(f.stat().st_size * 0.6)])
-    out = tmp_path / "ddp"
-    stats = run_script(_argv(assets, out, "--num_train_epochs", "1", "--checkpointing_steps", "100",
-                             images=str(images)), nproc=2)
+    both ranks append to one skipped_rows.jsonl, each bad row once. 20 rows (one global batch of 4 per bucket),
+    3 cut after their header (tests/_train_fixtures.py, in the suite's one 2-process launch)."""
+    run = batch_result(ddp_batch, "broken-ddp")
+    out, stats, damaged = run["out"], run["stats"], set(run["damaged"])
     r0, r1 = read_trace(out, 0), read_trace(out, 1)
     assert stats["global_step"] == 5 and len(r0) == len(r1) == 5 and stats["bad_images"] == 3
     assert [t["bucket"] for t in r0] == [t["bucket"] for t in r1]  # same bucket on both ranks at every step

@@ -28,26 +28,18 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "train_text_to_image_arb.py"
 sys.path.insert(0, str(ROOT))
 
-import train_text_to_image_arb as script  # noqa: E402
+from _train_fixtures import SD_BASE
 
-COMMON = ["--resolution", "64", "--bucket_step", "16", "--train_batch_size", "2", "--report_to", "none",
-          "--seed", "0", "--lr_warmup_steps", "0", "--log_batches", "--learning_rate", "1e-3", "--full_finetune"]
+import train_text_to_image_arb as script
+
+COMMON = [*SD_BASE, "--full_finetune"]
 
 
 # ------------------------------------------------------------------------------------------- fixtures
 @pytest.fixture(scope="session")
-def assets(shared_artifact) -> dict[str, str]:
-    """Tiny SD / SDXL pipelines and a photo imagefolder, built once per test run for every xdist worker."""
-    def build(root: Path) -> dict[str, str]:
-        from hf_arb.tiny import save_tiny_imagefolder, save_tiny_sd, save_tiny_sdxl
-
-        return {
-            "sd": save_tiny_sd(root / "tiny-sd"),
-            "sdxl": save_tiny_sdxl(root / "tiny-sdxl"),
-            "images": save_tiny_imagefolder(root / "images"),  # 5 aspect ratios x 4 photos
-        }
-
-    return shared_artifact("train-assets", build)
+def assets(train_assets: dict[str, str]) -> dict[str, str]:
+    """Tiny SD / SDXL pipelines and a photo imagefolder (tests/conftest.py ``train_assets``)."""
+    return train_assets
 
 
 def _free_port() -> int:
@@ -64,6 +56,18 @@ def reset_accelerate() -> None:
     GradientState._reset_state()
 
 
+def torchrun(script_path: Path, args: list[str], nproc: int, timeout: int = 300) -> subprocess.CompletedProcess:
+    """``torchrun --nproc_per_node nproc script_path *args`` on CPU (gloo); fails the test with the log tail."""
+    env = {**os.environ, "ACCELERATE_USE_CPU": "1", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",
+           "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
+           "--master_addr", "127.0.0.1", "--master_port", str(_free_port()), str(script_path), *args]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    if proc.returncode != 0:
+        pytest.fail(f"torchrun failed (rc {proc.returncode}):\n{(proc.stdout + proc.stderr)[-6000:]}")
+    return proc
+
+
 def run_script(args: list[str], nproc: int = 1, timeout: int = 300) -> dict[str, Any]:
     """Run the script (torchrun for nproc > 1); return hf_arb_run.json. Fails the test with the log tail."""
     out = Path(args[args.index("--output_dir") + 1])
@@ -76,13 +80,7 @@ def run_script(args: list[str], nproc: int = 1, timeout: int = 300) -> dict[str,
             reset_accelerate()
         assert json.loads((out / script.STATS_FILE).read_text())["global_step"] == stats["global_step"]
         return {**stats, "log": buf.getvalue()}
-    env = {**os.environ, "ACCELERATE_USE_CPU": "1", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",
-           "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(ROOT)}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
-           "--master_addr", "127.0.0.1", "--master_port", str(_free_port()), str(SCRIPT), *args]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
-    if proc.returncode != 0:
-        pytest.fail(f"training failed (rc {proc.returncode}):\n{(proc.stdout + proc.stderr)[-6000:]}")
+    proc = torchrun(SCRIPT, args, nproc, timeout)
     stats = json.loads((out / script.STATS_FILE).read_text())
     stats["log"] = proc.stdout + proc.stderr
     return stats
@@ -428,7 +426,10 @@ def test_resume_reaches_the_same_weights(ddp_runs):
 @pytest.mark.slow
 @pytest.mark.xdist_group("train_ddp")
 def test_resolution_conditioned_pipeline_generates(ddp_runs):
-    from hf_arb.conditioning import StableDiffusionResolutionPipeline, has_resolution_conditioning
+    from hf_arb.conditioning import (
+        StableDiffusionResolutionPipeline,
+        has_resolution_conditioning,
+    )
 
     pipe = StableDiffusionResolutionPipeline.from_pretrained(ddp_runs["full"])
     assert has_resolution_conditioning(pipe.unet)

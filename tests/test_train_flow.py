@@ -3,15 +3,15 @@ pipelines', the per-bucket shift equal to the stock scheduler's, illegal bucket 
 models trained on two processes with synced buckets, resumed bit-exactly, cached latents, LoRA, and every output
 loaded by stock diffusers without hf_arb.
 
-The expensive parts are shared: the tiny models and one two-process run (plus its resume) per family, built once
-per test run through ``shared_artifact``; most slow tests only read their outputs.
+The expensive parts are shared: the tiny models (tests/conftest.py) and one two-process run plus its resume per
+family, both in the suite's one 2-process launch (``ddp_batch``, tests/_train_fixtures.py); most slow tests only
+read their outputs.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 import test_train
 import torch
+from _train_fixtures import FLOW, GROUP, batch_result
 from test_train import read_trace, run_script
 
 import train_text_to_image_arb as script
@@ -28,22 +29,8 @@ from hf_arb.families import FLOW_FAMILIES, detect_flow_family, get_family
 from hf_arb.families.flow import batch_sigmas, training_shift_config, unshifted_times
 from hf_arb.families.flux import latent_image_ids, pack_latents, unpack_latents
 
-FLOW = ["--resolution", "64", "--bucket_step", "16", "--train_batch_size", "2", "--report_to", "none", "--seed", "0",
-        "--lr_warmup_steps", "0", "--log_batches", "--max_sequence_length", "16"]
 FAMILIES = ("sd3", "flux")
 _clean_accelerate_state = test_train._clean_accelerate_state
-
-
-@pytest.fixture(scope="session")
-def flow_assets(shared_artifact) -> dict[str, str]:
-    """Tiny SD3 / Flux pipelines and the photo imagefolder (5 aspect ratios x 4 photos), once per test run."""
-    def build(root: Path) -> dict[str, str]:
-        from hf_arb.tiny import save_tiny_flux, save_tiny_imagefolder, save_tiny_sd3
-
-        return {"sd3": save_tiny_sd3(root / "tiny-sd3"), "flux": save_tiny_flux(root / "tiny-flux"),
-                "images": save_tiny_imagefolder(root / "images")}
-
-    return shared_artifact("flow-assets", build)
 
 
 def transformer_weights(folder: Path) -> dict[str, torch.Tensor]:
@@ -187,26 +174,19 @@ def test_illegal_bucket_sizes_are_a_clear_error(flow_assets, tmp_path):
 
 
 # ------------------------------------------------------------------------- slow: 2 processes + resume
-def _flow_runs(flow_assets: dict[str, str], family: str, root: Path) -> dict[str, Any]:
+def _flow_runs(batch: dict[str, Any], family: str) -> dict[str, Any]:
     """Full fine-tune on 2 processes (4 steps, checkpoint at 2), then a resume of checkpoint-2 to the end."""
-    base = ["--pretrained_model_name_or_path", flow_assets[family], "--train_data_dir", flow_assets["images"], *FLOW,
-            "--random_flip", "--full_finetune", "--learning_rate", "1e-3", "--max_train_steps", "4",
-            "--checkpointing_steps", "2", "--weighting_scheme", "logit_normal"]
-    full, resumed = root / "full", root / "resumed"
-    stats = run_script(base + ["--output_dir", str(full)], nproc=2)
-    shutil.copytree(full / "checkpoint-2", resumed / "checkpoint-2")
-    again = run_script(base + ["--output_dir", str(resumed), "--resume_from_checkpoint", "latest"], nproc=2)
-    return {"full": str(full), "resumed": str(resumed), "stats": _jsonable(stats), "resumed_stats": _jsonable(again)}
+    full, resumed = batch_result(batch, f"flow-{family}-full"), batch_result(batch, f"flow-{family}-resumed")
+    return {"full": full["out"], "resumed": resumed["out"], "stats": full["stats"], "resumed_stats": resumed["stats"]}
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
-def flow_run(request, flow_assets, shared_artifact) -> dict[str, Any]:
-    family = request.param
-    return {"family": family, **shared_artifact(f"flow-ddp-{family}", lambda root: _flow_runs(flow_assets, family,
-                                                                                                root))}
+def flow_run(request, ddp_batch) -> dict[str, Any]:
+    return {"family": request.param, **_flow_runs(ddp_batch, request.param)}
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group(GROUP)
 def test_two_ranks_train_the_same_bucket_at_every_step(flow_run):
     full = Path(flow_run["full"])
     r0, r1 = read_trace(full, 0), read_trace(full, 1)
@@ -223,6 +203,7 @@ def test_two_ranks_train_the_same_bucket_at_every_step(flow_run):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group(GROUP)
 def test_resume_is_bit_exact(flow_run):
     full, resumed = Path(flow_run["full"]), Path(flow_run["resumed"])
     for rank in (0, 1):
@@ -236,6 +217,7 @@ def test_resume_is_bit_exact(flow_run):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group(GROUP)
 def test_startup_report_shows_each_buckets_seq_len_and_the_pipelines_mu(flow_run):
     from diffusers.pipelines.flux.pipeline_flux import calculate_shift
 
@@ -325,8 +307,9 @@ def _card_code(folder: Path) -> str:
 
 
 @pytest.mark.slow
-def test_outputs_load_in_stock_diffusers_without_hf_arb(flow_assets, shared_artifact, lora_runs):
-    runs = {f: shared_artifact(f"flow-ddp-{f}", lambda root, f=f: _flow_runs(flow_assets, f, root)) for f in FAMILIES}
+@pytest.mark.xdist_group(GROUP)
+def test_outputs_load_in_stock_diffusers_without_hf_arb(ddp_batch, lora_runs):
+    runs = {f: _flow_runs(ddp_batch, f) for f in FAMILIES}
     folders = {"sd3": Path(runs["sd3"]["full"]), "flux": Path(runs["flux"]["full"]),
                "sd3_lora": Path(lora_runs["sd3"]["dir"]), "flux_lora": Path(lora_runs["flux"]["dir"])}
     codes = {name: _card_code(folder) for name, folder in folders.items()}

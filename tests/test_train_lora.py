@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 import test_train
+import torch
+from _train_fixtures import GROUP, batch_result
 from test_train import COMMON, ROOT, read_trace, run_script
 
 import train_text_to_image_arb as script
@@ -166,16 +167,12 @@ def test_sd_lora_resume_is_bit_identical(sd_lora):
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("train_lora_ddp")
-def test_sdxl_text_encoder_lora_resume_two_processes_is_bit_identical(assets, tmp_path):
-    """2 processes (gloo DDP), SDXL, adapters on the UNet and both text encoders, gradient accumulation 2."""
-    args = ["--pretrained_model_name_or_path", assets["sdxl"], "--train_data_dir", assets["images"], *BASE, "--rank",
-            "4", "--train_text_encoder", "--max_train_steps", "4", "--checkpointing_steps", "2",
-            "--gradient_accumulation_steps", "2"]
-    full, resumed = tmp_path / "full", tmp_path / "resumed"
-    run_script(args + ["--output_dir", str(full)], nproc=2)
-    shutil.copytree(full / "checkpoint-2", resumed / "checkpoint-2")
-    run_script(args + ["--output_dir", str(resumed), "--resume_from_checkpoint", "latest"], nproc=2)
+@pytest.mark.xdist_group(GROUP)
+def test_sdxl_text_encoder_lora_resume_two_processes_is_bit_identical(ddp_batch):
+    """2 processes (gloo DDP), SDXL, adapters on the UNet and both text encoders, gradient accumulation 2
+    (tests/_train_fixtures.py, in the suite's one 2-process launch)."""
+    full = batch_result(ddp_batch, "sdxl-te-lora-full")["out"]
+    resumed = batch_result(ddp_batch, "sdxl-te-lora-resumed")["out"]
     a, b, mid = lora_file(full), lora_file(resumed), lora_file(full / "checkpoint-2")
     assert {k.split(".")[0] for k in a} == {"unet", "text_encoder", "text_encoder_2"}
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

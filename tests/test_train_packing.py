@@ -13,16 +13,14 @@ from typing import Any
 
 import pytest
 import test_train
-import test_train_flow
 import torch
+from _train_fixtures import FLOW, GROUP, batch_result
 from test_train import read_trace, run_script
-from test_train_flow import FLOW, transformer_weights
+from test_train_flow import transformer_weights
 
 import train_text_to_image_arb as script
 
-PACK = [*FLOW, "--packing", "--max_tokens", "40", "--full_finetune", "--learning_rate", "1e-3"]
 _clean_accelerate_state = test_train._clean_accelerate_state
-flow_assets = test_train_flow.flow_assets  # the tiny SD3 / Flux pipelines and photos, built once per test run
 
 
 def _jsonable(stats: dict[str, Any]) -> dict[str, Any]:
@@ -116,23 +114,16 @@ def test_one_process_trains_packs_of_images_at_their_own_size(flux_run):
 
 
 # ----------------------------------------------------------------------- two processes + resume (SD3)
-def _sd3_runs(flow_assets: dict[str, str], root: Path) -> dict[str, Any]:
-    """2 processes, 6 steps (4 per epoch: the run crosses an epoch), checkpoint at 3; resume checkpoint-3."""
-    base = ["--pretrained_model_name_or_path", flow_assets["sd3"], "--train_data_dir", flow_assets["images"], *PACK,
-            "--max_train_steps", "6", "--checkpointing_steps", "3", "--random_flip"]
-    full, resumed = root / "full", root / "resumed"
-    stats = run_script(base + ["--output_dir", str(full)], nproc=2)
-    shutil.copytree(full / "checkpoint-3", resumed / "checkpoint-3")
-    again = run_script(base + ["--output_dir", str(resumed), "--resume_from_checkpoint", "latest"], nproc=2)
-    return {"full": str(full), "resumed": str(resumed), "stats": _jsonable(stats), "resumed_stats": _jsonable(again)}
-
-
 @pytest.fixture(scope="module")
-def sd3_runs(flow_assets, shared_artifact) -> dict[str, Any]:
-    return shared_artifact("pack-sd3-2proc", lambda root: _sd3_runs(flow_assets, root))
+def sd3_runs(ddp_batch) -> dict[str, Any]:
+    """2 processes, 6 steps (4 per epoch: the run crosses an epoch), checkpoint at 3; resume checkpoint-3
+    (tests/_train_fixtures.py, in the suite's one 2-process launch)."""
+    full, resumed = batch_result(ddp_batch, "pack-sd3-full"), batch_result(ddp_batch, "pack-sd3-resumed")
+    return {"full": full["out"], "resumed": resumed["out"], "stats": full["stats"], "resumed_stats": resumed["stats"]}
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group(GROUP)
 def test_two_processes_train_their_own_packs_and_resume_bit_exactly(sd3_runs):
     full, resumed = Path(sd3_runs["full"]), Path(sd3_runs["resumed"])
     assert sd3_runs["stats"]["num_processes"] == 2 and sd3_runs["stats"]["global_step"] == 6

@@ -7,51 +7,21 @@ step, and that a run resumed from a mid-epoch checkpoint ends with the uninterru
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
-
-from test_train import COMMON, max_weight_diff, read_trace, reset_accelerate, run_script, script
-
-#: 20 tiny photos (5 aspect ratios x 4) repeated this many times with distinct ids, so each rank's split
-#: holds rows of every bucket.
-REPEAT = 3
-SHARDS = 4
-
-
-def build_shards(root: Path) -> dict[str, Any]:
-    """Annotated parquet shards (``bucket*`` columns + an integer ``id``), rows shuffled, in ``SHARDS`` files."""
-    import datasets
-    import numpy as np
-
-    from hf_arb import BucketSet, add_bucket_columns
-    from hf_arb.tiny import save_tiny_imagefolder, save_tiny_sd
-
-    images = save_tiny_imagefolder(root / "images")
-    ds = datasets.load_dataset("imagefolder", data_files={"train": str(Path(images) / "**")}, split="train")
-    ds = add_bucket_columns(ds, BucketSet.preset("budget", resolution=64, step=16), image_column="image")
-    ds = datasets.concatenate_datasets([ds] * REPEAT)
-    ds = ds.select(np.random.default_rng(0).permutation(len(ds)))
-    ds = ds.add_column("id", list(range(len(ds))))
-    shards = root / "shards"
-    shards.mkdir()
-    for i in range(SHARDS):
-        ds.shard(SHARDS, i, contiguous=True).to_parquet(str(shards / f"train-{i:05d}.parquet"))
-    ids = np.asarray(ds["bucket"])
-    return {"shards": str(shards), "sd": save_tiny_sd(root / "tiny-sd"), "rows": len(ds),
-            "counts": np.bincount(ids[ids >= 0]).tolist()}
-
-
-@pytest.fixture(scope="session")
-def stream_assets(shared_artifact) -> dict[str, Any]:
-    return shared_artifact("train-stream-assets", build_shards)
+from _train_fixtures import GROUP, batch_result, stream_argv
+from test_train import (
+    max_weight_diff,
+    read_trace,
+    reset_accelerate,
+    script,
+)
 
 
 def _args(assets: dict[str, Any], out: Path, *extra: str) -> list[str]:
-    return ["--pretrained_model_name_or_path", assets["sd"], "--train_data_dir", assets["shards"], *COMMON,
-            "--streaming", "--stream_key_column", "id", "--output_dir", str(out), *extra]
+    return stream_argv(assets, "--output_dir", str(out), *extra)
 
 
 # ------------------------------------------------------------------------------------------- fast: flags
@@ -125,18 +95,16 @@ def test_stream_counts_come_from_the_shards(stream_assets):
 
 # ----------------------------------------------------------------------------------- slow: torchrun x2
 @pytest.fixture(scope="module")
-def stream_runs(stream_assets, tmp_path_factory) -> dict[str, Any]:
-    full = tmp_path_factory.mktemp("stream_full")
-    base = ["--random_flip", "--max_train_steps", "5", "--checkpointing_steps", "2"]
-    stats_full = run_script(_args(stream_assets, full, *base), nproc=2)
-    resumed = tmp_path_factory.mktemp("stream_resumed")
-    shutil.copytree(full / "checkpoint-2", resumed / "checkpoint-2")
-    stats_resumed = run_script(_args(stream_assets, resumed, *base, "--resume_from_checkpoint", "latest"), nproc=2)
-    return {"full": full, "resumed": resumed, "stats_full": stats_full, "stats_resumed": stats_resumed}
+def stream_runs(ddp_batch) -> dict[str, Any]:
+    """5 steps on 2 processes, checkpoint at 2, and checkpoint-2 resumed (tests/_train_fixtures.py, in the suite's
+    one 2-process launch)."""
+    full, resumed = batch_result(ddp_batch, "stream-full"), batch_result(ddp_batch, "stream-resumed")
+    return {"full": full["out"], "resumed": resumed["out"], "stats_full": full["stats"],
+            "stats_resumed": resumed["stats"]}
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("train_stream")
+@pytest.mark.xdist_group(GROUP)
 def test_streaming_two_ranks_train_the_same_bucket(stream_runs):
     r0, r1 = read_trace(stream_runs["full"], 0), read_trace(stream_runs["full"], 1)
     assert len(r0) == len(r1) == 5
@@ -155,7 +123,7 @@ def test_streaming_two_ranks_train_the_same_bucket(stream_runs):
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("train_stream")
+@pytest.mark.xdist_group(GROUP)
 def test_streaming_resume_reaches_the_same_weights(stream_runs):
     full, resumed = stream_runs["full"], stream_runs["resumed"]
     for rank in (0, 1):

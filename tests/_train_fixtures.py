@@ -1,0 +1,172 @@
+"""The training fixtures several test files share: tiny models, photo folders, and one 2-process batch of runs.
+
+Asset builders (``build_*``) make the tiny pipelines and datasets; tests/conftest.py turns them into session fixtures
+through ``shared_artifact`` (built once per test run, whichever xdist worker asks first).
+
+The 2-process batch
+-------------------
+Every 2-process training run that a test file only reads (SD3 / Flux full fine-tune, SD3 packing, SDXL LoRA with
+both text encoders, streaming, broken images under DDP) runs in **one** ``torchrun --nproc_per_node 2`` launch
+(tests/_train_batch_worker.py): the imports cost each process about 7 s of CPU and a tiny run about 1 s, so eleven
+runs in one launch cost about what two launches cost. A "resumed" run is a new ``main()`` call in the same processes
+that loads the full run's checkpoint from disk. That a checkpoint also resumes in a *new* process is tested once on
+2 processes (``ddp_runs`` in tests/test_train.py, two launches) and once on 1 (tests/test_fault_train.py kills a run
+with SIGKILL and resumes it). Tests that read the batch share the ``xdist_group`` :data:`GROUP`, so one worker runs
+them while the other goes on with the rest of the suite.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+GROUP = "ddp_batch"
+
+#: the arguments every tiny run shares (SD/SDXL; test_train.COMMON adds ``--full_finetune``)
+SD_BASE = ["--resolution", "64", "--bucket_step", "16", "--train_batch_size", "2", "--report_to", "none",
+           "--seed", "0", "--lr_warmup_steps", "0", "--log_batches", "--learning_rate", "1e-3"]
+#: the same for SD3 / Flux
+FLOW = ["--resolution", "64", "--bucket_step", "16", "--train_batch_size", "2", "--report_to", "none", "--seed", "0",
+        "--lr_warmup_steps", "0", "--log_batches", "--max_sequence_length", "16"]
+#: SD3 / Flux packing, full fine-tune
+PACK = [*FLOW, "--packing", "--max_tokens", "40", "--full_finetune", "--learning_rate", "1e-3"]
+#: streaming: the sizes of the annotated parquet shards (20 tiny photos x REPEAT rows, in SHARDS files)
+STREAM_REPEAT, STREAM_SHARDS = 3, 4
+
+
+# ------------------------------------------------------------------------------------------- assets
+def build_train_assets(root: Path) -> dict[str, str]:
+    """Tiny SD / SDXL pipelines and a photo imagefolder (5 aspect ratios x 4 photos)."""
+    from hf_arb.tiny import save_tiny_imagefolder, save_tiny_sd, save_tiny_sdxl
+
+    return {"sd": save_tiny_sd(root / "tiny-sd"), "sdxl": save_tiny_sdxl(root / "tiny-sdxl"),
+            "images": save_tiny_imagefolder(root / "images")}
+
+
+def build_flow_assets(root: Path) -> dict[str, str]:
+    """Tiny SD3 / Flux pipelines and the photo imagefolder."""
+    from hf_arb.tiny import save_tiny_flux, save_tiny_imagefolder, save_tiny_sd3
+
+    return {"sd3": save_tiny_sd3(root / "tiny-sd3"), "flux": save_tiny_flux(root / "tiny-flux"),
+            "images": save_tiny_imagefolder(root / "images")}
+
+
+def build_stream_assets(root: Path) -> dict[str, Any]:
+    """Annotated parquet shards (``bucket*`` columns + an integer ``id``), rows shuffled, and a tiny SD."""
+    import datasets
+    import numpy as np
+
+    from hf_arb import BucketSet, add_bucket_columns
+    from hf_arb.tiny import save_tiny_imagefolder, save_tiny_sd
+
+    images = save_tiny_imagefolder(root / "images")
+    ds = datasets.load_dataset("imagefolder", data_files={"train": str(Path(images) / "**")}, split="train")
+    ds = add_bucket_columns(ds, BucketSet.preset("budget", resolution=64, step=16), image_column="image")
+    ds = datasets.concatenate_datasets([ds] * STREAM_REPEAT)
+    ds = ds.select(np.random.default_rng(0).permutation(len(ds)))
+    ds = ds.add_column("id", list(range(len(ds))))
+    shards = root / "shards"
+    shards.mkdir()
+    for i in range(STREAM_SHARDS):
+        ds.shard(STREAM_SHARDS, i, contiguous=True).to_parquet(str(shards / f"train-{i:05d}.parquet"))
+    ids = np.asarray(ds["bucket"])
+    return {"shards": str(shards), "sd": save_tiny_sd(root / "tiny-sd"), "rows": len(ds),
+            "counts": np.bincount(ids[ids >= 0]).tolist()}
+
+
+def stream_argv(assets: dict[str, Any], *extra: str) -> list[str]:
+    return ["--pretrained_model_name_or_path", assets["sd"], "--train_data_dir", assets["shards"], *SD_BASE,
+            "--full_finetune", "--streaming", "--stream_key_column", "id", *extra]
+
+
+def broken_imagefolder(root: Path) -> tuple[str, list[str]]:
+    """20 tiny photos (one global batch of 4 per bucket) with 3 cut after their header (interrupted downloads)."""
+    from hf_arb.tiny import save_tiny_imagefolder
+
+    images = Path(save_tiny_imagefolder(root, per_size=4))
+    files = sorted(p for p in images.iterdir() if p.suffix == ".png")
+    damaged = [files[0], files[9], files[17]]
+    for f in damaged:
+        f.write_bytes(f.read_bytes()[: int(f.stat().st_size * 0.6)])
+    return str(images), [f.name for f in damaged]
+
+
+# ------------------------------------------------------------------------------------------- the batch
+def _pair(root: Path, name: str, base: list[str], ckpt: str) -> list[dict[str, Any]]:
+    """A full run and a run resumed from its ``ckpt`` checkpoint (copied into a new output folder)."""
+    full, resumed = root / name / "full", root / name / "resumed"
+    return [{"name": f"{name}-full", "out": str(full), "argv": [*base, "--output_dir", str(full)]},
+            {"name": f"{name}-resumed", "out": str(resumed), "copy": [str(full / ckpt), str(resumed / ckpt)],
+             "argv": [*base, "--output_dir", str(resumed), "--resume_from_checkpoint", "latest"]}]
+
+
+def batch_runs(root: Path, train: dict[str, str], flow: dict[str, str], stream: dict[str, Any]) -> list[dict]:
+    """Every run of the batch: ``{"name", "out", "argv"[, "copy"]}``; the comment names the test file reading it."""
+    runs: list[dict[str, Any]] = []
+    for family in ("sd3", "flux"):  # test_train_flow.py: full fine-tune, 4 steps, checkpoint at 2
+        runs += _pair(root, f"flow-{family}", [
+            "--pretrained_model_name_or_path", flow[family], "--train_data_dir", flow["images"], *FLOW,
+            "--random_flip", "--full_finetune", "--learning_rate", "1e-3", "--max_train_steps", "4",
+            "--checkpointing_steps", "2", "--weighting_scheme", "logit_normal"], "checkpoint-2")
+    # test_train_packing.py: 6 steps (4 per epoch: the run crosses an epoch), checkpoint at 3
+    runs += _pair(root, "pack-sd3", ["--pretrained_model_name_or_path", flow["sd3"], "--train_data_dir",
+                                     flow["images"], *PACK, "--max_train_steps", "6", "--checkpointing_steps", "3",
+                                     "--random_flip"], "checkpoint-3")
+    # test_train_lora.py: SDXL, adapters on the UNet and both text encoders, gradient accumulation 2
+    runs += _pair(root, "sdxl-te-lora", [
+        "--pretrained_model_name_or_path", train["sdxl"], "--train_data_dir", train["images"], *SD_BASE, "--rank",
+        "4", "--train_text_encoder", "--max_train_steps", "4", "--checkpointing_steps", "2",
+        "--gradient_accumulation_steps", "2"], "checkpoint-2")
+    # test_train_stream.py: 5 steps over the parquet shards, checkpoint at 2
+    runs += _pair(root, "stream", stream_argv(stream, "--random_flip", "--max_train_steps", "5",
+                                              "--checkpointing_steps", "2"), "checkpoint-2")
+    # test_fault_train.py: broken images replaced under DDP, one epoch
+    images, damaged = broken_imagefolder(root / "broken-images")
+    out = root / "broken-ddp"
+    runs.append({"name": "broken-ddp", "out": str(out), "damaged": damaged, "argv": [
+        "--pretrained_model_name_or_path", train["sd"], "--train_data_dir", images, "--output_dir", str(out),
+        *SD_BASE, "--full_finetune", "--num_train_epochs", "1", "--checkpointing_steps", "100"]})
+    return runs
+
+
+def run_batch(root: Path, runs: list[dict[str, Any]], nproc: int = 2, timeout: int = 600) -> dict[str, Any]:
+    """Launch the runs in one torchrun; return ``name -> {"out", "stats", "error", ...}`` (JSON only; the run's
+    other keys, e.g. ``damaged``, are passed through).
+
+    ``stats`` is the run's ``hf_arb_run.json`` plus ``log`` (every rank's output); ``error`` is "" or the first
+    failing rank's traceback.
+    """
+    from test_train import torchrun
+
+    (root / "runs.json").write_text(json.dumps(runs, indent=1))
+    torchrun(Path(__file__).with_name("_train_batch_worker.py"), [str(root / "runs.json"), str(root)], nproc,
+             timeout)
+    status = [json.loads((root / f"status.rank{r}.json").read_text()) for r in range(nproc)]
+    results: dict[str, Any] = {}
+    for run in runs:
+        name, out = run["name"], Path(run["out"])
+        log = "".join((root / "logs" / f"{name}.rank{r}.log").read_text() for r in range(nproc))
+        error = next((s[name] for s in status if s.get(name)), "")
+        stats = json.loads((out / "hf_arb_run.json").read_text()) if (out / "hf_arb_run.json").exists() else {}
+        extra = {k: v for k, v in run.items() if k not in ("argv", "copy")}
+        results[name] = {**extra, "stats": {**stats, "log": log}, "error": error}
+    return results
+
+
+def batch_result(batch: dict[str, Any], name: str) -> dict[str, Any]:
+    """One run of the batch, failing the test with that run's traceback and log tail if it failed."""
+    import pytest
+
+    run = batch[name]
+    if run["error"]:
+        pytest.fail(f"{name} failed in the 2-process batch:\n{run['error']}\n--- log tail ---\n"
+                    f"{run['stats']['log'][-4000:]}")
+    return {**run, "out": Path(run["out"])}
+
+
+def build_batch(root: Path, train: dict[str, str], flow: dict[str, str], stream: dict[str, Any]) -> dict[str, Any]:
+    shutil.rmtree(root, ignore_errors=True)
+    root.mkdir(parents=True)
+    return run_batch(root, batch_runs(root, train, flow, stream))
