@@ -39,7 +39,38 @@ def _hf_arb_commands(source: str) -> list[list[str]] | None:
     return commands
 
 
+def _one_process_launch(source: str) -> list[str] | None:
+    """``[script, *args]`` when ``source`` is one ``accelerate launch <script>.py ...`` command without launcher
+    options (one process: what ``accelerate launch`` starts on a CPU machine); else None."""
+    argv = shlex.split(source.replace("\\\n", " "), comments=True)
+    if argv[:2] != ["accelerate", "launch"] or len(argv) < 3 or not argv[2].endswith(".py"):
+        return None
+    if any(tok in {"|", "&&", "||", ";", ">", "<", "&"} for tok in argv) or any(c in source for c in "$`"):
+        return None
+    return argv[2:]
+
+
+def _run_script(argv: list[str]) -> None:
+    """Run a training script in this process, as ``python script args`` would (the imports are paid once per run of
+    the docs, not once per command)."""
+    import runpy
+
+    saved = sys.argv
+    sys.argv = list(argv)
+    try:
+        runpy.run_path(argv[0], run_name="__main__")
+    except SystemExit as e:
+        if e.code not in (0, None):
+            raise RuntimeError(f"`accelerate launch {shlex.join(argv)}` exited with status {e.code}") from e
+    finally:
+        sys.argv = saved
+
+
 def _run_bash(source: str) -> None:
+    launch = _one_process_launch(source)
+    if launch is not None:
+        _run_script(launch)
+        return
     commands = _hf_arb_commands(source)
     if commands is None:
         env = {**os.environ, "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")}

@@ -94,6 +94,13 @@ def test_runner_reports_every_kind_of_failure(tmp_path: Path, capsys: pytest.Cap
     assert _run_doc_blocks._hf_arb_commands("hf-arb a \\\n  --b 1  # c\nhf-arb d\n") == [["a", "--b", "1"], ["d"]]
     assert _run_doc_blocks._hf_arb_commands("hf-arb a | head\n") is None
     assert _run_doc_blocks._hf_arb_commands("RAY_ADDRESS=auto hf-arb a\n") is None
+    launch = _run_doc_blocks._one_process_launch
+    assert launch("accelerate launch t.py \\\n  --a 1  # c\n") == ["t.py", "--a", "1"]
+    assert launch("accelerate launch --num_processes 2 t.py\n") is None and launch("python t.py\n") is None
+    (tmp_path / "t.py").write_text("import sys\nsys.exit(0 if sys.argv[1:] == ['--ok'] else 3)\n")
+    _run_doc_blocks._run_script([str(tmp_path / "t.py"), "--ok"])
+    with pytest.raises(RuntimeError, match="exited with status 3"):
+        _run_doc_blocks._run_script([str(tmp_path / "t.py"), "--bad"])
 
 
 # ------------------------------------------------------------------------------------------- running

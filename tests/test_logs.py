@@ -11,7 +11,7 @@ import pytest
 SNIPPET = """
 import logging, sys
 {setup}
-from diffusers import StableDiffusionPipeline  # transformers notes the torchvision fallback here
+from transformers import CLIPImageProcessor  # what diffusers' SD pipelines import; the torchvision note fires here
 import transformers, diffusers
 print("bars", transformers.utils.logging.is_progress_bar_enabled(), diffusers.utils.logging.is_progress_bar_enabled())
 transformers.utils.logging.get_logger("transformers.modeling_utils").warning("a real warning")

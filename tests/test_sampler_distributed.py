@@ -158,7 +158,7 @@ def test_plain_torchrun_without_accelerate(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_docs_recipe_runs_and_resumes(tmp_path: Path) -> None:
     """The accelerate recipe in docs/sampler.md, run as written on 2 processes, twice: the second run loads
-    the checkpoint taken at step 100 of epoch 2 and trains only the rest of that epoch."""
+    the checkpoint taken at step 40 of epoch 2 and trains only the rest of that epoch."""
     doc = (ROOT / "docs" / "sampler.md").read_text()
     section = doc[doc.index("### The recipe"):]
     code = section[section.index("```python") + len("```python"):]
