@@ -4,8 +4,9 @@ Written the way diffusers writes its training examples: an ``Accelerator``, then
 dataloader and LR scheduler prepared **in one plain** ``accelerator.prepare(...)`` call, diffusers' step
 arithmetic, ``accelerator.register_for_checkpointing``, ``save_state`` at a step, and a resume that loads the
 state in a fresh process. One process runs every accelerate mode in turn (``--phase full`` records every batch
-and saves a checkpoint at ``--save-at`` steps per mode; ``--phase resume`` loads each checkpoint and records the
-rest). Each rank writes what it saw to ``result_{phase}_rank{r}.json``; the test asserts on those records.
+and saves a checkpoint at each of the ``--save-at`` step counts per mode; ``--phase resume`` loads each checkpoint
+and records the rest; ``--phase elastic`` continues a sampler state saved on another number of processes). Each
+rank writes what it saw to ``result_{phase}_rank{r}.json``; the test asserts on those records.
 """
 
 from __future__ import annotations
@@ -85,9 +86,10 @@ def setup(mode: str, ids: np.ndarray, batch_size: int):
     return accelerator, model, optimizer, sampler, train_dataloader, len_before
 
 
-def train(accelerator, model, optimizer, loader, record: list, epoch: int, save_at: int | None, steps_done: int,
+def train(accelerator, model, optimizer, loader, record: list, epoch: int, save_at: tuple[int, ...], steps_done: int,
           ckpt: Path) -> int:
-    """One pass; records (epoch, rows) per step; saves the state after ``save_at`` steps in all."""
+    """One pass; records (epoch, rows) per step; saves the state to ``<ckpt>_<steps>`` after each ``save_at``
+    number of steps in all."""
     for batch in loader:
         rows = batch["row"].tolist()
         buckets = sorted(set(batch["bucket"].tolist()))
@@ -97,10 +99,11 @@ def train(accelerator, model, optimizer, loader, record: list, epoch: int, save_
         optimizer.zero_grad()
         record.append({"epoch": epoch, "rows": rows, "buckets": buckets})
         steps_done += 1
-        if save_at is not None and steps_done == save_at:
-            accelerator.save_state(str(ckpt))
+        if steps_done in save_at:
+            folder = Path(f"{ckpt}_{steps_done}")
+            accelerator.save_state(str(folder))
             if accelerator.is_main_process:
-                (ckpt / "steps_done.json").write_text(json.dumps({"steps_done": steps_done}))
+                (folder / "steps_done.json").write_text(json.dumps({"steps_done": steps_done}))
             accelerator.wait_for_everyone()
     return steps_done
 
@@ -119,29 +122,33 @@ def run_full(mode: str, args, ids: np.ndarray) -> dict:
             next(iter(accelerator.prepare(DataLoader(RowDataset(ids), batch_sampler=bad))))
         except RuntimeError as e:
             wrong_world = str(e)
-    if mode == "default" and args.save_elastic:
-        st = dict(sampler.state_dict(), steps_done_at_save=args.save_at)
+    if mode == "default" and args.save_elastic:  # continued from the last checkpoint's step (the counter rules)
+        st = dict(sampler.state_dict(), steps_done_at_save=max(args.save_at))
         Path(args.save_elastic).write_text(json.dumps(st))
     return {"len_before": len_before, "len_after": len(dl), "steps_per_epoch": sampler.steps_per_epoch,
             "repeated_per_epoch": sampler.report().rows_repeated, "record": record, "wrong_world_error": wrong_world}
 
 
 def run_resume(mode: str, args, ids: np.ndarray) -> dict:
-    accelerator, model, opt, sampler, dl, _ = setup(mode, ids, args.batch_size)
-    ckpt = Path(args.out) / f"ckpt_{mode}"
-    accelerator.load_state(str(ckpt))
-    steps_done = json.loads((ckpt / "steps_done.json").read_text())["steps_done"]
-    if mode == "stateful":  # the loader restores its own position; the loop sets the epoch
-        first_epoch = sampler.locate(steps_done)[0]
-        dl.set_epoch(first_epoch)
-        first = dl
-    else:  # accelerate's recipe: skip the batches the loop's counter says were trained
-        first, first_epoch = hf_arb.resume_dataloader(accelerator, dl, steps_done)
-    record: list = []
-    train(accelerator, model, opt, first, record, first_epoch, None, 0, ckpt)
-    for epoch in range(first_epoch + 1, EPOCHS):
-        train(accelerator, model, opt, dl, record, epoch, None, 0, ckpt)
-    return {"steps_done": steps_done, "record": record}
+    """Each checkpoint of ``mode`` resumed by a new setup: ``{str(save_at): {"steps_done", "record"}}``."""
+    out = {}
+    for save_at in args.save_at:
+        accelerator, model, opt, sampler, dl, _ = setup(mode, ids, args.batch_size)
+        ckpt = Path(args.out) / f"ckpt_{mode}_{save_at}"
+        accelerator.load_state(str(ckpt))
+        steps_done = json.loads((ckpt / "steps_done.json").read_text())["steps_done"]
+        if mode == "stateful":  # the loader restores its own position; the loop sets the epoch
+            first_epoch = sampler.locate(steps_done)[0]
+            dl.set_epoch(first_epoch)
+            first = dl
+        else:  # accelerate's recipe: skip the batches the loop's counter says were trained
+            first, first_epoch = hf_arb.resume_dataloader(accelerator, dl, steps_done)
+        record: list = []
+        train(accelerator, model, opt, first, record, first_epoch, (), 0, ckpt)
+        for epoch in range(first_epoch + 1, EPOCHS):
+            train(accelerator, model, opt, dl, record, epoch, (), 0, ckpt)
+        out[str(save_at)] = {"steps_done": steps_done, "record": record}
+    return out
 
 
 def run_elastic(args, ids: np.ndarray) -> dict:
@@ -151,7 +158,9 @@ def run_elastic(args, ids: np.ndarray) -> dict:
     sampler.load_state_dict(state)
     first, epoch = hf_arb.resume_dataloader(accelerator, dl, state["steps_done_at_save"])
     record: list = []
-    train(accelerator, model, opt, first, record, epoch, None, 0, Path(args.out))
+    train(accelerator, model, opt, first, record, epoch, (), 0, Path(args.out))
+    for later in range(epoch + 1, EPOCHS):
+        train(accelerator, model, opt, dl, record, later, (), 0, Path(args.out))
     return {"saved_world": state["num_replicas"], "epoch": epoch, "record": record,
             "global_batch": state["global_batch_size"], "steps_done": state["steps_done_at_save"]}
 
@@ -171,10 +180,10 @@ def run_plain(args, ids: np.ndarray) -> dict:
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--phase", choices=["full", "resume", "plain"], required=True)
+    p.add_argument("--phase", choices=["full", "resume", "elastic", "plain"], required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--batch-size", type=int, default=2)
-    p.add_argument("--save-at", type=int, default=5)
+    p.add_argument("--save-at", type=int, nargs="+", default=[5])
     p.add_argument("--save-elastic", default="")
     p.add_argument("--load-elastic", default="")
     p.add_argument("--pixel", action="store_true", help="also run the variable-batch (pixel budget) modes")
@@ -182,11 +191,11 @@ def main() -> None:
     ids = bucket_ids()
     if args.phase == "plain":
         result = run_plain(args, ids)
+    elif args.phase == "elastic":
+        result = {"elastic": run_elastic(args, ids)}
     else:
         run = run_full if args.phase == "full" else run_resume
         result = {mode: run(mode, args, ids) for mode in (*MODES, *(PIXEL_MODES if args.pixel else ()))}
-        if args.load_elastic:
-            result["elastic"] = run_elastic(args, ids)
     rank = int(os.environ.get("RANK", "0"))
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / f"result_{args.phase}_rank{rank}.json").write_text(json.dumps(result))

@@ -2,9 +2,11 @@
 
 The worker (tests/_sampler_worker.py) is a diffusers-style script (everything in one plain
 ``accelerator.prepare``); each rank records what it trained and these tests assert on the records. The
-2-process run (batch 3) checkpoints mid-epoch 1 and the 3-process run (batch 2) exactly at the end of epoch 0 (a
-state saved at the end of a pass is the case torchdata restores through a dropped pass); the 3-process run also
-continues the 2-process run's sampler state (the same global batch of 6): elastic resume across real launches.
+2-process run (batch 3) checkpoints exactly at the end of epoch 0 (a state saved at the end of a pass is the case
+torchdata restores through a dropped pass) and mid-epoch 1, in every accelerate mode, and a second launch resumes
+each checkpoint; a 3-process launch (batch 2) continues the 2-process run's sampler state (the same global batch of
+6): elastic resume across real launches. World sizes 1-8 of every mode are simulated in-process in
+tests/test_sampler.py and tests/test_sampler_stateful_resume.py.
 """
 
 from __future__ import annotations
@@ -73,53 +75,53 @@ def _expected(world: int, batch: int) -> tuple[np.ndarray, np.ndarray]:
 
 @pytest.mark.slow
 def test_plain_accelerate_prepare_every_mode_2_and_3_processes(tmp_path: Path) -> None:
-    """The diffusers-style script on 2 and 3 processes, in every accelerate mode: each rank trains exactly its
-    planned batches, in the same bucket as every other rank, len() is right before and after prepare, and a
-    checkpoint resumes in a new process with identical remaining batches: taken mid-epoch 1 on 2 processes, exactly
-    at the end of epoch 0 on 3. The 3-process run also continues the 2-process run's sampler state (elastic resume,
-    same global batch of 6)."""
+    """The diffusers-style script on 2 processes, in every accelerate mode: each rank trains exactly its planned
+    batches, in the same bucket as every other rank, len() is right before and after prepare, and checkpoints taken
+    exactly at the end of epoch 0 and mid-epoch 1 resume in a new process with identical remaining batches. Then 3
+    processes continue the 2-process run's sampler state (elastic resume, same global batch of 6)."""
     sys.path.insert(0, str(ROOT / "tests"))
     from _sampler_worker import MODES, bucket_ids
 
     ids = bucket_ids()
     elastic = tmp_path / "elastic.json"
-    for world, batch, mid_epoch_step in ((2, 3, 9), (3, 2, 0)):
-        exp_rows, exp_epochs = _expected(world, batch)
-        save_at = len(exp_rows) // 2 + mid_epoch_step  # in epoch 1, or at the end of epoch 0
-        out = tmp_path / f"w{world}"
-        extra = ("--save-elastic", str(elastic), "--pixel") if world == 2 else ("--load-elastic", str(elastic))
-        full = _torchrun(world, out, "full", "--batch-size", str(batch), "--save-at", str(save_at), *extra)
-        resumed = _torchrun(world, out, "resume", "--batch-size", str(batch), *extra)
-        assert 0 < save_at < len(exp_rows)
-        for mode in MODES:
-            where = f"{mode}, {world} processes"
-            rows, epochs = _steps(full, mode)
-            np.testing.assert_array_equal(rows, exp_rows, err_msg=f"{where}: batches differ from the plan")
-            np.testing.assert_array_equal(epochs, exp_epochs, err_msg=where)
-            bucket = ids[rows]  # (steps, world, batch)
-            assert (bucket == bucket[:, :1, :1]).all(), f"{where}: ranks in different buckets at a step"
-            info = full[0][mode]
-            assert info["len_before"] == info["len_after"] == info["steps_per_epoch"] == len(rows) // 2, where
-            for e in (0, 1):  # leftover="fill": every row trained, repeats only to fill the last batches
-                flat = rows[exp_epochs == e].reshape(-1)
-                assert set(flat.tolist()) == set(np.flatnonzero(ids >= 0).tolist()), where
-                assert flat.size - np.unique(flat).size == info["repeated_per_epoch"], where
-            rest, rest_epochs = _steps(resumed, mode)
-            assert resumed[0][mode]["steps_done"] == save_at
-            np.testing.assert_array_equal(rest, exp_rows[save_at:], err_msg=f"{where}: resume differs")
+    world, batch, out = 2, 3, tmp_path / "w2"
+    exp_rows, exp_epochs = _expected(world, batch)
+    saves = (len(exp_rows) // 2, len(exp_rows) // 2 + 9)  # the end of epoch 0, and mid-epoch 1
+    assert 0 < saves[0] < saves[1] < len(exp_rows)
+    save_args = ("--save-at", *map(str, saves))
+    full = _torchrun(world, out, "full", "--batch-size", str(batch), *save_args, "--save-elastic", str(elastic),
+                     "--pixel")
+    resumed = _torchrun(world, out, "resume", "--batch-size", str(batch), *save_args, "--pixel")
+    for mode in MODES:
+        where = f"{mode}, {world} processes"
+        rows, epochs = _steps(full, mode)
+        np.testing.assert_array_equal(rows, exp_rows, err_msg=f"{where}: batches differ from the plan")
+        np.testing.assert_array_equal(epochs, exp_epochs, err_msg=where)
+        bucket = ids[rows]  # (steps, world, batch)
+        assert (bucket == bucket[:, :1, :1]).all(), f"{where}: ranks in different buckets at a step"
+        info = full[0][mode]
+        assert info["len_before"] == info["len_after"] == info["steps_per_epoch"] == len(rows) // 2, where
+        for e in (0, 1):  # leftover="fill": every row trained, repeats only to fill the last batches
+            flat = rows[exp_epochs == e].reshape(-1)
+            assert set(flat.tolist()) == set(np.flatnonzero(ids >= 0).tolist()), where
+            assert flat.size - np.unique(flat).size == info["repeated_per_epoch"], where
+        for save_at in saves:
+            rest, rest_epochs = _steps([{mode: r[mode][str(save_at)]} for r in resumed], mode)
+            assert resumed[0][mode][str(save_at)]["steps_done"] == save_at
+            np.testing.assert_array_equal(rest, exp_rows[save_at:], err_msg=f"{where}: resume at {save_at} differs")
             np.testing.assert_array_equal(rest_epochs, exp_epochs[save_at:], err_msg=where)
-        assert "num_replicas=1, but torch.distributed runs" in full[0]["default"]["wrong_world_error"]
-        if world == 2:
-            check_pixel_modes(full, resumed, save_at)
-    el_rows, _ = _steps(resumed, "elastic")  # 3 ranks x 2 continuing 2 ranks x 3
-    assert resumed[0]["elastic"]["saved_world"] == 2 and resumed[0]["elastic"]["global_batch"] == 6
-    steps_done = resumed[0]["elastic"]["steps_done"]
+    assert "num_replicas=1, but torch.distributed runs" in full[0]["default"]["wrong_world_error"]
+    check_pixel_modes(full, resumed, saves)
+    three = _torchrun(3, tmp_path / "w3", "elastic", "--batch-size", "2", "--load-elastic", str(elastic))
+    el_rows, _ = _steps(three, "elastic")  # 3 ranks x 2 continuing 2 ranks x 3
+    assert three[0]["elastic"]["saved_world"] == 2 and three[0]["elastic"]["global_batch"] == 6
+    steps_done = three[0]["elastic"]["steps_done"]
     glob = plan_epoch(ids, 6, 1, seed=7, epoch=1, leftover="fill")[:, 0]  # (steps, 6); saved in epoch 1
-    assert resumed[0]["elastic"]["epoch"] == 1 and steps_done == len(glob) + 9
+    assert three[0]["elastic"]["epoch"] == 1 and steps_done == len(glob) + 9
     np.testing.assert_array_equal(el_rows.reshape(len(el_rows), -1), glob[steps_done - len(glob):])
 
 
-def check_pixel_modes(full: list[dict], resumed: list[dict], save_at: int) -> None:
+def check_pixel_modes(full: list[dict], resumed: list[dict], saves: tuple[int, ...]) -> None:
     """Variable batch sizes (a pixel budget) through a plain prepare, dispatched: every rank trains
     its planned batch of every step, of the step's bucket and that bucket's size, and resumes exactly."""
     from _sampler_worker import EPOCHS, PIXEL_BUDGET, PIXEL_MODES, PIXEL_RES, SEED, bucket_ids
@@ -132,8 +134,9 @@ def check_pixel_modes(full: list[dict], resumed: list[dict], save_at: int) -> No
     expected = [p.step(s).tolist() for p in plans for s in range(p.num_steps)]  # [step][rank] -> rows
     assert len(set(sizes.tolist())) > 1 and len({len(step[0]) for step in expected}) > 1  # really ragged
     for mode in PIXEL_MODES:
-        for results, start in ((full, 0), (resumed, save_at)):
-            recs = [res[mode]["record"] for res in results]
+        runs = [([res[mode]["record"] for res in full], 0)]
+        runs += [([res[mode][str(s)]["record"] for res in resumed], s) for s in saves]
+        for recs, start in runs:
             assert all(len(r) == len(expected) - start for r in recs), f"{mode}: steps differ from the plan"
             for s, want in enumerate(expected[start:]):
                 got = [recs[r][s]["rows"] for r in range(world)]
