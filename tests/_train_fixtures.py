@@ -6,8 +6,8 @@ through ``shared_artifact`` (built once per test run, whichever xdist worker ask
 The 2-process batch
 -------------------
 Every 2-process training run that a test file only reads (SD3 / Flux full fine-tune, SD3 packing, SDXL LoRA with
-both text encoders, streaming, broken images under DDP) runs in **one** ``torchrun --nproc_per_node 2`` launch
-(tests/_train_batch_worker.py): the imports cost each process about 7 s of CPU and a tiny run about 1 s, so eleven
+both text encoders, SDXL on a pre-annotated dataset, streaming, broken images under DDP) runs in **one** ``torchrun --nproc_per_node 2`` launch
+(tests/_train_batch_worker.py): the imports cost each process about 7 s of CPU and a tiny run about 1 s, so twelve
 runs in one launch cost about what two launches cost. A "resumed" run is a new ``main()`` call in the same processes
 that loads the full run's checkpoint from disk. That a checkpoint also resumes in a *new* process is tested once on
 2 processes (``ddp_runs`` in tests/test_train.py, two launches) and once on 1 (tests/test_fault_train.py kills a run
@@ -32,6 +32,8 @@ FLOW = ["--resolution", "64", "--bucket_step", "16", "--train_batch_size", "2", 
         "--lr_warmup_steps", "0", "--log_batches", "--max_sequence_length", "16"]
 #: SD3 / Flux packing, full fine-tune
 PACK = [*FLOW, "--packing", "--max_tokens", "40", "--full_finetune", "--learning_rate", "1e-3"]
+#: the bucket set the SDXL run's dataset was annotated with beforehand (not what its --resolution would build)
+SDXL_OWN_BUCKETS = [(64, 64), (96, 48), (48, 96), (128, 32), (32, 128)]
 #: streaming: the sizes of the annotated parquet shards (20 tiny photos x REPEAT rows, in SHARDS files)
 STREAM_REPEAT, STREAM_SHARDS = 3, 4
 
@@ -122,6 +124,18 @@ def batch_runs(root: Path, train: dict[str, str], flow: dict[str, str], stream: 
     # test_train_stream.py: 5 steps over the parquet shards, checkpoint at 2
     runs += _pair(root, "stream", stream_argv(stream, "--random_flip", "--max_train_steps", "5",
                                               "--checkpointing_steps", "2"), "checkpoint-2")
+    # test_train.py: SDXL on a dataset annotated beforehand (save_to_disk) with its own buckets; cached latents
+    import datasets
+
+    from hf_arb import BucketSet, add_bucket_columns
+
+    raw = datasets.load_dataset("imagefolder", data_dir=train["images"], split="train")
+    add_bucket_columns(raw, BucketSet(SDXL_OWN_BUCKETS), show_summary=False).save_to_disk(str(root / "annotated"))
+    out = root / "sdxl-annotated"
+    runs.append({"name": "sdxl-annotated", "out": str(out), "argv": [
+        "--pretrained_model_name_or_path", train["sdxl"], "--dataset_name", str(root / "annotated"), "--output_dir",
+        str(out), *SD_BASE, "--full_finetune", "--max_train_steps", "3", "--checkpointing_steps", "100",
+        "--cache_latents", "--random_flip", "--cache_text_embeddings"]})
     # test_fault_train.py: broken images replaced under DDP, one epoch
     images, damaged = broken_imagefolder(root / "broken-images")
     out = root / "broken-ddp"

@@ -28,9 +28,9 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "train_text_to_image_arb.py"
 sys.path.insert(0, str(ROOT))
 
-from _train_fixtures import SD_BASE
+from _train_fixtures import GROUP, SD_BASE, SDXL_OWN_BUCKETS, batch_result  # noqa: E402
 
-import train_text_to_image_arb as script
+import train_text_to_image_arb as script  # noqa: E402
 
 COMMON = [*SD_BASE, "--full_finetune"]
 
@@ -443,32 +443,28 @@ def test_resolution_conditioned_pipeline_generates(ddp_runs):
 
 # ------------------------------------------------------------------------------------ slow: SDXL
 @pytest.mark.slow
-@pytest.mark.xdist_group("train_sdxl")
-def test_sdxl_trains_with_pipeline_time_ids_and_saves_stock_pipeline(assets, tmp_path):
-    """SDXL on 2 processes, on a dataset annotated beforehand (save_to_disk) with its own bucket set, used as is."""
+@pytest.mark.xdist_group(GROUP)
+def test_sdxl_trains_with_pipeline_time_ids_and_saves_stock_pipeline(assets, ddp_batch):
+    """SDXL on 2 processes, on a dataset annotated beforehand (save_to_disk) with its own bucket set, used as is
+    (tests/_train_fixtures.py, in the suite's one 2-process launch)."""
     from diffusers import StableDiffusionXLPipeline
 
-    from hf_arb import BucketSet, add_bucket_columns
+    from hf_arb import BucketSet
     from hf_arb.conditioning import sdxl_time_ids
 
-    own = BucketSet([(64, 64), (96, 48), (48, 96), (128, 32), (32, 128)])
-    raw = datasets.load_dataset("imagefolder", data_dir=assets["images"], split="train")
-    add_bucket_columns(raw, own).save_to_disk(str(tmp_path / "annotated"))
-    stats = run_script(["--pretrained_model_name_or_path", assets["sdxl"], "--dataset_name", str(tmp_path / "annotated"),
-                        "--output_dir", str(tmp_path / "out"), *COMMON, "--max_train_steps", "3",
-                        "--checkpointing_steps", "100", "--cache_latents", "--random_flip", "--cache_text_embeddings"],
-                       nproc=2)
+    run = batch_result(ddp_batch, "sdxl-annotated")
+    stats, out = run["stats"], run["out"]
     assert stats["sdxl"] is True and stats["global_step"] == 3 and stats["num_processes"] == 2
     # both ranks encoded a share of the cache: together every image once per variant (3 steps -> 1 epoch -> 1)
     assert stats["latents_encoded"] == 20 and stats["latents_reused"] == 0
-    tmp_path = tmp_path / "out"
+    own = BucketSet(SDXL_OWN_BUCKETS)
     # the dataset's bucket set, not the one --resolution 64 --bucket_step 16 would build
-    assert BucketSet.from_dict(json.loads((tmp_path / script.BUCKETS_FILE).read_text())).fingerprint == own.fingerprint
-    pipe = StableDiffusionXLPipeline.from_pretrained(tmp_path)
+    assert BucketSet.from_dict(json.loads((out / script.BUCKETS_FILE).read_text())).fingerprint == own.fingerprint
+    pipe = StableDiffusionXLPipeline.from_pretrained(out)
     proj = pipe.text_encoder_2.config.projection_dim
     images = datasets.load_dataset("imagefolder", data_dir=assets["images"], split="train")
-    buckets = json.loads((tmp_path / script.BUCKETS_FILE).read_text())["resolutions"]
-    r0, r1 = read_trace(tmp_path, 0), read_trace(tmp_path, 1)
+    buckets = json.loads((out / script.BUCKETS_FILE).read_text())["resolutions"]
+    r0, r1 = read_trace(out, 0), read_trace(out, 1)
     assert [t["bucket"] for t in r0] == [t["bucket"] for t in r1]
     for t in r0 + r1:
         ids = t["time_ids_first"]
