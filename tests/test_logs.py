@@ -23,6 +23,7 @@ def _run(setup: str) -> subprocess.CompletedProcess[str]:
                           timeout=300, check=True)
 
 
+@pytest.mark.slow  # two fresh Python processes that import transformers (~5 s of CPU each)
 @pytest.mark.skipif(importlib.util.find_spec("torchvision") is not None, reason="the note is printed only without "
                     "torchvision")
 def test_torchvision_note_and_loading_bars_are_off_warnings_are_not() -> None:

@@ -135,6 +135,7 @@ def test_streaming_resume_reaches_the_same_weights(stream_runs):
     assert max_weight_diff(full, resumed) < 1e-6
 
 
+@pytest.mark.slow  # datasets (5.2) sleeps 5 s whenever a parquet stream's iterator closes: 3 times here
 def test_restore_stream_at_an_epoch_end_and_a_wrong_counter(stream_assets, tmp_path):
     """A checkpoint after an epoch's last batch resumes at the next epoch; a stream file that disagrees with the
     micro-batch counter is refused (no model: the stream alone, one process)."""
