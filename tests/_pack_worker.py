@@ -113,6 +113,8 @@ def main() -> None:
     result = {"data": {m: data_records(m) for m in MODES}, "model": model_records(state.process_index,
                                                                                   state.num_processes)}
     Path(args.out, f"rank{state.process_index}.json").write_text(json.dumps(result))
+    state.wait_for_everyone()  # a clean gloo teardown: exiting with the group alive can abort()
+    state.end_training()
 
 
 if __name__ == "__main__":

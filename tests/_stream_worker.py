@@ -73,6 +73,8 @@ def main() -> None:
         "resumed": {str(k): v for k, v in resumed.items()}, "dispatched": dispatched, "report": report,
         "dispatch_rank": stream3.rank,
     }))
+    acc.wait_for_everyone()  # a clean gloo teardown: exiting with the group alive can abort() ("terminate called
+    acc.end_training()       # without an active exception", seen once in CI)
 
 
 if __name__ == "__main__":
