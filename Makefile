@@ -29,7 +29,7 @@ test: venv
 	$(PY) -m pytest -n 2 --dist loadgroup $(PYTEST_ARGS)
 
 test-fast: venv
-	$(PY) -m pytest -n 2 -m "not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest -n 2 --dist loadgroup -m "not slow" $(PYTEST_ARGS)
 
 demo: venv
 	$(PY) scripts/demo.py
