@@ -8,9 +8,8 @@ CPU, without fp16 (the SDXL command's ``--mixed_precision="fp16"`` needs a GPU).
 from __future__ import annotations
 
 import json
-import os
+import runpy
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -186,8 +185,11 @@ def test_sdxl_text_encoder_lora_resume_two_processes_is_bit_identical(ddp_batch)
 # --------------------------------------------------------------- slow: SDXL README text-encoder command
 @pytest.mark.slow
 @pytest.mark.xdist_group("train_lora_sdxl")
-def test_sdxl_readme_text_encoder_command_trains_both_encoders(assets, tmp_path):
-    """README_sdxl.md's --train_text_encoder command, unchanged but for sizes, through the LoRA entry point."""
+# peft, saving text-encoder adapters of a local model folder: it cannot tell whether the vocabulary changed
+@pytest.mark.filterwarnings("ignore:Could not find a config file")
+def test_sdxl_readme_text_encoder_command_trains_both_encoders(assets, tmp_path, monkeypatch):
+    """README_sdxl.md's --train_text_encoder command, unchanged but for sizes, through the LoRA entry point (run as
+    ``python <entry point> ...`` would, in this process)."""
     from diffusers import StableDiffusionXLPipeline
 
     out = tmp_path / "sd-naruto-model-lora-sdxl-txt"
@@ -196,9 +198,14 @@ def test_sdxl_readme_text_encoder_command_trains_both_encoders(assets, tmp_path)
            "--train_batch_size", "1", "--max_train_steps", "3", "--checkpointing_steps", "500",
            "--learning_rate", "1e-04", "--lr_scheduler", "constant", "--lr_warmup_steps", "0", "--seed", "42",
            "--output_dir", str(out), "--train_text_encoder", "--report_to", "none", "--bucket_step", "16"]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    # run as `python <wrapper> ...` would, in this process (the imports are paid already)
+    monkeypatch.setattr(sys, "argv", cmd[1:])
+    try:
+        runpy.run_path(str(LORA_WRAPPER), run_name="__main__")
+    except SystemExit as e:
+        assert e.code in (0, None), f"the LoRA entry point exited with {e.code}"
+    finally:
+        test_train.reset_accelerate()
     weights = lora_file(out)
     for prefix in ("unet.", "text_encoder.", "text_encoder_2."):
         ups = [v for k, v in weights.items() if k.startswith(prefix) and (".up." in k or "lora_B" in k)]
