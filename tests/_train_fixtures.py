@@ -145,7 +145,7 @@ def batch_runs(root: Path, train: dict[str, str], flow: dict[str, str], stream: 
     return runs
 
 
-def run_batch(root: Path, runs: list[dict[str, Any]], nproc: int = 2, timeout: int = 600) -> dict[str, Any]:
+def run_batch(root: Path, runs: list[dict[str, Any]], nproc: int = 2, timeout: int = 300) -> dict[str, Any]:
     """Launch the runs in one torchrun; return ``name -> {"out", "stats", "error", ...}`` (JSON only; the run's
     other keys, e.g. ``damaged``, are passed through).
 
