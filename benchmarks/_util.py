@@ -106,3 +106,21 @@ def run_worker(script: str | os.PathLike[str], config: dict[str, Any], cwd: str 
     if proc.returncode != 0:
         raise RuntimeError(proc.stderr[-3000:])
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def training_bench_args(description: str, default_rounds: int) -> Any:
+    """The options of the per-process training benchmarks (``--quick``, ``--steps``, ``--rounds``, and the hidden
+    ``--worker`` that :func:`run_worker` passes). Returns the parsed arguments with ``steps`` and ``rounds``
+    resolved (defaults 20 and ``default_rounds``; ``--quick``: 3 and 1)."""
+    import argparse
+
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--quick", action="store_true", help="few steps, one round; figures are not the documented ones")
+    p.add_argument("--steps", type=int, default=None, help="optimizer steps per run (default 20; quick 3)")
+    p.add_argument("--rounds", type=int, default=None,
+                   help=f"interleaved rounds, the quietest is kept (default {default_rounds})")
+    p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    args.steps = args.steps or (3 if args.quick else 20)
+    args.rounds = args.rounds or (1 if args.quick else default_rounds)
+    return args

@@ -20,7 +20,6 @@ Usage: ``python benchmarks/bench_lora.py [--quick] [--steps N] [--rounds R]``
 
 from __future__ import annotations
 
-import argparse
 import io
 import json
 import resource
@@ -32,7 +31,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
-from _util import row, run_worker, save_result  # noqa: E402
+from _util import row, run_worker, save_result, training_bench_args  # noqa: E402
 
 
 def worker(config: dict) -> dict:
@@ -55,17 +54,11 @@ def run(argv: list[str]) -> dict:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="few steps, one round; figures are not the documented ones")
-    p.add_argument("--steps", type=int, default=None, help="optimizer steps per run (default 20; quick 3)")
-    p.add_argument("--rounds", type=int, default=None, help="interleaved rounds, the quietest is kept (default 3)")
-    p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
-    args = p.parse_args()
+    args = training_bench_args(__doc__.splitlines()[0], default_rounds=3)
     if args.worker:
         print(json.dumps(worker(json.loads(args.worker))))
         return
-    steps = args.steps or (3 if args.quick else 20)
-    rounds = args.rounds or (1 if args.quick else 3)
+    steps, rounds = args.steps, args.rounds
     from hf_arb.tiny import save_tiny_imagefolder, save_tiny_sd, save_tiny_sdxl
 
     rows, extra = [], {}
