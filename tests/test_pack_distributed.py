@@ -15,7 +15,7 @@ from hf_arb.packing import fit_sizes, plan_packs
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _pack_worker import MAX_TOKENS, MODES, SEED, sizes
-from test_sampler_distributed import _launch
+from test_train import torchrun
 
 WORKER = Path(__file__).resolve().parent / "_pack_worker.py"
 ROOT = WORKER.parent.parent
@@ -24,7 +24,7 @@ ROOT = WORKER.parent.parent
 @pytest.fixture(scope="module")
 def results(shared_artifact):
     def build(folder: Path) -> list[dict]:
-        _launch(2, WORKER, "--out", str(folder), cwd=ROOT, timeout=400)
+        torchrun(WORKER, ["--out", str(folder)], 2, timeout=400)
         return [json.loads((folder / f"rank{r}.json").read_text()) for r in range(2)]
 
     return shared_artifact("pack_distributed_2proc", build)

@@ -12,14 +12,13 @@ tests/test_sampler.py and tests/test_sampler_stateful_resume.py.
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+
+from test_train import torchrun
 
 from hf_arb import plan_epoch
 from hf_arb.sampling.ragged import plan_epoch_ragged
@@ -28,28 +27,8 @@ WORKER = Path(__file__).resolve().parent / "_sampler_worker.py"
 ROOT = WORKER.parent.parent
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _launch(nproc: int, script: Path, *args: str, cwd: Path, timeout: int) -> subprocess.CompletedProcess:
-    """torchrun on CPU (gloo); retried on a fresh port if another process took the chosen one meanwhile."""
-    env = dict(os.environ, ACCELERATE_USE_CPU="1", OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT),
-               TOKENIZERS_PARALLELISM="false")
-    for _attempt in range(3):
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
-               "--master_addr", "127.0.0.1", "--master_port", str(_free_port()), str(script), *args]
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=cwd)
-        if proc.returncode == 0 or "address already in use" not in (proc.stdout + proc.stderr).lower():
-            break
-    assert proc.returncode == 0, f"torchrun failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}"
-    return proc
-
-
 def _torchrun(nproc: int, out: Path, phase: str, *args: str, timeout: int = 240) -> list[dict]:
-    _launch(nproc, WORKER, "--phase", phase, "--out", str(out), *args, cwd=ROOT, timeout=timeout)
+    torchrun(WORKER, ["--phase", phase, "--out", str(out), *args], nproc, timeout)
     return [json.loads((out / f"result_{phase}_rank{r}.json").read_text()) for r in range(nproc)]
 
 
@@ -170,7 +149,7 @@ def test_docs_recipe_runs_and_resumes(tmp_path: Path) -> None:
     script.write_text(code)
     outs = []
     for _ in range(2):
-        proc = _launch(2, script, cwd=tmp_path, timeout=180)
+        proc = torchrun(script, [], 2, timeout=180, cwd=tmp_path)
         outs.append([line for line in proc.stdout.splitlines() if "done" in line])
     assert [line.split(":")[0] for line in outs[0]] == ["epoch 0 done", "epoch 1 done", "epoch 2 done"]
     assert [line.split(":")[0] for line in outs[1]] == ["epoch 2 done"]

@@ -8,25 +8,16 @@ then splits rows, not files), 3 ranks read 6 shards (whole files per rank).
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from test_train import torchrun
 
 WORKER = Path(__file__).resolve().parent / "_stream_worker.py"
 ROOT = WORKER.parent.parent
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _write_shards(folder: Path, n: int, shards: int) -> np.ndarray:
@@ -45,15 +36,7 @@ def _write_shards(folder: Path, n: int, shards: int) -> np.ndarray:
 def test_torchrun_stream(tmp_path, world, shards):
     n, batch = 600, 3
     ids = _write_shards(tmp_path, n, shards)
-    env = dict(os.environ, ACCELERATE_USE_CPU="1", OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
-    for _attempt in range(3):
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(world), "--master_addr",
-               "127.0.0.1", "--master_port", str(_free_port()), str(WORKER), "--data", str(tmp_path),
-               "--out", str(tmp_path / "out"), "--batch", str(batch)]
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
-        if proc.returncode == 0 or "address already in use" not in (proc.stdout + proc.stderr).lower():
-            break
-    assert proc.returncode == 0, f"torchrun failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+    torchrun(WORKER, ["--data", str(tmp_path), "--out", str(tmp_path / "out"), "--batch", str(batch)], world)
     res = [json.loads((tmp_path / "out" / f"result_rank{r}.json").read_text()) for r in range(world)]
 
     steps = res[0]["steps"]

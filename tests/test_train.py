@@ -56,15 +56,20 @@ def reset_accelerate() -> None:
     GradientState._reset_state()
 
 
-def torchrun(script_path: Path, args: list[str], nproc: int, timeout: int = 300) -> subprocess.CompletedProcess:
-    """``torchrun --nproc_per_node nproc script_path *args`` on CPU (gloo); fails the test with the log tail."""
+def torchrun(script_path: Path, args: list[str], nproc: int, timeout: int = 300,
+             cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    """``torchrun --nproc_per_node nproc script_path *args`` on CPU (gloo); retried on a fresh port if another
+    process took the chosen one meanwhile; fails the test with the log tail."""
     env = {**os.environ, "ACCELERATE_USE_CPU": "1", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",
            "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(ROOT)}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
-           "--master_addr", "127.0.0.1", "--master_port", str(_free_port()), str(script_path), *args]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    for _attempt in range(3):
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
+               "--master_addr", "127.0.0.1", "--master_port", str(_free_port()), str(script_path), *args]
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=cwd)
+        if proc.returncode == 0 or "address already in use" not in (proc.stdout + proc.stderr).lower():
+            break
     if proc.returncode != 0:
-        pytest.fail(f"torchrun failed (rc {proc.returncode}):\n{(proc.stdout + proc.stderr)[-6000:]}")
+        pytest.fail(f"torchrun failed (rc {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
     return proc
 
 
