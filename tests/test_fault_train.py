@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from _train_fixtures import GROUP, batch_result
+from _train_fixtures import GROUP, batch_result, cut_after_header
 from test_train import (
     COMMON,
     ROOT,
@@ -61,8 +61,7 @@ def broken_images(fault_assets: dict[str, str], shared_artifact) -> tuple[str, l
         shutil.copytree(fault_assets["images"], folder)
         files = sorted(p for p in folder.iterdir() if p.suffix == ".png")
         damaged = [files[1], files[6]]
-        for f in damaged:
-            f.write_bytes(f.read_bytes()[: int(f.stat().st_size * 0.6)])
+        cut_after_header(damaged)
         return [str(folder), [f.name for f in damaged]]
 
     folder, damaged = shared_artifact("fault-broken-images", build)

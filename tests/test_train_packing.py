@@ -5,7 +5,6 @@ through ``shared_artifact``."""
 
 from __future__ import annotations
 
-import json
 import math
 import shutil
 from pathlib import Path
@@ -16,15 +15,11 @@ import test_train
 import torch
 from _train_fixtures import FLOW, GROUP, batch_result
 from test_train import read_trace, run_script
-from test_train_flow import transformer_weights
+from test_train_flow import _jsonable, transformer_weights
 
 import train_text_to_image_arb as script
 
 _clean_accelerate_state = test_train._clean_accelerate_state
-
-
-def _jsonable(stats: dict[str, Any]) -> dict[str, Any]:
-    return json.loads(json.dumps(stats, default=str))
 
 
 @pytest.mark.parametrize(("model", "flags", "message"), [
