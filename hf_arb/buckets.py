@@ -168,40 +168,15 @@ class BucketSet:
 
     @classmethod
     def fit(cls, sizes: Any, n_buckets: int, *, step: int = 64, max_pixels: int = 1024 * 1024,
-            max_crop: float | None = None, min_side: int | None = None, max_side: int | None = None,
-            min_area_ratio: float = 0.75, **kwargs: Any) -> BucketSet:
-        """A bucket table fitted to the data: the ``n_buckets`` step-aligned shapes at the pixel budget that minimise
-        the mean cropped area of ``sizes`` (exact dynamic program on a log-aspect histogram, deterministic,
-        vectorised; :mod:`hf_arb.fit` has the method).
-
-        Args:
-            sizes: ``(n, 2)`` rows of (width, height), or a ``(widths, heights)`` tuple (displayed sizes).
-            n_buckets: most buckets (fewer when fewer would get rows).
-            step: side multiple (the model family's: 8, 16 for SD3/Flux, 64 by convention for SDXL).
-            max_pixels: pixel budget of every bucket (``resolution²``).
-            max_crop: largest share of any image's area that may be cut off (``0.2`` = 20 %); ``None``: no bound.
-            min_side, max_side: side limits (default half and twice ``sqrt(max_pixels)``).
-            min_area_ratio: buckets use at least this share of the budget (as the ``budget`` preset).
-            kwargs: to the constructor (``max_aspect_error``, ``aspect_range``); the metric is ``"log"``, the rule
-                the fit optimises.
-
-        Example:
-            ```py
-            >>> sizes = [(4000, 3000)] * 6 + [(3000, 4000)] * 3 + [(1080, 1920)]
-            >>> BucketSet.fit(sizes, 3).labels()
-            ['768x1344', '768x1024', '1024x768']
-            ```
-        """
-        from .fit import fit_table, split_sizes
-
-        if kwargs.get("metric", "log") != "log":
-            raise ValueError(f"BucketSet.fit optimises the crop of nearest-in-log-aspect assignment; it needs "
-                             f"metric='log', got metric={kwargs['metric']!r}. Use .replace(metric=...) afterwards.")
-        kwargs.pop("metric", None)
-        w, h = split_sizes(sizes)
-        res = fit_table(w, h, n_buckets, step=step, max_pixels=max_pixels, max_crop=max_crop, min_side=min_side,
-                        max_side=max_side, min_area_ratio=min_area_ratio)
-        return cls(res.table.tolist(), **kwargs)
+            max_crop: float | None = None, **kwargs: Any) -> BucketSet:
+        """The ``n_buckets`` step-aligned shapes at ``max_pixels`` that minimise the mean crop of ``sizes`` (``(n, 2)`` or
+        ``(widths, heights)``), none cutting more than ``max_crop``: :func:`hf_arb.fit.fit_table` (other kwargs: the constructor)."""
+        from .fit import FIT_PARAMS, fit_table, split_sizes
+        if kwargs.pop("metric", "log") != "log":
+            raise ValueError("BucketSet.fit optimises nearest-in-log-aspect assignment: it needs metric='log'.")
+        params = {k: kwargs.pop(k) for k in FIT_PARAMS if k in kwargs}  # the rest: constructor arguments
+        return cls(fit_table(*split_sizes(sizes), n_buckets, step=step, max_pixels=max_pixels, max_crop=max_crop,
+                             **params).table.tolist(), **kwargs)
 
     @classmethod
     def sdxl(cls, **kwargs: Any) -> BucketSet:

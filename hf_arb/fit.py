@@ -43,6 +43,8 @@ BIN_WIDTH = 0.002
 _MAX_BINS = 1 << 16
 #: candidates closer than this in log aspect count as one (the one with the larger area is kept)
 CANDIDATE_SPACING = 0.004
+#: keyword arguments of :func:`fit_table` that :meth:`hf_arb.BucketSet.fit` passes through
+FIT_PARAMS = ("min_side", "max_side", "min_area_ratio", "bin_width")
 
 
 @dataclass(frozen=True)
@@ -125,6 +127,14 @@ def fit_table(widths: Any, heights: Any, n_buckets: int, *, step: int = 64, max_
         min_area_ratio: candidates use at least this share of ``max_pixels`` (as the ``budget`` preset), or the
             largest height their width allows.
         bin_width: histogram bin width in log aspect.
+
+    Example:
+        ```py
+        >>> from hf_arb import BucketSet
+        >>> sizes = [(4000, 3000)] * 6 + [(3000, 4000)] * 3 + [(1080, 1920)]
+        >>> BucketSet.fit(sizes, 3).labels()   # 4:3, 3:4 and 9:16 at about 1024² pixels
+        ['768x1344', '768x1024', '1024x768']
+        ```
 
     Raises:
         ValueError: bad parameters, or a ``max_crop`` no table of ``n_buckets`` candidates meets; the message says
@@ -249,4 +259,4 @@ def fit_table(widths: Any, heights: Any, n_buckets: int, *, step: int = 64, max_
     return FitResult(table=table[used], mean_crop=float(crop.mean()), worst_crop=worst, candidates=int(C))
 
 
-__all__ = ["BIN_WIDTH", "CANDIDATE_SPACING", "FitResult", "candidate_shapes", "fit_table", "split_sizes"]
+__all__ = ["BIN_WIDTH", "CANDIDATE_SPACING", "FIT_PARAMS", "FitResult", "candidate_shapes", "fit_table", "split_sizes"]

@@ -86,7 +86,7 @@ def test_fit_errors_name_the_value_and_the_fix():
         BucketSet.fit(np.ones((3, 3)), 2)
     with pytest.raises(ValueError, match=r"heights\[0\] = 0"):
         BucketSet.fit([(100, 0)], 2)
-    with pytest.raises(ValueError, match=r"metric='log'"):
+    with pytest.raises(ValueError, match=r"metric=.log."):
         BucketSet.fit([(100, 100)], 2, metric="linear")
     with pytest.raises(ValueError, match=r"`step` \(2048\) exceeds"):
         BucketSet.fit([(100, 100)], 2, step=2048)
