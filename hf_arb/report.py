@@ -7,9 +7,9 @@ offline from disk (thumbnails inlined as ``data:`` URIs, charts as inline SVG, n
 
 Per bucket: rows, share of the kept rows, planned steps per epoch for the batch size and process count, rows the
 leftover policy drops or repeats (and the flag that changes it), and ``k`` sample thumbnails with the crop box the
-training script will use drawn on the whole image (:meth:`hf_arb.BucketedImageDataset.fit_row`: the same geometry
-and the same per-row random draw). Then the outliers with their file names and the flag that handles each, the
-skipped rows with their reasons, histograms of crop fraction and aspect error, and the bucket chart.
+training script will use drawn on the whole image (:func:`training_crop`: the geometry and per-row random draw of
+:meth:`hf_arb.BucketedImageDataset.fit_row`). Then the outliers with their file names and the flag that handles each,
+the skipped rows with their reasons, histograms of crop fraction and aspect error, and the bucket chart.
 
 Cost: the metadata pass (the bucket columns; a raw dataset is annotated first, reading image headers only) plus
 ``k × buckets`` image decodes, each shrunk while decoding (JPEG draft) to a thumbnail. docs/benchmarks.md has the
@@ -36,7 +36,8 @@ from .report_html import render_html
 from .schema import BUCKET_COLUMNS
 
 _OUTLIERS = 5
-_THUMB = 192
+#: long side of the thumbnails, pixels
+THUMBNAIL_SIZE = 192
 
 
 @dataclass(frozen=True)
@@ -193,8 +194,10 @@ def build_report(ds: Any, buckets: BucketSet | None = None, *, k: int = 4, batch
         logw = np.abs(np.log(w[kr] / h[kr]))
         for kind, values, fmt in (("largest upscale", scale, "{:.2f}x"), ("most extreme aspect", logw, None),
                                   ("most cropped", crop, "{:.1%}")):
-            top = kr[np.argsort(-values, kind="stable")[:_OUTLIERS]]
-            vals = np.sort(values)[::-1][:_OUTLIERS]
+            m = min(_OUTLIERS, values.size)
+            part = np.argpartition(-values, m - 1)[:m]  # the m largest, O(n)
+            part = part[np.lexsort((part, -values[part]))]  # largest first, ties by row
+            top, vals = kr[part], values[part]
             shown = [fmt.format(v) if fmt else f"{w[r]}:{h[r]} ({w[r] / h[r]:.2f} w/h)" for r, v in zip(top, vals)]
             picks[kind] = (top, shown)
             names_needed.update({int(r): "" for r in top})
@@ -222,8 +225,9 @@ def build_report(ds: Any, buckets: BucketSet | None = None, *, k: int = 4, batch
 
     # thumbnails: k evenly spread rows per bucket, the crop of epoch 0 as training draws it
     if k and image_column is not None and kr.size:
-        _thumbnails(rep, ds, bs, ids, k, image_column, center_crop, seed, crop_of_row=dict(zip(kr.tolist(),
-                                                                                                 crop.tolist())))
+        crop_all = np.full(n, math.nan)
+        crop_all[kr] = crop
+        _thumbnails(rep, ds, bs, ids, (w, h), k, image_column, center_crop, seed, crop_all)
     return rep
 
 
@@ -241,14 +245,23 @@ def _names(ds: Any, image_column: str | None, rows: list[int]) -> dict[int, str]
     return dict(zip(rows, _file_names(cells, rows)))
 
 
-def _thumbnails(rep: DatasetReport, ds: Any, bs: BucketSet, ids: np.ndarray, k: int, image_column: str,
-                center_crop: bool, seed: int, crop_of_row: dict[int, float]) -> None:
+def training_crop(size: tuple[int, int], bucket: tuple[int, int], row: int, *, seed: int, center_crop: bool,
+                  epoch: int = 0) -> Any:
+    """The :class:`~hf_arb.geometry.FitPlan` training uses for ``row`` (:meth:`hf_arb.BucketedImageDataset.fit_row`:
+    the same geometry and per-row draw), without building the dataset wrapper (which reads every row's columns).
+    A flip mirrors the crop's pixels, not where it sits in the image (``source_box`` is unmirrored), so it is left out."""
+    from .geometry import plan_fit
+    from .rng import ROW_CROP, row_rng
+
+    if center_crop:
+        return plan_fit(size, bucket, crop="center")
+    return plan_fit(size, bucket, crop="random", rng=row_rng(seed, epoch, row, ROW_CROP))
+
+
+def _thumbnails(rep: DatasetReport, ds: Any, bs: BucketSet, ids: np.ndarray, sizes: tuple[np.ndarray, np.ndarray],
+                k: int, image_column: str, center_crop: bool, seed: int, crop: np.ndarray) -> None:
     import datasets
 
-    from .data import BucketedImageDataset
-
-    data = BucketedImageDataset(ds, bs, image_column=image_column, caption_column=None, seed=seed,
-                                center_crop=center_crop, check_sizes=False)
     order = np.argsort(ids, kind="stable")  # rows grouped by bucket, ascending inside
     starts = np.searchsorted(ids[order], np.arange(len(bs)))
     ends = np.searchsorted(ids[order], np.arange(len(bs)), side="right")
@@ -267,14 +280,14 @@ def _thumbnails(rep: DatasetReport, ds: Any, bs: BucketSet, ids: np.ndarray, k: 
     for b, rs in chosen.items():
         out = []
         for r in rs:
-            plan = data.fit_row(r)
+            plan = training_crop((int(sizes[0][r]), int(sizes[1][r])), bs[b], r, seed=seed, center_crop=center_crop)
             try:
                 uri = _thumbnail_uri(cells[r], plan.source_box, plan.size)
             except Exception as e:  # noqa: BLE001 - a broken file is reported on the page, not fatal
                 rep.failed_thumbnails.append((names[r], f"{type(e).__name__}: {e}"))
                 continue
             rep.decoded += 1
-            out.append(Sample(r, names[r], plan.size, plan.source_box, crop_of_row.get(r, math.nan), uri))
+            out.append(Sample(r, names[r], plan.size, plan.source_box, float(crop[r]), uri))
         rep.samples[b] = out
 
 
@@ -286,10 +299,10 @@ def _thumbnail_uri(cell: Any, box: tuple[float, float, float, float], size: tupl
     from .imaging import open_image
 
     with open_image(cell) as im:
-        im.draft("RGB", (_THUMB, _THUMB))
+        im.draft("RGB", (THUMBNAIL_SIZE, THUMBNAIL_SIZE))
         im = ImageOps.exif_transpose(im)
         im = im.convert("RGB")
-        im.thumbnail((_THUMB, _THUMB))
+        im.thumbnail((THUMBNAIL_SIZE, THUMBNAIL_SIZE))
     sx, sy = im.width / size[0], im.height / size[1]
     left, top, right, bottom = box[0] * sx, box[1] * sy, box[2] * sx, box[3] * sy
     shade = Image.new("L", im.size, 0)
@@ -312,4 +325,5 @@ def write_report(ds: Any, path: str | os.PathLike[str], buckets: BucketSet | Non
     return out
 
 
-__all__ = ["DatasetReport", "Sample", "build_report", "cover_crop", "render_html", "write_report"]
+__all__ = ["THUMBNAIL_SIZE", "DatasetReport", "Sample", "build_report", "cover_crop", "render_html", "training_crop",
+           "write_report"]

@@ -80,6 +80,7 @@ def test_thumbnails_show_trainings_crop_and_decode_only_k_per_bucket(annotated, 
     nonempty = int((rep.counts > 0).sum())
     assert len(opened) == rep.decoded == nonempty  # one decode per non-empty bucket, none for the metadata pass
     data = BucketedImageDataset(annotated, caption_column=None, seed=3, check_sizes=False)
+    flipping = BucketedImageDataset(annotated, caption_column=None, seed=3, check_sizes=False, random_flip=True)
     ids = _ids(annotated)
     w = np.asarray(annotated["original_width"], dtype=object)
     h = np.asarray(annotated["original_height"], dtype=object)
@@ -87,7 +88,8 @@ def test_thumbnails_show_trainings_crop_and_decode_only_k_per_bucket(annotated, 
         assert len(samples) == 1
         s = samples[0]
         assert ids[s.row] == b
-        assert s.crop_box == data.fit_row(s.row).source_box  # the crop training draws (epoch 0, --seed 3)
+        # the crop training draws (epoch 0, --seed 3); a flip mirrors pixels, not where the crop sits
+        assert s.crop_box == data.fit_row(s.row).source_box == flipping.fit_row(s.row).source_box
         bw, bh = BUCKETS[b]
         assert s.crop_fraction == pytest.approx(float(cover_crop(w[s.row], h[s.row], bw, bh)[0]))
         assert s.uri.startswith("data:image/jpeg;base64,")
