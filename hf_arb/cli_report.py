@@ -164,7 +164,7 @@ def _run_report(args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(render_html(rep), encoding="utf-8")
-    print(rep.plan)
+    print(rep.plan if rep.plan is not None else f"no training plan: {rep.plan_error}")
     print(f"report: {out} ({len(rep.buckets)} buckets, {rep.decoded} thumbnails, mean crop "
           f"{100 * rep.mean_crop:.2f}%)")
     return 0

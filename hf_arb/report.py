@@ -54,7 +54,8 @@ class Sample:
 
 @dataclass
 class DatasetReport:
-    """Everything the page shows. ``plan`` is the sampler's own :class:`~hf_arb.sampling.report.PlanReport`."""
+    """Everything the page shows. ``plan`` is the sampler's own :class:`~hf_arb.sampling.report.PlanReport`, or None
+    when the sampler refuses the configuration (``plan_error`` says why, e.g. no bucket holds one global batch)."""
 
     title: str
     buckets: BucketSet
@@ -68,6 +69,8 @@ class DatasetReport:
     num_processes: int
     center_crop: bool
     seed: int = 0
+    leftover: str = "drop"
+    plan_error: str = ""
     samples: dict[int, list[Sample]] = field(default_factory=dict)
     outliers: dict[str, list[tuple[str, str, str]]] = field(default_factory=dict)
     skipped: dict[str, int] = field(default_factory=dict)
@@ -156,26 +159,30 @@ def build_report(ds: Any, buckets: BucketSet | None = None, *, k: int = 4, batch
     kept = ids >= 0
     counts = np.bincount(ids[kept], minlength=nb)  # (k,)
 
-    # the plan: the sampler's own report
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)  # "drops N rows": the page shows them, with the flag
-        sampler = BucketBatchSampler(ids, batch_size, num_replicas=num_processes, rank=0, leftover=leftover,
-                                     buckets=bs, seed=seed, log_report=False)
-    plan = sampler.report()
+    # the plan: the sampler's own report (or its error: a plan without a step is worth seeing before training)
+    plan, plan_error = None, ""
     steps = np.zeros(nb, np.int64)
-    for b, c in plan.batches_per_bucket.items():
-        steps[int(b)] = int(c)
-    served = steps * plan.global_batch_size  # (k,) samples served in each target bucket
-    if leftover == "catch_all":  # the pool's batches sit in the catch-all bucket: per-bucket rows are not separable
-        dropped = np.full(nb, -1, np.int64)
-        repeated = np.zeros(nb, np.int64)
+    dropped, repeated = np.full(nb, -1, np.int64), np.zeros(nb, np.int64)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # "drops N rows": the page shows them, with the flag
+            sampler = BucketBatchSampler(ids, batch_size, num_replicas=num_processes, rank=0, leftover=leftover,
+                                         buckets=bs, seed=seed, log_report=False)
+    except ValueError as e:
+        plan_error = str(e)
     else:
-        dropped = np.maximum(counts - served, 0)
-        repeated = np.maximum(served - counts, 0)
+        plan = sampler.report()
+        for b, c in plan.batches_per_bucket.items():
+            steps[int(b)] = int(c)
+        served = steps * plan.global_batch_size  # (k,) samples served in each target bucket
+        if leftover != "catch_all":  # catch-all pools leftovers across buckets: no per-bucket split of its batches
+            dropped = np.maximum(counts - served, 0)
+            repeated = np.maximum(served - counts, 0)
 
     rep = DatasetReport(title=title or f"{n:,} rows in {nb} buckets", buckets=bs, rows=n, counts=counts,
                         steps=steps, dropped=dropped, repeated=repeated, plan=plan, batch_size=batch_size,
-                        num_processes=num_processes, center_crop=center_crop, seed=seed)
+                        num_processes=num_processes, center_crop=center_crop, seed=seed, leftover=leftover,
+                        plan_error=plan_error)
 
     # per-row crop and upscale of the kept rows (vectorised)
     res = bs.resolutions

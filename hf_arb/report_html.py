@@ -62,7 +62,7 @@ _CSS = """body{font-family:system-ui,sans-serif;margin:1.5em;color:#222}table{bo
 td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}th{background:#f3f3f3}td.l,th.l{text-align:left}
 .thumbs{display:flex;flex-wrap:wrap;gap:8px}.thumbs figure{margin:0;font-size:11px;max-width:200px}
 .thumbs img{display:block;border:1px solid #999}.note{color:#555;font-size:13px}h2{margin-top:1.4em}
-.charts{display:flex;flex-wrap:wrap;gap:20px}"""
+.charts{display:flex;flex-wrap:wrap;gap:20px}.error{color:#b00020}"""
 
 
 def render_html(rep: Any) -> str:
@@ -72,8 +72,8 @@ def render_html(rep: Any) -> str:
     kept = int(rep.counts.sum())
     order = bs.portrait_to_landscape().tolist()
     labels = bs.labels()
-    leftover_note = ("rows per bucket in catch-all batches are pooled; totals below" if p.leftover == "catch_all"
-                     else "")
+    leftover_note = ("catch-all batches pool the leftovers of every bucket: see the totals above"
+                     if rep.leftover == "catch_all" else "")
     out = [f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>{e(rep.title)}</title>"
            f"<style>{_CSS}</style></head><body>",
            f"<h1>{e(rep.title)}</h1>",
@@ -87,18 +87,23 @@ def render_html(rep: Any) -> str:
            f"<tr><th class='l'>skipped at annotation</th><td data-field='skipped'>{rep.rows - kept:,}</td></tr>",
            f"<tr><th class='l'>buckets</th><td data-field='buckets'>{len(bs)}</td></tr>",
            f"<tr><th class='l'>--train_batch_size × processes</th><td>{rep.batch_size} × {rep.num_processes} = "
-           f"<span data-field='global_batch'>{p.global_batch_size}</span></td></tr>",
-           f"<tr><th class='l'>steps per epoch</th><td data-field='steps'>{p.steps:,}</td></tr>",
-           f"<tr><th class='l'>rows trained per epoch</th><td data-field='rows_used'>{p.rows_used:,}</td></tr>",
-           f"<tr><th class='l'>rows dropped per epoch</th><td data-field='rows_dropped'>{p.rows_dropped:,}</td></tr>",
-           f"<tr><th class='l'>rows repeated per epoch</th><td data-field='rows_repeated'>{p.rows_repeated:,}</td></tr>",
-           f"<tr><th class='l'>rows in catch-all batches</th><td data-field='rows_catch_all'>{p.rows_catch_all:,}"
-           "</td></tr>",
-           f"<tr><th class='l'>leftover policy</th><td data-field='leftover'>{e(p.leftover)}</td></tr>",
+           f"<span data-field='global_batch'>{rep.batch_size * rep.num_processes}</span></td></tr>",
+           *([] if p is None else [
+               f"<tr><th class='l'>steps per epoch</th><td data-field='steps'>{p.steps:,}</td></tr>",
+               f"<tr><th class='l'>rows trained per epoch</th><td data-field='rows_used'>{p.rows_used:,}</td></tr>",
+               f"<tr><th class='l'>rows dropped per epoch</th><td data-field='rows_dropped'>{p.rows_dropped:,}"
+               "</td></tr>",
+               f"<tr><th class='l'>rows repeated per epoch</th><td data-field='rows_repeated'>{p.rows_repeated:,}"
+               "</td></tr>",
+               f"<tr><th class='l'>rows in catch-all batches</th><td data-field='rows_catch_all'>"
+               f"{p.rows_catch_all:,}</td></tr>"]),
+           f"<tr><th class='l'>leftover policy</th><td data-field='leftover'>{e(rep.leftover)}</td></tr>",
            f"<tr><th class='l'>mean crop (kept rows)</th><td data-field='mean_crop'>"
            f"{100 * rep.mean_crop:.2f}%</td></tr></table>",
-           f"<p class='note'>Leftover policy <b>{e(p.leftover)}</b>: change it with "
-           f"<code>{e(LEFTOVER_FLAGS[p.leftover])}</code>. {e(leftover_note)}</p>",
+           f"<p class='note'>Leftover policy <b>{e(rep.leftover)}</b>: change it with "
+           f"<code>{e(LEFTOVER_FLAGS[rep.leftover])}</code>. {e(leftover_note)}</p>",
+           *([] if p is not None else [f"<p class='error' id='plan-error'><b>No training plan:</b> {e(rep.plan_error)}"
+                                       "</p>"]),
            "<h2>Buckets</h2><table id='buckets'><tr><th>id</th><th>bucket</th><th>aspect</th><th>rows</th>"
            "<th>share</th><th>steps / epoch</th><th>dropped</th><th>repeated</th></tr>"]
     for b in order:

@@ -169,3 +169,14 @@ def test_cli_buckets_fit(folder, annotated, tmp_path, capsys):
     with pytest.raises(SystemExit):
         cli_main(["buckets", "--fit", str(folder), "--n-buckets", "1", "--max-crop", "0.01"])
     assert "--max-crop 0.01 cannot be met" in capsys.readouterr().err
+
+
+def test_a_plan_without_a_step_is_shown_not_raised(annotated):
+    """A global batch larger than every bucket: training would stop with the sampler's error; the report shows it."""
+    rep = build_report(annotated, k=0, batch_size=8, num_processes=2)
+    assert rep.plan is None and "zero batches" in rep.plan_error
+    with pytest.raises(ValueError, match="zero batches") as err:
+        BucketBatchSampler(_ids(annotated), 8, num_replicas=2, rank=0, buckets=BUCKETS)
+    page = render_html(rep)
+    assert "id='plan-error'" in page and str(err.value).split(";")[0].replace("'", "&#x27;") in page
+    assert "Remedies" in page and (rep.steps == 0).all()
