@@ -6,6 +6,7 @@ fit's; without ``--fit`` it runs unchanged), so that module keeps no dependency 
 from __future__ import annotations
 
 import argparse
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -72,7 +73,8 @@ def add_fit_arguments(p: argparse.ArgumentParser) -> None:
     """``hf-arb buckets --fit DATASET`` and its options (the bucket options give --resolution, --step, sides)."""
     p.add_argument("--fit", default=None, metavar="DATASET",
                    help="fit the bucket table to this dataset's sizes (BucketSet.fit): the --n-buckets shapes at "
-                        "--resolution² pixels, sides multiples of --step, that crop its images least")
+                        "--resolution² pixels (default 1024), sides multiples of --step (default 64) within "
+                        "--min-side/--max-side (default half and twice --resolution), that crop its images least")
     p.add_argument("--n-buckets", type=positive_int, default=16, help="--fit: most buckets (default 16)")
     p.add_argument("--max-crop", type=float, default=None, metavar="SHARE",
                    help="--fit: largest share of any image's area that may be cut off (e.g. 0.2)")
@@ -89,6 +91,16 @@ def fit_from_args(args: argparse.Namespace) -> Any:
     if args.preset not in (None, "budget") or args.aspect_ratio_buckets:
         raise UsageError("--fit makes its own table: drop --preset / --aspect-ratio-buckets (use --resolution, "
                          "--step, --min-side, --max-side to shape it)")
+    if args.metric != "log":
+        raise UsageError(f"--fit minimises the crop of the 'log' assignment (the nearest bucket in log aspect is the "
+                         f"one that crops least); got --metric {args.metric}. Drop --metric.")
+    if args.scheduler:
+        raise UsageError("--scheduler prints the shift of a given table: fit first, then run hf-arb buckets "
+                         "--aspect-ratio-buckets \"<the printed string>\" --scheduler PATH")
+    if args.resolution is not None and args.resolution > 16384:
+        raise UsageError(f"--resolution is the side of the pixel budget (1024 for about 1 MP), got "
+                         f"{args.resolution}, which reads as {args.resolution}² pixels; for a budget of "
+                         f"{args.resolution:,} pixels pass --resolution {math.isqrt(args.resolution)}")
     w, h, missing = dataset_sizes(args)
     if w.size == 0:
         raise UsageError(f"--fit {args.fit}: no row has a readable size ({missing} rows without one)")
@@ -137,8 +149,10 @@ def _add_report_arguments(p: argparse.ArgumentParser) -> None:
                    help="draw the training script's --center_crop crops (default: its random crops of epoch 0)")
     p.add_argument("--seed", type=int, default=0, help="the training script's --seed (random crops; default 0)")
     p.add_argument("-k", "--samples", type=int, default=4, help="thumbnails per bucket (default 4)")
-    p.add_argument("--max-upscale", type=float, default=None, help="raw datasets: annotate's --max-upscale")
-    p.add_argument("--min-size", type=int, default=None, help="raw datasets: annotate's --min-size")
+    p.add_argument("--max-upscale", type=float, default=None,
+                   help="annotating here (a raw dataset, or --preset given): annotate's --max-upscale")
+    p.add_argument("--min-size", type=int, default=None,
+                   help="annotating here (a raw dataset, or --preset given): annotate's --min-size")
 
 
 def _run_report(args: argparse.Namespace) -> int:

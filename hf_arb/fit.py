@@ -41,6 +41,7 @@ from .assignment import as_size_array
 #: default histogram bin width in log aspect (0.2 % of aspect): the objective's resolution
 BIN_WIDTH = 0.002
 _MAX_BINS = 1 << 16
+_MAX_CANDIDATES = 1 << 22
 #: candidates closer than this in log aspect count as one (the one with the larger area is kept)
 CANDIDATE_SPACING = 0.004
 #: keyword arguments of :func:`fit_table` that :meth:`hf_arb.BucketSet.fit` passes through
@@ -65,8 +66,20 @@ class FitResult:
 
 
 def split_sizes(sizes: Any) -> tuple[np.ndarray, np.ndarray]:
-    """``(n, 2)`` (width, height) rows, or a ``(widths, heights)`` tuple → two validated ``(n,)`` arrays."""
-    if isinstance(sizes, tuple) and len(sizes) == 2:
+    """Sizes → two validated ``(n,)`` arrays (widths, heights). Accepted: ``(n, 2)`` (width, height) rows (an array or
+    a list of pairs), a ``(widths, heights)`` tuple of two arrays, or an annotated ``datasets.Dataset`` (its
+    ``original_width``/``original_height`` of the rows that have a size)."""
+    if hasattr(sizes, "column_names"):  # a datasets.Dataset
+        from .schema import read_original_sizes
+
+        if not {"original_width", "original_height"} <= set(sizes.column_names or ()):
+            raise ValueError("A dataset passed as `sizes` must be annotated (original_width/original_height columns): "
+                             "annotate it with hf_arb.add_bucket_columns first, or pass its sizes as (n, 2) rows.")
+        w, h = read_original_sizes(sizes)
+        ok = (w > 0) & (h > 0)
+        w, h = w[ok], h[ok]
+    elif isinstance(sizes, tuple) and len(sizes) == 2 and not all(
+            isinstance(x, (tuple, list)) and len(x) == 2 for x in sizes):  # two pairs read as rows
         w, h = sizes
     else:
         arr = np.asarray(sizes)
@@ -98,6 +111,10 @@ def candidate_shapes(step: int, max_pixels: int, min_side: int, max_side: int, m
     if widths.size == 0:
         raise ValueError(f"No {step}-pixel-aligned shape has both sides in [min_side={min_side}, max_side={max_side}] "
                          f"within max_pixels={max_pixels}. Raise `max_pixels` or `max_side`, or lower `min_side`.")
+    if int(span.sum()) > _MAX_CANDIDATES:
+        raise ValueError(f"{int(span.sum()):,} candidate shapes at step {step} for max_pixels={max_pixels:,}: too many "
+                         f"to choose from (at most {_MAX_CANDIDATES:,}). Use a larger `step` (max_pixels is a pixel "
+                         f"count: 1024 * 1024 for about 1 MP), or a narrower `min_side`/`max_side`.")
     w = np.repeat(widths, span)  # (c,)
     first = np.repeat(np.cumsum(span) - span, span)
     h = np.repeat(top, span) - step * (np.arange(w.size) - first)  # (c,) heights from the top down

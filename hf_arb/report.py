@@ -99,6 +99,11 @@ def _annotated(ds: Any, buckets: BucketSet | None, image_column: str | None, ann
 
     has = all(c in ds.column_names for c in BUCKET_COLUMNS)
     if has and buckets is None:
+        given = {k: v for k, v in annotate_kwargs.items() if v is not None and k != "num_proc"}
+        if given:
+            raise ValueError(f"The dataset is annotated already, so {sorted(given)} would change nothing: its "
+                             "skip_reason column holds the decisions made at annotation. Pass buckets=... (--preset) "
+                             "to annotate it again here with them, or re-run hf-arb annotate.")
         return ds, BucketSet.from_dataset(ds)
     bs = buckets if buckets is not None else BucketSet.preset("budget")
     kw = dict(annotate_kwargs)

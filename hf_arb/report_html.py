@@ -89,7 +89,8 @@ def render_html(rep: Any) -> str:
            f"<tr><th class='l'>--train_batch_size × processes</th><td>{rep.batch_size} × {rep.num_processes} = "
            f"<span data-field='global_batch'>{rep.batch_size * rep.num_processes}</span></td></tr>",
            *([] if p is None else [
-               f"<tr><th class='l'>steps per epoch</th><td data-field='steps'>{p.steps:,}</td></tr>",
+               f"<tr><th class='l'>steps per epoch (batches per process, before --gradient_accumulation_steps)</th>"
+               f"<td data-field='steps'>{p.steps:,}</td></tr>",
                f"<tr><th class='l'>rows trained per epoch</th><td data-field='rows_used'>{p.rows_used:,}</td></tr>",
                f"<tr><th class='l'>rows dropped per epoch</th><td data-field='rows_dropped'>{p.rows_dropped:,}"
                "</td></tr>",

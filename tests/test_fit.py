@@ -90,3 +90,21 @@ def test_fit_errors_name_the_value_and_the_fix():
         BucketSet.fit([(100, 100)], 2, metric="linear")
     with pytest.raises(ValueError, match=r"`step` \(2048\) exceeds"):
         BucketSet.fit([(100, 100)], 2, step=2048)
+
+
+def test_fit_takes_rows_columns_or_an_annotated_dataset():
+    import datasets
+
+    from hf_arb import add_bucket_columns
+
+    rows = [(4000, 3000), (3000, 4000), (1080, 1920)]
+    by_rows = BucketSet.fit(rows, 3)
+    assert BucketSet.fit(tuple(rows[:2]), 2) == BucketSet.fit(rows[:2], 2)  # a tuple of two pairs: rows
+    assert BucketSet.fit((np.array([4000, 3000, 1080]), np.array([3000, 4000, 1920])), 3) == by_rows
+    ds = datasets.Dataset.from_dict({"w": [4000, 3000, 1080, None], "h": [3000, 4000, 1920, 5]})
+    annotated = add_bucket_columns(ds, BucketSet.sdxl(), width_column="w", height_column="h", show_summary=False)
+    assert BucketSet.fit(annotated, 3) == by_rows  # the row without a size is left out
+    with pytest.raises(ValueError, match="must be annotated"):
+        BucketSet.fit(ds, 3)
+    with pytest.raises(ValueError, match=r"too many .* larger `step`"):
+        BucketSet.fit(rows, 3, step=8, max_pixels=1024 ** 4)

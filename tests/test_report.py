@@ -180,3 +180,28 @@ def test_a_plan_without_a_step_is_shown_not_raised(annotated):
     page = render_html(rep)
     assert "id='plan-error'" in page and str(err.value).split(";")[0].replace("'", "&#x27;") in page
     assert "Remedies" in page and (rep.steps == 0).all()
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--metric", "linear"], "--fit minimises the crop of the 'log' assignment"),
+    (["--resolution", "1048576"], "for a budget of 1,048,576 pixels pass --resolution 1024"),
+    (["--preset", "sdxl"], "--fit makes its own table"),
+    (["--scheduler", "x"], "fit first, then run hf-arb buckets --aspect-ratio-buckets"),
+])
+def test_cli_buckets_fit_refuses_flags_it_would_ignore(folder, flags, message, capsys):
+    """Every bucket flag `hf-arb buckets` takes either shapes the fit or stops it with the fix, never ignored."""
+    with pytest.raises(SystemExit) as e:
+        cli_main(["buckets", "--fit", str(folder), *flags])
+    assert e.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_annotation_options_on_an_annotated_dataset_fail_loudly(annotated, tmp_path, capsys):
+    with pytest.raises(ValueError, match=r"annotated already, so \['max_upscale'\] would change nothing"):
+        build_report(annotated, max_upscale=2.0)
+    # with a bucket set given, the dataset is annotated again here and the option applies
+    again = build_report(annotated, BUCKETS, k=0, max_upscale=2.0)
+    assert again.skipped["upscale"] > build_report(annotated, k=0).skipped["upscale"]
+    annotated.save_to_disk(str(tmp_path / "saved"))
+    with pytest.raises(SystemExit):
+        cli_main(["report", str(tmp_path / "saved"), "--out", str(tmp_path / "r.html"), "--min-size", "100"])
+    assert "annotated already" in capsys.readouterr().err
