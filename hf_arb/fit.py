@@ -67,16 +67,21 @@ class FitResult:
 
 def split_sizes(sizes: Any) -> tuple[np.ndarray, np.ndarray]:
     """Sizes → two validated ``(n,)`` arrays (widths, heights). Accepted: ``(n, 2)`` (width, height) rows (an array or
-    a list of pairs), a ``(widths, heights)`` tuple of two arrays, or an annotated ``datasets.Dataset`` (its
-    ``original_width``/``original_height`` of the rows that have a size)."""
+    a list of pairs), a ``(widths, heights)`` tuple of two arrays, or an annotated ``datasets.Dataset`` (the
+    ``original_width``/``original_height`` of its kept rows: those with a bucket)."""
     if hasattr(sizes, "column_names"):  # a datasets.Dataset
-        from .schema import read_original_sizes
+        import pyarrow.compute as pc
 
-        if not {"original_width", "original_height"} <= set(sizes.column_names or ()):
+        cols = ["original_width", "original_height"]
+        if not set(cols) <= set(sizes.column_names or ()):
             raise ValueError("A dataset passed as `sizes` must be annotated (original_width/original_height columns): "
                              "annotate it with hf_arb.add_bucket_columns first, or pass its sizes as (n, 2) rows.")
-        w, h = read_original_sizes(sizes)
-        ok = (w > 0) & (h > 0)
+        keep = ["bucket"] if "bucket" in sizes.column_names else []
+        t = sizes.select_columns(cols + keep).with_format("arrow")[:]
+        w, h = (pc.fill_null(t.column(c), 0).to_numpy().astype(np.int64) for c in cols)
+        ok = (w > 0) & (h > 0)  # rows without a (valid) size are null
+        if keep:  # and rows skipped at annotation (skip_reason) do not train: fit what will
+            ok &= pc.fill_null(t.column("bucket"), -1).to_numpy() >= 0
         w, h = w[ok], h[ok]
     elif isinstance(sizes, tuple) and len(sizes) == 2 and not all(
             isinstance(x, (tuple, list)) and len(x) == 2 for x in sizes):  # two pairs read as rows
