@@ -118,7 +118,7 @@ def fit_from_args(args: argparse.Namespace) -> Any:
 
     ids, _ = bs.assign(w, h)
     crop, scale = cover_crop(w, h, bs.resolutions[ids, 0], bs.resolutions[ids, 1])
-    print(f"fitted to {w.size:,} sizes from {args.fit}" + (f" ({missing:,} rows without a size left out)"
+    print(f"fitted to {w.size:,} sizes from {args.fit}" + (f" ({missing:,} rows skipped or without a size left out)"
                                                             if missing else "")
           + f": {len(bs)} buckets, mean crop {100 * crop.mean():.2f}%, worst {100 * crop.max():.1f}%, "
           f"{100 * (scale > 1).mean():.1f}% of rows upscaled")
