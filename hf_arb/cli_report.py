@@ -143,6 +143,9 @@ def _add_report_arguments(p: argparse.ArgumentParser) -> None:
                    help="the training script's --train_batch_size (rows per batch per process; default 1)")
     p.add_argument("--num-processes", "--num_processes", dest="num_processes", type=positive_int, default=1,
                    help="training processes (accelerate launch --num_processes; default 1)")
+    p.add_argument("--max-pixels-per-batch", "--max_pixels_per_batch", dest="max_pixels_per_batch",
+                   type=positive_int, default=None,
+                   help="the training script's --max_pixels_per_batch: a batch size per bucket (pixel budget)")
     p.add_argument("--bucket-leftover", "--bucket_leftover", dest="bucket_leftover", default="drop",
                    choices=("drop", "fill", "catch_all"), help="the training script's --bucket_leftover")
     p.add_argument("--center-crop", "--center_crop", dest="center_crop", action="store_true",
@@ -172,6 +175,7 @@ def _run_report(args: argparse.Namespace) -> int:
     rep = build_report(ds, buckets, k=args.samples, batch_size=args.train_batch_size,
                        num_processes=args.num_processes, leftover=args.bucket_leftover, image_column=image_column,
                        center_crop=args.center_crop, seed=args.seed, title=f"{args.dataset}: what bucketing does",
+                       max_pixels_per_batch=args.max_pixels_per_batch,
                        **kw)
     from pathlib import Path
 

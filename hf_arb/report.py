@@ -71,6 +71,7 @@ class DatasetReport:
     seed: int = 0
     leftover: str = "drop"
     plan_error: str = ""
+    max_pixels_per_batch: int | None = None
     samples: dict[int, list[Sample]] = field(default_factory=dict)
     outliers: dict[str, list[tuple[str, str, str]]] = field(default_factory=dict)
     skipped: dict[str, int] = field(default_factory=dict)
@@ -124,7 +125,7 @@ def _file_names(cells: list[Any], rows: list[int]) -> list[str]:
 def build_report(ds: Any, buckets: BucketSet | None = None, *, k: int = 4, batch_size: int = 1,
                  num_processes: int = 1, leftover: str = "drop", image_column: str | None = "image",
                  center_crop: bool = False, seed: int = 0, title: str | None = None,
-                 **annotate_kwargs: Any) -> DatasetReport:
+                 max_pixels_per_batch: int | None = None, **annotate_kwargs: Any) -> DatasetReport:
     """The numbers and thumbnails of a report on one split.
 
     Args:
@@ -139,6 +140,8 @@ def build_report(ds: Any, buckets: BucketSet | None = None, *, k: int = 4, batch
         center_crop, seed: as the training script's ``--center_crop`` and ``--seed``: the crop box drawn is
             :meth:`~hf_arb.BucketedImageDataset.fit_row` of epoch 0.
         title: page title (default: rows and buckets).
+        max_pixels_per_batch: the training script's ``--max_pixels_per_batch`` (a batch size per bucket, capped at
+            ``batch_size``), passed to the sampler.
         annotate_kwargs: for a raw dataset, to :func:`~hf_arb.add_bucket_columns` (``max_upscale``, ``min_size``,
             ``num_proc``, ``width_column``/``height_column``).
     """
@@ -172,14 +175,18 @@ def build_report(ds: Any, buckets: BucketSet | None = None, *, k: int = 4, batch
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # "drops N rows": the page shows them, with the flag
             sampler = BucketBatchSampler(ids, batch_size, num_replicas=num_processes, rank=0, leftover=leftover,
-                                         buckets=bs, seed=seed, log_report=False)
+                                         buckets=bs, seed=seed, log_report=False,
+                                         max_pixels_per_batch=max_pixels_per_batch)
     except ValueError as e:
         plan_error = str(e)
     else:
         plan = sampler.report()
         for b, c in plan.batches_per_bucket.items():
             steps[int(b)] = int(c)
-        served = steps * plan.global_batch_size  # (k,) samples served in each target bucket
+        per_rank = np.full(nb, plan.batch_size, np.int64)  # (k,) rows per process of each bucket's batches
+        for b, size in plan.batch_size_per_bucket.items():
+            per_rank[int(b)] = int(size)
+        served = steps * per_rank * plan.num_replicas  # (k,) samples served in each target bucket
         if leftover != "catch_all":  # catch-all pools leftovers across buckets: no per-bucket split of its batches
             dropped = np.maximum(counts - served, 0)
             repeated = np.maximum(served - counts, 0)
@@ -187,7 +194,7 @@ def build_report(ds: Any, buckets: BucketSet | None = None, *, k: int = 4, batch
     rep = DatasetReport(title=title or f"{n:,} rows in {nb} buckets", buckets=bs, rows=n, counts=counts,
                         steps=steps, dropped=dropped, repeated=repeated, plan=plan, batch_size=batch_size,
                         num_processes=num_processes, center_crop=center_crop, seed=seed, leftover=leftover,
-                        plan_error=plan_error)
+                        plan_error=plan_error, max_pixels_per_batch=max_pixels_per_batch)
 
     # per-row crop and upscale of the kept rows (vectorised)
     res = bs.resolutions

@@ -86,8 +86,11 @@ def render_html(rep: Any) -> str:
            f"<tr><th class='l'>kept (in a bucket)</th><td data-field='kept'>{kept:,}</td></tr>",
            f"<tr><th class='l'>skipped at annotation</th><td data-field='skipped'>{rep.rows - kept:,}</td></tr>",
            f"<tr><th class='l'>buckets</th><td data-field='buckets'>{len(bs)}</td></tr>",
-           f"<tr><th class='l'>--train_batch_size × processes</th><td>{rep.batch_size} × {rep.num_processes} = "
-           f"<span data-field='global_batch'>{rep.batch_size * rep.num_processes}</span></td></tr>",
+           (f"<tr><th class='l'>--train_batch_size × processes</th><td>{rep.batch_size} × {rep.num_processes} = "
+            f"<span data-field='global_batch'>{rep.batch_size * rep.num_processes}</span></td></tr>"
+            if rep.max_pixels_per_batch is None else
+            f"<tr><th class='l'>--max_pixels_per_batch (batch per bucket, at most --train_batch_size "
+            f"{rep.batch_size}) × processes</th><td>{rep.max_pixels_per_batch:,} px × {rep.num_processes}</td></tr>"),
            *([] if p is None else [
                f"<tr><th class='l'>steps per epoch (batches per process, before --gradient_accumulation_steps)</th>"
                f"<td data-field='steps'>{p.steps:,}</td></tr>",
@@ -106,13 +109,19 @@ def render_html(rep: Any) -> str:
            *([] if p is not None else [f"<p class='error' id='plan-error'><b>No training plan:</b> {e(rep.plan_error)}"
                                        "</p>"]),
            "<h2>Buckets</h2><table id='buckets'><tr><th>id</th><th>bucket</th><th>aspect</th><th>rows</th>"
-           "<th>share</th><th>steps / epoch</th><th>dropped</th><th>repeated</th></tr>"]
+           "<th>share</th><th>batch</th><th>steps / epoch</th><th>dropped</th><th>repeated</th></tr>"]
+    def batch_of(b: int) -> str:
+        if p is None:
+            return "—"
+        return str(p.batch_size_per_bucket.get(b, "—") if p.batch_size_per_bucket else p.batch_size)
+
     for b in order:
         w, h = bs[b]
         share = rep.counts[b] / kept if kept else 0.0
         dropped = "—" if rep.dropped[b] < 0 else f"{int(rep.dropped[b]):,}"
         out.append(f"<tr data-bucket='{b}'><td>{b}</td><td class='l'>{w}x{h}</td><td>{w / h:.3f}</td>"
                    f"<td data-field='rows'>{int(rep.counts[b]):,}</td><td>{100 * share:.1f}%</td>"
+                   f"<td data-field='batch'>{batch_of(b)}</td>"
                    f"<td data-field='steps'>{int(rep.steps[b]):,}</td><td data-field='dropped'>{dropped}</td>"
                    f"<td data-field='repeated'>{int(rep.repeated[b]):,}</td></tr>")
     out.append("</table>")

@@ -205,3 +205,18 @@ def test_annotation_options_on_an_annotated_dataset_fail_loudly(annotated, tmp_p
     with pytest.raises(SystemExit):
         cli_main(["report", str(tmp_path / "saved"), "--out", str(tmp_path / "r.html"), "--min-size", "100"])
     assert "annotated already" in capsys.readouterr().err
+
+
+@pytest.mark.filterwarnings("ignore:BucketBatchSampler drops:UserWarning")
+def test_pixel_budget_batches_are_the_samplers(annotated):
+    """--max_pixels_per_batch: a batch size per bucket; per-bucket drops still add up to the sampler's report."""
+    budget = 2 * 384 * 640  # two 384x640 images; one of the larger 448x576 and 512x512
+    rep = build_report(annotated, k=0, batch_size=3, max_pixels_per_batch=budget)
+    plan = BucketBatchSampler(_ids(annotated), 3, rank=0, num_replicas=1, buckets=BUCKETS, log_report=False,
+                              max_pixels_per_batch=budget).report()
+    assert rep.plan == plan and len(set(plan.batch_size_per_bucket.values())) > 1
+    assert int(rep.dropped.sum()) == plan.rows_dropped and int(rep.steps.sum()) == plan.steps
+    page = render_html(rep)
+    assert "--max_pixels_per_batch" in page
+    for b, size in plan.batch_size_per_bucket.items():
+        assert re.search(rf"<tr data-bucket='{b}'>.*?<td data-field='batch'>{size}</td>", page)
