@@ -73,7 +73,7 @@ class DatasetReport:
     plan_error: str = ""
     max_pixels_per_batch: int | None = None
     samples: dict[int, list[Sample]] = field(default_factory=dict)
-    outliers: dict[str, list[tuple[str, str, str]]] = field(default_factory=dict)
+    outliers: dict[str, list[tuple[str, str, str]]] = field(default_factory=dict)  # kind -> (file, sizes, value)
     skipped: dict[str, int] = field(default_factory=dict)
     skipped_examples: list[tuple[str, str]] = field(default_factory=list)
     crop_hist: tuple[np.ndarray, np.ndarray] | None = None
@@ -229,18 +229,13 @@ def build_report(ds: Any, buckets: BucketSet | None = None, *, k: int = 4, batch
         skipped_rows = np.flatnonzero(~kept)[:20]
         names_needed.update({int(r): "" for r in skipped_rows})
     names = _names(ds, image_column, sorted(names_needed))
-    flags = {"largest upscale": "--max-upscale F or --min-size PX (annotate): skip images blown up this much",
-             "most extreme aspect": "--aspect-range MIN MAX (annotate): skip aspects outside the range",
-             "most cropped": "--max-aspect-error E (annotate) / --max_aspect_error (training): skip images cut "
-                             "this much; or more buckets (hf-arb buckets --fit)"}
     for kind, (top, shown) in picks.items():
         rep.outliers[kind] = [(names[int(r)], f"{w[r]}x{h[r]} → {res[ids[r], 0]}x{res[ids[r], 1]}", s)
                               for r, s in zip(top.tolist(), shown)]
-        rep.outliers[kind + "\x00flag"] = [("", "", flags[kind])]
     if rep.skipped:
-        rr = reasons.to_pylist() if n <= 20 else reasons.take(pa.array(np.flatnonzero(~kept)[:20])).to_pylist()
-        rows_s = np.flatnonzero(~kept)[:20].tolist()
-        rep.skipped_examples = [(names[r], rr[i] if n > 20 else rr[r]) for i, r in enumerate(rows_s)]
+        rows_s = skipped_rows.tolist()
+        why = reasons.take(pa.array(skipped_rows)).to_pylist()  # (<= 20,) reason strings
+        rep.skipped_examples = [(names[r], str(reason)) for r, reason in zip(rows_s, why)]
 
     # thumbnails: k evenly spread rows per bucket, the crop of epoch 0 as training draws it
     if k and image_column is not None and kr.size:

@@ -58,6 +58,14 @@ def _hist_svg(hist: tuple[np.ndarray, np.ndarray] | None, title: str, xlabel: st
     return _svg_bars([float(x) for x in c], labels, title=title, xlabel=xlabel, width=460, color="#DD8452")
 
 
+#: outlier kind → the flags that handle it
+OUTLIER_FLAGS = {
+    "largest upscale": "--max-upscale F or --min-size PX (annotate): skip images blown up this much",
+    "most extreme aspect": "--aspect-range MIN MAX (annotate): skip aspects outside the range",
+    "most cropped": "--max-aspect-error E (annotate) / --max_aspect_error (training): skip images cut this much; "
+                    "or more buckets (hf-arb buckets --fit)",
+}
+
 _CSS = """body{font-family:system-ui,sans-serif;margin:1.5em;color:#222}table{border-collapse:collapse;margin:.5em 0}
 td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}th{background:#f3f3f3}td.l,th.l{text-align:left}
 .thumbs{display:flex;flex-wrap:wrap;gap:8px}.thumbs figure{margin:0;font-size:11px;max-width:200px}
@@ -147,11 +155,11 @@ def render_html(rep: Any) -> str:
                        "</figure>")
         out.append("</div>")
     out.append("<h2>Outliers</h2>")
-    for kind in ("largest upscale", "most extreme aspect", "most cropped"):
+    for kind in OUTLIER_FLAGS:
         items = rep.outliers.get(kind)
         if not items:
             continue
-        flag = rep.outliers[kind + "\x00flag"][0][2]
+        flag = OUTLIER_FLAGS[kind]
         out.append(f"<h3>{e(kind)}</h3><p class='note'>handled by <code>{e(flag)}</code></p><table>"
                    "<tr><th class='l'>file</th><th class='l'>size → bucket</th><th>value</th></tr>")
         out += [f"<tr><td class='l'>{e(n)}</td><td class='l'>{e(sz)}</td><td>{e(v)}</td></tr>" for n, sz, v in items]
@@ -172,4 +180,4 @@ def render_html(rep: Any) -> str:
     return "\n".join(out)
 
 
-__all__ = ["LEFTOVER_FLAGS", "SKIP_FLAGS", "render_html"]
+__all__ = ["LEFTOVER_FLAGS", "OUTLIER_FLAGS", "SKIP_FLAGS", "render_html"]
