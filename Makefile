@@ -13,7 +13,8 @@ help:
 	@echo "make demo   - annotate, train a tiny SD pipeline on 2 processes, write pictures (offline)"
 	@echo "make bench  - run every benchmark side by side with its baseline, write docs/benchmarks.md"
 	@echo "make docs   - build the documentation site into site/ (offline, strict: a broken link fails)"
-	@echo "             (the venv has the ray and spark extras; a JRE is installed from the OS packages if java is missing)"
+	@echo "             (the venv has the ray and spark extras; a JRE and Chromium, for the report's browser test, are"
+	@echo "             installed from the OS packages if missing)"
 
 venv: $(STAMP)
 
@@ -23,6 +24,7 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m pip install -q torch==2.13.0 -c constraints.txt
 	$(PY) -m pip install -q -e ".[test,plot,tensorboard,ray,spark]" -c constraints.txt
 	command -v java >/dev/null || { apt-get update -qq && apt-get install -y -qq default-jre-headless; }
+	command -v chromium >/dev/null || { apt-get update -qq && apt-get install -y -qq chromium; }
 	touch $(STAMP)
 
 test: venv

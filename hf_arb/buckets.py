@@ -167,6 +167,18 @@ class BucketSet:
         return cls(budget_table(resolution, aspects, step, min_area_ratio).tolist(), **kwargs)
 
     @classmethod
+    def fit(cls, sizes: Any, n_buckets: int, *, step: int = 64, max_pixels: int = 1024 * 1024,
+            max_crop: float | None = None, **kwargs: Any) -> BucketSet:
+        """The ``n_buckets`` step-aligned shapes at ``max_pixels`` that minimise the mean crop of ``sizes`` (``(n, 2)`` or
+        ``(widths, heights)``), none cutting more than ``max_crop``: :func:`hf_arb.fit.fit_table` (other kwargs: the constructor)."""
+        from .fit import FIT_PARAMS, fit_table, split_sizes
+        if kwargs.pop("metric", "log") != "log":
+            raise ValueError("BucketSet.fit optimises nearest-in-log-aspect assignment: it needs metric='log'.")
+        params = {k: kwargs.pop(k) for k in FIT_PARAMS if k in kwargs}  # the rest: constructor arguments
+        return cls(fit_table(*split_sizes(sizes), n_buckets, step=step, max_pixels=max_pixels, max_crop=max_crop,
+                             **params).table.tolist(), **kwargs)
+
+    @classmethod
     def sdxl(cls, **kwargs: Any) -> BucketSet:
         """The SDXL report's multi-aspect table at about 1024² pixels, both orientations (41 buckets)."""
         return cls(sdxl_table().tolist(), **kwargs)

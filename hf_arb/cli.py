@@ -16,9 +16,9 @@ Command = tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argpar
 
 def commands() -> dict[str, Command]:
     """Every sub-command, in the order ``hf-arb --help`` lists them (imported here, not at module import)."""
-    from . import annotate_cli, cli_buckets
+    from . import annotate_cli, cli_buckets, cli_report
 
-    return {**cli_buckets.COMMANDS, **annotate_cli.COMMANDS}
+    return {**cli_buckets.COMMANDS, **annotate_cli.COMMANDS, **cli_report.COMMANDS}
 
 
 def build_parser() -> argparse.ArgumentParser:

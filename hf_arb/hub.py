@@ -33,6 +33,8 @@ from .schema import (  # noqa: F401  (re-exported: the readers used to live here
 
 #: Path of the bucket chart inside the Hub repository.
 CHART_PATH_IN_REPO = "hf_arb/bucket_chart.png"
+#: Path of the HTML report (``push_to_hub(..., report=True)``), next to the dataset card.
+REPORT_PATH_IN_REPO = "report.html"
 _BEGIN = "<!-- hf_arb:begin -->"
 _END = "<!-- hf_arb:end -->"
 
@@ -132,7 +134,7 @@ def update_card_text(text: str | None, repo_id: str, buckets: BucketSet, stats: 
 
 # ----------------------------------------------------------------------------------- push
 def push_to_hub(ds: Any, repo_id: str, buckets: BucketSet | None = None, *, chart: bool = True,
-                **kwargs: Any) -> Any:
+                report: bool | dict[str, Any] = False, **kwargs: Any) -> Any:
     """Push an annotated dataset with ``datasets``' own ``push_to_hub``, then write the bucket card.
 
     The card gets YAML metadata under ``hf_arb`` (bucket table, metric, thresholds, fingerprint, counts per split),
@@ -145,6 +147,9 @@ def push_to_hub(ds: Any, repo_id: str, buckets: BucketSet | None = None, *, char
         buckets: the BucketSet; default: ``BucketSet.from_dataset(ds)``. When given, it must agree with the one
             stored in the dataset (if any), and it is written into the ``bucket`` feature before pushing.
         chart: draw and upload the chart (skipped with a warning when matplotlib is missing).
+        report: also upload ``report.html`` next to the card (:func:`hf_arb.report.write_report` of the first
+            split pushed); a dict gives its options (``batch_size``, ``num_processes``, ``leftover``, ``k``, ...).
+            Needs a map-style dataset (a stream is not read twice).
         **kwargs: passed to ``ds.push_to_hub`` (``split``, ``config_name``, ``private``, ``token``, ``revision``,
             ``create_pr``, ``max_shard_size``, ``num_proc``, ...).
 
@@ -216,6 +221,19 @@ def push_to_hub(ds: Any, repo_id: str, buckets: BucketSet | None = None, *, char
                 chart_path = CHART_PATH_IN_REPO
             except ImportError as e:
                 warnings.warn(f"No bucket chart on the card: {e}", stacklevel=2)
+        if report:
+            parts_list = list(parts)
+            if not parts_list or not isinstance(parts_list[0][1], datasets.Dataset):
+                raise ValueError("push_to_hub(report=True) needs a map-style Dataset or DatasetDict: a streaming "
+                                 "dataset is not read twice. Push with report=False and run hf-arb report on it.")
+            from .report import write_report
+
+            first = parts_list[0][1]
+            options = {"title": f"{repo_id}: what bucketing does",
+                       "image_column": "image" if "image" in first.column_names else None,
+                       **(report if isinstance(report, dict) else {})}
+            page = write_report(first, Path(tmp) / "report.html", buckets, **options)
+            operations.append(CommitOperationAdd(path_in_repo=REPORT_PATH_IN_REPO, path_or_fileobj=page.read_bytes()))
         text = update_card_text(readme, repo_id, buckets, stats, chart_path)
         operations.append(CommitOperationAdd(path_in_repo="README.md", path_or_fileobj=text.encode("utf-8")))
         return api.create_commit(

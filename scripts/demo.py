@@ -1,8 +1,9 @@
 """`make demo`: the whole hf_arb pipeline, offline, on a 2-core CPU machine in about five minutes.
 
 1. builds a small imagefolder of real photos (scikit-image's samples) cropped to six aspect ratios, with captions;
-2. annotates it with ``hf-arb annotate`` (header-only sizes → bucket columns) and draws the bucket chart with
-   ``hf-arb stats --plot``;
+2. annotates it with ``hf-arb annotate`` (header-only sizes → bucket columns), draws the bucket chart with
+   ``hf-arb stats --plot`` and writes the dataset report (``hf-arb report``: plan, crops, outliers) to
+   ``report.html``;
 3. draws what a centre square keeps of each photo next to what its bucket keeps;
 4. builds tiny Stable Diffusion and Flux.1 pipelines locally (no Hub here) whose VAEs have seen the photos
    (``scripts/demo_models.py``), or uses ``MODEL=...`` for the SD run if you have a real one;
@@ -70,6 +71,9 @@ def annotate(out: Path, images: Path, resolution: int, step_px: int) -> Path:
     bucket_args = ["--preset", "budget", "--resolution", str(resolution), "--step", str(step_px)]
     run([str(BIN / "hf-arb"), "annotate", str(images), *bucket_args, "--output-dir", str(annotated)])
     run([str(BIN / "hf-arb"), "stats", str(annotated), "--plot", str(out / "buckets.png")])
+    # what training will do to these photos (the plan of step 5: batch 4 on 2 processes), before training
+    run([str(BIN / "hf-arb"), "report", str(annotated), "--out", str(out / "report.html"),
+         "--train_batch_size", "4", "--num_processes", "2", "--seed", "0"])
     return annotated
 
 
@@ -188,6 +192,7 @@ def main() -> None:
     step("2. annotate (header-only sizes → bucket columns) and chart")
     annotated = annotate(out, images, resolution, step_px)
     pictures["bucket chart"] = out / "buckets.png"
+    pictures["report"] = out / "report.html"
     step("3. what a centre square keeps, and what a bucket keeps")
     buckets = BucketSet.preset("budget", resolution=resolution, step=step_px)
     pictures["crops"] = crop_figure(photos_by_shape(images), buckets, resolution, out / "crops.png")
