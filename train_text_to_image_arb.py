@@ -685,10 +685,18 @@ def check_environment(args: argparse.Namespace) -> None:
     if args.dataset_name and args.dataset_name.startswith(("/", "./", "../", "~")) and not Path(
             args.dataset_name).expanduser().exists():
         raise UsageFileError(f"--dataset_name {args.dataset_name}: no such local dataset.")
-    for r in (r.strip() for r in str(args.report_to).split(",")):
+    reports = [r.strip() for r in str(args.report_to).split(",")]
+    for r in list(reports):
         needs = TRACKERS.get(r, ())
         if needs and not any(importlib.util.find_spec(m) for m in needs):
-            raise UsageError(f"--report_to {r} needs `pip install {needs[0]}` (not installed); or pass --report_to none.")
+            if r == "wandb":  # as upstream, which raises for wandb only
+                raise UsageError(f"--report_to {r} needs `pip install {needs[0]}` (not installed); or pass --report_to "
+                                 "none.")
+            # accelerate skips a tracker that is not installed, with a warning; so does this script, once
+            logger.warning("--report_to %s: %s is not installed, so the run goes on without it (`pip install %s` to log "
+                           "to it, or --report_to none to silence this).", r, needs[0], needs[0])
+            reports.remove(r)
+    args.report_to = ",".join(reports) or "none"
     for flag, module in (("use_8bit_adam", "bitsandbytes"), ("enable_xformers_memory_efficient_attention", "xformers"),
                          ("enable_npu_flash_attention", "torch_npu")):
         if getattr(args, flag) and importlib.util.find_spec(module) is None:
@@ -2261,6 +2269,10 @@ def main(argv: list[str] | argparse.Namespace | None = None) -> dict[str, Any]:
     if stream is not None and resume_dir is not None:
         restore_stream(accelerator, stream, resume_dir, progress)
     check_resumed_step(args, accelerator, progress, sampler, optimizer, resume_dir)
+    if resume_dir is not None and progress.global_step >= schedule.max_train_steps:
+        logger.warning("%s is at step %d, at or past --max_train_steps %d: nothing is left to train, so its weights "
+                       "are saved as the final output (diffusers' scripts would train one more step).", resume_dir.name,
+                       progress.global_step, schedule.max_train_steps)
     resolution_dim = None
     if args.resolution_conditioning and not models.sdxl:
         from hf_arb.conditioning import resolution_embed_dim

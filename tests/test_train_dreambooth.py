@@ -1,0 +1,182 @@
+"""The flags of diffusers' dreambooth LoRA scripts, LoRA strength in stock diffusers, a missing tracker, and a resume
+at or past ``--max_train_steps`` (issue 22; tests/upstream/ runs diffusers' own tests of these scripts).
+
+``tests/fixtures/upstream_dreambooth_flags.json`` holds the argparse flags of diffusers' ``train_dreambooth_lora_sd3.py``,
+``_flux.py`` and ``_sdxl.py`` (huggingface/diffusers @ 58eb52c0), read statically with
+``scripts/extract_upstream_flags.py``'s ``flags_of``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+import test_train
+import torch
+from test_train import ROOT, run_script
+
+import train_text_to_image_arb as script
+
+UPSTREAM = json.loads((ROOT / "tests" / "fixtures" / "upstream_dreambooth_flags.json").read_text())
+FAMILY = {"train_dreambooth_lora_sd3.py": ("sd3", "StableDiffusion3Pipeline"),
+          "train_dreambooth_lora_flux.py": ("flux", "FluxPipeline"),
+          "train_dreambooth_lora_sdxl.py": ("sdxl", "StableDiffusionXLPipeline")}
+
+assets = test_train.assets  # the session's tiny SD / SDXL and photo folder
+_clean_accelerate_state = test_train._clean_accelerate_state
+
+
+def fake_model(root: Path, family: str, pipeline: str) -> str:
+    """A folder whose configs say the family (all parse_args reads)."""
+    folder = root / family
+    (folder / "unet").mkdir(parents=True, exist_ok=True)
+    (folder / "unet" / "config.json").write_text(json.dumps({"addition_embed_type": "text_time"} if family == "sdxl"
+                                                            else {}))
+    (folder / "model_index.json").write_text(json.dumps({"_class_name": pipeline}))
+    return str(folder)
+
+
+# ------------------------------------------------------------------------------------ fast: the flags
+@pytest.mark.parametrize("upstream", sorted(FAMILY))
+def test_every_dreambooth_flag_is_accepted_at_upstream_default(upstream, tmp_path, monkeypatch):
+    """Every flag of the upstream script exists here, and a command passing each one at upstream's default parses
+    (the refused ones are refused only when they would change something: below)."""
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    family, pipeline = FAMILY[upstream]
+    flags = UPSTREAM["scripts"][upstream]
+    ours = {s[2:] for a in script.build_parser()._actions for s in a.option_strings if s.startswith("--")}
+    assert len(flags) > 60 and not sorted(set(flags) - ours)
+    argv = ["--pretrained_model_name_or_path", fake_model(tmp_path, family, pipeline), "--instance_data_dir",
+            str(tmp_path), "--instance_prompt", "photo of sks dog", "--rank", "4", "--train_text_encoder"]
+    given = {"pretrained_model_name_or_path", "instance_data_dir", "instance_prompt", "rank", "train_text_encoder"}
+    for name, spec in flags.items():
+        if name in given or spec["default"] is None or spec["action"] == "store_true" or isinstance(
+                spec["default"], dict):
+            continue
+        values = spec["default"] if isinstance(spec["default"], list) else [spec["default"]]
+        argv += [f"--{name}", *(str(v) for v in values)]
+    args = script.parse_args(argv)
+    assert args.lora and args.family == family and args.instance_prompt == "photo of sks dog"
+    assert args.learning_rate == flags["learning_rate"]["default"] and args.text_encoder_lr == 5e-6
+
+
+def _changed(flag: str, default: object) -> list[str]:
+    """The flag with a value other than its default."""
+    if default is False:
+        return [f"--{flag}"]
+    if default is True:  # upstream's type=bool flags: only an empty string is False
+        return [f"--{flag}", ""]
+    return [f"--{flag}", "0.5" if flag == "prodigy_beta3" else "x" if default is None else "2"]
+
+
+@pytest.mark.parametrize("flag", sorted(script.UNSUPPORTED_DREAMBOOTH_FLAGS))
+def test_unsupported_dreambooth_flags_are_refused_in_one_line_saying_why(flag):
+    default = script.UNSUPPORTED_DREAMBOOTH_FLAGS[flag][0]
+    with pytest.raises(script.UsageError) as err:
+        script.parse_args(["--pretrained_model_name_or_path", "m", "--instance_data_dir", "d", "--instance_prompt",
+                           "p", "--rank", "4", *_changed(flag, default)])
+    message = str(err.value)
+    assert "\n" not in message and message.startswith(f"--{flag}") and "not supported" in message
+    assert message.endswith(f"Drop --{flag}.")
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--optimizer", "prodigy"], "--optimizer prodigy: only AdamW is supported"),
+    (["--dataset_name", "x"], "--instance_data_dir d and --dataset_name both name the training data"),
+    (["--lora_blocks", "0,a"], "--lora_blocks '0,a': expected comma-separated block indices"),
+    (["--text_encoder_lr", "1e-5"], "--text_encoder_lr configures the text encoders' LoRA: add --train_text_encoder"),
+])
+def test_dreambooth_flag_mistakes(extra, message):
+    with pytest.raises(script.UsageError, match=message):  # (an SD3 Hub id: --lora_blocks is SD3 / Flux only)
+        script.parse_args(["--pretrained_model_name_or_path", "org/stable-diffusion-3-medium", "--instance_data_dir", "d", "--instance_prompt",
+                           "p", "--rank", "4", *extra])
+    with pytest.raises(script.UsageError, match="needs --instance_prompt .* or --caption_column"):
+        script.parse_args(["--pretrained_model_name_or_path", "m", "--instance_data_dir", "d", "--rank", "4"])
+
+
+def test_instance_folder_takes_one_prompt_or_its_caption_column_and_repeats(assets):
+    """A folder of images + --instance_prompt: every caption is the prompt (the folder's own captions are not used,
+    as upstream); --caption_column over the folder: its captions; --repeats N: every row N times."""
+    base = ["--pretrained_model_name_or_path", "m", "--instance_data_dir", assets["images"], "--rank", "4"]
+    ds = script.load_raw_dataset(script.parse_args([*base, "--instance_prompt", "photo of sks", "--repeats", "2"]))
+    assert len(ds) == 40 and set(ds["text"]) == {"photo of sks"}
+    own = script.load_raw_dataset(script.parse_args([*base, "--caption_column", "text"]))
+    assert len(own) == 20 and len(set(own["text"])) > 1 and "photo of sks" not in own["text"]
+
+
+def test_a_missing_tracker_warns_once_and_training_goes_on(monkeypatch, caplog, tmp_path):
+    """The default --report_to tensorboard, not installed: one warning, then no tracker (accelerate's behaviour)."""
+    monkeypatch.setitem(script.TRACKERS, "tensorboard", ("no_such_module_for_issue_22",))
+    args = script.parse_args(["--pretrained_model_name_or_path", "m", "--train_data_dir", str(tmp_path),
+                              "--learning_rate", "1e-5", "--output_dir", str(tmp_path / "out")])
+    with caplog.at_level(logging.WARNING, logger=script.logger.name):
+        script.check_environment(args)
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and "--report_to tensorboard" in warnings[0] and "pip install" in warnings[0]
+    assert args.report_to == "none"
+
+
+# ------------------------------------------------------------------- runs: strength in stock diffusers
+def _lora_module(model: torch.nn.Module) -> tuple[str, torch.nn.Module]:
+    return next((n, m) for n, m in model.named_modules() if hasattr(m, "lora_A") and len(m.lora_A))
+
+
+def assert_strength(model: torch.nn.Module, expected: float) -> None:
+    """A loaded adapter's layer adds exactly ``expected * B(A(x))`` to its base layer's output."""
+    name, module = _lora_module(model)
+    adapter = next(iter(module.lora_A))
+    x = torch.randn(3, module.base_layer.in_features)
+    with torch.no_grad():
+        delta = module(x) - module.base_layer(x)
+        manual = module.lora_B[adapter](module.lora_A[adapter](x))
+    assert float(manual.abs().max()) > 0, name
+    torch.testing.assert_close(delta, expected * manual, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("family", ["sd", "sd3", "flux"])
+def test_lora_alpha_and_text_encoder_adapters_load_at_trained_strength_in_stock_diffusers(family, assets, tmp_path,
+                                                                                           request):
+    """--rank 4 --lora_alpha 8 --train_text_encoder: a plain ``load_lora_weights`` of the saved file (no hf_arb code
+    involved) rebuilds every adapter at scale alpha / r = 2, the transformer's and the CLIP encoders' (SD3 both, Flux
+    its one; T5 none), as diffusers' own scripts' files load."""
+    import diffusers
+
+    model = assets["sd"] if family == "sd" else request.getfixturevalue("flow_assets")[family]
+    out = tmp_path / "out"
+    run_script(["--pretrained_model_name_or_path", model, "--train_data_dir", assets["images"], "--resolution", "64",
+                "--bucket_step", "16", "--train_batch_size", "4", "--max_train_steps", "1", "--rank", "4",
+                "--lora_alpha", "8", "--train_text_encoder", "--report_to", "none", "--seed", "0",
+                "--output_dir", str(out), *(["--max_sequence_length", "16"] if family != "sd" else [])])
+    cls = {"sd": diffusers.StableDiffusionPipeline, "sd3": diffusers.StableDiffusion3Pipeline,
+           "flux": diffusers.FluxPipeline}[family]
+    pipe = cls.from_pretrained(model)
+    pipe.load_lora_weights(str(out))
+    assert_strength(pipe.unet if family == "sd" else pipe.transformer, 2.0)
+    trained = {"sd": ["text_encoder"], "sd3": ["text_encoder", "text_encoder_2"], "flux": ["text_encoder"]}[family]
+    for name in trained:
+        assert_strength(getattr(pipe, name), 2.0)
+    frozen = {"sd3": "text_encoder_3", "flux": "text_encoder_2"}.get(family)
+    if frozen:
+        assert not any(hasattr(m, "lora_A") for m in getattr(pipe, frozen).modules())
+
+
+def test_resume_at_max_train_steps_trains_nothing_more(assets, tmp_path, caplog):
+    """Upstream trains one step past --max_train_steps when resumed beyond it (a checkpoint-5 after resuming
+    checkpoint-4 with --max_train_steps 2); here the run stops, says so once, and the output is the checkpoint's."""
+    from safetensors.torch import load_file
+
+    out = tmp_path / "out"
+    argv = ["--pretrained_model_name_or_path", assets["sd"], "--train_data_dir", assets["images"], "--resolution", "64",
+            "--bucket_step", "16", "--train_batch_size", "4", "--rank", "4", "--report_to", "none", "--seed", "0",
+            "--checkpointing_steps", "2", "--output_dir", str(out)]
+    run_script([*argv, "--max_train_steps", "2"])
+    with caplog.at_level(logging.WARNING, logger=script.logger.name):
+        stats = run_script([*argv, "--max_train_steps", "1", "--resume_from_checkpoint", "checkpoint-2"])
+    assert stats["global_step"] == 2 and stats["losses"] == []
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-2"]
+    assert any("at or past --max_train_steps 1" in r.getMessage() for r in caplog.records)
+    final, saved = load_file(str(out / "pytorch_lora_weights.safetensors")), load_file(
+        str(out / "checkpoint-2" / "pytorch_lora_weights.safetensors"))
+    assert final.keys() == saved.keys() and all(torch.equal(final[k], saved[k]) for k in final)
