@@ -18,8 +18,9 @@ default where the scheduler shifts dynamically, as Flux's does) every batch's si
 the stock pipeline uses for that bucket's height x width.
 
 ``--rank N`` (or ``--lora``) trains LoRA adapters with peft instead of the whole UNet and writes
-``pytorch_lora_weights.safetensors``; ``--full_finetune`` asks for a full fine-tune explicitly, which a learning rate
-of 5e-5 or more requires (see docs/training.md, "LoRA"). Every output folder loads in plain diffusers.
+``pytorch_lora_weights.safetensors``; without them it is a full fine-tune, as upstream (a learning rate of 5e-5 or
+more warns once unless ``--full_finetune`` says so; see docs/training.md, "LoRA"). Every output folder loads in plain
+diffusers.
 
 Launch (real commands; every flag is documented in docs/training.md):
 
@@ -119,7 +120,7 @@ LR_SCHEDULERS = ("linear", "cosine", "cosine_with_restarts", "polynomial", "cons
 #: --report_to values and the module each needs.
 TRACKERS = {"tensorboard": ("tensorboard", "tensorboardX"), "wandb": ("wandb",), "comet_ml": ("comet_ml",),
             "all": (), "none": ()}
-#: Without --lora / --rank / --full_finetune, a learning rate at or above this is ambiguous (LoRA's range).
+#: Without --lora / --rank / --full_finetune, a learning rate at or above this (LoRA's range) warns once.
 LORA_LR_THRESHOLD = 5e-5
 DEFAULT_RANK = 4  # diffusers' LoRA scripts' --rank default
 #: Appended to a help text whose default is explained in words: ArgumentDefaultsHelpFormatter then adds nothing.
@@ -149,7 +150,8 @@ def build_parser() -> argparse.ArgumentParser:
       help="Train LoRA adapters (peft) instead of every UNet weight, as train_text_to_image_lora*.py; writes "
            "pytorch_lora_weights.safetensors. Implied by --rank.")
     a("--full_finetune", action="store_true",
-      help="Fine-tune every UNet weight. Needed when --learning_rate is >= 5e-5 (a LoRA rate) and no --rank/--lora.")
+      help="Fine-tune every UNet weight (the default without --rank/--lora); silences the warning a LoRA-range "
+           "--learning_rate (>= 5e-5) gives.")
     a("--rank", type=int, default=None,
       help=f"The dimension of the LoRA update matrices; giving it selects LoRA (default in LoRA mode: {DEFAULT_RANK})."
            + NO_DEFAULT)
@@ -397,8 +399,8 @@ def detect_family(model: str) -> str:
 
 
 def resolve_mode(args: argparse.Namespace) -> None:
-    """Set ``args.lora``: LoRA if --lora or --rank; full if --full_finetune; a LoRA-rate command without either is
-    an error (it used to silently become a full fine-tune)."""
+    """Set ``args.lora``: LoRA if --lora or --rank, else a full fine-tune, as upstream (a LoRA-range rate without
+    --full_finetune warns once, naming --rank)."""
     lora = args.lora or args.rank is not None
     if lora and args.full_finetune:
         raise UsageError("--full_finetune contradicts --lora/--rank: pick one training mode.")
