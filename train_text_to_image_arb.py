@@ -572,8 +572,9 @@ def check_dreambooth_flags(args: argparse.Namespace) -> None:
     if args.instance_data_dir is not None and args.instance_prompt is None and not args.caption_column_given:
         raise UsageError(f"--instance_data_dir {args.instance_data_dir} needs --instance_prompt (every image's "
                          "caption) or --caption_column (a caption column of the folder's metadata.jsonl).")
-    if args.instance_prompt is not None and args.streaming:
-        raise UsageError("--instance_prompt is not supported with --streaming: write the caption into the shards.")
+    if args.streaming and (args.instance_prompt is not None or args.instance_data_dir is not None):
+        raise UsageError("--instance_data_dir / --instance_prompt are not supported with --streaming: write the "
+                         "captions into the annotated shards and pass them with --train_data_dir.")
     if args.lora_blocks is not None:
         try:
             [int(b) for b in args.lora_blocks.split(",")]
@@ -1998,7 +1999,7 @@ def save_model_card(args: argparse.Namespace, repo_id: str, buckets: Any, *, sdx
         f"from {bucket_origin(args)}",
         f"* steps: {stats.get('global_step') if stats else args.max_train_steps}, batch size {args.train_batch_size} "
         f"per device, gradient accumulation {args.gradient_accumulation_steps}, learning rate {args.learning_rate}",
-        f"* mixed precision: {args.mixed_precision}; dataset: {args.dataset_name or args.train_data_dir}", "",
+        f"* mixed precision: {args.mixed_precision}; dataset: {args.dataset_name or args.train_data_dir or args.instance_data_dir}", "",
     ]
     if getattr(args, "lora", False):
         body += [f"LoRA adapters (rank {args.rank}, alpha {args.lora_alpha or args.rank}) on the "

@@ -140,15 +140,29 @@ def test_lora_alpha_and_text_encoder_adapters_load_at_trained_strength_in_stock_
                                                                                            request):
     """--rank 4 --lora_alpha 8 --train_text_encoder: a plain ``load_lora_weights`` of the saved file (no hf_arb code
     involved) rebuilds every adapter at scale alpha / r = 2, the transformer's and the CLIP encoders' (SD3 both, Flux
-    its one; T5 none), as diffusers' own scripts' files load."""
+    its one; T5 none), as diffusers' own scripts' files load. SD3 / Flux: a run resumed from its step-1 checkpoint
+    (text-encoder adapters saved in peft's key names, as upstream) ends with the same weights."""
+    import shutil
+
     import diffusers
+    from safetensors.torch import load_file
 
     model = assets["sd"] if family == "sd" else request.getfixturevalue("flow_assets")[family]
     out = tmp_path / "out"
-    run_script(["--pretrained_model_name_or_path", model, "--train_data_dir", assets["images"], "--resolution", "64",
-                "--bucket_step", "16", "--train_batch_size", "4", "--max_train_steps", "1", "--rank", "4",
-                "--lora_alpha", "8", "--train_text_encoder", "--report_to", "none", "--seed", "0",
-                "--output_dir", str(out), *(["--max_sequence_length", "16"] if family != "sd" else [])])
+    argv = ["--pretrained_model_name_or_path", model, "--train_data_dir", assets["images"], "--resolution", "64",
+            "--bucket_step", "16", "--train_batch_size", "4", "--rank", "4", "--lora_alpha", "8",
+            "--train_text_encoder", "--report_to", "none", "--seed", "0", "--checkpointing_steps", "1",
+            *(["--max_sequence_length", "16"] if family != "sd" else [])]
+    steps = "1" if family == "sd" else "2"
+    run_script([*argv, "--max_train_steps", steps, "--output_dir", str(out)])
+    if family != "sd":
+        resumed = tmp_path / "resumed"
+        shutil.copytree(out / "checkpoint-1", resumed / "checkpoint-1")
+        run_script([*argv, "--max_train_steps", steps, "--output_dir", str(resumed), "--resume_from_checkpoint",
+                    "latest"])
+        a, b = (load_file(str(o / "pytorch_lora_weights.safetensors")) for o in (out, resumed))
+        assert a.keys() == b.keys() and any(k.startswith("text_encoder") for k in a)
+        assert all(torch.equal(a[k], b[k]) for k in a)
     cls = {"sd": diffusers.StableDiffusionPipeline, "sd3": diffusers.StableDiffusion3Pipeline,
            "flux": diffusers.FluxPipeline}[family]
     pipe = cls.from_pretrained(model)
