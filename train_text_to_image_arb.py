@@ -258,7 +258,8 @@ def build_parser() -> argparse.ArgumentParser:
     a("--prodigy_decouple", type=bool, default=True, help="Refused unless True: configures --optimizer prodigy.")
     a("--prodigy_use_bias_correction", type=bool, default=True, help="Refused unless True: configures prodigy.")
     a("--prodigy_safeguard_warmup", type=bool, default=True, help="Refused unless True: configures prodigy.")
-    a("--use_dora", action="store_true", help="LoRA: train DoRA adapters (peft use_dora), as the SDXL dreambooth script.")
+    a("--use_dora", action="store_true",
+      help="LoRA: train DoRA adapters (peft use_dora), as the SDXL dreambooth script.")
     a("--upcast_before_saving", action="store_true",
       help="Accepted; always the case here: the adapters train and are saved in float32.")
     for flag in ("with_prior_preservation", "do_edm_style_training", "output_kohya_format"):
@@ -406,7 +407,8 @@ def resolve_mode(args: argparse.Namespace) -> None:
         raise UsageError("--full_finetune contradicts --lora/--rank: pick one training mode.")
     if not lora and not args.full_finetune and args.learning_rate >= LORA_LR_THRESHOLD:  # upstream's default: 1e-4
         logger.warning("--learning_rate %g with no --rank: a full fine-tune of every weight, as train_text_to_image.py "
-                       "(its examples use 1e-05); for LoRA add --rank %d (or --lora).", args.learning_rate, DEFAULT_RANK)
+                       "(its examples use 1e-05); for LoRA add --rank %d (or --lora).", args.learning_rate,
+                       DEFAULT_RANK)
     if not lora:
         for flag, given in (("--train_text_encoder", args.train_text_encoder), ("--lora_alpha", args.lora_alpha),
                             ("--lora_dropout", args.lora_dropout), ("--use_dora", args.use_dora)):
@@ -696,8 +698,8 @@ def check_environment(args: argparse.Namespace) -> None:
                 raise UsageError(f"--report_to {r} needs `pip install {needs[0]}` (not installed); or pass --report_to "
                                  "none.")
             # accelerate skips a tracker that is not installed, with a warning; so does this script, once
-            logger.warning("--report_to %s: %s is not installed, so the run goes on without it (`pip install %s` to log "
-                           "to it, or --report_to none to silence this).", r, needs[0], needs[0])
+            logger.warning("--report_to %s: %s is not installed, so the run goes on without it (`pip install %s` to "
+                           "log to it, or --report_to none to silence this).", r, needs[0], needs[0])
             reports.remove(r)
     args.report_to = ",".join(reports) or "none"
     for flag, module in (("use_8bit_adam", "bitsandbytes"), ("enable_xformers_memory_efficient_attention", "xformers"),
@@ -1999,7 +2001,8 @@ def save_model_card(args: argparse.Namespace, repo_id: str, buckets: Any, *, sdx
         f"from {bucket_origin(args)}",
         f"* steps: {stats.get('global_step') if stats else args.max_train_steps}, batch size {args.train_batch_size} "
         f"per device, gradient accumulation {args.gradient_accumulation_steps}, learning rate {args.learning_rate}",
-        f"* mixed precision: {args.mixed_precision}; dataset: {args.dataset_name or args.train_data_dir or args.instance_data_dir}", "",
+        f"* mixed precision: {args.mixed_precision}; dataset: "
+        f"{args.dataset_name or args.train_data_dir or args.instance_data_dir}", "",
     ]
     if getattr(args, "lora", False):
         body += [f"LoRA adapters (rank {args.rank}, alpha {args.lora_alpha or args.rank}) on the "

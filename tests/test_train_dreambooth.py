@@ -1,8 +1,8 @@
 """The flags of diffusers' dreambooth LoRA scripts, LoRA strength in stock diffusers, a missing tracker, and a resume
 at or past ``--max_train_steps`` (issue 22; tests/upstream/ runs diffusers' own tests of these scripts).
 
-``tests/fixtures/upstream_dreambooth_flags.json`` holds the argparse flags of diffusers' ``train_dreambooth_lora_sd3.py``,
-``_flux.py`` and ``_sdxl.py`` (huggingface/diffusers @ 58eb52c0), read statically with
+``tests/fixtures/upstream_dreambooth_flags.json`` holds the argparse flags of diffusers'
+``train_dreambooth_lora_sd3.py``, ``_flux.py`` and ``_sdxl.py`` (huggingface/diffusers @ 58eb52c0), read statically with
 ``scripts/extract_upstream_flags.py``'s ``flags_of``.
 """
 
@@ -90,8 +90,8 @@ def test_unsupported_dreambooth_flags_are_refused_in_one_line_saying_why(flag):
 ])
 def test_dreambooth_flag_mistakes(extra, message):
     with pytest.raises(script.UsageError, match=message):  # (an SD3 Hub id: --lora_blocks is SD3 / Flux only)
-        script.parse_args(["--pretrained_model_name_or_path", "org/stable-diffusion-3-medium", "--instance_data_dir", "d", "--instance_prompt",
-                           "p", "--rank", "4", *extra])
+        script.parse_args(["--pretrained_model_name_or_path", "org/stable-diffusion-3-medium", "--instance_data_dir",
+                           "d", "--instance_prompt", "p", "--rank", "4", *extra])
     with pytest.raises(script.UsageError, match="needs --instance_prompt .* or --caption_column"):
         script.parse_args(["--pretrained_model_name_or_path", "m", "--instance_data_dir", "d", "--rank", "4"])
 
