@@ -645,8 +645,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if env_local_rank != -1 and env_local_rank != args.local_rank:
         args.local_rank = env_local_rank
     if args.dataset_name is None and args.train_data_dir is None and args.instance_data_dir is None:
-        raise UsageError("Need either a dataset name or a training folder: pass --dataset_name, --train_data_dir or "
-                         "--instance_data_dir.")
+        raise UsageError("Need either a dataset name or a training folder: pass --dataset_name or --train_data_dir "
+                         "(or --instance_data_dir with --instance_prompt).")
     if args.non_ema_revision is None:
         args.non_ema_revision = args.revision
     if args.validation_prompt and not args.validation_prompts:
