@@ -28,6 +28,16 @@ assets = test_train.assets  # the session's tiny SD / SDXL and photo folder
 _clean_accelerate_state = test_train._clean_accelerate_state
 
 
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Tiny models train fastest on one thread per xdist worker (two workers with two threads each on two cores
+    spend most of their time waiting for each other)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def fake_model(root: Path, family: str, pipeline: str) -> str:
     """A folder whose configs say the family (all parse_args reads)."""
     folder = root / family

@@ -6,7 +6,9 @@ the models and the data. Here (substitutions, listed again in each ported file's
 * ``run_command(launch_args + [script, *flags])`` runs OUR script (:data:`SCRIPTS`) in this process, as
   ``python script flags`` would (``runpy``, ``__name__ == "__main__"``; a fresh python costs ~7 s of imports per run,
   and one-process ``accelerate launch`` on a CPU machine is ``python script``), then resets accelerate's process-wide
-  state (what a new process would start with);
+  state (what a new process would start with). The run uses one torch thread (``torch.set_num_threads(1)``, as
+  torchrun sets ``OMP_NUM_THREADS=1`` per process): two xdist workers with two threads each on two cores made these
+  tiny runs five times slower;
 * every Hub id and upstream repository path (:func:`local`) becomes a tiny local pipeline (hf_arb.tiny /
   hf_arb.tiny_flow) or a local image folder, built once per test run (tests/conftest.py ``shared_artifact``).
 """
@@ -53,13 +55,15 @@ class ExamplesTestsAccelerate:
 
 def run_command(command: list[str], return_stdout: bool = False) -> None:
     """Run ``accelerate launch <upstream script> <flags>`` as our script, in this process (see the module doc)."""
+    import torch
     from accelerate.state import AcceleratorState, GradientState
 
     assert command[:2] == ["accelerate", "launch"], command
     script = SCRIPTS[Path(command[2]).name]
     argv = [str(script), *(_substitute(t) for t in command[3:])]
-    saved = sys.argv
+    saved, threads = sys.argv, torch.get_num_threads()
     sys.argv = argv
+    torch.set_num_threads(1)  # tiny models: one thread per xdist worker instead of every worker using every core
     try:
         runpy.run_path(str(script), run_name="__main__")
     except SystemExit as e:
@@ -67,5 +71,6 @@ def run_command(command: list[str], return_stdout: bool = False) -> None:
             raise RuntimeError(f"{' '.join(argv)} exited with status {e.code}") from e
     finally:
         sys.argv = saved
+        torch.set_num_threads(threads)
         AcceleratorState._reset_state(reset_partial_state=True)
         GradientState._reset_state()

@@ -20,8 +20,8 @@ Every upstream test and assertion is kept. Substitutions (the only changes):
 
 * ``run_command(self._launch_args + [script, *flags])``: instead of an ``accelerate launch`` subprocess of upstream's
   train_text_to_image_lora.py and train_text_to_image_lora_sdxl.py, our train_text_to_image_lora_arb.py runs in this process with the same flags (tests/upstream/_upstream.py: ``runpy`` as
-  ``python script``, which is what one-process ``accelerate launch`` runs on a CPU machine; accelerate's state is
-  reset after each run, as a new process would start);
+  ``python script``, which is what one-process ``accelerate launch`` runs on a CPU machine, on one torch
+  thread as torchrun would set it; accelerate's state is reset after each run, as a new process would start);
 * Hub ids -> tiny local pipelines built once per test run (hf_arb.tiny / hf_arb.tiny_flow): tiny-stable-diffusion-torch -> a tiny SD, tiny-stable-diffusion-xl-pipe -> a tiny SDXL;
 * the Hub dataset ``hf-internal-testing/dummy_image_text_data`` -> a local imagefolder with an ``image`` and a
   ``text`` column (hf_arb.tiny.save_tiny_imagefolder: 20 photos of 5 aspect ratios);
