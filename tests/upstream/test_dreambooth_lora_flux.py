@@ -13,20 +13,23 @@
 # See the License for the specific language governing permissions and
 # limitations under the License.
 
-"""Port of diffusers' examples/dreambooth/test_dreambooth_lora_flux.py (huggingface/diffusers @ 58eb52c0), run offline against our scripts.
+"""Port of diffusers' examples/dreambooth/test_dreambooth_lora_flux.py (huggingface/diffusers @ 58eb52c0), run offline
+against our scripts.
 
 Every upstream test and assertion is kept. Substitutions (the only changes):
 
-* ``run_command(self._launch_args + [script, *flags])``: instead of an ``accelerate launch`` subprocess of upstream's
-  train_dreambooth_lora_flux.py, our train_text_to_image_lora_arb.py runs in this process with the same flags (tests/upstream/_upstream.py: ``runpy`` as
-  ``python script``, which is what one-process ``accelerate launch`` runs on a CPU machine, on one torch
-  thread as torchrun would set it; accelerate's state is reset after each run, as a new process would start);
-* Hub ids -> tiny local pipelines built once per test run (hf_arb.tiny / hf_arb.tiny_flow): tiny-flux-pipe -> a tiny Flux.1;
-* ``--instance_data_dir docs/source/en/imgs`` (a folder of images in diffusers' repository) -> a local folder of
-  5 photos of 5 aspect ratios, no captions (``--instance_prompt`` is every image's caption, as upstream);
-* ``from test_examples_utils import ...`` -> ``from _upstream import ...`` (and ``local()`` for the Hub ids a
-  test body loads itself); upstream's module-level DEBUG logging to stdout is left out (it floods an in-process run).
-"""
+* ``run_command(self._launch_args + [script, *flags])``: instead of an ``accelerate launch`` subprocess of
+  upstream's train_dreambooth_lora_flux.py, our train_text_to_image_lora_arb.py runs in this process with the same
+  flags (tests/upstream/_upstream.py: ``runpy`` as ``python script``, which is what one-process ``accelerate
+  launch`` runs on a CPU machine, on one torch thread as torchrun would set it; accelerate's state is reset after
+  each run, as a new process would start);
+* Hub ids -> tiny local pipelines built once per test run (hf_arb.tiny / hf_arb.tiny_flow): tiny-flux-pipe -> a tiny
+  Flux.1;
+* ``--instance_data_dir docs/source/en/imgs`` (a folder of images in diffusers' repository) -> a local folder of 5
+  photos of 5 aspect ratios, no captions (``--instance_prompt`` is every image's caption, as upstream);
+* ``from test_examples_utils import ...`` -> ``from _upstream import ...`` (its ``ExamplesTestsAccelerate`` is a
+  plain class: there is no accelerate config to write; ``local()`` maps the Hub ids a test body loads itself);
+  upstream's module-level DEBUG logging to stdout is left out (it floods an in-process run)."""
 
 import json
 import os

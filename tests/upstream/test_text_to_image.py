@@ -14,24 +14,29 @@
 # See the License for the specific language governing permissions and
 # limitations under the License.
 
-"""Port of diffusers' examples/text_to_image/test_text_to_image.py (huggingface/diffusers @ 58eb52c0), run offline against our scripts.
+"""Port of diffusers' examples/text_to_image/test_text_to_image.py (huggingface/diffusers @ 58eb52c0), run offline
+against our scripts.
 
 Every upstream test and assertion is kept. Substitutions (the only changes):
 
-* ``run_command(self._launch_args + [script, *flags])``: instead of an ``accelerate launch`` subprocess of upstream's
-  train_text_to_image.py and train_text_to_image_sdxl.py, our train_text_to_image_arb.py runs in this process with the same flags (tests/upstream/_upstream.py: ``runpy`` as
-  ``python script``, which is what one-process ``accelerate launch`` runs on a CPU machine, on one torch
-  thread as torchrun would set it; accelerate's state is reset after each run, as a new process would start);
-* Hub ids -> tiny local pipelines built once per test run (hf_arb.tiny / hf_arb.tiny_flow): tiny-stable-diffusion-torch -> a tiny SD, tiny-stable-diffusion-xl-pipe -> a tiny SDXL;
+* ``run_command(self._launch_args + [script, *flags])``: instead of an ``accelerate launch`` subprocess of
+  upstream's train_text_to_image.py and train_text_to_image_sdxl.py, our train_text_to_image_arb.py runs in this
+  process with the same flags (tests/upstream/_upstream.py: ``runpy`` as ``python script``, which is what
+  one-process ``accelerate launch`` runs on a CPU machine, on one torch thread as torchrun would set it;
+  accelerate's state is reset after each run, as a new process would start);
+* Hub ids -> tiny local pipelines built once per test run (hf_arb.tiny / hf_arb.tiny_flow):
+  tiny-stable-diffusion-torch -> a tiny SD, tiny-stable-diffusion-xl-pipe -> a tiny SDXL;
 * the Hub dataset ``hf-internal-testing/dummy_image_text_data`` -> a local imagefolder with an ``image`` and a
   ``text`` column (hf_arb.tiny.save_tiny_imagefolder: 20 photos of 5 aspect ratios);
-* ``from test_examples_utils import ...`` -> ``from _upstream import ...`` (and ``local()`` for the Hub ids a
-  test body loads itself); upstream's module-level DEBUG logging to stdout is left out (it floods an in-process run).
+* ``from test_examples_utils import ...`` -> ``from _upstream import ...`` (its ``ExamplesTestsAccelerate`` is a
+  plain class: there is no accelerate config to write; ``local()`` maps the Hub ids a test body loads itself);
+  upstream's module-level DEBUG logging to stdout is left out (it floods an in-process run).
 
 Expected failures: ``test_text_to_image_checkpointing`` and ``test_text_to_image_checkpointing_use_ema`` resume from
 ``checkpoint-4`` with ``--max_train_steps 2`` and expect a ``checkpoint-5``: upstream's loop takes one more step past
 ``--max_train_steps`` when resumed beyond it. Our script does not train past ``--max_train_steps`` (docs/training.md,
-"Differences from diffusers' scripts"), so these two are marked ``xfail(strict=True)``: they fail on that assertion only.
+"Differences from diffusers' scripts"), so these two are marked ``xfail(strict=True)``: they fail on that
+assertion only.
 """
 
 import os
