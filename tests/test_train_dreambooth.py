@@ -116,6 +116,28 @@ def test_instance_folder_takes_one_prompt_or_its_caption_column_and_repeats(asse
     assert len(own) == 20 and len(set(own["text"])) > 1 and "photo of sks" not in own["text"]
 
 
+def test_zero_validation_images_turn_validation_off():
+    args = script.parse_args(["--pretrained_model_name_or_path", "m", "--train_data_dir", "d", "--rank", "4",
+                              "--validation_prompt", "a cat", "--num_validation_images", "0"])
+    assert args.validation_prompts is None
+    with pytest.raises(script.UsageError, match="--num_validation_images must be >= 0, got -1"):
+        script.parse_args(["--pretrained_model_name_or_path", "m", "--train_data_dir", "d", "--rank", "4",
+                           "--num_validation_images", "-1"])
+
+
+def test_use_dora_trains_dora_adapters(assets):
+    """--use_dora (train_dreambooth_lora_sdxl.py): DoRA adapters, a trained magnitude vector per layer."""
+    from diffusers import UNet2DConditionModel
+
+    unet = UNet2DConditionModel.from_pretrained(assets["sd"], subfolder="unet")
+    models = script.Models(None, [], [], None, unet, sdxl=False)
+    args = script.parse_args(["--pretrained_model_name_or_path", "m", "--train_data_dir", "d", "--rank", "2",
+                              "--use_dora"])
+    script.setup_lora(args, models, torch.float32)
+    assert any("lora_magnitude_vector" in n and p.requires_grad for n, p in unet.named_parameters())
+    assert unet.peft_config["default"].use_dora
+
+
 def test_a_missing_tracker_warns_once_and_training_goes_on(monkeypatch, caplog, tmp_path):
     """The default --report_to tensorboard, not installed: one warning, then no tracker (accelerate's behaviour)."""
     monkeypatch.setitem(script.TRACKERS, "tensorboard", ("no_such_module_for_issue_22",))

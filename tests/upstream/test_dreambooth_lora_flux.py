@@ -40,7 +40,7 @@ import safetensors
 from diffusers.loaders.lora_base import LORA_ADAPTER_METADATA_KEY
 
 
-from _upstream import ExamplesTestsAccelerate, local, run_command  # noqa: E402
+from _upstream import ExamplesTestsAccelerate, run_command  # noqa: E402
 
 
 class TestDreamBoothLoRAFlux(ExamplesTestsAccelerate):

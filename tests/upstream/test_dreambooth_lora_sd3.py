@@ -37,7 +37,7 @@ import tempfile
 import safetensors
 
 
-from _upstream import ExamplesTestsAccelerate, local, run_command  # noqa: E402
+from _upstream import ExamplesTestsAccelerate, run_command  # noqa: E402
 
 
 class TestDreamBoothLoRASD3(ExamplesTestsAccelerate):
