@@ -208,16 +208,24 @@ def test_lora_alpha_and_text_encoder_adapters_load_at_trained_strength_in_stock_
         assert not any(hasattr(m, "lora_A") for m in getattr(pipe, frozen).modules())
 
 
-def test_resume_at_max_train_steps_trains_nothing_more(assets, tmp_path, caplog):
+def test_resume_at_max_train_steps_trains_nothing_more(assets, tmp_path, caplog, monkeypatch):
     """Upstream trains one step past --max_train_steps when resumed beyond it (a checkpoint-5 after resuming
-    checkpoint-4 with --max_train_steps 2); here the run stops, says so once, and the output is the checkpoint's."""
+    checkpoint-4 with --max_train_steps 2); here the run stops, says so once, and the output is the checkpoint's.
+    (The run also passes the dreambooth scripts' --lr_num_cycles / --lr_power: diffusers' get_scheduler gets them.)"""
+    import diffusers.optimization
     from safetensors.torch import load_file
+
+    calls: list[dict] = []
+    real = diffusers.optimization.get_scheduler
+    monkeypatch.setattr(diffusers.optimization, "get_scheduler", lambda *a, **kw: calls.append(kw) or real(*a, **kw))
 
     out = tmp_path / "out"
     argv = ["--pretrained_model_name_or_path", assets["sd"], "--train_data_dir", assets["images"], "--resolution", "64",
             "--bucket_step", "16", "--train_batch_size", "4", "--rank", "4", "--report_to", "none", "--seed", "0",
-            "--checkpointing_steps", "2", "--output_dir", str(out)]
+            "--checkpointing_steps", "2", "--output_dir", str(out), "--lr_scheduler", "cosine_with_restarts",
+            "--lr_num_cycles", "3", "--lr_power", "2.0"]
     run_script([*argv, "--max_train_steps", "2"])
+    assert calls and calls[0]["num_cycles"] == 3 and calls[0]["power"] == 2.0
     with caplog.at_level(logging.WARNING, logger=script.logger.name):
         stats = run_script([*argv, "--max_train_steps", "1", "--resume_from_checkpoint", "checkpoint-2"])
     assert stats["global_step"] == 2 and stats["losses"] == []
