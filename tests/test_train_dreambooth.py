@@ -138,6 +138,26 @@ def test_use_dora_trains_dora_adapters(assets):
     assert unet.peft_config["default"].use_dora
 
 
+def test_text_encoder_lr_and_weight_decay_are_the_encoders_parameter_group(assets):
+    """--text_encoder_lr / --adam_weight_decay_text_encoder set the encoders' optimizer group, as upstream; without
+    them the encoders train with --learning_rate and --adam_weight_decay (train_text_to_image_lora_sdxl.py)."""
+    from diffusers import StableDiffusionPipeline
+
+    base = ["--pretrained_model_name_or_path", "m", "--train_data_dir", "d", "--rank", "2", "--train_text_encoder"]
+    for extra, group in (([], {}), (["--text_encoder_lr", "5e-6", "--adam_weight_decay_text_encoder", "1e-3"],
+                                    {"lr": 5e-6, "weight_decay": 1e-3})):
+        pipe = StableDiffusionPipeline.from_pretrained(assets["sd"])
+        models = script.Models(None, [pipe.tokenizer], [pipe.text_encoder], None, pipe.unet, sdxl=False)
+        args = script.parse_args([*base, *extra])
+        groups = script.setup_lora(args, models, torch.float32)
+        optimizer = script.make_optimizer(args, groups)
+        unet_group, te_group = optimizer.param_groups
+        assert unet_group["lr"] == args.learning_rate and unet_group["weight_decay"] == args.adam_weight_decay
+        assert te_group["lr"] == group.get("lr", args.learning_rate)
+        assert te_group["weight_decay"] == group.get("weight_decay", args.adam_weight_decay)
+        assert te_group["params"] and all(p.requires_grad for p in te_group["params"])
+
+
 def test_a_missing_tracker_warns_once_and_training_goes_on(monkeypatch, caplog, tmp_path):
     """The default --report_to tensorboard, not installed: one warning, then no tracker (accelerate's behaviour)."""
     monkeypatch.setitem(script.TRACKERS, "tensorboard", ("no_such_module_for_issue_22",))
