@@ -8,6 +8,7 @@ at or past ``--max_train_steps`` (issue 22; tests/upstream/ runs diffusers' own 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from pathlib import Path
@@ -28,14 +29,22 @@ assets = test_train.assets  # the session's tiny SD / SDXL and photo folder
 _clean_accelerate_state = test_train._clean_accelerate_state
 
 
+@contextlib.contextmanager
+def _threads(n: int):
+    saved = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(saved)
+
+
 @pytest.fixture(autouse=True)
 def _one_thread():
     """Tiny models train fastest on one thread per xdist worker (two workers with two threads each on two cores
     spend most of their time waiting for each other)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+    with _threads(1):
+        yield
 
 
 def fake_model(root: Path, family: str, pipeline: str) -> str:
@@ -171,6 +180,22 @@ def test_a_missing_tracker_warns_once_and_training_goes_on(monkeypatch, caplog, 
 
 
 # ------------------------------------------------------------------- runs: strength in stock diffusers
+@pytest.fixture(scope="session")
+def sd_lora_alpha(assets, shared_artifact) -> Path:
+    """An SD LoRA trained with --rank 4 --lora_alpha 8 (one step). Shared: test_portable_outputs.py loads it in a
+    process where ``import hf_arb`` fails and checks its strength there (2.0)."""
+    def build(root: Path) -> str:
+        out = root / "out"
+        with _threads(1):
+            run_script(["--pretrained_model_name_or_path", assets["sd"], "--train_data_dir", assets["images"],
+                        "--resolution", "64", "--bucket_step", "16", "--train_batch_size", "4", "--max_train_steps",
+                        "1", "--rank", "4", "--lora_alpha", "8", "--report_to", "none", "--seed", "0",
+                        "--output_dir", str(out)])
+        return str(out)
+
+    return Path(shared_artifact("train-sd-lora-alpha", build))
+
+
 def _lora_module(model: torch.nn.Module) -> tuple[str, torch.nn.Module]:
     return next((n, m) for n, m in model.named_modules() if hasattr(m, "lora_A") and len(m.lora_A))
 
