@@ -571,7 +571,8 @@ def check_dreambooth_flags(args: argparse.Namespace) -> None:
         raise UsageError(f"--instance_data_dir {args.instance_data_dir} and --"
                          f"{'dataset_name' if args.dataset_name else 'train_data_dir'} both name the training data: "
                          "pass only one.")
-    if args.instance_data_dir is not None and args.instance_prompt is None and not args.caption_column_given:
+    named_captions = getattr(args, "caption_column_given", False)  # --caption_column was on the command line
+    if args.instance_data_dir is not None and args.instance_prompt is None and not named_captions:
         raise UsageError(f"--instance_data_dir {args.instance_data_dir} needs --instance_prompt (every image's "
                          "caption) or --caption_column (a caption column of the folder's metadata.jsonl).")
     if args.streaming and (args.instance_prompt is not None or args.instance_data_dir is not None):
