@@ -2,8 +2,8 @@
 at or past ``--max_train_steps`` (issue 22; tests/upstream/ runs diffusers' own tests of these scripts).
 
 ``tests/fixtures/upstream_dreambooth_flags.json`` holds the argparse flags of diffusers'
-``train_dreambooth_lora_sd3.py``, ``_flux.py`` and ``_sdxl.py`` (huggingface/diffusers @ 58eb52c0), read statically with
-``scripts/extract_upstream_flags.py``'s ``flags_of``.
+``train_dreambooth_lora_sd3.py``, ``_flux.py`` and ``_sdxl.py`` (huggingface/diffusers @ 58eb52c0), written by
+``python scripts/extract_upstream_flags.py --git_dir <diffusers.git> --dreambooth``.
 """
 
 from __future__ import annotations
