@@ -61,7 +61,7 @@ def run_command(command: list[str], return_stdout: bool = False) -> None:
     assert command[:2] == ["accelerate", "launch"], command
     script = SCRIPTS[Path(command[2]).name]
     argv = [str(script), *(_substitute(t) for t in command[3:])]
-    saved, threads = sys.argv, torch.get_num_threads()
+    saved, path, threads = sys.argv, list(sys.path), torch.get_num_threads()
     sys.argv = argv
     torch.set_num_threads(1)  # tiny models: one thread per xdist worker instead of every worker using every core
     try:
@@ -70,7 +70,7 @@ def run_command(command: list[str], return_stdout: bool = False) -> None:
         if e.code not in (0, None):
             raise RuntimeError(f"{' '.join(argv)} exited with status {e.code}") from e
     finally:
-        sys.argv = saved
+        sys.argv, sys.path[:] = saved, path  # (the LoRA entry point puts the repository on sys.path)
         torch.set_num_threads(threads)
         AcceleratorState._reset_state(reset_partial_state=True)
         GradientState._reset_state()
