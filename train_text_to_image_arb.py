@@ -18,8 +18,9 @@ default where the scheduler shifts dynamically, as Flux's does) every batch's si
 the stock pipeline uses for that bucket's height x width.
 
 ``--rank N`` (or ``--lora``) trains LoRA adapters with peft instead of the whole UNet and writes
-``pytorch_lora_weights.safetensors``; ``--full_finetune`` asks for a full fine-tune explicitly, which a learning rate
-of 5e-5 or more requires (see docs/training.md, "LoRA"). Every output folder loads in plain diffusers.
+``pytorch_lora_weights.safetensors``; without them it is a full fine-tune, as upstream (a learning rate of 5e-5 or
+more warns once unless ``--full_finetune`` says so; see docs/training.md, "LoRA"). Every output folder loads in plain
+diffusers.
 
 Launch (real commands; every flag is documented in docs/training.md):
 
@@ -119,7 +120,7 @@ LR_SCHEDULERS = ("linear", "cosine", "cosine_with_restarts", "polynomial", "cons
 #: --report_to values and the module each needs.
 TRACKERS = {"tensorboard": ("tensorboard", "tensorboardX"), "wandb": ("wandb",), "comet_ml": ("comet_ml",),
             "all": (), "none": ()}
-#: Without --lora / --rank / --full_finetune, a learning rate at or above this is ambiguous (LoRA's range).
+#: Without --lora / --rank / --full_finetune, a learning rate at or above this (LoRA's range) warns once.
 LORA_LR_THRESHOLD = 5e-5
 DEFAULT_RANK = 4  # diffusers' LoRA scripts' --rank default
 #: Appended to a help text whose default is explained in words: ArgumentDefaultsHelpFormatter then adds nothing.
@@ -149,7 +150,8 @@ def build_parser() -> argparse.ArgumentParser:
       help="Train LoRA adapters (peft) instead of every UNet weight, as train_text_to_image_lora*.py; writes "
            "pytorch_lora_weights.safetensors. Implied by --rank.")
     a("--full_finetune", action="store_true",
-      help="Fine-tune every UNet weight. Needed when --learning_rate is >= 5e-5 (a LoRA rate) and no --rank/--lora.")
+      help="Fine-tune every UNet weight (the default without --rank/--lora); silences the warning a LoRA-range "
+           "--learning_rate (>= 5e-5) gives.")
     a("--rank", type=int, default=None,
       help=f"The dimension of the LoRA update matrices; giving it selects LoRA (default in LoRA mode: {DEFAULT_RANK})."
            + NO_DEFAULT)
@@ -234,6 +236,38 @@ def build_parser() -> argparse.ArgumentParser:
     a("--lora_layers", type=str, default=None,
       help="SD3/Flux LoRA: comma-separated transformer modules to adapt (default: those of diffusers' "
            "train_dreambooth_lora_sd3/flux.py)." + NO_DEFAULT)
+    a("--lora_blocks", type=str, default=None,
+      help="SD3/Flux LoRA: comma-separated transformer block indices; only the --lora_layers of "
+           "transformer_blocks.<i> are adapted (train_dreambooth_lora_sd3.py's flag).")
+    # --- diffusers' dreambooth LoRA scripts (train_dreambooth_lora_sd3/flux/sdxl.py): a folder of images + one prompt
+    a("--instance_data_dir", type=str, default=None,
+      help="A folder of images (dreambooth): trained with --instance_prompt as every caption, or with the folder's "
+           "--caption_column (metadata.jsonl) when that flag is given.")
+    a("--instance_prompt", type=str, default=None,
+      help="The caption of every image (dreambooth), unless --caption_column is given.")
+    a("--repeats", type=int, default=1, help="How many times to repeat the training data.")
+    a("--text_encoder_lr", type=float, default=None,
+      help="--train_text_encoder: the text encoders' learning rate (default: --learning_rate, as "
+           "train_text_to_image_lora_sdxl.py; the dreambooth scripts default to 5e-6)." + NO_DEFAULT)
+    a("--adam_weight_decay_text_encoder", type=float, default=None,
+      help="--train_text_encoder: the text encoders' weight decay (default: --adam_weight_decay)." + NO_DEFAULT)
+    a("--lr_num_cycles", type=int, default=1, help="Number of hard resets of the lr in cosine_with_restarts.")
+    a("--lr_power", type=float, default=1.0, help="Power factor of the polynomial scheduler.")
+    a("--optimizer", type=str, default="AdamW", help="AdamW (prodigy is refused: not supported by this script).")
+    a("--prodigy_beta3", type=float, default=None, help="Refused: configures --optimizer prodigy.")
+    a("--prodigy_decouple", type=bool, default=True, help="Refused unless True: configures --optimizer prodigy.")
+    a("--prodigy_use_bias_correction", type=bool, default=True, help="Refused unless True: configures prodigy.")
+    a("--prodigy_safeguard_warmup", type=bool, default=True, help="Refused unless True: configures prodigy.")
+    a("--use_dora", action="store_true",
+      help="LoRA: train DoRA adapters (peft use_dora), as the SDXL dreambooth script.")
+    a("--upcast_before_saving", action="store_true",
+      help="Accepted; always the case here: the adapters train and are saved in float32.")
+    for flag in ("with_prior_preservation", "do_edm_style_training", "output_kohya_format"):
+        a(f"--{flag}", action="store_true", help="Refused: not supported by this script (the error says why).")
+    for flag, kind, default in (("class_data_dir", str, None), ("class_prompt", str, None),
+                                ("prior_loss_weight", float, 1.0), ("num_class_images", int, 100),
+                                ("sample_batch_size", int, 4), ("prior_generation_precision", str, None)):
+        a(f"--{flag}", type=kind, default=default, help="Refused: prior preservation is not supported.")
     # --- packing (SD3 / Flux): NaViT packs of images at their own size instead of buckets (docs/packing.md)
     a("--packing", action="store_true",
       help="SD3/Flux: train packs of images at their own size and aspect (no bucket crop) in one token sequence "
@@ -366,20 +400,18 @@ def detect_family(model: str) -> str:
 
 
 def resolve_mode(args: argparse.Namespace) -> None:
-    """Set ``args.lora``: LoRA if --lora or --rank; full if --full_finetune; a LoRA-rate command without either is
-    an error (it used to silently become a full fine-tune)."""
+    """Set ``args.lora``: LoRA if --lora or --rank, else a full fine-tune, as upstream (a LoRA-range rate without
+    --full_finetune warns once, naming --rank)."""
     lora = args.lora or args.rank is not None
     if lora and args.full_finetune:
         raise UsageError("--full_finetune contradicts --lora/--rank: pick one training mode.")
-    if not lora and not args.full_finetune and args.learning_rate >= LORA_LR_THRESHOLD:
-        raise UsageError(
-            f"--learning_rate {args.learning_rate:g} is a LoRA learning rate but no training mode was chosen: add "
-            f"--rank {DEFAULT_RANK} (or --lora) to train LoRA adapters like train_text_to_image_lora.py, or "
-            "--full_finetune to fine-tune every UNet weight at this rate (diffusers' full fine-tune examples use 1e-05)."
-        )
+    if not lora and not args.full_finetune and args.learning_rate >= LORA_LR_THRESHOLD:  # upstream's default: 1e-4
+        logger.warning("--learning_rate %g with no --rank: a full fine-tune of every weight, as train_text_to_image.py "
+                       "(its examples use 1e-05); for LoRA add --rank %d (or --lora).", args.learning_rate,
+                       DEFAULT_RANK)
     if not lora:
         for flag, given in (("--train_text_encoder", args.train_text_encoder), ("--lora_alpha", args.lora_alpha),
-                            ("--lora_dropout", args.lora_dropout)):
+                            ("--lora_dropout", args.lora_dropout), ("--use_dora", args.use_dora)):
             if given:
                 raise UsageError(f"{flag} configures LoRA training: add --rank {DEFAULT_RANK} (or --lora), or drop {flag}.")
     args.lora = lora
@@ -398,14 +430,15 @@ def check_values(args: argparse.Namespace) -> None:
     """Range checks, phrased in flags."""
     positive = ("train_batch_size", "gradient_accumulation_steps", "resolution", "bucket_step", "bucket_min_side",
                 "bucket_max_side", "checkpointing_steps",
-                "num_train_epochs", "max_train_steps", "num_validation_images", "validation_epochs",
+                "num_train_epochs", "max_train_steps", "validation_epochs", "repeats", "lr_num_cycles",
                 "num_validation_inference_steps", "latent_cache_variants", "checkpoints_total_limit", "rank",
                 "resolution_embed_dim", "power_sgd_rank", "max_train_samples", "max_pixels_per_batch")
     for name in positive:
         value = getattr(args, name)
         if value is not None and value < 1:
             raise UsageError(f"--{name} must be >= 1, got {value}.")
-    for name in ("dataloader_num_workers", "lr_warmup_steps", "noise_offset", "input_perturbation"):
+    for name in ("dataloader_num_workers", "lr_warmup_steps", "noise_offset", "input_perturbation",
+                 "num_validation_images"):  # 0 validation images: no validation (as upstream passes it)
         if getattr(args, name) < 0:
             raise UsageError(f"--{name} must be >= 0, got {getattr(args, name)}.")
     if not args.learning_rate > 0:
@@ -443,6 +476,7 @@ def check_values(args: argparse.Namespace) -> None:
     check_streaming_flags(args)
     check_bucket_flags(args)
     check_packing_flags(args)
+    check_dreambooth_flags(args)
     if args.max_pixels_per_batch is not None and (args.no_bucket_sync or args.streaming):
         raise UsageError(f"--max_pixels_per_batch needs every device in the same bucket at each step: drop "
                          f"{'--no_bucket_sync' if args.no_bucket_sync else '--streaming'} or --max_pixels_per_batch.")
@@ -481,11 +515,12 @@ def check_bucket_flags(args: argparse.Namespace) -> None:
 #: flags of the UNet (epsilon / v-prediction) objective, and their "not given" values
 UNET_ONLY_FLAGS = {"snr_gamma": None, "dream_training": False, "prediction_type": None, "input_perturbation": 0,
                    "noise_offset": 0, "timestep_bias_strategy": "none", "resolution_conditioning": False,
-                   "use_ema": False, "train_text_encoder": False}
+                   "use_ema": False}
 #: flags of the flow-matching (SD3 / Flux) objective, and their defaults
 FLOW_ONLY_FLAGS = {"weighting_scheme": None, "logit_mean": 0.0, "logit_std": 1.0, "mode_scale": 1.29,
                    "precondition_outputs": None, "guidance_scale": 3.5, "max_sequence_length": None,
-                   "shift_by_resolution": None, "lora_layers": None}
+                   "shift_by_resolution": None, "lora_layers": None,
+                   "lora_blocks": None}
 FLOW_FAMILIES = ("sd3", "flux")  # = hf_arb.families.FLOW_FAMILIES (without importing it before --help answers)
 
 
@@ -500,6 +535,58 @@ def check_family_flags(args: argparse.Namespace) -> None:
                 + (" (SD3/Flux train with --weighting_scheme and --shift_by_resolution instead)." if flow else "."))
     if flow and args.max_sequence_length is not None and args.max_sequence_length < 1:
         raise UsageError(f"--max_sequence_length must be >= 1, got {args.max_sequence_length}.")
+
+
+#: flags of diffusers' dreambooth LoRA scripts this script does not support, with their defaults and the reason
+UNSUPPORTED_DREAMBOOTH_FLAGS = {
+    "with_prior_preservation": (False, "prior preservation (class images generated and trained alongside) is not "
+                                       "supported; train on a dataset that includes the class images instead"),
+    "class_data_dir": (None, "prior preservation is not supported"), "class_prompt": (None, "prior preservation is "
+                                                                                            "not supported"),
+    "prior_loss_weight": (1.0, "prior preservation is not supported"),
+    "num_class_images": (100, "prior preservation is not supported"),
+    "sample_batch_size": (4, "it sizes prior preservation's class-image generation, which is not supported"),
+    "prior_generation_precision": (None, "prior preservation is not supported"),
+    "do_edm_style_training": (False, "EDM-style training (Playground v2.5) is not supported"),
+    "output_kohya_format": (False, "kohya-format export is not supported; diffusers loads the saved "
+                                   "pytorch_lora_weights.safetensors, and diffusers.utils.convert_state_dict_to_kohya "
+                                   "converts it"),
+    "prodigy_beta3": (None, "it configures --optimizer prodigy, which is not supported"),
+    "prodigy_decouple": (True, "it configures --optimizer prodigy, which is not supported"),
+    "prodigy_use_bias_correction": (True, "it configures --optimizer prodigy, which is not supported"),
+    "prodigy_safeguard_warmup": (True, "it configures --optimizer prodigy, which is not supported"),
+}
+
+
+def check_dreambooth_flags(args: argparse.Namespace) -> None:
+    """The dreambooth scripts' flags: a folder + one prompt, LoRA blocks and text-encoder options work; the rest
+    (prior preservation, prodigy, EDM, kohya export) are refused in one line saying why."""
+    for flag, (default, why) in UNSUPPORTED_DREAMBOOTH_FLAGS.items():
+        if getattr(args, flag) != default:
+            raise UsageError(f"--{flag} {getattr(args, flag)}: {why}. Drop --{flag}.")
+    if args.optimizer.lower() != "adamw":
+        raise UsageError(f"--optimizer {args.optimizer}: only AdamW is supported (with --use_8bit_adam for 8-bit "
+                         "AdamW); prodigy is not. Pass --optimizer AdamW or drop it.")
+    if args.instance_data_dir is not None and (args.dataset_name or args.train_data_dir):
+        raise UsageError(f"--instance_data_dir {args.instance_data_dir} and --"
+                         f"{'dataset_name' if args.dataset_name else 'train_data_dir'} both name the training data: "
+                         "pass only one.")
+    named_captions = getattr(args, "caption_column_given", False)  # --caption_column was on the command line
+    if args.instance_data_dir is not None and args.instance_prompt is None and not named_captions:
+        raise UsageError(f"--instance_data_dir {args.instance_data_dir} needs --instance_prompt (every image's "
+                         "caption) or --caption_column (a caption column of the folder's metadata.jsonl).")
+    if args.streaming and (args.instance_prompt is not None or args.instance_data_dir is not None):
+        raise UsageError("--instance_data_dir / --instance_prompt are not supported with --streaming: write the "
+                         "captions into the annotated shards and pass them with --train_data_dir.")
+    if args.lora_blocks is not None:
+        try:
+            [int(b) for b in args.lora_blocks.split(",")]
+        except ValueError:
+            raise UsageError(f"--lora_blocks {args.lora_blocks!r}: expected comma-separated block indices, "
+                             "e.g. 0,12.") from None
+    for flag in ("text_encoder_lr", "adam_weight_decay_text_encoder"):
+        if getattr(args, flag) is not None and not args.train_text_encoder:
+            raise UsageError(f"--{flag} configures the text encoders' LoRA: add --train_text_encoder or drop --{flag}.")
 
 
 def check_streaming_flags(args: argparse.Namespace) -> None:
@@ -553,11 +640,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     else the Hub id's name) and the training mode; ``args.family`` records the family they were chosen for.
     """
     args = build_parser().parse_args(argv)
+    given = sys.argv[1:] if argv is None else argv
+    args.caption_column_given = any(str(t).split("=")[0] == "--caption_column" for t in given)
     env_local_rank = int(os.environ.get("LOCAL_RANK", -1))
     if env_local_rank != -1 and env_local_rank != args.local_rank:
         args.local_rank = env_local_rank
-    if args.dataset_name is None and args.train_data_dir is None:
-        raise UsageError("Need either a dataset name or a training folder: pass --dataset_name or --train_data_dir.")
+    if args.dataset_name is None and args.train_data_dir is None and args.instance_data_dir is None:
+        raise UsageError("Need either a dataset name or a training folder: pass --dataset_name or --train_data_dir "
+                         "(or --instance_data_dir with --instance_prompt).")
     if args.non_ema_revision is None:
         args.non_ema_revision = args.revision
     if args.validation_prompt and not args.validation_prompts:
@@ -573,6 +663,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                 value = f"{args.family}-model-finetuned" + ("-lora" if args.lora else "")
             setattr(args, name, value)
             args.family_defaults[name] = value
+    if args.num_validation_images == 0:  # upstream's tests turn validation off this way
+        args.validation_prompts = None
     check_values(args)
     return args
 
@@ -593,15 +685,24 @@ def check_environment(args: argparse.Namespace) -> None:
                 raise UsageError(f"--{flag} {value}: the folder is not a diffusers model (no model_index.json).")
         elif path.exists() or not hub_id.match(value) or value.count("/") > 1:
             raise UsageFileError(f"--{flag} {value}: no such model folder, and not a Hub id (like org/name).")
-    if args.dataset_name is None and not Path(args.train_data_dir).is_dir():
-        raise UsageFileError(f"--train_data_dir {args.train_data_dir}: no such folder.")
+    folder_flag = "instance_data_dir" if args.instance_data_dir is not None else "train_data_dir"
+    if args.dataset_name is None and not Path(getattr(args, folder_flag)).is_dir():
+        raise UsageFileError(f"--{folder_flag} {getattr(args, folder_flag)}: no such folder.")
     if args.dataset_name and args.dataset_name.startswith(("/", "./", "../", "~")) and not Path(
             args.dataset_name).expanduser().exists():
         raise UsageFileError(f"--dataset_name {args.dataset_name}: no such local dataset.")
-    for r in (r.strip() for r in str(args.report_to).split(",")):
+    reports = [r.strip() for r in str(args.report_to).split(",")]
+    for r in list(reports):
         needs = TRACKERS.get(r, ())
         if needs and not any(importlib.util.find_spec(m) for m in needs):
-            raise UsageError(f"--report_to {r} needs `pip install {needs[0]}` (not installed); or pass --report_to none.")
+            if r == "wandb":  # as upstream, which raises for wandb only
+                raise UsageError(f"--report_to {r} needs `pip install {needs[0]}` (not installed); or pass --report_to "
+                                 "none.")
+            # accelerate skips a tracker that is not installed, with a warning; so does this script, once
+            logger.warning("--report_to %s: %s is not installed, so the run goes on without it (`pip install %s` to "
+                           "log to it, or --report_to none to silence this).", r, needs[0], needs[0])
+            reports.remove(r)
+    args.report_to = ",".join(reports) or "none"
     for flag, module in (("use_8bit_adam", "bitsandbytes"), ("enable_xformers_memory_efficient_attention", "xformers"),
                          ("enable_npu_flash_attention", "torch_npu")):
         if getattr(args, flag) and importlib.util.find_spec(module) is None:
@@ -940,20 +1041,35 @@ def make_optimizer(args: argparse.Namespace, params: Any) -> torch.optim.Optimiz
 
 
 # ================================================================================================ LoRA
-def setup_lora(args: argparse.Namespace, models: Models, weight_dtype: torch.dtype) -> list[torch.nn.Parameter]:
-    """Add LoRA adapters to the UNet (and, with --train_text_encoder, every text encoder); frozen base weights go
-    to the mixed-precision dtype, the adapters stay float32. Returns the trainable parameters."""
+def setup_lora(args: argparse.Namespace, models: Models, weight_dtype: torch.dtype) -> list[Any]:
+    """Add LoRA adapters to the UNet (and, with --train_text_encoder, the text encoders of
+    :func:`lora_text_encoders`); frozen base weights go to the mixed-precision dtype, the adapters stay float32.
+    Returns the trainable parameters (with --train_text_encoder: optimizer parameter groups, the encoders' with
+    --text_encoder_lr / --adam_weight_decay_text_encoder where given)."""
     from hf_arb.lora import TEXT_ENCODER_TARGET_MODULES, UNET_TARGET_MODULES, add_lora
 
-    kw = {"rank": args.rank, "alpha": args.lora_alpha, "dropout": args.lora_dropout, "dtype": weight_dtype}
+    kw = {"rank": args.rank, "alpha": args.lora_alpha, "dropout": args.lora_dropout, "dtype": weight_dtype,
+          "use_dora": args.use_dora}
     targets: Any = UNET_TARGET_MODULES
     if models.flow is not None:  # diffusers' dreambooth_lora_sd3/flux targets, or --lora_layers
         targets = [m.strip() for m in args.lora_layers.split(",")] if args.lora_layers else models.flow.lora_target_modules
+        if args.lora_blocks is not None:  # train_dreambooth_lora_sd3.py: those modules of these blocks only
+            targets = [f"transformer_blocks.{int(b)}.{m}" for b in args.lora_blocks.split(",") for m in targets]
     params = add_lora(models.unet, target_modules=targets, **kw)
     if args.train_text_encoder:
-        for te in models.text_encoders:
-            params += add_lora(te, target_modules=TEXT_ENCODER_TARGET_MODULES, **kw)
+        groups: list[Any] = [{"params": params}]  # the encoders' group: --learning_rate (scaled) unless told
+        options = {k: v for k, v in (("lr", args.text_encoder_lr),
+                                     ("weight_decay", args.adam_weight_decay_text_encoder)) if v is not None}
+        for te in lora_text_encoders(models):
+            groups.append({"params": add_lora(te, target_modules=TEXT_ENCODER_TARGET_MODULES, **kw), **options})
+        return groups
     return params
+
+
+def lora_text_encoders(models: Models) -> list[Any]:
+    """The text encoders --train_text_encoder adapts: SD / SDXL all; SD3 its two CLIPs, Flux its CLIP (not T5), as
+    diffusers' dreambooth LoRA scripts."""
+    return models.text_encoders if models.flow is None else models.text_encoders[:models.flow.lora_text_encoders]
 
 
 def register_lora_checkpoint_hooks(accelerator: Any, models: Models, args: argparse.Namespace) -> None:
@@ -1019,12 +1135,30 @@ def load_raw_dataset(args: argparse.Namespace) -> Any:
             ds = datasets.load_dataset(args.dataset_name, args.dataset_config_name, cache_dir=args.cache_dir,
                                        data_dir=args.train_data_dir)
     else:
-        ds = datasets.load_dataset("imagefolder", data_files={"train": os.path.join(args.train_data_dir, "**")},
+        folder = args.train_data_dir if args.instance_data_dir is None else args.instance_data_dir
+        ds = datasets.load_dataset("imagefolder", data_files={"train": os.path.join(folder, "**")},
                                    cache_dir=args.cache_dir)
     if isinstance(ds, datasets.DatasetDict):
         if "train" not in ds:
             raise UsageError(f"The dataset has no 'train' split; its splits are {list(ds)}.")
         ds = ds["train"]
+    return instance_captions(args, ds)
+
+
+def instance_captions(args: argparse.Namespace, ds: Any) -> Any:
+    """The dreambooth scripts' data flags: ``--instance_prompt`` (without ``--caption_column``) is every image's
+    caption; ``--repeats N`` repeats the rows N times (logged)."""
+    import datasets
+    import pyarrow as pa
+
+    if args.instance_prompt is not None and not getattr(args, "caption_column_given", False):
+        if args.caption_column in ds.column_names:
+            ds = ds.remove_columns(args.caption_column)
+        ds = ds.add_column(args.caption_column, pa.repeat(pa.scalar(args.instance_prompt), len(ds)))
+        logger.info("--instance_prompt: every image's caption is %r.", args.instance_prompt)
+    if args.repeats > 1:
+        logger.info("--repeats %d: %d rows trained as %d.", args.repeats, len(ds), len(ds) * args.repeats)
+        ds = datasets.concatenate_datasets([ds] * args.repeats)
     return ds
 
 
@@ -1470,7 +1604,8 @@ class TextEncoder:
 
     def _encode_inner(self, captions: list[str]) -> tuple[torch.Tensor, torch.Tensor | None]:
         if self.models.flow is not None:  # SD3 / Flux: the family's own prompt encoding
-            h, p = self.models.flow.encode_prompts(self.models.tokenizers, self.models.text_encoders, captions,
+            encoders = [*(self.trained or []), *self.models.text_encoders[len(self.trained or []):]]
+            h, p = self.models.flow.encode_prompts(self.models.tokenizers, encoders, captions,
                                                    self.device, self.models.flow_options.max_sequence_length)
             return h.to(self.dtype), p.to(self.dtype)
         hidden, pooled = [], None
@@ -1867,7 +2002,8 @@ def save_model_card(args: argparse.Namespace, repo_id: str, buckets: Any, *, sdx
         f"from {bucket_origin(args)}",
         f"* steps: {stats.get('global_step') if stats else args.max_train_steps}, batch size {args.train_batch_size} "
         f"per device, gradient accumulation {args.gradient_accumulation_steps}, learning rate {args.learning_rate}",
-        f"* mixed precision: {args.mixed_precision}; dataset: {args.dataset_name or args.train_data_dir}", "",
+        f"* mixed precision: {args.mixed_precision}; dataset: "
+        f"{args.dataset_name or args.train_data_dir or args.instance_data_dir}", "",
     ]
     if getattr(args, "lora", False):
         body += [f"LoRA adapters (rank {args.rank}, alpha {args.lora_alpha or args.rank}) on the "
@@ -2106,7 +2242,8 @@ def main(argv: list[str] | argparse.Namespace | None = None) -> dict[str, Any]:
         index = None
     lr_scheduler = get_scheduler(args.lr_scheduler, optimizer=optimizer,
                                  num_warmup_steps=schedule.scheduler_warmup_steps,
-                                 num_training_steps=schedule.scheduler_training_steps)
+                                 num_training_steps=schedule.scheduler_training_steps,
+                                 num_cycles=args.lr_num_cycles, power=args.lr_power)
     # as diffusers' scripts: one plain prepare call; the sampler's global plan is dealt to the ranks by accelerate
     from hf_arb.sampling.accelerate import fill_deepspeed_micro_batch
 
@@ -2114,7 +2251,7 @@ def main(argv: list[str] | argparse.Namespace | None = None) -> dict[str, Any]:
         fill_deepspeed_micro_batch(accelerator, sampler)  # DeepSpeed cannot read a batch sampler's batch size
     if args.lora and args.train_text_encoder:
         unet, *encoders, optimizer, dataloader, lr_scheduler = accelerator.prepare(
-            packed_model(args, models), *models.text_encoders, optimizer, dataloader, lr_scheduler)
+            packed_model(args, models), *lora_text_encoders(models), optimizer, dataloader, lr_scheduler)
         models.trained_text_encoders = encoders
     else:
         unet, optimizer, dataloader, lr_scheduler = accelerator.prepare(packed_model(args, models), optimizer,
@@ -2123,7 +2260,7 @@ def main(argv: list[str] | argparse.Namespace | None = None) -> dict[str, Any]:
         accelerator.register_for_checkpointing(sampler)  # its plan check refuses a checkpoint of another dataset/seed
     if models.ema_unet is not None:
         models.ema_unet.to("cpu" if args.offload_ema else accelerator.device)
-    for te in models.text_encoders if models.trained_text_encoders is None else []:
+    for te in models.text_encoders[len(models.trained_text_encoders or []):]:  # the frozen ones
         place(te, accelerator.device, weight_dtype)
     place(models.vae, accelerator.device, torch.float32 if models.sdxl and not args.pretrained_vae_model_name_or_path
                   else weight_dtype)
@@ -2139,6 +2276,10 @@ def main(argv: list[str] | argparse.Namespace | None = None) -> dict[str, Any]:
     if stream is not None and resume_dir is not None:
         restore_stream(accelerator, stream, resume_dir, progress)
     check_resumed_step(args, accelerator, progress, sampler, optimizer, resume_dir)
+    if resume_dir is not None and progress.global_step >= schedule.max_train_steps:
+        logger.warning("%s is at step %d, at or past --max_train_steps %d: nothing is left to train, so its weights "
+                       "are saved as the final output (diffusers' scripts would train one more step).", resume_dir.name,
+                       progress.global_step, schedule.max_train_steps)
     resolution_dim = None
     if args.resolution_conditioning and not models.sdxl:
         from hf_arb.conditioning import resolution_embed_dim
@@ -2151,7 +2292,8 @@ def main(argv: list[str] | argparse.Namespace | None = None) -> dict[str, Any]:
                  latents_repaired=index.repaired if index else None,
                  bad_images=report_bad_images(args, accelerator), num_processes=accelerator.num_processes,
                  sdxl=models.sdxl, family=models.family, seed=args.seed, schedule=schedule.__dict__, lora=args.lora,
-                 trainable_parameters=sum(p.numel() for p in trainable))
+                 trainable_parameters=sum(p.numel() for g in trainable for p in (g["params"] if isinstance(g, dict)
+                                                                                 else [g])))
     if stream is not None:
         stats["stream_report"] = stream.report().to_dict()
     if args.packing:

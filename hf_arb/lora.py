@@ -6,8 +6,9 @@ The training script's LoRA mode uses these helpers; they follow diffusers' ``tra
   (``init_lora_weights="gaussian"``, ``lora_alpha`` defaulting to the rank, as upstream) and keeps the adapter's
   trainable parameters in float32 (mixed precision trains fp32 LoRA weights on a half-precision base);
 * :func:`save_lora` writes the adapters with the pipeline class's ``save_lora_weights``
-  (``get_peft_model_state_dict`` → ``convert_state_dict_to_diffusers``), so that plain diffusers loads them
-  with ``pipe.load_lora_weights(folder)``;
+  (``get_peft_model_state_dict`` → ``convert_state_dict_to_diffusers``) together with each adapter's
+  ``LoraConfig`` as ``lora_adapter_metadata`` (as diffusers' own scripts save it), so that plain diffusers loads
+  them with ``pipe.load_lora_weights(folder)`` at the trained strength (``lora_alpha / r``);
 * :func:`load_lora` puts such a file back into the adapters of a training model (checkpoint resume).
 
 Example:
@@ -28,7 +29,7 @@ from typing import Any
 import torch
 
 __all__ = ["UNET_TARGET_MODULES", "TEXT_ENCODER_TARGET_MODULES", "LORA_WEIGHTS_NAME", "add_lora", "lora_layers",
-           "save_lora", "load_lora"]
+           "save_lora", "adapter_metadata", "load_lora"]
 
 #: Attention projections of diffusers' UNet blocks, the modules diffusers' LoRA scripts adapt.
 UNET_TARGET_MODULES: tuple[str, ...] = ("to_k", "to_q", "to_v", "to_out.0")
@@ -43,7 +44,8 @@ _TEXT_ENCODER_PREFIXES = ("text_encoder.", "text_encoder_2.")
 
 
 def add_lora(model: Any, *, rank: int, target_modules: tuple[str, ...] | list[str], alpha: float | None = None,
-             dropout: float = 0.0, dtype: torch.dtype = torch.float32) -> list[torch.nn.Parameter]:
+             dropout: float = 0.0, dtype: torch.dtype = torch.float32, use_dora: bool = False
+             ) -> list[torch.nn.Parameter]:
     """Freeze ``model``, cast it to ``dtype``, add a LoRA adapter; return the (float32) trainable parameters.
 
     Args:
@@ -53,6 +55,7 @@ def add_lora(model: Any, *, rank: int, target_modules: tuple[str, ...] | list[st
         alpha: ``lora_alpha`` (default: ``rank``, i.e. scale 1, as diffusers' text-to-image LoRA scripts).
         dropout: LoRA dropout probability.
         dtype: dtype of the frozen base weights (the mixed-precision dtype); adapter weights stay float32.
+        use_dora: train DoRA (weight-decomposed) adapters, peft's ``use_dora``.
     """
     from diffusers.training_utils import cast_training_params
     from peft import LoraConfig
@@ -63,7 +66,7 @@ def add_lora(model: Any, *, rank: int, target_modules: tuple[str, ...] | list[st
     if model.dtype != dtype:  # (diffusers warns on every dtype cast, a no-op one too)
         model.to(dtype=dtype)
     config = LoraConfig(r=rank, lora_alpha=rank if alpha is None else alpha, lora_dropout=dropout,
-                        init_lora_weights="gaussian", target_modules=list(target_modules))
+                        init_lora_weights="gaussian", target_modules=list(target_modules), use_dora=use_dora)
     model.add_adapter(config)
     params = [p for p in model.parameters() if p.requires_grad]
     if not params:
@@ -92,11 +95,20 @@ def save_lora(pipeline_cls: Any, folder: str | Path, unet: Any, text_encoders: l
         text_encoders: text encoders carrying adapters, in pipeline order (``text_encoder``, ``text_encoder_2``).
         denoiser: ``"unet"``, or ``"transformer"`` for SD3 / Flux (``unet`` is then the transformer).
     """
-    kwargs: dict[str, Any] = {f"{denoiser}_lora_layers": lora_layers(unet, convert=denoiser == "unet")}
+    convert = denoiser == "unet"  # SD3 / Flux: peft's key names, as diffusers' dreambooth_lora_sd3/flux scripts
+    kwargs: dict[str, Any] = {f"{denoiser}_lora_layers": lora_layers(unet, convert=convert),
+                              f"{denoiser}_lora_adapter_metadata": adapter_metadata(unet)}
     for name, te in zip(_TEXT_ENCODER_KWARGS, text_encoders or []):
-        kwargs[name] = lora_layers(te)
+        kwargs[name] = lora_layers(te, convert=convert)
+        kwargs[name.replace("_layers", "_adapter_metadata")] = adapter_metadata(te)
     pipeline_cls.save_lora_weights(str(folder), **kwargs)
     return Path(folder) / LORA_WEIGHTS_NAME
+
+
+def adapter_metadata(model: Any) -> dict[str, Any]:
+    """The model's adapter configuration (``LoraConfig.to_dict()``): ``save_lora_weights`` stores it in the file's
+    ``lora_adapter_metadata`` and ``load_lora_weights`` rebuilds the adapter from it (rank, ``lora_alpha``, DoRA)."""
+    return model.peft_config["default"].to_dict()
 
 
 def load_lora(pipeline_cls: Any, folder: str | Path, unet: Any, text_encoders: list[Any] | None = None, *,
@@ -119,7 +131,8 @@ def load_lora(pipeline_cls: Any, folder: str | Path, unet: Any, text_encoders: l
         sub = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
         if not sub:
             raise ValueError(f"{Path(folder) / LORA_WEIGHTS_NAME} has no '{prefix}*' LoRA weights.")
-        result = set_peft_model_state_dict(model, convert(sub), adapter_name="default")
+        peft_keys = any(".lora_A." in k or ".lora_B." in k for k in sub)  # saved unconverted (SD3 / Flux)
+        result = set_peft_model_state_dict(model, sub if peft_keys else convert(sub), adapter_name="default")
         unexpected = getattr(result, "unexpected_keys", None)
         if unexpected:
             raise ValueError(f"LoRA weights for '{prefix}' do not fit the adapter: unexpected keys {unexpected[:5]}.")

@@ -10,6 +10,7 @@ Usage (against a local diffusers checkout, or a bare git mirror plus a revision)
 
     python scripts/extract_upstream_flags.py --diffusers_dir ~/src/diffusers
     python scripts/extract_upstream_flags.py --git_dir /path/to/diffusers.git --revision HEAD
+    python scripts/extract_upstream_flags.py --git_dir /path/to/diffusers.git --dreambooth   # the dreambooth LoRA ones
 """
 
 from __future__ import annotations
@@ -29,6 +30,10 @@ SCRIPTS = (
 )
 FOLDER = "examples/text_to_image"
 OUT = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "upstream_flags.json"
+#: --dreambooth: the dreambooth LoRA scripts whose flags the training script also takes (tests/test_train_dreambooth.py)
+DREAMBOOTH_SCRIPTS = ("train_dreambooth_lora_sd3.py", "train_dreambooth_lora_flux.py", "train_dreambooth_lora_sdxl.py")
+DREAMBOOTH_FOLDER = "examples/dreambooth"
+DREAMBOOTH_OUT = OUT.with_name("upstream_dreambooth_flags.json")
 
 
 def _value(node: ast.expr | None, source: str) -> Any:
@@ -66,22 +71,23 @@ def flags_of(source: str) -> dict[str, dict[str, Any]]:
     return out
 
 
-def read_sources(diffusers_dir: str | None, git_dir: str | None, revision: str) -> tuple[dict[str, str], dict[str, str]]:
-    """The four scripts' text, and where they came from (commit and diffusers version when known)."""
+def read_sources(diffusers_dir: str | None, git_dir: str | None, revision: str, scripts: tuple[str, ...] = SCRIPTS,
+                 folder: str = FOLDER) -> tuple[dict[str, str], dict[str, str]]:
+    """The scripts' text, and where they came from (commit and diffusers version when known)."""
     texts, origin = {}, {}
     if git_dir:
         def show(path: str) -> str:
             return subprocess.run(["git", "--git-dir", git_dir, "show", f"{revision}:{path}"], check=True,
                                   capture_output=True, text=True).stdout
 
-        texts = {s: show(f"{FOLDER}/{s}") for s in SCRIPTS}
+        texts = {s: show(f"{folder}/{s}") for s in scripts}
         commit = subprocess.run(["git", "--git-dir", git_dir, "rev-parse", revision], check=True,
                                 capture_output=True, text=True).stdout.strip()
         init = show("src/diffusers/__init__.py")
         origin["commit"] = commit
     else:
         root = Path(diffusers_dir or ".")
-        texts = {s: (root / FOLDER / s).read_text() for s in SCRIPTS}
+        texts = {s: (root / folder / s).read_text() for s in scripts}
         init = (root / "src" / "diffusers" / "__init__.py").read_text()
     for line in init.splitlines():
         if line.startswith("__version__"):
@@ -94,12 +100,17 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--diffusers_dir", help="A diffusers source checkout (its examples/text_to_image is read).")
     p.add_argument("--git_dir", help="A (bare) diffusers git directory, read with `git show`.")
     p.add_argument("--revision", default="HEAD", help="Revision to read with --git_dir.")
-    p.add_argument("--out", default=str(OUT), help="Where the JSON goes.")
+    p.add_argument("--dreambooth", action="store_true",
+                   help=f"Read {DREAMBOOTH_FOLDER}'s {', '.join(DREAMBOOTH_SCRIPTS)} instead (default --out: "
+                        f"{DREAMBOOTH_OUT.name}).")
+    p.add_argument("--out", default=None, help=f"Where the JSON goes (default: {OUT.name} or {DREAMBOOTH_OUT.name}).")
     args = p.parse_args(argv)
     if not args.diffusers_dir and not args.git_dir:
         p.error("pass --diffusers_dir or --git_dir")
-    texts, origin = read_sources(args.diffusers_dir, args.git_dir, args.revision)
-    data = {"source": {"repo": "huggingface/diffusers", "folder": FOLDER, **origin},
+    scripts, folder = (DREAMBOOTH_SCRIPTS, DREAMBOOTH_FOLDER) if args.dreambooth else (SCRIPTS, FOLDER)
+    args.out = args.out or str(DREAMBOOTH_OUT if args.dreambooth else OUT)
+    texts, origin = read_sources(args.diffusers_dir, args.git_dir, args.revision, scripts, folder)
+    data = {"source": {"repo": "huggingface/diffusers", "folder": folder, **origin},
             "scripts": {s: flags_of(t) for s, t in texts.items()}}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(data, indent=1, sort_keys=False) + "\n")

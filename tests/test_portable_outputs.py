@@ -15,6 +15,7 @@ import pytest
 import torch
 import test_fault_train
 import test_train
+import test_train_dreambooth
 import test_train_lora
 
 from hf_arb.conditioning import resolution_class_labels, sdxl_time_ids
@@ -41,8 +42,10 @@ for name, code in json.loads(sys.argv[1]).items():
     a = gen()
     extra = {"size_matters": float(np.abs(a - gen(original_size=(96, 32))).max())} if name == "conditioned" else {}
     adapters = pipe.get_active_adapters() if hasattr(pipe, "get_active_adapters") else []
+    scales = sorted({s for m in pipe.unet.modules() if isinstance(getattr(m, "scaling", None), dict)
+                     for s in m.scaling.values()})  # a LoRA layer's alpha / r, as load_lora_weights rebuilt it
     results[name] = {"cls": type(pipe).__name__, "module": type(pipe).__module__, "shape": list(a.shape),
-                     "finite": bool(np.isfinite(a).all()), "adapters": list(adapters), **extra}
+                     "finite": bool(np.isfinite(a).all()), "adapters": list(adapters), "scales": scales, **extra}
 print(json.dumps(results))
 """
 
@@ -51,6 +54,7 @@ _clean_accelerate_state = test_train._clean_accelerate_state
 # the runs whose output folders these tests load (built once per test run, whichever file asks first)
 ddp_runs = test_train.ddp_runs
 sd_lora = test_train_lora.sd_lora
+sd_lora_alpha = test_train_dreambooth.sd_lora_alpha
 ckpt_run, fault_assets = test_fault_train.ckpt_run, test_fault_train.fault_assets
 
 
@@ -71,11 +75,12 @@ def test_standalone_pipeline_file_imports_only_torch_and_diffusers():
 
 
 @pytest.fixture(scope="module")
-def outputs(ckpt_run, sd_lora, ddp_runs) -> dict[str, Path]:
-    """Three outputs of runs other files make anyway (shared artifacts, tests/conftest.py): a stock SD pipeline
-    (test_fault_train's 4-step run), an SD LoRA file (test_train_lora's README command) and a
-    resolution-conditioned SD pipeline (test_train's 2-process run)."""
-    return {"stock": ckpt_run, "lora": sd_lora["out"], "conditioned": ddp_runs["full"]}
+def outputs(ckpt_run, sd_lora, sd_lora_alpha, ddp_runs) -> dict[str, Path]:
+    """Four outputs of runs other files make anyway (shared artifacts, tests/conftest.py): a stock SD pipeline
+    (test_fault_train's 4-step run), an SD LoRA file (test_train_lora's README command), one trained with
+    --rank 4 --lora_alpha 8 (test_train_dreambooth) and a resolution-conditioned SD pipeline (test_train's 2-process
+    run)."""
+    return {"stock": ckpt_run, "lora": sd_lora["out"], "lora_alpha": sd_lora_alpha, "conditioned": ddp_runs["full"]}
 
 
 def card_code(folder: Path) -> str:
@@ -107,6 +112,9 @@ def test_every_output_loads_with_its_card_code_without_hf_arb(outputs):
         assert "hf_arb" not in r["module"], name
     assert results["stock"]["cls"] == "StableDiffusionPipeline"
     assert results["lora"]["cls"] == "StableDiffusionPipeline" and results["lora"]["adapters"]
+    # the strength it was trained with: alpha = rank (scale 1) by default, --rank 4 --lora_alpha 8 loads at 2
+    assert results["lora"]["scales"] == [1.0] and results["lora_alpha"]["scales"] == [2.0]
+    assert results["stock"]["scales"] == []
     assert results["conditioned"]["cls"] == "StableDiffusionResolutionPipeline"
     assert results["conditioned"]["size_matters"] > 0  # the folder's pipeline feeds the trained size conditioning
 

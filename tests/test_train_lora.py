@@ -42,15 +42,21 @@ def test_rank_or_lora_selects_lora_with_upstream_defaults():
     assert (args.validation_epochs, args.num_validation_images) == (1, 4)  # train_text_to_image_lora.py's
 
 
-def test_lora_rate_without_a_mode_is_an_error_naming_both_fixes():
-    with pytest.raises(script.UsageError, match=r"--learning_rate 0.0001 is a LoRA learning rate.*--rank 4 .*"
-                                                r"--full_finetune"):
-        script.parse_args(base_args())
-    with pytest.raises(script.UsageError, match="--learning_rate 0.0003"):
-        script.parse_args(base_args("--learning_rate", "3e-4"))
-    # a full fine-tune rate needs no mode flag; an explicit --full_finetune takes any rate
-    assert not script.parse_args(base_args("--learning_rate", "1e-5")).lora
-    assert not script.parse_args(base_args("--full_finetune")).lora
+def test_upstream_learning_rates_without_a_mode_are_a_full_fine_tune_with_one_warning(caplog):
+    """train_text_to_image.py's default (1e-4) and its tests' 5e-4 train every weight, as upstream; one warning
+    names --rank for those who meant LoRA. A full fine-tune rate, or --full_finetune, warns nothing."""
+    for extra, rate in (((), "0.0001"), (("--learning_rate", "5e-4"), "0.0005")):
+        caplog.clear()
+        with caplog.at_level("WARNING", logger=script.logger.name):
+            args = script.parse_args(base_args(*extra))
+        assert not args.lora
+        warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+        assert len(warnings) == 1 and f"--learning_rate {rate}" in warnings[0] and "--rank 4" in warnings[0]
+    for extra in (("--learning_rate", "1e-5"), ("--full_finetune",)):
+        caplog.clear()
+        with caplog.at_level("WARNING", logger=script.logger.name):
+            assert not script.parse_args(base_args(*extra)).lora
+        assert not [r for r in caplog.records if r.levelname == "WARNING"]
 
 
 @pytest.mark.parametrize("extra, message", [
@@ -74,7 +80,9 @@ def test_lora_adapters_are_fp32_on_a_bf16_base(assets):
     models = script.Models(pipe.scheduler, [pipe.tokenizer, pipe.tokenizer_2], [pipe.text_encoder, pipe.text_encoder_2],
                            pipe.vae, pipe.unet, sdxl=True)
     args = script.parse_args(base_args("--rank", "2", "--train_text_encoder"))
-    params = script.setup_lora(args, models, torch.bfloat16)
+    groups = script.setup_lora(args, models, torch.bfloat16)  # --train_text_encoder: UNet group + one per encoder
+    assert len(groups) == 3
+    params = [p for g in groups for p in g["params"]]
     assert params and all(p.dtype == torch.float32 and p.requires_grad for p in params)
     for model in (pipe.unet, pipe.text_encoder, pipe.text_encoder_2):
         trainable = [n for n, p in model.named_parameters() if p.requires_grad]

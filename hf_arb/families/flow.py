@@ -124,6 +124,8 @@ class FlowFamily:
     transformer_class_name: str = ""
     #: LoRA targets of diffusers' ``train_dreambooth_lora_<family>.py`` (its ``--lora_layers`` default).
     lora_target_modules: tuple[str, ...] = ()
+    #: --train_text_encoder: how many of the leading (CLIP) text encoders get LoRA, as diffusers' scripts
+    lora_text_encoders: int = 1
     default_weighting_scheme: str = "none"
     default_precondition_outputs: bool = False
     default_max_sequence_length: int = 512

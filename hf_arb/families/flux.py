@@ -87,6 +87,7 @@ class FluxFamily(FlowFamily):
     pipeline_class_name = "FluxPipeline"
     transformer_class_name = "FluxTransformer2DModel"
     lora_target_modules = FLUX_LORA_TARGET_MODULES
+    lora_text_encoders = 1  # CLIP; T5 stays frozen (train_dreambooth_lora_flux.py)
     default_weighting_scheme = "none"
     default_precondition_outputs = False
     default_max_sequence_length = 512

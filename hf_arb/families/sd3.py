@@ -72,6 +72,7 @@ class SD3Family(FlowFamily):
     pipeline_class_name = "StableDiffusion3Pipeline"
     transformer_class_name = "SD3Transformer2DModel"
     lora_target_modules = SD3_LORA_TARGET_MODULES
+    lora_text_encoders = 2  # CLIP-L and CLIP-G; T5 stays frozen (train_dreambooth_lora_sd3.py)
     default_weighting_scheme = "logit_normal"
     default_precondition_outputs = True
     default_max_sequence_length = 77
