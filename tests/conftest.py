@@ -46,6 +46,12 @@ from typing import Any
 import pytest
 from filelock import FileLock
 
+# Two xdist workers share two cores: one intra-op thread each (torchrun already gives its processes one). With
+# torch's default of one thread per core, every in-process tiny training run fought the other worker for both
+# cores (tests/upstream measured 154 worker-seconds with the default, 25 with one thread). Set before torch loads.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 
 @pytest.fixture(scope="session")
 def shared_root(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Path:
