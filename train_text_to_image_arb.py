@@ -552,7 +552,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     Family-dependent defaults (``FAMILY_DEFAULTS``) are filled from the model family (local ``unet/config.json``,
     else the Hub id's name) and the training mode; ``args.family`` records the family they were chosen for.
     """
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    args.bucket_flags_given = [f"--{n}" for n in BUCKET_TABLE_FLAGS if getattr(args, n) != parser.get_default(n)]
     env_local_rank = int(os.environ.get("LOCAL_RANK", -1))
     if env_local_rank != -1 and env_local_rank != args.local_rank:
         args.local_rank = env_local_rank
@@ -1060,6 +1062,8 @@ def log_bucket_notes(args: argparse.Namespace, notes: list[str]) -> None:
 
 def bucket_origin(args: argparse.Namespace) -> str:
     """Where the run's bucket table came from, for the model card."""
+    if getattr(args, "buckets_from_dataset", False):
+        return "the dataset's own bucket columns (the table it was annotated with)"
     if args.aspect_ratio_buckets is not None:
         return f"`--aspect_ratio_buckets {args.aspect_ratio_buckets}`"
     from hf_arb.presets import PRESET_INFO
@@ -1067,6 +1071,65 @@ def bucket_origin(args: argparse.Namespace) -> str:
     if PRESET_INFO[args.bucket_preset].default_resolution is None:
         return f"`--bucket_preset {args.bucket_preset}`, a fixed table"
     return f"`--bucket_preset {args.bucket_preset}` at `--resolution {args.resolution}`"
+
+
+#: the flags that choose the bucket table (besides --resolution)
+BUCKET_TABLE_FLAGS = ("bucket_preset", "aspect_ratio_buckets", "bucket_step", "bucket_metric", "max_aspect_error",
+                      "bucket_min_side", "bucket_max_side")
+#: skip reasons that depend on the bucket table (re-decided when rows are re-assigned; others are kept)
+TABLE_SKIP_REASONS = ("aspect", "upscale")
+
+
+def reassigned_columns(table: Any, *, config: str) -> Any:
+    """``map`` function (the whole table at once): the bucket columns of an annotated dataset's sizes in another
+    table; rows skipped for a reason of their own (unreadable, missing, ...) stay skipped with it."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    from hf_arb import BucketSet
+    from hf_arb.bucket_core import annotate_sizes
+
+    reason = table.column("skip_reason")
+    keep = pc.if_else(pc.is_in(reason, value_set=pa.array(TABLE_SKIP_REASONS)), pa.scalar(None, pa.string()), reason)
+    return annotate_sizes(table.column("original_width").to_numpy(zero_copy_only=False),
+                          table.column("original_height").to_numpy(zero_copy_only=False), BucketSet.from_json(config),
+                          reasons=keep.to_numpy(zero_copy_only=False))
+
+
+def annotated_dataset_buckets(args: argparse.Namespace, ds: Any, own: Any, main: bool) -> tuple[Any, Any]:
+    """A dataset that carries bucket columns keeps them, unless bucket-table flags were passed and ask for another
+    table: then its rows are re-assigned from their original_width/original_height (vectorised, no image opened).
+    A flag that is not applied is named once (never silently ignored); ``args.buckets_from_dataset`` tells the card."""
+    import datasets
+    from hf_arb.schema import BUCKET_COLUMNS, bucket_features
+
+    given = list(getattr(args, "bucket_flags_given", []))
+    if "resolution" not in getattr(args, "family_defaults", {"resolution": None}):
+        given.append("--resolution")
+    args.buckets_from_dataset = True
+    wanted = bucket_table_from_args(args)[0] if given else own
+    if wanted == own:
+        logger.info("Dataset already carries bucket columns: using its %d buckets as they are.", len(own))
+        return ds, own
+    if given == ["--resolution"]:  # no table flag: the dataset's own table wins, and the user hears it
+        if main:
+            logger.warning("--resolution %s is not applied: the dataset carries bucket columns (%d buckets, %s, ...) "
+                           "and this run trains on them. To re-assign its rows at --resolution %s, also pass the "
+                           "table, e.g. --bucket_preset budget.", args.resolution, len(own),
+                           ", ".join(own.labels()[:3]), args.resolution)
+        return ds, own
+    sizes = ds.select_columns(["original_width", "original_height", "skip_reason"]).with_format("arrow")
+    new = sizes.map(reassigned_columns, batched=True, batch_size=None, keep_in_memory=True,
+                    features=bucket_features(wanted), remove_columns=sizes.column_names,
+                    desc="Re-assigning buckets", fn_kwargs=dict(config=wanted.to_json())).with_format(None)
+    ds = datasets.concatenate_datasets([ds.remove_columns(list(BUCKET_COLUMNS)), new], axis=1)
+    args.buckets_from_dataset = False
+    if main:
+        kept = int((np.asarray(new.with_format("numpy")["bucket"]) >= 0).sum())
+        logger.warning("The dataset's bucket columns (%d buckets) are not the table of %s (%d buckets): re-assigned "
+                       "its %d rows from original_width/original_height (no image opened; %d kept). Drop those "
+                       "flags to train on the dataset's own buckets.", len(own),
+                       " ".join(f"{f} {getattr(args, f[2:])}" for f in given), len(wanted), len(ds), kept)
+    return ds, wanted
 
 
 def dataset_with_buckets(args: argparse.Namespace, accelerator: Any) -> tuple[Any, Any]:
@@ -1083,8 +1146,8 @@ def dataset_with_buckets(args: argparse.Namespace, accelerator: Any) -> tuple[An
         if args.max_train_samples is not None:
             ds = ds.shuffle(seed=args.seed).select(range(min(args.max_train_samples, len(ds))))
         if "bucket" in ds.column_names:
-            buckets = BucketSet.from_dataset(ds)
-            logger.info("Dataset already carries bucket columns: using its %d buckets as they are.", len(buckets))
+            ds, buckets = annotated_dataset_buckets(args, ds, BucketSet.from_dataset(ds),
+                                                    accelerator is None or accelerator.is_main_process)
         else:
             buckets, notes = bucket_table_from_args(args)
             if accelerator is None or accelerator.is_main_process:
