@@ -709,6 +709,22 @@ def make_accelerator(args: argparse.Namespace) -> Any:
     )
 
 
+def check_process_count(accelerator: Any) -> None:
+    """The launcher's process count (WORLD_SIZE, torch.distributed) must be accelerate's: `accelerate launch
+    --multi_gpu` on a machine without GPUs starts processes that each think they are the only (main) one."""
+    import torch.distributed as dist
+
+    launched = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    if dist.is_available() and dist.is_initialized():
+        launched = max(launched, dist.get_world_size())
+    if launched > 1 and accelerator.num_processes != launched:
+        raise UsageError(
+            f"{launched} processes were launched (WORLD_SIZE={launched}) but accelerate sees "
+            f"{accelerator.num_processes}, so each would train as the only one: on a machine without GPUs launch with "
+            f"ACCELERATE_USE_CPU=1 torchrun --nproc_per_node {launched} train_text_to_image_arb.py ... "
+            "(or accelerate launch --cpu ... for one process).")
+
+
 def stream_accelerator_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     """--streaming: every rank reads its own split (accelerate keeps item ``process_index`` of each step)."""
     if not getattr(args, "streaming", False):
@@ -2118,6 +2134,7 @@ def main(argv: list[str] | argparse.Namespace | None = None) -> dict[str, Any]:
     from tqdm.auto import tqdm
 
     accelerator = make_accelerator(args)
+    check_process_count(accelerator)
     setup_logging(accelerator, ("datasets",))
     if not single:
         args = updated(args, seed=agree_on_seed(args, accelerator, resume_dir))

@@ -164,3 +164,30 @@ def test_internal_error_keeps_its_traceback(cli_assets, tmp_path):
                        cli_assets["images"], "--output_dir", str(tmp_path), "--report_to", "none",
                        "--learning_rate", "1e-5", "--train_batch_size", "1", "--max_train_steps", "1"], timeout=120)
     assert proc.returncode == 1 and "Traceback (most recent call last)" in proc.stderr
+
+
+def test_process_count_mismatch_names_the_cpu_launch(monkeypatch):
+    """`accelerate launch --multi_gpu --num_processes 2` on a CPU machine: WORLD_SIZE=2, but accelerate sees one
+    process (issue 24, item 4). Simulated in-process: the env of a 2-process launch, a one-process accelerator."""
+    from types import SimpleNamespace
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(script.UsageError) as err:
+        script.check_process_count(SimpleNamespace(num_processes=1))
+    message = str(err.value)
+    assert "2 processes were launched (WORLD_SIZE=2) but accelerate sees 1" in message and "\n" not in message
+    assert "ACCELERATE_USE_CPU=1 torchrun --nproc_per_node 2" in message
+    script.check_process_count(SimpleNamespace(num_processes=2))  # agreeing counts pass
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    script.check_process_count(SimpleNamespace(num_processes=1))
+
+
+def test_main_checks_the_process_count_before_any_data(monkeypatch, tmp_path):
+    """main() itself stops right after making the Accelerator (a real one, one process on CPU)."""
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.delenv("ACCELERATE_USE_CPU", raising=False)  # the mistake: no CPU flag, so accelerate sees 1
+    model = fake_model(tmp_path, "sd")
+    args = script.parse_args(["--pretrained_model_name_or_path", model, "--train_data_dir", str(tmp_path / "none"),
+                              "--full_finetune", "--output_dir", str(tmp_path / "out"), "--report_to", "none"])
+    with pytest.raises(script.UsageError, match="accelerate sees 1"):
+        script.main(args)
