@@ -1475,7 +1475,8 @@ def build_latent_cache(args: argparse.Namespace, accelerator: Any, ds: Any, buck
     ids = np.asarray(ds.with_format("numpy")["bucket"])
     rows = np.flatnonzero(ids >= 0)
     share = rows[lat.plan_share(len(rows), accelerator.process_index, accelerator.num_processes)]
-    mine = dict(zip(share.tolist(), lat.content_hashes(ds, args.image_column, share.tolist())))
+    mine = dict(zip(share.tolist(), lat.content_hashes(ds, args.image_column, share.tolist(),
+                                                                 show_progress=accelerator.is_local_main_process)))
     hashes_by_row: dict[int, str] = {}
     for part in gather_object([mine]) if accelerator.num_processes > 1 else [mine]:
         hashes_by_row.update(part)
@@ -1508,7 +1509,8 @@ def build_latent_cache(args: argparse.Namespace, accelerator: Any, ds: Any, buck
 
     t0 = time.perf_counter()
     lat.fill_cache(cache, index, rank=accelerator.process_index, world=accelerator.num_processes,
-                   load_batch=load_batch, encode=encode, batch_size=args.train_batch_size)
+                   load_batch=load_batch, encode=encode, batch_size=args.train_batch_size,
+                   show_progress=accelerator.is_local_main_process)
     accelerator.wait_for_everyone()
     mine = [(index.encoded, index.reused, index.repaired)]
     counts = gather_object(mine) if accelerator.num_processes > 1 else mine
@@ -1893,14 +1895,20 @@ def log_validation(args: argparse.Namespace, accelerator: Any, models: Models, u
     pipe.set_progress_bar_config(disable=True)
     shapes = validation_shapes(buckets)
     rows = []
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=len(args.validation_prompts) * len(shapes) * args.num_validation_images, unit="img",
+               desc="Validation images")
     for i, prompt in enumerate(args.validation_prompts):
         row = []
         for w, h in shapes:
             for j in range(args.num_validation_images):
+                bar.update()
                 g = torch.Generator(device=accelerator.device).manual_seed(args.seed + 1000 * i + j)
                 row.append(pipe(prompt, height=h, width=w, num_inference_steps=args.num_validation_inference_steps,
                                 generator=g).images[0])
         rows.append(row)
+    bar.close()
     grid = image_grid(rows)
     path = Path(args.output_dir) / "validation" / f"{name or f'step-{step:06d}'}.png"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -1993,6 +2001,13 @@ def usage_snippet(args: argparse.Namespace, repo_id: str, *, sdxl: bool, family:
             'image = pipe("a photo", height=768, width=512).images[0]  # any bucket shape']
 
 
+def saved_line(args: argparse.Namespace, *, sdxl: bool, family: str | None) -> str:
+    """The run's last line: where the output is and how stock diffusers loads it (the card's snippet, one line)."""
+    snippet = usage_snippet(args, args.output_dir, sdxl=sdxl, family=family)
+    load = snippet[1:snippet.index('pipe = pipe.to("cuda", torch.float16)')]
+    return f"Saved to {args.output_dir}: load it with " + "; ".join(line for line in load if line)
+
+
 def save_final(args: argparse.Namespace, accelerator: Any, models: Models, unet: Any, buckets: Any,
                progress: Progress, validation_images: list[str], stats: dict[str, Any]) -> None:
     """Save the pipeline (stock diffusers class unless --resolution_conditioning), buckets, card, push."""
@@ -2030,6 +2045,7 @@ def finish_outputs(args: argparse.Namespace, buckets: Any, models: Models, valid
                               token=args.hub_token).repo_id
     save_model_card(args, repo_id, buckets, sdxl=models.sdxl, images=validation_images, stats=stats,
                     family=models.family)
+    print(saved_line(args, sdxl=models.sdxl, family=models.family), flush=True)
     if args.push_to_hub:
         from huggingface_hub import upload_folder
 

@@ -106,9 +106,13 @@ def content_hash(source: Any) -> str:
     raise TypeError(f"Cannot hash an image given as {type(source).__name__}; pass bytes, a path or a dict.")
 
 
-def content_hashes(ds: Any, image_column: str, indices: Sequence[int] | None = None) -> list[str]:
-    """Content hashes of ``ds[image_column]`` at ``indices`` (all rows by default), without decoding images."""
+def content_hashes(ds: Any, image_column: str, indices: Sequence[int] | None = None, *,
+                   show_progress: bool = False) -> list[str]:
+    """Content hashes of ``ds[image_column]`` at ``indices`` (all rows by default), without decoding images.
+
+    ``show_progress``: a tqdm bar (counts and rate) on stderr; pass it on the main process only."""
     import datasets
+    from tqdm.auto import tqdm
 
     if image_column not in ds.column_names:
         raise ValueError(f"Image column {image_column!r} not in the dataset; columns are {ds.column_names}.")
@@ -117,7 +121,8 @@ def content_hashes(ds: Any, image_column: str, indices: Sequence[int] | None = N
         col = col.cast_column(image_column, datasets.Image(decode=False))
     if indices is not None:
         col = col.select(list(indices))
-    return [content_hash(x) for x in col[image_column]]
+    values = col[image_column]
+    return [content_hash(x) for x in tqdm(values, desc="Hashing images", unit="img", disable=not show_progress)]
 
 
 def entry_key(content: str, plan: Any, vae: str) -> str:
@@ -359,6 +364,7 @@ def fill_cache(
     encode: Callable[[Any], Any],
     batch_size: int,
     progress: Callable[[int], None] | None = None,
+    show_progress: bool = False,
 ) -> CacheIndex:
     """Encode this rank's share of the missing entries, batched by bucket; returns ``index`` with counts set.
 
@@ -373,7 +379,11 @@ def fill_cache(
         encode: ``pixel_values`` → ``(B, 2, C, H/8, W/8)`` posterior mean and std (any array-like).
         batch_size: images per VAE call.
         progress: called with the number of entries just written.
+        show_progress: tqdm bars on stderr (checking existing entries, encoding missing ones: counts and rates);
+            pass it on the main process only.
     """
+    from tqdm.auto import tqdm
+
     todo: list[tuple[str, int, int, int]] = sorted(
         {(k, row, bucket, v) for (row, bucket), ks in index.keys.items() for v, k in enumerate(ks)}
     )
@@ -382,7 +392,7 @@ def fill_cache(
     unique = [t for t in todo if not (t[0] in seen or seen.add(t[0]))]  # type: ignore[func-returns-value]
     mine = [unique[i] for i in plan_share(len(unique), rank, world)]
     missing = []
-    for t in mine:
+    for t in tqdm(mine, desc="Checking latent cache", unit="entry", disable=not show_progress or not mine):
         reason = cache.check(t[0]) if cache.has(t[0]) else "missing"
         if reason is None:
             continue
@@ -395,6 +405,7 @@ def fill_cache(
     by_bucket: dict[int, list[tuple[str, int, int, int]]] = {}
     for t in missing:
         by_bucket.setdefault(t[2], []).append(t)
+    bar = tqdm(total=len(missing), desc="Encoding latents", unit="img", disable=not show_progress or not missing)
     for bucket in sorted(by_bucket):
         items = by_bucket[bucket]
         for start in range(0, len(items), batch_size):
@@ -409,8 +420,10 @@ def fill_cache(
                 }
                 cache.write(key, stats[j], meta)
             index.encoded += len(chunk)
+            bar.update(len(chunk))
             if progress is not None:
                 progress(len(chunk))
+    bar.close()
     return index
 
 

@@ -191,3 +191,53 @@ def test_main_checks_the_process_count_before_any_data(monkeypatch, tmp_path):
                               "--full_finetune", "--output_dir", str(tmp_path / "out"), "--report_to", "none"])
     with pytest.raises(script.UsageError, match="accelerate sees 1"):
         script.main(args)
+
+
+@pytest.mark.parametrize("mode", [["--full_finetune"], ["--rank", "4"]])
+def test_run_ends_with_one_line_saying_where_and_how_to_load(mode, tmp_path, capsys):
+    """finish_outputs (main process only: its callers return on other ranks) prints the output folder and the
+    stock-diffusers lines that load it, once (issue 24, item 5)."""
+    from types import SimpleNamespace
+
+    model = fake_model(tmp_path, "sd")
+    out = tmp_path / "out"
+    out.mkdir()
+    args = script.parse_args(["--pretrained_model_name_or_path", model, "--train_data_dir", str(tmp_path),
+                              "--output_dir", str(out), "--report_to", "none", *mode])
+    script.finish_outputs(args, script.bucket_set_from_args(args), SimpleNamespace(sdxl=False, family="sd"), [],
+                          {"global_step": 1})
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("Saved to")]
+    load = (f'pipe.load_lora_weights("{out}")' if args.lora
+            else f'pipe = StableDiffusionPipeline.from_pretrained("{out}")')
+    assert len(lines) == 1 and lines[0].startswith(f"Saved to {out}: load it with from diffusers import ")
+    assert load in lines[0]
+
+
+def test_validation_shows_a_progress_bar_of_its_images(tmp_path, capsys):
+    from types import SimpleNamespace
+
+    from PIL import Image
+
+    class Pipe:  # stands in for a diffusers pipeline: only what log_validation calls
+        def to(self, device):
+            return self
+
+        def set_progress_bar_config(self, **kwargs):
+            pass
+
+        def __call__(self, prompt, height, width, **kwargs):
+            return SimpleNamespace(images=[Image.new("RGB", (width, height))])
+
+    model = fake_model(tmp_path, "sd")
+    args = script.parse_args(["--pretrained_model_name_or_path", model, "--train_data_dir", str(tmp_path),
+                              "--output_dir", str(tmp_path / "out"), "--full_finetune", "--resolution", "64",
+                              "--bucket_step", "16", "--validation_prompts", "a", "b", "--seed", "0"])
+    buckets = script.bucket_set_from_args(args)
+    main = SimpleNamespace(is_main_process=True, device="cpu", trackers=[])
+    script.log_validation(args, main, None, None, buckets, 1, None, pipe=Pipe())
+    n = 2 * len(script.validation_shapes(buckets)) * args.num_validation_images
+    finals = [line.rsplit("\r", 1)[-1] for line in capsys.readouterr().err.split("\n") if line]
+    assert len(finals) == 1 and finals[0].startswith("Validation images: 100%") and f"{n}/{n}" in finals[0]
+    assert script.log_validation(args, SimpleNamespace(is_main_process=False), None, None, buckets, 1, None,
+                                 pipe=Pipe()) is None
+    assert capsys.readouterr().err == ""
