@@ -67,6 +67,7 @@ import os
 import shutil
 import sys
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -1199,23 +1200,46 @@ def check_plan(args: argparse.Namespace, ds: Any, num_processes: int) -> None:
         )
 
 
+#: the sampler's advice (hf_arb.sampling.report.remedies) in the script's flags
+SAMPLER_FLAG_NAMES = {"BucketBatchSampler drops": "The epoch plan drops",
+                      "`leftover=\"fill\"` or `\"catch_all\"`": "--bucket_leftover fill (or catch_all)",
+                      "`leftover=\"fill\"`": "--bucket_leftover fill",
+                      "a smaller `batch_size`": "a smaller --train_batch_size",
+                      "a smaller batch per bucket": "a smaller --max_pixels_per_batch",
+                      "fewer buckets": "fewer buckets (--bucket_preset, --aspect_ratio_buckets)",
+                      ", `merge_small=True` (merge small buckets)": "",
+                      "num_replicas ": "processes ", "× batch_size": "× --train_batch_size"}
+
+
 def make_sampler(args: argparse.Namespace, ds: Any, buckets: Any, accelerator: Any) -> Any:
     """The global epoch plan over all ranks; a plain ``accelerator.prepare`` deals each rank its batches."""
     from hf_arb import BucketBatchSampler
 
     if args.packing:
         return make_pack_sampler(args, ds, accelerator)
+    from hf_arb.cli_buckets import in_flags
+
     try:
-        return BucketBatchSampler(
-            ds, args.train_batch_size, num_replicas=accelerator.num_processes, rank=accelerator.process_index,
-            seed=args.seed, shuffle=True, sync_buckets=not args.no_bucket_sync, leftover=args.bucket_leftover,
-            return_keys=True, buckets=buckets, max_pixels_per_batch=args.max_pixels_per_batch,
-            log_report=False,  # startup_report prints it
-        )
+        with warnings.catch_warnings(record=True) as caught:  # the library's advice, said once in flags below
+            warnings.simplefilter("always", UserWarning)
+            sampler = BucketBatchSampler(
+                ds, args.train_batch_size, num_replicas=accelerator.num_processes, rank=accelerator.process_index,
+                seed=args.seed, shuffle=True, sync_buckets=not args.no_bucket_sync, leftover=args.bucket_leftover,
+                return_keys=True, buckets=buckets, max_pixels_per_batch=args.max_pixels_per_batch,
+                log_report=False,  # startup_report prints it
+            )
     except ValueError as e:  # a pixel budget below a bucket's area, or no full batch: the flags to change
         if args.max_pixels_per_batch is None:
+            if str(e).startswith("The epoch plan has zero batches"):
+                raise UsageError(in_flags(str(e), SAMPLER_FLAG_NAMES)) from None
             raise
         raise UsageError(f"--max_pixels_per_batch {args.max_pixels_per_batch}: {e}") from None
+    for w in caught:
+        if not issubclass(w.category, UserWarning) or "Remedies:" not in str(w.message):
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+        elif accelerator.is_main_process:  # one line, in flags, without the warning's source line
+            logger.warning("%s", in_flags(str(w.message), SAMPLER_FLAG_NAMES))
+    return sampler
 
 
 # ============================================================================================ packing

@@ -230,3 +230,26 @@ def test_annotated_dataset_without_table_flags_keeps_its_buckets_and_the_card_sa
     warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert buckets == BucketSet.preset("budget", resolution=1024)
     assert len(warned) == 1 and "--resolution 512 is not applied" in warned[0]
+
+
+# ------------------------------------------------------- the sampler's advice in flags (issue 24, item 7)
+def test_sampler_advice_is_said_once_in_flags_from_the_main_process(sd_folder, five_images, caplog):
+    import warnings
+
+    args = script.parse_args(["--pretrained_model_name_or_path", sd_folder, "--train_data_dir", five_images,
+                              "--full_finetune", "--aspect_ratio_buckets", "64,64", "--train_batch_size", "2", "--seed", "0"])
+    ds, buckets = script.dataset_with_buckets(args, None)  # 5 rows, one bucket: batches of 2 drop 1 row (20 %)
+    for main in (True, False):
+        rank = SimpleNamespace(num_processes=1, process_index=0, is_main_process=main)
+        with caplog.at_level(logging.INFO, logger=script.logger.name), warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            script.make_sampler(args, ds, buckets, rank)
+        said = [r.getMessage() for r in caplog.records if "drops" in r.getMessage()]
+        assert not [x for x in w if issubclass(x.category, UserWarning)]  # no UserWarning with its source line
+        if main:
+            assert len(said) == 1 and "--bucket_leftover fill (or catch_all)" in said[0]
+            assert "a smaller --train_batch_size" in said[0] and "leftover=" not in said[0]
+            assert "merge_small" not in said[0] and "`" not in said[0]
+        else:
+            assert said == []
+        caplog.clear()
