@@ -129,7 +129,9 @@ NO_DEFAULT = "%(default).0s"
 
 def build_parser() -> argparse.ArgumentParser:
     """Every flag of diffusers' four text-to-image scripts (same name, default, meaning) plus the bucketing flags."""
-    p = argparse.ArgumentParser(
+    from hf_arb.flag_parser import FlagParser  # an unknown hf-arb spelling (--preset) names this script's twin
+
+    p = FlagParser(
         description="Stable Diffusion / SDXL fine-tuning (full or LoRA) with aspect-ratio bucketing. Takes the flags "
                     "of diffusers' train_text_to_image.py, _sdxl.py, _lora.py and _lora_sdxl.py; defaults marked "
                     "'SD | SDXL' follow the detected model family, as upstream's separate scripts do.",

@@ -241,3 +241,17 @@ def test_validation_shows_a_progress_bar_of_its_images(tmp_path, capsys):
     assert script.log_validation(args, SimpleNamespace(is_main_process=False), None, None, buckets, 1, None,
                                  pipe=Pipe()) is None
     assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("flag, twin", [("--preset", "--bucket_preset"), ("--step", "--bucket_step"),
+                                        ("--image-column", "--image_column"), ("--train-batch-size", "--train_batch_size")])
+def test_unknown_flag_names_its_script_twin(flag, twin, capsys):
+    """A flag spelled as hf-arb spells it (or with dashes) is refused naming this script's spelling (issue 24, 7)."""
+    with pytest.raises(SystemExit) as exit_:
+        script.parse_args(["--pretrained_model_name_or_path", "m", "--train_data_dir", "d", flag, "64"])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert exit_.value.code == 2
+    assert err.endswith(f"unrecognized arguments: {flag} 64 ({flag}: this command spells it {twin})")
+    with pytest.raises(SystemExit):
+        script.parse_args(["--pretrained_model_name_or_path", "m", "--train_data_dir", "d", "--no_such_flag", "1"])
+    assert "spells it" not in capsys.readouterr().err  # no twin: argparse's error alone
