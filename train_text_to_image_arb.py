@@ -1151,6 +1151,22 @@ def annotated_dataset_buckets(args: argparse.Namespace, ds: Any, own: Any, main:
     return ds, wanted
 
 
+def annotation_note(ds: Any, buckets: Any) -> str:
+    """The annotation summary without its bucket table (the start-up report prints that, with the plan), its advice
+    in this script's flags."""
+    from hf_arb.annotate import summarize_annotation
+
+    summary = summarize_annotation(ds, buckets)
+    lines = [str(summary).split("\nrows per bucket", 1)[0]]
+    for o in summary.outliers:
+        t = f"{o.threshold:g}"
+        fix = (f"  skip them with --max_aspect_error {t}" if o.kind == "aspect_error" else
+               f"  skip them by annotating first: hf-arb annotate DATA --max-upscale {t} --output-dir DIR, then "
+               "train with --dataset_name DIR")
+        lines += [*str(o).splitlines()[:-1], fix]
+    return "\n".join(lines)
+
+
 def dataset_with_buckets(args: argparse.Namespace, accelerator: Any) -> tuple[Any, Any]:
     """Load, truncate, annotate (unless already annotated) and check that some rows are trainable.
 
@@ -1171,7 +1187,9 @@ def dataset_with_buckets(args: argparse.Namespace, accelerator: Any) -> tuple[An
             buckets, notes = bucket_table_from_args(args)
             if accelerator is None or accelerator.is_main_process:
                 log_bucket_notes(args, notes)
-            ds = add_bucket_columns(ds, buckets, image_column=args.image_column)
+            ds = add_bucket_columns(ds, buckets, image_column=args.image_column, show_summary=False)
+            if accelerator is None or accelerator.is_main_process:  # once; startup_report prints the table
+                print(annotation_note(ds, buckets), flush=True)
     ids = np.asarray(ds.with_format("numpy")["bucket"])
     if len(ds) == 0 or not (ids >= 0).any():
         reasons = {}
@@ -1924,7 +1942,7 @@ def log_validation(args: argparse.Namespace, accelerator: Any, models: Models, u
     from tqdm.auto import tqdm
 
     bar = tqdm(total=len(args.validation_prompts) * len(shapes) * args.num_validation_images, unit="img",
-               desc="Validation images")
+               desc="Validation images", leave=False)  # under the Steps bar: gone once the grid is saved
     for i, prompt in enumerate(args.validation_prompts):
         row = []
         for w, h in shapes:

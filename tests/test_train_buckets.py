@@ -253,3 +253,19 @@ def test_sampler_advice_is_said_once_in_flags_from_the_main_process(sd_folder, f
         else:
             assert said == []
         caplog.clear()
+
+
+# ------------------------------------------------------------ a quiet console (issue 24, items 7 and 10)
+def test_on_the_fly_annotation_summary_is_said_once_without_the_table_in_script_flags(sd_folder, five_images,
+                                                                                      capsys):
+    args = script.parse_args(["--pretrained_model_name_or_path", sd_folder, "--train_data_dir", five_images,
+                              "--full_finetune", "--aspect_ratio_buckets", "64,64"])
+    not_main = SimpleNamespace(is_main_process=False, main_process_first=contextlib.nullcontext)
+    script.dataset_with_buckets(args, not_main)
+    assert capsys.readouterr().out == ""  # other ranks print nothing
+    script.dataset_with_buckets(args, None)
+    out = capsys.readouterr().out
+    assert out.count("rows: 5  kept: 5") == 1
+    assert "rows per bucket" not in out and "64 x 64" not in out  # the table is the start-up report's
+    assert "skip them with --max_aspect_error 0.25" in out  # 4 rows cropped far: advice in this script's flag
+    assert "Python:" not in out and "--max-aspect-error" not in out
