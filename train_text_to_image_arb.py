@@ -1019,7 +1019,10 @@ def save_final_lora(args: argparse.Namespace, accelerator: Any, models: Models, 
         parts = {"vae": place(models.vae, dtype=torch.float32)} if args.pretrained_vae_model_name_or_path else {}
         pipe = cls.from_pretrained(args.pretrained_model_name_or_path, revision=args.revision, variant=args.variant,
                                    **parts)
-        pipe.load_lora_weights(args.output_dir)
+        from hf_arb.logs import no_text_encoder_lora_note
+
+        with no_text_encoder_lora_note() if not encoders else contextlib.nullcontext():  # expected: UNet-only LoRA
+            pipe.load_lora_weights(args.output_dir)
         last = log_validation(args, accelerator, models, None, buckets, progress.global_step, torch.float32,
                               pipe=pipe, name=f"final-{progress.global_step:06d}")
         if last is not None:
