@@ -2001,7 +2001,7 @@ def save_model_card(args: argparse.Namespace, repo_id: str, buckets: Any, *, sdx
         f"from {bucket_origin(args)}",
         f"* steps: {stats.get('global_step') if stats else args.max_train_steps}, batch size {args.train_batch_size} "
         f"per device, gradient accumulation {args.gradient_accumulation_steps}, learning rate {args.learning_rate}",
-        f"* mixed precision: {args.mixed_precision}; dataset: {args.dataset_name or args.train_data_dir}", "",
+        f"* mixed precision: {(stats or {}).get('mixed_precision', args.mixed_precision)}; dataset: {args.dataset_name or args.train_data_dir}", "",
     ]
     if getattr(args, "lora", False):
         body += [f"LoRA adapters (rank {args.rank}, alpha {args.lora_alpha or args.rank}) on the "
@@ -2014,7 +2014,8 @@ def save_model_card(args: argparse.Namespace, repo_id: str, buckets: Any, *, sdx
     if family in FLOW_CARDS and getattr(args, "shift_table", None):
         body += ["Per-bucket resolution shift (`mu` from each bucket's latent token count, as the pipeline "
                  "computes at inference):", "", "```", args.shift_table, "```", ""]
-    body += ["## Use", "", "```python", *usage_snippet(args, repo_id, sdxl=sdxl, family=family), "```", ""]
+    body += ["## Use", "", "```python", *usage_snippet(args, repo_id, sdxl=sdxl, family=family,
+                                                       shape=validation_shapes(buckets)[0]), "```", ""]
     if args.validation_prompts:
         body += ["## Validation", "", "Prompts: " + "; ".join(f"`{p}`" for p in args.validation_prompts), ""]
         body += [f"![validation]({Path(p).relative_to(args.output_dir).as_posix()})" for p in images or []]
@@ -2026,7 +2027,8 @@ def save_model_card(args: argparse.Namespace, repo_id: str, buckets: Any, *, sdx
     return path
 
 
-def usage_snippet(args: argparse.Namespace, repo_id: str, *, sdxl: bool, family: str | None = None) -> list[str]:
+def usage_snippet(args: argparse.Namespace, repo_id: str, *, sdxl: bool, family: str | None = None,
+                  shape: tuple[int, int] = (512, 768)) -> list[str]:
     """The model card's "Use" code: plain diffusers, no hf_arb (LoRA, custom pipeline, or the stock class).
 
     Always: imports, the lines that load ``pipe``, ``pipe = pipe.to("cuda", torch.float16)``, one generation (the
@@ -2045,7 +2047,7 @@ def usage_snippet(args: argparse.Namespace, repo_id: str, *, sdxl: bool, family:
     else:
         load = [f'pipe = {cls}.from_pretrained("{repo_id}")']
     return ["import torch", f"from diffusers import {cls}", "", *load, 'pipe = pipe.to("cuda", torch.float16)',
-            'image = pipe("a photo", height=768, width=512).images[0]  # any bucket shape']
+            f'image = pipe("a photo", height={shape[1]}, width={shape[0]}).images[0]  # a trained bucket shape']
 
 
 def saved_line(args: argparse.Namespace, *, sdxl: bool, family: str | None) -> str:
@@ -2294,7 +2296,8 @@ def main(argv: list[str] | argparse.Namespace | None = None) -> dict[str, Any]:
                  latents_repaired=index.repaired if index else None,
                  bad_images=report_bad_images(args, accelerator), num_processes=accelerator.num_processes,
                  sdxl=models.sdxl, family=models.family, seed=args.seed, schedule=schedule.__dict__, lora=args.lora,
-                 trainable_parameters=sum(p.numel() for p in trainable))
+                 trainable_parameters=sum(p.numel() for p in trainable),
+                 mixed_precision=str(accelerator.mixed_precision))  # the real one (flag or accelerate config)
     if stream is not None:
         stats["stream_report"] = stream.report().to_dict()
     if args.packing:

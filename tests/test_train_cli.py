@@ -255,3 +255,18 @@ def test_unknown_flag_names_its_script_twin(flag, twin, capsys):
     with pytest.raises(SystemExit):
         script.parse_args(["--pretrained_model_name_or_path", "m", "--train_data_dir", "d", "--no_such_flag", "1"])
     assert "spells it" not in capsys.readouterr().err  # no twin: argparse's error alone
+
+
+def test_model_card_states_the_real_precision_and_a_trained_shape(tmp_path):
+    """The card says the precision accelerate really used (the flag's default None = the accelerate config's) and
+    its example generates at a bucket the model was trained on (issue 24, item 11)."""
+    model = fake_model(tmp_path, "sd")
+    out = tmp_path / "out"
+    out.mkdir()
+    args = script.parse_args(["--pretrained_model_name_or_path", model, "--train_data_dir", str(tmp_path),
+                              "--output_dir", str(out), "--full_finetune", "--aspect_ratio_buckets", "96,48"])
+    assert args.mixed_precision is None
+    card = script.save_model_card(args, str(out), script.bucket_set_from_args(args), sdxl=False,
+                                  stats={"global_step": 1, "mixed_precision": "bf16"}).read_text()
+    assert "* mixed precision: bf16;" in card
+    assert 'pipe("a photo", height=96, width=48)' in card and "height=768" not in card
