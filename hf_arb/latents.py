@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from tqdm.auto import tqdm
 
 __all__ = [
     "LatentCache",
@@ -106,13 +107,9 @@ def content_hash(source: Any) -> str:
     raise TypeError(f"Cannot hash an image given as {type(source).__name__}; pass bytes, a path or a dict.")
 
 
-def content_hashes(ds: Any, image_column: str, indices: Sequence[int] | None = None, *,
-                   show_progress: bool = False) -> list[str]:
-    """Content hashes of ``ds[image_column]`` at ``indices`` (all rows by default), without decoding images.
-
-    ``show_progress``: a tqdm bar (counts and rate) on stderr; pass it on the main process only."""
+def content_hashes(ds: Any, image_column: str, indices: Sequence[int] | None = None, *, show_progress: bool = False) -> list[str]:
+    """Content hashes of ``ds[image_column]`` at ``indices`` (all rows by default), without decoding images (``show_progress``: a tqdm bar)."""
     import datasets
-    from tqdm.auto import tqdm
 
     if image_column not in ds.column_names:
         raise ValueError(f"Image column {image_column!r} not in the dataset; columns are {ds.column_names}.")
@@ -121,8 +118,7 @@ def content_hashes(ds: Any, image_column: str, indices: Sequence[int] | None = N
         col = col.cast_column(image_column, datasets.Image(decode=False))
     if indices is not None:
         col = col.select(list(indices))
-    values = col[image_column]
-    return [content_hash(x) for x in tqdm(values, desc="Hashing images", unit="img", disable=not show_progress)]
+    return [content_hash(x) for x in tqdm(col[image_column], desc="Hashing images", unit="img", disable=not show_progress)]
 
 
 def entry_key(content: str, plan: Any, vae: str) -> str:
@@ -362,9 +358,7 @@ def fill_cache(
     world: int,
     load_batch: Callable[[list[tuple[int, int, int]]], dict[str, Any]],
     encode: Callable[[Any], Any],
-    batch_size: int,
-    progress: Callable[[int], None] | None = None,
-    show_progress: bool = False,
+    batch_size: int, show_progress: bool = False,
 ) -> CacheIndex:
     """Encode this rank's share of the missing entries, batched by bucket; returns ``index`` with counts set.
 
@@ -378,12 +372,8 @@ def fill_cache(
             pipeline's item for epoch ``variant`` is exactly variant ``variant``.
         encode: ``pixel_values`` → ``(B, 2, C, H/8, W/8)`` posterior mean and std (any array-like).
         batch_size: images per VAE call.
-        progress: called with the number of entries just written.
-        show_progress: tqdm bars on stderr (checking existing entries, encoding missing ones: counts and rates);
-            pass it on the main process only.
+        show_progress: tqdm bars (checking entries, encoding the missing: counts, rates) on stderr, for the main process.
     """
-    from tqdm.auto import tqdm
-
     todo: list[tuple[str, int, int, int]] = sorted(
         {(k, row, bucket, v) for (row, bucket), ks in index.keys.items() for v, k in enumerate(ks)}
     )
@@ -406,8 +396,7 @@ def fill_cache(
     for t in missing:
         by_bucket.setdefault(t[2], []).append(t)
     bar = tqdm(total=len(missing), desc="Encoding latents", unit="img", disable=not show_progress or not missing)
-    for bucket in sorted(by_bucket):
-        items = by_bucket[bucket]
+    for _bucket, items in sorted(by_bucket.items()):
         for start in range(0, len(items), batch_size):
             chunk = items[start : start + batch_size]
             batch = load_batch([(row, b, v) for _, row, b, v in chunk])
@@ -421,8 +410,6 @@ def fill_cache(
                 cache.write(key, stats[j], meta)
             index.encoded += len(chunk)
             bar.update(len(chunk))
-            if progress is not None:
-                progress(len(chunk))
     bar.close()
     return index
 
