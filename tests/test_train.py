@@ -463,7 +463,7 @@ def test_sdxl_trains_with_pipeline_time_ids_and_saves_stock_pipeline(assets, ddp
     # both ranks encoded a share of the cache: together every image once per variant (3 steps -> 1 epoch -> 1)
     assert stats["latents_encoded"] == 20 and stats["latents_reused"] == 0
     own = BucketSet(SDXL_OWN_BUCKETS)
-    # the dataset's bucket set, not the one --resolution 64 --bucket_step 16 would build
+    # the dataset's bucket set (the run passes no bucket-table flag; with one, the rows are re-assigned to it)
     assert BucketSet.from_dict(json.loads((out / script.BUCKETS_FILE).read_text())).fingerprint == own.fingerprint
     pipe = StableDiffusionXLPipeline.from_pretrained(out)
     proj = pipe.text_encoder_2.config.projection_dim
