@@ -48,6 +48,24 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@contextlib.contextmanager
+def warns_in_log(pattern: str):
+    """The script's logger says a warning matching ``pattern`` (the sampler's advice is a log line in flags, once,
+    from the main process, not a UserWarning)."""
+    import logging
+    import re
+
+    said: list[str] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = lambda record: said.append(record.getMessage())  # type: ignore[method-assign]
+    script.logger.addHandler(handler)
+    try:
+        yield said
+    finally:
+        script.logger.removeHandler(handler)
+    assert sum(bool(re.search(pattern, m)) for m in said) == 1, said
+
+
 def reset_accelerate() -> None:
     """Forget accelerate's process-wide state after an in-process run, so other tests start clean."""
     from accelerate.state import AcceleratorState, GradientState
