@@ -189,8 +189,13 @@ def test_main_checks_the_process_count_before_any_data(monkeypatch, tmp_path):
     model = fake_model(tmp_path, "sd")
     args = script.parse_args(["--pretrained_model_name_or_path", model, "--train_data_dir", str(tmp_path / "none"),
                               "--full_finetune", "--output_dir", str(tmp_path / "out"), "--report_to", "none"])
-    with pytest.raises(script.UsageError, match="accelerate sees 1"):
-        script.main(args)
+    from test_train import reset_accelerate
+
+    try:
+        with pytest.raises(script.UsageError, match="accelerate sees 1"):
+            script.main(args)
+    finally:
+        reset_accelerate()  # the next in-process run starts from a clean accelerate state
 
 
 @pytest.mark.parametrize("mode", [["--full_finetune"], ["--rank", "4"]])
