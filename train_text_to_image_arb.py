@@ -68,6 +68,7 @@ import os
 import shutil
 import sys
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -129,7 +130,9 @@ NO_DEFAULT = "%(default).0s"
 
 def build_parser() -> argparse.ArgumentParser:
     """Every flag of diffusers' four text-to-image scripts (same name, default, meaning) plus the bucketing flags."""
-    p = argparse.ArgumentParser(
+    from hf_arb.flag_parser import FlagParser  # an unknown hf-arb spelling (--preset) names this script's twin
+
+    p = FlagParser(
         description="Stable Diffusion / SDXL fine-tuning (full or LoRA) with aspect-ratio bucketing. Takes the flags "
                     "of diffusers' train_text_to_image.py, _sdxl.py, _lora.py and _lora_sdxl.py; defaults marked "
                     "'SD | SDXL' follow the detected model family, as upstream's separate scripts do.",
@@ -639,9 +642,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     Family-dependent defaults (``FAMILY_DEFAULTS``) are filled from the model family (local ``unet/config.json``,
     else the Hub id's name) and the training mode; ``args.family`` records the family they were chosen for.
     """
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     given = sys.argv[1:] if argv is None else argv
     args.caption_column_given = any(str(t).split("=")[0] == "--caption_column" for t in given)
+    args.bucket_flags_given = [f"--{n}" for n in BUCKET_TABLE_FLAGS if getattr(args, n) != parser.get_default(n)]
     env_local_rank = int(os.environ.get("LOCAL_RANK", -1))
     if env_local_rank != -1 and env_local_rank != args.local_rank:
         args.local_rank = env_local_rank
@@ -806,6 +811,22 @@ def make_accelerator(args: argparse.Namespace) -> Any:
         kwargs_handlers=kwargs_handlers,
         **stream_accelerator_kwargs(args),
     )
+
+
+def check_process_count(accelerator: Any) -> None:
+    """The launcher's process count (WORLD_SIZE, torch.distributed) must be accelerate's: `accelerate launch
+    --multi_gpu` on a machine without GPUs starts processes that each think they are the only (main) one."""
+    import torch.distributed as dist
+
+    launched = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    if dist.is_available() and dist.is_initialized():
+        launched = max(launched, dist.get_world_size())
+    if launched > 1 and accelerator.num_processes != launched:
+        raise UsageError(
+            f"{launched} processes were launched (WORLD_SIZE={launched}) but accelerate sees "
+            f"{accelerator.num_processes}, so each would train as the only one: on a machine without GPUs launch with "
+            f"ACCELERATE_USE_CPU=1 torchrun --nproc_per_node {launched} train_text_to_image_arb.py ... "
+            "(or accelerate launch --cpu ... for one process).")
 
 
 def stream_accelerator_kwargs(args: argparse.Namespace) -> dict[str, Any]:
@@ -1114,7 +1135,10 @@ def save_final_lora(args: argparse.Namespace, accelerator: Any, models: Models, 
         parts = {"vae": place(models.vae, dtype=torch.float32)} if args.pretrained_vae_model_name_or_path else {}
         pipe = cls.from_pretrained(args.pretrained_model_name_or_path, revision=args.revision, variant=args.variant,
                                    **parts)
-        pipe.load_lora_weights(args.output_dir)
+        from hf_arb.logs import no_text_encoder_lora_note
+
+        with no_text_encoder_lora_note() if not encoders else contextlib.nullcontext():  # expected: UNet-only LoRA
+            pipe.load_lora_weights(args.output_dir)
         last = log_validation(args, accelerator, models, None, buckets, progress.global_step, torch.float32,
                               pipe=pipe, name=f"final-{progress.global_step:06d}")
         if last is not None:
@@ -1194,6 +1218,8 @@ def log_bucket_notes(args: argparse.Namespace, notes: list[str]) -> None:
 
 def bucket_origin(args: argparse.Namespace) -> str:
     """Where the run's bucket table came from, for the model card."""
+    if getattr(args, "buckets_from_dataset", False):
+        return "the dataset's own bucket columns (the table it was annotated with)"
     if args.aspect_ratio_buckets is not None:
         return f"`--aspect_ratio_buckets {args.aspect_ratio_buckets}`"
     from hf_arb.presets import PRESET_INFO
@@ -1201,6 +1227,81 @@ def bucket_origin(args: argparse.Namespace) -> str:
     if PRESET_INFO[args.bucket_preset].default_resolution is None:
         return f"`--bucket_preset {args.bucket_preset}`, a fixed table"
     return f"`--bucket_preset {args.bucket_preset}` at `--resolution {args.resolution}`"
+
+
+#: the flags that choose the bucket table (besides --resolution)
+BUCKET_TABLE_FLAGS = ("bucket_preset", "aspect_ratio_buckets", "bucket_step", "bucket_metric", "max_aspect_error",
+                      "bucket_min_side", "bucket_max_side")
+#: skip reasons that depend on the bucket table (re-decided when rows are re-assigned; others are kept)
+TABLE_SKIP_REASONS = ("aspect", "upscale")
+
+
+def reassigned_columns(table: Any, *, config: str) -> Any:
+    """``map`` function (the whole table at once): the bucket columns of an annotated dataset's sizes in another
+    table; rows skipped for a reason of their own (unreadable, missing, ...) stay skipped with it."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    from hf_arb import BucketSet
+    from hf_arb.bucket_core import annotate_sizes
+
+    reason = table.column("skip_reason")
+    keep = pc.if_else(pc.is_in(reason, value_set=pa.array(TABLE_SKIP_REASONS)), pa.scalar(None, pa.string()), reason)
+    return annotate_sizes(table.column("original_width").to_numpy(zero_copy_only=False),
+                          table.column("original_height").to_numpy(zero_copy_only=False), BucketSet.from_json(config),
+                          reasons=keep.to_numpy(zero_copy_only=False))
+
+
+def annotated_dataset_buckets(args: argparse.Namespace, ds: Any, own: Any, main: bool) -> tuple[Any, Any]:
+    """A dataset that carries bucket columns keeps them, unless bucket-table flags were passed and ask for another
+    table: then its rows are re-assigned from their original_width/original_height (vectorised, no image opened).
+    A flag that is not applied is named once (never silently ignored); ``args.buckets_from_dataset`` tells the card."""
+    import datasets
+    from hf_arb.schema import BUCKET_COLUMNS, bucket_features
+
+    given = list(getattr(args, "bucket_flags_given", []))
+    if "resolution" not in getattr(args, "family_defaults", {"resolution": None}):
+        given.append("--resolution")
+    args.buckets_from_dataset = True
+    wanted = bucket_table_from_args(args)[0] if given else own
+    if wanted == own:
+        logger.info("Dataset already carries bucket columns: using its %d buckets as they are.", len(own))
+        return ds, own
+    if given == ["--resolution"]:  # no table flag: the dataset's own table wins, and the user hears it
+        if main:
+            logger.warning("--resolution %s is not applied: the dataset carries bucket columns (%d buckets, %s, ...) "
+                           "and this run trains on them. To re-assign its rows at --resolution %s, also pass the "
+                           "table, e.g. --bucket_preset budget.", args.resolution, len(own),
+                           ", ".join(own.labels()[:3]), args.resolution)
+        return ds, own
+    sizes = ds.select_columns(["original_width", "original_height", "skip_reason"]).with_format("arrow")
+    new = sizes.map(reassigned_columns, batched=True, batch_size=None, keep_in_memory=True,
+                    features=bucket_features(wanted), remove_columns=sizes.column_names,
+                    desc="Re-assigning buckets", fn_kwargs=dict(config=wanted.to_json())).with_format(None)
+    ds = datasets.concatenate_datasets([ds.remove_columns(list(BUCKET_COLUMNS)), new], axis=1)
+    args.buckets_from_dataset = False
+    if main:
+        kept = int((np.asarray(new.with_format("numpy")["bucket"]) >= 0).sum())
+        logger.warning("The dataset's bucket columns (%d buckets) are not the table of %s (%d buckets): re-assigned "
+                       "its %d rows from original_width/original_height (no image opened; %d kept). Drop those "
+                       "flags to train on the dataset's own buckets.", len(own),
+                       " ".join(f"{f} {getattr(args, f[2:])}" for f in given), len(wanted), len(ds), kept)
+    return ds, wanted
+
+
+def annotation_note(ds: Any, buckets: Any) -> str:
+    """The annotation summary without its bucket table (the start-up report prints that, with the plan), its advice
+    in this script's flags."""
+    from hf_arb.annotate import summarize_annotation
+
+    summary = summarize_annotation(ds, buckets)
+    lines = [str(summary).split("\nrows per bucket", 1)[0]]
+    for o in summary.outliers:
+        t = f"{o.threshold:g}"
+        fix = (f"  skip them with --max_aspect_error {t}" if o.kind == "aspect_error" else
+               f"  skip them by annotating first: hf-arb annotate DATA --max-upscale {t} --output-dir DIR, then "
+               "train with --dataset_name DIR")
+        lines += [*str(o).splitlines()[:-1], fix]
+    return "\n".join(lines)
 
 
 def dataset_with_buckets(args: argparse.Namespace, accelerator: Any) -> tuple[Any, Any]:
@@ -1217,13 +1318,15 @@ def dataset_with_buckets(args: argparse.Namespace, accelerator: Any) -> tuple[An
         if args.max_train_samples is not None:
             ds = ds.shuffle(seed=args.seed).select(range(min(args.max_train_samples, len(ds))))
         if "bucket" in ds.column_names:
-            buckets = BucketSet.from_dataset(ds)
-            logger.info("Dataset already carries bucket columns: using its %d buckets as they are.", len(buckets))
+            ds, buckets = annotated_dataset_buckets(args, ds, BucketSet.from_dataset(ds),
+                                                    accelerator is None or accelerator.is_main_process)
         else:
             buckets, notes = bucket_table_from_args(args)
             if accelerator is None or accelerator.is_main_process:
                 log_bucket_notes(args, notes)
-            ds = add_bucket_columns(ds, buckets, image_column=args.image_column)
+            ds = add_bucket_columns(ds, buckets, image_column=args.image_column, show_summary=False)
+            if accelerator is None or accelerator.is_main_process:  # once; startup_report prints the table
+                print(annotation_note(ds, buckets), flush=True)
     ids = np.asarray(ds.with_format("numpy")["bucket"])
     if len(ds) == 0 or not (ids >= 0).any():
         reasons = {}
@@ -1254,23 +1357,46 @@ def check_plan(args: argparse.Namespace, ds: Any, num_processes: int) -> None:
         )
 
 
+#: the sampler's advice (hf_arb.sampling.report.remedies) in the script's flags
+SAMPLER_FLAG_NAMES = {"BucketBatchSampler drops": "The epoch plan drops",
+                      "`leftover=\"fill\"` or `\"catch_all\"`": "--bucket_leftover fill (or catch_all)",
+                      "`leftover=\"fill\"`": "--bucket_leftover fill",
+                      "a smaller `batch_size`": "a smaller --train_batch_size",
+                      "a smaller batch per bucket": "a smaller --max_pixels_per_batch",
+                      "fewer buckets": "fewer buckets (--bucket_preset, --aspect_ratio_buckets)",
+                      ", `merge_small=True` (merge small buckets)": "",
+                      "num_replicas ": "processes ", "× batch_size": "× --train_batch_size"}
+
+
 def make_sampler(args: argparse.Namespace, ds: Any, buckets: Any, accelerator: Any) -> Any:
     """The global epoch plan over all ranks; a plain ``accelerator.prepare`` deals each rank its batches."""
     from hf_arb import BucketBatchSampler
 
     if args.packing:
         return make_pack_sampler(args, ds, accelerator)
+    from hf_arb.cli_buckets import in_flags
+
     try:
-        return BucketBatchSampler(
-            ds, args.train_batch_size, num_replicas=accelerator.num_processes, rank=accelerator.process_index,
-            seed=args.seed, shuffle=True, sync_buckets=not args.no_bucket_sync, leftover=args.bucket_leftover,
-            return_keys=True, buckets=buckets, max_pixels_per_batch=args.max_pixels_per_batch,
-            log_report=False,  # startup_report prints it
-        )
+        with warnings.catch_warnings(record=True) as caught:  # the library's advice, said once in flags below
+            warnings.simplefilter("always", UserWarning)
+            sampler = BucketBatchSampler(
+                ds, args.train_batch_size, num_replicas=accelerator.num_processes, rank=accelerator.process_index,
+                seed=args.seed, shuffle=True, sync_buckets=not args.no_bucket_sync, leftover=args.bucket_leftover,
+                return_keys=True, buckets=buckets, max_pixels_per_batch=args.max_pixels_per_batch,
+                log_report=False,  # startup_report prints it
+            )
     except ValueError as e:  # a pixel budget below a bucket's area, or no full batch: the flags to change
         if args.max_pixels_per_batch is None:
+            if str(e).startswith("The epoch plan has zero batches"):
+                raise UsageError(in_flags(str(e), SAMPLER_FLAG_NAMES)) from None
             raise
         raise UsageError(f"--max_pixels_per_batch {args.max_pixels_per_batch}: {e}") from None
+    for w in caught:
+        if not issubclass(w.category, UserWarning) or "Remedies:" not in str(w.message):
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+        elif accelerator.is_main_process:  # one line, in flags, without the warning's source line
+            logger.warning("%s", in_flags(str(w.message), SAMPLER_FLAG_NAMES))
+    return sampler
 
 
 # ============================================================================================ packing
@@ -1530,7 +1656,8 @@ def build_latent_cache(args: argparse.Namespace, accelerator: Any, ds: Any, buck
     ids = np.asarray(ds.with_format("numpy")["bucket"])
     rows = np.flatnonzero(ids >= 0)
     share = rows[lat.plan_share(len(rows), accelerator.process_index, accelerator.num_processes)]
-    mine = dict(zip(share.tolist(), lat.content_hashes(ds, args.image_column, share.tolist())))
+    mine = dict(zip(share.tolist(), lat.content_hashes(ds, args.image_column, share.tolist(),
+                                                                 show_progress=accelerator.is_local_main_process)))
     hashes_by_row: dict[int, str] = {}
     for part in gather_object([mine]) if accelerator.num_processes > 1 else [mine]:
         hashes_by_row.update(part)
@@ -1563,7 +1690,8 @@ def build_latent_cache(args: argparse.Namespace, accelerator: Any, ds: Any, buck
 
     t0 = time.perf_counter()
     lat.fill_cache(cache, index, rank=accelerator.process_index, world=accelerator.num_processes,
-                   load_batch=load_batch, encode=encode, batch_size=args.train_batch_size)
+                   load_batch=load_batch, encode=encode, batch_size=args.train_batch_size,
+                   show_progress=accelerator.is_local_main_process)
     accelerator.wait_for_everyone()
     mine = [(index.encoded, index.reused, index.repaired)]
     counts = gather_object(mine) if accelerator.num_processes > 1 else mine
@@ -1949,14 +2077,20 @@ def log_validation(args: argparse.Namespace, accelerator: Any, models: Models, u
     pipe.set_progress_bar_config(disable=True)
     shapes = validation_shapes(buckets)
     rows = []
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=len(args.validation_prompts) * len(shapes) * args.num_validation_images, unit="img",
+               desc="Validation images", leave=False)  # under the Steps bar: gone once the grid is saved
     for i, prompt in enumerate(args.validation_prompts):
         row = []
         for w, h in shapes:
             for j in range(args.num_validation_images):
+                bar.update()
                 g = torch.Generator(device=accelerator.device).manual_seed(args.seed + 1000 * i + j)
                 row.append(pipe(prompt, height=h, width=w, num_inference_steps=args.num_validation_inference_steps,
                                 generator=g).images[0])
         rows.append(row)
+    bar.close()
     grid = image_grid(rows)
     path = Path(args.output_dir) / "validation" / f"{name or f'step-{step:06d}'}.png"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -2002,7 +2136,7 @@ def save_model_card(args: argparse.Namespace, repo_id: str, buckets: Any, *, sdx
         f"from {bucket_origin(args)}",
         f"* steps: {stats.get('global_step') if stats else args.max_train_steps}, batch size {args.train_batch_size} "
         f"per device, gradient accumulation {args.gradient_accumulation_steps}, learning rate {args.learning_rate}",
-        f"* mixed precision: {args.mixed_precision}; dataset: "
+        f"* mixed precision: {(stats or {}).get('mixed_precision', args.mixed_precision)}; dataset: "
         f"{args.dataset_name or args.train_data_dir or args.instance_data_dir}", "",
     ]
     if getattr(args, "lora", False):
@@ -2016,7 +2150,8 @@ def save_model_card(args: argparse.Namespace, repo_id: str, buckets: Any, *, sdx
     if family in FLOW_CARDS and getattr(args, "shift_table", None):
         body += ["Per-bucket resolution shift (`mu` from each bucket's latent token count, as the pipeline "
                  "computes at inference):", "", "```", args.shift_table, "```", ""]
-    body += ["## Use", "", "```python", *usage_snippet(args, repo_id, sdxl=sdxl, family=family), "```", ""]
+    body += ["## Use", "", "```python", *usage_snippet(args, repo_id, sdxl=sdxl, family=family,
+                                                       shape=validation_shapes(buckets)[0]), "```", ""]
     if args.validation_prompts:
         body += ["## Validation", "", "Prompts: " + "; ".join(f"`{p}`" for p in args.validation_prompts), ""]
         body += [f"![validation]({Path(p).relative_to(args.output_dir).as_posix()})" for p in images or []]
@@ -2028,7 +2163,8 @@ def save_model_card(args: argparse.Namespace, repo_id: str, buckets: Any, *, sdx
     return path
 
 
-def usage_snippet(args: argparse.Namespace, repo_id: str, *, sdxl: bool, family: str | None = None) -> list[str]:
+def usage_snippet(args: argparse.Namespace, repo_id: str, *, sdxl: bool, family: str | None = None,
+                  shape: tuple[int, int] = (512, 768)) -> list[str]:
     """The model card's "Use" code: plain diffusers, no hf_arb (LoRA, custom pipeline, or the stock class).
 
     Always: imports, the lines that load ``pipe``, ``pipe = pipe.to("cuda", torch.float16)``, one generation (the
@@ -2047,7 +2183,14 @@ def usage_snippet(args: argparse.Namespace, repo_id: str, *, sdxl: bool, family:
     else:
         load = [f'pipe = {cls}.from_pretrained("{repo_id}")']
     return ["import torch", f"from diffusers import {cls}", "", *load, 'pipe = pipe.to("cuda", torch.float16)',
-            'image = pipe("a photo", height=768, width=512).images[0]  # any bucket shape']
+            f'image = pipe("a photo", height={shape[1]}, width={shape[0]}).images[0]  # a trained bucket shape']
+
+
+def saved_line(args: argparse.Namespace, *, sdxl: bool, family: str | None) -> str:
+    """The run's last line: where the output is and how stock diffusers loads it (the card's snippet, one line)."""
+    snippet = usage_snippet(args, args.output_dir, sdxl=sdxl, family=family)
+    load = snippet[1:snippet.index('pipe = pipe.to("cuda", torch.float16)')]
+    return f"Saved to {args.output_dir}: load it with " + "; ".join(line for line in load if line)
 
 
 def save_final(args: argparse.Namespace, accelerator: Any, models: Models, unet: Any, buckets: Any,
@@ -2087,6 +2230,7 @@ def finish_outputs(args: argparse.Namespace, buckets: Any, models: Models, valid
                               token=args.hub_token).repo_id
     save_model_card(args, repo_id, buckets, sdxl=models.sdxl, images=validation_images, stats=stats,
                     family=models.family)
+    print(saved_line(args, sdxl=models.sdxl, family=models.family), flush=True)
     if args.push_to_hub:
         from huggingface_hub import upload_folder
 
@@ -2191,6 +2335,7 @@ def main(argv: list[str] | argparse.Namespace | None = None) -> dict[str, Any]:
     from tqdm.auto import tqdm
 
     accelerator = make_accelerator(args)
+    check_process_count(accelerator)
     setup_logging(accelerator, ("datasets",))
     if not single:
         args = updated(args, seed=agree_on_seed(args, accelerator, resume_dir))
@@ -2293,7 +2438,8 @@ def main(argv: list[str] | argparse.Namespace | None = None) -> dict[str, Any]:
                  bad_images=report_bad_images(args, accelerator), num_processes=accelerator.num_processes,
                  sdxl=models.sdxl, family=models.family, seed=args.seed, schedule=schedule.__dict__, lora=args.lora,
                  trainable_parameters=sum(p.numel() for g in trainable for p in (g["params"] if isinstance(g, dict)
-                                                                                 else [g])))
+                                                                                 else [g])),
+                 mixed_precision=str(accelerator.mixed_precision))  # the real one (flag or accelerate config)
     if stream is not None:
         stats["stream_report"] = stream.report().to_dict()
     if args.packing:

@@ -208,6 +208,12 @@ def _run_stats(args: argparse.Namespace) -> int:
     from .annotate import summarize_annotation
 
     ds = load_source(args.dataset, split=args.split)
+    names = ds.column_names
+    for cols in names.values() if isinstance(names, dict) else [names]:
+        if "bucket" not in (cols or []):  # said in commands, not in Python arguments
+            raise UsageError(f"{args.dataset} has no bucket columns (its columns: {', '.join(cols or [])}): annotate "
+                             f"it first, e.g. hf-arb annotate {args.dataset} --output-dir {args.dataset}-arb, then "
+                             f"run hf-arb stats {args.dataset}-arb.")
     buckets = BucketSet.from_dataset(ds)
     print(f"{buckets!r}  fingerprint {buckets.fingerprint}")
     for split, part in _splits(ds):

@@ -26,7 +26,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _build_parsers() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
-    parser = argparse.ArgumentParser(prog="hf-arb", description="Aspect-ratio bucketing for Hugging Face datasets.")
+    from .flag_parser import FlagParser  # an unknown script spelling (--bucket_preset) names hf-arb's twin
+
+    parser = FlagParser(prog="hf-arb", description="Aspect-ratio bucketing for Hugging Face datasets.")
     sub = parser.add_subparsers(dest="command", required=True)
     subparsers = {}
     for name, (help_text, add_args, _) in commands().items():
@@ -42,7 +44,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     from .cli_buckets import UsageError, in_flags
 
     parser, subparsers = _build_parsers()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # said by the sub-command's parser: it knows the twins of its own flags
+        subparsers[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
     try:
         return commands()[args.command][2](args)
     except UsageError as e:

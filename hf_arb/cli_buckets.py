@@ -162,7 +162,13 @@ def _run_buckets(args: argparse.Namespace) -> int:
         cfg = ShiftConfig.from_scheduler_config(_scheduler_config(args.scheduler))
         print(f"\nresolution shift ({'dynamic' if cfg.use_dynamic_shifting else f'static shift={cfg.shift}'}, "
               f"VAE factor {args.vae_scale_factor}, patch {args.patch_size}):")
-        print(shift_table_text(bs, cfg, args.vae_scale_factor, args.patch_size))
+        try:
+            text = shift_table_text(bs, cfg, args.vae_scale_factor, args.patch_size)
+        except ValueError as e:  # the library's advice names Python and script spellings: say it in this CLI's flags
+            step = args.vae_scale_factor * args.patch_size
+            raise UsageError(f"--scheduler: {str(e).partition(' Use bucket sides')[0]} Pass --step {step} (or a "
+                             f"multiple of {step}), or a --preset whose table is.") from None
+        print(text)
     return 0
 
 

@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from tqdm.auto import tqdm
 
 __all__ = [
     "LatentCache",
@@ -106,8 +107,8 @@ def content_hash(source: Any) -> str:
     raise TypeError(f"Cannot hash an image given as {type(source).__name__}; pass bytes, a path or a dict.")
 
 
-def content_hashes(ds: Any, image_column: str, indices: Sequence[int] | None = None) -> list[str]:
-    """Content hashes of ``ds[image_column]`` at ``indices`` (all rows by default), without decoding images."""
+def content_hashes(ds: Any, image_column: str, indices: Sequence[int] | None = None, *, show_progress: bool = False) -> list[str]:
+    """Content hashes of ``ds[image_column]`` at ``indices`` (all rows by default), without decoding images (``show_progress``: a tqdm bar)."""
     import datasets
 
     if image_column not in ds.column_names:
@@ -117,7 +118,7 @@ def content_hashes(ds: Any, image_column: str, indices: Sequence[int] | None = N
         col = col.cast_column(image_column, datasets.Image(decode=False))
     if indices is not None:
         col = col.select(list(indices))
-    return [content_hash(x) for x in col[image_column]]
+    return [content_hash(x) for x in tqdm(col[image_column], desc="Hashing images", unit="img", disable=not show_progress)]
 
 
 def entry_key(content: str, plan: Any, vae: str) -> str:
@@ -357,8 +358,7 @@ def fill_cache(
     world: int,
     load_batch: Callable[[list[tuple[int, int, int]]], dict[str, Any]],
     encode: Callable[[Any], Any],
-    batch_size: int,
-    progress: Callable[[int], None] | None = None,
+    batch_size: int, show_progress: bool = False,
 ) -> CacheIndex:
     """Encode this rank's share of the missing entries, batched by bucket; returns ``index`` with counts set.
 
@@ -372,7 +372,7 @@ def fill_cache(
             pipeline's item for epoch ``variant`` is exactly variant ``variant``.
         encode: ``pixel_values`` → ``(B, 2, C, H/8, W/8)`` posterior mean and std (any array-like).
         batch_size: images per VAE call.
-        progress: called with the number of entries just written.
+        show_progress: tqdm bars (checking entries, encoding the missing: counts, rates) on stderr, for the main process.
     """
     todo: list[tuple[str, int, int, int]] = sorted(
         {(k, row, bucket, v) for (row, bucket), ks in index.keys.items() for v, k in enumerate(ks)}
@@ -382,7 +382,7 @@ def fill_cache(
     unique = [t for t in todo if not (t[0] in seen or seen.add(t[0]))]  # type: ignore[func-returns-value]
     mine = [unique[i] for i in plan_share(len(unique), rank, world)]
     missing = []
-    for t in mine:
+    for t in tqdm(mine, desc="Checking latent cache", unit="entry", disable=not show_progress or not mine):
         reason = cache.check(t[0]) if cache.has(t[0]) else "missing"
         if reason is None:
             continue
@@ -395,8 +395,8 @@ def fill_cache(
     by_bucket: dict[int, list[tuple[str, int, int, int]]] = {}
     for t in missing:
         by_bucket.setdefault(t[2], []).append(t)
-    for bucket in sorted(by_bucket):
-        items = by_bucket[bucket]
+    bar = tqdm(total=len(missing), desc="Encoding latents", unit="img", disable=not show_progress or not missing)
+    for _bucket, items in sorted(by_bucket.items()):
         for start in range(0, len(items), batch_size):
             chunk = items[start : start + batch_size]
             batch = load_batch([(row, b, v) for _, row, b, v in chunk])
@@ -409,8 +409,8 @@ def fill_cache(
                 }
                 cache.write(key, stats[j], meta)
             index.encoded += len(chunk)
-            if progress is not None:
-                progress(len(chunk))
+            bar.update(len(chunk))
+    bar.close()
     return index
 
 

@@ -16,11 +16,13 @@ Warnings and errors of every library still print.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import logging
+from collections.abc import Iterator
 
-__all__ = ["quiet_library_notes"]
+__all__ = ["quiet_library_notes", "no_text_encoder_lora_note"]
 
 _TORCHVISION_NOTE_LOGGER = "transformers.utils.import_utils"
 
@@ -44,3 +46,26 @@ def quiet_library_notes(libraries: tuple[str, ...] = ("transformers", "diffusers
         lib.utils.logging.disable_progress_bar()
     if "transformers" in libraries and importlib.util.find_spec("torchvision") is None:
         logging.getLogger(_TORCHVISION_NOTE_LOGGER).setLevel(logging.ERROR)
+
+
+#: diffusers' loggers that say a LoRA file has no text-encoder keys (per text encoder, so twice for SDXL)
+_LORA_NOTE_LOGGERS = ("diffusers.loaders.lora_base", "diffusers.loaders.peft", "diffusers.loaders.lora_pipeline")
+
+
+def _not_a_text_encoder_note(record: logging.LogRecord) -> bool:
+    return not str(record.msg).startswith("No LoRA keys associated to")
+
+
+@contextlib.contextmanager
+def no_text_encoder_lora_note() -> Iterator[None]:
+    """While loading an adapter known to hold no text-encoder weights (LoRA on the UNet / transformer only), drop
+    diffusers' "No LoRA keys associated to CLIPTextModel ..." note: it is expected, and has no action for the user.
+    A standard ``logging`` filter on those loggers, removed on exit; every other record still prints."""
+    loggers = [logging.getLogger(name) for name in _LORA_NOTE_LOGGERS]
+    for lg in loggers:
+        lg.addFilter(_not_a_text_encoder_note)
+    try:
+        yield
+    finally:
+        for lg in loggers:
+            lg.removeFilter(_not_a_text_encoder_note)

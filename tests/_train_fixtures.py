@@ -129,7 +129,8 @@ def batch_runs(root: Path, train: dict[str, str], flow: dict[str, str], stream: 
     # test_train_stream.py: 5 steps over the parquet shards, checkpoint at 2
     runs += _pair(root, "stream", stream_argv(stream, "--random_flip", "--max_train_steps", "5",
                                               "--checkpointing_steps", "2"), "checkpoint-2")
-    # test_train.py: SDXL on a dataset annotated beforehand (save_to_disk) with its own buckets; cached latents
+    # test_train.py: SDXL on a dataset annotated beforehand (save_to_disk) with its own buckets; cached latents.
+    # No bucket-table flag (--resolution 64 --bucket_step 16 would re-assign the rows to that table: issue 24, 3)
     import datasets
 
     from hf_arb import BucketSet, add_bucket_columns
@@ -139,7 +140,7 @@ def batch_runs(root: Path, train: dict[str, str], flow: dict[str, str], stream: 
     out = root / "sdxl-annotated"
     runs.append({"name": "sdxl-annotated", "out": str(out), "argv": [
         "--pretrained_model_name_or_path", train["sdxl"], "--dataset_name", str(root / "annotated"), "--output_dir",
-        str(out), *SD_BASE, "--full_finetune", "--max_train_steps", "3", "--checkpointing_steps", "100",
+        str(out), *SD_BASE[4:], "--full_finetune", "--max_train_steps", "3", "--checkpointing_steps", "100",
         "--cache_latents", "--random_flip", "--cache_text_embeddings"]})
     # test_fault_train.py: broken images replaced under DDP, one epoch
     images, damaged = broken_imagefolder(root / "broken-images")

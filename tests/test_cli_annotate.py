@@ -195,3 +195,16 @@ def test_entry_point_lists_commands() -> None:
         pytest.skip("hf-arb console script not installed in this environment")
     res = subprocess.run([str(script), "--help"], capture_output=True, text=True, check=True)
     assert "annotate" in res.stdout and "stats" in res.stdout
+
+
+def test_stats_on_an_unannotated_dataset_says_the_command_to_run(image_dir: Path, tmp_path: Path, capsys):
+    """In commands, not Python arguments (issue 24, item 7): no "pass the bucket ids as an array"."""
+    import datasets
+
+    raw = tmp_path / "raw"
+    datasets.load_dataset("imagefolder", data_dir=str(image_dir), split="train").save_to_disk(str(raw))
+    with pytest.raises(SystemExit) as exit_:
+        main(["stats", str(raw)])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert exit_.value.code == 2 and f"{raw} has no bucket columns" in err
+    assert f"hf-arb annotate {raw} --output-dir {raw}-arb" in err and "array" not in err and "`" not in err

@@ -26,3 +26,18 @@ def test_bad_values_are_one_line_errors_in_flags(argv, message, capsys) -> None:
 def test_fixed_table_notes_ignored_resolution(capsys) -> None:
     assert main(["buckets", "--preset", "novelai", "--resolution", "1024"]) == 0
     assert "note:" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("command, flag, twin", [
+    (["buckets"], "--bucket_preset", "--preset"), (["buckets"], "--bucket_step", "--step"),
+    (["annotate", "d", "--output-dir", "o"], "--image_column", "--image-column"),
+    (["annotate", "d", "--output-dir", "o"], "--max_aspect_error", "--max-aspect-error")])
+def test_unknown_flag_names_its_cli_twin(command, flag, twin, capsys):
+    """A training-script spelling given to hf-arb names hf-arb's (issue 24, item 7), from the sub-command's parser."""
+    from hf_arb.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main([*command, flag, "1"])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert exit_.value.code == 2 and err.startswith(f"hf-arb {command[0]}: error: unrecognized arguments")
+    assert err.endswith(f"({flag}: this command spells it {twin})")

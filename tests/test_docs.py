@@ -76,3 +76,17 @@ def test_mkdocs_site_builds_strict(tmp_path):
                           capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (tmp_path / "site" / "sampler" / "index.html").exists()
+
+
+def test_annotate_options_table_is_generated_from_the_parser():
+    """docs/annotate.md's option table is the parser's (issue 24, item 11): every preset and metric the CLI takes."""
+    from hf_arb import PRESETS
+    from hf_arb.matching import METRICS
+
+    doc = (ROOT / "docs" / "annotate.md").read_text()
+    assert gen_reference.annotate_md(doc) == doc, "docs/annotate.md options table is stale: run python docs/gen_reference.py"
+    table = doc[doc.index(gen_reference.OPTIONS_BEGIN):doc.index(gen_reference.OPTIONS_END)]
+    preset_row = next(r for r in table.splitlines() if r.startswith("| `--preset "))
+    assert preset_row.split("`")[1] == "--preset " + "\\|".join(PRESETS) and len(PRESETS) == 10
+    metric_row = next(r for r in table.splitlines() if r.startswith("| `--metric "))
+    assert all(m in metric_row.split("`")[1].split("\\|") or m in metric_row for m in METRICS)

@@ -23,6 +23,7 @@ from test_train import (
     reset_accelerate,
     run_script,
     script,
+    warns_in_log,
 )
 
 # No xdist group: the runs several tests read are shared artifacts (tests/conftest.py), built once per test run
@@ -128,7 +129,7 @@ def test_on_bad_image_error_fails_fast_with_working_advice(assets, broken_images
                 "--step", "16", "--verify"]) == 0
     argv = _argv(assets, tmp_path / "ok", "--max_train_steps", "3", "--on_bad_image", "error")
     argv[argv.index("--train_data_dir"):argv.index("--train_data_dir") + 2] = ["--dataset_name", str(annotated)]
-    with pytest.warns(UserWarning, match="drops 2 of 8 assigned rows"):  # 8 good rows in 5 buckets, batch 2
+    with warns_in_log("The epoch plan drops 2 of 8 assigned rows"):  # 8 good rows in 5 buckets, batch 2
         stats = run_script(argv)
     assert stats["global_step"] == 3 and stats["bad_images"] == 0
 
@@ -283,3 +284,19 @@ def test_two_ranks_replace_broken_images_and_stay_in_step(ddp_batch) -> None:
     assert sorted(Path(e["source"].strip("'")).name for e in entries) == sorted(damaged)
     trained = [r for t in r0 + r1 for r in t["rows"]]
     assert len(trained) == 20 and set(trained) == set(range(20)) - {e["row"] for e in entries}
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group(GROUP)
+def test_two_ranks_print_each_block_once(ddp_batch) -> None:
+    """A quiet console (issue 24, item 10): both ranks' output together holds the annotation summary, the bucket
+    table, the start-up report and the final line once each (the main process says them), no UserWarning source
+    line, and no accelerate process-count error (item 4) on a correct 2-process CPU launch."""
+    run = batch_result(ddp_batch, "broken-ddp")
+    log = run["stats"]["log"]
+    for block in ("rows: 20  kept:", "rows per bucket", "     bucket  aspect", "***** Running training",
+                  "epoch 0: ", f"Saved to {run['out']}: load it with"):
+        assert log.count(block) <= 1, (block, log[-3000:])
+    for block in ("rows: 20  kept:", "***** Running training", f"Saved to {run['out']}"):
+        assert log.count(block) == 1, (block, log[-3000:])
+    assert "UserWarning" not in log and "accelerate sees" not in log

@@ -195,3 +195,23 @@ def test_caption_choice_matches_image_dataset(tmp_path: Path):
     data = CachedLatentDataset(cache, idx, [caps], seed=3)
     for epoch in range(6):
         assert data[(0, 0, epoch)]["caption"] == caps[int(row_rng(3, epoch, 0, ROW_CAPTION).integers(4))]
+
+
+def test_cache_phases_show_progress_on_the_main_process_only(tmp_path: Path, image_ds, capsys):
+    """Hashing, checking and encoding show a tqdm bar (count and rate) once each when asked; never otherwise."""
+    hashes = lat.content_hashes(image_ds, "image", show_progress=True)
+    cache, pairs = lat.LatentCache(tmp_path), [(i, i % 2) for i in range(5)]
+    lat.fill_cache(cache, _index(hashes, pairs), rank=0, world=1, load_batch=Recorder().load_batch,
+                   encode=Recorder().encode, batch_size=2, show_progress=True)
+    lat.fill_cache(cache, _index(hashes, pairs), rank=0, world=1, load_batch=Recorder().load_batch,
+                   encode=Recorder().encode, batch_size=2, show_progress=True)  # all reused: a check, no encode
+    err = capsys.readouterr().err
+    finals = [line.rsplit("\r", 1)[-1] for line in err.split("\n") if line]  # a bar's last state
+    assert [line.split(":")[0] for line in finals] == ["Hashing images", "Checking latent cache", "Encoding latents",
+                                                       "Checking latent cache"]
+    assert f"{len(image_ds)}/{len(image_ds)}" in finals[0] and "img/s" in finals[0]
+    assert "5/5" in finals[2] and "img/s" in finals[2]
+    lat.content_hashes(image_ds, "image")  # other ranks (the default): silent
+    lat.fill_cache(lat.LatentCache(tmp_path / "b"), _index(hashes, pairs), rank=1, world=2,
+                   load_batch=Recorder().load_batch, encode=Recorder().encode, batch_size=2)
+    assert capsys.readouterr().err == ""

@@ -34,3 +34,22 @@ def test_torchvision_note_and_loading_bars_are_off_warnings_are_not() -> None:
     assert "requires torchvision" not in quiet.stderr
     assert "bars False False" in quiet.stdout
     assert "a real warning" in quiet.stderr
+
+
+def test_text_encoder_lora_note_is_dropped_only_while_loading_a_unet_only_adapter():
+    """diffusers' "No LoRA keys associated to CLIPTextModel" (once per encoder) says nothing a user can act on when
+    the adapter is UNet-only by design (issue 24, item 10); other records, and the note outside the block, pass."""
+    import logging
+
+    from hf_arb.logs import no_text_encoder_lora_note
+
+    lg = logging.getLogger("diffusers.loaders.lora_base")
+
+    def record(msg):
+        return logging.LogRecord(lg.name, logging.WARNING, __file__, 1, msg, None, None)
+
+    note = "No LoRA keys associated to CLIPTextModel found with the prefix='text_encoder'. This is safe to ignore"
+    with no_text_encoder_lora_note():
+        assert not lg.filter(record(note))
+        assert lg.filter(record("Loading adapter weights failed"))
+    assert lg.filter(record(note))

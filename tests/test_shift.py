@@ -121,4 +121,8 @@ def test_cli_prints_each_buckets_seq_len_and_mu(tmp_path, capsys):
     with pytest.raises(SystemExit):  # an argparse-style one-line error, not a traceback
         main(["buckets", "--preset", "budget", "--resolution", "512", "--step", "16", "--scheduler", str(tmp_path),
               "--vae-scale-factor", "16"])
-    assert "not divisible by 32" in capsys.readouterr().err
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "not divisible by 32" in err
+    # in this CLI's flags only (issue 24, item 7): no script flag, no Python call, no garbled `--step=...`
+    assert err.endswith("Pass --step 32 (or a multiple of 32), or a --preset whose table is.")
+    assert "--bucket_step" not in err and "BucketSet" not in err and "`" not in err

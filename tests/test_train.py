@@ -48,6 +48,24 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@contextlib.contextmanager
+def warns_in_log(pattern: str):
+    """The script's logger says a warning matching ``pattern`` (the sampler's advice is a log line in flags, once,
+    from the main process, not a UserWarning)."""
+    import logging
+    import re
+
+    said: list[str] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = lambda record: said.append(record.getMessage())  # type: ignore[method-assign]
+    script.logger.addHandler(handler)
+    try:
+        yield said
+    finally:
+        script.logger.removeHandler(handler)
+    assert sum(bool(re.search(pattern, m)) for m in said) == 1, said
+
+
 def reset_accelerate() -> None:
     """Forget accelerate's process-wide state after an in-process run, so other tests start clean."""
     from accelerate.state import AcceleratorState, GradientState
@@ -463,7 +481,7 @@ def test_sdxl_trains_with_pipeline_time_ids_and_saves_stock_pipeline(assets, ddp
     # both ranks encoded a share of the cache: together every image once per variant (3 steps -> 1 epoch -> 1)
     assert stats["latents_encoded"] == 20 and stats["latents_reused"] == 0
     own = BucketSet(SDXL_OWN_BUCKETS)
-    # the dataset's bucket set, not the one --resolution 64 --bucket_step 16 would build
+    # the dataset's bucket set (the run passes no bucket-table flag; with one, the rows are re-assigned to it)
     assert BucketSet.from_dict(json.loads((out / script.BUCKETS_FILE).read_text())).fingerprint == own.fingerprint
     pipe = StableDiffusionXLPipeline.from_pretrained(out)
     proj = pipe.text_encoder_2.config.projection_dim

@@ -179,3 +179,93 @@ def test_training_on_a_bucket_string_with_linear_metric(tmp_path, assets):
         w, h = saved["resolutions"][t["bucket"]]
         assert t["shape"] == [2, 3, h, w]
     assert f"`--aspect_ratio_buckets {table}`" in (tmp_path / "README.md").read_text()
+
+
+# ------------------------------------------------- an annotated dataset meets bucket flags (issue 24, item 3)
+@pytest.fixture(scope="module")
+def annotated_budget_1024(five_images, tmp_path_factory) -> str:
+    """five_images annotated as `hf-arb annotate --preset budget --resolution 1024` would, saved to disk."""
+    import datasets
+    from hf_arb import add_bucket_columns
+
+    ds = datasets.load_dataset("imagefolder", data_dir=five_images, split="train")
+    ds = add_bucket_columns(ds, BucketSet.preset("budget", resolution=1024), show_summary=False)
+    folder = tmp_path_factory.mktemp("annotated") / "ds"
+    ds.save_to_disk(str(folder))
+    return str(folder)
+
+
+def annotated_args(sd_folder, folder, *extra):
+    return script.parse_args(["--pretrained_model_name_or_path", sd_folder, "--dataset_name", folder,
+                              "--full_finetune", *extra])
+
+
+def test_explicit_bucket_flags_reassign_an_annotated_dataset(sd_folder, annotated_budget_1024, caplog):
+    args = annotated_args(sd_folder, annotated_budget_1024, "--bucket_preset", "novelai", "--resolution", "512")
+    with caplog.at_level(logging.INFO, logger=script.logger.name):
+        ds, buckets = script.dataset_with_buckets(args, None)
+    wanted = BucketSet.novelai()
+    assert buckets == wanted and BucketSet.from_dataset(ds) == wanted
+    w, h = np.asarray(ds["original_width"]), np.asarray(ds["original_height"])
+    assert ds["bucket"] == wanted.assign(w, h)[0].tolist()  # the rows now sit in the requested table's buckets
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warned) == 1 and "--bucket_preset novelai" in warned[0] and "re-assigned its 5 rows" in warned[0]
+    assert "--bucket_preset novelai" in script.bucket_origin(args)
+
+
+def test_annotated_dataset_without_table_flags_keeps_its_buckets_and_the_card_says_so(sd_folder,
+                                                                                      annotated_budget_1024, caplog):
+    args = annotated_args(sd_folder, annotated_budget_1024)  # family default --resolution 512: not a user's flag
+    with caplog.at_level(logging.INFO, logger=script.logger.name):
+        ds, buckets = script.dataset_with_buckets(args, None)
+    assert buckets == BucketSet.preset("budget", resolution=1024)
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    origin = script.bucket_origin(args)
+    assert "dataset's own bucket columns" in origin and "--bucket_preset" not in origin
+    # --resolution alone is not applied to the dataset's table: one warning names it
+    caplog.clear()
+    args = annotated_args(sd_folder, annotated_budget_1024, "--resolution", "512")
+    with caplog.at_level(logging.INFO, logger=script.logger.name):
+        _, buckets = script.dataset_with_buckets(args, None)
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert buckets == BucketSet.preset("budget", resolution=1024)
+    assert len(warned) == 1 and "--resolution 512 is not applied" in warned[0]
+
+
+# ------------------------------------------------------- the sampler's advice in flags (issue 24, item 7)
+def test_sampler_advice_is_said_once_in_flags_from_the_main_process(sd_folder, five_images, caplog):
+    import warnings
+
+    args = script.parse_args(["--pretrained_model_name_or_path", sd_folder, "--train_data_dir", five_images,
+                              "--full_finetune", "--aspect_ratio_buckets", "64,64", "--train_batch_size", "2", "--seed", "0"])
+    ds, buckets = script.dataset_with_buckets(args, None)  # 5 rows, one bucket: batches of 2 drop 1 row (20 %)
+    for main in (True, False):
+        rank = SimpleNamespace(num_processes=1, process_index=0, is_main_process=main)
+        with caplog.at_level(logging.INFO, logger=script.logger.name), warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            script.make_sampler(args, ds, buckets, rank)
+        said = [r.getMessage() for r in caplog.records if "drops" in r.getMessage()]
+        assert not [x for x in w if issubclass(x.category, UserWarning)]  # no UserWarning with its source line
+        if main:
+            assert len(said) == 1 and "--bucket_leftover fill (or catch_all)" in said[0]
+            assert "a smaller --train_batch_size" in said[0] and "leftover=" not in said[0]
+            assert "merge_small" not in said[0] and "`" not in said[0]
+        else:
+            assert said == []
+        caplog.clear()
+
+
+# ------------------------------------------------------------ a quiet console (issue 24, items 7 and 10)
+def test_on_the_fly_annotation_summary_is_said_once_without_the_table_in_script_flags(sd_folder, five_images,
+                                                                                      capsys):
+    args = script.parse_args(["--pretrained_model_name_or_path", sd_folder, "--train_data_dir", five_images,
+                              "--full_finetune", "--aspect_ratio_buckets", "64,64"])
+    not_main = SimpleNamespace(is_main_process=False, main_process_first=contextlib.nullcontext)
+    script.dataset_with_buckets(args, not_main)
+    assert capsys.readouterr().out == ""  # other ranks print nothing
+    script.dataset_with_buckets(args, None)
+    out = capsys.readouterr().out
+    assert out.count("rows: 5  kept: 5") == 1
+    assert "rows per bucket" not in out and "64 x 64" not in out  # the table is the start-up report's
+    assert "skip them with --max_aspect_error 0.25" in out  # 4 rows cropped far: advice in this script's flag
+    assert "Python:" not in out and "--max-aspect-error" not in out

@@ -164,3 +164,114 @@ def test_internal_error_keeps_its_traceback(cli_assets, tmp_path):
                        cli_assets["images"], "--output_dir", str(tmp_path), "--report_to", "none",
                        "--learning_rate", "1e-5", "--train_batch_size", "1", "--max_train_steps", "1"], timeout=120)
     assert proc.returncode == 1 and "Traceback (most recent call last)" in proc.stderr
+
+
+def test_process_count_mismatch_names_the_cpu_launch(monkeypatch):
+    """`accelerate launch --multi_gpu --num_processes 2` on a CPU machine: WORLD_SIZE=2, but accelerate sees one
+    process (issue 24, item 4). Simulated in-process: the env of a 2-process launch, a one-process accelerator."""
+    from types import SimpleNamespace
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(script.UsageError) as err:
+        script.check_process_count(SimpleNamespace(num_processes=1))
+    message = str(err.value)
+    assert "2 processes were launched (WORLD_SIZE=2) but accelerate sees 1" in message and "\n" not in message
+    assert "ACCELERATE_USE_CPU=1 torchrun --nproc_per_node 2" in message
+    script.check_process_count(SimpleNamespace(num_processes=2))  # agreeing counts pass
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    script.check_process_count(SimpleNamespace(num_processes=1))
+
+
+def test_main_checks_the_process_count_before_any_data(monkeypatch, tmp_path):
+    """main() itself stops right after making the Accelerator (a real one, one process on CPU)."""
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.delenv("ACCELERATE_USE_CPU", raising=False)  # the mistake: no CPU flag, so accelerate sees 1
+    model = fake_model(tmp_path, "sd")
+    args = script.parse_args(["--pretrained_model_name_or_path", model, "--train_data_dir", str(tmp_path / "none"),
+                              "--full_finetune", "--output_dir", str(tmp_path / "out"), "--report_to", "none"])
+    from test_train import reset_accelerate
+
+    try:
+        with pytest.raises(script.UsageError, match="accelerate sees 1"):
+            script.main(args)
+    finally:
+        reset_accelerate()  # the next in-process run starts from a clean accelerate state
+
+
+@pytest.mark.parametrize("mode", [["--full_finetune"], ["--rank", "4"]])
+def test_run_ends_with_one_line_saying_where_and_how_to_load(mode, tmp_path, capsys):
+    """finish_outputs (main process only: its callers return on other ranks) prints the output folder and the
+    stock-diffusers lines that load it, once (issue 24, item 5)."""
+    from types import SimpleNamespace
+
+    model = fake_model(tmp_path, "sd")
+    out = tmp_path / "out"
+    out.mkdir()
+    args = script.parse_args(["--pretrained_model_name_or_path", model, "--train_data_dir", str(tmp_path),
+                              "--output_dir", str(out), "--report_to", "none", *mode])
+    script.finish_outputs(args, script.bucket_set_from_args(args), SimpleNamespace(sdxl=False, family="sd"), [],
+                          {"global_step": 1})
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("Saved to")]
+    load = (f'pipe.load_lora_weights("{out}")' if args.lora
+            else f'pipe = StableDiffusionPipeline.from_pretrained("{out}")')
+    assert len(lines) == 1 and lines[0].startswith(f"Saved to {out}: load it with from diffusers import ")
+    assert load in lines[0]
+
+
+def test_validation_shows_a_progress_bar_of_its_images(tmp_path, capsys):
+    from types import SimpleNamespace
+
+    from PIL import Image
+
+    class Pipe:  # stands in for a diffusers pipeline: only what log_validation calls
+        def to(self, device):
+            return self
+
+        def set_progress_bar_config(self, **kwargs):
+            pass
+
+        def __call__(self, prompt, height, width, **kwargs):
+            return SimpleNamespace(images=[Image.new("RGB", (width, height))])
+
+    model = fake_model(tmp_path, "sd")
+    args = script.parse_args(["--pretrained_model_name_or_path", model, "--train_data_dir", str(tmp_path),
+                              "--output_dir", str(tmp_path / "out"), "--full_finetune", "--resolution", "64",
+                              "--bucket_step", "16", "--validation_prompts", "a", "b", "--seed", "0"])
+    buckets = script.bucket_set_from_args(args)
+    main = SimpleNamespace(is_main_process=True, device="cpu", trackers=[])
+    script.log_validation(args, main, None, None, buckets, 1, None, pipe=Pipe())
+    n = 2 * len(script.validation_shapes(buckets)) * args.num_validation_images
+    err = capsys.readouterr().err  # one bar (leave=False: cleared once the grid is saved), counts and rate
+    assert err.count(f"Validation images:   0%|          | 0/{n} [") == 1 and "img/s" in err
+    assert script.log_validation(args, SimpleNamespace(is_main_process=False), None, None, buckets, 1, None,
+                                 pipe=Pipe()) is None
+    assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("flag, twin", [("--preset", "--bucket_preset"), ("--step", "--bucket_step"),
+                                        ("--image-column", "--image_column"), ("--train-batch-size", "--train_batch_size")])
+def test_unknown_flag_names_its_script_twin(flag, twin, capsys):
+    """A flag spelled as hf-arb spells it (or with dashes) is refused naming this script's spelling (issue 24, 7)."""
+    with pytest.raises(SystemExit) as exit_:
+        script.parse_args(["--pretrained_model_name_or_path", "m", "--train_data_dir", "d", flag, "64"])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert exit_.value.code == 2
+    assert err.endswith(f"unrecognized arguments: {flag} 64 ({flag}: this command spells it {twin})")
+    with pytest.raises(SystemExit):
+        script.parse_args(["--pretrained_model_name_or_path", "m", "--train_data_dir", "d", "--no_such_flag", "1"])
+    assert "spells it" not in capsys.readouterr().err  # no twin: argparse's error alone
+
+
+def test_model_card_states_the_real_precision_and_a_trained_shape(tmp_path):
+    """The card says the precision accelerate really used (the flag's default None = the accelerate config's) and
+    its example generates at a bucket the model was trained on (issue 24, item 11)."""
+    model = fake_model(tmp_path, "sd")
+    out = tmp_path / "out"
+    out.mkdir()
+    args = script.parse_args(["--pretrained_model_name_or_path", model, "--train_data_dir", str(tmp_path),
+                              "--output_dir", str(out), "--full_finetune", "--aspect_ratio_buckets", "96,48"])
+    assert args.mixed_precision is None
+    card = script.save_model_card(args, str(out), script.bucket_set_from_args(args), sdxl=False,
+                                  stats={"global_step": 1, "mixed_precision": "bf16"}).read_text()
+    assert "* mixed precision: bf16;" in card
+    assert 'pipe("a photo", height=96, width=48)' in card and "height=768" not in card

@@ -61,13 +61,13 @@ def pixel_runs(assets, tmp_path_factory) -> dict:
             "--train_batch_size", "4", "--max_pixels_per_batch", str(BUDGET), "--gradient_accumulation_steps", "2",
             "--max_train_steps", "3", "--checkpointing_steps", "2", "--center_crop"]
     # 20 photos, batches per bucket of up to 4 under the budget, leftover "drop": the sampler says what it drops
-    drops = r"BucketBatchSampler drops \d+ of 20 assigned rows"
-    with pytest.warns(UserWarning, match=drops):
+    drops = r"The epoch plan drops \d+ of 20 assigned rows .* Remedies: a smaller --max_pixels_per_batch"
+    with test_train.warns_in_log(drops):
         stats = run_script(args + ["--output_dir", str(full)])
     test_train.reset_accelerate()
     resumed = tmp_path_factory.mktemp("pixel_resumed")
     shutil.copytree(full / "checkpoint-2", resumed / "checkpoint-2")
-    with pytest.warns(UserWarning, match=drops):
+    with test_train.warns_in_log(drops):
         run_script(args + ["--output_dir", str(resumed), "--resume_from_checkpoint", "latest"])
     return {"full": full, "resumed": resumed, "stats": stats}
 

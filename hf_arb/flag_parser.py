@@ -1,0 +1,58 @@
+"""An argparse parser whose "unrecognized arguments" error suggests the flag's twin.
+
+The same option is spelled differently by ``hf-arb`` (``--preset``, ``--step``, dashes) and by
+``train_text_to_image_arb.py`` (``--bucket_preset``, ``--bucket_step``, underscores, as diffusers' scripts). A user
+moving a flag from one to the other gets argparse's error plus one sentence naming the spelling this command takes.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Iterable
+from typing import Any, NoReturn
+
+#: hf-arb's spelling → the training script's, where they differ by more than dashes vs underscores
+CLI_TO_SCRIPT = {"--preset": "--bucket_preset", "--step": "--bucket_step", "--metric": "--bucket_metric",
+                 "--min-side": "--bucket_min_side", "--max-side": "--bucket_max_side",
+                 "--leftover": "--bucket_leftover", "--batch-size": "--train_batch_size"}
+SCRIPT_TO_CLI = {v: k for k, v in CLI_TO_SCRIPT.items()}
+
+
+def twin(flag: str, known: Iterable[str]) -> str | None:
+    """The flag among ``known`` that ``flag`` (an unknown option, maybe ``--x=value``) stands for, or None."""
+    name = flag.partition("=")[0]
+    if not name.startswith("--"):
+        return None
+    known = set(known)
+    dashed, underscored = "--" + name[2:].replace("_", "-"), "--" + name[2:].replace("-", "_")
+    for cand in (CLI_TO_SCRIPT.get(name), SCRIPT_TO_CLI.get(name), dashed, underscored,
+                 CLI_TO_SCRIPT.get(dashed), SCRIPT_TO_CLI.get(underscored)):
+        if cand is not None and cand != name and cand in known:
+            return cand
+    return None
+
+
+class FlagParser(argparse.ArgumentParser):
+    """``argparse.ArgumentParser`` that remembers its option strings and, on unrecognized arguments, names the twin
+    of each one it knows (``--preset: this command spells it --bucket_preset``)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.flags: set[str] = set()  # before super().__init__, which adds -h/--help
+        super().__init__(*args, **kwargs)
+
+    def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action:
+        action = super().add_argument(*args, **kwargs)
+        self.flags.update(action.option_strings)
+        return action
+
+    def twin_hints(self, unknown: Iterable[str]) -> list[str]:
+        """One hint per unknown option whose twin this parser takes."""
+        return [f"{u.partition('=')[0]}: this command spells it {t}" for u in unknown if (t := twin(u, self.flags))]
+
+    def error(self, message: str) -> NoReturn:
+        prefix = "unrecognized arguments: "
+        if message.startswith(prefix):
+            hints = self.twin_hints(message[len(prefix):].split())
+            if hints:
+                message = f"{message} ({'; '.join(hints)})"
+        super().error(message)
