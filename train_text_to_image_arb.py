@@ -441,6 +441,11 @@ def check_values(args: argparse.Namespace) -> None:
                  "num_validation_images"):  # 0 validation images: no validation (as upstream passes it)
         if getattr(args, name) < 0:
             raise UsageError(f"--{name} must be >= 0, got {getattr(args, name)}.")
+    from hf_arb.presets import check_resolution
+    try:
+        check_resolution(args.resolution, "--resolution")  # a pixel count (1048576) is refused before any work
+    except ValueError as e:
+        raise UsageError(str(e)) from None
     if not args.learning_rate > 0:
         raise UsageError(f"--learning_rate must be > 0, got {args.learning_rate}.")
     if args.lr_scheduler not in LR_SCHEDULERS:
@@ -1252,6 +1257,32 @@ def check_plan(args: argparse.Namespace, ds: Any, num_processes: int) -> None:
             f"(--train_batch_size {args.train_batch_size} x {num_processes} processes). Lower --train_batch_size, "
             "use --bucket_leftover fill (or catch_all), or add images."
         )
+
+
+#: A resolution that needs more than this upscale for at least half of the kept images is refused before training.
+MAX_TYPICAL_UPSCALE = 8.0
+
+
+def check_upscale(args: argparse.Namespace, ds: Any, buckets: Any) -> None:
+    """Refuse a --resolution far above the images (the median kept image upscaled more than MAX_TYPICAL_UPSCALE x):
+    each image would be enlarged that much in memory and the run would end blaming the images."""
+    if not {"original_width", "original_height"} <= set(ds.column_names):
+        return
+    from hf_arb.annotation_summary import cover_scales
+
+    cols = ds.data  # Arrow columns: no image is decoded
+    ids = cols.column("bucket").to_numpy()
+    scale = cover_scales(ids, cols.column("original_width"), cols.column("original_height"), buckets)  # (n,)
+    scale = scale[np.isfinite(scale)]
+    if scale.size and float(np.median(scale)) > MAX_TYPICAL_UPSCALE:
+        res = buckets.resolutions
+        typical = int(np.median(np.sqrt(res[ids[ids >= 0], 0] * res[ids[ids >= 0], 1]) / np.median(scale)))
+        side = max(args.bucket_step or 64, typical // (args.bucket_step or 64) * (args.bucket_step or 64))
+        raise UsageError(
+            f"--resolution {args.resolution}: the median image would be upscaled {np.median(scale):.0f}x to cover its "
+            f"bucket ({int((scale > MAX_TYPICAL_UPSCALE).sum())} of {scale.size} kept images more than "
+            f"{MAX_TYPICAL_UPSCALE:g}x, the most {scale.max():.0f}x); the resolution is too large for these images. "
+            f"Pass a smaller --resolution, e.g. {side} (about their median side).")
 
 
 def make_sampler(args: argparse.Namespace, ds: Any, buckets: Any, accelerator: Any) -> Any:
@@ -2187,6 +2218,7 @@ def main(argv: list[str] | argparse.Namespace | None = None) -> dict[str, Any]:
         if not args.streaming:
             ds, buckets = dataset_with_buckets(args, None)
             check_plan(args, ds, 1)
+            check_upscale(args, ds, buckets)
     from accelerate.utils import set_seed
     from tqdm.auto import tqdm
 
@@ -2207,6 +2239,8 @@ def main(argv: list[str] | argparse.Namespace | None = None) -> dict[str, Any]:
         if not single:
             ds, buckets = dataset_with_buckets(args, accelerator)
         check_plan(args, ds, accelerator.num_processes)  # the plan is checked before any model is loaded
+        if not single:
+            check_upscale(args, ds, buckets)
         sampler = make_sampler(args, ds, buckets, accelerator)
     schedule = compute_schedule(sampler.steps_per_epoch, gradient_accumulation_steps=args.gradient_accumulation_steps,
                                 num_train_epochs=args.num_train_epochs, max_train_steps=args.max_train_steps,

@@ -160,6 +160,18 @@ def summarize_columns(bucket: Any, aspect_error: Any, skip_reason: Any, buckets:
     return AnnotationSummary(int(ids.size), by_reason, buckets.summarize(ids, err), tuple(examples), outliers)
 
 
+def cover_scales(ids: Any, widths: Any, heights: Any, buckets: BucketSet) -> np.ndarray:
+    """Each kept row's cover scale ``max(bucket_w / w, bucket_h / h)``, shape ``(n,)``; NaN for skipped rows (id -1)
+    and missing sizes. Above 1: the row is upscaled to cover its bucket."""
+    ids = np.asarray(ids, dtype=np.int64)  # (n,)
+    w, h = (pc.cast(_chunked(c), pa.float64()).to_numpy(zero_copy_only=False) for c in (widths, heights))  # (n,)
+    res = buckets.resolutions.astype(np.float64)  # (k, 2)
+    kept = ids >= 0
+    with np.errstate(invalid="ignore", divide="ignore"):
+        scale = np.maximum(res[np.where(kept, ids, 0), 0] / w, res[np.where(kept, ids, 0), 1] / h)  # (n,)
+    return np.where(kept & (w > 0) & (h > 0), scale, np.nan)
+
+
 def _outliers(ids: np.ndarray, err: np.ndarray, sizes: tuple[Any, Any] | None, buckets: BucketSet,
               warn_aspect_error: float | None, warn_upscale: float | None) -> tuple[Outliers, ...]:
     """Kept rows above the warning thresholds, vectorised; the worst :data:`_EXAMPLES` of each kind as examples."""
