@@ -59,12 +59,14 @@ Nothing here imports torchvision: images go through :mod:`hf_arb.imaging` (Pillo
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import contextlib
 import importlib
 import json
 import logging
 import math
 import os
+import re
 import shutil
 import sys
 import time
@@ -757,9 +759,9 @@ def resolve_resume_dir(args: argparse.Namespace) -> Path | None:
             )
         return path
     path = Path(args.resume_from_checkpoint)
-    if not path.is_dir():
+    if not path.is_dir() and path.name == str(path):  # a bare name (upstream's idiom): a folder of --output_dir
         path = out / path.name
-    if not path.is_dir() or not (path / STATE_FILE).exists():
+    if not path.is_dir() or not (path / STATE_FILE).exists():  # a path is used as given, and named as given
         raise UsageFileError(
             f"--resume_from_checkpoint {args.resume_from_checkpoint!r}: {path} is not a checkpoint of this script "
             f"(missing folder or {STATE_FILE}). Available: {[d.name for d in list_checkpoints(out)] or 'none'}."
@@ -771,6 +773,40 @@ def resolve_resume_dir(args: argparse.Namespace) -> Path | None:
             ". Resume from another checkpoint, or pass --resume_from_checkpoint latest to take the newest complete one."
         )
     return path
+
+
+#: Flags a resume must repeat, as hf_arb_state.json records them (the sampler's plan and the step count depend on them).
+RESUME_FLAGS = ("train_batch_size", "gradient_accumulation_steps")
+
+
+def check_resume_flags(args: argparse.Namespace, resume_dir: Path | None) -> None:
+    """Before anything loads: the checkpoint's folder name, step and batch flags must fit this run, said in flags."""
+    if resume_dir is None:
+        return
+    saved = json.loads((resume_dir / STATE_FILE).read_text())
+    named = re.fullmatch(r"checkpoint-(\d+)", resume_dir.name)
+    if named and int(named.group(1)) != int(saved["global_step"]):
+        raise UsageError(f"Checkpoint {resume_dir}: {STATE_FILE} says global_step {saved['global_step']}, but the "
+                         f"folder is {resume_dir.name}; the file was edited or copied from another checkpoint. Resume "
+                         "from another checkpoint (--resume_from_checkpoint latest takes the newest complete one).")
+    if args.max_pixels_per_batch is not None or args.packing or args.streaming:
+        return  # batch sizes come from the pixel budget / the packs; the stream checks its own state per rank
+    procs = int(os.environ.get("WORLD_SIZE", "1"))
+    was = {f: saved.get(f) for f in (*RESUME_FLAGS, "num_processes")}
+    if None in was.values():
+        return  # saved before these were recorded: the sampler's own state check still applies
+    differ = [f for f in RESUME_FLAGS if was[f] != getattr(args, f)]
+    global_was, global_now = was["train_batch_size"] * was["num_processes"], args.train_batch_size * procs
+    if differ or global_was != global_now:
+        plural = lambda n: f"{n} process{'es' if n != 1 else ''}"  # noqa: E731
+        fix = " ".join(f"--{f} {was[f]}" for f in differ) or f"--train_batch_size {global_was // procs}"
+        if global_was % procs and not differ:
+            fix = f"{plural(was['num_processes'])} (--train_batch_size x processes must stay {global_was})"
+        raise UsageError(
+            f"Checkpoint {resume_dir} was trained with --train_batch_size {was['train_batch_size']} on "
+            f"{plural(was['num_processes'])} (--gradient_accumulation_steps {was['gradient_accumulation_steps']}); "
+            f"this run has --train_batch_size {args.train_batch_size} on {plural(procs)} "
+            f"(--gradient_accumulation_steps {args.gradient_accumulation_steps}). Pass {fix} to resume it.")
 
 
 def cli_parse(argv: list[str]) -> argparse.Namespace:
@@ -1682,7 +1718,8 @@ def restore(accelerator: Any, resume_dir: Path | None, seed: int) -> Progress:
         return Progress(seed=seed)
     accelerator.print(f"Resuming from checkpoint {resume_dir}")
     accelerator.load_state(str(resume_dir))
-    return Progress(**json.loads((resume_dir / STATE_FILE).read_text()))
+    saved = json.loads((resume_dir / STATE_FILE).read_text())
+    return Progress(**{f.name: saved[f.name] for f in dataclasses.fields(Progress) if f.name in saved})
 
 
 def restore_stream(accelerator: Any, stream: Any, resume_dir: Path, progress: Progress) -> None:
@@ -1720,7 +1757,7 @@ def check_resumed_step(args: argparse.Namespace, accelerator: Any, progress: Pro
     opt_ok = opt_step is None or opt_step == progress.global_step or (
         args.mixed_precision == "fp16" and opt_step <= progress.global_step)
     if expected != progress.global_step or not opt_ok:
-        raise ValueError(
+        raise UsageError(
             f"Checkpoint {resume_dir} is inconsistent: {STATE_FILE} says global_step {progress.global_step}, but its "
             f"micro_step {progress.micro_step} is at update {expected} (with --gradient_accumulation_steps "
             f"{args.gradient_accumulation_steps}) and the optimizer at step {opt_step}. The file was edited or the "
@@ -1740,7 +1777,9 @@ def save_checkpoint(args: argparse.Namespace, accelerator: Any, progress: Progre
     accelerator.wait_for_everyone()
     accelerator.save_state(str(tmp))
     if accelerator.is_main_process:
-        (tmp / STATE_FILE).write_text(json.dumps(progress.__dict__, indent=1))
+        flags = {f: getattr(args, f) for f in RESUME_FLAGS}  # read back by check_resume_flags
+        (tmp / STATE_FILE).write_text(json.dumps({**progress.__dict__, **flags,
+                                                  "num_processes": accelerator.num_processes}, indent=1))
     if stream_state is not None:  # --streaming: each rank's buffer and position (not accelerate's to save)
         stream_state_path(tmp, accelerator).write_text(json.dumps(stream_state))
     accelerator.wait_for_everyone()
@@ -2211,6 +2250,7 @@ def main(argv: list[str] | argparse.Namespace | None = None) -> dict[str, Any]:
         args = parse_args(argv)
         check_environment(args)
     resume_dir = resolve_resume_dir(args)
+    check_resume_flags(args, resume_dir)  # before the data and the models
     single = int(os.environ.get("WORLD_SIZE", "1")) <= 1
     if single:  # the data and the plan are checked before torch, accelerate or any model is loaded
         setup_logging(None, ("datasets",))
