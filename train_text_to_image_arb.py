@@ -692,6 +692,12 @@ def check_environment(args: argparse.Namespace) -> None:
                 raise UsageError(f"--{flag} {value}: the folder is not a diffusers model (no model_index.json).")
         elif path.exists() or not hub_id.match(value) or value.count("/") > 1:
             raise UsageFileError(f"--{flag} {value}: no such model folder, and not a Hub id (like org/name).")
+        else:  # a Hub id: a typo or an unreachable Hub is said now, not after the dataset and download retries
+            from hf_arb.hub import hub_model_problem
+
+            problem = hub_model_problem(value, revision=args.revision if flag == "pretrained_model_name_or_path" else None)
+            if problem:
+                raise UsageFileError(f"--{flag} {value}: {problem}")
     folder_flag = "instance_data_dir" if args.instance_data_dir is not None else "train_data_dir"
     if args.dataset_name is None and not Path(getattr(args, folder_flag)).is_dir():
         raise UsageFileError(f"--{folder_flag} {getattr(args, folder_flag)}: no such folder.")

@@ -158,8 +158,9 @@ def _scheduler_config(path: str) -> dict:
     for cand in (p, p / "scheduler_config.json", p / "scheduler" / "scheduler_config.json"):
         if cand.is_file():
             return json.loads(cand.read_text())
-    raise FileNotFoundError(f"No scheduler_config.json at {path!r} (tried the file, PATH/scheduler_config.json and "
-                            "PATH/scheduler/scheduler_config.json).")
+    raise UsageError(f"--scheduler {path}: no scheduler_config.json there (tried the file, PATH/scheduler_config.json "
+                     "and PATH/scheduler/scheduler_config.json). Pass a model folder, its scheduler/ folder or the "
+                     "JSON file.")
 
 
 def _run_buckets(args: argparse.Namespace) -> int:
