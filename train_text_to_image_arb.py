@@ -59,12 +59,14 @@ Nothing here imports torchvision: images go through :mod:`hf_arb.imaging` (Pillo
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import contextlib
 import importlib
 import json
 import logging
 import math
 import os
+import re
 import shutil
 import sys
 import time
@@ -444,6 +446,11 @@ def check_values(args: argparse.Namespace) -> None:
                  "num_validation_images"):  # 0 validation images: no validation (as upstream passes it)
         if getattr(args, name) < 0:
             raise UsageError(f"--{name} must be >= 0, got {getattr(args, name)}.")
+    from hf_arb.presets import check_resolution
+    try:
+        check_resolution(args.resolution, "--resolution")  # a pixel count (1048576) is refused before any work
+    except ValueError as e:
+        raise UsageError(str(e)) from None
     if not args.learning_rate > 0:
         raise UsageError(f"--learning_rate must be > 0, got {args.learning_rate}.")
     if args.lr_scheduler not in LR_SCHEDULERS:
@@ -690,6 +697,12 @@ def check_environment(args: argparse.Namespace) -> None:
                 raise UsageError(f"--{flag} {value}: the folder is not a diffusers model (no model_index.json).")
         elif path.exists() or not hub_id.match(value) or value.count("/") > 1:
             raise UsageFileError(f"--{flag} {value}: no such model folder, and not a Hub id (like org/name).")
+        else:  # a Hub id: a typo or an unreachable Hub is said now, not after the dataset and download retries
+            from hf_arb.hub import hub_model_problem
+
+            problem = hub_model_problem(value, revision=args.revision if flag == "pretrained_model_name_or_path" else None)
+            if problem:
+                raise UsageFileError(f"--{flag} {value}: {problem}")
     folder_flag = "instance_data_dir" if args.instance_data_dir is not None else "train_data_dir"
     if args.dataset_name is None and not Path(getattr(args, folder_flag)).is_dir():
         raise UsageFileError(f"--{folder_flag} {getattr(args, folder_flag)}: no such folder.")
@@ -757,9 +770,9 @@ def resolve_resume_dir(args: argparse.Namespace) -> Path | None:
             )
         return path
     path = Path(args.resume_from_checkpoint)
-    if not path.is_dir():
+    if not path.is_dir() and path.name == str(path):  # a bare name (upstream's idiom): a folder of --output_dir
         path = out / path.name
-    if not path.is_dir() or not (path / STATE_FILE).exists():
+    if not path.is_dir() or not (path / STATE_FILE).exists():  # a path is used as given, and named as given
         raise UsageFileError(
             f"--resume_from_checkpoint {args.resume_from_checkpoint!r}: {path} is not a checkpoint of this script "
             f"(missing folder or {STATE_FILE}). Available: {[d.name for d in list_checkpoints(out)] or 'none'}."
@@ -771,6 +784,40 @@ def resolve_resume_dir(args: argparse.Namespace) -> Path | None:
             ". Resume from another checkpoint, or pass --resume_from_checkpoint latest to take the newest complete one."
         )
     return path
+
+
+#: Flags a resume must repeat, as hf_arb_state.json records them (the sampler's plan and the step count depend on them).
+RESUME_FLAGS = ("train_batch_size", "gradient_accumulation_steps")
+
+
+def check_resume_flags(args: argparse.Namespace, resume_dir: Path | None) -> None:
+    """Before anything loads: the checkpoint's folder name, step and batch flags must fit this run, said in flags."""
+    if resume_dir is None:
+        return
+    saved = json.loads((resume_dir / STATE_FILE).read_text())
+    named = re.fullmatch(r"checkpoint-(\d+)", resume_dir.name)
+    if named and int(named.group(1)) != int(saved["global_step"]):
+        raise UsageError(f"Checkpoint {resume_dir}: {STATE_FILE} says global_step {saved['global_step']}, but the "
+                         f"folder is {resume_dir.name}; the file was edited or copied from another checkpoint. Resume "
+                         "from another checkpoint (--resume_from_checkpoint latest takes the newest complete one).")
+    if args.max_pixels_per_batch is not None or args.packing or args.streaming:
+        return  # batch sizes come from the pixel budget / the packs; the stream checks its own state per rank
+    procs = int(os.environ.get("WORLD_SIZE", "1"))
+    was = {f: saved.get(f) for f in (*RESUME_FLAGS, "num_processes")}
+    if None in was.values():
+        return  # saved before these were recorded: the sampler's own state check still applies
+    differ = [f for f in RESUME_FLAGS if was[f] != getattr(args, f)]
+    global_was, global_now = was["train_batch_size"] * was["num_processes"], args.train_batch_size * procs
+    if differ or global_was != global_now:
+        plural = lambda n: f"{n} process{'es' if n != 1 else ''}"  # noqa: E731
+        fix = " ".join(f"--{f} {was[f]}" for f in differ) or f"--train_batch_size {global_was // procs}"
+        if global_was % procs and not differ:
+            fix = f"{plural(was['num_processes'])} (--train_batch_size x processes must stay {global_was})"
+        raise UsageError(
+            f"Checkpoint {resume_dir} was trained with --train_batch_size {was['train_batch_size']} on "
+            f"{plural(was['num_processes'])} (--gradient_accumulation_steps {was['gradient_accumulation_steps']}); "
+            f"this run has --train_batch_size {args.train_batch_size} on {plural(procs)} "
+            f"(--gradient_accumulation_steps {args.gradient_accumulation_steps}). Pass {fix} to resume it.")
 
 
 def cli_parse(argv: list[str]) -> argparse.Namespace:
@@ -1368,6 +1415,32 @@ SAMPLER_FLAG_NAMES = {"BucketBatchSampler drops": "The epoch plan drops",
                       "num_replicas ": "processes ", "× batch_size": "× --train_batch_size"}
 
 
+#: A resolution that needs more than this upscale for at least half of the kept images is refused before training.
+MAX_TYPICAL_UPSCALE = 8.0
+
+
+def check_upscale(args: argparse.Namespace, ds: Any, buckets: Any) -> None:
+    """Refuse a --resolution far above the images (the median kept image upscaled more than MAX_TYPICAL_UPSCALE x):
+    each image would be enlarged that much in memory and the run would end blaming the images."""
+    if not {"original_width", "original_height"} <= set(ds.column_names):
+        return
+    from hf_arb.annotation_summary import cover_scales
+
+    cols = ds.select_columns(["bucket", "original_width", "original_height"]).with_format("arrow")[:]  # no decoding
+    ids = cols.column("bucket").to_numpy()
+    scale = cover_scales(ids, cols.column("original_width"), cols.column("original_height"), buckets)  # (n,)
+    scale = scale[np.isfinite(scale)]
+    if scale.size and float(np.median(scale)) > MAX_TYPICAL_UPSCALE:
+        res = buckets.resolutions
+        typical = int(np.median(np.sqrt(res[ids[ids >= 0], 0] * res[ids[ids >= 0], 1]) / np.median(scale)))
+        side = max(args.bucket_step or 64, typical // (args.bucket_step or 64) * (args.bucket_step or 64))
+        raise UsageError(
+            f"--resolution {args.resolution}: the median image would be upscaled {np.median(scale):.0f}x to cover its "
+            f"bucket ({int((scale > MAX_TYPICAL_UPSCALE).sum())} of {scale.size} kept images more than "
+            f"{MAX_TYPICAL_UPSCALE:g}x, the most {scale.max():.0f}x); the resolution is too large for these images. "
+            f"Pass a smaller --resolution, e.g. {side} (about their median side).")
+
+
 def make_sampler(args: argparse.Namespace, ds: Any, buckets: Any, accelerator: Any) -> Any:
     """The global epoch plan over all ranks; a plain ``accelerator.prepare`` deals each rank its batches."""
     from hf_arb import BucketBatchSampler
@@ -1779,7 +1852,8 @@ def restore(accelerator: Any, resume_dir: Path | None, seed: int) -> Progress:
         return Progress(seed=seed)
     accelerator.print(f"Resuming from checkpoint {resume_dir}")
     accelerator.load_state(str(resume_dir))
-    return Progress(**json.loads((resume_dir / STATE_FILE).read_text()))
+    saved = json.loads((resume_dir / STATE_FILE).read_text())
+    return Progress(**{f.name: saved[f.name] for f in dataclasses.fields(Progress) if f.name in saved})
 
 
 def restore_stream(accelerator: Any, stream: Any, resume_dir: Path, progress: Progress) -> None:
@@ -1817,7 +1891,7 @@ def check_resumed_step(args: argparse.Namespace, accelerator: Any, progress: Pro
     opt_ok = opt_step is None or opt_step == progress.global_step or (
         args.mixed_precision == "fp16" and opt_step <= progress.global_step)
     if expected != progress.global_step or not opt_ok:
-        raise ValueError(
+        raise UsageError(
             f"Checkpoint {resume_dir} is inconsistent: {STATE_FILE} says global_step {progress.global_step}, but its "
             f"micro_step {progress.micro_step} is at update {expected} (with --gradient_accumulation_steps "
             f"{args.gradient_accumulation_steps}) and the optimizer at step {opt_step}. The file was edited or the "
@@ -1837,7 +1911,9 @@ def save_checkpoint(args: argparse.Namespace, accelerator: Any, progress: Progre
     accelerator.wait_for_everyone()
     accelerator.save_state(str(tmp))
     if accelerator.is_main_process:
-        (tmp / STATE_FILE).write_text(json.dumps(progress.__dict__, indent=1))
+        flags = {f: getattr(args, f) for f in RESUME_FLAGS}  # read back by check_resume_flags
+        (tmp / STATE_FILE).write_text(json.dumps({**progress.__dict__, **flags,
+                                                  "num_processes": accelerator.num_processes}, indent=1))
     if stream_state is not None:  # --streaming: each rank's buffer and position (not accelerate's to save)
         stream_state_path(tmp, accelerator).write_text(json.dumps(stream_state))
     accelerator.wait_for_everyone()
@@ -2324,6 +2400,7 @@ def main(argv: list[str] | argparse.Namespace | None = None) -> dict[str, Any]:
         args = parse_args(argv)
         check_environment(args)
     resume_dir = resolve_resume_dir(args)
+    check_resume_flags(args, resume_dir)  # before the data and the models
     single = int(os.environ.get("WORLD_SIZE", "1")) <= 1
     if single:  # the data and the plan are checked before torch, accelerate or any model is loaded
         setup_logging(None, ("datasets",))
@@ -2331,6 +2408,7 @@ def main(argv: list[str] | argparse.Namespace | None = None) -> dict[str, Any]:
         if not args.streaming:
             ds, buckets = dataset_with_buckets(args, None)
             check_plan(args, ds, 1)
+            check_upscale(args, ds, buckets)
     from accelerate.utils import set_seed
     from tqdm.auto import tqdm
 
@@ -2352,6 +2430,8 @@ def main(argv: list[str] | argparse.Namespace | None = None) -> dict[str, Any]:
         if not single:
             ds, buckets = dataset_with_buckets(args, accelerator)
         check_plan(args, ds, accelerator.num_processes)  # the plan is checked before any model is loaded
+        if not single:
+            check_upscale(args, ds, buckets)
         sampler = make_sampler(args, ds, buckets, accelerator)
     schedule = compute_schedule(sampler.steps_per_epoch, gradient_accumulation_steps=args.gradient_accumulation_steps,
                                 num_train_epochs=args.num_train_epochs, max_train_steps=args.max_train_steps,

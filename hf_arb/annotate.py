@@ -191,7 +191,7 @@ def _annotate_dataset(ds: Any, buckets: BucketSet, *, image_column: str | None, 
         ).with_format(None)
     out = datasets.concatenate_datasets([base, new], axis=1)
     if show_summary:
-        print((f"== {out.split} ==\n" if out.split is not None else "") + str(summarize_annotation(out, buckets)))
+        print((f"== {out.split} ==\n" if out.split is not None else "") + str(summarize_annotation(out, buckets, image_column=image_column or "image")))
     return out
 
 

@@ -177,7 +177,7 @@ def _run_annotate(args: argparse.Namespace) -> int:
         warn = {} if args.max_upscale is None else {"warn_upscale": None}
         for split, part in _splits(annotated):
             print(f"== {split} ==")
-            print(summarize_annotation(part, buckets, **warn))
+            print(summarize_annotation(part, buckets, image_column=args.image_column, **warn))
     if args.output_dir:
         annotated.save_to_disk(args.output_dir)
         print(f"saved to {args.output_dir}")

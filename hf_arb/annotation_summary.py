@@ -73,6 +73,8 @@ class AnnotationSummary:
         unreadable_examples: up to 5 distinct full ``"unreadable: …"`` / ``"truncated: …"`` / ``"undecodable: …"``
             reasons, to show what went wrong.
         outliers: kept rows beyond the warning thresholds (:class:`Outliers`, one per kind that has any).
+        skipped_files: the first :data:`SKIPPED_SHOWN` skipped rows as ``(row, path, skip_reason)`` (path: the image's
+            file name where the image column records one, else ``None``); :func:`skipped_files` lists them all.
     """
 
     rows: int
@@ -80,6 +82,7 @@ class AnnotationSummary:
     assignment: AssignmentSummary
     unreadable_examples: tuple[str, ...] = ()
     outliers: tuple[Outliers, ...] = ()
+    skipped_files: tuple[tuple[int, str | None, str], ...] = ()
 
     @property
     def skipped(self) -> int:
@@ -105,8 +108,13 @@ class AnnotationSummary:
         lines = [f"rows: {self.rows:,}  kept: {self.kept:,}  skipped: {self.skipped:,}"]
         if self.skipped_by_reason:
             lines.append("skipped by reason: " + ", ".join(f"{k} {v:,}" for k, v in sorted(self.skipped_by_reason.items())))
-        for ex in self.unreadable_examples:
-            lines.append(f"  e.g. {ex}")
+        for row, path, reason in self.skipped_files:
+            lines.append(f"  row {row}{f' ({path})' if path else ''}: {reason}")
+        if self.skipped > len(self.skipped_files) and self.skipped_files:
+            lines.append(f"  ... and {self.skipped - len(self.skipped_files):,} more: "
+                         "hf_arb.annotation_summary.skipped_files(ds) lists every one")
+        if not self.skipped_files:
+            lines.extend(f"  e.g. {ex}" for ex in self.unreadable_examples)
         lines.append(f"aspect error: mean {a.error_mean:.4f}  median {a.error_median:.4f}  max {a.error_max:.4f}")
         lines.append("rows per bucket (width x height, aspect), portrait to landscape:")
         res = a.resolutions
@@ -160,6 +168,18 @@ def summarize_columns(bucket: Any, aspect_error: Any, skip_reason: Any, buckets:
     return AnnotationSummary(int(ids.size), by_reason, buckets.summarize(ids, err), tuple(examples), outliers)
 
 
+def cover_scales(ids: Any, widths: Any, heights: Any, buckets: BucketSet) -> np.ndarray:
+    """Each kept row's cover scale ``max(bucket_w / w, bucket_h / h)``, shape ``(n,)``; NaN for skipped rows (id -1)
+    and missing sizes. Above 1: the row is upscaled to cover its bucket."""
+    ids = np.asarray(ids, dtype=np.int64)  # (n,)
+    w, h = (pc.cast(_chunked(c), pa.float64()).to_numpy(zero_copy_only=False) for c in (widths, heights))  # (n,)
+    res = buckets.resolutions.astype(np.float64)  # (k, 2)
+    kept = ids >= 0
+    with np.errstate(invalid="ignore", divide="ignore"):
+        scale = np.maximum(res[np.where(kept, ids, 0), 0] / w, res[np.where(kept, ids, 0), 1] / h)  # (n,)
+    return np.where(kept & (w > 0) & (h > 0), scale, np.nan)
+
+
 def _outliers(ids: np.ndarray, err: np.ndarray, sizes: tuple[Any, Any] | None, buckets: BucketSet,
               warn_aspect_error: float | None, warn_upscale: float | None) -> tuple[Outliers, ...]:
     """Kept rows above the warning thresholds, vectorised; the worst :data:`_EXAMPLES` of each kind as examples."""
@@ -198,14 +218,17 @@ def _chunked(values: Any) -> pa.ChunkedArray:
 
 def summarize_annotation(ds: Any, buckets: BucketSet | None = None, *,
                          warn_aspect_error: float | None = WARN_ASPECT_ERROR,
-                         warn_upscale: float | None = WARN_UPSCALE) -> AnnotationSummary:
+                         warn_upscale: float | None = WARN_UPSCALE, image_column: str = "image") -> AnnotationSummary:
     """Summary of an annotated ``Dataset`` (vectorised over its columns) or ``IterableDataset`` (iterates once).
 
     Args:
         ds: a dataset with the :data:`BUCKET_COLUMNS`.
         buckets: the BucketSet; default: restored from the dataset with ``BucketSet.from_dataset``.
         warn_aspect_error, warn_upscale: thresholds of the outlier warnings (see :func:`summarize_columns`).
+        image_column: where the skipped rows' file names are read (``Dataset`` only; no image is decoded).
     """
+    import dataclasses
+
     import datasets
 
     if buckets is None:
@@ -218,7 +241,9 @@ def summarize_annotation(ds: Any, buckets: BucketSet | None = None, *,
         require_columns(ds, cols, "Summarising the annotation")
         t = ds.select_columns(cols + size_cols).with_format("arrow")[:]
         sizes = (t.column(3), t.column(4)) if len(size_cols) == 2 else None
-        return summarize_columns(t.column(0), t.column(1), t.column(2), buckets, sizes=sizes, **warn)
+        summary = summarize_columns(t.column(0), t.column(1), t.column(2), buckets, sizes=sizes, **warn)
+        shown = skipped_files(ds, image_column, limit=SKIPPED_SHOWN) if summary.skipped else []
+        return dataclasses.replace(summary, skipped_files=tuple(shown))
     if isinstance(ds, datasets.IterableDataset):
         parts: dict[str, list[Any]] = {c: [] for c in cols + size_cols}
         for batch in ds.select_columns(cols + size_cols).iter(batch_size=10_000):
@@ -229,3 +254,31 @@ def summarize_annotation(ds: Any, buckets: BucketSet | None = None, *,
         return summarize_columns(pa.array(parts["bucket"], pa.int64()), pa.array(parts["aspect_error"], pa.float64()),
                                  pa.array(parts["skip_reason"], pa.string()), buckets, sizes=sizes, **warn)
     raise TypeError(f"`ds` must be a datasets Dataset or IterableDataset, got {type(ds).__name__}.")
+
+
+#: Skipped rows the printed summary names (row, file, reason); :func:`skipped_files` returns all of them.
+SKIPPED_SHOWN = 10
+
+
+def skipped_files(ds: Any, image_column: str = "image", limit: int | None = None) -> list[tuple[int, str | None, str]]:
+    """The rows annotation skipped, as ``(row, path, skip_reason)``, in row order; nothing is decoded.
+
+    ``ds`` is an annotated ``datasets.Dataset``. ``path`` is the image's file name where ``image_column`` is an
+    ``Image`` column that records one (an imagefolder does), else ``None``. Reads the ``bucket`` column and, for the
+    skipped rows only, the reason and the image's path field (``ds.filter(lambda r: r["bucket"] < 0)`` would decode
+    every image, including the broken ones it is looking for).
+    """
+    import datasets
+
+    require_columns(ds, ["bucket", "skip_reason"], "Listing the skipped files")
+    ids = pc.cast(_chunked(ds.select_columns(["bucket"]).with_format("arrow")[:].column(0)), pa.int64()).to_numpy()
+    rows = np.flatnonzero(ids < 0)[:limit]  # (s,) row indices, ascending
+    if rows.size == 0:
+        return []
+    reasons = ds.select_columns(["skip_reason"]).with_format("arrow")[rows.tolist()].column(0).to_pylist()
+    paths: list[str | None] = [None] * rows.size
+    feature = ds.features.get(image_column)
+    if isinstance(feature, datasets.Image):  # stored as {bytes, path}: read the path field only
+        raw = ds.select_columns([image_column]).with_format("arrow")[rows.tolist()].column(0).combine_chunks()
+        paths = raw.field("path").to_pylist()
+    return [(int(r), p, reason or "unknown") for r, p, reason in zip(rows.tolist(), paths, reasons)]

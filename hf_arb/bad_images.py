@@ -60,6 +60,11 @@ class BadImageLog:
             self._seen = {r["row"] for r in read_bad_rows(self.path)} if self.path is not None else set()
         return self._seen
 
+    @property
+    def rows(self) -> list[int]:
+        """The distinct bad rows seen, ascending (in this process; with ``path``, also those already in the file)."""
+        return sorted(self._load_seen())
+
     def record(self, row: int, reason: str, **fields: Any) -> None:
         """Count ``row`` as bad; the first time (in this file) log it and append its line."""
         self.count += 1

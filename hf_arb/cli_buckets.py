@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 from .buckets import BucketSet
 from .matching import METRICS
-from .presets import PRESETS, preset_notes
+from .presets import PRESETS, check_resolution, preset_notes
 
 
 def positive_int(text: str) -> int:
@@ -69,6 +69,16 @@ def in_flags(message: str, names: dict[str, str] | None = None) -> str:
     return re.sub(r"(--[\w-]+) \(\1\)", r"\1", _PARAM.sub(flag, message))  # "`step` (--step)" said once
 
 
+def resolution_side(text: str) -> int:
+    """argparse type for ``--resolution``: a positive side, not a pixel count (:func:`hf_arb.presets.check_resolution`)."""
+    value = positive_int(text)
+    try:
+        check_resolution(value, "--resolution")
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return value
+
+
 def add_bucket_arguments(p: argparse.ArgumentParser) -> None:
     """Options that choose a BucketSet; shared by every sub-command that builds one."""
     p.add_argument("--preset", choices=PRESETS, default="budget",
@@ -77,7 +87,7 @@ def add_bucket_arguments(p: argparse.ArgumentParser) -> None:
                         "'flux_kontext', or the trainers' 'diffusers', 'onetrainer', 'kohya'. Default: budget.")
     p.add_argument("--aspect-ratio-buckets", default=None, metavar="H,W;H,W",
                    help="explicit buckets in diffusers' format, height first (replaces --preset).")
-    p.add_argument("--resolution", type=positive_int, default=None,
+    p.add_argument("--resolution", type=resolution_side, default=None,
                    help="pixel budget side (budget, diffusers, onetrainer, kohya; default 1024) or model resolution "
                         "(pixart 256-2048, sana 512-4096; default 1024). Fixed tables ignore it and say so.")
     p.add_argument("--step", type=positive_int, default=None,
@@ -148,8 +158,9 @@ def _scheduler_config(path: str) -> dict:
     for cand in (p, p / "scheduler_config.json", p / "scheduler" / "scheduler_config.json"):
         if cand.is_file():
             return json.loads(cand.read_text())
-    raise FileNotFoundError(f"No scheduler_config.json at {path!r} (tried the file, PATH/scheduler_config.json and "
-                            "PATH/scheduler/scheduler_config.json).")
+    raise UsageError(f"--scheduler {path}: no scheduler_config.json there (tried the file, PATH/scheduler_config.json "
+                     "and PATH/scheduler/scheduler_config.json). Pass a model folder, its scheduler/ folder or the "
+                     "JSON file.")
 
 
 def _run_buckets(args: argparse.Namespace) -> int:

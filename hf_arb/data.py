@@ -61,7 +61,7 @@ class ImageDecodeError(RuntimeError):
 
 _ADVICE = ("Skip such rows up front: re-annotate with `hf-arb annotate SOURCE --verify --output-dir DIR` (or "
            "add_bucket_columns(ds, buckets, verify=True)) and train on it (--dataset_name DIR); or let training "
-           "substitute a row of the same bucket: --on_bad_image replace (BucketedImageDataset(on_bad_image='replace')).")
+           "substitute a row of the same bucket: --on_bad_image replace (BucketedImageDataset's default, on_bad_image='replace').")
 _MAX_REPLACEMENT_TRIES = 16
 
 
@@ -103,9 +103,10 @@ class BucketedImageDataset(torch.utils.data.Dataset):
             ``original_height`` columns (stale annotation), so :meth:`fit_row` always matches
             ``__getitem__``.
         on_bad_image: what a row whose image cannot be opened or decoded (or, with ``check_sizes``, displays at
-            another size than annotated) does: ``"error"`` raises :class:`ImageDecodeError`; ``"replace"`` returns
-            a deterministic replacement row of the same bucket instead (see :mod:`hf_arb.bad_images`), counts it
-            in :attr:`bad_images` and logs it once.
+            another size than annotated) does. ``"replace"`` (default, what the training script does): return a
+            deterministic replacement row of the same bucket instead (see :mod:`hf_arb.bad_images`), count it in
+            :attr:`bad_images` and log it once, so one body-truncated file that header-only annotation kept does not
+            end the epoch. ``"error"``: raise :class:`ImageDecodeError` naming the row and file.
         bad_image_log: with ``"replace"``, a JSON-lines file each bad row is appended to (the training script uses
             ``<output_dir>/skipped_rows.jsonl``).
 
@@ -143,7 +144,7 @@ class BucketedImageDataset(torch.utils.data.Dataset):
         draft_gap: float | None = None,
         bucket_column: str = "bucket",
         check_sizes: bool = True,
-        on_bad_image: str = "error",
+        on_bad_image: str = "replace",
         bad_image_log: str | Any | None = None,
     ) -> None:
         import datasets

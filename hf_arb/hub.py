@@ -240,3 +240,35 @@ def push_to_hub(ds: Any, repo_id: str, buckets: BucketSet | None = None, *, char
             repo_id, operations=operations, repo_type="dataset", revision=target_revision,
             commit_message="Add the hf_arb bucket configuration to the dataset card",
         )
+
+
+def hub_model_problem(repo_id: str, revision: str | None = None, timeout: float = 10.0) -> str | None:
+    """Why ``repo_id`` (a Hub model id) cannot be loaded, in one sentence, or ``None`` when it can (or may).
+
+    A model in the local Hugging Face cache is fine without asking the Hub. Otherwise one metadata request (``timeout``
+    seconds) tells a mistyped id or an unreachable Hub apart before any download retries: the training script calls
+    this before it reads the dataset, instead of failing minutes later after diffusers' retries. Gated models pass
+    (``from_pretrained`` explains the login they need).
+    """
+    from huggingface_hub import is_offline_mode, model_info, try_to_load_from_cache
+    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError
+
+    for name in ("model_index.json", "config.json"):  # a pipeline, or a single model (a VAE)
+        if isinstance(try_to_load_from_cache(repo_id, name, revision=revision), str):
+            return None
+    if is_offline_mode():
+        return ("not a local folder and not in the Hugging Face cache, and HF_HUB_OFFLINE is set: download it first "
+                f"(hf download {repo_id}) or pass a local folder.")
+    try:
+        model_info(repo_id, revision=revision, timeout=timeout)
+    except GatedRepoError:
+        return None
+    except RevisionNotFoundError:
+        return f"the Hub has no revision {revision!r} of this model; check --revision."
+    except RepositoryNotFoundError:
+        return ("no such model on the Hub (check the spelling; a private model needs `hf auth login`), and no such "
+                "local folder.")
+    except Exception as e:  # noqa: BLE001 - any transport failure means the same thing here: no Hub, no cached copy
+        return (f"the Hub cannot be reached ({type(e).__name__}) and the model is not in the local cache: pass a local "
+                "folder, or download it where the Hub is reachable (hf download) and set HF_HUB_OFFLINE=1.")
+    return None

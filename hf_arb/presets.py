@@ -178,6 +178,30 @@ def _scaled(table: Sequence[tuple[str, int, int]], div: int) -> tuple[np.ndarray
     return hw[:, ::-1].copy(), 1.0 / np.asarray([float(k) for k, _, _ in table])
 
 
+#: The largest bucket side any supported model family trains at (SANA's 4096-px tables, with 2x headroom).
+MAX_RESOLUTION = 8192
+
+
+def check_resolution(value: int | None, flag: str = "resolution") -> None:
+    """Refuse a resolution that is a pixel count or beyond any model (``flag``: how the caller names the value).
+
+    ``--resolution`` is the *side* of the pixel budget (1024 means about 1024² pixels). A value above
+    :data:`MAX_RESOLUTION` is refused before any work; one of at least 128² is called what it most likely is, a pixel
+    count, with the side to pass instead. Raises ``ValueError`` whose message names ``flag``.
+    """
+    if value is None or int(value) <= MAX_RESOLUTION:
+        return
+    shown = f"{flag} {value}" if flag.startswith("-") else f"{flag}={value}"
+    use = f"{flag} 1024" if flag.startswith("-") else f"{flag}=1024"
+    if int(value) >= 128 * 128:
+        side = int(value) ** 0.5
+        exact = f"{int(side)}²" if int(side) ** 2 == int(value) else f"about {side:.0f}²"
+        raise ValueError(f"{shown} looks like a pixel count ({exact}); pass the side, e.g. {use} for about 1024² "
+                         f"pixels per bucket.")
+    raise ValueError(f"{shown} is beyond the largest side any supported model trains at ({MAX_RESOLUTION}); pass the "
+                     f"side of the pixel budget, e.g. {use}.")
+
+
 def preset_table(
     name: str, resolution: int | None = None, step: int | None = None, **params: Any
 ) -> tuple[np.ndarray, dict[str, Any]]:
@@ -199,6 +223,7 @@ def preset_table(
     info = PRESET_INFO.get(name)
     if info is None:
         raise _unknown(name)
+    check_resolution(resolution)
     for note in preset_notes(name, resolution):
         warnings.warn(note, UserWarning, stacklevel=3)
     res = info.default_resolution if resolution is None else int(resolution)
@@ -261,28 +286,75 @@ def novelai_table(max_area: int = 512 * 768, max_side: int = 1024, step: int = 6
 
 def budget_table(resolution: int = 1024, aspects: Iterable[float] | None = None, step: int = 64,
                  min_area_ratio: float = 0.75) -> np.ndarray:
-    """The pixel-budget ladder; see :meth:`hf_arb.BucketSet.from_budget`."""
+    """The pixel-budget ladder; see :meth:`hf_arb.BucketSet.from_budget`.
+
+    Cost O(len(aspects) × w), not O(resolution² / step): along the step grid the candidates' aspect is monotonic in the
+    grid side, so each aspect's nearest candidates (within the area rule) lie in a window around the side
+    ``sqrt(budget × aspect)``, widened until it holds a kept candidate on each side of the target (or the grid's end).
+    """
     if int(resolution) <= 0 or int(step) <= 0:
         raise ValueError(f"`resolution` and `step` must be positive, got resolution={resolution!r}, step={step!r}.")
     if step > resolution:
         raise ValueError(f"`step` ({step}) must not exceed `resolution` ({resolution}): no bucket would fit the budget.")
-    budget = int(resolution) ** 2
+    check_resolution(resolution)
+    budget, step = int(resolution) ** 2, int(step)
     if aspects is None:
         aspects = sorted({*ONETRAINER_ASPECTS, *(1 / a for a in ONETRAINER_ASPECTS)})
     targets = np.asarray(list(aspects), dtype=np.float64)  # (t,)
     if targets.size == 0 or not np.all(np.isfinite(targets) & (targets > 0)):
         raise ValueError(f"`aspects` must be positive finite width/height ratios, got {targets.tolist()}.")
-    sides = np.arange(step, budget // step + 1, step, dtype=np.int64)  # (m,)
-    other = (budget // sides) // step * step  # (m,) largest side within budget
+    m = budget // step // step  # grid sides step, 2 step, ..., m step
+    if m <= 256:  # small grids: every candidate (the area rule may exclude all of them, then all count)
+        return sorted_unique(_nearest_shapes(_grid_shapes(np.arange(1, m + 1), budget, step), targets, budget,
+                                             min_area_ratio))
+    # Larger grids: side k = 1 gives area >= budget - step² >= 0.75 budget here, so a kept candidate exists.
+    best = [_nearest_shapes(_grid_shapes(_window(float(a), m, budget, step, min_area_ratio), budget, step),
+                            np.array([a]), budget, min_area_ratio)[0] for a in targets]
+    return sorted_unique(np.asarray(best, dtype=np.int64).reshape(-1, 2))
+
+
+def _grid_shapes(ks: np.ndarray, budget: int, step: int) -> np.ndarray:
+    """Both orientations of (k step, largest step multiple within budget), shape (c, 2), c <= 2 len(ks)."""
+    sides = ks.astype(np.int64) * step  # (k,)
+    other = (budget // sides) // step * step  # (k,)
     ok = other >= step
-    cand = np.concatenate([np.stack([sides[ok], other[ok]], 1), np.stack([other[ok], sides[ok]], 1)])  # (c, 2)
+    return np.concatenate([np.stack([sides[ok], other[ok]], 1), np.stack([other[ok], sides[ok]], 1)])
+
+
+def _nearest_shapes(cand: np.ndarray, targets: np.ndarray, budget: int, min_area_ratio: float) -> np.ndarray:
+    """Per target the candidate nearest in log aspect among those using >= min_area_ratio of the budget (all, if none
+    does); ties: the larger area. Shape (t, 2)."""
     area = cand[:, 0] * cand[:, 1]  # (c,)
     if (area >= min_area_ratio * budget).any():
         cand, area = cand[area >= min_area_ratio * budget], area[area >= min_area_ratio * budget]
     log_err = np.abs(np.log(cand[:, 0] / cand[:, 1])[None, :] - np.log(targets)[:, None])  # (t, c)
     # lexsort: primary key rounded error, secondary key larger area.
-    best = [int(np.lexsort((-area, np.round(row, 12)))[0]) for row in log_err]
-    return sorted_unique(cand[best])
+    return cand[[int(np.lexsort((-area, np.round(row, 12)))[0]) for row in log_err]]
+
+
+def _window(aspect: float, m: int, budget: int, step: int, min_area_ratio: float) -> np.ndarray:
+    """Grid indices k (1..m) that hold the kept candidates nearest to ``aspect`` in both orientations, shape (w,).
+
+    Orientation (k step, other): the aspect rises with k; orientation (other, k step): it falls. Each window is centred
+    where the aspect crosses the target and doubled until it holds a kept candidate on both sides of the target (or
+    reaches the grid's end on that side), so the nearest kept candidates of the whole grid are inside it.
+    """
+    out = []
+    for centre, sign in ((np.sqrt(budget * aspect) / step, 1.0), (np.sqrt(budget / aspect) / step, -1.0)):
+        half = 4
+        while True:
+            lo, hi = max(1, int(centre) - half), min(m, int(centre) + half + 1)
+            ks = np.arange(lo, hi + 1, dtype=np.int64)  # (w,)
+            sides = ks * step
+            other = (budget // sides) // step * step  # (w,)
+            kept = (other >= step) & (sides * other >= min_area_ratio * budget)
+            rel = sign * np.log(sides / np.maximum(other, 1)) - np.log(aspect)  # (w,) this orientation's log error
+            low_end, high_end = (lo == 1, hi == m) if sign > 0 else (hi == m, lo == 1)  # where lower / higher aspects end
+            if (low_end or (kept & (rel <= 0)).any()) and (high_end or (kept & (rel >= 0)).any()):
+                out.append(ks)
+                break
+            half *= 2
+    return np.unique(np.concatenate(out))
 
 
 def sdxl_table() -> np.ndarray:

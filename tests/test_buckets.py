@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -68,6 +69,46 @@ def test_from_budget_never_exceeds_budget_and_respects_step(resolution, step):
     assert (bs.resolutions % step == 0).all()
     assert (bs.areas <= resolution**2).all()
     assert len(bs) >= 1
+
+
+def _brute_force_budget(resolution: int, aspects: list[float], step: int, min_area_ratio: float = 0.75) -> set:
+    """Every step-grid shape within the budget; per aspect the nearest in log aspect among those using >= 75 % of it
+    (all if none does), ties to the larger area: the rule from_budget documents, by enumeration."""
+    budget = resolution * resolution
+    shapes = [(w, h) for w in range(step, budget // step + 1, step)
+              for h in {(budget // w) // step * step} if h >= step]
+    shapes += [(h, w) for w, h in shapes]
+    kept = [s for s in shapes if s[0] * s[1] >= min_area_ratio * budget] or shapes
+    return {min(kept, key=lambda s: (round(abs(np.log(s[0] / s[1]) - np.log(a)), 12), -s[0] * s[1])) for a in aspects}
+
+
+@settings(max_examples=40, deadline=None)
+@given(resolution=st.integers(16, 1200), step=st.sampled_from([8, 16, 32, 64]),
+       aspects=st.lists(st.floats(0.05, 20), min_size=1, max_size=4))
+def test_from_budget_equals_the_brute_force_rule(resolution, step, aspects):
+    """The windowed search (O(aspects), issue 24) picks what enumerating the whole step grid picks."""
+    if step > resolution:
+        return
+    assert set(BucketSet.from_budget(resolution, aspects, step=step)) == _brute_force_budget(resolution, aspects, step)
+
+
+def test_from_budget_is_cheap_at_any_side_and_refuses_a_pixel_count():
+    """from_budget(10**6) allocated 21.7 GB (a grid over every side); now a pixel count is refused in one line and
+    the largest legal side builds in a few kilobytes."""
+    import tracemalloc
+
+    for value, text in ((10**6, "resolution=1000000 looks like a pixel count (1000²)"),
+                        (1024 * 1024, "looks like a pixel count (1024²)"),
+                        (10_000, "beyond the largest side any supported model trains at (8192)")):
+        with pytest.raises(ValueError, match=re.escape(text)):
+            BucketSet.from_budget(value)
+        with pytest.raises(ValueError, match="pixel count|beyond"):
+            BucketSet.preset("novelai", resolution=value)
+    tracemalloc.start()
+    big = BucketSet.from_budget(8192, step=8)  # 2**20 grid sides: the old table built (14, 2**21) float arrays
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert (8192, 8192) in set(big) and peak < 2 * 2**20, peak
 
 
 def test_from_budget_tiny_and_default_ladders():

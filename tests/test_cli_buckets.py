@@ -14,6 +14,9 @@ from hf_arb.cli import main
     (["--max-aspect-error", "-1"], "argument --max-aspect-error: must be a finite number >= 0, got -1"),
     (["--max-aspect-error", "nan"], "argument --max-aspect-error: must be a finite number >= 0, got nan"),
     (["--resolution", "16"], "--step (64) must not exceed --resolution (16)"),
+    (["--scheduler", "missing-dir"], "--scheduler missing-dir: no scheduler_config.json there"),
+    (["--resolution", "1048576"], "argument --resolution: --resolution 1048576 looks like a pixel count (1024²); "
+                                  "pass the side, e.g. --resolution 1024"),
 ])
 def test_bad_values_are_one_line_errors_in_flags(argv, message, capsys) -> None:
     with pytest.raises(SystemExit) as exc:

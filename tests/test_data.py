@@ -206,20 +206,20 @@ def test_decode_failure_names_row_and_source(annotated: datasets.Dataset, tmp_pa
     bad.write_bytes(good.read_bytes()[:300])  # truncated after annotation read the header
     ds = annotated.cast_column("image", datasets.Image(decode=False))
     ds = ds.map(lambda r, i: {"image": {"path": str(bad), "bytes": None}} if i == 3 else {}, with_indices=True)
-    data = BucketedImageDataset(ds, buckets=BUCKETS)
+    data = BucketedImageDataset(ds, buckets=BUCKETS, on_bad_image="error")
     with pytest.raises(ImageDecodeError, match=r"Row 3: .*broken\.jpg"):
         data[3]
     garbage = tmp_path / "garbage.png"
     garbage.write_bytes(b"not an image at all")
     ds2 = ds.map(lambda r, i: {"image": {"path": str(garbage), "bytes": None}} if i == 7 else {}, with_indices=True)
     with pytest.raises(ImageDecodeError, match=r"Row 7: .*garbage\.png"):
-        BucketedImageDataset(ds2, buckets=BUCKETS)[7]
+        BucketedImageDataset(ds2, buckets=BUCKETS, on_bad_image="error")[7]
 
 
 def test_stale_annotation_skipped_rows_and_wrong_buckets(annotated: datasets.Dataset) -> None:
     stale = annotated.map(lambda r, i: {"original_width": r["original_width"] + 1} if i == 2 else {}, with_indices=True)
     with pytest.raises(ValueError, match="Row 2: .*annotation says"):
-        BucketedImageDataset(stale)[2]
+        BucketedImageDataset(stale, on_bad_image="error")[2]
     assert BucketedImageDataset(stale, check_sizes=False)[2]["original_size"][1] == SIZES[2][0]
     skipped = annotated.map(lambda r, i: {"bucket": -1, "skip_reason": "aspect"} if i == 4 else {}, with_indices=True)
     with pytest.raises(ValueError, match="Row 4 has bucket -1.*aspect"):

@@ -13,7 +13,7 @@ from _photos import save_photo
 
 from hf_arb import BucketBatchSampler, BucketedImageDataset, BucketSet, add_bucket_columns
 from hf_arb.bad_images import read_bad_rows, replacement_order
-from hf_arb.data import ImageDecodeError
+from hf_arb.data import ImageDecodeError, collate_buckets
 
 BUCKETS = BucketSet([(64, 64), (96, 64), (64, 96)])
 SIZES = [(120, 120), (180, 120), (120, 180)] * 4  # 12 rows, 4 per bucket
@@ -46,6 +46,19 @@ def test_error_mode_names_row_and_gives_advice_that_works(broken: tuple[datasets
     data = BucketedImageDataset(again, BUCKETS, on_bad_image="error")
     rows = [data[k]["row"] for batch in sampler for k in batch]
     assert sorted(rows) == [r for r in range(12) if r not in BAD]
+
+
+def test_a_users_own_loop_survives_a_truncated_image_by_default(broken: tuple[datasets.Dataset, Path]) -> None:
+    """Issue 24 item 12: the library default is the script's: substitute a row of the same bucket and count it."""
+    ds, _ = broken
+    sampler = BucketBatchSampler(ds, 2, seed=0, return_keys=True)
+    data = BucketedImageDataset(ds, BUCKETS)  # no on_bad_image: a plain user's loop
+    loader = torch.utils.data.DataLoader(data, batch_sampler=sampler, collate_fn=collate_buckets)
+    batches = list(loader)  # the epoch completes
+    assert len(batches) == len(sampler) and all(b["pixel_values"].shape[0] == 2 for b in batches)
+    rows = [int(r) for b in batches for r in b["rows"]]
+    assert not set(rows) & set(BAD) and len(rows) == len(ds)  # each bad row served as a row of its bucket
+    assert data.bad_images.count == len(BAD) and sorted(data.bad_images.rows) == sorted(BAD)
 
 
 def test_replacement_is_deterministic_same_bucket_and_logged_once(broken: tuple[datasets.Dataset, Path],
@@ -114,7 +127,7 @@ def test_stale_size_is_replaced_too(broken: tuple[datasets.Dataset, Path], tmp_p
     ds, _ = broken
     stale = ds.map(lambda r, i: {"original_width": r["original_width"] + 1} if i == 0 else {}, with_indices=True)
     with pytest.raises(ValueError, match="Row 0: .*annotation says"):
-        BucketedImageDataset(stale, BUCKETS)[(0, 0, 0)]
+        BucketedImageDataset(stale, BUCKETS, on_bad_image="error")[(0, 0, 0)]
     data = BucketedImageDataset(stale, BUCKETS, on_bad_image="replace", bad_image_log=tmp_path / "s.jsonl")
     assert data[(0, 0, 0)]["row"] != 0
     (entry,) = read_bad_rows(tmp_path / "s.jsonl")

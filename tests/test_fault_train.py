@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -225,8 +226,10 @@ def test_named_damaged_checkpoint_is_a_one_line_error(ckpt_run, assets, tmp_path
 
 @pytest.mark.xdist_group("fault_ckpt")
 def test_tampered_global_step_is_refused(ckpt_run, assets, tmp_path) -> None:
-    out = _copy_checkpoints(ckpt_run, tmp_path / "run", "checkpoint-4")
-    state = out / "checkpoint-4" / script.STATE_FILE
+    """A step edited in a checkpoint renamed to match it: caught after loading, where the optimizer's step tells."""
+    out = tmp_path / "run"
+    shutil.copytree(ckpt_run / "checkpoint-4", out / "checkpoint-3")
+    state = out / "checkpoint-3" / script.STATE_FILE
     state.write_text(json.dumps({**json.loads(state.read_text()), "global_step": 3}))
     try:
         with pytest.raises(ValueError, match=r"inconsistent: hf_arb_state.json says global_step 3, but its "
@@ -234,6 +237,52 @@ def test_tampered_global_step_is_refused(ckpt_run, assets, tmp_path) -> None:
             script.main(_argv(assets, out, "--max_train_steps", "4", "--resume_from_checkpoint", "latest"))
     finally:
         reset_accelerate()
+
+
+def _no_data(*_: object) -> None:
+    raise AssertionError("the dataset was read before the resume flags were checked")
+
+
+@pytest.mark.xdist_group("fault_ckpt")
+@pytest.mark.parametrize("world, extra, message", [
+    ("1", ["--train_batch_size", "1"], "was trained with --train_batch_size 2 on 1 process "
+                                       "(--gradient_accumulation_steps 1); this run has --train_batch_size 1 on 1 "
+                                       "process (--gradient_accumulation_steps 1). Pass --train_batch_size 2 to resume"),
+    ("1", ["--gradient_accumulation_steps", "2"], "Pass --gradient_accumulation_steps 1 to resume it."),
+    # elastic: 2 processes may continue a 1-process run at the same global batch
+    ("2", [], "this run has --train_batch_size 2 on 2 processes (--gradient_accumulation_steps 1). Pass "
+              "--train_batch_size 1 to resume it."),
+])
+def test_resume_with_other_batch_flags_is_one_line_in_flags_before_the_data(ckpt_run, assets, tmp_path, monkeypatch,
+                                                                             world, extra, message) -> None:
+    """Issue 24 item 6: was a 40-line traceback ending in the sampler's `global_batch_size` after models and cache."""
+    out = _copy_checkpoints(ckpt_run, tmp_path / "run", "checkpoint-4")
+    monkeypatch.setenv("WORLD_SIZE", world)
+    monkeypatch.setattr(script, "dataset_with_buckets", _no_data)
+    with pytest.raises(script.UsageError) as err:
+        script.main(_argv(assets, out, "--max_train_steps", "6", *extra, "--resume_from_checkpoint", "latest"))
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.xdist_group("fault_ckpt")
+def test_a_step_that_is_not_the_folders_is_one_line_before_the_data(ckpt_run, assets, tmp_path, monkeypatch) -> None:
+    out = _copy_checkpoints(ckpt_run, tmp_path / "run", "checkpoint-4")
+    state = out / "checkpoint-4" / script.STATE_FILE
+    state.write_text(json.dumps({**json.loads(state.read_text()), "global_step": 3}))
+    monkeypatch.setattr(script, "dataset_with_buckets", _no_data)
+    with pytest.raises(script.UsageError, match=r"checkpoint-4: hf_arb_state.json says global_step 3, but the folder "
+                                                r"is checkpoint-4; the file was edited"):
+        script.main(_argv(assets, out, "--max_train_steps", "4", "--resume_from_checkpoint", "checkpoint-4"))
+
+
+@pytest.mark.xdist_group("fault_ckpt")
+def test_an_explicit_checkpoint_path_is_used_and_named_as_given(ckpt_run, assets, tmp_path) -> None:
+    """A path that does not exist is an error naming it, even where --output_dir has a folder of that name."""
+    out = _copy_checkpoints(ckpt_run, tmp_path / "run", "checkpoint-4")
+    given = str(tmp_path / "elsewhere" / "checkpoint-4")
+    with pytest.raises(FileNotFoundError, match=f"--resume_from_checkpoint '{re.escape(given)}': {re.escape(given)} "
+                                                "is not a checkpoint"):
+        script.main(_argv(assets, out, "--max_train_steps", "4", "--resume_from_checkpoint", given))
 
 
 _KILLER = """

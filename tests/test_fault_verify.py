@@ -6,6 +6,7 @@ them (training then replaces them, see test_fault_train.py).
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import datasets
@@ -93,6 +94,8 @@ def test_cli_verify(folder: Path, tmp_path: Path, capsys: pytest.CaptureFixture[
     printed = capsys.readouterr().out
     n_bad = sum(1 for _, e in FILES.values() if e)
     assert f"skipped: {n_bad}" in printed and "truncated 5" in printed and "undecodable 2" in printed
-    assert "e.g. truncated: OSError: image file is truncated" in printed
+    named = [line for line in printed.splitlines() if line.startswith("  row ") and ": truncated: OSError: image file is "
+                                                                                    "truncated" in line]
+    assert len(named) == 5 and all(f"({folder}{os.sep}cut." in line for line in named), printed  # the files, named
     back = datasets.load_from_disk(str(out))["train"]
     assert back.num_rows == len(FILES) and back["bucket"].count(-1) == n_bad

@@ -140,6 +140,13 @@ BAD_ARGS = [
     # after the dataset is read, before any model: 5 images, one per bucket, cannot fill a batch of 4
     (["--train_batch_size", "4"], "error: The sampler yields no full batch per rank"),
     (["--caption_column", "caption"], "error: --caption_column value 'caption' needs to be one of: image, text"),
+    # issue 24: a mistyped Hub id fails before the dataset is read (offline here: no retries for 46 s)
+    (["--pretrained_model_name_or_path", "stabilityai/stable-diffusion-xl-bse-1.0"],
+     "error: --pretrained_model_name_or_path stabilityai/stable-diffusion-xl-bse-1.0: "),
+    # issue 24: a pixel count as --resolution, before any work; a side far above the images, before any model
+    (["--resolution", "1048576"], "error: --resolution 1048576 looks like a pixel count (1024²); pass the side"),
+    (["--resolution", "8000", "--train_batch_size", "1"],
+     "error: --resolution 8000: the median image would be upscaled"),
 ]
 
 
