@@ -446,7 +446,7 @@ def check_values(args: argparse.Namespace) -> None:
                  "num_validation_images"):  # 0 validation images: no validation (as upstream passes it)
         if getattr(args, name) < 0:
             raise UsageError(f"--{name} must be >= 0, got {getattr(args, name)}.")
-    from hf_arb.presets import check_resolution
+    from hf_arb.checks import check_resolution
     try:
         check_resolution(args.resolution, "--resolution")  # a pixel count (1048576) is refused before any work
     except ValueError as e:

@@ -9,7 +9,8 @@ from collections.abc import Callable
 
 from .buckets import BucketSet
 from .matching import METRICS
-from .presets import PRESETS, check_resolution, preset_notes
+from .checks import check_resolution
+from .presets import PRESETS, preset_notes
 
 
 def positive_int(text: str) -> int:

@@ -6,7 +6,6 @@ fit's; without ``--fit`` it runs unchanged), so that module keeps no dependency 
 from __future__ import annotations
 
 import argparse
-import math
 from collections.abc import Callable
 from typing import Any
 
@@ -97,10 +96,6 @@ def fit_from_args(args: argparse.Namespace) -> Any:
     if args.scheduler:
         raise UsageError("--scheduler prints the shift of a given table: fit first, then run hf-arb buckets "
                          "--aspect-ratio-buckets \"<the printed string>\" --scheduler PATH")
-    if args.resolution is not None and args.resolution > 16384:
-        raise UsageError(f"--resolution is the side of the pixel budget (1024 for about 1 MP), got "
-                         f"{args.resolution}, which reads as {args.resolution}² pixels; for a budget of "
-                         f"{args.resolution:,} pixels pass --resolution {math.isqrt(args.resolution)}")
     w, h, missing = dataset_sizes(args)
     if w.size == 0:
         raise UsageError(f"--fit {args.fit}: no row has a readable size ({missing} rows without one)")

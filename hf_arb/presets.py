@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from .checks import check_resolution
 
 #: OneTrainer's aspect list (width:height), landscape side; the inverses are added.
 ONETRAINER_ASPECTS: tuple[float, ...] = (4.0, 3.5, 3.0, 2.5, 2.0, 1.75, 1.5, 1.25, 1.0)
@@ -176,30 +177,6 @@ def _scaled(table: Sequence[tuple[str, int, int]], div: int) -> tuple[np.ndarray
     """(key, h, w) rows → ((k, 2) (width, height) table, (k,) matching aspects w/h from the keys)."""
     hw = np.asarray([(h, w) for _, h, w in table], dtype=np.int64) // div  # (k, 2) every value divides exactly
     return hw[:, ::-1].copy(), 1.0 / np.asarray([float(k) for k, _, _ in table])
-
-
-#: The largest bucket side any supported model family trains at (SANA's 4096-px tables, with 2x headroom).
-MAX_RESOLUTION = 8192
-
-
-def check_resolution(value: int | None, flag: str = "resolution") -> None:
-    """Refuse a resolution that is a pixel count or beyond any model (``flag``: how the caller names the value).
-
-    ``--resolution`` is the *side* of the pixel budget (1024 means about 1024² pixels). A value above
-    :data:`MAX_RESOLUTION` is refused before any work; one of at least 128² is called what it most likely is, a pixel
-    count, with the side to pass instead. Raises ``ValueError`` whose message names ``flag``.
-    """
-    if value is None or int(value) <= MAX_RESOLUTION:
-        return
-    shown = f"{flag} {value}" if flag.startswith("-") else f"{flag}={value}"
-    use = f"{flag} 1024" if flag.startswith("-") else f"{flag}=1024"
-    if int(value) >= 128 * 128:
-        side = int(value) ** 0.5
-        exact = f"{int(side)}²" if int(side) ** 2 == int(value) else f"about {side:.0f}²"
-        raise ValueError(f"{shown} looks like a pixel count ({exact}); pass the side, e.g. {use} for about 1024² "
-                         f"pixels per bucket.")
-    raise ValueError(f"{shown} is beyond the largest side any supported model trains at ({MAX_RESOLUTION}); pass the "
-                     f"side of the pixel budget, e.g. {use}.")
 
 
 def preset_table(

@@ -184,7 +184,7 @@ def test_a_plan_without_a_step_is_shown_not_raised(annotated):
 
 @pytest.mark.parametrize("flags,message", [
     (["--metric", "linear"], "--fit minimises the crop of the 'log' assignment"),
-    (["--resolution", "1048576"], "for a budget of 1,048,576 pixels pass --resolution 1024"),
+    (["--resolution", "1048576"], "--resolution 1048576 looks like a pixel count (1024²); pass the side"),
     (["--preset", "sdxl"], "--fit makes its own table"),
     (["--scheduler", "x"], "fit first, then run hf-arb buckets --aspect-ratio-buckets"),
 ])

@@ -170,7 +170,10 @@ def test_text_encoder_lr_and_weight_decay_are_the_encoders_parameter_group(asset
 def test_a_missing_tracker_warns_once_and_training_goes_on(monkeypatch, caplog, tmp_path):
     """The default --report_to tensorboard, not installed: one warning, then no tracker (accelerate's behaviour)."""
     monkeypatch.setitem(script.TRACKERS, "tensorboard", ("no_such_module_for_issue_22",))
-    args = script.parse_args(["--pretrained_model_name_or_path", "m", "--train_data_dir", str(tmp_path),
+    model = tmp_path / "model"  # a local model folder: a Hub id is looked up (and refused offline) by this check
+    model.mkdir()
+    (model / "model_index.json").write_text("{}")
+    args = script.parse_args(["--pretrained_model_name_or_path", str(model), "--train_data_dir", str(tmp_path),
                               "--learning_rate", "1e-5", "--output_dir", str(tmp_path / "out")])
     with caplog.at_level(logging.WARNING, logger=script.logger.name):
         script.check_environment(args)
