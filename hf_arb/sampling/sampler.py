@@ -34,6 +34,14 @@ from .state import as_state_mapping, check_state, sampler_state
 
 logger = logging.getLogger(__name__)
 
+
+def rank_idiom_message(num_replicas: int, rank: int) -> str:
+    """The one-line refusal of iterating a sampler built with ``rank=`` (torch's DistributedSampler idiom)."""
+    return (f"BucketBatchSampler(num_replicas={num_replicas}, rank={rank}) iterated directly would serve the global "
+            f"plan (every rank's batches), not rank {rank}'s: for plain DDP use `sampler.shard({rank})` "
+            f"(DataLoader(ds, batch_sampler=sampler.shard())); under accelerator.prepare build the sampler without "
+            f"`rank=` (accelerate deals the global plan to the ranks itself).")
+
 #: with ``index_dir=None``, grouped row indexes up to this many rows (64 MB) stay in memory; larger ones go to a
 #: memory-mapped file shared by the processes of the node
 INDEX_IN_MEMORY_ROWS = 1 << 24
@@ -124,6 +132,9 @@ class BucketBatchSampler:
             raise ValueError("A batch size per bucket needs sync_buckets=True and split_batches=False: accelerate's "
                              "split_batches slices every batch by one fixed size. Use one `batch_size` for those.")
         self._set_world(num_replicas, rank, 1 if per_bucket else batch_size, split_batches)
+        # torch's DistributedSampler idiom (`rank=` given, iterate it): iterating serves the global plan, so that
+        # combination is refused at the first batch (see __iter__); shard() and prepare() are the two right ways
+        self._rank_given = rank is not None
         self.seed = check_nonneg("seed", seed)
         self.shuffle, self.sync_buckets, self.return_keys = bool(shuffle), bool(sync_buckets), bool(return_keys)
         self.leftover = leftover_from(drop_last, leftover)
@@ -368,7 +379,14 @@ class BucketBatchSampler:
         return [(r, target, epoch) for r in rows] if self.return_keys else rows
 
     def __iter__(self) -> Iterator[list]:
-        """The remaining global plan of the epoch, step-major and rank-minor (see the module docstring)."""
+        """The remaining global plan of the epoch, step-major and rank-minor (see the module docstring).
+
+        Raises:
+            RuntimeError: at the first batch, when the sampler was given ``rank=`` with ``num_replicas > 1``
+                (torch's ``DistributedSampler`` idiom): iterating it would serve every rank's batches to this rank.
+        """
+        if self._rank_given and self.num_replicas > 1:
+            raise RuntimeError(rank_idiom_message(self.num_replicas, self.rank))
         for e, rows, targets in self._steps():
             if self.split_batches:
                 yield [x for r in range(self.num_replicas) for x in self._keys(rows[r], int(targets[r]), e)]
