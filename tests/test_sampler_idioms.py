@@ -49,3 +49,45 @@ def test_distributed_sampler_idiom_is_one_ranks_share_or_refused(n, k, batch, wo
     report = ranks[0].report()
     assert len(rows) - len(set(rows)) == report.rows_repeated, "no row twice outside the report's repeats"
     assert len(set(rows)) == report.rows_used
+
+
+def _stream():
+    import datasets
+
+    from hf_arb.sampling.stream import BucketedStream
+
+    ids = np.zeros(40, dtype=int)
+    ds = datasets.Dataset.from_dict({"key": np.arange(ids.size), "bucket": ids}).to_iterable_dataset(num_shards=2)
+    return BucketedStream(ds, 4, counts=[40])
+
+
+def _resumables():
+    from hf_arb import PackBatchSampler
+
+    ids = np.random.default_rng(0).integers(0, 3, size=200)
+    bucket = BucketBatchSampler(ids, 4, num_replicas=2, seed=1, log_report=False)
+    w = np.full(300, 512)
+    packs = PackBatchSampler((w, w), max_tokens=4096, num_replicas=1, log_report=False)
+    return {"BucketedStream": _stream(), "BucketBatchSampler": bucket, "RankBatchSampler": bucket.shard(1),
+            "PackBatchSampler": packs}
+
+
+GARBAGE = [None, [], "text", 3, {"version": 2}, {"format": 1}, {}]
+
+
+@pytest.mark.parametrize("name", ["BucketedStream", "BucketBatchSampler", "RankBatchSampler", "PackBatchSampler"])
+def test_every_resumable_refuses_garbage_state_naming_what_it_expected(name) -> None:
+    obj = _resumables()[name]
+    good = obj.state_dict()
+    for garbage in GARBAGE:
+        with pytest.raises((TypeError, ValueError)) as err:
+            obj.load_state_dict(garbage)
+        msg = str(err.value)
+        assert "state" in msg and any(w in msg for w in ("expected", "should be", "this sampler has", "this version reads")), (garbage, msg)
+        assert not isinstance(err.value, (KeyError, AttributeError))
+    obj.load_state_dict(good)  # the real state still loads after the refusals
+    if name == "BucketedStream":  # a state with a field of the wrong kind names the field
+        with pytest.raises(ValueError, match="field `ranks`"):
+            obj.load_state_dict({**good, "ranks": [1]})
+        with pytest.raises(ValueError, match="field `epoch`"):
+            obj.load_state_dict({**good, "epoch": -1})
