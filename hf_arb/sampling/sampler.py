@@ -28,19 +28,11 @@ from .index import LOW_BITS, build_index, count_blocks, open_index
 from .inputs import aspects, check_world, choose_catch_all, default_world, fingerprint, leftover_from, read_input
 from .plan import Leftover, check_nonneg, check_positive, effective_ids, iter_chunks, make_layout, merge_small_buckets
 from .ragged import RaggedPlan, iter_ragged, materialise
-from .rank import RankBatchSampler
+from .rank import RankBatchSampler, refuse_rank_idiom
 from .report import PlanReport, build_report, warn_if_dropping, zero_batches_message
 from .state import as_state_mapping, check_state, sampler_state
 
 logger = logging.getLogger(__name__)
-
-
-def rank_idiom_message(num_replicas: int, rank: int) -> str:
-    """The one-line refusal of iterating a sampler built with ``rank=`` (torch's DistributedSampler idiom)."""
-    return (f"BucketBatchSampler(num_replicas={num_replicas}, rank={rank}) iterated directly would serve the global "
-            f"plan (every rank's batches), not rank {rank}'s: for plain DDP use `sampler.shard({rank})` "
-            f"(DataLoader(ds, batch_sampler=sampler.shard())); under accelerator.prepare build the sampler without "
-            f"`rank=` (accelerate deals the global plan to the ranks itself).")
 
 #: with ``index_dir=None``, grouped row indexes up to this many rows (64 MB) stay in memory; larger ones go to a
 #: memory-mapped file shared by the processes of the node
@@ -132,10 +124,7 @@ class BucketBatchSampler:
             raise ValueError("A batch size per bucket needs sync_buckets=True and split_batches=False: accelerate's "
                              "split_batches slices every batch by one fixed size. Use one `batch_size` for those.")
         self._set_world(num_replicas, rank, 1 if per_bucket else batch_size, split_batches)
-        # torch's DistributedSampler idiom (`rank=` given, iterate it): iterating serves the global plan, so that
-        # combination is refused at the first batch (see __iter__); shard() and prepare() are the two right ways
-        self._rank_given = rank is not None
-        self.seed = check_nonneg("seed", seed)
+        self._rank_given, self.seed = rank is not None, check_nonneg("seed", seed)  # rank=: see refuse_rank_idiom
         self.shuffle, self.sync_buckets, self.return_keys = bool(shuffle), bool(sync_buckets), bool(return_keys)
         self.leftover = leftover_from(drop_last, leftover)
         self.drop_last = self.leftover == "drop"
@@ -379,14 +368,8 @@ class BucketBatchSampler:
         return [(r, target, epoch) for r in rows] if self.return_keys else rows
 
     def __iter__(self) -> Iterator[list]:
-        """The remaining global plan of the epoch, step-major and rank-minor (see the module docstring).
-
-        Raises:
-            RuntimeError: at the first batch, when the sampler was given ``rank=`` with ``num_replicas > 1``
-                (torch's ``DistributedSampler`` idiom): iterating it would serve every rank's batches to this rank.
-        """
-        if self._rank_given and self.num_replicas > 1:
-            raise RuntimeError(rank_idiom_message(self.num_replicas, self.rank))
+        """The remaining global plan of the epoch, step-major and rank-minor (module docstring; refuse_rank_idiom)."""
+        refuse_rank_idiom(self.num_replicas, self.rank, self._rank_given)
         for e, rows, targets in self._steps():
             if self.split_batches:
                 yield [x for r in range(self.num_replicas) for x in self._keys(rows[r], int(targets[r]), e)]
