@@ -149,7 +149,7 @@ def main() -> None:
     # ours: construction (once per run) and planning + draining one epoch on rank 0
     tracemalloc.start()
     t0 = time.perf_counter()
-    sampler = BucketBatchSampler(ids, BATCH, num_replicas=WORLD, rank=0, seed=0, leftover="catch_all",
+    sampler = BucketBatchSampler(ids, BATCH, num_replicas=WORLD, seed=0, leftover="catch_all",
                                  catch_all_bucket=base, log_report=False)
     build_s = time.perf_counter() - t0
     t0 = time.perf_counter()

@@ -173,7 +173,17 @@ def run_plain(args, ids: np.ndarray) -> dict:
     sampler = hf_arb.BucketBatchSampler(ids, args.batch_size, drop_last=False, seed=SEED)  # world: process group
     dl = DataLoader(RowDataset(ids), batch_sampler=sampler.shard(), num_workers=1)
     record = [{"epoch": e, "rows": b["row"].tolist()} for e in range(EPOCHS) for b in dl]
-    out = {"num_replicas": sampler.num_replicas, "rank": sampler.rank, "record": record}
+    # torch's DistributedSampler habit: num_replicas/rank given, the sampler itself as batch_sampler: refused
+    habit = hf_arb.BucketBatchSampler(ids, args.batch_size, drop_last=False, seed=SEED,
+                                      num_replicas=dist.get_world_size(), rank=dist.get_rank())
+    served, habit_error = 0, ""
+    try:
+        for _ in DataLoader(RowDataset(ids), batch_sampler=habit):
+            served += 1
+    except RuntimeError as e:
+        habit_error = str(e)
+    out = {"num_replicas": sampler.num_replicas, "rank": sampler.rank, "record": record,
+           "habit_error": habit_error, "habit_served": served}
     dist.destroy_process_group()
     return out
 

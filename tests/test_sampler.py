@@ -81,8 +81,9 @@ def test_sampler_invariants_over_grid(leftover: str, world: int, batch: int) -> 
     for epoch in (0, 1):
         got = epoch_batches(samplers, epoch)
         assert got.shape[0] == min(lens) == samplers[0].steps_per_epoch, "len() must equal the batches yielded"
-        samplers[0].set_epoch(epoch)
-        assert list(samplers[0]) == got.reshape(-1, batch).tolist(), "global order is step-major, rank-minor"
+        whole = BucketBatchSampler(ids, batch, num_replicas=world, seed=3, leftover=leftover, catch_all_bucket=0)
+        whole.set_epoch(epoch)  # no `rank=`: the global plan, as accelerator.prepare reads it
+        assert list(whole) == got.reshape(-1, batch).tolist(), "global order is step-major, rank-minor"
         targets = np.stack([s.batch_buckets(epoch) for s in samplers], axis=1)
         check_epoch(ids, got, targets, leftover, sync=True, catch_all=0)
         ref, ref_t = plan_epoch(ids, batch, world, seed=3, epoch=epoch, leftover=leftover, catch_all_bucket=0,
@@ -169,8 +170,8 @@ def test_buckets_do_not_empty_early() -> None:
 
 def test_deterministic_across_instances_and_epochs_differ() -> None:
     ids = make_ids(800)
-    a = BucketBatchSampler(ids, 4, num_replicas=2, rank=1, seed=9)
-    b = BucketBatchSampler(ids, 4, num_replicas=2, rank=1, seed=9)
+    a = BucketBatchSampler(ids, 4, num_replicas=2, seed=9)
+    b = BucketBatchSampler(ids, 4, num_replicas=2, seed=9)
     assert list(a) == list(b)
     p0, p1 = a.plan(0), a.plan(1)
     assert not np.array_equal(p0, p1), "epochs must differ"
@@ -188,7 +189,7 @@ def test_no_global_rng_read_or_written() -> None:
         np.random.seed(s)
         torch.manual_seed(s)
         before = (random.getstate(), np.random.get_state()[1].copy(), torch.get_rng_state().clone())
-        sampler = BucketBatchSampler(ids, 3, num_replicas=2, rank=0, seed=1, leftover="catch_all", catch_all_bucket=0)
+        sampler = BucketBatchSampler(ids, 3, num_replicas=2, seed=1, leftover="catch_all", catch_all_bucket=0)
         sampler.set_epoch(4)
         list(sampler)
         got = plan_epoch(ids, 3, 2, seed=1, epoch=4, leftover="catch_all", catch_all_bucket=0)
@@ -362,7 +363,7 @@ def test_report_counts_and_log_line(caplog: pytest.LogCaptureFixture) -> None:
     ids = make_ids(1000, k=5, seed=4)
     assigned = int((ids >= 0).sum())
     for leftover in ("drop", "fill", "catch_all"):
-        s = BucketBatchSampler(ids, 4, num_replicas=2, rank=0, leftover=leftover, catch_all_bucket=0)
+        s = BucketBatchSampler(ids, 4, num_replicas=2, leftover=leftover, catch_all_bucket=0)
         rep = s.report()
         plan = s.plan()
         distinct = np.unique(plan).size
@@ -745,7 +746,7 @@ def test_construction_memory_does_not_grow_with_rows(tmp_path: Path) -> None:
     for n in (1_000_000, 4_000_000):
         ids = np.random.default_rng(0).integers(-1, 19, n).astype(np.int8)
         tracemalloc.start()
-        s = BucketBatchSampler(ids, 8, num_replicas=8, rank=0, seed=0, leftover="catch_all", catch_all_bucket=0,
+        s = BucketBatchSampler(ids, 8, num_replicas=8, seed=0, leftover="catch_all", catch_all_bucket=0,
                                index_dir=tmp_path, log_report=False)
         peaks.append(tracemalloc.get_traced_memory()[1])
         tracemalloc.reset_peak()

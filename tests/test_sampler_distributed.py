@@ -129,6 +129,9 @@ def check_pixel_modes(full: list[dict], resumed: list[dict], saves: tuple[int, .
 def test_plain_torchrun_without_accelerate(tmp_path: Path) -> None:
     results = _torchrun(2, tmp_path, "plain", "--batch-size", "4")
     assert [(r["num_replicas"], r["rank"]) for r in results] == [(2, 0), (2, 1)]
+    for r in results:  # DistributedSampler's habit (num_replicas=, rank=, iterate): refused before any batch
+        assert r["habit_served"] == 0
+        assert f"sampler.shard({r['rank']})" in r["habit_error"] and "without `rank=`" in r["habit_error"]
     rows, _ = _steps([{"x": r} for r in results], "x")
     sys.path.insert(0, str(ROOT / "tests"))
     from _sampler_worker import SEED, bucket_ids

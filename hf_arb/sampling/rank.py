@@ -6,6 +6,22 @@ from collections.abc import Iterator
 from typing import Any
 
 
+def refuse_rank_idiom(num_replicas: int, rank: int, rank_given: bool) -> None:
+    """Refuse torch's ``DistributedSampler`` habit: a sampler given ``rank=`` with ``num_replicas > 1``, iterated
+    directly, would serve the global plan (every rank's batches) to this rank.
+
+    Iterating the sampler is also what accelerate's ``BatchSamplerShard`` does under ``accelerator.prepare``, and the
+    two callers cannot be told apart without inspecting accelerate's objects; an explicit ``rank=`` (never needed
+    under ``prepare``) is the signal. The one-line error names both fixes.
+    """
+    if rank_given and num_replicas > 1:
+        raise RuntimeError(
+            f"BucketBatchSampler(num_replicas={num_replicas}, rank={rank}) iterated directly would serve the global "
+            f"plan (every rank's batches), not rank {rank}'s: for plain DDP use `sampler.shard({rank})` "
+            f"(DataLoader(ds, batch_sampler=sampler.shard())); under accelerator.prepare build the sampler without "
+            f"`rank=` (accelerate deals the global plan to the ranks itself).")
+
+
 class RankBatchSampler:
     """One rank's view of a :class:`BucketBatchSampler` (``sampler.shard(rank)``): yields ``plan[s, rank]`` for
     each step. The cursor, epoch and state are the parent sampler's."""

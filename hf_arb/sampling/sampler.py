@@ -28,7 +28,7 @@ from .index import LOW_BITS, build_index, count_blocks, open_index
 from .inputs import aspects, check_world, choose_catch_all, default_world, fingerprint, leftover_from, read_input
 from .plan import Leftover, check_nonneg, check_positive, effective_ids, iter_chunks, make_layout, merge_small_buckets
 from .ragged import RaggedPlan, iter_ragged, materialise
-from .rank import RankBatchSampler
+from .rank import RankBatchSampler, refuse_rank_idiom
 from .report import PlanReport, build_report, warn_if_dropping, zero_batches_message
 from .state import as_state_mapping, check_state, sampler_state
 
@@ -124,7 +124,7 @@ class BucketBatchSampler:
             raise ValueError("A batch size per bucket needs sync_buckets=True and split_batches=False: accelerate's "
                              "split_batches slices every batch by one fixed size. Use one `batch_size` for those.")
         self._set_world(num_replicas, rank, 1 if per_bucket else batch_size, split_batches)
-        self.seed = check_nonneg("seed", seed)
+        self._rank_given, self.seed = rank is not None, check_nonneg("seed", seed)  # rank=: see refuse_rank_idiom
         self.shuffle, self.sync_buckets, self.return_keys = bool(shuffle), bool(sync_buckets), bool(return_keys)
         self.leftover = leftover_from(drop_last, leftover)
         self.drop_last = self.leftover == "drop"
@@ -368,7 +368,8 @@ class BucketBatchSampler:
         return [(r, target, epoch) for r in rows] if self.return_keys else rows
 
     def __iter__(self) -> Iterator[list]:
-        """The remaining global plan of the epoch, step-major and rank-minor (see the module docstring)."""
+        """The remaining global plan of the epoch, step-major and rank-minor (module docstring; refuse_rank_idiom)."""
+        refuse_rank_idiom(self.num_replicas, self.rank, self._rank_given)
         for e, rows, targets in self._steps():
             if self.split_batches:
                 yield [x for r in range(self.num_replicas) for x in self._keys(rows[r], int(targets[r]), e)]

@@ -20,7 +20,8 @@ the global sequence step-major, rank-minor — ``W`` items per step, item ``r`` 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterator
+import json
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -33,6 +34,39 @@ __all__ = ["BucketedStream", "BufferOverflowError", "build_stream_loader"]
 #: 2: the source is read in chunks of ``snapshot_every`` rows (``IterableDataset.iter``), so the source snapshots
 #: in a state are those of a chunked read; version 1 snapshots were taken reading row by row.
 STATE_VERSION = 2
+_EXPECTED = "a stream state (the dict `stream.state_dict(step=...)` returned, or its JSON text)"
+_RANK_FIELDS = ("step", "read", "counters", "snapshots", "buffer", "reserve")
+
+
+def check_stream_state(state: Any) -> Mapping[str, Any]:
+    """A stream state's shape, checked before anything is restored: a mapping with ``version``, ``config``
+    (mapping), ``epoch`` and ``step`` (ints >= 0) and ``ranks`` (rank → mapping with the buffer fields).
+    Garbage (None, a list, text that is not JSON, a dict of other fields) is refused naming what was expected."""
+    if isinstance(state, (str, bytes, bytearray)):
+        try:
+            state = json.loads(state)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"BucketedStream.load_state_dict expected {_EXPECTED}, got a string that is not JSON "
+                             f"({e.msg} at position {e.pos}): {str(state)[:60]!r}.") from None
+    if not isinstance(state, Mapping):
+        raise TypeError(f"BucketedStream.load_state_dict expected {_EXPECTED}, got {type(state).__name__}: "
+                        f"{repr(state)[:60]}. Pass the rank's saved `stream.state_dict(step=...)`.")
+    if state.get("version") not in (1, STATE_VERSION):
+        return state  # the version message (below, in load_state_dict) names the expected version
+    if state.get("version") == 1:
+        return state
+    fields = {"config": Mapping, "epoch": int, "step": int, "ranks": Mapping}
+    for name, kind in fields.items():
+        value = state.get(name)
+        if not isinstance(value, kind) or isinstance(value, bool) or (kind is int and value < 0):
+            what = "a mapping" if kind is Mapping else "an int >= 0"
+            raise ValueError(f"Stream state field `{name}` should be {what}, got {value!r}"[:200] +
+                             f" (expected {_EXPECTED}).")
+    for r, rank_state in state["ranks"].items():
+        missing = [f for f in _RANK_FIELDS if not isinstance(rank_state, Mapping) or f not in rank_state]
+        if missing:
+            raise ValueError(f"Stream state field `ranks.{r}` lacks {missing} (expected {_EXPECTED}).")
+    return state
 
 
 class BucketedStream(torch.utils.data.IterableDataset):
@@ -217,8 +251,11 @@ class BucketedStream(torch.utils.data.IterableDataset):
         """Resume from :meth:`state_dict`: the remaining batches equal an uninterrupted run's.
 
         Raises:
-            ValueError: the state was saved with another configuration or lacks a rank this process reads.
+            TypeError: ``state`` is not a mapping (or its JSON text).
+            ValueError: the state was saved with another configuration, lacks a field (named) or a rank this
+                process reads.
         """
+        state = check_stream_state(state)
         if state.get("version") == 1:
             raise ValueError("This stream state has version 1 (saved by an hf_arb that read the source row by row); "
                              f"this version reads it in chunks and needs version {STATE_VERSION}. Resume with the "

@@ -1,0 +1,93 @@
+"""The idioms users bring to the sampler: each does what they meant or is refused with one line naming the fix.
+
+In-process (all ranks simulated): torch's ``DistributedSampler`` idiom (``num_replicas=W, rank=r``, iterate it)
+and garbage resume states. The real-process cells (accelerate modes × 2 and 3 processes) are in
+``tests/test_sampler_distributed.py``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from hf_arb import BucketBatchSampler
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(n=st.integers(20, 400), k=st.integers(1, 6), batch=st.integers(1, 5), world=st.integers(1, 4),
+       seed=st.integers(0, 2**31), leftover=st.sampled_from(["drop", "fill", "catch_all"]))
+def test_distributed_sampler_idiom_is_one_ranks_share_or_refused(n, k, batch, world, seed, leftover) -> None:
+    ids = np.random.default_rng(seed).integers(-1, k, size=n)
+    kw = dict(seed=seed, leftover=leftover, catch_all_bucket=0, return_keys=True, log_report=False)
+    try:
+        ranks = [BucketBatchSampler(ids, batch, num_replicas=world, rank=r, **kw) for r in range(world)]
+    except ValueError as e:  # a plan with zero batches is refused at construction (tested in test_sampler.py)
+        assert "zero" in str(e) or "No row" in str(e) or "batch" in str(e)
+        return
+    views = []
+    for r, s in enumerate(ranks):
+        s.set_epoch(0)  # every pass below reads epoch 0 (set_epoch holds, as DistributedSampler's)
+        if world > 1:  # the idiom itself: refused before any batch, naming both fixes
+            with pytest.raises(RuntimeError, match=r"sampler\.shard\(%d\).*without `rank=`" % r):
+                next(iter(s))
+            assert s.batches_consumed == 0, "the refusal must not move the cursor"
+            view = list(s.shard(r))
+        else:  # one rank: the global plan is that rank's share
+            view = list(s)
+            assert view == list(s.shard(0))
+        assert len(view) == len(s.shard(r)) == s.steps_per_epoch, "len() of the rank view = its batches"
+        assert len(s) == s.steps_per_epoch * world
+        views.append(view)
+    assert len({len(v) for v in views}) == 1, "every rank the same number of steps"
+    for step in zip(*views):
+        targets = {t for b in step for _, t, _ in b}
+        assert len(targets) == 1, "the same bucket on every rank at every step"
+        assert all(len(b) == batch for b in step)
+    rows = [row for v in views for b in v for row, _, _ in b]
+    report = ranks[0].report()
+    assert len(rows) - len(set(rows)) == report.rows_repeated, "no row twice outside the report's repeats"
+    assert len(set(rows)) == report.rows_used
+
+
+def _stream():
+    import datasets
+
+    from hf_arb.sampling.stream import BucketedStream
+
+    ids = np.zeros(40, dtype=int)
+    ds = datasets.Dataset.from_dict({"key": np.arange(ids.size), "bucket": ids}).to_iterable_dataset(num_shards=2)
+    return BucketedStream(ds, 4, counts=[40])
+
+
+def _resumables():
+    from hf_arb import PackBatchSampler
+
+    ids = np.random.default_rng(0).integers(0, 3, size=200)
+    bucket = BucketBatchSampler(ids, 4, num_replicas=2, seed=1, log_report=False)
+    w = np.full(300, 512)
+    packs = PackBatchSampler((w, w), max_tokens=4096, num_replicas=1, log_report=False)
+    return {"BucketedStream": _stream(), "BucketBatchSampler": bucket, "RankBatchSampler": bucket.shard(1),
+            "PackBatchSampler": packs}
+
+
+GARBAGE = [None, [], "text", 3, {"version": 2}, {"format": 1}, {}]
+
+
+@pytest.mark.parametrize("name", ["BucketedStream", "BucketBatchSampler", "RankBatchSampler", "PackBatchSampler"])
+def test_every_resumable_refuses_garbage_state_naming_what_it_expected(name) -> None:
+    obj = _resumables()[name]
+    good = obj.state_dict()
+    for garbage in GARBAGE:
+        with pytest.raises((TypeError, ValueError)) as err:
+            obj.load_state_dict(garbage)
+        msg = str(err.value)
+        assert "state" in msg and any(w in msg for w in ("expected", "should be", "this sampler has", "this version reads")), (garbage, msg)
+        assert not isinstance(err.value, (KeyError, AttributeError))
+    obj.load_state_dict(good)  # the real state still loads after the refusals
+    if name == "BucketedStream":  # a state with a field of the wrong kind names the field
+        with pytest.raises(ValueError, match="field `ranks`"):
+            obj.load_state_dict({**good, "ranks": [1]})
+        with pytest.raises(ValueError, match="field `epoch`"):
+            obj.load_state_dict({**good, "epoch": -1})
