@@ -1453,7 +1453,7 @@ def make_sampler(args: argparse.Namespace, ds: Any, buckets: Any, accelerator: A
         with warnings.catch_warnings(record=True) as caught:  # the library's advice, said once in flags below
             warnings.simplefilter("always", UserWarning)
             sampler = BucketBatchSampler(
-                ds, args.train_batch_size, num_replicas=accelerator.num_processes, rank=accelerator.process_index,
+                ds, args.train_batch_size, num_replicas=accelerator.num_processes,  # no rank=: prepare deals the plan
                 seed=args.seed, shuffle=True, sync_buckets=not args.no_bucket_sync, leftover=args.bucket_leftover,
                 return_keys=True, buckets=buckets, max_pixels_per_batch=args.max_pixels_per_batch,
                 log_report=False,  # startup_report prints it
