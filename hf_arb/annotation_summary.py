@@ -192,8 +192,7 @@ def _outliers(ids: np.ndarray, err: np.ndarray, sizes: tuple[Any, Any] | None, b
         w = h = np.full(ids.shape, np.nan)
     values: list[tuple[str, float | None, np.ndarray]] = [("aspect_error", warn_aspect_error, err)]
     if sizes is not None:
-        with np.errstate(invalid="ignore", divide="ignore"):
-            values.append(("upscale", warn_upscale, np.maximum(bw / w, bh / h)))  # (n,) cover scale
+        values.append(("upscale", warn_upscale, cover_scales(ids, *sizes, buckets)))  # (n,) cover scale
     out = []
     for kind, threshold, v in values:
         if threshold is None:
