@@ -59,8 +59,8 @@ Nothing here imports torchvision: images go through :mod:`hf_arb.imaging` (Pillo
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import contextlib
+import dataclasses
 import importlib
 import json
 import logging
@@ -684,7 +684,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def check_environment(args: argparse.Namespace) -> None:
     """Checks that look at this machine (paths, installed packages, the device) — still before any model load."""
     import importlib.util
-    import re
 
     hub_id = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
     for flag in ("pretrained_model_name_or_path", "pretrained_vae_model_name_or_path"):
