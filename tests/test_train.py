@@ -96,6 +96,7 @@ def run_script(args: list[str], nproc: int = 1, timeout: int = 300) -> dict[str,
     out = Path(args[args.index("--output_dir") + 1])
     if nproc == 1:  # in this process: the imports (most of a tiny run's time) are already paid for
         buf = io.StringIO()
+        reset_accelerate()  # a fresh process's state, whatever an earlier test in this worker left behind
         try:
             with contextlib.redirect_stdout(buf):
                 stats = script.main(args)
