@@ -53,7 +53,7 @@ Launch (real commands; every flag is documented in docs/training.md):
     # CPU, two processes (tests, demo): torchrun starts real gloo DDP processes
     ACCELERATE_USE_CPU=1 torchrun --nproc_per_node 2 train_text_to_image_arb.py ... --report_to none
 
-Nothing here imports torchvision: images go through :mod:`hf_arb.imaging` (Pillow).
+Nothing here imports torchvision: images go through :mod:`hf_arb.images.fitting` (Pillow).
 """
 
 from __future__ import annotations
@@ -188,8 +188,8 @@ def build_parser() -> argparse.ArgumentParser:
     a("--image_interpolation_mode", type=str, default="lanczos",
       choices=["bicubic", "bilinear", "box", "hamming", "lanczos", "nearest", "nearest_exact"],
       help="Filter for resizing images (Pillow's; nearest/nearest_exact are refused: not antialiased).")
-    from hf_arb.matching import METRICS
-    from hf_arb.presets import PRESETS
+    from hf_arb.buckets.matching import METRICS
+    from hf_arb.buckets.presets import PRESETS
 
     a("--bucket_preset", type=str, default=None, choices=PRESETS,
       help="Bucket table (all listed in docs/buckets.md): 'budget' (default; OneTrainer aspects scaled to "
@@ -501,8 +501,8 @@ BUCKET_FLAG_NAMES = {"`resolution`": "--resolution", "`step`": "--bucket_step", 
 def check_bucket_flags(args: argparse.Namespace) -> None:
     """--bucket_preset or --aspect_ratio_buckets (not both; default budget), the preset's --bucket_step default, and
     the table itself built once, so that a bad combination fails here, in flags."""
-    from hf_arb.cli_buckets import in_flags
-    from hf_arb.presets import PRESET_INFO
+    from hf_arb.cli.buckets import in_flags
+    from hf_arb.buckets.presets import PRESET_INFO
 
     if args.aspect_ratio_buckets is not None and args.bucket_preset is not None:
         raise UsageError(f"--aspect_ratio_buckets is a bucket table and --bucket_preset {args.bucket_preset} names "
@@ -697,7 +697,7 @@ def check_environment(args: argparse.Namespace) -> None:
         elif path.exists() or not hub_id.match(value) or value.count("/") > 1:
             raise UsageFileError(f"--{flag} {value}: no such model folder, and not a Hub id (like org/name).")
         else:  # a Hub id: a typo or an unreachable Hub is said now, not after the dataset and download retries
-            from hf_arb.hub import hub_model_problem
+            from hf_arb.annotate.hub import hub_model_problem
 
             problem = hub_model_problem(value, revision=args.revision if flag == "pretrained_model_name_or_path" else None)
             if problem:
@@ -742,7 +742,7 @@ def resolve_resume_dir(args: argparse.Namespace) -> Path | None:
     """The checkpoint folder to resume from, or None; a missing or damaged one is an error (never a silent fresh
     start). ``latest`` skips incomplete or damaged checkpoints (with a warning naming them) for the newest complete one.
     """
-    from hf_arb.checkpointing import REQUIRED, checkpoint_problems, find_resumable, list_checkpoints
+    from hf_arb.train.checkpointing import REQUIRED, checkpoint_problems, find_resumable, list_checkpoints
 
     if not args.resume_from_checkpoint:
         return None  # (also called by check_environment: a missing checkpoint fails before anything loads)
@@ -1020,7 +1020,7 @@ def load_models(args: argparse.Namespace) -> Models:
     else:
         vae = AutoencoderKL.from_pretrained(path, subfolder="vae", revision=rev, variant=var)
     if args.resolution_conditioning:
-        from hf_arb.conditioning import add_resolution_conditioning
+        from hf_arb.families.conditioning import add_resolution_conditioning
 
         unet = add_resolution_conditioning(unet, embed_dim=args.resolution_embed_dim)
     vae.requires_grad_(False)
@@ -1113,7 +1113,7 @@ def setup_lora(args: argparse.Namespace, models: Models, weight_dtype: torch.dty
     :func:`lora_text_encoders`); frozen base weights go to the mixed-precision dtype, the adapters stay float32.
     Returns the trainable parameters (with --train_text_encoder: optimizer parameter groups, the encoders' with
     --text_encoder_lr / --adam_weight_decay_text_encoder where given)."""
-    from hf_arb.lora import TEXT_ENCODER_TARGET_MODULES, UNET_TARGET_MODULES, add_lora
+    from hf_arb.train.lora import TEXT_ENCODER_TARGET_MODULES, UNET_TARGET_MODULES, add_lora
 
     kw = {"rank": args.rank, "alpha": args.lora_alpha, "dropout": args.lora_dropout, "dtype": weight_dtype,
           "use_dora": args.use_dora}
@@ -1143,7 +1143,7 @@ def register_lora_checkpoint_hooks(accelerator: Any, models: Models, args: argpa
     """Checkpoints hold only the adapters, as ``pytorch_lora_weights.safetensors`` (loadable by diffusers too);
     accelerate saves the optimizer, scheduler, sampler and RNG next to it. The prepared models arrive in the order
     they were prepared: the UNet, then the trained text encoders."""
-    from hf_arb.lora import load_lora, save_lora
+    from hf_arb.train.lora import load_lora, save_lora
 
     cls = pipeline_class(models, args)
     denoiser = "unet" if models.flow is None else "transformer"
@@ -1167,7 +1167,7 @@ def save_final_lora(args: argparse.Namespace, accelerator: Any, models: Models, 
                     progress: Progress, validation_images: list[str], stats: dict[str, Any]) -> None:
     """Write ``pytorch_lora_weights.safetensors`` (no pipeline, as upstream), then validate by loading that file
     into a fresh base pipeline with ``load_lora_weights``, the way users will."""
-    from hf_arb.lora import save_lora
+    from hf_arb.train.lora import save_lora
 
     accelerator.wait_for_everyone()
     if not accelerator.is_main_process:
@@ -1247,7 +1247,7 @@ def bucket_set_from_args(args: argparse.Namespace) -> Any:
 
 def bucket_table_from_args(args: argparse.Namespace) -> tuple[Any, list[str]]:
     """``(BucketSet, notes)``, built as ``hf-arb buckets`` builds it; ``notes`` say which flags the table ignores."""
-    from hf_arb.cli_buckets import resolve_buckets
+    from hf_arb.cli.buckets import resolve_buckets
 
     sides = {k: v for k in ("min_side", "max_side") if (v := getattr(args, f"bucket_{k}", None)) is not None}
     return resolve_buckets(args.bucket_preset, args.aspect_ratio_buckets, resolution=args.resolution,
@@ -1268,7 +1268,7 @@ def bucket_origin(args: argparse.Namespace) -> str:
         return "the dataset's own bucket columns (the table it was annotated with)"
     if args.aspect_ratio_buckets is not None:
         return f"`--aspect_ratio_buckets {args.aspect_ratio_buckets}`"
-    from hf_arb.presets import PRESET_INFO
+    from hf_arb.buckets.presets import PRESET_INFO
 
     if PRESET_INFO[args.bucket_preset].default_resolution is None:
         return f"`--bucket_preset {args.bucket_preset}`, a fixed table"
@@ -1288,7 +1288,7 @@ def reassigned_columns(table: Any, *, config: str) -> Any:
     import pyarrow as pa
     import pyarrow.compute as pc
     from hf_arb import BucketSet
-    from hf_arb.bucket_core import annotate_sizes
+    from hf_arb.annotate.core import annotate_sizes
 
     reason = table.column("skip_reason")
     keep = pc.if_else(pc.is_in(reason, value_set=pa.array(TABLE_SKIP_REASONS)), pa.scalar(None, pa.string()), reason)
@@ -1302,7 +1302,7 @@ def annotated_dataset_buckets(args: argparse.Namespace, ds: Any, own: Any, main:
     table: then its rows are re-assigned from their original_width/original_height (vectorised, no image opened).
     A flag that is not applied is named once (never silently ignored); ``args.buckets_from_dataset`` tells the card."""
     import datasets
-    from hf_arb.schema import BUCKET_COLUMNS, bucket_features
+    from hf_arb.buckets.schema import BUCKET_COLUMNS, bucket_features
 
     given = list(getattr(args, "bucket_flags_given", []))
     if "resolution" not in getattr(args, "family_defaults", {"resolution": None}):
@@ -1337,7 +1337,7 @@ def annotated_dataset_buckets(args: argparse.Namespace, ds: Any, own: Any, main:
 def annotation_note(ds: Any, buckets: Any) -> str:
     """The annotation summary without its bucket table (the start-up report prints that, with the plan), its advice
     in this script's flags."""
-    from hf_arb.annotate import summarize_annotation
+    from hf_arb.annotate.map import summarize_annotation
 
     summary = summarize_annotation(ds, buckets)
     lines = [str(summary).split("\nrows per bucket", 1)[0]]
@@ -1423,7 +1423,7 @@ def check_upscale(args: argparse.Namespace, ds: Any, buckets: Any) -> None:
     each image would be enlarged that much in memory and the run would end blaming the images."""
     if not {"original_width", "original_height"} <= set(ds.column_names):
         return
-    from hf_arb.annotation_summary import cover_scales
+    from hf_arb.annotate.summary import cover_scales
 
     cols = ds.select_columns(["bucket", "original_width", "original_height"]).with_format("arrow")[:]  # no decoding
     ids = cols.column("bucket").to_numpy()
@@ -1446,7 +1446,7 @@ def make_sampler(args: argparse.Namespace, ds: Any, buckets: Any, accelerator: A
 
     if args.packing:
         return make_pack_sampler(args, ds, accelerator)
-    from hf_arb.cli_buckets import in_flags
+    from hf_arb.cli.buckets import in_flags
 
     try:
         with warnings.catch_warnings(record=True) as caught:  # the library's advice, said once in flags below
@@ -1509,14 +1509,14 @@ def packed_model(args: argparse.Namespace, models: Models) -> Any:
     synchronises the packed computation; else the denoiser itself."""
     if not args.packing:
         return models.unet
-    from hf_arb.packed_loss import PackedFlowModel
+    from hf_arb.packing.loss import PackedFlowModel
 
     return PackedFlowModel(models.unet)
 
 
 def unwrap(accelerator: Any, model: Any) -> Any:
     """The trained denoiser behind a prepared model (through a --packing wrapper)."""
-    from hf_arb.packed_loss import denoiser
+    from hf_arb.packing.loss import denoiser
 
     return denoiser(accelerator.unwrap_model(model))
 
@@ -1547,7 +1547,7 @@ def build_dataloader(args: argparse.Namespace, accelerator: Any, ds: Any, bucket
     Returns ``(dataloader, cache index or None)``; the loader still has to go through ``accelerator.prepare``.
     """
     if args.cache_latents:
-        from hf_arb.latent_dataset import CachedLatentDataset
+        from hf_arb.train.latent_dataset import CachedLatentDataset
 
         cache, index, repair = build_latent_cache(args, accelerator, ds, buckets, models, sampler, schedule,
                                                   weight_dtype)
@@ -1718,7 +1718,7 @@ def build_latent_cache(args: argparse.Namespace, accelerator: Any, ds: Any, buck
     """Encode this rank's share of the missing (image, bucket, crop, flip) entries; return (cache, index, repair)."""
     from accelerate.utils import gather_object
 
-    from hf_arb import latents as lat
+    from hf_arb.train import latents as lat
 
     cache = lat.LatentCache(args.latent_cache_dir or os.path.join(args.output_dir, "latent_cache"))
     vae = place(models.vae, accelerator.device, torch.float32)
@@ -1776,7 +1776,7 @@ def build_latent_cache(args: argparse.Namespace, accelerator: Any, ds: Any, buck
 
 
 def latent_repair(cache: Any, index: Any, load_batch: Any, vae: Any) -> Any:
-    """``(row, bucket, epoch)`` → encode that cache entry again (an entry damaged while training; see hf_arb.latents)."""
+    """``(row, bucket, epoch)`` → encode that cache entry again (an entry damaged while training; see hf_arb.train.latents)."""
 
     @torch.no_grad()
     def repair(row: int, bucket: int, epoch: int) -> None:
@@ -1872,7 +1872,7 @@ def restore_stream(accelerator: Any, stream: Any, resume_dir: Path, progress: Pr
 def check_resumed_step(args: argparse.Namespace, accelerator: Any, progress: Progress, sampler: Any, optimizer: Any,
                        resume_dir: Path | None) -> None:
     """The checkpoint's global_step must agree with its micro-batch counter and the optimizer's step count."""
-    from hf_arb.checkpointing import expected_global_step
+    from hf_arb.train.checkpointing import expected_global_step
 
     if resume_dir is None:
         return
@@ -1901,8 +1901,8 @@ def check_resumed_step(args: argparse.Namespace, accelerator: Any, progress: Pro
 def save_checkpoint(args: argparse.Namespace, accelerator: Any, progress: Progress,
                     stream_state: dict[str, Any] | None = None) -> Path:
     """accelerate's state (UNet, optimizer, LR scheduler, sampler, RNG) + our counters, written to a temporary
-    folder, renamed into place once complete, and only then are old checkpoints pruned (see hf_arb.checkpointing)."""
-    from hf_arb.checkpointing import publish_checkpoint, tmp_checkpoint_dir
+    folder, renamed into place once complete, and only then are old checkpoints pruned (see hf_arb.train.checkpointing)."""
+    from hf_arb.train.checkpointing import publish_checkpoint, tmp_checkpoint_dir
 
     tmp = tmp_checkpoint_dir(args.output_dir, progress.global_step)
     if accelerator.is_main_process and tmp.exists():
@@ -1930,7 +1930,7 @@ def unet_forward(models: Models, unet: Any, noisy: torch.Tensor, timesteps: torc
         cond = {"text_embeds": pooled, "time_ids": time_ids.to(hidden.dtype)}
         return unet(noisy, timesteps, hidden, added_cond_kwargs=cond).sample
     if resolution_dim is not None:
-        from hf_arb.conditioning import resolution_class_labels
+        from hf_arb.families.conditioning import resolution_class_labels
 
         labels = resolution_class_labels(time_ids, resolution_dim).to(hidden.dtype)
         return unet(noisy, timesteps, hidden, class_labels=labels).sample
@@ -1942,7 +1942,7 @@ def diffusion_loss(args: argparse.Namespace, models: Models, unet: Any, batch: d
     """The diffusers loss for one micro-batch: latents → noise → UNet → (SNR-weighted) MSE (SD3 / Flux: the
     flow-matching loss with the batch's resolution shift, :func:`hf_arb.families.flow.flow_loss`)."""
     if models.flow is not None and "grids" in batch:  # --packing: one pack of images at their own sizes
-        from hf_arb.families.packed import packed_flow_step
+        from hf_arb.packing.family import packed_flow_step
 
         return packed_flow_step(models.flow, models.flow_options, unet, batch, models.vae, text, gen, weight_dtype,
                                 args.max_tokens, args.proportion_empty_prompts)
@@ -1953,7 +1953,7 @@ def diffusion_loss(args: argparse.Namespace, models: Models, unet: Any, batch: d
                          args.proportion_empty_prompts)
     from diffusers.training_utils import compute_snr
 
-    from hf_arb.conditioning import sdxl_time_ids
+    from hf_arb.families.conditioning import sdxl_time_ids
     from hf_arb.families.flow import posterior, sample_latents
 
     device, sched, vae = gen.device, models.noise_scheduler, models.vae
@@ -2090,7 +2090,7 @@ def pipeline_class(models: Models, args: argparse.Namespace) -> Any:
 
         return StableDiffusionXLPipeline
     if args.resolution_conditioning:
-        from hf_arb.conditioning import StableDiffusionResolutionPipeline
+        from hf_arb.families.conditioning import StableDiffusionResolutionPipeline
 
         return StableDiffusionResolutionPipeline
     from diffusers import StableDiffusionPipeline
@@ -2282,7 +2282,7 @@ def save_final(args: argparse.Namespace, accelerator: Any, models: Models, unet:
         pipe.scheduler.register_to_config(prediction_type=args.prediction_type)
     pipe.save_pretrained(args.output_dir)
     if args.resolution_conditioning and not models.sdxl:  # loadable without hf_arb: the pipeline code goes along
-        from hf_arb.conditioning import save_custom_pipeline
+        from hf_arb.families.conditioning import save_custom_pipeline
 
         save_custom_pipeline(args.output_dir)
     (Path(args.output_dir) / BUCKETS_FILE).write_text(json.dumps(buckets.to_dict(), indent=1))
@@ -2354,7 +2354,7 @@ def startup_report(accelerator: Any, ds: Any, buckets: Any, sampler: Any, schedu
 
 
 def flow_shift_report(models: Models, buckets: Any) -> str:
-    """SD3 / Flux: each bucket's image_seq_len and mu, and the shift training applies (hf_arb.shift's table)."""
+    """SD3 / Flux: each bucket's image_seq_len and mu, and the shift training applies (hf_arb.families.shift's table)."""
     from hf_arb.families.flow import shift_report
 
     return shift_report(models.flow_options, buckets, 2 ** (len(models.vae.config.block_out_channels) - 1))
@@ -2506,7 +2506,7 @@ def main(argv: list[str] | argparse.Namespace | None = None) -> dict[str, Any]:
                        progress.global_step, schedule.max_train_steps)
     resolution_dim = None
     if args.resolution_conditioning and not models.sdxl:
-        from hf_arb.conditioning import resolution_embed_dim
+        from hf_arb.families.conditioning import resolution_embed_dim
 
         resolution_dim = resolution_embed_dim(accelerator.unwrap_model(unet))
     stats = train_loop(args, accelerator, models, unet, optimizer, lr_scheduler, dataloader, sampler, buckets,
@@ -2534,7 +2534,7 @@ def main(argv: list[str] | argparse.Namespace | None = None) -> dict[str, Any]:
 
 def report_bad_images(args: argparse.Namespace, accelerator: Any) -> int:
     """Rows whose image failed to decode during the run (and were replaced), from skipped_rows.jsonl; warns once."""
-    from hf_arb.bad_images import read_bad_rows
+    from hf_arb.images.bad_images import read_bad_rows
 
     accelerator.wait_for_everyone()
     path = Path(args.output_dir) / SKIPPED_ROWS_FILE

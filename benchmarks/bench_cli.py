@@ -47,7 +47,7 @@ def main() -> None:
     p.add_argument("--quick", action="store_true", help="one repeat; figures are not the documented ones")
     args = p.parse_args()
     repeat = 1 if args.quick else 3
-    from hf_arb.tiny import save_tiny_imagefolder, save_tiny_sd
+    from hf_arb.testing.tiny import save_tiny_imagefolder, save_tiny_sd
 
     with tempfile.TemporaryDirectory() as tmp:
         model = save_tiny_sd(Path(tmp) / "sd")

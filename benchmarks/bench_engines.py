@@ -2,13 +2,13 @@
 
 Data: 10^7 LAION-like rows (``id``, ``WIDTH``, ``HEIGHT`` int64, ~1 % null/invalid) in 10 Parquet files of 10^6
 rows, written once under /tmp (not part of any figure). Every engine runs the same Arrow-batch function
-(:func:`hf_arb.arrow_batch.annotate_batch`) end to end, Parquet in -> annotated Parquet out (the BucketSet in the
+(:func:`hf_arb.annotate.arrow_batch.annotate_batch`) end to end, Parquet in -> annotated Parquet out (the BucketSet in the
 schema metadata), on the same machine in one process run:
 
 - ``datasets``: ``load_dataset("parquet")`` + ``hf_arb.add_bucket_columns`` + ``Dataset.to_parquet`` (one process);
 - ``datasets.map``: the same, but ``Dataset.map(annotate_batch, batched=True)`` over Arrow batches of 10^5 rows;
-- Ray Data: ``ray.init(num_cpus=N)``, ``read_parquet`` + ``hf_arb.engines.ray.add_bucket_columns`` + ``write_parquet``;
-- Spark: ``local[N]``, ``read.parquet`` + ``hf_arb.engines.spark.add_bucket_columns`` + ``write_parquet``.
+- Ray Data: ``ray.init(num_cpus=N)``, ``read_parquet`` + ``hf_arb.annotate.engines.ray.add_bucket_columns`` + ``write_parquet``;
+- Spark: ``local[N]``, ``read.parquet`` + ``hf_arb.annotate.engines.spark.add_bucket_columns`` + ``write_parquet``.
 
 Cluster start-up is excluded (reported separately); the summary (counts per bucket, skips by reason) aggregated on
 each engine is timed on its own. The machine's load average is recorded: on a shared machine the figures are
@@ -70,8 +70,8 @@ def run_datasets(src: Path, out: Path, use_map: bool) -> tuple[float, float, int
     import datasets
 
     from hf_arb import add_bucket_columns
-    from hf_arb.annotate import summarize_annotation
-    from hf_arb.arrow_batch import annotate_batch
+    from hf_arb.annotate.map import summarize_annotation
+    from hf_arb.annotate.arrow_batch import annotate_batch
 
     datasets.disable_progress_bars()
     shutil.rmtree(out, ignore_errors=True)
@@ -98,7 +98,7 @@ def run_datasets(src: Path, out: Path, use_map: bool) -> tuple[float, float, int
 def run_ray(src: Path, out: Path, cpus: int) -> tuple[float, float, float, int]:
     import ray
 
-    from hf_arb.engines import ray as hf_ray
+    from hf_arb.annotate.engines import ray as hf_ray
 
     start, _ = _timed(lambda: ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False))
     ray.data.DataContext.get_current().enable_progress_bars = False
@@ -122,7 +122,7 @@ def run_spark(src: Path, out: Path, cpus: int) -> tuple[float, float, float, int
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
-    from hf_arb.engines import spark as hf_spark
+    from hf_arb.annotate.engines import spark as hf_spark
 
     start, spark = _timed(lambda: SparkSession.builder.master(f"local[{cpus}]").config("spark.ui.enabled", "false")
                           .config("spark.sql.shuffle.partitions", str(2 * cpus)).config("spark.driver.memory", "4g")

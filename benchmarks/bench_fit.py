@@ -27,8 +27,8 @@ from _util import peak_rss_mb, row, save_result, timeit  # noqa: E402
 from bench_preset_crop import _sizes, novelai_like_sizes, photo_sizes  # noqa: E402
 
 from hf_arb import BucketSet  # noqa: E402
-from hf_arb.presets import PRESET_INFO  # noqa: E402
-from hf_arb.report import cover_crop  # noqa: E402
+from hf_arb.buckets.presets import PRESET_INFO  # noqa: E402
+from hf_arb.annotate.report import cover_crop  # noqa: E402
 
 #: (label, width/height, share): a phone camera roll, mostly upright
 PHONE: tuple[tuple[str, float, float], ...] = (

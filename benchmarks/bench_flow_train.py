@@ -1,7 +1,7 @@
 """SD3 and Flux training speed: steps/s of ``train_text_to_image_arb.py`` on the tiny flow models, with and
 without cached latents.
 
-Both sides run the same command (tiny SD3 / tiny Flux of :mod:`hf_arb.tiny`, CPU, one torch thread, batch 4 at a
+Both sides run the same command (tiny SD3 / tiny Flux of :mod:`hf_arb.testing.tiny`, CPU, one torch thread, batch 4 at a
 64² pixel budget with 16-pixel bucket steps, full fine-tune, per-bucket shift at each family's default), once
 encoding every batch with the VAE on the fly (the baseline) and once from ``--cache_latents`` (the cache is built
 by a warm-up run first, so the measured run only reads it). Each run is its own process; steps/s is optimizer steps
@@ -53,7 +53,7 @@ def main() -> None:
         print(json.dumps(worker(json.loads(args.worker))))
         return
     steps, rounds = args.steps, args.rounds
-    from hf_arb.tiny import save_tiny_flux, save_tiny_imagefolder, save_tiny_sd3
+    from hf_arb.testing.tiny import save_tiny_flux, save_tiny_imagefolder, save_tiny_sd3
 
     rows, extra = [], {}
     with tempfile.TemporaryDirectory() as tmp:

@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _util import row, save_result  # noqa: E402
 
 from hf_arb import BucketSet  # noqa: E402
-from hf_arb.imaging import fit_to_bucket, plan_fit, to_tensor  # noqa: E402
+from hf_arb.images.fitting import fit_to_bucket, plan_fit, to_tensor  # noqa: E402
 
 PHOTOS = ["astronaut.png", "chelsea.png", "coffee.png", "rocket.jpg", "motorcycle_left.png",
           "hubble_deep_field.jpg", "retina.jpg", "ihc.png", "color.png"]
@@ -195,7 +195,7 @@ def loader_benchmark(files: list[str], buckets: BucketSet, workers: list[int], q
     from torch.utils.data import DataLoader
 
     from hf_arb import BucketBatchSampler, BucketedImageDataset, add_bucket_columns
-    from hf_arb.data import collate_buckets
+    from hf_arb.images.dataset import collate_buckets
 
     ds = datasets.Dataset.from_dict({"image": files, "text": [f"photo {i}" for i in range(len(files))]})
     ds = add_bucket_columns(ds.cast_column("image", datasets.Image()), buckets, show_summary=False)

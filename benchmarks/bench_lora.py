@@ -1,6 +1,6 @@
 """LoRA vs full fine-tune: step time and peak memory of ``train_text_to_image_arb.py`` on the tiny models.
 
-Both sides run the same command (tiny SD and tiny SDXL of :mod:`hf_arb.tiny`, CPU, one torch thread, batch 4 at a
+Both sides run the same command (tiny SD and tiny SDXL of :mod:`hf_arb.testing.tiny`, CPU, one torch thread, batch 4 at a
 64² pixel budget, cached latents so that the step is UNet + optimizer, not image decoding), once with
 ``--full_finetune`` and once with ``--rank 4``. Each run is its own process, so its peak resident memory is its
 own:
@@ -59,7 +59,7 @@ def main() -> None:
         print(json.dumps(worker(json.loads(args.worker))))
         return
     steps, rounds = args.steps, args.rounds
-    from hf_arb.tiny import save_tiny_imagefolder, save_tiny_sd, save_tiny_sdxl
+    from hf_arb.testing.tiny import save_tiny_imagefolder, save_tiny_sd, save_tiny_sdxl
 
     rows, extra = [], {}
     with tempfile.TemporaryDirectory() as tmp:

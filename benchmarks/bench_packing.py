@@ -11,7 +11,7 @@ latent geometry (VAE 8 × patch 2 = 16 px a token side, so 1 MP ≈ 4,096 tokens
   zero-padded to the batch's largest height and width (the rectangle an ``(B, C, H, W)`` model needs).
 
 Token, padding and crop figures are exact counts over 20,000 sizes. Step time (forward + backward, CPU) runs the
-tiny SD3 and Flux transformers (:mod:`hf_arb.tiny_flow`) on 48 of those images with every side divided by 4
+tiny SD3 and Flux transformers (:mod:`hf_arb.testing.tiny_flow`) on 48 of those images with every side divided by 4
 (so 64–256 tokens an image, packs of 1,024 tokens = 16,384 at full scale), the same images for all three.
 
 Usage: ``python benchmarks/bench_packing.py [--quick]``
@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _util import row, save_result, timeit  # noqa: E402
 
 from hf_arb import BucketSet  # noqa: E402
-from hf_arb.packing import fit_sizes, plan_packs  # noqa: E402
+from hf_arb.packing.plan import fit_sizes, plan_packs  # noqa: E402
 
 STEP = 16  # VAE factor 8 x patch 2
 BUDGETS = (8192, 16384, 32768)
@@ -113,8 +113,8 @@ def step_times(n_images: int, repeat: int) -> tuple[list[dict], dict]:
     """Forward + backward of the tiny SD3 transformer over the same images, three ways; seconds per image."""
     import torch
 
-    from hf_arb.packed import enable_packed_attention, pack_tokens, packed_sd3_forward, patchify
-    from hf_arb.tiny_flow import tiny_sd3_pipeline
+    from hf_arb.packing.model import enable_packed_attention, pack_tokens, packed_sd3_forward, patchify
+    from hf_arb.testing.tiny_flow import tiny_sd3_pipeline
 
     torch.set_num_threads(1)
     model = tiny_sd3_pipeline().transformer
@@ -190,8 +190,8 @@ def flux_step_times(n_images: int, repeat: int) -> tuple[list[dict], dict]:
     """The same comparison on the tiny Flux transformer (2×2-packed latent tokens, RoPE ids per image)."""
     import torch
 
-    from hf_arb.packed import enable_packed_attention, pack_tokens, packed_flux_forward
-    from hf_arb.tiny_flow import tiny_flux_pipeline
+    from hf_arb.packing.model import enable_packed_attention, pack_tokens, packed_flux_forward
+    from hf_arb.testing.tiny_flow import tiny_flux_pipeline
 
     torch.set_num_threads(1)
     model = tiny_flux_pipeline().transformer

@@ -1,6 +1,6 @@
 """A pixel budget per batch (``max_pixels_per_batch``) vs one fixed batch size, for UNets on a multi-resolution table.
 
-Table: the 512², 768² and 1024² pixel-budget ladders (:func:`hf_arb.presets.budget_table`, 64 px steps) together,
+Table: the 512², 768² and 1024² pixel-budget ladders (:func:`hf_arb.buckets.presets.budget_table`, 64 px steps) together,
 the multi-resolution table of a run that trains every image at the largest tier it has the pixels for (no
 upscaling, as kohya's ``bucket_no_upscale`` or Open-Sora's ``bucket_config``). Rows: 10⁶ photo-like native sizes,
 0.2–1.6 MP log-uniform over common aspect ratios, each in the largest tier whose area it covers, at the nearest
@@ -11,7 +11,7 @@ log aspect.
 * pixel budget (ours): bucket ``b`` takes ``floor(budget / area_b)`` images.
 
 Budget utilisation and steps per epoch are exact counts over the 10⁶ rows. Throughput runs the tiny SD UNet
-(:mod:`hf_arb.tiny`, forward + backward, CPU, one thread) on the same images both ways: the pixel-budget plan's
+(:mod:`hf_arb.testing.tiny`, forward + backward, CPU, one thread) on the same images both ways: the pixel-budget plan's
 first 24 steps, and the same images cut into batches of the fixed size; every latent side is divided by 4 (so
 1024² is a 32×32 latent); images/s and pixels/s count full-scale images. The two runs alternate five times and
 each keeps its best time. Plan
@@ -32,7 +32,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _util import row, save_result, timeit  # noqa: E402
 
-from hf_arb.presets import budget_table  # noqa: E402
+from hf_arb.buckets.presets import budget_table  # noqa: E402
 from hf_arb.sampling.batch_sizes import batch_sizes_for_pixels  # noqa: E402
 from hf_arb.sampling.plan import plan_epoch  # noqa: E402
 from hf_arb.sampling.ragged import plan_epoch_ragged  # noqa: E402
@@ -124,7 +124,7 @@ def main() -> None:
     # throughput on the tiny UNet: the first steps of each plan (same seed)
     import torch
 
-    from hf_arb.tiny import tiny_sd_pipeline
+    from hf_arb.testing.tiny import tiny_sd_pipeline
 
     torch.manual_seed(0)
     torch.set_num_threads(1)

@@ -28,7 +28,7 @@ from _util import row, save_result, timeit  # noqa: E402
 from bench_sampler import NOVELAI_ENTRIES  # noqa: E402
 
 from hf_arb import BucketSet  # noqa: E402
-from hf_arb.presets import PRESET_INFO  # noqa: E402
+from hf_arb.buckets.presets import PRESET_INFO  # noqa: E402
 
 #: (label, width/height, share of images). Shares are assumptions modelled on public photo collections: camera
 #: 3:2 and phone 4:3 dominate, portraits are about a third, then video/screen 16:9, squares, social 4:5, phone

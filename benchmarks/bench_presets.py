@@ -21,7 +21,7 @@ from _util import row, save_result, timeit  # noqa: E402
 from bench_assign import synthetic_sizes  # noqa: E402
 
 from hf_arb import BucketSet  # noqa: E402
-from hf_arb.presets import PRESET_INFO  # noqa: E402
+from hf_arb.buckets.presets import PRESET_INFO  # noqa: E402
 
 
 def crop_fraction(bs: BucketSet, ids: np.ndarray, w: np.ndarray, h: np.ndarray) -> np.ndarray:

@@ -1,6 +1,6 @@
 """Training throughput: ``--cache_latents`` vs on-the-fly VAE, and bucketed vs the stock square pipeline.
 
-Everything runs in one process on CPU with the tiny offline models of :mod:`hf_arb.tiny` (SD 1.x architecture at
+Everything runs in one process on CPU with the tiny offline models of :mod:`hf_arb.testing.tiny` (SD 1.x architecture at
 toy width: UNet ~1 M parameters, 4-block VAE ~67 k): no GPU was lent to this benchmark's task, so the real SD 1.5 /
 SDXL architectures were not measured. With tiny models the UNet step is cheap, so the figures mostly measure the
 data path (decode, resize, crop, VAE encode) — the part bucketing and caching change.
@@ -142,7 +142,7 @@ def main() -> None:
     torch.set_num_threads(1)
 
     from hf_arb import BucketSet
-    from hf_arb.tiny import save_tiny_imagefolder, save_tiny_sd
+    from hf_arb.testing.tiny import save_tiny_imagefolder, save_tiny_sd
 
     with tempfile.TemporaryDirectory() as tmp:
         tmp_path = Path(tmp)
@@ -200,7 +200,7 @@ def main() -> None:
         command="python benchmarks/bench_train.py",
         baseline="on-the-fly VAE encoding (same script); diffusers-style square pipeline at the same pixel budget",
         details=(
-            "Tiny SD 1.x architecture built offline (hf_arb.tiny), CPU only: **no GPU was lent to this task**, so the "
+            "Tiny SD 1.x architecture built offline (hf_arb.testing.tiny), CPU only: **no GPU was lent to this task**, so the "
             "real SD 1.5 / SDXL UNet and VAE were not measured. Source images are JPEGs of 0.1 MP with five aspect "
             f"ratios; training at resolution {args.resolution} (bucket step 32). With models this small the step is "
             "dominated by the data path, which is what caching removes; with real models the VAE encode is a larger "

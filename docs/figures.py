@@ -12,7 +12,7 @@ import numpy as np
 from PIL import Image
 
 from hf_arb import BucketSet, fit_to_bucket
-from hf_arb.plot import plot_bucket_chart
+from hf_arb.annotate.plot import plot_bucket_chart
 
 OUT = Path(__file__).resolve().parent / "img"
 

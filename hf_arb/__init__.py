@@ -11,17 +11,21 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
+from .moved import install as _install_moved_paths
+
+_install_moved_paths()  # release 0.1 module paths (hf_arb.tiny, hf_arb.shift, ...) keep working, deprecated
+
 # public name -> module that defines it
 _EXPORTS: dict[str, str] = {
-    "BucketSet": "buckets",
-    "AssignmentSummary": "assignment",
-    "PRESETS": "presets",
-    "read_image_size": "sizes",
-    "ImageSizeError": "sizes",
-    "add_bucket_columns": "annotate",
-    "push_to_hub": "hub",
+    "BucketSet": "buckets.sets",
+    "AssignmentSummary": "buckets.assignment",
+    "PRESETS": "buckets.presets",
+    "read_image_size": "images.sizes",
+    "ImageSizeError": "images.sizes",
+    "add_bucket_columns": "annotate.map",
+    "push_to_hub": "annotate.hub",
     "BucketBatchSampler": "sampling",
-    "PackBatchSampler": "sampling",
+    "PackBatchSampler": "packing.sampler",
     "PlanReport": "sampling",
     "plan_epoch": "sampling",
     "prepare_dataloader": "sampling",
@@ -29,11 +33,11 @@ _EXPORTS: dict[str, str] = {
     "BucketedStream": "sampling",
     "StreamReport": "sampling",
     "build_stream_loader": "sampling",
-    "fit_to_bucket": "imaging",
-    "FitResult": "imaging",
-    "to_tensor": "imaging",
-    "BucketedImageDataset": "data",
-    "PackedImageDataset": "packed_data",
+    "fit_to_bucket": "images.fitting",
+    "FitResult": "images.fitting",
+    "to_tensor": "images.fitting",
+    "BucketedImageDataset": "images.dataset",
+    "PackedImageDataset": "packing.dataset",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]
@@ -53,4 +57,4 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
-    from .buckets import AssignmentSummary, BucketSet
+    from hf_arb.buckets.sets import AssignmentSummary, BucketSet

@@ -2,6 +2,6 @@
 
 import sys
 
-from hf_arb.cli import main
+from hf_arb.cli.app import main
 
 sys.exit(main())

@@ -44,3 +44,12 @@ def check_resolution(value: int | None, flag: str = "resolution") -> None:
                          f"pixels per bucket.")
     raise ValueError(f"{shown} is beyond the largest side any supported model trains at ({MAX_RESOLUTION}); pass the "
                      f"side of the pixel budget, e.g. {use}.")
+
+
+class UsageError(ValueError):
+    """A mistake in the command line or the data it names: the training script reports it as one ``error:`` line,
+    no traceback. Raised by every floor that checks what a user asked for (families, train)."""
+
+
+class UsageFileError(UsageError, FileNotFoundError):
+    """A file or folder named on the command line does not exist."""

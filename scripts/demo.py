@@ -56,7 +56,7 @@ def free_port() -> int:
 
 
 def build_dataset(out: Path) -> Path:
-    from hf_arb.tiny import save_tiny_imagefolder
+    from hf_arb.testing.tiny import save_tiny_imagefolder
 
     images = out / "images"
     shutil.rmtree(images, ignore_errors=True)

@@ -66,7 +66,7 @@ def pretrain_vae(vae: Any, photos: list[Image.Image], *, steps: int = 300, batch
 
 def save_demo_model(family: str, path: Path, photos: list[Image.Image], *, vae_steps: int) -> dict[str, float]:
     """Write a tiny ``sd`` or ``flux`` pipeline to ``path`` with a photo-trained VAE; returns the VAE's figures."""
-    from hf_arb.tiny import tiny_flux_pipeline, tiny_sd_pipeline
+    from hf_arb.testing.tiny import tiny_flux_pipeline, tiny_sd_pipeline
 
     pipe = tiny_flux_pipeline() if family == "flux" else tiny_sd_pipeline()
     figures = pretrain_vae(pipe.vae, photos, steps=vae_steps, shift=family == "flux")

@@ -14,7 +14,7 @@ no language) need no marker. ``docs/api.md`` and ``docs/cli.md`` are generated (
 **How blocks run.** The runnable blocks of one page run in order in one fresh folder, sharing one Python namespace
 (a later block may use what an earlier one defined, as a reader would). ``python`` blocks are executed; blocks of
 ``>>>`` lines run as doctests (output compared, whitespace normalised). A ``bash`` block made only of ``hf-arb``
-commands runs each through ``hf_arb.cli.main`` (what the ``hf-arb`` console script calls) in the same process;
+commands runs each through ``hf_arb.cli.app`` (what the ``hf-arb`` console script calls) in the same process;
 any other ``bash`` block runs in ``bash -euo pipefail`` with the venv's ``bin`` first on ``PATH``.
 
 **The fixture.** Before a block runs, :data:`SUBSTITUTIONS` rewrite it (every rewrite is listed here, with why): Hub
@@ -42,9 +42,9 @@ _MARKER = re.compile(r"^<!--\s*(?P<kind>runnable(?::\s*slow)?|not runnable:\s*(?
 SUBSTITUTIONS: tuple[tuple[str, str, str], ...] = (
     # Hub ids -> local stand-ins (no network in tests)
     (r"lambdalabs/naruto-blip-captions", "{naruto}",
-     "an imagefolder of 40 real photos (5 aspect ratios) with a `text` caption column (hf_arb.tiny)"),
-    (r"stable-diffusion-v1-5/stable-diffusion-v1-5", "{tiny_sd}", "hf_arb.tiny.save_tiny_sd"),
-    (r"black-forest-labs/FLUX\.1-dev", "{tiny_flux}", "hf_arb.tiny.save_tiny_flux"),
+     "an imagefolder of 40 real photos (5 aspect ratios) with a `text` caption column (hf_arb.testing.tiny)"),
+    (r"stable-diffusion-v1-5/stable-diffusion-v1-5", "{tiny_sd}", "hf_arb.testing.tiny.save_tiny_sd"),
+    (r"black-forest-labs/FLUX\.1-dev", "{tiny_flux}", "hf_arb.testing.tiny.save_tiny_flux"),
     (r"\bme/my-data\b", "{pushed}",
      "what hf_arb.push_to_hub uploads (Parquet with the bucket feature) for my_images, as a local folder"),
     (r"/mnt/laion/buckets", "{pushed}", "the same annotated Parquet folder stands in for the engine's output"),

@@ -1,7 +1,7 @@
 """A local stand-in for the Hugging Face Hub at the ``HfApi`` boundary (test helper).
 
 No Hub is reachable here, so ``FakeHub.install(monkeypatch)`` replaces ``HfApi`` and ``HfFileSystem`` where
-``datasets`` (5.x) and ``hf_arb.hub`` look them up. Every commit operation is recorded in
+``datasets`` (5.x) and ``hf_arb.annotate.hub`` look them up. Every commit operation is recorded in
 ``FakeHub.commits`` and applied to a folder per repository (``FakeHub.repo_dir(repo_id)``): what would land on
 the Hub lands there, so ``datasets.load_dataset(folder)`` shows what a user would get from ``load_dataset(repo_id)``.
 
@@ -73,7 +73,7 @@ class FakeHub:
         import datasets.dataset_dict
         import datasets.iterable_dataset
 
-        import hf_arb.hub
+        import hf_arb.annotate.hub
 
         hub = self
 
@@ -86,7 +86,7 @@ class FakeHub:
                 monkeypatch.setattr(mod, "HfApi", self.api)
             if hasattr(mod, "HfFileSystem"):
                 monkeypatch.setattr(mod, "HfFileSystem", _FS)
-        monkeypatch.setattr(hf_arb.hub, "HfApi", self.api)
+        monkeypatch.setattr(hf_arb.annotate.hub, "HfApi", self.api)
         return self
 
     # ------------------------------------------------------------------ inspection

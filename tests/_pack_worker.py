@@ -79,8 +79,8 @@ def _grads(model: torch.nn.Module) -> dict[str, list[float]]:
 def model_records(rank: int, world: int) -> dict:
     from accelerate import Accelerator
 
-    from hf_arb.packed_loss import PackedFlowModel
-    from hf_arb.tiny_flow import tiny_sd3_pipeline
+    from hf_arb.packing.loss import PackedFlowModel
+    from hf_arb.testing.tiny_flow import tiny_sd3_pipeline
 
     acc = Accelerator()
     local = PackedFlowModel(tiny_sd3_pipeline().transformer)  # same seed on every rank: same weights

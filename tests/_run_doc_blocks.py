@@ -79,7 +79,7 @@ def _run_bash(source: str) -> None:
         if proc.returncode != 0:
             raise RuntimeError(f"bash exited with {proc.returncode}:\n{proc.stderr[-4000:]}")
         return
-    from hf_arb.cli import main
+    from hf_arb.cli.app import main
 
     for argv in commands:
         try:

@@ -41,7 +41,7 @@ STREAM_REPEAT, STREAM_SHARDS = 3, 4
 # ------------------------------------------------------------------------------------------- assets
 def build_train_assets(root: Path) -> dict[str, str]:
     """Tiny SD / SDXL pipelines and a photo imagefolder (5 aspect ratios x 4 photos)."""
-    from hf_arb.tiny import save_tiny_imagefolder, save_tiny_sd, save_tiny_sdxl
+    from hf_arb.testing.tiny import save_tiny_imagefolder, save_tiny_sd, save_tiny_sdxl
 
     return {"sd": save_tiny_sd(root / "tiny-sd"), "sdxl": save_tiny_sdxl(root / "tiny-sdxl"),
             "images": save_tiny_imagefolder(root / "images")}
@@ -49,7 +49,7 @@ def build_train_assets(root: Path) -> dict[str, str]:
 
 def build_flow_assets(root: Path) -> dict[str, str]:
     """Tiny SD3 / Flux pipelines and the photo imagefolder."""
-    from hf_arb.tiny import save_tiny_flux, save_tiny_imagefolder, save_tiny_sd3
+    from hf_arb.testing.tiny import save_tiny_flux, save_tiny_imagefolder, save_tiny_sd3
 
     return {"sd3": save_tiny_sd3(root / "tiny-sd3"), "flux": save_tiny_flux(root / "tiny-flux"),
             "images": save_tiny_imagefolder(root / "images")}
@@ -61,7 +61,7 @@ def build_stream_assets(root: Path) -> dict[str, Any]:
     import numpy as np
 
     from hf_arb import BucketSet, add_bucket_columns
-    from hf_arb.tiny import save_tiny_imagefolder, save_tiny_sd
+    from hf_arb.testing.tiny import save_tiny_imagefolder, save_tiny_sd
 
     images = save_tiny_imagefolder(root / "images")
     ds = datasets.load_dataset("imagefolder", data_files={"train": str(Path(images) / "**")}, split="train")
@@ -85,7 +85,7 @@ def stream_argv(assets: dict[str, Any], *extra: str) -> list[str]:
 
 def broken_imagefolder(root: Path) -> tuple[str, list[str]]:
     """20 tiny photos (one global batch of 4 per bucket) with 3 cut after their header (interrupted downloads)."""
-    from hf_arb.tiny import save_tiny_imagefolder
+    from hf_arb.testing.tiny import save_tiny_imagefolder
 
     images = Path(save_tiny_imagefolder(root, per_size=4))
     files = sorted(p for p in images.iterdir() if p.suffix == ".png")

@@ -12,7 +12,7 @@ from _photos import save_photo
 from PIL import Image
 
 from hf_arb import BucketSet, add_bucket_columns
-from hf_arb.annotate import BUCKET_COLUMNS, annotate_sizes, summarize_annotation, summarize_columns
+from hf_arb.annotate.map import BUCKET_COLUMNS, annotate_sizes, summarize_annotation, summarize_columns
 
 BAD = {"zz_empty.jpg": "unreadable: empty (0 bytes)", "zz_text.jpg": "unreadable: not an image",
        "zz_cut.jpg": "unreadable: truncated or corrupt JPEG header"}

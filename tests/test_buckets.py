@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hf_arb import BucketSet
-from hf_arb.cli import main as cli_main
+from hf_arb.cli.app import main as cli_main
 
 NOVELAI_PUBLISHED = [
     (256, 1024), (320, 1024), (384, 1024), (384, 960), (384, 896), (448, 832), (512, 768), (512, 704),

@@ -14,8 +14,8 @@ from _photos import save_photo
 from PIL import Image
 
 from hf_arb import BucketSet
-from hf_arb.annotate import BUCKET_COLUMNS
-from hf_arb.cli import main
+from hf_arb.annotate.map import BUCKET_COLUMNS
+from hf_arb.cli.app import main
 
 
 @pytest.fixture(scope="module")

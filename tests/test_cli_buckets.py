@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hf_arb.cli import main
+from hf_arb.cli.app import main
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -37,7 +37,7 @@ def test_fixed_table_notes_ignored_resolution(capsys) -> None:
     (["annotate", "d", "--output-dir", "o"], "--max_aspect_error", "--max-aspect-error")])
 def test_unknown_flag_names_its_cli_twin(command, flag, twin, capsys):
     """A training-script spelling given to hf-arb names hf-arb's (issue 24, item 7), from the sub-command's parser."""
-    from hf_arb.cli import main
+    from hf_arb.cli.app import main
 
     with pytest.raises(SystemExit) as exit_:
         main([*command, flag, "1"])

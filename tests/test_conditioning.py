@@ -1,11 +1,11 @@
-"""SDXL time ids and the SD 1.x resolution embedding (hf_arb.conditioning), with tiny offline models."""
+"""SDXL time ids and the SD 1.x resolution embedding (hf_arb.families.conditioning), with tiny offline models."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from hf_arb.conditioning import (
+from hf_arb.families.conditioning import (
     StableDiffusionResolutionPipeline,
     add_resolution_conditioning,
     has_resolution_conditioning,
@@ -14,7 +14,7 @@ from hf_arb.conditioning import (
     resolution_embed_dim,
     sdxl_time_ids,
 )
-from hf_arb.tiny import tiny_sd_pipeline, tiny_sdxl_pipeline
+from hf_arb.testing.tiny import tiny_sd_pipeline, tiny_sdxl_pipeline
 
 
 @pytest.fixture(scope="module")

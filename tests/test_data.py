@@ -14,8 +14,9 @@ from PIL import Image
 from torch.utils.data import DataLoader
 
 from hf_arb import BucketBatchSampler, BucketSet, BucketedImageDataset, add_bucket_columns
-from hf_arb.data import ImageDecodeError, collate_buckets
-from hf_arb.imaging import EXIF_TRANSPOSE, fit_to_bucket
+from hf_arb.images.collate import collate_buckets
+from hf_arb.images.dataset import ImageDecodeError
+from hf_arb.images.fitting import EXIF_TRANSPOSE, fit_to_bucket
 
 skimage = pytest.importorskip("skimage")
 DATA = Path(os.path.dirname(skimage.__file__)) / "data"
@@ -156,7 +157,7 @@ def test_center_crop_is_centred(annotated: datasets.Dataset) -> None:
 
 
 def test_captions_tokenizer_and_collate(annotated: datasets.Dataset) -> None:
-    from hf_arb.tiny import tiny_clip_tokenizer
+    from hf_arb.testing.tiny import tiny_clip_tokenizer
 
     tok = tiny_clip_tokenizer(model_max_length=16)
     data = BucketedImageDataset(annotated, tokenizer=[tok, tok], seed=0)
@@ -237,7 +238,7 @@ def test_stale_annotation_skipped_rows_and_wrong_buckets(annotated: datasets.Dat
 
 
 def test_fallback_table_from_columns(annotated: datasets.Dataset) -> None:
-    from hf_arb.schema import CONFIG_ID_PREFIX, read_resolutions
+    from hf_arb.buckets.schema import CONFIG_ID_PREFIX, read_resolutions
 
     plain = annotated.cast_column("bucket", datasets.Value("int32"))  # the stored BucketSet is lost (e.g. via CSV)
     assert not str(getattr(plain.features["bucket"], "id", "") or "").startswith(CONFIG_ID_PREFIX)

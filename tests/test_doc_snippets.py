@@ -111,7 +111,7 @@ def _build_assets(root: Path) -> dict[str, str]:
     from _photos import save_photo
 
     from hf_arb import BucketSet, add_bucket_columns
-    from hf_arb.tiny import save_tiny_flux, save_tiny_imagefolder, save_tiny_sd
+    from hf_arb.testing.tiny import save_tiny_flux, save_tiny_imagefolder, save_tiny_sd
 
     naruto = save_tiny_imagefolder(root / "naruto", per_size=8)
     pushed = root / "pushed"

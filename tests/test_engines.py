@@ -19,8 +19,8 @@ import pytest
 from _photos import PHOTOS, encode, photo
 
 from hf_arb import BucketBatchSampler, BucketSet, add_bucket_columns
-from hf_arb.annotate import summarize_annotation, summarize_columns
-from hf_arb.arrow_batch import (
+from hf_arb.annotate.map import summarize_annotation, summarize_columns
+from hf_arb.annotate.arrow_batch import (
     ERROR_BIN,
     BatchAnnotator,
     annotate_batch,
@@ -28,7 +28,7 @@ from hf_arb.arrow_batch import (
     summary_from_groups,
     summary_partials,
 )
-from hf_arb.schema import BUCKET_COLUMNS, CONFIG_ID_PREFIX, buckets_from_card
+from hf_arb.buckets.schema import BUCKET_COLUMNS, CONFIG_ID_PREFIX, buckets_from_card
 
 BUCKETS = BucketSet.sdxl().replace(max_aspect_error=0.12)
 OPTS = dict(max_upscale=2.0, min_size=64)
@@ -201,7 +201,7 @@ def test_summary_from_groups_equals_column_summary() -> None:
 @pytest.mark.xdist_group("engines")  # one worker: the clusters start once and never compete
 def test_ray_equals_datasets_map_on_100k_rows(ray_cluster, sizes_parquet: Path, sizes_reference: datasets.Dataset,
                                               tmp_path: Path) -> None:
-    from hf_arb.engines import ray as hf_ray
+    from hf_arb.annotate.engines import ray as hf_ray
 
     ds = ray_cluster.data.read_parquet(str(sizes_parquet))
     out = hf_ray.add_bucket_columns(ds, BUCKETS, width_column="WIDTH", height_column="HEIGHT", **OPTS)
@@ -224,7 +224,7 @@ def test_cli_engine_ray_on_image_bytes(ray_cluster, images_parquet: Path, tmp_pa
 @pytest.mark.xdist_group("engines")  # one worker: the clusters start once and never compete
 def test_spark_equals_datasets_map_on_100k_rows(spark, sizes_parquet: Path, sizes_reference: datasets.Dataset,
                                                 tmp_path: Path) -> None:
-    from hf_arb.engines import spark as hf_spark
+    from hf_arb.annotate.engines import spark as hf_spark
 
     df = spark.read.parquet(str(sizes_parquet))
     out = hf_spark.add_bucket_columns(df, BUCKETS, width_column="WIDTH", height_column="HEIGHT", **OPTS).cache()
@@ -238,7 +238,7 @@ def test_spark_equals_datasets_map_on_100k_rows(spark, sizes_parquet: Path, size
 @pytest.mark.slow
 @pytest.mark.xdist_group("engines")  # one worker: the clusters start once and never compete
 def test_spark_equals_datasets_map_on_image_bytes(spark, images_parquet: Path, tmp_path: Path) -> None:
-    from hf_arb.engines import spark as hf_spark
+    from hf_arb.annotate.engines import spark as hf_spark
 
     want = _reference(images_parquet)
     df = spark.read.parquet(str(images_parquet))
@@ -261,7 +261,7 @@ def test_cli_engine_spark_on_image_bytes(spark, images_parquet: Path, tmp_path: 
 
 def _check_cli(engine: str, images_parquet: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """``hf-arb annotate --engine`` (the API underneath, with the source's features) on image bytes."""
-    from hf_arb.cli import main
+    from hf_arb.cli.app import main
 
     want = _reference(images_parquet)
     assert {"unreadable", "missing", "too_small", "upscale"} <= set(summarize_annotation(want, BUCKETS).skipped_by_reason)

@@ -1,4 +1,4 @@
-"""hf_arb.checkpointing: damaged files are named, `latest` falls back, publishing never leaves zero checkpoints."""
+"""hf_arb.train.checkpointing: damaged files are named, `latest` falls back, publishing never leaves zero checkpoints."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from hf_arb.checkpointing import (
+from hf_arb.train.checkpointing import (
     checkpoint_problems,
     expected_global_step,
     find_resumable,
@@ -109,7 +109,7 @@ def test_expected_global_step(spe: int, accum: int, epoch: int, consumed: int, w
 def test_lora_checkpoint_is_checked_by_its_adapter_file(tmp_path) -> None:
     """A LoRA checkpoint holds pytorch_lora_weights.safetensors instead of a unet/ folder: complete without it
     being a problem, damaged when the adapter file is missing."""
-    from hf_arb.checkpointing import REQUIRED, checkpoint_problems
+    from hf_arb.train.checkpointing import REQUIRED, checkpoint_problems
 
     ckpt = tmp_path / "checkpoint-2"
     ckpt.mkdir()

@@ -12,8 +12,9 @@ import torch
 from _photos import save_photo
 
 from hf_arb import BucketBatchSampler, BucketedImageDataset, BucketSet, add_bucket_columns
-from hf_arb.bad_images import read_bad_rows, replacement_order
-from hf_arb.data import ImageDecodeError, collate_buckets
+from hf_arb.images.bad_images import read_bad_rows, replacement_order
+from hf_arb.images.collate import collate_buckets
+from hf_arb.images.dataset import ImageDecodeError
 
 BUCKETS = BucketSet([(64, 64), (96, 64), (64, 96)])
 SIZES = [(120, 120), (180, 120), (120, 180)] * 4  # 12 rows, 4 per bucket

@@ -30,7 +30,7 @@ def test_stream_iterates_past_broken_images(verify: bool) -> None:
 
 
 def test_saved_or_pushed_stream_decodes_again() -> None:
-    from hf_arb.annotate import decoding_images
+    from hf_arb.annotate.map import decoding_images
 
     ds = datasets.Dataset.from_dict({"image": VALUES[:1]}, features=datasets.Features({"image": datasets.Image()}))
     it = add_bucket_columns(ds.to_iterable_dataset(), BucketSet.from_budget(128, step=32))

@@ -36,7 +36,7 @@ pytestmark = pytest.mark.slow
 def fault_assets(shared_artifact) -> dict[str, str]:
     """Tiny SD and 10 photos (named apart from test_train's ``assets``: other files import fixtures of both)."""
     def build(root: Path) -> dict[str, str]:
-        from hf_arb.tiny import save_tiny_imagefolder, save_tiny_sd
+        from hf_arb.testing.tiny import save_tiny_imagefolder, save_tiny_sd
 
         # 5 shapes x 2 photos: 10 rows, one batch of 2 per bucket
         return {"sd": save_tiny_sd(root / "tiny-sd"), "images": save_tiny_imagefolder(root / "images", per_size=2)}
@@ -113,7 +113,7 @@ def test_resume_with_replacements_is_exact(replaced_runs) -> None:
 
 
 def test_on_bad_image_error_fails_fast_with_working_advice(assets, broken_images, tmp_path) -> None:
-    from hf_arb.data import ImageDecodeError
+    from hf_arb.images.dataset import ImageDecodeError
 
     images, _ = broken_images
     with pytest.raises(ImageDecodeError, match=r"truncated.*hf-arb annotate SOURCE --verify"):
@@ -123,7 +123,7 @@ def test_on_bad_image_error_fails_fast_with_working_advice(assets, broken_images
         finally:
             reset_accelerate()
     # the advice: annotate with --verify, train on the result; nothing to replace any more
-    from hf_arb.cli import main as cli
+    from hf_arb.cli.app import main as cli
 
     annotated = tmp_path / "annotated"
     assert cli(["annotate", images, "--output-dir", str(annotated), "--preset", "budget", "--resolution", "64",
@@ -157,7 +157,7 @@ def test_damaged_latent_cache_entries_are_reencoded(assets, tmp_path) -> None:
 
 def test_latent_entry_damaged_during_training_is_reencoded_in_place(assets, tmp_path, monkeypatch) -> None:
     """Entries that break after the start-up check (here: all of them, right after it) are re-encoded on read."""
-    from hf_arb import latents as lat
+    from hf_arb.train import latents as lat
 
     out = tmp_path / "cached"
     argv = _argv(assets, out, "--center_crop", "--max_train_steps", "2", "--checkpointing_steps", "100",

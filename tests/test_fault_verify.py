@@ -14,9 +14,9 @@ import pytest
 from _photos import encode, photo
 
 from hf_arb import BucketSet, add_bucket_columns
-from hf_arb.annotate import BUCKET_COLUMNS
-from hf_arb.cli import main
-from hf_arb.sizes import ImageSizeError, verify_image
+from hf_arb.annotate.map import BUCKET_COLUMNS
+from hf_arb.cli.app import main
+from hf_arb.images.sizes import ImageSizeError, verify_image
 
 IMG = photo("coffee.png", (240, 160))
 

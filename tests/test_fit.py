@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from hf_arb import BucketSet
-from hf_arb.fit import candidate_shapes, fit_table
+from hf_arb.buckets.fit import candidate_shapes, fit_table
 
 
 def _crop(table: np.ndarray, w: np.ndarray, h: np.ndarray) -> np.ndarray:

@@ -16,7 +16,7 @@ from _photos import encode, photo
 from PIL import Image, ImageOps, features
 
 from hf_arb import BucketSet, add_bucket_columns, read_image_size
-from hf_arb.annotate import BUCKET_COLUMNS
+from hf_arb.annotate.map import BUCKET_COLUMNS
 
 
 def _multi(fmt: str, img: Image.Image, **kw: object) -> bytes:

@@ -16,11 +16,11 @@ from huggingface_hub import CommitOperationAdd
 from PIL import Image
 
 import hf_arb
-import hf_arb.hub
-import hf_arb.plot
+import hf_arb.annotate.hub
+import hf_arb.annotate.plot
 from hf_arb import BucketSet, add_bucket_columns
-from hf_arb.annotate import BUCKET_COLUMNS
-from hf_arb.hub import CARD_KEY, CHART_PATH_IN_REPO, bucket_table_from_columns, buckets_from_card, buckets_from_columns
+from hf_arb.annotate.map import BUCKET_COLUMNS
+from hf_arb.annotate.hub import CARD_KEY, CHART_PATH_IN_REPO, bucket_table_from_columns, buckets_from_card, buckets_from_columns
 
 # A configuration with every field set, so a lost field would show.
 CONFIG = BucketSet.novelai(metric="linear", max_aspect_error=0.4, aspect_range=(0.3, 3.5))
@@ -76,7 +76,7 @@ def test_columns_alone_give_the_resolution_table(tmp_path: Path) -> None:
     # CSV keeps no feature metadata: only the columns travel
     out.to_csv(str(tmp_path / "a.csv"), index=False)
     csv = datasets.load_dataset("csv", data_files=str(tmp_path / "a.csv"), split="train")
-    assert hf_arb.hub.buckets_from_features(csv.features) is None
+    assert hf_arb.annotate.hub.buckets_from_features(csv.features) is None
     rebuilt = BucketSet.from_dataset(csv)
     assert np.array_equal(rebuilt.resolutions, bs.resolutions)
     assert rebuilt.metric == "linear"  # inferred from aspect_error vs original sizes
@@ -168,7 +168,7 @@ def test_hub_dataset_dict_and_checks(annotated: datasets.Dataset, tmp_path: Path
         hf_arb.push_to_hub(dd, "me/dd", buckets=BucketSet.sdxl())
     assert not hub.commits
     # without matplotlib: the push still works, the card has no chart
-    monkeypatch.setattr(hf_arb.plot, "_pyplot", lambda: (_ for _ in ()).throw(ImportError("no matplotlib")))
+    monkeypatch.setattr(hf_arb.annotate.plot, "_pyplot", lambda: (_ for _ in ()).throw(ImportError("no matplotlib")))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         hf_arb.push_to_hub(dd, "me/dd")
@@ -186,7 +186,7 @@ def test_push_writes_the_config_into_a_stripped_dataset(annotated: datasets.Data
     stripped = annotated.cast_column("bucket", datasets.Value("int32"))
     hf_arb.push_to_hub(stripped, "me/stripped", buckets=CONFIG, chart=False)
     back = datasets.load_dataset(str(hub.repo_dir("me/stripped")), split="train")
-    assert hf_arb.hub.buckets_from_features(back.features) == CONFIG
+    assert hf_arb.annotate.hub.buckets_from_features(back.features) == CONFIG
 
 
 def test_push_streaming_dataset(annotated: datasets.Dataset, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -19,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image, ImageOps
 
-from hf_arb.imaging import (
+from hf_arb.images.fitting import (
     EXIF_TRANSPOSE,
     FitPlan,
     cover_size,

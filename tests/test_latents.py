@@ -1,4 +1,4 @@
-"""Latent cache (hf_arb.latents): keys, atomic float16 storage, per-rank shares, reuse and invalidation."""
+"""Latent cache (hf_arb.train.latents): keys, atomic float16 storage, per-rank shares, reuse and invalidation."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 import torch
 from PIL import Image
 
-from hf_arb import latents as lat
-from hf_arb.latent_dataset import CachedLatentDataset
+from hf_arb.train import latents as lat
+from hf_arb.train.latent_dataset import CachedLatentDataset
 
 
 def _png(color: tuple[int, int, int], size: tuple[int, int] = (24, 16)) -> bytes:
@@ -94,7 +94,7 @@ def test_content_hashes_without_decoding_and_edit_changes_hash(image_ds):
 
 
 def test_vae_fingerprint_tracks_weights():
-    from hf_arb.tiny import _vae
+    from hf_arb.testing.tiny import _vae
 
     a, b = _vae(1), _vae(1)
     assert lat.vae_fingerprint(a) == lat.vae_fingerprint(b)

@@ -8,7 +8,7 @@ import pyarrow as pa
 import pytest
 
 from hf_arb import BucketSet, add_bucket_columns
-from hf_arb.annotate import annotate_sizes
+from hf_arb.annotate.map import annotate_sizes
 
 
 def _ds(w: list, h: list) -> datasets.Dataset:

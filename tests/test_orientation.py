@@ -16,7 +16,7 @@ from _photos import encode, photo
 from PIL import Image, ImageOps, features
 
 from hf_arb import fit_to_bucket, read_image_size
-from hf_arb.imaging import EXIF_TRANSPOSE
+from hf_arb.images.fitting import EXIF_TRANSPOSE
 
 # inverse of each EXIF transpose: stored = displayed.transpose(EXIF_TRANSPOSE[_INVERSE[o]])
 _INVERSE = {2: 2, 3: 3, 4: 4, 5: 5, 6: 8, 7: 7, 8: 6}

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hf_arb.packing import fit_sizes, plan_packs
+from hf_arb.packing.plan import fit_sizes, plan_packs
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _pack_worker import MAX_TOKENS, MODES, SEED, sizes

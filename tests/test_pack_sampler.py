@@ -1,4 +1,4 @@
-"""PackBatchSampler (hf_arb.sampling.packs) and PackedImageDataset (hf_arb.packed_data): the packed data path.
+"""PackBatchSampler (hf_arb.packing.sampler) and PackedImageDataset (hf_arb.packing.dataset): the packed data path.
 
 The sampler yields plan_packs' global plan step-major/rank-minor with each row's fitted size, accelerate's own
 BatchSamplerShard deals it (variable-size batches), and the state resumes exactly; the dataset renders each row at
@@ -24,9 +24,9 @@ from hf_arb import (
     PackedImageDataset,
     add_bucket_columns,
 )
-from hf_arb.pack_layout import fit_sizes
-from hf_arb.packing import plan_packs
-from hf_arb.sampling.packs import pack_sizes
+from hf_arb.packing.layout import fit_sizes
+from hf_arb.packing.plan import plan_packs
+from hf_arb.packing.sampler import pack_sizes
 
 skimage = pytest.importorskip("skimage")
 DATA = Path(os.path.dirname(skimage.__file__)) / "data"

@@ -1,4 +1,4 @@
-"""Packed forwards (hf_arb.packed) equal the per-image unpacked forwards of the tiny SD3 and Flux transformers,
+"""Packed forwards (hf_arb.packing.model) equal the per-image unpacked forwards of the tiny SD3 and Flux transformers,
 image by image, for images of different aspect ratios and prompts of different lengths in one pack."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from hf_arb.packed import (
+from hf_arb.packing.model import (
     document_mask,
     enable_packed_attention,
     pack_tokens,
@@ -17,7 +17,7 @@ from hf_arb.packed import (
     unpack_tokens,
     unpatchify,
 )
-from hf_arb.packing import pack_meta
+from hf_arb.packing.plan import pack_meta
 
 LATENTS = [(8, 12), (12, 6), (10, 10)]  # SD3 latent (H, W): token grids 4x6, 6x3, 5x5
 GRIDS = [(4, 6), (6, 3), (5, 5)]  # Flux token grids (2x2-packed latents)
@@ -40,14 +40,14 @@ def inputs():
 
 @pytest.fixture(scope="module")
 def sd3():
-    from hf_arb.tiny_flow import tiny_sd3_pipeline
+    from hf_arb.testing.tiny_flow import tiny_sd3_pipeline
 
     return tiny_sd3_pipeline().transformer.eval()
 
 
 @pytest.fixture(scope="module")
 def flux():
-    from hf_arb.tiny_flow import tiny_flux_pipeline
+    from hf_arb.testing.tiny_flow import tiny_flux_pipeline
 
     return tiny_flux_pipeline().transformer.eval()
 
@@ -88,7 +88,7 @@ def test_packed_sd3_equals_unpacked_image_by_image(sd3, inputs, backend):
 
 
 def test_the_block_diagonal_mask_is_what_keeps_images_apart(sd3, inputs, monkeypatch):
-    import hf_arb.packed as packed
+    import hf_arb.packing.model as packed
 
     enable_packed_attention(sd3)
     ref = _sd3_reference(sd3, inputs)

@@ -1,4 +1,4 @@
-"""The packed flow-matching loss (hf_arb.packed_loss) equals the mean of the per-image, unpacked losses that
+"""The packed flow-matching loss (hf_arb.packing.loss) equals the mean of the per-image, unpacked losses that
 diffusers' SD3/Flux training scripts compute, for the tiny SD3 and Flux transformers, every weighting scheme,
 with and without preconditioned outputs; and its gradients equal the per-image losses' gradients."""
 
@@ -8,8 +8,8 @@ import pytest
 import torch
 from diffusers.training_utils import compute_loss_weighting_for_sd3
 
-from hf_arb.packed import enable_packed_attention
-from hf_arb.packed_loss import (
+from hf_arb.packing.model import enable_packed_attention
+from hf_arb.packing.loss import (
     PackedFlowModel,
     flow_family,
     flux_pack_latent,
@@ -37,14 +37,14 @@ def x():
 
 @pytest.fixture(scope="module")
 def sd3():
-    from hf_arb.tiny_flow import tiny_sd3_pipeline
+    from hf_arb.testing.tiny_flow import tiny_sd3_pipeline
 
     return enable_packed_attention(tiny_sd3_pipeline().transformer.eval())
 
 
 @pytest.fixture(scope="module")
 def flux():
-    from hf_arb.tiny_flow import tiny_flux_pipeline
+    from hf_arb.testing.tiny_flow import tiny_flux_pipeline
 
     return enable_packed_attention(tiny_flux_pipeline().transformer.eval())
 
@@ -122,7 +122,7 @@ def test_packed_loss_gradients_equal_the_per_image_mean(sd3, x):
 
 
 def test_flux_latent_packing_is_the_pipelines():
-    from hf_arb.tiny_flow import tiny_flux_pipeline
+    from hf_arb.testing.tiny_flow import tiny_flux_pipeline
 
     pipe = tiny_flux_pipeline()
     packed, _ = pipe.prepare_latents(1, 16, 48, 80, torch.float32, torch.device("cpu"),
@@ -150,8 +150,8 @@ def test_a_one_image_pack_trains_exactly_like_a_one_image_batch(family):
     image's own token count, so a pack of one image (with padding) has the loss of the bucketed batch of it."""
     from hf_arb.families import get_family
     from hf_arb.families.flow import flow_loss
-    from hf_arb.families.packed import packed_flow_step
-    from hf_arb.tiny_flow import tiny_flux_pipeline, tiny_sd3_pipeline
+    from hf_arb.packing.family import packed_flow_step
+    from hf_arb.testing.tiny_flow import tiny_flux_pipeline, tiny_sd3_pipeline
 
     pipe = tiny_sd3_pipeline() if family == "sd3" else tiny_flux_pipeline()
     fam = get_family(family)

@@ -18,8 +18,8 @@ import test_train
 import test_train_dreambooth
 import test_train_lora
 
-from hf_arb.conditioning import resolution_class_labels, sdxl_time_ids
-from hf_arb.pipeline_sd_resolution import conditioning_dim, embed_time_ids
+from hf_arb.families.conditioning import resolution_class_labels, sdxl_time_ids
+from hf_arb.families.sd_pipeline import conditioning_dim, embed_time_ids
 
 #: Runs in a fresh interpreter: hf_arb blocked, then each card's code (minus the CUDA line), then generation.
 BLOCKED = r"""
@@ -66,7 +66,7 @@ def test_standalone_pipeline_embeds_like_hf_arb_conditioning():
 def test_standalone_pipeline_file_imports_only_torch_and_diffusers():
     import ast
 
-    import hf_arb.pipeline_sd_resolution as module
+    import hf_arb.families.sd_pipeline as module
 
     tree = ast.parse(Path(module.__file__).read_text())
     roots = {(n.module or "").split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
@@ -122,7 +122,7 @@ def test_every_output_loads_with_its_card_code_without_hf_arb(outputs):
 @pytest.mark.slow
 @pytest.mark.xdist_group("portable")
 def test_conditioned_folder_still_loads_with_hf_arbs_class(outputs):
-    from hf_arb.conditioning import StableDiffusionResolutionPipeline
+    from hf_arb.families.conditioning import StableDiffusionResolutionPipeline
 
     pipe = StableDiffusionResolutionPipeline.from_pretrained(outputs["conditioned"])
     assert type(pipe) is StableDiffusionResolutionPipeline and conditioning_dim(pipe.unet) == 16

@@ -13,11 +13,11 @@ from _fake_hub import FakeHub
 from _photos import save_photo
 
 import hf_arb
-import hf_arb.imaging
+import hf_arb.images.fitting
 from hf_arb import BucketBatchSampler, BucketedImageDataset, BucketSet, add_bucket_columns
-from hf_arb.cli import main as cli_main
-from hf_arb.geometry import plan_fit
-from hf_arb.report import build_report, cover_crop, render_html
+from hf_arb.cli.app import main as cli_main
+from hf_arb.images.geometry import plan_fit
+from hf_arb.annotate.report import build_report, cover_crop, render_html
 
 # real photos: landscape, portrait (EXIF-rotated), a banner, a thumbnail, a broken file
 SPECS = [("coffee.png", None, 1), ("chelsea.png", None, 6), ("rocket.jpg", None, 1), ("coffee.png", (1000, 120), 1),
@@ -74,8 +74,8 @@ def test_plan_numbers_are_the_samplers_report(annotated, leftover, batch, procs)
 
 def test_thumbnails_show_trainings_crop_and_decode_only_k_per_bucket(annotated, monkeypatch):
     opened = []
-    real_open = hf_arb.imaging.open_image
-    monkeypatch.setattr(hf_arb.imaging, "open_image", lambda src: opened.append(src) or real_open(src))
+    real_open = hf_arb.images.fitting.open_image
+    monkeypatch.setattr(hf_arb.images.fitting, "open_image", lambda src: opened.append(src) or real_open(src))
     rep = build_report(annotated, k=1, seed=3)
     nonempty = int((rep.counts > 0).sum())
     assert len(opened) == rep.decoded == nonempty  # one decode per non-empty bucket, none for the metadata pass

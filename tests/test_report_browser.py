@@ -16,7 +16,7 @@ import pytest
 from test_report import BUCKETS, make_photo_folder
 
 from hf_arb import BucketBatchSampler, add_bucket_columns
-from hf_arb.report import write_report
+from hf_arb.annotate.report import write_report
 
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync"]

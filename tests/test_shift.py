@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from hf_arb import BucketSet
-from hf_arb.shift import (
+from hf_arb.families.shift import (
     ShiftConfig,
     bucket_shift_table,
     calculate_mu,
@@ -107,7 +107,7 @@ def test_config_validation_and_round_trip():
 def test_cli_prints_each_buckets_seq_len_and_mu(tmp_path, capsys):
     import json
 
-    from hf_arb.cli import main
+    from hf_arb.cli.app import main
 
     (tmp_path / "scheduler").mkdir()
     (tmp_path / "scheduler" / "scheduler_config.json").write_text(json.dumps(FLUX))

@@ -9,7 +9,7 @@ import datasets
 from _photos import save_photo
 
 from hf_arb import BucketSet, add_bucket_columns
-from hf_arb.annotation_summary import SKIPPED_SHOWN, skipped_files, summarize_annotation
+from hf_arb.annotate.summary import SKIPPED_SHOWN, skipped_files, summarize_annotation
 
 BUCKETS = BucketSet([(64, 64), (96, 64), (64, 96)])
 

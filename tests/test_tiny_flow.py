@@ -1,5 +1,5 @@
 """Tiny offline SD3 and Flux pipelines load and generate non-square images with stock diffusers, without hf_arb,
-and the stock pipelines shift each size's sigmas exactly as hf_arb.shift computes for that bucket."""
+and the stock pipelines shift each size's sigmas exactly as hf_arb.families.shift computes for that bucket."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from hf_arb import BucketSet
-from hf_arb.shift import ShiftConfig, bucket_shift_table, shift_sigmas
-from hf_arb.tiny import save_tiny_flux, save_tiny_sd3, tiny_t5_tokenizer
+from hf_arb.families.shift import ShiftConfig, bucket_shift_table, shift_sigmas
+from hf_arb.testing.tiny import save_tiny_flux, save_tiny_sd3, tiny_t5_tokenizer
 
 SIZES = [(80, 48), (48, 96), (64, 64)]  # (width, height), multiples of 16: legal for VAE 8 x patch 2
 STEPS = 2

@@ -1,4 +1,4 @@
-"""End-to-end tests of train_text_to_image_arb.py with tiny offline models (hf_arb.tiny).
+"""End-to-end tests of train_text_to_image_arb.py with tiny offline models (hf_arb.testing.tiny).
 
 The slow tests launch the real script: one process (``python``) or two (``torchrun --nproc_per_node 2`` with
 ``ACCELERATE_USE_CPU=1``, i.e. real gloo DDP). Each run writes ``batches/rank<r>.jsonl`` (``--log_batches``) and
@@ -450,7 +450,7 @@ def test_resume_reaches_the_same_weights(ddp_runs):
 @pytest.mark.slow
 @pytest.mark.xdist_group("train_ddp")
 def test_resolution_conditioned_pipeline_generates(ddp_runs):
-    from hf_arb.conditioning import (
+    from hf_arb.families.conditioning import (
         StableDiffusionResolutionPipeline,
         has_resolution_conditioning,
     )
@@ -474,7 +474,7 @@ def test_sdxl_trains_with_pipeline_time_ids_and_saves_stock_pipeline(assets, ddp
     from diffusers import StableDiffusionXLPipeline
 
     from hf_arb import BucketSet
-    from hf_arb.conditioning import sdxl_time_ids
+    from hf_arb.families.conditioning import sdxl_time_ids
 
     run = batch_result(ddp_batch, "sdxl-annotated")
     stats, out = run["stats"], run["out"]

@@ -25,7 +25,7 @@ from test_train import COMMON, run_script
 from test_train import assets as _assets  # the shared tiny models and photos (a session fixture)
 
 from hf_arb import PRESETS, BucketSet
-from hf_arb.presets import PRESET_INFO, preset_notes
+from hf_arb.buckets.presets import PRESET_INFO, preset_notes
 
 assets = _assets
 
@@ -131,7 +131,7 @@ def test_fixed_table_note_is_logged_once_and_only_on_the_main_process(sd_folder,
 
 @pytest.fixture(scope="module")
 def five_images(tmp_path_factory) -> str:
-    from hf_arb.tiny import save_tiny_imagefolder
+    from hf_arb.testing.tiny import save_tiny_imagefolder
 
     return save_tiny_imagefolder(tmp_path_factory.mktemp("five") / "images", per_size=1)
 

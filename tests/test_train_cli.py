@@ -110,7 +110,7 @@ def test_help_is_fast_and_never_imports_torch():
 
 @pytest.fixture(scope="module")
 def cli_assets(tmp_path_factory) -> dict[str, str]:
-    from hf_arb.tiny import save_tiny_imagefolder
+    from hf_arb.testing.tiny import save_tiny_imagefolder
 
     root = tmp_path_factory.mktemp("cli")
     broken = root / "broken-model"  # a pipeline folder whose UNet has no weights: an internal load error

@@ -9,7 +9,7 @@ x_sigma``), and the squared error is weighted with diffusers' SD3 schemes
 
 Where diffusers' own scripts take ``sigma`` from the scheduler's fixed table, this module can shift every batch's
 sigmas with ``mu`` computed from that batch's latent token count, exactly as the stock pipeline does at inference
-for that height × width (:mod:`hf_arb.shift`): ``sigma = time_shift(mu, 1, t)`` where ``t`` is the unshifted
+for that height × width (:mod:`hf_arb.families.shift`): ``sigma = time_shift(mu, 1, t)`` where ``t`` is the unshifted
 training time. Buckets of different sizes are thus trained at the noise levels they are sampled with.
 
 Every random draw comes from the caller's ``torch.Generator`` (one per micro-batch), in a fixed order: posterior
@@ -17,7 +17,8 @@ sample, noise, ``u``. A resumed run therefore draws exactly what the uninterrupt
 
 Example:
     ```py
-    >>> from hf_arb.families.flow import training_shift_config, batch_sigmas
+    >>> from hf_arb.families.flow import batch_sigmas
+    >>> from hf_arb.families.flow_family import training_shift_config
     >>> cfg = training_shift_config(pipe.scheduler.config, by_resolution=True)
     >>> sigmas = batch_sigmas(torch.tensor([0.5]), latent_hw=(6, 10), patch_size=2, config=cfg)  # an 80x48 bucket
     ```
@@ -34,13 +35,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..shift import ShiftConfig, calculate_mu, check_latent_sizes, shift_sigmas
+from .flow_family import FlowFamily, FlowOptions
+from .shift import ShiftConfig, calculate_mu, check_latent_sizes, shift_sigmas
 
 __all__ = [
-    "WEIGHTING_SCHEMES",
-    "FlowFamily",
-    "FlowOptions",
-    "FlowParts",
     "batch_sigmas",
     "check_bucket_sizes",
     "flow_loss",
@@ -50,164 +48,8 @@ __all__ = [
     "sample_latents",
     "shift_report",
     "stock_pipeline",
-    "training_shift_config",
     "unshifted_times",
 ]
-
-#: ``--weighting_scheme`` values of diffusers' SD3 / Flux training scripts.
-WEIGHTING_SCHEMES = ("sigma_sqrt", "logit_normal", "mode", "cosmap", "none")
-
-
-@dataclass
-class FlowParts:
-    """The pieces of an SD3 / Flux checkpoint the trainer uses (frozen except the transformer).
-
-    Attributes:
-        scheduler: the checkpoint's ``FlowMatchEulerDiscreteScheduler``.
-        tokenizers, text_encoders: in pipeline order (SD3: CLIP-L, CLIP-G, T5; Flux: CLIP-L, T5). A missing
-            T5 (SD3 saved without ``text_encoder_3``) is ``None``.
-        vae: the ``AutoencoderKL`` (16 latent channels).
-        transformer: ``SD3Transformer2DModel`` or ``FluxTransformer2DModel``.
-    """
-
-    scheduler: Any
-    tokenizers: list[Any]
-    text_encoders: list[Any]
-    vae: Any
-    transformer: Any
-
-
-@dataclass(frozen=True)
-class FlowOptions:
-    """The flow-matching flags of one run (``--weighting_scheme`` … ``--guidance_scale``), resolved per family.
-
-    Attributes:
-        weighting_scheme: one of :data:`WEIGHTING_SCHEMES` (timestep density and loss weighting).
-        logit_mean, logit_std: the ``logit_normal`` density's parameters.
-        mode_scale: the ``mode`` density's scale.
-        precondition_outputs: predict the clean latents (``pred * -sigma + x_sigma``) instead of the velocity.
-        shift: the training :class:`~hf_arb.shift.ShiftConfig` (:func:`training_shift_config`).
-        guidance_scale: the guidance input of guidance-distilled transformers (Flux.1-dev); ignored otherwise.
-        max_sequence_length: T5 tokens per prompt.
-        num_train_timesteps: the scheduler's training steps (the grid ``u`` is read on).
-        token_patch: latent pixels per token side (:meth:`FlowFamily.token_patch`), for ``image_seq_len``.
-        guidance_embeds: the transformer takes a guidance input (its config's ``guidance_embeds``).
-    """
-
-    weighting_scheme: str = "none"
-    logit_mean: float = 0.0
-    logit_std: float = 1.0
-    mode_scale: float = 1.29
-    precondition_outputs: bool = False
-    shift: ShiftConfig = dataclasses.field(default_factory=ShiftConfig)
-    guidance_scale: float = 3.5
-    max_sequence_length: int = 512
-    num_train_timesteps: int = 1000
-    token_patch: int = 2
-    guidance_embeds: bool = False
-
-    @property
-    def by_resolution(self) -> bool:
-        """Whether sigmas are shifted per batch from its token count."""
-        return self.shift.use_dynamic_shifting
-
-
-class FlowFamily:
-    """One flow-matching model family: how to load it, encode prompts and call its transformer.
-
-    Subclasses (:class:`~hf_arb.families.sd3.SD3Family`, :class:`~hf_arb.families.flux.FluxFamily`) fill in the
-    class attributes and the three methods; everything else (noise, shift, loss) is shared in this module.
-    """
-
-    name: str = ""
-    pipeline_class_name: str = ""
-    transformer_class_name: str = ""
-    #: LoRA targets of diffusers' ``train_dreambooth_lora_<family>.py`` (its ``--lora_layers`` default).
-    lora_target_modules: tuple[str, ...] = ()
-    #: --train_text_encoder: how many of the leading (CLIP) text encoders get LoRA, as diffusers' scripts
-    lora_text_encoders: int = 1
-    default_weighting_scheme: str = "none"
-    default_precondition_outputs: bool = False
-    default_max_sequence_length: int = 512
-
-    def pipeline_class(self) -> Any:
-        """The stock diffusers pipeline class (``StableDiffusion3Pipeline`` / ``FluxPipeline``)."""
-        import diffusers
-
-        return getattr(diffusers, self.pipeline_class_name)
-
-    def transformer_class(self) -> Any:
-        """The diffusers transformer class of the family."""
-        import diffusers
-
-        return getattr(diffusers, self.transformer_class_name)
-
-    def options(self, scheduler_config: Mapping[str, Any], transformer: Any, *, weighting_scheme: str | None = None,
-                logit_mean: float = 0.0, logit_std: float = 1.0, mode_scale: float = 1.29,
-                precondition_outputs: bool | None = None, shift_by_resolution: bool | None = None,
-                guidance_scale: float = 3.5, max_sequence_length: int | None = None) -> FlowOptions:
-        """Resolve the run's :class:`FlowOptions`: ``None`` takes the family's default (diffusers' script's).
-
-        Args:
-            scheduler_config: the base checkpoint's scheduler config (its shift values).
-            transformer: the (unwrapped) transformer: its patch size and ``guidance_embeds``.
-            shift_by_resolution: see :func:`training_shift_config`.
-        """
-        scheme = self.default_weighting_scheme if weighting_scheme is None else weighting_scheme
-        if scheme not in WEIGHTING_SCHEMES:
-            raise ValueError(f"weighting_scheme {scheme!r} is not one of {', '.join(WEIGHTING_SCHEMES)}.")
-        return FlowOptions(
-            weighting_scheme=scheme, logit_mean=float(logit_mean), logit_std=float(logit_std),
-            mode_scale=float(mode_scale),
-            precondition_outputs=bool(self.default_precondition_outputs if precondition_outputs is None
-                                      else precondition_outputs),
-            shift=training_shift_config(scheduler_config, shift_by_resolution), guidance_scale=float(guidance_scale),
-            max_sequence_length=int(max_sequence_length or self.default_max_sequence_length),
-            num_train_timesteps=int(scheduler_config.get("num_train_timesteps", 1000)),
-            token_patch=self.token_patch(transformer),
-            guidance_embeds=bool(transformer.config.get("guidance_embeds", False)),
-        )
-
-    def load(self, path: str, revision: str | None = None, variant: str | None = None) -> FlowParts:
-        """Load scheduler, tokenizers, text encoders, VAE and transformer from a diffusers folder or Hub id."""
-        raise NotImplementedError
-
-    def token_patch(self, transformer: Any) -> int:
-        """Latent pixels per token side (SD3: the transformer's ``patch_size``; Flux: the 2×2 packing)."""
-        raise NotImplementedError
-
-    def encode_prompts(self, tokenizers: list[Any], text_encoders: list[Any], captions: list[str],
-                       device: torch.device, max_sequence_length: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Captions → ``(prompt_embeds (B, S, D), pooled_prompt_embeds (B, P))`` as the family's pipeline builds them."""
-        raise NotImplementedError
-
-    def predict(self, transformer: Any, noisy: torch.Tensor, sigmas: torch.Tensor, prompt_embeds: torch.Tensor,
-                pooled: torch.Tensor, options: FlowOptions) -> torch.Tensor:
-        """One transformer call on latents ``noisy (B, C, h, w)`` at ``sigmas (B,)``; returns ``(B, C, h, w)``."""
-        raise NotImplementedError
-
-
-def training_shift_config(scheduler_config: Mapping[str, Any], by_resolution: bool | None) -> ShiftConfig:
-    """The shift training applies, from the base scheduler's config.
-
-    Args:
-        scheduler_config: the checkpoint's ``FlowMatchEulerDiscreteScheduler`` config.
-        by_resolution: shift each batch by its token count (``--shift_by_resolution``); ``None``: only where the
-            scheduler itself shifts dynamically (``use_dynamic_shifting``), as the pipeline does at inference.
-
-    Returns:
-        With ``by_resolution``: the scheduler's ``base/max_image_seq_len`` and ``base/max_shift`` with
-        ``use_dynamic_shifting=True``. Without: the scheduler's static ``shift`` where it has no dynamic
-        shifting (SD3/SD3.5's 3.0, as diffusers' scripts train), else no shift at all (diffusers' Flux scripts).
-    """
-    base = ShiftConfig.from_scheduler_config(scheduler_config)
-    dynamic = bool(scheduler_config.get("use_dynamic_shifting", False))
-    if by_resolution is None:
-        by_resolution = dynamic
-    if by_resolution:
-        return dataclasses.replace(base, use_dynamic_shifting=True)
-    return dataclasses.replace(base, use_dynamic_shifting=False, shift=1.0 if dynamic else base.shift)
-
 
 def unshifted_times(u: torch.Tensor, num_train_timesteps: int) -> torch.Tensor:
     """``u`` in ``[0, 1]`` → the unshifted training time ``t = (N - floor(u N)) / N`` in ``(0, 1]``.
@@ -222,7 +64,7 @@ def batch_sigmas(t: torch.Tensor, latent_hw: tuple[int, int], patch_size: int, c
     """Shift times ``t`` of one batch whose latents are ``latent_hw`` = (h, w): ``mu`` from its token count.
 
     ``image_seq_len = (h // patch_size) * (w // patch_size)``, as the SD3 and Flux pipelines count it; ``mu`` and
-    the shift are :func:`hf_arb.shift.calculate_mu` / :func:`hf_arb.shift.shift_sigmas` (float64 inside).
+    the shift are :func:`hf_arb.families.shift.calculate_mu` / :func:`hf_arb.families.shift.shift_sigmas` (float64 inside).
     """
     h, w = latent_hw
     mu = float(calculate_mu((h // patch_size) * (w // patch_size), config))
@@ -311,7 +153,7 @@ def check_bucket_sizes(resolutions: Any, vae_scale_factor: int, patch_size: int)
 
 def shift_report(options: FlowOptions, buckets: Any, vae_scale_factor: int) -> str:
     """The startup report's shift section: how training shifts, then each bucket's ``image_seq_len`` and ``mu``."""
-    from ..shift import shift_table_text
+    from .shift import shift_table_text
 
     cfg = options.shift
     head = (f"Resolution shift: per bucket (mu from image_seq_len; {cfg.time_shift_type})" if options.by_resolution

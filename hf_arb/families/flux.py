@@ -19,9 +19,12 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
+from hf_arb.lazy import LazyModule
 
-from .flow import FlowFamily, FlowOptions, FlowParts
+from .base import builtin_family
+from .flow_family import FlowFamily, FlowOptions, FlowParts
+
+torch: Any = LazyModule("torch")  # family detection must not import torch
 
 __all__ = [
     "FLUX_LORA_TARGET_MODULES",
@@ -59,11 +62,11 @@ def unpack_latents(packed: torch.Tensor, height: int, width: int) -> torch.Tenso
 
 
 def latent_image_ids(height: int, width: int, device: torch.device | str = "cpu",
-                     dtype: torch.dtype = torch.float32) -> torch.Tensor:
+                     dtype: torch.dtype | None = None) -> torch.Tensor:
     """Position ids ``(0, row, column)`` of the packed tokens of ``height`` × ``width`` latents: ``((h/2)(w/2), 3)``."""
     rows = torch.arange(height // 2, device=device).repeat_interleave(width // 2)
     cols = torch.arange(width // 2, device=device).repeat(height // 2)
-    return torch.stack([torch.zeros_like(rows), rows, cols], dim=1).to(dtype)
+    return torch.stack([torch.zeros_like(rows), rows, cols], dim=1).to(torch.float32 if dtype is None else dtype)
 
 
 def encode_flux_prompts(tokenizers: list[Any], text_encoders: list[Any], captions: list[str], device: torch.device,
@@ -79,15 +82,19 @@ def encode_flux_prompts(tokenizers: list[Any], text_encoders: list[Any], caption
     return t5(ids, output_hidden_states=False)[0], pooled
 
 
+@builtin_family
 class FluxFamily(FlowFamily):
     """Flux.1 (``FluxPipeline``, ``FluxTransformer2DModel``). Defaults follow diffusers'
     ``train_dreambooth_lora_flux.py``: no loss weighting, velocity target, 512 T5 tokens, guidance 3.5."""
 
     name = "flux"
+    class_prefixes = ("Flux",)
+    hub_name_hints = ("flux",)
+    card_tags = ("flux", "flux-diffusers")
     pipeline_class_name = "FluxPipeline"
     transformer_class_name = "FluxTransformer2DModel"
     lora_target_modules = FLUX_LORA_TARGET_MODULES
-    lora_text_encoders = 1  # CLIP; T5 stays frozen (train_dreambooth_lora_flux.py)
+    lora_text_encoder_count = 1  # CLIP; T5 stays frozen (train_dreambooth_lora_flux.py)
     default_weighting_scheme = "none"
     default_precondition_outputs = False
     default_max_sequence_length = 512

@@ -18,9 +18,12 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
+from hf_arb.lazy import LazyModule
 
-from .flow import FlowFamily, FlowOptions, FlowParts
+from .base import builtin_family
+from .flow_family import FlowFamily, FlowOptions, FlowParts
+
+torch: Any = LazyModule("torch")  # family detection must not import torch
 
 __all__ = ["SD3_LORA_TARGET_MODULES", "SD3Family", "encode_sd3_prompts"]
 
@@ -61,6 +64,7 @@ def encode_sd3_prompts(tokenizers: list[Any], text_encoders: list[Any], captions
     return torch.cat([clip, t5_embeds.to(clip.dtype)], dim=-2), torch.cat(pooled, dim=-1)
 
 
+@builtin_family
 class SD3Family(FlowFamily):
     """Stable Diffusion 3 / 3.5 (``StableDiffusion3Pipeline``, ``SD3Transformer2DModel``).
 
@@ -69,10 +73,13 @@ class SD3Family(FlowFamily):
     """
 
     name = "sd3"
+    class_prefixes = ("StableDiffusion3", "SD3Transformer2DModel")
+    hub_name_hints = ("stable-diffusion-3", "sd3")
+    card_tags = ("sd3", "sd3-diffusers")
     pipeline_class_name = "StableDiffusion3Pipeline"
     transformer_class_name = "SD3Transformer2DModel"
     lora_target_modules = SD3_LORA_TARGET_MODULES
-    lora_text_encoders = 2  # CLIP-L and CLIP-G; T5 stays frozen (train_dreambooth_lora_sd3.py)
+    lora_text_encoder_count = 2  # CLIP-L and CLIP-G; T5 stays frozen (train_dreambooth_lora_sd3.py)
     default_weighting_scheme = "logit_normal"
     default_precondition_outputs = True
     default_max_sequence_length = 77

@@ -10,16 +10,21 @@
 - :mod:`~hf_arb.sampling.report` — :class:`PlanReport`;
 - :mod:`~hf_arb.sampling.state` — the resume state and its validation;
 - :mod:`~hf_arb.sampling.sampler` — :class:`BucketBatchSampler`, a thin class around the plan;
-- :mod:`~hf_arb.sampling.packs` — :class:`PackBatchSampler`, NaViT packs of images at their own size;
 - :mod:`~hf_arb.sampling.accelerate` — optional conveniences around ``accelerator.prepare``;
 - :mod:`~hf_arb.sampling.stream` — :class:`BucketedStream`, bucketed batches from a streaming dataset;
   :mod:`~hf_arb.sampling.stream_collate` fits streamed image rows to their bucket
   (:mod:`~hf_arb.sampling.stream_plan` its pure schedule, :mod:`~hf_arb.sampling.stream_buffer` one rank's buffer).
+
+``hf_arb.sampling.PackBatchSampler`` (release 0.1) is :class:`hf_arb.packing.PackBatchSampler`, imported on first
+use: packing is built on sampling, so sampling never imports it at import time.
+
+May import: the ground floor, :mod:`hf_arb.buckets` and :mod:`hf_arb.images`.
 """
+
+from typing import Any
 
 from .accelerate import prepare_dataloader, resume_dataloader
 from .batch_sizes import accumulation_weights, batch_sizes_for_pixels, batch_sizes_from_mapping
-from .packs import PackBatchSampler
 from .plan import merge_small_buckets, plan_epoch
 from .ragged import RaggedPlan, plan_epoch_ragged
 from .report import PlanReport
@@ -34,3 +39,11 @@ __all__ = ["BucketBatchSampler", "BucketedStream", "BufferOverflowError", "PackB
            "batch_sizes_for_pixels", "batch_sizes_from_mapping", "build_stream_loader", "merge_small_buckets",
            "plan_epoch", "plan_epoch_ragged",
            "prepare_dataloader", "resume_dataloader", "stream_schedule"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "PackBatchSampler":  # a release-0.1 path, kept for one release (docs/api.md, moved paths)
+        from hf_arb.packing.sampler import PackBatchSampler
+
+        return PackBatchSampler
+    raise AttributeError(f"module 'hf_arb.sampling' has no attribute {name!r}")

@@ -11,16 +11,16 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-from .packs import PackBatchSampler
 from .sampler import BucketBatchSampler, RankBatchSampler
+from .state import ResumableBatchSampler
 
 
-def find_sampler(dataloader: Any) -> BucketBatchSampler | PackBatchSampler:
-    """The :class:`BucketBatchSampler` (or :class:`~hf_arb.sampling.packs.PackBatchSampler`) behind a (prepared
+def find_sampler(dataloader: Any) -> ResumableBatchSampler:
+    """The :class:`BucketBatchSampler` (or :class:`~hf_arb.packing.sampler.PackBatchSampler`) behind a (prepared
     or plain) ``DataLoader``."""
     bs = getattr(dataloader, "batch_sampler", None)
     for candidate in (bs, getattr(bs, "batch_sampler", None), getattr(dataloader, "sampler", None)):
-        if isinstance(candidate, (BucketBatchSampler, PackBatchSampler)):
+        if isinstance(candidate, ResumableBatchSampler):
             return candidate
         if isinstance(candidate, RankBatchSampler):
             return candidate.parent

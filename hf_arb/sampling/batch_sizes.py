@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from ..checks import check_positive
+from hf_arb.checks import check_positive
 
 
 def _label(res: np.ndarray, b: int) -> str:

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from ..schema import buckets_from_features, read_bucket_ids, read_resolutions
+from hf_arb.buckets.schema import buckets_from_features, read_bucket_ids, read_resolutions
 from .index import CHUNK
 from .plan import as_bucket_ids, check_leftover, check_nonneg
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..rng import PLAN_POOL, PLAN_RANK, PLAN_SHARD, generator
+from hf_arb.rng import PLAN_POOL, PLAN_RANK, PLAN_SHARD, generator
 from .index import count_blocks
 
 

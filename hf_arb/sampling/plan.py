@@ -31,7 +31,7 @@ from typing import Any, Literal, overload
 import numpy as np
 
 from .index import RowIndex, build_index
-from ..checks import check_nonneg, check_positive  # noqa: F401  (re-exported)
+from hf_arb.checks import check_nonneg, check_positive  # noqa: F401  (re-exported)
 from .layout import IndependentLayout, bucket_counts
 from .sync import SyncLayout
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from ..checks import check_nonneg, check_positive
+from hf_arb.checks import check_nonneg, check_positive
 from .index import build_index
 from .plan import CHUNK_STEPS, Leftover, as_bucket_ids, check_leftover, check_merge_map, num_buckets
 from .sync import SyncLayout

@@ -30,7 +30,7 @@ from .plan import Leftover, check_nonneg, check_positive, effective_ids, iter_ch
 from .ragged import RaggedPlan, iter_ragged, materialise
 from .rank import RankBatchSampler, refuse_rank_idiom
 from .report import PlanReport, build_report, warn_if_dropping, zero_batches_message
-from .state import as_state_mapping, check_state, sampler_state
+from .state import ResumableBatchSampler, as_state_mapping, check_state, sampler_state
 
 logger = logging.getLogger(__name__)
 
@@ -39,7 +39,7 @@ logger = logging.getLogger(__name__)
 INDEX_IN_MEMORY_ROWS = 1 << 24
 
 
-class BucketBatchSampler:
+class BucketBatchSampler(ResumableBatchSampler):
     """Batch sampler for aspect-ratio buckets: every batch is full and of one bucket, every rank gets the same
     number of batches, and (by default) all ranks are in the same bucket at every step.
 

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import rng
+from hf_arb import rng
 
 PICK_BLOCK = 1024  #: steps whose pick uniforms are drawn at once
 REOPEN_ROWS = 1024  #: on load, gaps up to this many rows are read through instead of restoring a snapshot

@@ -1,5 +1,5 @@
 """A collate function for streamed image rows: :class:`StreamImageCollate` fits each row's image to its bucket
-and stacks the batch in the format of :func:`hf_arb.data.collate_buckets` (what the training script consumes).
+and stacks the batch in the format of :func:`hf_arb.images.dataset.collate_buckets` (what the training script consumes).
 
 Per-row randomness (crop offset, flip, caption choice) comes from ``rng.row_rng(seed, epoch, key, ROW_*)``
 where ``key`` is the row's integer id column — a stream has no row index — so a resumed run renders the same
@@ -10,13 +10,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import rng
-from ..data import collate_buckets
-from ..imaging import fit_to_bucket, to_tensor
+from hf_arb import rng
+from hf_arb.images.collate import collate_buckets
+from hf_arb.images.fitting import fit_to_bucket, to_tensor
 
 
 class StreamImageCollate:
-    """Rows of one bucket (dicts from the stream) → the batch dict of :func:`hf_arb.data.collate_buckets`.
+    """Rows of one bucket (dicts from the stream) → the batch dict of :func:`hf_arb.images.dataset.collate_buckets`.
 
     Args:
         key_column: an integer id column of the rows (seeds each row's crop/flip/caption draws).

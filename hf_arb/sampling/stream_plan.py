@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import rng
+from hf_arb import rng
 
 
 def as_counts(counts: Any, buckets: Any = None) -> np.ndarray:
@@ -71,7 +71,7 @@ def counts_from_card(card: Any, split: str = "train", buckets: Any = None) -> np
     """
     from huggingface_hub import DatasetCard
 
-    from ..schema import CARD_KEY, buckets_from_card
+    from hf_arb.buckets.schema import CARD_KEY, buckets_from_card
 
     card = card if isinstance(card, DatasetCard) else DatasetCard(str(card))
     stats = (card.data.get(CARD_KEY) or {}).get("stats") or {}

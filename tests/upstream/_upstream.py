@@ -9,8 +9,8 @@ the models and the data. Here (substitutions, listed again in each ported file's
   state (what a new process would start with). The run uses one torch thread (``torch.set_num_threads(1)``, as
   torchrun sets ``OMP_NUM_THREADS=1`` per process): two xdist workers with two threads each on two cores made these
   tiny runs five times slower;
-* every Hub id and upstream repository path (:func:`local`) becomes a tiny local pipeline (hf_arb.tiny /
-  hf_arb.tiny_flow) or a local image folder, built once per test run (tests/conftest.py ``shared_artifact``).
+* every Hub id and upstream repository path (:func:`local`) becomes a tiny local pipeline (hf_arb.testing.tiny /
+  hf_arb.testing.tiny_flow) or a local image folder, built once per test run (tests/conftest.py ``shared_artifact``).
 """
 
 from __future__ import annotations

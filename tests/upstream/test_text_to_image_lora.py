@@ -24,10 +24,10 @@ Every upstream test and assertion is kept. Substitutions (the only changes):
   runs in this process with the same flags (tests/upstream/_upstream.py: ``runpy`` as ``python script``, which is
   what one-process ``accelerate launch`` runs on a CPU machine, on one torch thread as torchrun would set it;
   accelerate's state is reset after each run, as a new process would start);
-* Hub ids -> tiny local pipelines built once per test run (hf_arb.tiny / hf_arb.tiny_flow):
+* Hub ids -> tiny local pipelines built once per test run (hf_arb.testing.tiny / hf_arb.testing.tiny_flow):
   tiny-stable-diffusion-torch -> a tiny SD, tiny-stable-diffusion-xl-pipe -> a tiny SDXL;
 * the Hub dataset ``hf-internal-testing/dummy_image_text_data`` -> a local imagefolder with an ``image`` and a
-  ``text`` column (hf_arb.tiny.save_tiny_imagefolder: 20 photos of 5 aspect ratios);
+  ``text`` column (hf_arb.testing.tiny.save_tiny_imagefolder: 20 photos of 5 aspect ratios);
 * ``from test_examples_utils import ...`` -> ``from _upstream import ...`` (its ``ExamplesTestsAccelerate`` is a
   plain class: there is no accelerate config to write; ``local()`` maps the Hub ids a test body loads itself);
   upstream's module-level DEBUG logging to stdout is left out (it floods an in-process run)."""

@@ -1,0 +1,233 @@
+"""Bucket annotation on Spark: ``mapInArrow`` of the pure Arrow function, summary by Spark's ``groupBy``.
+
+Spark's own Parquet writer drops Arrow schema metadata, so :func:`write_parquet` writes through a small Python
+data source (Spark's public ``DataSourceArrowWriter``, with task commit/abort) that stamps every file with the
+``datasets`` features: ``datasets.load_dataset("parquet", ...)`` and ``BucketSet.from_dataset`` then read the exact
+BucketSet back.
+
+Example:
+    ```py
+    >>> from pyspark.sql import SparkSession
+    >>> from hf_arb import BucketSet
+    >>> from hf_arb.annotate.engines.spark import add_bucket_columns, summarize, write_parquet
+    >>> spark = SparkSession.builder.getOrCreate()
+    >>> df = spark.read.parquet("s3a://bucket/laion/")
+    >>> out = add_bucket_columns(df, BucketSet.sdxl(), width_column="WIDTH", height_column="HEIGHT")
+    >>> write_parquet(out, "s3://bucket/laion-buckets/", BucketSet.sdxl())
+    >>> print(summarize(out, BucketSet.sdxl()))
+    ```
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from hf_arb.annotate.map import AnnotationSummary
+from hf_arb.annotate.arrow_batch import ERROR_BIN, BatchAnnotator, bucket_features_json, arrow_metadata, summary_from_groups
+from hf_arb.buckets.sets import BucketSet
+from hf_arb.buckets.schema import BUCKET_COLUMNS, bucket_features
+
+try:
+    from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, WriterCommitMessage
+except ImportError:  # pragma: no cover - exercised only without the extra
+    DataSource = DataSourceArrowWriter = WriterCommitMessage = object  # type: ignore[misc,assignment]
+
+#: Name under which :func:`write_parquet` registers its data source.
+FORMAT = "hf_arb_parquet"
+
+
+def _require_spark() -> Any:
+    try:
+        import pyspark.sql
+    except ImportError as e:  # pragma: no cover
+        raise ImportError('PySpark is not installed; install it with `pip install "hf_arb[spark]"` (needs a Java '
+                          "runtime: `apt-get install default-jre-headless`).") from e
+    return pyspark.sql
+
+
+def _bucket_struct_fields() -> list[Any]:
+    from pyspark.sql.types import FloatType, IntegerType, StringType, StructField
+
+    types = {"bucket": IntegerType(), "bucket_width": IntegerType(), "bucket_height": IntegerType(),
+             "original_width": IntegerType(), "original_height": IntegerType(), "aspect_error": FloatType(),
+             "skip_reason": StringType()}
+    return [StructField(c, types[c], True) for c in BUCKET_COLUMNS]
+
+
+def add_bucket_columns(df: Any, buckets: BucketSet, image_column: str | None = "image",
+                       width_column: str | None = None, height_column: str | None = None, *,
+                       max_upscale: float | None = None, min_size: int | None = None) -> Any:
+    """Add the bucket columns to a Spark ``DataFrame`` (lazy, like every Spark transformation).
+
+    Args:
+        df: a ``pyspark.sql.DataFrame``.
+        buckets: the BucketSet.
+        image_column: image column (``struct<bytes, path>``, binary bytes or paths), read when no width/height
+            columns are given; only headers are read.
+        width_column, height_column: metadata size columns (no image is opened).
+        max_upscale, min_size: as in :func:`hf_arb.add_bucket_columns`.
+
+    Returns:
+        A ``DataFrame`` with the :data:`~hf_arb.buckets.schema.BUCKET_COLUMNS` appended (old ones replaced). Write it with
+        :func:`write_parquet` to keep the BucketSet in the files.
+    """
+    _require_spark()
+    from pyspark.sql.types import StructType
+
+    fn = BatchAnnotator.create(buckets, image_column=image_column, width_column=width_column,
+                               height_column=height_column, max_upscale=max_upscale, min_size=min_size)
+    missing = [c for c in fn.input_columns if c not in df.columns]
+    if missing:
+        raise ValueError(f"Column(s) {missing} are not in the DataFrame; its columns are {df.columns}. Pass the right "
+                         "name with image_column=..., width_column=..., height_column=...")
+    schema = StructType([f for f in df.schema.fields if f.name not in BUCKET_COLUMNS] + _bucket_struct_fields())
+    return df.mapInArrow(fn.iter_batches, schema)
+
+
+def summarize(df: Any, buckets: BucketSet) -> AnnotationSummary:
+    """Counts per bucket, skips by reason and aspect-error statistics, aggregated with Spark's ``groupBy``.
+
+    Runs as native Spark expressions (no Python workers); only the grouped rows reach the driver. Everything is
+    exact but the median, which is within ``hf_arb.annotate.arrow_batch.ERROR_BIN``.
+    """
+    from pyspark.sql import functions as F
+
+    err = F.col("aspect_error").cast("double")
+    bucket = F.coalesce(F.col("bucket"), F.lit(-1))
+    kept = (bucket >= 0) & err.isNotNull() & ~F.isnan(err)
+    grouped = df.select(
+        bucket.alias("bucket"), F.coalesce(F.col("skip_reason"), F.lit("")).alias("skip_reason"),
+        F.when(kept, F.floor(err / F.lit(ERROR_BIN))).otherwise(F.lit(-1)).cast("long").alias("error_bin"),
+        F.when(kept, err).alias("aspect_error"),
+    ).groupBy("bucket", "skip_reason", "error_bin").agg(
+        F.count(F.lit(1)).alias("count"), F.sum("aspect_error").alias("error_sum"),
+        F.max("aspect_error").alias("error_max"))
+    t = grouped.toArrow()
+    return summary_from_groups(t.column("bucket").to_numpy(), t.column("skip_reason").to_pylist(),
+                               t.column("error_bin").to_numpy(), t.column("count").to_numpy(),
+                               t.column("error_sum").to_pylist(), t.column("error_max").to_pylist(), buckets)
+
+
+# ----------------------------------------------------------------------------------- parquet with metadata
+def write_parquet(df: Any, path: str, buckets: BucketSet, *, features: Any = None, mode: str = "overwrite",
+                  compression: str = "snappy") -> None:
+    """Write an annotated DataFrame to Parquet files whose schema metadata carries the ``datasets`` features.
+
+    Args:
+        df: the output of :func:`add_bucket_columns`.
+        path: a folder (local, or any URI ``pyarrow.fs`` opens: ``s3://``, ``gs://``, ``hdfs://``).
+        buckets: the BucketSet the ``bucket`` column refers to.
+        features: ``datasets.Features`` of the input columns (e.g. ``Features.from_arrow_schema`` of the source
+            Parquet schema, so an ``Image`` column stays an ``Image``); default: inferred from Spark's types.
+        mode: ``"overwrite"`` (replace the folder's ``part-*.parquet``) or ``"append"``.
+        compression: Parquet codec.
+
+    Each task writes ``_temporary/<job>/part-<partition>-<attempt>.parquet``; the driver's commit renames them to
+    ``part-<partition>-<job>.parquet`` (an aborted job leaves nothing). One file per partition.
+    """
+    spark = df.sparkSession
+    spark.dataSource.register(_ParquetSource)
+    if mode not in ("overwrite", "append"):
+        raise ValueError(f"`mode` must be 'overwrite' or 'append', got {mode!r}.")
+    fixed = None
+    if features is not None:
+        import datasets
+
+        full = datasets.Features({k: v for k, v in features.items() if k not in BUCKET_COLUMNS})
+        full.update(bucket_features(buckets))
+        fixed = full.arrow_schema.serialize().to_pybytes().hex()
+    # The metadata is made here, on the driver, so the writing tasks never import datasets.
+    metadata = arrow_metadata(None, None, bucket_features_json(buckets.to_json()))[b"huggingface"].decode()
+    (df.write.format(FORMAT).mode(mode).option("path", path).option("metadata", metadata)
+     .option("schema", fixed or "").option("compression", compression).save())
+
+
+@dataclass(frozen=True)
+class _Written(WriterCommitMessage):  # type: ignore[misc]
+    temporary: str | None
+    final: str | None
+    rows: int
+
+
+class _ParquetWriter(DataSourceArrowWriter):  # type: ignore[misc]
+    def __init__(self, options: dict[str, str], overwrite: bool) -> None:
+        self.path = options["path"].rstrip("/")
+        self.metadata = options["metadata"]
+        self.schema_hex = options.get("schema") or ""
+        self.compression = options.get("compression", "snappy")
+        self.overwrite = overwrite
+        self.job = uuid.uuid4().hex[:12]  # made on the driver, pickled to the tasks
+
+    def _fs(self) -> tuple[Any, str]:
+        from pyarrow import fs
+
+        return fs.FileSystem.from_uri(self.path) if "://" in self.path else (fs.LocalFileSystem(), self.path)
+
+    def write(self, iterator: Any) -> _Written:
+        import pyarrow.parquet as pq
+        from pyspark import TaskContext
+
+        ctx = TaskContext.get()
+        part, attempt = (ctx.partitionId(), ctx.attemptNumber()) if ctx is not None else (0, 0)
+        filesystem, root = self._fs()
+        temporary = f"{root}/_temporary/{self.job}/part-{part:05d}-{attempt}.parquet"
+        fixed = pa.ipc.read_schema(pa.py_buffer(bytes.fromhex(self.schema_hex))) if self.schema_hex else None
+        writer, rows = None, 0
+        try:
+            for batch in iterator:
+                if writer is None:
+                    schema = fixed or batch.schema.with_metadata({b"huggingface": self.metadata.encode()})
+                    filesystem.create_dir(f"{root}/_temporary/{self.job}", recursive=True)
+                    writer = pq.ParquetWriter(temporary, schema, filesystem=filesystem, compression=self.compression)
+                writer.write_table(pa.Table.from_batches([batch]).cast(schema))
+                rows += batch.num_rows
+        finally:
+            if writer is not None:
+                writer.close()
+        if writer is None:
+            return _Written(None, None, 0)
+        return _Written(temporary, f"{root}/part-{part:05d}-{self.job}.parquet", rows)
+
+    def commit(self, messages: list[Any]) -> None:
+        from pyarrow import fs
+
+        filesystem, root = self._fs()
+        if self.overwrite:
+            for info in filesystem.get_file_info(fs.FileSelector(root, allow_not_found=True)):
+                if info.type == fs.FileType.File and info.base_name.startswith("part-") and \
+                        info.base_name.endswith(".parquet"):
+                    filesystem.delete_file(info.path)
+        for m in messages:
+            if isinstance(m, _Written) and m.temporary is not None:
+                filesystem.move(m.temporary, m.final)
+        filesystem.create_dir(root, recursive=True)  # an empty result still leaves its folder
+        _remove_dir(filesystem, f"{root}/_temporary/{self.job}")
+        if not filesystem.get_file_info(fs.FileSelector(f"{root}/_temporary", allow_not_found=True)):
+            _remove_dir(filesystem, f"{root}/_temporary")
+
+    def abort(self, messages: list[Any]) -> None:
+        filesystem, root = self._fs()
+        _remove_dir(filesystem, f"{root}/_temporary/{self.job}")
+
+
+def _remove_dir(filesystem: Any, path: str) -> None:
+    from pyarrow import fs
+
+    if filesystem.get_file_info(path).type == fs.FileType.Directory:
+        filesystem.delete_dir(path)
+
+
+class _ParquetSource(DataSource):  # type: ignore[misc]
+    """Write-only Python data source ``hf_arb_parquet`` used by :func:`write_parquet`."""
+
+    @classmethod
+    def name(cls) -> str:
+        return FORMAT
+
+    def writer(self, schema: Any, overwrite: bool) -> _ParquetWriter:
+        return _ParquetWriter(dict(self.options), overwrite)
+

@@ -1,0 +1,226 @@
+"""Add bucket columns to any image dataset: header-only sizes, vectorised assignment.
+
+:func:`add_bucket_columns` works on ``datasets.Dataset`` (with ``num_proc``), ``IterableDataset``
+(streaming, lazily) and their ``DatasetDict`` containers. It never decodes pixels: sizes come
+from image headers (:func:`hf_arb.read_image_size`) or, with ``width_column``/``height_column``,
+from metadata with no image IO at all. Every row is kept; rows that cannot be bucketed get
+``bucket = -1`` and a ``skip_reason``.
+
+The pure core is :func:`annotate_sizes` (numpy/pyarrow over whole arrays); the datasets glue
+only feeds it batches. The BucketSet travels in the ``bucket`` column's feature metadata
+(``Value("int32", id="hf_arb.buckets:{json}")``), which ``save_to_disk``, Parquet schema
+metadata and the Hub card's ``dataset_info`` all keep; see :func:`hf_arb.buckets.schema.buckets_from_dataset`.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from typing import Any
+
+import pyarrow as pa
+
+from hf_arb.buckets.sets import BucketSet
+from .summary import AnnotationSummary, summarize_annotation, summarize_columns  # noqa: F401  (re-exported)
+from hf_arb.images.values import arrow_values, decoding_images, sizes_of  # noqa: F401  (decoding_images re-exported)
+from .arrow_batch import bucket_columns
+from .core import size_column, annotate_sizes  # noqa: F401  (annotate_sizes re-exported)
+from hf_arb.buckets.schema import BUCKET_COLUMNS, CONFIG_ID_PREFIX, arrow_schema, bucket_features  # noqa: F401  (re-exported)
+
+# ----------------------------------------------------------------------------------- datasets glue
+@functools.lru_cache(maxsize=16)
+def _buckets_from_json(config: str) -> BucketSet:
+    return BucketSet.from_json(config)
+
+
+def _image_batch(values: Any, *, config: str, max_upscale: float | None, min_size: int | None,
+                 as_dict: bool, verify: bool = False) -> Any:
+    """``map`` function for the image path: header sizes → bucket columns for one batch.
+
+    ``values`` is a Python list (streaming) or an Arrow column (map-style, read zero-copy).
+    """
+    if isinstance(values, (pa.ChunkedArray, pa.Array)):  # map-style: the Arrow-batch function every engine runs
+        table = bucket_columns(pa.table({"image": values}), _buckets_from_json(config), image_column="image",
+                               max_upscale=max_upscale, min_size=min_size, verify=verify)
+        return table.to_pydict() if as_dict else table
+    w, h, reasons = sizes_of(values, verify)
+    table = annotate_sizes(w, h, _buckets_from_json(config), reasons=reasons, max_upscale=max_upscale, min_size=min_size)
+    return table.to_pydict() if as_dict else table
+
+
+def _size_table(table: pa.Table, *, config: str, width_column: str, height_column: str, max_upscale: float | None,
+                min_size: int | None) -> pa.Table:
+    """``map`` function for the metadata path (map-style, the whole table at once): the bucket columns."""
+    return bucket_columns(table, _buckets_from_json(config), width_column=width_column, height_column=height_column,
+                          max_upscale=max_upscale, min_size=min_size)
+
+
+def _size_batch(widths: list[Any], heights: list[Any], *, config: str, max_upscale: float | None,
+                min_size: int | None, as_dict: bool, columns: tuple[str, str] = ("width", "height")) -> Any:
+    """``map`` function for the metadata path (streaming): width/height values → bucket columns."""
+    table = bucket_columns(pa.table({columns[0]: size_column(widths, columns[0]),
+                                     columns[1]: size_column(heights, columns[1])}), _buckets_from_json(config),
+                           width_column=columns[0], height_column=columns[1], max_upscale=max_upscale,
+                           min_size=min_size)
+    return table.to_pydict() if as_dict else table
+
+
+def add_bucket_columns(
+    ds: Any,
+    buckets: BucketSet,
+    image_column: str | None = "image",
+    width_column: str | None = None,
+    height_column: str | None = None,
+    num_proc: int | None = None,
+    batch_size: int = 1000,
+    *,
+    max_upscale: float | None = None,
+    min_size: int | None = None,
+    desc: str | None = None,
+    show_summary: bool = True,
+    load_from_cache_file: bool | None = None,
+    verify: bool = False,
+) -> Any:
+    """Add the bucket columns to an image dataset, reading only image headers (or no images at all).
+
+    Args:
+        ds: a ``datasets.Dataset``, ``IterableDataset``, ``DatasetDict`` or ``IterableDatasetDict``.
+        buckets: the :class:`~hf_arb.BucketSet` to assign to (its metric and thresholds apply).
+        image_column: the image column: an ``Image`` feature (read internally with ``Image(decode=False)``; the
+            returned dataset still decodes it) or a column of file paths / encoded bytes. May be ``None`` when
+            ``width_column`` and ``height_column`` are given.
+        width_column, height_column: metadata columns with the *displayed* size (e.g. LAION's ``WIDTH``/``HEIGHT``).
+            When given, no image is opened: the whole column is assigned in one vectorised pass.
+        num_proc: worker processes for ``Dataset.map`` on the image path (ignored for streaming and for the
+            metadata path, which is already vectorised). Results are identical for any ``num_proc``.
+        batch_size: rows per ``map`` batch.
+        max_upscale: skip (``skip_reason="upscale"``) images that need more than this upscale factor to cover
+            their bucket, e.g. ``2.0``.
+        min_size: skip (``"too_small"``) images whose shorter side is below this many pixels.
+        desc: progress-bar text (default ``"Reading image sizes"``).
+        show_summary: print a NovelAI-style summary when done (map-style datasets only; a streaming dataset is
+            lazy — call :func:`summarize_annotation` after iterating if you want one). An annotated stream yields its
+            ``Image`` columns undecoded (``{"bytes", "path"}``), so a broken image cannot end the iteration;
+            :class:`~hf_arb.BucketedImageDataset` and :func:`~hf_arb.fit_to_bucket` take such values directly.
+        load_from_cache_file: passed to ``Dataset.map``.
+        verify: also decode every image whose header reads (in the same parallel ``map``; JPEGs at 1/8 scale), and
+            skip those whose body is broken with ``skip_reason`` ``"truncated: …"`` (an interrupted download) or
+            ``"undecodable: …"``. Costs a decode per image (see docs/benchmarks.md); without it such rows are kept
+            and training replaces them (``--on_bad_image``). Ignored on the metadata path (no image is opened).
+
+    Returns:
+        The same kind of object as ``ds`` with :data:`BUCKET_COLUMNS` appended (existing bucket columns are
+        replaced): ``bucket`` (int32, ``-1`` = skipped), ``bucket_width``, ``bucket_height``, ``original_width``,
+        ``original_height`` (int32; the displayed size), ``aspect_error`` (float32), ``skip_reason`` (string, null
+        when kept; ``"unreadable: <reason>"``, ``"missing"``, ``"invalid_size"``, ``"aspect"``, ``"too_small"``,
+        ``"upscale"``). No row is removed and nothing raises mid-map. The ``bucket`` feature carries the BucketSet,
+        so ``BucketSet.from_dataset(result)`` restores it.
+
+    Example:
+        ```py
+        >>> from datasets import load_dataset
+        >>> from hf_arb import BucketSet, add_bucket_columns
+        >>> ds = load_dataset("imagefolder", data_dir="my_images", split="train")
+        >>> ds = add_bucket_columns(ds, BucketSet.sdxl(), num_proc=4)
+        >>> ds[0]["bucket_width"], ds[0]["bucket_height"]
+        (832, 1216)
+        ```
+    """
+    import datasets
+
+    if not isinstance(buckets, BucketSet):
+        raise TypeError(f"`buckets` must be a hf_arb.BucketSet, got {type(buckets).__name__}. "
+                        "Build one with BucketSet.sdxl(), BucketSet.novelai() or BucketSet.from_budget(...).")
+    if (width_column is None) != (height_column is None):
+        raise ValueError(f"Pass both `width_column` and `height_column` or neither, got width_column={width_column!r}, "
+                         f"height_column={height_column!r}.")
+    if width_column is None and image_column is None:
+        raise ValueError("Nothing to read sizes from: `image_column` is None and no `width_column`/`height_column` given.")
+    if batch_size < 1:
+        raise ValueError(f"`batch_size` must be >= 1, got {batch_size}.")
+    kwargs = dict(image_column=image_column, width_column=width_column, height_column=height_column, num_proc=num_proc,
+                  batch_size=batch_size, max_upscale=max_upscale, min_size=min_size, desc=desc, verify=verify,
+                  show_summary=show_summary, load_from_cache_file=load_from_cache_file)
+    if isinstance(ds, (datasets.DatasetDict, datasets.IterableDatasetDict)):
+        return type(ds)({split: add_bucket_columns(d, buckets, **kwargs) for split, d in ds.items()})  # type: ignore[arg-type]
+    if isinstance(ds, datasets.IterableDataset):
+        return _annotate_iterable(ds, buckets, **kwargs)
+    if isinstance(ds, datasets.Dataset):
+        return _annotate_dataset(ds, buckets, **kwargs)
+    raise TypeError(f"`ds` must be a datasets Dataset, IterableDataset or their Dict, got {type(ds).__name__}.")
+
+
+def _check_columns(names: Sequence[str] | None, wanted: dict[str, str | None]) -> None:
+    """Raise naming the argument (``image_column='img'``) whose column the dataset lacks, and the columns it has."""
+    if names is None:
+        return  # streaming dataset with unknown features: checked on first batch by datasets
+    for arg, c in wanted.items():
+        if c is not None and c not in names:
+            raise ValueError(f"{arg}={c!r}: the dataset has no such column; its columns are {list(names)}. "
+                             f"Pass one of those as {arg}=...")
+
+
+def _annotate_dataset(ds: Any, buckets: BucketSet, *, image_column: str | None, width_column: str | None,
+                      height_column: str | None, num_proc: int | None, batch_size: int, max_upscale: float | None,
+                      min_size: int | None, desc: str | None, show_summary: bool,
+                      load_from_cache_file: bool | None, verify: bool = False) -> Any:
+    import datasets
+
+    base = ds.remove_columns([c for c in BUCKET_COLUMNS if c in ds.column_names])
+    features = bucket_features(buckets)
+    if width_column is not None:
+        _check_columns(base.column_names, {"width_column": width_column, "height_column": height_column})
+        # one vectorised call over the whole table (batch_size=None), in memory; datasets derives the fingerprint
+        new = base.select_columns([width_column, height_column]).with_format("arrow").map(
+            _size_table, batched=True, batch_size=None, keep_in_memory=True, features=features,
+            remove_columns=[width_column, height_column], desc=desc or "Assigning buckets",
+            fn_kwargs=dict(config=buckets.to_json(), width_column=width_column, height_column=height_column,
+                           max_upscale=max_upscale, min_size=min_size),
+        ).with_format(None)
+    else:
+        _check_columns(base.column_names, {"image_column": image_column})
+        src = base.select_columns([image_column])
+        if isinstance(src.features[image_column], datasets.Image):
+            src = src.cast_column(image_column, datasets.Image(decode=False))
+        new = src.with_format("arrow").map(
+            _image_batch, batched=True, batch_size=batch_size, num_proc=num_proc, input_columns=[image_column],
+            remove_columns=[image_column], features=features, desc=desc or "Reading image sizes",
+            fn_kwargs=dict(config=buckets.to_json(), max_upscale=max_upscale, min_size=min_size, as_dict=False,
+                           verify=verify),
+            load_from_cache_file=load_from_cache_file,
+        ).with_format(None)
+    out = datasets.concatenate_datasets([base, new], axis=1)
+    if show_summary:
+        print((f"== {out.split} ==\n" if out.split is not None else "") + str(summarize_annotation(out, buckets, image_column=image_column or "image")))
+    return out
+
+
+def _annotate_iterable(ds: Any, buckets: BucketSet, *, image_column: str | None, width_column: str | None,
+                       height_column: str | None, num_proc: int | None, batch_size: int, max_upscale: float | None,
+                       min_size: int | None, desc: str | None, show_summary: bool,
+                       load_from_cache_file: bool | None, verify: bool = False) -> Any:
+    import datasets
+
+    names = ds.column_names
+    existing = [c for c in BUCKET_COLUMNS if names is not None and c in names]
+    base = ds.remove_columns(existing) if existing else ds
+    features = None
+    if base.features is not None:
+        # Image columns stay encoded ({"bytes", "path"}) in the annotated stream: a broken image (skipped with its
+        # reason) must not end the iteration, which decoding on the fly would. The loader decodes what it trains on.
+        kept = {k: datasets.Image(decode=False) if isinstance(v, datasets.Image) else v for k, v in base.features.items()}
+        features = datasets.Features({**kept, **bucket_features(buckets)})
+    fn_kwargs = dict(config=buckets.to_json(), max_upscale=max_upscale, min_size=min_size, as_dict=True)
+    image_kwargs = {**fn_kwargs, "verify": verify}
+    if width_column is not None:
+        _check_columns(names, {"width_column": width_column, "height_column": height_column})
+        out = base.map(_size_batch, batched=True, batch_size=batch_size, input_columns=[width_column, height_column],
+                       fn_kwargs={**fn_kwargs, "columns": (width_column, height_column)})
+    else:
+        _check_columns(names, {"image_column": image_column})
+        decoding_image = base.features is not None and isinstance(base.features.get(image_column), datasets.Image)
+        src = base.cast_column(image_column, datasets.Image(decode=False)) if decoding_image else base
+        # The final cast below types the new columns (and keeps the image column undecoded).
+        out = src.map(_image_batch, batched=True, batch_size=batch_size, input_columns=[image_column],
+                      fn_kwargs=image_kwargs)
+    return out.cast(features) if features is not None else out

@@ -1,0 +1,104 @@
+"""The bucket chart: rows per bucket (portrait → landscape) and the distribution of aspect errors.
+
+matplotlib is optional (the ``plot`` extra: ``pip install "hf_arb[plot]"``); it is imported only when a
+chart is drawn, with the non-interactive ``Agg`` backend, so this works on headless machines.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hf_arb.buckets.sets import BucketSet
+
+
+def _pyplot() -> Any:
+    try:
+        import matplotlib
+    except ImportError as e:
+        raise ImportError(
+            "Drawing the bucket chart needs matplotlib, which is not installed. "
+            'Install the plot extra: pip install "hf_arb[plot]" (or pip install matplotlib).'
+        ) from e
+    matplotlib.use("Agg", force=False)  # headless; respects a backend the caller already chose
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_bucket_chart(
+    buckets: BucketSet,
+    bucket_ids: Any,
+    aspect_errors: Any,
+    path: str | os.PathLike[str],
+    *,
+    title: str | None = None,
+    dpi: int = 100,
+) -> Path:
+    """Draw the bucket chart to a PNG file.
+
+    Left: rows per bucket as bars, labelled ``"WxH"`` and ordered portrait to landscape
+    (:meth:`BucketSet.portrait_to_landscape`). Right: histogram of the aspect error of the kept rows.
+
+    Args:
+        buckets: the BucketSet the ids refer to.
+        bucket_ids: bucket id per row, shape ``(n,)``; ``-1`` (skipped) rows are left out of both panels.
+        aspect_errors: aspect error per row, shape ``(n,)``; NaN/None ignored.
+        path: where to write the PNG.
+        title: figure title (default: the number of rows kept and buckets).
+        dpi: resolution of the PNG.
+
+    Returns:
+        The path written.
+
+    Raises:
+        ImportError: matplotlib is missing; the message says how to install it.
+    """
+    plt = _pyplot()
+    from matplotlib.ticker import MaxNLocator
+
+    ids = np.asarray(bucket_ids, dtype=np.int64).reshape(-1)  # (n,)
+    err = np.asarray([np.nan if e is None else e for e in aspect_errors] if isinstance(aspect_errors, list)
+                     else aspect_errors, dtype=np.float64).reshape(-1)  # (n,)
+    if ids.shape != err.shape:
+        raise ValueError(f"`bucket_ids` and `aspect_errors` must have the same length, got {ids.size} and {err.size}.")
+    kept = ids >= 0
+    if (ids >= len(buckets)).any():
+        raise ValueError(f"Bucket id {int(ids.max())} is out of range for a BucketSet of {len(buckets)} buckets.")
+    counts = np.bincount(ids[kept], minlength=len(buckets))  # (k,)
+    order = buckets.portrait_to_landscape()  # (k,)
+    labels = [buckets.labels()[i] for i in order]
+
+    k = len(buckets)
+    fig, (ax_b, ax_e) = plt.subplots(1, 2, figsize=(max(8.0, 4.0 + 0.32 * k), 4.5),
+                                     gridspec_kw={"width_ratios": [max(2.0, k / 8), 1.0]})
+    try:
+        x = np.arange(k)
+        ax_b.bar(x, counts[order], color="#4C72B0")
+        ax_b.set_xticks(x)
+        ax_b.set_xticklabels(labels, rotation=90, fontsize=7 if k > 24 else 8)
+        ax_b.set_ylabel("rows")
+        ax_b.yaxis.set_major_locator(MaxNLocator(integer=True))
+        ax_b.set_xlabel("bucket (width x height), portrait → landscape")
+        ax_b.set_title("rows per bucket")
+        e = err[kept & np.isfinite(err)]
+        if e.size:
+            ax_e.hist(e, bins=min(50, max(5, int(np.sqrt(e.size)))), color="#DD8452")
+            ax_e.axvline(float(np.median(e)), color="k", linestyle="--", linewidth=1, label=f"median {np.median(e):.4f}")
+            ax_e.legend(fontsize=8)
+        else:
+            ax_e.text(0.5, 0.5, "no kept rows", ha="center", va="center", transform=ax_e.transAxes)
+        ax_e.set_xlabel(f"aspect error ({buckets.metric})")
+        ax_e.set_ylabel("rows")
+        ax_e.set_title("aspect error of kept rows")
+        fig.suptitle(title or f"{int(kept.sum()):,} of {ids.size:,} rows in {k} buckets")
+        fig.tight_layout()
+        out = Path(path)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(out, format="png", dpi=dpi)
+    finally:
+        plt.close(fig)
+    return out

@@ -1,0 +1,343 @@
+"""See before you train: one self-contained HTML page of what bucketing will do to a dataset.
+
+:func:`build_report` gathers the numbers (one metadata pass, vectorised; the plan figures come from
+:meth:`hf_arb.BucketBatchSampler.report`, not recomputed), :func:`render_html` turns them into a page that works
+offline from disk (thumbnails inlined as ``data:`` URIs, charts as inline SVG, no script, no external asset) and
+:func:`write_report` does both. ``hf-arb report DATASET --out report.html`` is the command line.
+
+Per bucket: rows, share of the kept rows, planned steps per epoch for the batch size and process count, rows the
+leftover policy drops or repeats (and the flag that changes it), and ``k`` sample thumbnails with the crop box the
+training script will use drawn on the whole image (:func:`training_crop`: the geometry and per-row random draw of
+:meth:`hf_arb.BucketedImageDataset.fit_row`). Then the outliers with their file names and the flag that handles each,
+the skipped rows with their reasons, histograms of crop fraction and aspect error, and the bucket chart.
+
+Cost: the metadata pass (the bucket columns; a raw dataset is annotated first, reading image headers only) plus
+``k × buckets`` image decodes, each shrunk while decoding (JPEG draft) to a thumbnail. docs/benchmarks.md has the
+figure at 10⁶ rows (benchmarks/bench_report.py).
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import math
+import os
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from hf_arb.buckets.sets import BucketSet
+from .report_html import render_html
+from hf_arb.buckets.schema import BUCKET_COLUMNS
+
+_OUTLIERS = 5
+#: long side of the thumbnails, pixels
+THUMBNAIL_SIZE = 192
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One thumbnail: the row, its file name, sizes, crop box and the JPEG data URI."""
+
+    row: int
+    name: str
+    size: tuple[int, int]
+    crop_box: tuple[float, float, float, float]
+    crop_fraction: float
+    uri: str
+
+
+@dataclass
+class DatasetReport:
+    """Everything the page shows. ``plan`` is the sampler's own :class:`~hf_arb.sampling.report.PlanReport`, or None
+    when the sampler refuses the configuration (``plan_error`` says why, e.g. no bucket holds one global batch)."""
+
+    title: str
+    buckets: BucketSet
+    rows: int
+    counts: np.ndarray  # (k,) kept rows per bucket
+    steps: np.ndarray  # (k,) global batches (steps) per target bucket, from the plan report
+    dropped: np.ndarray  # (k,) rows per bucket not trained this epoch
+    repeated: np.ndarray  # (k,) extra samples per bucket ("fill")
+    plan: Any
+    batch_size: int
+    num_processes: int
+    center_crop: bool
+    seed: int = 0
+    leftover: str = "drop"
+    plan_error: str = ""
+    max_pixels_per_batch: int | None = None
+    samples: dict[int, list[Sample]] = field(default_factory=dict)
+    outliers: dict[str, list[tuple[str, str, str]]] = field(default_factory=dict)  # kind -> (file, sizes, value)
+    skipped: dict[str, int] = field(default_factory=dict)
+    skipped_examples: list[tuple[str, str]] = field(default_factory=list)
+    crop_hist: tuple[np.ndarray, np.ndarray] | None = None
+    error_hist: tuple[np.ndarray, np.ndarray] | None = None
+    mean_crop: float = math.nan
+    decoded: int = 0
+    failed_thumbnails: list[tuple[str, str]] = field(default_factory=list)
+
+
+# ----------------------------------------------------------------------------------- numbers
+def cover_crop(w: np.ndarray, h: np.ndarray, bw: np.ndarray, bh: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(crop fraction, cover scale)`` of images ``(w, h)`` in buckets ``(bw, bh)``, float64 ``(n,)`` each: the
+    share of the scaled image's area cut off and ``max(bw / w, bh / h)`` (above 1: upscaled)."""
+    w, h = np.asarray(w, np.float64), np.asarray(h, np.float64)
+    bw, bh = np.asarray(bw, np.float64), np.asarray(bh, np.float64)
+    scale = np.maximum(bw / w, bh / h)
+    return 1.0 - (bw * bh) / (scale * scale * w * h), scale
+
+
+def _annotated(ds: Any, buckets: BucketSet | None, image_column: str | None, annotate_kwargs: dict[str, Any]
+               ) -> tuple[Any, BucketSet]:
+    """The dataset with bucket columns (annotated here, header-only, when it has none) and its BucketSet."""
+    from .map import add_bucket_columns
+
+    has = all(c in ds.column_names for c in BUCKET_COLUMNS)
+    if has and buckets is None:
+        given = {k: v for k, v in annotate_kwargs.items() if v is not None and k != "num_proc"}
+        if given:
+            raise ValueError(f"The dataset is annotated already, so {sorted(given)} would change nothing: its "
+                             "skip_reason column holds the decisions made at annotation. Pass buckets=... (--preset) "
+                             "to annotate it again here with them, or re-run hf-arb annotate.")
+        return ds, BucketSet.from_dataset(ds)
+    bs = buckets if buckets is not None else BucketSet.preset("budget")
+    kw = dict(annotate_kwargs)
+    if image_column is None and "width_column" not in kw:
+        raise ValueError("The dataset has no bucket columns: pass image_column=... (or width_column/height_column) "
+                         "to annotate it first.")
+    return add_bucket_columns(ds, bs, image_column=image_column, show_summary=False, **kw), bs
+
+
+def _file_names(cells: list[Any], rows: list[int]) -> list[str]:
+    out = []
+    for cell, row in zip(cells, rows):
+        path = cell.get("path") if isinstance(cell, dict) else cell if isinstance(cell, str) else None
+        out.append(os.path.basename(path) if path else f"row {row}")
+    return out
+
+
+def build_report(ds: Any, buckets: BucketSet | None = None, *, k: int = 4, batch_size: int = 1,
+                 num_processes: int = 1, leftover: str = "drop", image_column: str | None = "image",
+                 center_crop: bool = False, seed: int = 0, title: str | None = None,
+                 max_pixels_per_batch: int | None = None, **annotate_kwargs: Any) -> DatasetReport:
+    """The numbers and thumbnails of a report on one split.
+
+    Args:
+        ds: a ``datasets.Dataset``, annotated (:func:`hf_arb.add_bucket_columns`) or raw (annotated here, reading
+            image headers only, with ``buckets`` or the ``budget`` preset).
+        buckets: the BucketSet; ``None``: the dataset's own (annotated) or ``BucketSet.preset("budget")``.
+        k: thumbnails per bucket (the only images decoded).
+        batch_size, num_processes: ``--train_batch_size`` and the number of training processes; the plan figures
+            are those of ``BucketBatchSampler(ids, batch_size, num_replicas=num_processes, leftover=leftover)``.
+        leftover: ``"drop"``, ``"fill"`` or ``"catch_all"`` (``--bucket_leftover``).
+        image_column: the image column (thumbnails; annotation of a raw dataset). ``None``: no thumbnails.
+        center_crop, seed: as the training script's ``--center_crop`` and ``--seed``: the crop box drawn is
+            :meth:`~hf_arb.BucketedImageDataset.fit_row` of epoch 0.
+        title: page title (default: rows and buckets).
+        max_pixels_per_batch: the training script's ``--max_pixels_per_batch`` (a batch size per bucket, capped at
+            ``batch_size``), passed to the sampler.
+        annotate_kwargs: for a raw dataset, to :func:`~hf_arb.add_bucket_columns` (``max_upscale``, ``min_size``,
+            ``num_proc``, ``width_column``/``height_column``).
+    """
+    import datasets
+
+    from hf_arb.sampling import BucketBatchSampler
+
+    if not isinstance(ds, datasets.Dataset):
+        raise TypeError(f"build_report reads one split: pass a datasets.Dataset, got {type(ds).__name__} "
+                        "(for a DatasetDict, pick a split: ds['train']).")
+    if k < 0:
+        raise ValueError(f"`k` (thumbnails per bucket) must be >= 0, got {k}.")
+    if image_column is not None and image_column not in ds.column_names:
+        raise ValueError(f"image_column={image_column!r} is not a column of the dataset; its columns are "
+                         f"{ds.column_names}. Pass image_column=... (or None for a report without thumbnails).")
+    ds, bs = _annotated(ds, buckets, image_column, annotate_kwargs)
+    t = ds.select_columns(list(BUCKET_COLUMNS)).with_format("arrow")[:]
+    ids = pc.fill_null(t.column("bucket"), -1).to_numpy().astype(np.int64)  # (n,)
+    w = pc.fill_null(t.column("original_width"), 0).to_numpy().astype(np.int64)  # (n,)
+    h = pc.fill_null(t.column("original_height"), 0).to_numpy().astype(np.int64)
+    err = pc.cast(t.column("aspect_error"), pa.float64()).to_numpy(zero_copy_only=False)  # (n,)
+    n, nb = int(ids.size), len(bs)
+    kept = ids >= 0
+    counts = np.bincount(ids[kept], minlength=nb)  # (k,)
+
+    # the plan: the sampler's own report (or its error: a plan without a step is worth seeing before training)
+    plan, plan_error = None, ""
+    steps = np.zeros(nb, np.int64)
+    dropped, repeated = np.full(nb, -1, np.int64), np.zeros(nb, np.int64)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # "drops N rows": the page shows them, with the flag
+            sampler = BucketBatchSampler(ids, batch_size, num_replicas=num_processes, rank=0, leftover=leftover,
+                                         buckets=bs, seed=seed, log_report=False,
+                                         max_pixels_per_batch=max_pixels_per_batch)
+    except ValueError as e:
+        plan_error = str(e)
+    else:
+        plan = sampler.report()
+        for b, c in plan.batches_per_bucket.items():
+            steps[int(b)] = int(c)
+        per_rank = np.full(nb, plan.batch_size, np.int64)  # (k,) rows per process of each bucket's batches
+        for b, size in plan.batch_size_per_bucket.items():
+            per_rank[int(b)] = int(size)
+        served = steps * per_rank * plan.num_replicas  # (k,) samples served in each target bucket
+        if leftover != "catch_all":  # catch-all pools leftovers across buckets: no per-bucket split of its batches
+            dropped = np.maximum(counts - served, 0)
+            repeated = np.maximum(served - counts, 0)
+
+    rep = DatasetReport(title=title or f"{n:,} rows in {nb} buckets", buckets=bs, rows=n, counts=counts,
+                        steps=steps, dropped=dropped, repeated=repeated, plan=plan, batch_size=batch_size,
+                        num_processes=num_processes, center_crop=center_crop, seed=seed, leftover=leftover,
+                        plan_error=plan_error, max_pixels_per_batch=max_pixels_per_batch)
+
+    # per-row crop and upscale of the kept rows (vectorised)
+    res = bs.resolutions
+    kr = np.flatnonzero(kept)  # (m,)
+    crop, scale = cover_crop(w[kr], h[kr], res[ids[kr], 0], res[ids[kr], 1]) if kr.size else (np.zeros(0),) * 2
+    if kr.size:
+        rep.mean_crop = float(crop.mean())
+        rep.crop_hist = np.histogram(crop, bins=20, range=(0.0, max(0.05, float(crop.max()))))
+        e = err[kr][np.isfinite(err[kr])]
+        rep.error_hist = np.histogram(e, bins=20, range=(0.0, max(0.05, float(e.max()) if e.size else 0.05)))
+
+    # outliers (kept rows) and skipped rows: names read for a handful of rows only
+    names_needed: dict[int, str] = {}
+    picks: dict[str, tuple[np.ndarray, list[str]]] = {}
+    if kr.size:
+        logw = np.abs(np.log(w[kr] / h[kr]))
+        for kind, values, fmt in (("largest upscale", scale, "{:.2f}x"), ("most extreme aspect", logw, None),
+                                  ("most cropped", crop, "{:.1%}")):
+            m = min(_OUTLIERS, values.size)
+            part = np.argpartition(-values, m - 1)[:m]  # the m largest, O(n)
+            part = part[np.lexsort((part, -values[part]))]  # largest first, ties by row
+            top, vals = kr[part], values[part]
+            shown = [fmt.format(v) if fmt else f"{w[r]}:{h[r]} ({w[r] / h[r]:.2f} w/h)" for r, v in zip(top, vals)]
+            picks[kind] = (top, shown)
+            names_needed.update({int(r): "" for r in top})
+    reasons = t.column("skip_reason")
+    if int(reasons.null_count) < n:
+        cats = pc.split_pattern(pc.fill_null(reasons, ""), ":", max_splits=1)
+        first = pc.list_element(cats, 0)
+        vc = pc.value_counts(pc.drop_null(pc.if_else(pc.equal(first, ""), pa.scalar(None, pa.string()), first)))
+        rep.skipped = {d["values"]: int(d["counts"]) for d in vc.to_pylist()}
+        skipped_rows = np.flatnonzero(~kept)[:20]
+        names_needed.update({int(r): "" for r in skipped_rows})
+    names = _names(ds, image_column, sorted(names_needed))
+    for kind, (top, shown) in picks.items():
+        rep.outliers[kind] = [(names[int(r)], f"{w[r]}x{h[r]} → {res[ids[r], 0]}x{res[ids[r], 1]}", s)
+                              for r, s in zip(top.tolist(), shown)]
+    if rep.skipped:
+        rows_s = skipped_rows.tolist()
+        why = reasons.take(pa.array(skipped_rows)).to_pylist()  # (<= 20,) reason strings
+        rep.skipped_examples = [(names[r], str(reason)) for r, reason in zip(rows_s, why)]
+
+    # thumbnails: k evenly spread rows per bucket, the crop of epoch 0 as training draws it
+    if k and image_column is not None and kr.size:
+        crop_all = np.full(n, math.nan)
+        crop_all[kr] = crop
+        _thumbnails(rep, ds, bs, ids, (w, h), k, image_column, center_crop, seed, crop_all)
+    return rep
+
+
+def _names(ds: Any, image_column: str | None, rows: list[int]) -> dict[int, str]:
+    if not rows:
+        return {}
+    if image_column is None:
+        return {r: f"row {r}" for r in rows}
+    import datasets
+
+    col = ds.select_columns([image_column])
+    if isinstance(col.features[image_column], datasets.Image):
+        col = col.cast_column(image_column, datasets.Image(decode=False))
+    cells = col.select(rows)[image_column]
+    return dict(zip(rows, _file_names(cells, rows)))
+
+
+def training_crop(size: tuple[int, int], bucket: tuple[int, int], row: int, *, seed: int, center_crop: bool,
+                  epoch: int = 0) -> Any:
+    """The :class:`~hf_arb.images.geometry.FitPlan` training uses for ``row`` (:meth:`hf_arb.BucketedImageDataset.fit_row`:
+    the same geometry and per-row draw), without building the dataset wrapper (which reads every row's columns).
+    A flip mirrors the crop's pixels, not where it sits in the image (``source_box`` is unmirrored), so it is left out."""
+    from hf_arb.images.geometry import plan_fit
+    from hf_arb.rng import ROW_CROP, row_rng
+
+    if center_crop:
+        return plan_fit(size, bucket, crop="center")
+    return plan_fit(size, bucket, crop="random", rng=row_rng(seed, epoch, row, ROW_CROP))
+
+
+def _thumbnails(rep: DatasetReport, ds: Any, bs: BucketSet, ids: np.ndarray, sizes: tuple[np.ndarray, np.ndarray],
+                k: int, image_column: str, center_crop: bool, seed: int, crop: np.ndarray) -> None:
+    import datasets
+
+    order = np.argsort(ids, kind="stable")  # rows grouped by bucket, ascending inside
+    starts = np.searchsorted(ids[order], np.arange(len(bs)))
+    ends = np.searchsorted(ids[order], np.arange(len(bs)), side="right")
+    chosen: dict[int, list[int]] = {}
+    for b in range(len(bs)):
+        m = int(ends[b] - starts[b])
+        if m:
+            pos = np.unique(np.linspace(0, m - 1, min(k, m)).round().astype(np.int64))
+            chosen[b] = order[starts[b] + pos].tolist()
+    rows = sorted(r for rs in chosen.values() for r in rs)
+    col = ds.select_columns([image_column])
+    if isinstance(col.features[image_column], datasets.Image):
+        col = col.cast_column(image_column, datasets.Image(decode=False))
+    cells = dict(zip(rows, col.select(rows)[image_column])) if rows else {}
+    names = dict(zip(rows, _file_names([cells[r] for r in rows], rows)))
+    for b, rs in chosen.items():
+        out = []
+        for r in rs:
+            plan = training_crop((int(sizes[0][r]), int(sizes[1][r])), bs[b], r, seed=seed, center_crop=center_crop)
+            try:
+                uri = _thumbnail_uri(cells[r], plan.source_box, plan.size)
+            except Exception as e:  # noqa: BLE001 - a broken file is reported on the page, not fatal
+                rep.failed_thumbnails.append((names[r], f"{type(e).__name__}: {e}"))
+                continue
+            rep.decoded += 1
+            out.append(Sample(r, names[r], plan.size, plan.source_box, float(crop[r]), uri))
+        rep.samples[b] = out
+
+
+def _thumbnail_uri(cell: Any, box: tuple[float, float, float, float], size: tuple[int, int]) -> str:
+    """Decode one image small (JPEG draft), orient it as displayed, shade what the crop cuts off, outline the crop;
+    a JPEG ``data:`` URI."""
+    from PIL import Image, ImageDraw, ImageOps
+
+    from hf_arb.images.fitting import open_image
+
+    with open_image(cell) as im:
+        im.draft("RGB", (THUMBNAIL_SIZE, THUMBNAIL_SIZE))
+        im = ImageOps.exif_transpose(im)
+        im = im.convert("RGB")
+        im.thumbnail((THUMBNAIL_SIZE, THUMBNAIL_SIZE))
+    sx, sy = im.width / size[0], im.height / size[1]
+    left, top, right, bottom = box[0] * sx, box[1] * sy, box[2] * sx, box[3] * sy
+    shade = Image.new("L", im.size, 0)
+    d = ImageDraw.Draw(shade)
+    d.rectangle([0, 0, im.width, im.height], fill=140)
+    d.rectangle([left, top, right - 1, bottom - 1], fill=0)
+    im = Image.composite(Image.new("RGB", im.size, (0, 0, 0)), im, shade)
+    ImageDraw.Draw(im).rectangle([left, top, right - 1, bottom - 1], outline=(255, 64, 64), width=2)
+    buf = io.BytesIO()
+    im.save(buf, "JPEG", quality=80)
+    return "data:image/jpeg;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def write_report(ds: Any, path: str | os.PathLike[str], buckets: BucketSet | None = None, **kwargs: Any) -> Path:
+    """:func:`build_report` + :func:`render_html`, written to ``path`` (UTF-8). Returns the path."""
+    rep = build_report(ds, buckets, **kwargs)
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(render_html(rep), encoding="utf-8")
+    return out
+
+
+__all__ = ["THUMBNAIL_SIZE", "DatasetReport", "Sample", "build_report", "cover_crop", "render_html", "training_crop",
+           "write_report"]

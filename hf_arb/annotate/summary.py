@@ -1,0 +1,283 @@
+"""What an annotation did: :class:`AnnotationSummary` (rows per bucket, skips by reason, aspect errors, outliers), from
+the bucket columns of a dataset (:func:`summarize_annotation`) or of arrays (:func:`summarize_columns`).
+
+Outliers are kept rows a user probably does not want to train on as they are: an aspect error above
+:data:`WARN_ASPECT_ERROR` (a 2000×100 banner cropped to a 4:1 bucket) or a cover upscale above :data:`WARN_UPSCALE`
+(a 32×48 thumbnail blown up to 512×768). The summary counts them, shows the worst few and names the option that
+skips them (``--max-aspect-error`` / ``--max-upscale`` / ``--min-size``, recorded in ``skip_reason``)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from hf_arb.buckets.sets import AssignmentSummary, BucketSet
+from hf_arb.buckets.schema import require_columns
+
+
+#: default threshold of the aspect-error warning, in the BucketSet's metric units (``log``: 0.25 crops ~22 %)
+WARN_ASPECT_ERROR = 0.25
+#: default threshold of the upscale warning: kept rows that must be enlarged more than this to cover their bucket
+WARN_UPSCALE = 2.0
+_EXAMPLES = 3
+
+
+@dataclass(frozen=True)
+class Outliers:
+    """Kept rows beyond a warning threshold.
+
+    Attributes:
+        kind: ``"aspect_error"`` or ``"upscale"``.
+        threshold: the warning threshold.
+        count: kept rows above it.
+        worst: the largest value among them.
+        examples: up to 3 of the worst, as ``(row, width, height, bucket_width, bucket_height, value)``.
+    """
+
+    kind: str
+    threshold: float
+    count: int
+    worst: float
+    examples: tuple[tuple[int, int, int, int, int, float], ...]
+
+    def __str__(self) -> str:
+        t = f"{self.threshold:g}"
+        if self.kind == "aspect_error":
+            head = (f"warning: {self.count:,} kept row(s) have an aspect error above {t} (worst {self.worst:.3f}): "
+                    "cropped far from their shape")
+            fix = f"  skip them with --max-aspect-error {t} (Python: max_aspect_error={t} in the BucketSet)"
+            fmt = "aspect error {:.3f}"
+        else:
+            head = (f"warning: {self.count:,} kept row(s) must be upscaled more than {t}x to cover their bucket "
+                    f"(worst {self.worst:.1f}x)")
+            fix = (f"  skip them with --max-upscale {t} or --min-size PX (Python: add_bucket_columns(..., "
+                   f"max_upscale={t}, min_size=PX))")
+            fmt = "{:.1f}x"
+        rows = [f"  e.g. row {r}: {w}x{h} -> bucket {bw}x{bh} ({fmt.format(v)})" for r, w, h, bw, bh, v in self.examples]
+        return "\n".join([head, *rows, fix])
+
+
+@dataclass(frozen=True)
+class AnnotationSummary:
+    """What :func:`add_bucket_columns` did, in the shape of NovelAI's printout.
+
+    Attributes:
+        rows: rows in the dataset.
+        skipped_by_reason: skipped rows per reason category (the part of ``skip_reason`` before ``":"``).
+        assignment: the :class:`~hf_arb.AssignmentSummary` (rows per bucket, aspect error over kept rows).
+        unreadable_examples: up to 5 distinct full ``"unreadable: …"`` / ``"truncated: …"`` / ``"undecodable: …"``
+            reasons, to show what went wrong.
+        outliers: kept rows beyond the warning thresholds (:class:`Outliers`, one per kind that has any).
+        skipped_files: the first :data:`SKIPPED_SHOWN` skipped rows as ``(row, path, skip_reason)`` (path: the image's
+            file name where the image column records one, else ``None``); :func:`skipped_files` lists them all.
+    """
+
+    rows: int
+    skipped_by_reason: dict[str, int]
+    assignment: AssignmentSummary
+    unreadable_examples: tuple[str, ...] = ()
+    outliers: tuple[Outliers, ...] = ()
+    skipped_files: tuple[tuple[int, str | None, str], ...] = ()
+
+    @property
+    def skipped(self) -> int:
+        return sum(self.skipped_by_reason.values())
+
+    @property
+    def kept(self) -> int:
+        return self.rows - self.skipped
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON/YAML-friendly form (used in dataset cards)."""
+        a = self.assignment
+        err = {k: (None if math.isnan(v) else round(v, 6)) for k, v in
+               (("mean", a.error_mean), ("median", a.error_median), ("max", a.error_max))}
+        return {
+            "rows": self.rows, "kept": self.kept, "skipped": dict(sorted(self.skipped_by_reason.items())),
+            "aspect_error": err,
+            "counts": {f"{w}x{h}": int(c) for (w, h), c in zip(a.resolutions.tolist(), a.counts.tolist())},
+        }
+
+    def __str__(self) -> str:
+        a = self.assignment
+        lines = [f"rows: {self.rows:,}  kept: {self.kept:,}  skipped: {self.skipped:,}"]
+        if self.skipped_by_reason:
+            lines.append("skipped by reason: " + ", ".join(f"{k} {v:,}" for k, v in sorted(self.skipped_by_reason.items())))
+        for row, path, reason in self.skipped_files:
+            lines.append(f"  row {row}{f' ({path})' if path else ''}: {reason}")
+        if self.skipped > len(self.skipped_files) and self.skipped_files:
+            lines.append(f"  ... and {self.skipped - len(self.skipped_files):,} more: "
+                         "hf_arb.annotate.summary.skipped_files(ds) lists every one")
+        if not self.skipped_files:
+            lines.extend(f"  e.g. {ex}" for ex in self.unreadable_examples)
+        lines.append(f"aspect error: mean {a.error_mean:.4f}  median {a.error_median:.4f}  max {a.error_max:.4f}")
+        lines.append("rows per bucket (width x height, aspect), portrait to landscape:")
+        res = a.resolutions
+        order = np.lexsort((res[:, 0] * res[:, 1], res[:, 0] / res[:, 1]))
+        for i in order:
+            w, h = res[i]
+            lines.append(f"  {w:>5} x {h:<5} {w / h:6.3f}  {int(a.counts[i]):>10,}")
+        lines.extend(str(o) for o in self.outliers)
+        return "\n".join(lines)
+
+
+def summarize_columns(bucket: Any, aspect_error: Any, skip_reason: Any, buckets: BucketSet, *,
+                      sizes: tuple[Any, Any] | None = None, warn_aspect_error: float | None = WARN_ASPECT_ERROR,
+                      warn_upscale: float | None = WARN_UPSCALE) -> AnnotationSummary:
+    """:class:`AnnotationSummary` from the three columns (arrays or pyarrow arrays), vectorised.
+
+    Args:
+        bucket: bucket ids, shape ``(n,)``, ``-1`` = skipped.
+        aspect_error: shape ``(n,)``; nulls allowed.
+        skip_reason: strings or nulls, shape ``(n,)``.
+        buckets: the BucketSet the ids refer to.
+        sizes: the ``original_width`` and ``original_height`` columns, shape ``(n,)`` each; needed for the upscale
+            warning and for the sizes in the examples.
+        warn_aspect_error: report kept rows whose aspect error exceeds this (``None``: no warning; also none when the
+            BucketSet already prunes with ``max_aspect_error``).
+        warn_upscale: report kept rows whose cover scale ``max(bucket_w / w, bucket_h / h)`` exceeds this (``None``:
+            no warning, e.g. when ``max_upscale`` already skipped them).
+    """
+    ids = pc.cast(_chunked(bucket), pa.int64()).to_numpy()  # (n,)
+    err = pc.cast(_chunked(aspect_error), pa.float64()).to_numpy()  # (n,) NaN for null
+    reasons = _chunked(skip_reason)
+    by_reason: dict[str, int] = {}
+    examples: list[str] = []
+    counts = pc.value_counts(reasons.drop_null()) if len(reasons) else pa.array([], pa.struct([("values", pa.string()), ("counts", pa.int64())]))
+    for item in counts.to_pylist():  # one entry per distinct reason string (few)
+        full, c = item["values"], item["counts"]
+        cat = full.split(":", 1)[0].strip()
+        by_reason[cat] = by_reason.get(cat, 0) + int(c)
+        if cat in ("unreadable", "truncated", "undecodable") and len(examples) < 5:
+            examples.append(full)
+    if ids.size and ids.max(initial=-1) >= len(buckets):
+        raise ValueError(f"Bucket id {int(ids.max())} is out of range for a BucketSet of {len(buckets)} buckets; "
+                         "the dataset was annotated with a different BucketSet. Use BucketSet.from_dataset(ds).")
+    # rows with bucket -1 but no reason (should not happen) are counted as "unknown"
+    missing_reason = int((ids < 0).sum()) - sum(by_reason.values())
+    if missing_reason > 0:
+        by_reason["unknown"] = missing_reason
+    if buckets.max_aspect_error is not None:
+        warn_aspect_error = None  # the BucketSet prunes by its own threshold: every kept row is within it
+    outliers = _outliers(ids, err, sizes, buckets, warn_aspect_error, warn_upscale)
+    return AnnotationSummary(int(ids.size), by_reason, buckets.summarize(ids, err), tuple(examples), outliers)
+
+
+def cover_scales(ids: Any, widths: Any, heights: Any, buckets: BucketSet) -> np.ndarray:
+    """Each kept row's cover scale ``max(bucket_w / w, bucket_h / h)``, shape ``(n,)``; NaN for skipped rows (id -1)
+    and missing sizes. Above 1: the row is upscaled to cover its bucket."""
+    ids = np.asarray(ids, dtype=np.int64)  # (n,)
+    w, h = (pc.cast(_chunked(c), pa.float64()).to_numpy(zero_copy_only=False) for c in (widths, heights))  # (n,)
+    res = buckets.resolutions.astype(np.float64)  # (k, 2)
+    kept = ids >= 0
+    with np.errstate(invalid="ignore", divide="ignore"):
+        scale = np.maximum(res[np.where(kept, ids, 0), 0] / w, res[np.where(kept, ids, 0), 1] / h)  # (n,)
+    return np.where(kept & (w > 0) & (h > 0), scale, np.nan)
+
+
+def _outliers(ids: np.ndarray, err: np.ndarray, sizes: tuple[Any, Any] | None, buckets: BucketSet,
+              warn_aspect_error: float | None, warn_upscale: float | None) -> tuple[Outliers, ...]:
+    """Kept rows above the warning thresholds, vectorised; the worst :data:`_EXAMPLES` of each kind as examples."""
+    kept = ids >= 0  # (n,)
+    res = buckets.resolutions  # (k, 2)
+    bw, bh = (res[np.where(kept, ids, 0), j] for j in (0, 1))  # (n,) each
+    if sizes is not None:
+        w, h = (pc.cast(_chunked(c), pa.float64()).to_numpy(zero_copy_only=False) for c in sizes)  # (n,) NaN = null
+    else:
+        w = h = np.full(ids.shape, np.nan)
+    values: list[tuple[str, float | None, np.ndarray]] = [("aspect_error", warn_aspect_error, err)]
+    if sizes is not None:
+        values.append(("upscale", warn_upscale, cover_scales(ids, *sizes, buckets)))  # (n,) cover scale
+    out = []
+    for kind, threshold, v in values:
+        if threshold is None:
+            continue
+        over = np.flatnonzero(kept & (np.nan_to_num(v, nan=-np.inf) > threshold))  # row indices, ascending
+        if over.size == 0:
+            continue
+        worst = over[np.argsort(-v[over], kind="stable")[:_EXAMPLES]]
+        ex = tuple((int(r), *(int(x) if np.isfinite(x) else 0 for x in (w[r], h[r], bw[r], bh[r])), float(v[r]))
+                   for r in worst)
+        out.append(Outliers(kind, float(threshold), int(over.size), float(v[worst[0]]), ex))  # type: ignore[arg-type]
+    return tuple(out)
+
+
+def _chunked(values: Any) -> pa.ChunkedArray:
+    if isinstance(values, pa.ChunkedArray):
+        return values
+    if isinstance(values, pa.Array):
+        return pa.chunked_array([values])
+    return pa.chunked_array([pa.array(values)])
+
+
+def summarize_annotation(ds: Any, buckets: BucketSet | None = None, *,
+                         warn_aspect_error: float | None = WARN_ASPECT_ERROR,
+                         warn_upscale: float | None = WARN_UPSCALE, image_column: str = "image") -> AnnotationSummary:
+    """Summary of an annotated ``Dataset`` (vectorised over its columns) or ``IterableDataset`` (iterates once).
+
+    Args:
+        ds: a dataset with the :data:`BUCKET_COLUMNS`.
+        buckets: the BucketSet; default: restored from the dataset with ``BucketSet.from_dataset``.
+        warn_aspect_error, warn_upscale: thresholds of the outlier warnings (see :func:`summarize_columns`).
+        image_column: where the skipped rows' file names are read (``Dataset`` only; no image is decoded).
+    """
+    import dataclasses
+
+    import datasets
+
+    if buckets is None:
+        buckets = BucketSet.from_dataset(ds)
+    cols = ["bucket", "aspect_error", "skip_reason"]
+    names = getattr(ds, "column_names", None) or []
+    size_cols = [c for c in ("original_width", "original_height") if c in names]
+    warn: dict[str, float | None] = {"warn_aspect_error": warn_aspect_error, "warn_upscale": warn_upscale}
+    if isinstance(ds, datasets.Dataset):
+        require_columns(ds, cols, "Summarising the annotation")
+        t = ds.select_columns(cols + size_cols).with_format("arrow")[:]
+        sizes = (t.column(3), t.column(4)) if len(size_cols) == 2 else None
+        summary = summarize_columns(t.column(0), t.column(1), t.column(2), buckets, sizes=sizes, **warn)
+        shown = skipped_files(ds, image_column, limit=SKIPPED_SHOWN) if summary.skipped else []
+        return dataclasses.replace(summary, skipped_files=tuple(shown))
+    if isinstance(ds, datasets.IterableDataset):
+        parts: dict[str, list[Any]] = {c: [] for c in cols + size_cols}
+        for batch in ds.select_columns(cols + size_cols).iter(batch_size=10_000):
+            for c, values in parts.items():
+                values.extend(batch[c])
+        sizes = (pa.array(parts["original_width"], pa.int64()), pa.array(parts["original_height"], pa.int64())) \
+            if len(size_cols) == 2 else None
+        return summarize_columns(pa.array(parts["bucket"], pa.int64()), pa.array(parts["aspect_error"], pa.float64()),
+                                 pa.array(parts["skip_reason"], pa.string()), buckets, sizes=sizes, **warn)
+    raise TypeError(f"`ds` must be a datasets Dataset or IterableDataset, got {type(ds).__name__}.")
+
+
+#: Skipped rows the printed summary names (row, file, reason); :func:`skipped_files` returns all of them.
+SKIPPED_SHOWN = 10
+
+
+def skipped_files(ds: Any, image_column: str = "image", limit: int | None = None) -> list[tuple[int, str | None, str]]:
+    """The rows annotation skipped, as ``(row, path, skip_reason)``, in row order; nothing is decoded.
+
+    ``ds`` is an annotated ``datasets.Dataset``. ``path`` is the image's file name where ``image_column`` is an
+    ``Image`` column that records one (an imagefolder does), else ``None``. Reads the ``bucket`` column and, for the
+    skipped rows only, the reason and the image's path field (``ds.filter(lambda r: r["bucket"] < 0)`` would decode
+    every image, including the broken ones it is looking for).
+    """
+    import datasets
+
+    require_columns(ds, ["bucket", "skip_reason"], "Listing the skipped files")
+    ids = pc.cast(_chunked(ds.select_columns(["bucket"]).with_format("arrow")[:].column(0)), pa.int64()).to_numpy()
+    rows = np.flatnonzero(ids < 0)[:limit]  # (s,) row indices, ascending
+    if rows.size == 0:
+        return []
+    reasons = ds.select_columns(["skip_reason"]).with_format("arrow")[rows.tolist()].column(0).to_pylist()
+    paths: list[str | None] = [None] * rows.size
+    feature = ds.features.get(image_column)
+    if isinstance(feature, datasets.Image):  # stored as {bytes, path}: read the path field only
+        raw = ds.select_columns([image_column]).with_format("arrow")[rows.tolist()].column(0).combine_chunks()
+        paths = raw.field("path").to_pylist()
+    return [(int(r), p, reason or "unknown") for r, p, reason in zip(rows.tolist(), paths, reasons)]

@@ -1,0 +1,400 @@
+"""Bucket sets and vectorised bucket assignment.
+
+A :class:`BucketSet` is an immutable, ordered table of bucket resolutions ``(width, height)``
+plus the rule that assigns an image to a bucket: the aspect-ratio metric, an optional maximum
+aspect error and an optional range of accepted image aspect ratios. A bucket's id is its row
+in :attr:`BucketSet.resolutions`; ``-1`` means "no bucket" (pruned).
+
+Assignment is one pass of numpy over the whole dataset (:mod:`hf_arb.buckets.matching`): the sorted bucket
+aspect ratios split the aspect line into intervals (at the midpoints of the chosen metric), and every
+image is placed with a lookup table. This is exactly ``argmin |metric(bucket) - metric(image)|``
+without materialising an ``(images, buckets)`` matrix. The tables of the named presets, including
+every model family's own, live in :mod:`hf_arb.buckets.presets`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from .assignment import AssignmentSummary, as_size_array, normalise_resolutions
+from .matching import METRICS as _METRICS
+from .matching import AspectIndex, Metric
+from .stored import dataset_configs
+from .presets import ONETRAINER_ASPECTS, PRESETS, SDXL_TABLE  # noqa: F401 (re-exported)
+from .presets import TABLE_PARAMS, budget_table, novelai_table, preset_table, sdxl_table
+from .family_tables import parse_buckets_string
+
+_FORMAT_VERSION = 1
+
+
+class BucketSet:
+    """An immutable table of bucket resolutions and the rule that assigns images to them.
+
+    Args:
+        resolutions: ``(width, height)`` pairs, positive and unique. The order defines bucket ids.
+        metric: aspect distance (see :mod:`hf_arb.buckets.matching`): ``"log"`` (default) ``|log(w/h) - log(bw/bh)|``,
+            symmetric for tall and wide images; ``"linear"`` NovelAI's ``|bw/bh - w/h|``; ``"linear_hw"`` the same
+            on height/width (PixArt, Sana, OneTrainer); ``"cross"`` diffusers' ``|h*bw - w*bh|`` (ties to the last id).
+        max_aspect_error: rows whose aspect error exceeds this get bucket ``-1``. ``None`` keeps all.
+        aspect_range: ``(min, max)`` of the image's own aspect ratio ``w/h`` to accept (DALL·E kept
+            ``(0.5, 2.0)``); others get bucket ``-1``. ``None`` accepts all.
+        match_aspects: ``(k,)`` aspect ratios ``w/h`` to match images against instead of the buckets' own
+            (PixArt's rounded keys, HunyuanDiT's standard ratios). ``None``: the buckets' own.
+        nearest_area: among buckets sharing the nearest matching aspect, take the one whose area is closest to
+            the image's (HunyuanDiT); otherwise the lowest id.
+
+    Example:
+        ```py
+        >>> bs = BucketSet.novelai()
+        >>> len(bs)
+        19
+        >>> ids, err = bs.assign([1920, 600], [1080, 1800])
+        >>> [tuple(bs.resolutions[i]) for i in ids]
+        [(704, 512), (384, 1024)]
+        ```
+    """
+
+    __slots__ = ("_res", "_metric", "_max_err", "_range", "_match", "_nearest_area", "_index", "_fp")
+
+    def __init__(
+        self,
+        resolutions: Iterable[Sequence[int]],
+        *,
+        metric: Metric = "log",
+        max_aspect_error: float | None = None,
+        aspect_range: tuple[float, float] | None = None,
+        match_aspects: Sequence[float] | None = None,
+        nearest_area: bool = False,
+    ) -> None:
+        if metric not in _METRICS:
+            raise ValueError(f"`metric` must be one of {_METRICS}, got {metric!r}.")
+        if max_aspect_error is not None and not (math.isfinite(max_aspect_error) and max_aspect_error >= 0):
+            raise ValueError(f"`max_aspect_error` must be a finite number >= 0 or None, got {max_aspect_error!r}.")
+        if aspect_range is not None:
+            lo, hi = (float(x) for x in aspect_range)
+            if not (0 < lo <= hi and math.isfinite(hi)):
+                raise ValueError(f"`aspect_range` must be (min, max) with 0 < min <= max, got {aspect_range!r}.")
+            aspect_range = (lo, hi)
+        self._res = normalise_resolutions(resolutions)
+        self._metric: Metric = metric
+        self._max_err = None if max_aspect_error is None else float(max_aspect_error)
+        self._range = aspect_range
+        self._match = None
+        if match_aspects is not None:
+            m = np.asarray(match_aspects, dtype=np.float64)
+            if m.shape != (len(self._res),) or not np.all(np.isfinite(m) & (m > 0)):
+                raise ValueError(f"`match_aspects` must hold one positive finite w/h per bucket ({len(self._res)}), "
+                                 f"got {m.tolist()}.")
+            m.flags.writeable = False
+            self._match = m
+        self._nearest_area = bool(nearest_area)
+        if metric == "cross" and (self._match is not None or self._nearest_area):
+            raise ValueError("metric='cross' compares the buckets' own sides; it takes no `match_aspects` or "
+                             "`nearest_area`. Use metric='linear' or 'linear_hw' with them.")
+        self._index = AspectIndex(self._res, metric, self._match, self._nearest_area)
+        self._fp = hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
+
+    # ----------------------------------------------------------------------------- constructors
+    @classmethod
+    def novelai(
+        cls,
+        max_area: int = 512 * 768,
+        max_side: int = 1024,
+        step: int = 64,
+        min_side: int = 256,
+        extra: Iterable[Sequence[int]] = ((512, 512),),
+        **kwargs: Any,
+    ) -> BucketSet:
+        """NovelAI's published bucket algorithm (blog post "NovelAI Improvements on Stable Diffusion").
+
+        For every width from ``min_side`` to ``max_side`` in ``step`` increments, take the largest height
+        (multiple of ``step``, at most ``max_side``) whose area stays within ``max_area``; do the same with
+        the roles of width and height swapped; add ``extra`` (512×512). With the defaults this gives their
+        19 buckets. Extra keyword arguments (``metric``, ``max_aspect_error``, ...) go to the constructor.
+        """
+        return cls(novelai_table(max_area, max_side, step, min_side, extra).tolist(), **kwargs)
+
+    @classmethod
+    def from_budget(
+        cls,
+        resolution: int = 1024,
+        aspects: Iterable[float] | None = None,
+        step: int = 64,
+        min_area_ratio: float = 0.75,
+        **kwargs: Any,
+    ) -> BucketSet:
+        """A pixel-budget ladder: each aspect ratio scaled to about ``resolution²`` pixels.
+
+        Every side is a multiple of ``step`` and no bucket exceeds ``resolution²`` pixels. For each aspect
+        ``a`` (width / height; default: OneTrainer's 4:1 … 1:1 and their inverses), the bucket is the
+        ``step``-aligned shape that is closest to ``a`` in log aspect among the shapes using at least
+        ``min_area_ratio`` of the budget (ties: the larger area). Aspects that land on the same shape
+        (likely with tiny budgets such as ``resolution=64, step=16``) give one bucket. OneTrainer itself
+        rounds to the nearest step instead (``BucketSet.preset("onetrainer")``).
+        """
+        return cls(budget_table(resolution, aspects, step, min_area_ratio).tolist(), **kwargs)
+
+    @classmethod
+    def fit(cls, sizes: Any, n_buckets: int, *, step: int = 64, max_pixels: int = 1024 * 1024,
+            max_crop: float | None = None, **kwargs: Any) -> BucketSet:
+        """The ``n_buckets`` step-aligned shapes at ``max_pixels`` that minimise the mean crop of ``sizes`` (``(n, 2)`` or
+        ``(widths, heights)``), none cutting more than ``max_crop``: :func:`hf_arb.buckets.fit.fit_table` (other kwargs: the constructor)."""
+        from .fit import FIT_PARAMS, fit_table, split_sizes
+        if kwargs.pop("metric", "log") != "log":
+            raise ValueError("BucketSet.fit optimises nearest-in-log-aspect assignment: it needs metric='log'.")
+        params = {k: kwargs.pop(k) for k in FIT_PARAMS if k in kwargs}  # the rest: constructor arguments
+        return cls(fit_table(*split_sizes(sizes), n_buckets, step=step, max_pixels=max_pixels, max_crop=max_crop,
+                             **params).table.tolist(), **kwargs)
+
+    @classmethod
+    def sdxl(cls, **kwargs: Any) -> BucketSet:
+        """The SDXL report's multi-aspect table at about 1024² pixels, both orientations (41 buckets)."""
+        return cls(sdxl_table().tolist(), **kwargs)
+
+    @classmethod
+    def preset(cls, name: str, resolution: int | None = None, step: int | None = None, *,
+               metric: Metric | str = "log", **kwargs: Any) -> BucketSet:
+        """Build a named preset (any of :data:`hf_arb.buckets.presets.PRESETS`; tables in :mod:`hf_arb.buckets.presets`).
+
+        Args:
+            name: ``"budget"``, ``"novelai"``, ``"sdxl"``, ``"pixart"``, ``"sana"``, ``"hunyuan_dit"``,
+                ``"flux_kontext"``, ``"diffusers"``, ``"onetrainer"`` or ``"kohya"``.
+            resolution: pixel budget side, or the model resolution for ``pixart`` (256/512/1024/2048) and
+                ``sana`` (512/1024/2048/4096). ``None``: the preset's default. Fixed tables ignore it with a
+                ``UserWarning`` saying so (see :func:`hf_arb.buckets.presets.preset_notes`).
+            step: side multiple for ``budget``, ``onetrainer``, ``kohya`` (default 64) and ``diffusers``
+                (its ``divisibility``, default 16).
+            metric: a metric, or ``"native"`` for the source's own matching rule (PixArt's nearest key on h/w,
+                HunyuanDiT's ratio-then-area, diffusers' ``|h*bw - w*bh|``, ...), which reproduces its assignment.
+            kwargs: the preset's table parameters (:data:`hf_arb.buckets.presets.TABLE_PARAMS`, e.g. ``min_side`` /
+                ``max_side`` for ``kohya``); anything else goes to the constructor (``max_aspect_error``, ...).
+        """
+        params = {k: kwargs.pop(k) for k in TABLE_PARAMS.get(name, ()) if k in kwargs}
+        table, native = preset_table(name, resolution, step, **params)
+        rule = native if metric == "native" else {"metric": metric}
+        return cls(table.tolist(), **rule, **kwargs)
+
+    @classmethod
+    def from_string(cls, text: str, *, metric: Metric | str = "native", **kwargs: Any) -> BucketSet:
+        """Buckets from diffusers' ``--aspect_ratio_buckets`` string ``"h1,w1;h2,w2"`` (height first!).
+
+        Bucket ids follow the string's order; ``resolutions`` are ``(width, height)`` as everywhere in hf_arb.
+        ``metric="native"`` (default) matches images as diffusers' ``find_nearest_bucket`` does
+        (``"cross"``); pass ``"log"`` for the symmetric distance.
+
+        Example:
+            ```py
+            >>> BucketSet.from_string("1024,1024;768,1360").resolutions.tolist()
+            [[1024, 1024], [1360, 768]]
+            ```
+        """
+        return cls(parse_buckets_string(text), metric="cross" if metric == "native" else metric, **kwargs)
+
+    def replace(self, **changes: Any) -> BucketSet:
+        """A copy with some constructor arguments changed (``metric``, ``max_aspect_error``, ``aspect_range``, ...)."""
+        d = self.to_dict()
+        d.pop("format")
+        d["resolutions"] = [tuple(r) for r in d["resolutions"]]
+        if "metric" in changes and "match_aspects" not in changes and changes["metric"] == "cross":
+            d.pop("match_aspects", None)
+            d.pop("nearest_area", None)
+        d.update(changes)
+        return type(self)(**d)
+
+    @classmethod
+    def from_dataset(cls, ds: Any) -> BucketSet:
+        """Restore the BucketSet an annotated dataset was built with (``Dataset``, ``IterableDataset`` or a dict
+        of splits): exactly the stored one (same fingerprint) when the ``bucket`` feature carries it, else rebuilt
+        from the columns (:mod:`hf_arb.buckets.stored`). Raises ``ValueError`` when neither can tell, or when the
+        splits were annotated with different BucketSets."""
+        found = {split: cls.from_dict(config) for split, config in dataset_configs(ds).items()}
+        first = next(iter(found.values()))
+        if any(b != first for b in found.values()):
+            raise ValueError(f"The splits were annotated with different BucketSets: "
+                             f"{ {s: b.fingerprint for s, b in found.items()} }. Annotate all splits with one BucketSet.")
+        return first
+
+    # ----------------------------------------------------------------------------- properties
+    @property
+    def resolutions(self) -> np.ndarray:
+        """Bucket sizes, read-only ``np.ndarray[int64]`` of shape ``(k, 2)``, columns (width, height)."""
+        return self._res
+
+    @property
+    def aspects(self) -> np.ndarray:
+        """Bucket aspect ratios ``width / height``, shape ``(k,)``."""
+        return self._res[:, 0] / self._res[:, 1]
+
+    @property
+    def areas(self) -> np.ndarray:
+        """Bucket areas in pixels, shape ``(k,)``."""
+        return self._res[:, 0] * self._res[:, 1]
+
+    @property
+    def metric(self) -> Metric:
+        """Aspect distance: ``"log"`` or ``"linear"``."""
+        return self._metric
+
+    @property
+    def max_aspect_error(self) -> float | None:
+        """Rows farther than this from every bucket get ``-1``; ``None`` keeps all."""
+        return self._max_err
+
+    @property
+    def aspect_range(self) -> tuple[float, float] | None:
+        """``(min, max)`` of accepted image aspect ratios ``w / h``; ``None`` accepts all."""
+        return self._range
+
+    @property
+    def match_aspects(self) -> np.ndarray | None:
+        """Aspects ``w/h`` images are matched against instead of the buckets' own, shape ``(k,)``; or ``None``."""
+        return self._match
+
+    @property
+    def nearest_area(self) -> bool:
+        """Whether buckets sharing the nearest matching aspect are told apart by area (HunyuanDiT's rule)."""
+        return self._nearest_area
+
+    @property
+    def fingerprint(self) -> str:
+        """16 hex digits of SHA-256 over the canonical JSON of :meth:`to_dict`; stable across processes."""
+        return self._fp
+
+    def index(self, resolution: Sequence[int]) -> int:
+        """Bucket id of ``(width, height)``; raises ``ValueError`` naming the available sizes if absent."""
+        w, h = (int(x) for x in resolution)
+        hit = np.flatnonzero((self._res[:, 0] == w) & (self._res[:, 1] == h))
+        if hit.size == 0:
+            raise ValueError(f"{w}x{h} is not a bucket of this set; buckets are {self.labels()}.")
+        return int(hit[0])
+
+    def labels(self) -> list[str]:
+        """``"WxH"`` label per bucket id."""
+        return [f"{w}x{h}" for w, h in self._res.tolist()]
+
+    def portrait_to_landscape(self) -> np.ndarray:
+        """Bucket ids ordered by aspect ratio, tallest first (ties by area), shape ``(k,)``."""
+        return np.lexsort((self.areas, self.aspects))
+
+    # ----------------------------------------------------------------------------- assignment
+    def assign(self, widths: Any, heights: Any) -> tuple[np.ndarray, np.ndarray]:
+        """Assign every image to its nearest bucket by aspect ratio, vectorised.
+
+        Args:
+            widths: image widths, 1-D array-like of shape ``(n,)`` (displayed size).
+            heights: image heights, shape ``(n,)``.
+
+        Returns:
+            ``(bucket_ids, aspect_errors)``: ``int32`` of shape ``(n,)`` (``-1`` where pruned by
+            ``max_aspect_error`` or ``aspect_range``) and ``float32`` of shape ``(n,)``, the distance to the
+            nearest bucket in this set's metric (also reported for pruned rows). Computed in float32: two
+            buckets within ~1e-6 of equally near may be told apart either way.
+
+        Raises:
+            ValueError: sizes that are not 1-D, of different lengths, zero, negative or NaN; the message
+                names the first bad index and its value.
+        """
+        w = as_size_array(widths, "widths")
+        h = as_size_array(heights, "heights")
+        if w.shape != h.shape:
+            raise ValueError(
+                f"`widths` and `heights` must have the same length, got {w.shape[0]} and {h.shape[0]}."
+            )
+        ids, err, x = self._index.assign(w, h)  # (n,) int32, float32, float32 (aspect, or log aspect for "log")
+        if self._max_err is not None:
+            ids[err > self._max_err] = -1
+        if self._range is not None:
+            ratio = np.exp(x) if self._metric == "log" else x
+            ids[(ratio < self._range[0]) | (ratio > self._range[1])] = -1
+        return ids, err
+
+    def summarize(self, bucket_ids: Any, aspect_errors: Any) -> AssignmentSummary:
+        """Statistics of an assignment: skipped count, aspect error mean/median/max over kept rows, counts."""
+        ids = np.asarray(bucket_ids, dtype=np.int64)
+        err = np.asarray(aspect_errors, dtype=np.float64)
+        kept = ids >= 0
+        counts = np.bincount(ids[kept], minlength=len(self))
+        e = err[kept & np.isfinite(err)]
+        stats = (float(e.mean()), float(np.median(e)), float(e.max())) if e.size else (math.nan,) * 3
+        return AssignmentSummary(int(ids.size), int((~kept).sum()), counts, *stats, resolutions=self._res)
+
+    # ----------------------------------------------------------------------------- serialisation
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-serialisable description; ``BucketSet.from_dict(bs.to_dict()) == bs``."""
+        return {
+            "format": _FORMAT_VERSION,
+            "resolutions": self._res.tolist(),
+            "metric": self._metric,
+            "max_aspect_error": self._max_err,
+            "aspect_range": None if self._range is None else list(self._range),
+            # Written only when set, so sets without them keep the fingerprints of earlier releases.
+            **({} if self._match is None else {"match_aspects": self._match.tolist()}),
+            **({"nearest_area": True} if self._nearest_area else {}),
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> BucketSet:
+        """Inverse of :meth:`to_dict`. Raises ``ValueError`` naming a missing or unknown field."""
+        if not isinstance(d, dict) or "resolutions" not in d:
+            raise ValueError(f"A BucketSet dict needs a 'resolutions' field, got {d!r}.")
+        fmt = d.get("format", _FORMAT_VERSION)
+        if fmt != _FORMAT_VERSION:
+            raise ValueError(f"BucketSet dict has format {fmt!r}; this hf_arb reads format {_FORMAT_VERSION}. Upgrade hf_arb.")
+        rng = d.get("aspect_range")
+        return cls(
+            [tuple(r) for r in d["resolutions"]],
+            metric=d.get("metric", "log"),
+            max_aspect_error=d.get("max_aspect_error"),
+            aspect_range=None if rng is None else (rng[0], rng[1]),
+            match_aspects=d.get("match_aspects"),
+            nearest_area=bool(d.get("nearest_area", False)),
+        )
+
+    def to_json(self) -> str:
+        """:meth:`to_dict` as a JSON string."""
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, s: str) -> BucketSet:
+        """Inverse of :meth:`to_json`."""
+        return cls.from_dict(json.loads(s))
+
+    def table(self) -> str:
+        """The bucket table as text, one line per bucket, portrait to landscape."""
+        lines = [f"{'id':>3}  {'width':>5}  {'height':>6}  {'aspect':>6}  {'area':>9}"]
+        for i in self.portrait_to_landscape():
+            w, h = self._res[i]
+            lines.append(f"{i:>3}  {w:>5}  {h:>6}  {w / h:6.3f}  {w * h:>9,}")
+        return "\n".join(lines)
+
+    # ----------------------------------------------------------------------------- dunder
+    def __len__(self) -> int:
+        return int(self._res.shape[0])
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        return (tuple(r) for r in self._res.tolist())  # type: ignore[misc]
+
+    def __getitem__(self, i: int) -> tuple[int, int]:
+        w, h = self._res[i].tolist()
+        return (w, h)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, BucketSet) and self._fp == other._fp
+
+    def __hash__(self) -> int:
+        return hash(self._fp)
+
+    def __repr__(self) -> str:
+        shown = ", ".join(self.labels()[:6]) + (", …" if len(self) > 6 else "")
+        extra = f", max_aspect_error={self._max_err}" if self._max_err is not None else ""
+        extra += f", aspect_range={self._range}" if self._range is not None else ""
+        extra += ", match_aspects=[…]" if self._match is not None else ""
+        extra += ", nearest_area=True" if self._nearest_area else ""
+        return f"BucketSet({len(self)} buckets: {shown}; metric={self._metric!r}{extra})"
+

@@ -1,0 +1,255 @@
+"""``hf-arb annotate`` and ``hf-arb stats`` (listed in this module's :data:`COMMANDS`, assembled by :mod:`hf_arb.cli`).
+
+``annotate SOURCE`` loads a Hub dataset id, a local imagefolder, a Parquet/CSV/JSON file or a dataset saved with
+``save_to_disk``, adds the bucket columns and saves (``--output-dir``) or pushes (``--push-to-hub``) the result.
+``stats DATASET`` prints the summary of an annotated dataset and can draw the bucket chart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from hf_arb.buckets.sets import BucketSet
+from .buckets import UsageError, add_bucket_arguments, buckets_from_args, in_flags, positive_int
+
+_FILE_BUILDERS = {".parquet": "parquet", ".csv": "csv", ".tsv": "csv", ".json": "json", ".jsonl": "json",
+                  ".arrow": "arrow"}
+
+
+def load_source(source: str, split: str | None = None, streaming: bool = False) -> Any:
+    """Load what ``SOURCE`` names: a saved dataset dir, a data file, a local folder, or a Hub dataset id.
+
+    Returns a ``Dataset``/``IterableDataset`` when ``split`` is given, else a ``DatasetDict``/``IterableDatasetDict``.
+    """
+    import datasets
+
+    path = Path(source)
+    if path.is_dir() and ((path / "state.json").is_file() or (path / "dataset_dict.json").is_file()):
+        ds = datasets.load_from_disk(str(path))
+        if isinstance(ds, datasets.DatasetDict) and split is not None:
+            if split not in ds:
+                raise ValueError(f"Split {split!r} is not in {source}; its splits are {list(ds)}.")
+            ds = ds[split]
+        elif isinstance(ds, datasets.Dataset) and split is None:
+            ds = datasets.DatasetDict({str(ds.split or "train"): ds})
+        return ds.to_iterable_dataset() if streaming and isinstance(ds, datasets.Dataset) else ds
+    if path.is_file():
+        builder = _FILE_BUILDERS.get(path.suffix.lower())
+        if builder is None:
+            raise ValueError(f"Cannot tell the format of {source}: expected one of {sorted(_FILE_BUILDERS)}, "
+                             f"a folder of images, a saved dataset or a Hub dataset id.")
+        return datasets.load_dataset(builder, data_files=str(path), split=split, streaming=streaming)
+    if path.is_dir():
+        return datasets.load_dataset(str(path), split=split, streaming=streaming)  # imagefolder, parquet folder, …
+    if source.startswith((".", "/", "~")) or source.count("/") > 1:
+        raise FileNotFoundError(f"{source} does not exist (and is not a Hub dataset id like 'user/name').")
+    return datasets.load_dataset(source, split=split, streaming=streaming)  # a Hub dataset id
+
+
+def _splits(ds: Any) -> list[tuple[str, Any]]:
+    import datasets
+
+    if isinstance(ds, (datasets.DatasetDict, datasets.IterableDatasetDict)):
+        return list(ds.items())
+    return [(str(ds.split) if ds.split is not None else "train", ds)]
+
+
+def _positive_float(text: str) -> float:
+    """argparse type: a finite number > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
+    return value
+
+
+def _pixels(text: str) -> int:
+    """argparse type: a whole number of pixels >= 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number of pixels, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0 pixels, got {value}")
+    return value
+
+
+def _buckets(args: argparse.Namespace) -> BucketSet:
+    bs = buckets_from_args(args)
+    if args.aspect_range is not None:
+        bs = bs.replace(aspect_range=tuple(args.aspect_range))
+    return bs
+
+
+def _chart(ds: Any, buckets: BucketSet, path: str | Path, title: str) -> Path | None:
+    """Draw the chart over all splits of an annotated dataset; None (with a message) without matplotlib."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    ids, errs = [], []
+    for _, part in _splits(ds):
+        t = part.select_columns(["bucket", "aspect_error"]).with_format("arrow")[:]
+        ids.append(t.column(0).to_numpy())
+        errs.append(pc.cast(t.column(1), pa.float64()).to_numpy(zero_copy_only=False))
+    try:
+        from hf_arb.annotate.plot import plot_bucket_chart
+
+        return plot_bucket_chart(buckets, np.concatenate(ids), np.concatenate(errs), path, title=title)
+    except ImportError as e:
+        print(f"no chart: {e}", file=sys.stderr)
+        return None
+
+
+# ----------------------------------------------------------------------------------- annotate
+def _add_annotate_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("source", help="Hub dataset id, local imagefolder, .parquet/.csv/.json file, or a save_to_disk dir")
+    out = p.add_mutually_exclusive_group(required=True)
+    out.add_argument("--output-dir", help="save the annotated dataset here (datasets.save_to_disk) with bucket_chart.png")
+    out.add_argument("--push-to-hub", metavar="REPO", help="push to this Hub dataset repo (with the bucket card)")
+    add_bucket_arguments(p)
+    p.add_argument("--aspect-range", type=float, nargs=2, metavar=("MIN", "MAX"), default=None,
+                   help="skip images whose width/height is outside [MIN, MAX] (DALL-E kept 0.5 2.0)")
+    p.add_argument("--image-column", default="image", help="image column (default: image)")
+    p.add_argument("--width-column", default=None, help="width column: use metadata sizes, open no image")
+    p.add_argument("--height-column", default=None, help="height column (with --width-column)")
+    p.add_argument("--split", default=None, help="only this split (default: all splits)")
+    p.add_argument("--num-proc", type=positive_int, default=None, help="processes reading image headers")
+    p.add_argument("--batch-size", type=positive_int, default=1000, help="rows per map batch (default 1000)")
+    p.add_argument("--streaming", action="store_true", help="stream the source instead of downloading it first")
+    p.add_argument("--max-upscale", type=_positive_float, default=None, metavar="F",
+                   help="skip images that must be upscaled more than F times to cover their bucket (skip_reason "
+                        "'upscale'); without it the summary warns about rows above 2x")
+    p.add_argument("--min-size", type=_pixels, default=None, metavar="PX",
+                   help="skip images whose shorter side is below PX pixels (skip_reason 'too_small')")
+    p.add_argument("--verify", action="store_true",
+                   help="also decode every image (parallel with --num-proc) and skip truncated or undecodable ones")
+    p.add_argument("--plot", default=None, metavar="FILE.png", help="also write the bucket chart here")
+    p.add_argument("--private", action="store_true", help="with --push-to-hub: create a private repo")
+    p.add_argument("--engine", choices=("datasets", "ray", "spark"), default="datasets",
+                   help="where to run: datasets (default), or Ray Data / Spark for Parquet sources (writes Parquet to "
+                        "--output-dir; needs hf_arb[ray] / hf_arb[spark])")
+
+
+def _run_annotate(args: argparse.Namespace) -> int:
+    import datasets
+
+    from hf_arb.annotate.map import add_bucket_columns, decoding_images, summarize_annotation
+
+    if (args.width_column is None) != (args.height_column is None):
+        raise UsageError(f"pass both --width-column and --height-column, or neither (got --width-column "
+                         f"{args.width_column!r}, --height-column {args.height_column!r})")
+    buckets = _buckets(args)
+    print(f"{buckets!r}  fingerprint {buckets.fingerprint}")
+    if args.engine != "datasets":
+        from .engines import run_engine
+
+        return run_engine(args, buckets)
+    ds = load_source(args.source, split=args.split, streaming=args.streaming)
+    image_column = None if args.width_column else args.image_column
+    annotated = add_bucket_columns(ds, buckets, image_column=image_column, width_column=args.width_column,
+                                   height_column=args.height_column, num_proc=args.num_proc,
+                                   batch_size=args.batch_size, max_upscale=args.max_upscale, min_size=args.min_size,
+                                   show_summary=False, verify=args.verify)
+    if args.streaming and args.output_dir:
+        # Materialise the stream once (sizes are read as it flows), then save like a map-style dataset.
+        def materialise(d: Any) -> Any:
+            # Image columns pass through undecoded ({"bytes", "path"}): no pixel decode, no re-encode, and a
+            # broken file stays a row with its skip_reason instead of failing the copy.
+            images = {k: v for k, v in (d.features or {}).items() if isinstance(v, datasets.Image)}
+            raw = d
+            for k in images:
+                raw = raw.cast_column(k, datasets.Image(decode=False))
+            out = datasets.Dataset.from_generator(lambda: (yield from raw), features=raw.features)
+            return decoding_images(out)  # whoever loads the saved dataset gets PIL images
+
+        annotated = (datasets.DatasetDict({s: materialise(d) for s, d in annotated.items()})
+                     if isinstance(annotated, datasets.IterableDatasetDict) else materialise(annotated))
+    streaming_push = isinstance(annotated, (datasets.IterableDataset, datasets.IterableDatasetDict))
+    if not streaming_push:
+        # the outlier warnings name the flags that skip them; a flag given is the user's choice: no warning for it
+        warn = {} if args.max_upscale is None else {"warn_upscale": None}
+        for split, part in _splits(annotated):
+            print(f"== {split} ==")
+            print(summarize_annotation(part, buckets, image_column=args.image_column, **warn))
+    if args.output_dir:
+        annotated.save_to_disk(args.output_dir)
+        print(f"saved to {args.output_dir}")
+        chart = _chart(annotated, buckets, args.plot or Path(args.output_dir) / "bucket_chart.png",
+                       f"{args.source}: rows per bucket")
+        if chart:
+            print(f"chart: {chart}")
+    else:
+        from hf_arb.annotate.hub import push_to_hub
+
+        commit = push_to_hub(annotated, args.push_to_hub, buckets, private=args.private or None)
+        print(f"pushed to {args.push_to_hub} ({getattr(commit, 'commit_url', commit)})")
+        if args.plot and not streaming_push:
+            chart = _chart(annotated, buckets, args.plot, f"{args.push_to_hub}: rows per bucket")
+            if chart:
+                print(f"chart: {chart}")
+    return 0
+
+
+# ----------------------------------------------------------------------------------- stats
+def _add_stats_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("dataset", help="annotated dataset: save_to_disk dir, .parquet file, local folder or Hub id")
+    p.add_argument("--split", default=None, help="only this split (default: all)")
+    p.add_argument("--plot", default=None, metavar="FILE.png", help="draw the bucket chart to this PNG")
+
+
+def _run_stats(args: argparse.Namespace) -> int:
+    from hf_arb.annotate.map import summarize_annotation
+
+    ds = load_source(args.dataset, split=args.split)
+    names = ds.column_names
+    for cols in names.values() if isinstance(names, dict) else [names]:
+        if "bucket" not in (cols or []):  # said in commands, not in Python arguments
+            raise UsageError(f"{args.dataset} has no bucket columns (its columns: {', '.join(cols or [])}): annotate "
+                             f"it first, e.g. hf-arb annotate {args.dataset} --output-dir {args.dataset}-arb, then "
+                             f"run hf-arb stats {args.dataset}-arb.")
+    buckets = BucketSet.from_dataset(ds)
+    print(f"{buckets!r}  fingerprint {buckets.fingerprint}")
+    for split, part in _splits(ds):
+        print(f"== {split} ==")
+        print(summarize_annotation(part, buckets))
+    if args.plot:
+        chart = _chart(ds, buckets, args.plot, f"{args.dataset}: rows per bucket")
+        if chart is None:
+            return 1
+        print(f"chart: {chart}")
+    return 0
+
+
+def _guard(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """Turn the errors a user can fix (bad path, wrong column, unknown split, …) into a :class:`UsageError` phrased
+    in flags (``image_column=...`` → ``--image-column``), which ``hf-arb`` reports like argparse: one line, status 2."""
+
+    def wrapped(args: argparse.Namespace) -> int:
+        try:
+            return run(args)
+        except UsageError:
+            raise
+        except (ValueError, FileNotFoundError, TypeError, ConnectionError) as e:
+            message = in_flags(str(e))
+            split = getattr(args, "split", None)
+            if split is not None and "split" in message.lower() and "--split" not in message:
+                message = f"--split {split!r}: {message}"
+            raise UsageError(message) from e
+
+    return wrapped
+
+
+#: the sub-commands of this module: ``name -> (help, add_arguments, run)``
+COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {
+    "annotate": ("add bucket columns to an image dataset; save it or push it to the Hub",
+                 _add_annotate_arguments, _guard(_run_annotate)),
+    "stats": ("print the bucket summary of an annotated dataset; draw the chart", _add_stats_arguments,
+              _guard(_run_stats)),
+}

@@ -1,0 +1,270 @@
+"""What the training script asks a model family, and the registry of families.
+
+The script never branches on a family's name: it detects the family of ``--pretrained_model_name_or_path``
+(:func:`detect_family`), takes its adapter (:func:`get_family`) and asks it for everything that differs between
+families. A :class:`Family` answers, in the order the script asks:
+
+1. **flags**: its defaults (``--resolution``, ``--output_dir``), the flags that do not apply to it
+   (:attr:`Family.refused_flags`), whether ``--packing`` applies;
+2. **loading**: :meth:`Family.load_models` returns :class:`Models` (frozen VAE and text encoders, the trained
+   denoiser), :meth:`Family.check_buckets` checks the bucket sizes the denoiser can take;
+3. **training**: :meth:`Family.encode_text` (prompt embeddings, cacheable), :meth:`Family.training_loss` (the
+   noise, the target and the conditioning: SDXL time ids, resolution conditioning, the per-bucket shift);
+4. **LoRA**: :meth:`Family.lora_targets`, :meth:`Family.lora_text_encoders`, :attr:`Family.denoiser_name`;
+5. **outputs**: :meth:`Family.register_checkpoint_hooks`, :meth:`Family.build_pipeline` (validation and the
+   saved pipeline), :meth:`Family.save_pipeline`, :meth:`Family.card_lines` and :meth:`Family.usage`.
+
+Adding a family is one file in ``hf_arb/families/`` with a :class:`Family` subclass decorated with
+:func:`register_family`, its tiny builder in :mod:`hf_arb.testing` and its tests. Built-in families are listed in
+:data:`BUILTIN_MODULES` (loaded on first use); a plugin or a test registers its own class with
+:func:`register_family`, which :func:`detect_family` then asks first.
+
+Nothing here imports torch: detection and the flag checks answer before it loads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = ["BUILTIN_MODULES", "Family", "Models", "builtin_family", "detect_family", "family_names", "get_family",
+           "read_class_name", "register_family", "unregister_family"]
+
+#: Modules of the built-in families, asked in this order by :func:`detect_family` (the last is the fallback).
+BUILTIN_MODULES: tuple[str, ...] = ("hf_arb.families.sd3", "hf_arb.families.flux", "hf_arb.families.sdxl",
+                                    "hf_arb.families.sd")
+
+
+@dataclass
+class Models:
+    """Everything a run loads from the pretrained folder.
+
+    Attributes:
+        family: the :class:`Family` that loaded them.
+        noise_scheduler: the training scheduler (DDPM for UNets, flow matching for transformers).
+        tokenizers, text_encoders: in the pipeline's order; frozen.
+        vae: the frozen ``AutoencoderKL``.
+        unet: the trained denoiser (a UNet, or a transformer for flow families).
+        options: the family's resolved training options (flow families: ``FlowOptions``), or None.
+        ema_unet: diffusers' ``EMAModel`` of the denoiser with ``--use_ema``.
+        trained_text_encoders: with LoRA ``--train_text_encoder``: the prepared (wrapped) encoders.
+        extra: what the family found after ``accelerator.prepare`` (:meth:`Family.prepare_denoiser`).
+    """
+
+    family: Family
+    noise_scheduler: Any
+    tokenizers: list[Any]
+    text_encoders: list[Any]
+    vae: Any
+    unet: Any
+    options: Any = None
+    ema_unet: Any = None
+    trained_text_encoders: list[Any] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def text_encoders_in_use(self) -> list[Any]:
+        """The encoders prompts go through: the trained (LoRA) ones first, then the frozen rest."""
+        trained = self.trained_text_encoders or []
+        return [*trained, *self.text_encoders[len(trained):]]
+
+
+class Family:
+    """One model family, as the training script sees it. Subclasses set the class attributes and the methods
+    marked "required"; the defaults suit a family that needs nothing special there."""
+
+    #: registry key and ``--family`` name in reports and the run statistics
+    name: str = ""
+    #: how reports name it ("SDXL", "Flux.1")
+    title: str = ""
+    #: the trained model's subfolder, checkpoint folder and LoRA key: ``"unet"`` or ``"transformer"``
+    denoiser_name: str = "unet"
+    #: diffusers pipeline class the outputs load with
+    pipeline_class_name: str = ""
+    #: ``model_index.json`` / ``transformer/config.json`` ``_class_name`` prefixes that mean this family
+    class_prefixes: tuple[str, ...] = ()
+    #: substrings of a Hub id's name that mean this family (used only when the path is not a local folder)
+    hub_name_hints: tuple[str, ...] = ()
+    #: upstream defaults: (``--resolution``, ``--validation_epochs``, ``--num_validation_images``) for a full
+    #: fine-tune and for LoRA, as diffusers' text-to-image scripts of this family set them
+    full_defaults: tuple[int, int, int] = (512, 5, 1)
+    lora_defaults: tuple[int, int, int] = (512, 1, 4)
+    #: ``--output_dir`` defaults (full fine-tune, LoRA)
+    output_dirs: tuple[str, str] = ("model-finetuned", "model-finetuned-lora")
+    #: flags that do not apply to this family, with their "not given" values: given, they are refused by name
+    refused_flags: dict[str, Any] = {}
+    #: what those flags are for, in the refusal ("SD3 / Flux (flow matching)")
+    refused_flags_for: str = ""
+    #: ``--packing`` (several images at their own size in one token sequence) applies
+    supports_packing: bool = False
+    #: model card front matter
+    card_tags: tuple[str, ...] = ()
+    card_license: str = "other"
+
+    # ------------------------------------------------------------------------------------------ detection
+    @classmethod
+    def detect(cls, path: str) -> bool:
+        """Whether ``path`` (a local diffusers folder or a Hub id) holds this family. Default: the folder's
+        ``model_index.json`` (or ``transformer/config.json``) class name starts with one of
+        :attr:`class_prefixes`; a Hub id's name contains one of :attr:`hub_name_hints`."""
+        root = Path(path)
+        if root.is_dir():
+            for config in (root / "model_index.json", root / "transformer" / "config.json"):
+                name = read_class_name(config)
+                if name:
+                    return name.startswith(cls.class_prefixes) if cls.class_prefixes else False
+            return False
+        lowered = root.name.lower()
+        return any(hint in lowered for hint in cls.hub_name_hints)
+
+    # ------------------------------------------------------------------------------------------ flags
+    def defaults(self, lora: bool) -> dict[str, Any]:
+        """The family's upstream defaults for the flags left unset on the command line."""
+        resolution, epochs, images = self.lora_defaults if lora else self.full_defaults
+        return {"resolution": resolution, "output_dir": self.output_dirs[lora], "validation_epochs": epochs,
+                "num_validation_images": images}
+
+    def check_flags(self, args: argparse.Namespace) -> None:
+        """Family-specific flag checks beyond :attr:`refused_flags` (raise ``UsageError``)."""
+
+    def checkpoint_dirs(self, args: argparse.Namespace) -> tuple[str, ...]:
+        """The model folders a full fine-tune's checkpoint must hold (``--resume_from_checkpoint`` checks them)."""
+        return (self.denoiser_name,)
+
+    # ------------------------------------------------------------------------------------------ models
+    def load_models(self, args: argparse.Namespace) -> Models:
+        """Required. Load the frozen parts and the trained denoiser from ``args.pretrained_model_name_or_path``."""
+        raise NotImplementedError
+
+    def check_buckets(self, models: Models, buckets: Any) -> None:
+        """Raise ``UsageError`` when a bucket's size is one the denoiser cannot take (in flags)."""
+
+    def startup_lines(self, models: Models, buckets: Any) -> str:
+        """Family-specific lines of the startup report (flow families: each bucket's shift); ``""`` for none."""
+        return ""
+
+    def vae_dtype(self, args: argparse.Namespace, weight_dtype: Any) -> Any:
+        """The dtype the frozen VAE runs in (SDXL's VAE overflows in fp16 and stays float32)."""
+        return weight_dtype
+
+    def prepare_denoiser(self, args: argparse.Namespace, models: Models, denoiser: Any) -> None:
+        """After ``accelerator.prepare``: record what the loss needs from the unwrapped denoiser in ``models.extra``."""
+
+    # ------------------------------------------------------------------------------------------ training
+    def encode_text(self, models: Models, encoders: list[Any], captions: list[str], device: Any) -> tuple[Any, Any]:
+        """Required. Captions → ``(hidden states (B, S, D), pooled (B, P) or None)`` as the family's pipeline builds
+        them, through ``encoders`` (the trained ones carry gradients)."""
+        raise NotImplementedError
+
+    def training_loss(self, args: argparse.Namespace, models: Models, denoiser: Any, batch: dict[str, Any],
+                      text: Any, generator: Any, dtype: Any) -> Any:
+        """Required. The loss of one micro-batch (``pixel_values`` or cached ``latent_stats``, ``captions`` and the
+        crop conditioning); every random draw comes from ``generator``; ``text`` encodes captions (memoised)."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------------------------------ LoRA
+    def lora_targets(self, args: argparse.Namespace) -> list[str]:
+        """Required. The denoiser's module names LoRA adapts (upstream's defaults, or the run's flags)."""
+        raise NotImplementedError
+
+    def lora_text_encoders(self, models: Models) -> list[Any]:
+        """The text encoders ``--train_text_encoder`` adapts (default: all)."""
+        return list(models.text_encoders)
+
+    # ------------------------------------------------------------------------------------------ outputs
+    def register_checkpoint_hooks(self, accelerator: Any, models: Models, unwrap: Any) -> None:
+        """Required. Save the trained denoiser in diffusers format inside accelerate checkpoints and load it back."""
+        raise NotImplementedError
+
+    def pipeline_class(self, args: argparse.Namespace) -> Any:
+        """The diffusers pipeline class the outputs load with."""
+        import diffusers
+
+        return getattr(diffusers, self.pipeline_class_name)
+
+    def build_pipeline(self, args: argparse.Namespace, models: Models, denoiser: Any, dtype: Any, *,
+                       final: bool = False) -> Any:
+        """Required. The inference pipeline around ``denoiser``: for validation it reuses the loaded parts; the
+        ``final`` one loads the frozen parts fresh (float32), plus the replacement VAE if one was given."""
+        raise NotImplementedError
+
+    def save_pipeline(self, args: argparse.Namespace, pipe: Any, output_dir: str) -> None:
+        """Write the final pipeline so that stock diffusers loads it."""
+        pipe.save_pretrained(output_dir)
+
+    def card_lines(self, args: argparse.Namespace) -> list[str]:
+        """Family-specific paragraphs of the model card (markdown lines)."""
+        return []
+
+    def usage(self, args: argparse.Namespace, repo_id: str) -> tuple[str, list[str]]:
+        """The model card's loading code: ``(import name, lines that load pipe)``, plain diffusers, no hf_arb."""
+        cls = self.pipeline_class_name
+        if getattr(args, "lora", False):
+            return cls, [f'pipe = {cls}.from_pretrained("{args.pretrained_model_name_or_path}")',
+                         f'pipe.load_lora_weights("{repo_id}")']
+        return cls, [f'pipe = {cls}.from_pretrained("{repo_id}")']
+
+
+def read_class_name(config: Path) -> str | None:
+    """``_class_name`` of a diffusers config file, or None when it is absent or unreadable."""
+    try:
+        return json.loads(config.read_text()).get("_class_name") if config.is_file() else None
+    except (OSError, ValueError):
+        return None
+
+
+_REGISTERED: dict[str, type[Family]] = {}  # registered by plugins / tests: asked first
+_BUILTIN: dict[str, type[Family]] = {}  # filled from BUILTIN_MODULES on first use
+
+
+def register_family(cls: type[Family], *, builtin: bool = False) -> type[Family]:
+    """Register a :class:`Family` subclass (usable as a class decorator). A registered name replaces a built-in
+    one of the same name; :func:`detect_family` asks registered families before the built-ins."""
+    if not (isinstance(cls, type) and issubclass(cls, Family)) or not cls.name:
+        raise TypeError(f"register_family needs a Family subclass with a `name`, got {cls!r}.")
+    (_BUILTIN if builtin else _REGISTERED)[cls.name] = cls
+    return cls
+
+
+def builtin_family(cls: type[Family]) -> type[Family]:
+    """Class decorator of the families in :data:`BUILTIN_MODULES` (asked after the registered ones)."""
+    return register_family(cls, builtin=True)
+
+
+def unregister_family(name: str) -> None:
+    """Forget a family registered with :func:`register_family` (tests clean up with it)."""
+    _REGISTERED.pop(name, None)
+
+
+def _builtins() -> dict[str, type[Family]]:
+    if not _BUILTIN:
+        for module in BUILTIN_MODULES:
+            importlib.import_module(module)  # each registers itself with register_family(..., builtin=True)
+    return _BUILTIN
+
+
+def family_names() -> list[str]:
+    """Every family the script can train: registered ones first, then the built-ins."""
+    return [*_REGISTERED, *(n for n in _builtins() if n not in _REGISTERED)]
+
+
+def get_family(name: str) -> Family:
+    """The adapter of family ``name`` (a new instance)."""
+    cls = _REGISTERED.get(name) or _builtins().get(name)
+    if cls is None:
+        raise ValueError(f"Unknown model family {name!r}; known: {', '.join(family_names())}.")
+    return cls()
+
+
+def detect_family(path: str) -> str:
+    """The family of a local diffusers folder or a Hub id: the first registered, then built-in, family whose
+    :meth:`Family.detect` says yes; the last built-in (SD 1.x/2.x) when none does."""
+    candidates = [*_REGISTERED.values(), *(c for n, c in _builtins().items() if n not in _REGISTERED)]
+    for cls in candidates:
+        if cls.detect(path):
+            return cls.name
+    return candidates[-1].name

@@ -1,0 +1,189 @@
+"""The flow-matching loss of SD3 and Flux on a pack: several images at their own size in one sequence.
+
+For each image ``i`` of a pack (latent ``x_i``, noise ``n_i``, its own shifted sigma ``s_i``, e.g.
+:attr:`~hf_arb.packing.layout.PackMeta.sigmas` from :func:`~hf_arb.packing.layout.pack_meta` with a per-image resolution
+shift) the model sees ``(1 - s_i) x_i + s_i n_i`` at timestep ``s_i`` and is trained towards ``n_i - x_i``
+(``precondition_outputs``: towards ``x_i`` with the prediction mapped back as ``pred * (-s_i) + noisy``), weighted
+by diffusers' ``compute_loss_weighting_for_sd3`` of ``s_i`` — diffusers' SD3/Flux training scripts, per image. The
+forward is :func:`~hf_arb.packing.model.packed_sd3_forward` / :func:`~hf_arb.packing.model.packed_flux_forward`; the loss is
+computed on the packed sequence with the padding masked:
+
+* ``reduction="image"`` (default): the mean over the pack's images of each image's mean squared error — equal to
+  the mean of the per-image (unpacked) losses, whatever the images' sizes (tested on tiny SD3 and Flux);
+* ``reduction="token"``: the mean over all real tokens (big images weigh more, NaViT's choice).
+
+:class:`PackedFlowModel` wraps a transformer in an ``nn.Module`` whose ``forward`` is this loss, so that
+``accelerator.prepare`` (DDP, FSDP) wraps the packed computation: the packed forward calls the transformer's
+submodules, not its ``forward``, and DDP synchronises gradients only for work done inside its own ``forward``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+
+from .layout import PackMeta
+from .model import (
+    Backend,
+    enable_packed_attention,
+    pack_tokens,
+    packed_flux_forward,
+    packed_sd3_forward,
+    patchify,
+)
+
+__all__ = ["PackedFlowModel", "PackedLoss", "denoiser", "flow_family", "flux_pack_latent", "flux_unpack_latent",
+           "packed_flow_loss"]
+
+Reduction = Literal["image", "token"]
+
+
+def flux_pack_latent(latent: torch.Tensor) -> torch.Tensor:
+    """A ``(C, H, W)`` latent as Flux's ``(H/2 * W/2, 4C)`` tokens (:func:`hf_arb.families.flux.pack_latents`, the
+    order of ``FluxPipeline``'s latent packing)."""
+    from hf_arb.families.flux import pack_latents
+
+    return pack_latents(latent[None])[0]
+
+
+def flux_unpack_latent(tokens: torch.Tensor, grid: Sequence[int]) -> torch.Tensor:
+    """Inverse of :func:`flux_pack_latent`: ``(h * w, 4C)`` tokens of token grid ``(h, w)`` → ``(C, 2h, 2w)``."""
+    from hf_arb.families.flux import unpack_latents
+
+    return unpack_latents(tokens[None], 2 * int(grid[0]), 2 * int(grid[1]))[0]
+
+
+def flow_family(transformer: Any) -> str:
+    """``"sd3"`` or ``"flux"`` for diffusers' ``SD3Transformer2DModel`` / ``FluxTransformer2DModel``."""
+    from diffusers import FluxTransformer2DModel, SD3Transformer2DModel
+
+    if isinstance(transformer, SD3Transformer2DModel):
+        return "sd3"
+    if isinstance(transformer, FluxTransformer2DModel):
+        return "flux"
+    raise TypeError(f"Packing trains SD3Transformer2DModel or FluxTransformer2DModel, got {type(transformer).__name__}"
+                    ". UNet models (SD 1.x/2.x, SDXL) have no token sequence: use buckets (and "
+                    "`--max_pixels_per_batch` for a per-bucket batch size).")
+
+
+@dataclass
+class PackedLoss:
+    """``loss``: the scalar to backpropagate; ``per_image``: each image's weighted MSE ``(m,)`` (float32);
+    ``meta``: the pack's layout."""
+
+    loss: torch.Tensor
+    per_image: torch.Tensor
+    meta: PackMeta
+
+
+def denoiser(model: Any) -> Any:
+    """The transformer inside a :class:`PackedFlowModel` (after ``accelerator.unwrap_model``), else ``model``."""
+    return model.transformer if isinstance(model, PackedFlowModel) else model
+
+
+def packed_flow_loss(transformer: Any, latents: Sequence[torch.Tensor], noise: Sequence[torch.Tensor],
+                     prompt_embeds: Sequence[torch.Tensor], pooled_projections: torch.Tensor, sigmas: Any, *,
+                     guidance: torch.Tensor | None = None, max_tokens: int | None = None,
+                     max_text_tokens: int | None = None, meta: PackMeta | None = None,
+                     weighting_scheme: str = "none", precondition_outputs: bool = False,
+                     reduction: Reduction = "image", num_train_timesteps: int = 1000,
+                     dtype: torch.dtype | None = None, backend: Backend = "auto") -> PackedLoss:
+    """The flow-matching loss of one pack (see the module docstring).
+
+    Args:
+        transformer: an ``SD3Transformer2DModel`` or ``FluxTransformer2DModel`` after
+            :func:`~hf_arb.packing.model.enable_packed_attention` (:class:`PackedFlowModel` calls it).
+        latents, noise: ``m`` latents ``(C, H_i, W_i)`` (VAE-scaled, sides divisible by 2) and their noise.
+        prompt_embeds: ``m`` text embeddings ``(T_i, joint_attention_dim)``.
+        pooled_projections: ``(m, pooled_projection_dim)``.
+        sigmas: each image's (shifted) sigma in ``(0, 1]``, ``(m,)``.
+        guidance: Flux's guidance input per image ``(m,)`` (guidance-distilled models only).
+        max_tokens, max_text_tokens, meta: the pack's slots or its precomputed layout (``meta.sigmas`` is not
+            read: pass ``sigmas``).
+        weighting_scheme: diffusers' ``--weighting_scheme`` (``"sigma_sqrt"``, ``"cosmap"``; others weigh 1).
+        precondition_outputs: diffusers' ``--precondition_outputs`` (target ``x``, prediction ``pred·(-s) + noisy``).
+        reduction: ``"image"`` or ``"token"``.
+        num_train_timesteps: SD3's timestep scale (``timestep = sigma × num_train_timesteps``).
+        dtype: the dtype of the model's inputs (noisy latents, text, timesteps; default: the latents'); targets and
+            the loss stay in float32.
+        backend: attention backend of the packed forward.
+
+    Raises:
+        ValueError: inputs of different lengths, or an unknown ``reduction``.
+    """
+    from diffusers.training_utils import compute_loss_weighting_for_sd3
+
+    m = len(latents)
+    if not (len(noise) == len(prompt_embeds) == m) or m == 0:
+        raise ValueError(f"A pack needs >= 1 image and one noise and text per latent, got {m} latents, {len(noise)} "
+                         f"noises, {len(prompt_embeds)} texts.")
+    if reduction not in ("image", "token"):
+        raise ValueError(f"`reduction` must be 'image' or 'token', got {reduction!r}.")
+    family = flow_family(transformer)
+    dev = latents[0].device
+    dtype = latents[0].dtype if dtype is None else dtype
+    sig = torch.as_tensor(sigmas, dtype=torch.float32, device=dev).reshape(-1)
+    if sig.numel() != m:
+        raise ValueError(f"`sigmas` must hold one sigma per image ({m}), got {sig.numel()}.")
+    noisy = [(1 - s) * x.float() + s * n.float() for s, x, n in zip(sig, latents, noise)]
+    text = [e.to(dtype) for e in prompt_embeds]
+    pooled = pooled_projections.to(dtype)
+    if family == "sd3":
+        p = transformer.config.patch_size
+        to_tokens = lambda x: patchify(x, p)
+        out = packed_sd3_forward(transformer, [x.to(dtype) for x in noisy], text, pooled,
+                                 (sig * num_train_timesteps).to(dtype), max_tokens=max_tokens,
+                                 max_text_tokens=max_text_tokens, meta=meta, backend=backend)
+    else:
+        to_tokens = flux_pack_latent
+        grids = [(x.shape[-2] // 2, x.shape[-1] // 2) for x in latents]
+        out = packed_flux_forward(transformer, [to_tokens(x).to(dtype) for x in noisy], grids, text, pooled,
+                                  sig.to(dtype), None if guidance is None else guidance.to(dtype),
+                                  max_tokens=max_tokens, max_text_tokens=max_text_tokens, meta=meta,
+                                  backend=backend)
+    meta = out.meta
+    length = int(meta.document_id.size)
+    doc = torch.as_tensor(meta.document_id, device=dev).long()
+    idx, real = doc.clamp(min=0), (doc >= 0)
+    pred = out.sample[0].float()  # (L, D)
+    if precondition_outputs:
+        pred = pred * (-sig[idx])[:, None] + pack_tokens([to_tokens(x) for x in noisy], length)[0]
+        target = pack_tokens([to_tokens(x.float()) for x in latents], length)[0]
+    else:
+        target = pack_tokens([to_tokens(n.float() - x.float()) for x, n in zip(latents, noise)], length)[0]
+    weight = compute_loss_weighting_for_sd3(weighting_scheme, sig).float()  # (m,)
+    se = ((pred - target) ** 2).sum(-1) * weight[idx] * real  # (L,): padding masked
+    per_sum = torch.zeros(m, device=dev, dtype=se.dtype).index_add(0, idx, se)
+    elems = torch.as_tensor(meta.seq_lens, device=dev, dtype=se.dtype) * pred.shape[-1]
+    per_image = per_sum / elems
+    loss = per_image.mean() if reduction == "image" else per_sum.sum() / elems.sum()
+    return PackedLoss(loss, per_image, meta)
+
+
+class PackedFlowModel(torch.nn.Module):
+    """An ``nn.Module`` around an SD3/Flux transformer whose ``forward`` is :func:`packed_flow_loss`.
+
+    Prepare this wrapper with ``accelerator.prepare`` (not the bare transformer) so that DDP/FSDP see the packed
+    computation as the module's forward; ``accelerator.unwrap_model(model).transformer`` is the transformer to
+    save. ``forward`` takes :func:`packed_flow_loss`'s arguments after ``transformer`` and returns
+    ``(loss, per_image)``; the last call's layout is :attr:`last_meta`.
+    """
+
+    def __init__(self, transformer: Any, backend: Backend = "auto") -> None:
+        super().__init__()
+        self.family = flow_family(transformer)
+        enable_packed_attention(transformer)
+        self.transformer = transformer
+        self.backend = backend
+        self.last_meta: PackMeta | None = None
+
+    def forward(self, latents: Sequence[torch.Tensor], noise: Sequence[torch.Tensor],
+                prompt_embeds: Sequence[torch.Tensor], pooled_projections: torch.Tensor, sigmas: Any,
+                **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        kwargs.setdefault("backend", self.backend)
+        out = packed_flow_loss(self.transformer, latents, noise, prompt_embeds, pooled_projections, sigmas, **kwargs)
+        self.last_meta = out.meta
+        return out.loss, out.per_image

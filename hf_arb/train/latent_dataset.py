@@ -1,0 +1,80 @@
+"""A map-style dataset over a built latent cache (:mod:`hf_arb.train.latents`): the cached-latents counterpart of
+:class:`hf_arb.images.dataset.BucketedImageDataset`, keyed and collated the same way."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from hf_arb.images.collate import choose_caption, collate_common
+from .latents import CacheIndex, LatentCache, LatentCacheError
+
+logger = logging.getLogger(__name__)
+
+
+class CachedLatentDataset:
+    """Map-style dataset over a built cache; items are keyed like ``BucketedImageDataset``'s.
+
+    ``dataset[(row, bucket, epoch)]`` → ``{"latent_stats": (2, C, h, w) float32 tensor, "original_size",
+    "crop_top_left", "target_size", "caption", "row", "bucket"}``; :meth:`collate` stacks a batch into
+    ``latent_stats`` ``(B, 2, C, h, w)``, ``original_sizes`` / ``crop_top_lefts`` / ``target_sizes`` ``(B, 2)``,
+    ``captions`` (list of str), ``rows`` and ``buckets`` (``(B,)``).
+
+    Args:
+        cache, index: from :func:`build_index` / :func:`fill_cache`.
+        captions: one caption, or a list of captions, per dataset row. From a list, epoch ``e`` takes the caption
+            ``BucketedImageDataset`` takes (same per-row stream; the global RNG is not used).
+        seed: for caption choice.
+        repair: ``(row, bucket, epoch)`` → encode that entry again and write it to the cache. Called when an entry
+            fails verification on read (damaged after the cache was built); the entry is re-read afterwards.
+            Without it a damaged entry raises :class:`LatentCacheError`.
+    """
+
+    def __init__(self, cache: LatentCache, index: CacheIndex, captions: Sequence[Any], seed: int = 0,
+                 repair: Callable[[int, int, int], None] | None = None) -> None:
+        self.cache = cache
+        self.index = index
+        self.captions = captions
+        self.seed = int(seed)
+        self.repair = repair
+
+    def __len__(self) -> int:
+        return len(self.captions)
+
+    def _caption(self, row: int, epoch: int) -> str:
+        return choose_caption(self.captions[row], seed=self.seed, epoch=epoch, row=row)
+
+    def __getitem__(self, key: tuple[int, int, int]) -> dict[str, Any]:
+        import torch
+
+        row, bucket, epoch = (int(x) for x in key)
+        entry = self.index.key(row, bucket, epoch)
+        try:
+            stats, meta = self.cache.read(entry)
+        except (LatentCacheError, KeyError) as e:
+            if self.repair is None:
+                raise
+            logger.warning("Latent cache entry %s (row %d, bucket %d) unusable (%s): encoding it again.", entry, row,
+                           bucket, getattr(e, "reason", "missing"))
+            self.repair(row, bucket, epoch)
+            self.index.repaired += 1
+            stats, meta = self.cache.read(entry)
+        return {
+            "latent_stats": torch.from_numpy(np.array(stats, dtype=np.float32)),
+            "original_size": meta["original_size"],
+            "crop_top_left": meta["crop_top_left"],
+            "target_size": meta["target_size"],
+            "caption": self._caption(row, epoch),
+            "row": row,
+            "bucket": bucket,
+        }
+
+    @staticmethod
+    def collate(items: list[dict[str, Any]]) -> dict[str, Any]:
+        """Stack a batch: ``latent_stats`` ``(B, 2, C, h, w)`` plus the common fields (:mod:`hf_arb.images.collate`)."""
+        import torch
+
+        return {"latent_stats": torch.stack([it["latent_stats"] for it in items]), **collate_common(items)}
