@@ -8,6 +8,7 @@ moving a flag from one to the other gets argparse's error plus one sentence nami
 from __future__ import annotations
 
 import argparse
+import re
 from collections.abc import Iterable
 from typing import Any, NoReturn
 
@@ -56,3 +57,35 @@ class FlagParser(argparse.ArgumentParser):
             if hints:
                 message = f"{message} ({'; '.join(hints)})"
         super().error(message)
+
+
+#: Python parameter names (BucketSet, add_bucket_columns) → the flags that set them, for messages phrased in flags
+FLAG_NAMES = {"resolution": "--resolution", "step": "--step", "max_aspect_error": "--max-aspect-error",
+              "min_side": "--min-side", "max_side": "--max-side", "metric": "--metric",
+              "aspect_range": "--aspect-range", "image_column": "--image-column", "width_column": "--width-column",
+              "height_column": "--height-column", "max_upscale": "--max-upscale", "min_size": "--min-size",
+              "batch_size": "--batch-size", "num_proc": "--num-proc"}
+
+
+_PARAM = re.compile(r"`(\w+)`|\b(\w+)=(\.\.\.)?")
+
+
+def in_flags(message: str, names: dict[str, str] | None = None) -> str:
+    """A library error message with its parameter names replaced by flags.
+
+    With ``names`` (``{text: replacement}``, e.g. the training script's own flag names), each text is replaced as
+    it is. Without, this CLI's :data:`FLAG_NAMES`: `` `step` `` → ``--step``, ``image_column=...`` →
+    ``--image-column``, ``width_column='w'`` → ``--width-column 'w'``.
+    """
+    if names is not None:
+        for name, flag in names.items():
+            message = message.replace(name, flag)
+        return message
+
+    def flag(m: re.Match[str]) -> str:
+        name = m.group(1) or m.group(2)
+        if name not in FLAG_NAMES:
+            return m.group(0)
+        return FLAG_NAMES[name] if m.group(1) or m.group(3) else FLAG_NAMES[name] + " "
+
+    return re.sub(r"(--[\w-]+) \(\1\)", r"\1", _PARAM.sub(flag, message))  # "`step` (--step)" said once

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from hf_arb.train.files import STATE_FILE
 import pytest
 from _train_fixtures import GROUP, batch_result, cut_after_header
 from test_train import (
@@ -229,7 +230,7 @@ def test_tampered_global_step_is_refused(ckpt_run, assets, tmp_path) -> None:
     """A step edited in a checkpoint renamed to match it: caught after loading, where the optimizer's step tells."""
     out = tmp_path / "run"
     shutil.copytree(ckpt_run / "checkpoint-4", out / "checkpoint-3")
-    state = out / "checkpoint-3" / script.STATE_FILE
+    state = out / "checkpoint-3" / STATE_FILE
     state.write_text(json.dumps({**json.loads(state.read_text()), "global_step": 3}))
     try:
         with pytest.raises(ValueError, match=r"inconsistent: hf_arb_state.json says global_step 3, but its "
@@ -267,7 +268,7 @@ def test_resume_with_other_batch_flags_is_one_line_in_flags_before_the_data(ckpt
 @pytest.mark.xdist_group("fault_ckpt")
 def test_a_step_that_is_not_the_folders_is_one_line_before_the_data(ckpt_run, assets, tmp_path, monkeypatch) -> None:
     out = _copy_checkpoints(ckpt_run, tmp_path / "run", "checkpoint-4")
-    state = out / "checkpoint-4" / script.STATE_FILE
+    state = out / "checkpoint-4" / STATE_FILE
     state.write_text(json.dumps({**json.loads(state.read_text()), "global_step": 3}))
     monkeypatch.setattr(script, "dataset_with_buckets", _no_data)
     with pytest.raises(script.UsageError, match=r"checkpoint-4: hf_arb_state.json says global_step 3, but the folder "

@@ -31,6 +31,9 @@ sys.path.insert(0, str(ROOT))
 from _train_fixtures import GROUP, SD_BASE, SDXL_OWN_BUCKETS, batch_result  # noqa: E402
 
 import train_text_to_image_arb as script  # noqa: E402
+from hf_arb.families import get_family  # noqa: E402
+from hf_arb.train import files as train_files  # noqa: E402
+from hf_arb.train import outputs as train_outputs  # noqa: E402
 
 COMMON = [*SD_BASE, "--full_finetune"]
 
@@ -205,7 +208,7 @@ def test_micro_step_generator_is_pure_and_distinct():
 def test_validation_shapes_are_portrait_square_landscape():
     from hf_arb import BucketSet
 
-    shapes = script.validation_shapes(BucketSet.from_budget(64, step=16))
+    shapes = train_outputs.validation_shapes(BucketSet.from_budget(64, step=16))
     aspects = [w / h for w, h in shapes]
     assert aspects[0] < 1 and aspects[1] == 1 and aspects[2] > 1
 
@@ -215,7 +218,7 @@ def test_image_grid_pastes_mixed_sizes():
 
     rows = [[Image.new("RGB", (32, 96), "red"), Image.new("RGB", (64, 64), "blue")],
             [Image.new("RGB", (32, 96), "green"), Image.new("RGB", (64, 64), "black")]]
-    grid = script.image_grid(rows)
+    grid = train_outputs.image_grid(rows)
     assert grid.size == (96, 192)
     assert grid.getpixel((10, 10)) == (255, 0, 0) and grid.getpixel((40, 100)) == (0, 0, 0)
 
@@ -228,7 +231,7 @@ def test_model_card_with_and_without_validation(tmp_path, with_validation):
                               "--output_dir", str(tmp_path), "--report_to", "none", "--full_finetune"]
                              + (["--validation_prompts", "a cat", "a dog"] if with_validation else []))
     images = [str(tmp_path / "validation" / "step-000004.png")] if with_validation else []
-    path = script.save_model_card(args, "me/arb-model", BucketSet.from_budget(64, step=16), sdxl=False,
+    path = train_outputs.save_model_card(args, "me/arb-model", BucketSet.from_budget(64, step=16), get_family("sd"),
                                   images=images, stats={"global_step": 4})
     text = path.read_text()
     assert text.startswith("---\n") and "base_model: base/model" in text and "StableDiffusionPipeline" in text
@@ -255,7 +258,7 @@ def test_missing_checkpoint_is_an_error(assets, tmp_path):
 def test_resume_with_another_seed_is_an_error(assets, tmp_path):
     ckpt = tmp_path / "checkpoint-3"
     ckpt.mkdir()
-    (ckpt / script.STATE_FILE).write_text(json.dumps({"global_step": 3, "seed": 5}))
+    (ckpt / train_files.STATE_FILE).write_text(json.dumps({"global_step": 3, "seed": 5}))
     for name in ("optimizer.bin", "scheduler.bin", "random_states_0.pkl", "custom_checkpoint_0.pkl"):
         torch.save({}, ckpt / name)  # readable files: `latest` does not skip this checkpoint as damaged
     (ckpt / "unet").mkdir()
@@ -317,7 +320,7 @@ def test_batches_have_bucket_shapes(sd_run):
     out, stats = sd_run
     trace = read_trace(out, 0)
     assert [t["step"] for t in trace] == [0, 1, 2, 3] and stats["global_step"] == 4
-    buckets = json.loads((out / script.BUCKETS_FILE).read_text())["resolutions"]
+    buckets = json.loads((out / train_files.BUCKETS_FILE).read_text())["resolutions"]
     for t in trace:
         w, h = buckets[t["bucket"]]
         assert t["shape"] == [2, 3, h, w]  # pixel batch (B, 3, H, W) of exactly the bucket
@@ -356,7 +359,7 @@ def test_checkpoint_limit_and_validation_grid(sd_run):
     grid = Image.open(out / "validation" / "step-000004.png")
     from hf_arb import BucketSet
 
-    shapes = script.validation_shapes(BucketSet.from_dict(json.loads((out / script.BUCKETS_FILE).read_text())))
+    shapes = train_outputs.validation_shapes(BucketSet.from_dict(json.loads((out / train_files.BUCKETS_FILE).read_text())))
     assert shapes == [(48, 80), (64, 64), (80, 48)]  # the 2:3, 1:1 and 3:2 buckets of the 64-px budget
     # one row (one prompt), one column per shape
     assert grid.size == (sum(w for w, _ in shapes), max(h for _, h in shapes))
@@ -478,16 +481,16 @@ def test_sdxl_trains_with_pipeline_time_ids_and_saves_stock_pipeline(assets, ddp
 
     run = batch_result(ddp_batch, "sdxl-annotated")
     stats, out = run["stats"], run["out"]
-    assert stats["sdxl"] is True and stats["global_step"] == 3 and stats["num_processes"] == 2
+    assert stats["family"] == "sdxl" and stats["global_step"] == 3 and stats["num_processes"] == 2
     # both ranks encoded a share of the cache: together every image once per variant (3 steps -> 1 epoch -> 1)
     assert stats["latents_encoded"] == 20 and stats["latents_reused"] == 0
     own = BucketSet(SDXL_OWN_BUCKETS)
     # the dataset's bucket set (the run passes no bucket-table flag; with one, the rows are re-assigned to it)
-    assert BucketSet.from_dict(json.loads((out / script.BUCKETS_FILE).read_text())).fingerprint == own.fingerprint
+    assert BucketSet.from_dict(json.loads((out / train_files.BUCKETS_FILE).read_text())).fingerprint == own.fingerprint
     pipe = StableDiffusionXLPipeline.from_pretrained(out)
     proj = pipe.text_encoder_2.config.projection_dim
     images = datasets.load_dataset("imagefolder", data_dir=assets["images"], split="train")
-    buckets = json.loads((out / script.BUCKETS_FILE).read_text())["resolutions"]
+    buckets = json.loads((out / train_files.BUCKETS_FILE).read_text())["resolutions"]
     r0, r1 = read_trace(out, 0), read_trace(out, 1)
     assert [t["bucket"] for t in r0] == [t["bucket"] for t in r1]
     for t in r0 + r1:
@@ -530,7 +533,7 @@ def test_cache_latents_covers_catch_all_batches(assets, tmp_path):
     trace = read_trace(tmp_path, 0)
     from hf_arb import BucketSet
 
-    buckets = BucketSet.from_dict(json.loads((tmp_path / script.BUCKETS_FILE).read_text()))
+    buckets = BucketSet.from_dict(json.loads((tmp_path / train_files.BUCKETS_FILE).read_text()))
     sizes = [im.size for im in datasets.load_dataset("imagefolder", data_dir=assets["images"], split="train")["image"]]
     own, _ = buckets.assign([w for w, _ in sizes], [h for _, h in sizes])
     trained = {(r, t["bucket"]) for t in trace for r in t["rows"]}

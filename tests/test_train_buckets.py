@@ -21,6 +21,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import train_text_to_image_arb as script  # noqa: I001 (after the sys.path line)
+from hf_arb.train import args as train_args  # noqa: E402
+from hf_arb.train import data as train_data  # noqa: E402
+from hf_arb.train import files as train_files  # noqa: E402
 from test_train import COMMON, run_script
 from test_train import assets as _assets  # the shared tiny models and photos (a session fixture)
 
@@ -46,7 +49,7 @@ def parse(sd_folder: str, *extra: str):
 
 
 def test_bucket_preset_choices_are_every_library_preset():
-    action = next(a for a in script.build_parser()._actions if "--bucket_preset" in a.option_strings)
+    action = next(a for a in train_args.build_parser()._actions if "--bucket_preset" in a.option_strings)
     assert tuple(action.choices) == PRESETS and len(PRESETS) == 10
 
 
@@ -56,24 +59,24 @@ def test_every_preset_builds_the_library_table(name, sd_folder):
     info = PRESET_INFO[name]
     assert args.bucket_step == info.default_step  # the preset's own step (diffusers: 16), not budget's 64
     expected = BucketSet.preset(name, resolution=512 if info.default_resolution else None, step=info.default_step)
-    assert script.bucket_set_from_args(args) == expected
+    assert train_data.bucket_set_from_args(args) == expected
 
 
 def test_default_is_budget_at_the_family_resolution(sd_folder):
     args = parse(sd_folder)
     assert (args.bucket_preset, args.bucket_step, args.bucket_metric) == ("budget", 64, "log")
-    assert script.bucket_set_from_args(args) == BucketSet.preset("budget", resolution=512)
+    assert train_data.bucket_set_from_args(args) == BucketSet.preset("budget", resolution=512)
 
 
 def test_aspect_ratio_buckets_are_height_first(sd_folder):
     args = parse(sd_folder, "--aspect_ratio_buckets", "1024,1024;768,1360")
-    bs = script.bucket_set_from_args(args)
+    bs = train_data.bucket_set_from_args(args)
     assert args.bucket_preset is None and bs.resolutions.tolist() == [[1024, 1024], [1360, 768]]
     assert bs.metric == "log"
-    native = script.bucket_set_from_args(parse(sd_folder, "--aspect_ratio_buckets", "1024,1024;768,1360",
+    native = train_data.bucket_set_from_args(parse(sd_folder, "--aspect_ratio_buckets", "1024,1024;768,1360",
                                                "--bucket_metric", "native"))
     assert native == BucketSet.from_string("1024,1024;768,1360") and native.metric == "cross"  # find_nearest_bucket
-    assert "`--aspect_ratio_buckets 1024,1024;768,1360`" in script.bucket_origin(args)
+    assert "`--aspect_ratio_buckets 1024,1024;768,1360`" in train_data.bucket_origin(args)
 
 
 @pytest.mark.parametrize("extra, message", [
@@ -97,11 +100,11 @@ def test_bad_bucket_flags_fail_at_parse_time_in_flags(extra, message, sd_folder)
 def test_kohya_side_flags_reach_the_table(sd_folder):
     args = parse(sd_folder, "--bucket_preset", "kohya", "--resolution", "1536", "--bucket_max_side", "2048",
                  "--bucket_min_side", "512")
-    assert script.bucket_set_from_args(args) == BucketSet.preset("kohya", 1536, 64, min_side=512, max_side=2048)
+    assert train_data.bucket_set_from_args(args) == BucketSet.preset("kohya", 1536, 64, min_side=512, max_side=2048)
 
 
 def test_bucket_metric_linear_reproduces_novelai_assignment(sd_folder):
-    bs = script.bucket_set_from_args(parse(sd_folder, "--bucket_preset", "novelai", "--bucket_metric", "linear"))
+    bs = train_data.bucket_set_from_args(parse(sd_folder, "--bucket_preset", "novelai", "--bucket_metric", "linear"))
     assert bs == BucketSet.novelai(metric="linear")
     w = np.arange(300, 3000, 7, dtype=np.int64)
     h = np.full_like(w, 1000)
@@ -109,24 +112,24 @@ def test_bucket_metric_linear_reproduces_novelai_assignment(sd_folder):
     # NovelAI's reference rule: argmin |bucket aspect - image aspect| per image
     reference = np.abs(bs.aspects[None, :] - (w / h)[:, None]).argmin(axis=1)
     assert np.array_equal(ids, reference)
-    log_ids, _ = script.bucket_set_from_args(parse(sd_folder, "--bucket_preset", "novelai")).assign(w, h)
+    log_ids, _ = train_data.bucket_set_from_args(parse(sd_folder, "--bucket_preset", "novelai")).assign(w, h)
     assert (log_ids != ids).any()  # the flag changes the assignment
 
 
 def test_fixed_table_note_is_logged_once_and_only_on_the_main_process(sd_folder, caplog):
     args = parse(sd_folder, "--bucket_preset", "flux_kontext")
-    _, notes = script.bucket_table_from_args(args)
+    _, notes = train_data.bucket_table_from_args(args)
     assert notes == preset_notes("flux_kontext", 512) and len(notes) == 1  # the sentence `hf-arb buckets` prints
     with caplog.at_level(logging.INFO, logger=script.logger.name):
-        script.log_bucket_notes(args, notes)
+        train_data.log_bucket_notes(args, notes)
     assert [(r.levelno, r.getMessage()) for r in caplog.records] == [
         (logging.INFO, f"--bucket_preset: {notes[0]}")]  # --resolution was the SD default: info, not a warning
     caplog.clear()
     with caplog.at_level(logging.INFO, logger=script.logger.name):
-        script.log_bucket_notes(parse(sd_folder, "--bucket_preset", "sdxl", "--resolution", "768"),
+        train_data.log_bucket_notes(parse(sd_folder, "--bucket_preset", "sdxl", "--resolution", "768"),
                                 preset_notes("sdxl", 768))
     assert [r.levelno for r in caplog.records] == [logging.WARNING]  # given explicitly: a warning
-    assert script.bucket_table_from_args(parse(sd_folder, "--bucket_preset", "pixart"))[1] == []
+    assert train_data.bucket_table_from_args(parse(sd_folder, "--bucket_preset", "pixart"))[1] == []
 
 
 @pytest.fixture(scope="module")
@@ -171,7 +174,7 @@ def test_training_on_a_bucket_string_with_linear_metric(tmp_path, assets):
                         "--output_dir", str(tmp_path), *COMMON, "--max_train_steps", "1",
                         "--aspect_ratio_buckets", table, "--bucket_metric", "linear"])
     assert stats["global_step"] == 1
-    saved = json.loads((tmp_path / script.BUCKETS_FILE).read_text())
+    saved = json.loads((tmp_path / train_files.BUCKETS_FILE).read_text())
     assert saved["metric"] == "linear" and saved["resolutions"] == [[64, 64], [96, 48], [48, 96]]
     trace = [json.loads(line) for line in (tmp_path / "batches" / "rank0.jsonl").read_text().splitlines()]
     assert len(trace) == 1
@@ -210,7 +213,7 @@ def test_explicit_bucket_flags_reassign_an_annotated_dataset(sd_folder, annotate
     assert ds["bucket"] == wanted.assign(w, h)[0].tolist()  # the rows now sit in the requested table's buckets
     warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warned) == 1 and "--bucket_preset novelai" in warned[0] and "re-assigned its 5 rows" in warned[0]
-    assert "--bucket_preset novelai" in script.bucket_origin(args)
+    assert "--bucket_preset novelai" in train_data.bucket_origin(args)
 
 
 def test_annotated_dataset_without_table_flags_keeps_its_buckets_and_the_card_says_so(sd_folder,
@@ -220,7 +223,7 @@ def test_annotated_dataset_without_table_flags_keeps_its_buckets_and_the_card_sa
         ds, buckets = script.dataset_with_buckets(args, None)
     assert buckets == BucketSet.preset("budget", resolution=1024)
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
-    origin = script.bucket_origin(args)
+    origin = train_data.bucket_origin(args)
     assert "dataset's own bucket columns" in origin and "--bucket_preset" not in origin
     # --resolution alone is not applied to the dataset's table: one warning names it
     caplog.clear()

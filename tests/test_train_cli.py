@@ -21,6 +21,11 @@ SCRIPT = ROOT / "train_text_to_image_arb.py"
 sys.path.insert(0, str(ROOT))
 
 import train_text_to_image_arb as script  # noqa: E402
+from hf_arb.families import get_family  # noqa: E402
+from hf_arb.train import arg_checks as train_arg_checks  # noqa: E402
+from hf_arb.train import args as train_args  # noqa: E402
+from hf_arb.train import data as train_data  # noqa: E402
+from hf_arb.train import outputs as train_outputs  # noqa: E402
 
 UPSTREAM = json.loads((ROOT / "tests" / "fixtures" / "upstream_flags.json").read_text())
 #: (model family, LoRA) each upstream script stands for; our one script picks its defaults from these.
@@ -49,7 +54,7 @@ def test_fixture_covers_the_four_scripts():
 def test_every_upstream_flag_is_accepted_with_its_default(upstream, tmp_path, monkeypatch):
     monkeypatch.delenv("LOCAL_RANK", raising=False)
     family, lora = CONTEXT[upstream]
-    parser = script.build_parser()
+    parser = train_args.build_parser()
     ours = {s[2:]: a for a in parser._actions for s in a.option_strings if s.startswith("--")}
     flags = UPSTREAM["scripts"][upstream]
     missing = sorted(set(flags) - set(ours))
@@ -68,7 +73,7 @@ def test_every_upstream_flag_is_accepted_with_its_default(upstream, tmp_path, mo
 
 
 def test_help_says_which_meaning_changed_and_family_defaults():
-    text = " ".join(script.build_parser().format_help().split())
+    text = " ".join(train_args.build_parser().format_help().split())
     assert "CHANGED MEANING: the pixel budget" in text and "SD 512 | SDXL 1024" in text
     assert "(default: drop)" in text  # argparse shows defaults
 
@@ -76,7 +81,7 @@ def test_help_says_which_meaning_changed_and_family_defaults():
 def test_lr_scheduler_list_matches_diffusers():
     from diffusers.optimization import SchedulerType
 
-    assert set(script.LR_SCHEDULERS) == {s.value for s in SchedulerType}
+    assert set(train_arg_checks.LR_SCHEDULERS) == {s.value for s in SchedulerType}
 
 
 # ------------------------------------------------------------------- subprocess: timings and one-liners
@@ -216,7 +221,7 @@ def test_run_ends_with_one_line_saying_where_and_how_to_load(mode, tmp_path, cap
     out.mkdir()
     args = script.parse_args(["--pretrained_model_name_or_path", model, "--train_data_dir", str(tmp_path),
                               "--output_dir", str(out), "--report_to", "none", *mode])
-    script.finish_outputs(args, script.bucket_set_from_args(args), SimpleNamespace(sdxl=False, family="sd"), [],
+    train_outputs.finish_outputs(args, train_data.bucket_set_from_args(args), SimpleNamespace(family=get_family("sd")), [],
                           {"global_step": 1})
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("Saved to")]
     load = (f'pipe.load_lora_weights("{out}")' if args.lora
@@ -244,10 +249,10 @@ def test_validation_shows_a_progress_bar_of_its_images(tmp_path, capsys):
     args = script.parse_args(["--pretrained_model_name_or_path", model, "--train_data_dir", str(tmp_path),
                               "--output_dir", str(tmp_path / "out"), "--full_finetune", "--resolution", "64",
                               "--bucket_step", "16", "--validation_prompts", "a", "b", "--seed", "0"])
-    buckets = script.bucket_set_from_args(args)
+    buckets = train_data.bucket_set_from_args(args)
     main = SimpleNamespace(is_main_process=True, device="cpu", trackers=[])
     script.log_validation(args, main, None, None, buckets, 1, None, pipe=Pipe())
-    n = 2 * len(script.validation_shapes(buckets)) * args.num_validation_images
+    n = 2 * len(train_outputs.validation_shapes(buckets)) * args.num_validation_images
     err = capsys.readouterr().err  # one bar (leave=False: cleared once the grid is saved), counts and rate
     assert err.count(f"Validation images:   0%|          | 0/{n} [") == 1 and "img/s" in err
     assert script.log_validation(args, SimpleNamespace(is_main_process=False), None, None, buckets, 1, None,
@@ -278,7 +283,7 @@ def test_model_card_states_the_real_precision_and_a_trained_shape(tmp_path):
     args = script.parse_args(["--pretrained_model_name_or_path", model, "--train_data_dir", str(tmp_path),
                               "--output_dir", str(out), "--full_finetune", "--aspect_ratio_buckets", "96,48"])
     assert args.mixed_precision is None
-    card = script.save_model_card(args, str(out), script.bucket_set_from_args(args), sdxl=False,
+    card = train_outputs.save_model_card(args, str(out), train_data.bucket_set_from_args(args), get_family("sd"),
                                   stats={"global_step": 1, "mixed_precision": "bf16"}).read_text()
     assert "* mixed precision: bf16;" in card
     assert 'pipe("a photo", height=96, width=48)' in card and "height=768" not in card

@@ -19,6 +19,10 @@ import torch
 from test_train import ROOT, run_script
 
 import train_text_to_image_arb as script
+from hf_arb.families import Models, get_family  # noqa: E402
+from hf_arb.train import arg_checks as train_arg_checks  # noqa: E402
+from hf_arb.train import args as train_args  # noqa: E402
+from hf_arb.train import data as train_data  # noqa: E402
 
 UPSTREAM = json.loads((ROOT / "tests" / "fixtures" / "upstream_dreambooth_flags.json").read_text())
 FAMILY = {"train_dreambooth_lora_sd3.py": ("sd3", "StableDiffusion3Pipeline"),
@@ -65,7 +69,7 @@ def test_every_dreambooth_flag_is_accepted_at_upstream_default(upstream, tmp_pat
     monkeypatch.delenv("LOCAL_RANK", raising=False)
     family, pipeline = FAMILY[upstream]
     flags = UPSTREAM["scripts"][upstream]
-    ours = {s[2:] for a in script.build_parser()._actions for s in a.option_strings if s.startswith("--")}
+    ours = {s[2:] for a in train_args.build_parser()._actions for s in a.option_strings if s.startswith("--")}
     assert len(flags) > 60 and not sorted(set(flags) - ours)
     argv = ["--pretrained_model_name_or_path", fake_model(tmp_path, family, pipeline), "--instance_data_dir",
             str(tmp_path), "--instance_prompt", "photo of sks dog", "--rank", "4", "--train_text_encoder"]
@@ -90,9 +94,9 @@ def _changed(flag: str, default: object) -> list[str]:
     return [f"--{flag}", "0.5" if flag == "prodigy_beta3" else "x" if default is None else "2"]
 
 
-@pytest.mark.parametrize("flag", sorted(script.UNSUPPORTED_DREAMBOOTH_FLAGS))
+@pytest.mark.parametrize("flag", sorted(train_arg_checks.UNSUPPORTED_DREAMBOOTH_FLAGS))
 def test_unsupported_dreambooth_flags_are_refused_in_one_line_saying_why(flag):
-    default = script.UNSUPPORTED_DREAMBOOTH_FLAGS[flag][0]
+    default = train_arg_checks.UNSUPPORTED_DREAMBOOTH_FLAGS[flag][0]
     with pytest.raises(script.UsageError) as err:
         script.parse_args(["--pretrained_model_name_or_path", "m", "--instance_data_dir", "d", "--instance_prompt",
                            "p", "--rank", "4", *_changed(flag, default)])
@@ -119,9 +123,9 @@ def test_instance_folder_takes_one_prompt_or_its_caption_column_and_repeats(asse
     """A folder of images + --instance_prompt: every caption is the prompt (the folder's own captions are not used,
     as upstream); --caption_column over the folder: its captions; --repeats N: every row N times."""
     base = ["--pretrained_model_name_or_path", "m", "--instance_data_dir", assets["images"], "--rank", "4"]
-    ds = script.load_raw_dataset(script.parse_args([*base, "--instance_prompt", "photo of sks", "--repeats", "2"]))
+    ds = train_data.load_raw_dataset(script.parse_args([*base, "--instance_prompt", "photo of sks", "--repeats", "2"]))
     assert len(ds) == 40 and set(ds["text"]) == {"photo of sks"}
-    own = script.load_raw_dataset(script.parse_args([*base, "--caption_column", "text"]))
+    own = train_data.load_raw_dataset(script.parse_args([*base, "--caption_column", "text"]))
     assert len(own) == 20 and len(set(own["text"])) > 1 and "photo of sks" not in own["text"]
 
 
@@ -139,7 +143,7 @@ def test_use_dora_trains_dora_adapters(assets):
     from diffusers import UNet2DConditionModel
 
     unet = UNet2DConditionModel.from_pretrained(assets["sd"], subfolder="unet")
-    models = script.Models(None, [], [], None, unet, sdxl=False)
+    models = Models(get_family("sd"), None, [], [], None, unet)
     args = script.parse_args(["--pretrained_model_name_or_path", "m", "--train_data_dir", "d", "--rank", "2",
                               "--use_dora"])
     script.setup_lora(args, models, torch.float32)
@@ -156,7 +160,7 @@ def test_text_encoder_lr_and_weight_decay_are_the_encoders_parameter_group(asset
     for extra, group in (([], {}), (["--text_encoder_lr", "5e-6", "--adam_weight_decay_text_encoder", "1e-3"],
                                     {"lr": 5e-6, "weight_decay": 1e-3})):
         pipe = StableDiffusionPipeline.from_pretrained(assets["sd"])
-        models = script.Models(None, [pipe.tokenizer], [pipe.text_encoder], None, pipe.unet, sdxl=False)
+        models = Models(get_family("sd"), None, [pipe.tokenizer], [pipe.text_encoder], None, pipe.unet)
         args = script.parse_args([*base, *extra])
         groups = script.setup_lora(args, models, torch.float32)
         optimizer = script.make_optimizer(args, groups)
@@ -169,7 +173,7 @@ def test_text_encoder_lr_and_weight_decay_are_the_encoders_parameter_group(asset
 
 def test_a_missing_tracker_warns_once_and_training_goes_on(monkeypatch, caplog, tmp_path):
     """The default --report_to tensorboard, not installed: one warning, then no tracker (accelerate's behaviour)."""
-    monkeypatch.setitem(script.TRACKERS, "tensorboard", ("no_such_module_for_issue_22",))
+    monkeypatch.setitem(train_arg_checks.TRACKERS, "tensorboard", ("no_such_module_for_issue_22",))
     model = tmp_path / "model"  # a local model folder: a Hub id is looked up (and refused offline) by this check
     model.mkdir()
     (model / "model_index.json").write_text("{}")

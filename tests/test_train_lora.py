@@ -21,6 +21,7 @@ from _train_fixtures import GROUP, batch_result
 from test_train import COMMON, ROOT, read_trace, run_script
 
 import train_text_to_image_arb as script
+from hf_arb.families import Models, get_family  # noqa: E402
 
 LORA_WRAPPER = ROOT / "train_text_to_image_lora_arb.py"
 BASE = [a for a in COMMON if a != "--full_finetune"]
@@ -77,8 +78,8 @@ def test_lora_adapters_are_fp32_on_a_bf16_base(assets):
     from diffusers import StableDiffusionXLPipeline
 
     pipe = StableDiffusionXLPipeline.from_pretrained(assets["sdxl"])
-    models = script.Models(pipe.scheduler, [pipe.tokenizer, pipe.tokenizer_2], [pipe.text_encoder, pipe.text_encoder_2],
-                           pipe.vae, pipe.unet, sdxl=True)
+    models = Models(get_family("sdxl"), pipe.scheduler, [pipe.tokenizer, pipe.tokenizer_2],
+                    [pipe.text_encoder, pipe.text_encoder_2], pipe.vae, pipe.unet)
     args = script.parse_args(base_args("--rank", "2", "--train_text_encoder"))
     groups = script.setup_lora(args, models, torch.bfloat16)  # --train_text_encoder: UNet group + one per encoder
     assert len(groups) == 3
@@ -219,7 +220,7 @@ def test_sdxl_readme_text_encoder_command_trains_both_encoders(assets, tmp_path,
         ups = [v for k, v in weights.items() if k.startswith(prefix) and (".up." in k or "lora_B" in k)]
         assert ups and any(float(v.abs().max()) > 0 for v in ups), prefix  # B starts at zero: it trained
     stats = json.loads((out / script.STATS_FILE).read_text())
-    assert stats["sdxl"] and stats["lora"] and stats["global_step"] == 3
+    assert stats["family"] == "sdxl" and stats["lora"] and stats["global_step"] == 3
     pipe = StableDiffusionXLPipeline.from_pretrained(assets["sdxl"])
     pipe.load_lora_weights(str(out))
     image = pipe("a photo", height=48, width=80, num_inference_steps=2, output_type="np").images

@@ -12,6 +12,7 @@ import test_train
 from test_train import COMMON, run_script
 
 import train_text_to_image_arb as script
+from hf_arb.families import unet_loss  # noqa: E402
 
 assets = test_train.assets  # the session's tiny models and images
 _clean_accelerate_state = test_train._clean_accelerate_state
@@ -26,7 +27,7 @@ def bias_args(**kw: object) -> argparse.Namespace:
 @pytest.mark.parametrize("strategy, biased", [("later", slice(750, 1000)), ("earlier", slice(0, 250)),
                                               ("range", slice(100, 300))])
 def test_timestep_bias_weights(strategy, biased):
-    w = script.timestep_bias_weights(bias_args(timestep_bias_strategy=strategy, timestep_bias_multiplier=3.0,
+    w = unet_loss.timestep_bias_weights(bias_args(timestep_bias_strategy=strategy, timestep_bias_multiplier=3.0,
                                                timestep_bias_begin=100, timestep_bias_end=300), 1000)
     assert w.shape == (1000,) and abs(float(w.sum()) - 1) < 1e-6
     mask = torch.zeros(1000, dtype=torch.bool)
@@ -37,7 +38,7 @@ def test_timestep_bias_weights(strategy, biased):
 
 def test_timestep_bias_range_beyond_scheduler_is_an_error():
     with pytest.raises(script.UsageError, match="--timestep_bias_end 1200 exceeds"):
-        script.timestep_bias_weights(bias_args(timestep_bias_strategy="range", timestep_bias_end=1200), 1000)
+        unet_loss.timestep_bias_weights(bias_args(timestep_bias_strategy="range", timestep_bias_end=1200), 1000)
 
 
 def test_dream_adjust_follows_the_paper():
@@ -47,17 +48,17 @@ def test_dream_adjust_follows_the_paper():
     t = torch.tensor([10, 900])
     noise, noisy = torch.randn(2, 4, 3, 3), torch.randn(2, 4, 3, 3)
     # a perfect model: no correction
-    n2, tgt = script.dream_adjust(sched, t, noise, noisy, noise, 1.0, lambda x: noise)
+    n2, tgt = unet_loss.dream_adjust(sched, t, noise, noisy, noise, 1.0, lambda x: noise)
     torch.testing.assert_close(n2, noisy)
     torch.testing.assert_close(tgt, noise)
     # a model predicting zero: delta = noise * sigma ** p; noisy += sigma * delta; target = noise + delta
     sigma = (1 - sched.alphas_cumprod[t]).sqrt().view(-1, 1, 1, 1)
-    n2, tgt = script.dream_adjust(sched, t, noise, noisy, noise, 2.0, lambda x: torch.zeros_like(x))
+    n2, tgt = unet_loss.dream_adjust(sched, t, noise, noisy, noise, 2.0, lambda x: torch.zeros_like(x))
     torch.testing.assert_close(tgt, noise + noise * sigma ** 2)
     torch.testing.assert_close(n2, noisy + sigma * noise * sigma ** 2)
     sched.register_to_config(prediction_type="v_prediction")
     with pytest.raises(script.UsageError, match="epsilon prediction only"):
-        script.dream_adjust(sched, t, noise, noisy, noise, 1.0, lambda x: x)
+        unet_loss.dream_adjust(sched, t, noise, noisy, noise, 1.0, lambda x: x)
 
 
 @pytest.mark.slow

@@ -17,6 +17,7 @@ import test_train
 from test_train import COMMON, read_trace, run_script
 
 import train_text_to_image_arb as script
+from hf_arb.train import files as train_files  # noqa: E402
 
 assets = test_train.assets  # the session's tiny models and images
 BUDGET = 12288
@@ -77,7 +78,7 @@ def pixel_runs(assets, tmp_path_factory) -> dict:
 def test_each_bucket_trains_its_batch_size_and_resumes_exactly(pixel_runs) -> None:
     full, stats = pixel_runs["full"], pixel_runs["stats"]
     trace = read_trace(full, 0)
-    buckets = json.loads((full / script.BUCKETS_FILE).read_text())["resolutions"]
+    buckets = json.loads((full / train_files.BUCKETS_FILE).read_text())["resolutions"]
     sizes = set()
     for t in trace:
         w, h = buckets[t["bucket"]]

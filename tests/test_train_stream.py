@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from _train_fixtures import GROUP, batch_result, stream_argv
+from hf_arb.train.streaming import stream_state_path
 from test_train import (
     max_weight_diff,
     read_trace,
@@ -154,7 +155,7 @@ def test_restore_stream_at_an_epoch_end_and_a_wrong_counter(stream_assets, tmp_p
     steps = stream.steps_per_epoch
     assert sum(1 for _ in loader) == steps
     rank0 = SimpleNamespace(process_index=0)
-    script.stream_state_path(tmp_path, rank0).write_text(json.dumps(stream.state_dict(step=steps)))
+    stream_state_path(tmp_path, rank0).write_text(json.dumps(stream.state_dict(step=steps)))
     _, again = script.build_stream_dataloader(args, None, ds, counts)
     script.restore_stream(rank0, again, tmp_path, script.Progress(micro_step=steps))
     assert (again.epoch, again.step) == (0, steps)

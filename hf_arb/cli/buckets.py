@@ -7,8 +7,10 @@ import re
 import warnings
 from collections.abc import Callable
 
+from hf_arb.buckets.resolve import resolve_buckets
 from hf_arb.buckets.sets import BucketSet
 from hf_arb.buckets.matching import METRICS
+from hf_arb.flag_parser import FLAG_NAMES, in_flags  # noqa: F401  (FLAG_NAMES: the CLI's flag table)
 from hf_arb.checks import check_resolution
 from hf_arb.buckets.presets import PRESETS, preset_notes
 
@@ -40,34 +42,6 @@ class UsageError(ValueError):
     (``hf-arb SUBCOMMAND: error: ...``, exit status 2) instead of a traceback."""
 
 
-#: Python parameter names (BucketSet, add_bucket_columns) → the flags that set them, for messages phrased in flags
-FLAG_NAMES = {"resolution": "--resolution", "step": "--step", "max_aspect_error": "--max-aspect-error",
-              "min_side": "--min-side", "max_side": "--max-side", "metric": "--metric",
-              "aspect_range": "--aspect-range", "image_column": "--image-column", "width_column": "--width-column",
-              "height_column": "--height-column", "max_upscale": "--max-upscale", "min_size": "--min-size",
-              "batch_size": "--batch-size", "num_proc": "--num-proc"}
-_PARAM = re.compile(r"`(\w+)`|\b(\w+)=(\.\.\.)?")
-
-
-def in_flags(message: str, names: dict[str, str] | None = None) -> str:
-    """A library error message with its parameter names replaced by flags.
-
-    With ``names`` (``{text: replacement}``, e.g. the training script's own flag names), each text is replaced as
-    it is. Without, this CLI's :data:`FLAG_NAMES`: `` `step` `` → ``--step``, ``image_column=...`` →
-    ``--image-column``, ``width_column='w'`` → ``--width-column 'w'``.
-    """
-    if names is not None:
-        for name, flag in names.items():
-            message = message.replace(name, flag)
-        return message
-
-    def flag(m: re.Match[str]) -> str:
-        name = m.group(1) or m.group(2)
-        if name not in FLAG_NAMES:
-            return m.group(0)
-        return FLAG_NAMES[name] if m.group(1) or m.group(3) else FLAG_NAMES[name] + " "
-
-    return re.sub(r"(--[\w-]+) \(\1\)", r"\1", _PARAM.sub(flag, message))  # "`step` (--step)" said once
 
 
 def resolution_side(text: str) -> int:
@@ -100,36 +74,6 @@ def add_bucket_arguments(p: argparse.ArgumentParser) -> None:
                         "diffusers' 'cross', or 'native': the preset's own source's matching rule.")
     p.add_argument("--max-aspect-error", type=non_negative_float, default=None,
                    help="skip images farther than this from every bucket (in --metric units).")
-
-
-def resolve_buckets(preset: str | None, buckets_string: str | None = None, *, resolution: int | None = None,
-                    step: int | None = None, metric: str = "log", max_aspect_error: float | None = None,
-                    **table_params: int) -> tuple[BucketSet, list[str]]:
-    """The BucketSet a command line describes, and the notes to show about options it ignores.
-
-    Shared by ``hf-arb buckets`` / ``hf-arb annotate`` and ``train_text_to_image_arb.py``.
-
-    Args:
-        preset: a name from :data:`hf_arb.PRESETS` (used when ``buckets_string`` is empty).
-        buckets_string: diffusers' ``"h1,w1;h2,w2"`` (``--aspect_ratio_buckets``); replaces the preset.
-        resolution, step, metric, max_aspect_error, table_params: as :meth:`BucketSet.preset` takes them.
-
-    Returns:
-        ``(buckets, notes)``: ``notes`` are sentences such as "preset 'sdxl' ignores resolution=768: its table is
-        fixed (...)" (:func:`hf_arb.buckets.presets.preset_notes`), for the caller to print or log once.
-
-    Raises:
-        ValueError: a bad value, named in BucketSet's parameter names (see :func:`in_flags`).
-    """
-    if buckets_string:
-        return BucketSet.from_string(buckets_string, metric=metric, max_aspect_error=max_aspect_error), []
-    if preset is None:
-        raise ValueError("No bucket table: pass a preset name or a 'height,width;height,width' bucket string.")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)  # the same sentences come back as `notes`
-        bs = BucketSet.preset(preset, resolution=resolution, step=step, metric=metric,
-                              max_aspect_error=max_aspect_error, **table_params)
-    return bs, preset_notes(preset, resolution)
 
 
 def buckets_from_args(args: argparse.Namespace) -> BucketSet:

@@ -83,6 +83,8 @@ class Family:
     title: str = ""
     #: the trained model's subfolder, checkpoint folder and LoRA key: ``"unet"`` or ``"transformer"``
     denoiser_name: str = "unet"
+    #: how the model card names it ("UNet", "transformer")
+    denoiser_title: str = "UNet"
     #: diffusers pipeline class the outputs load with
     pipeline_class_name: str = ""
     #: ``model_index.json`` / ``transformer/config.json`` ``_class_name`` prefixes that mean this family
@@ -99,6 +101,8 @@ class Family:
     refused_flags: dict[str, Any] = {}
     #: what those flags are for, in the refusal ("SD3 / Flux (flow matching)")
     refused_flags_for: str = ""
+    #: the end of that refusal: "." or a pointer to what the family trains with instead
+    refusal_note: str = "."
     #: ``--packing`` (several images at their own size in one token sequence) applies
     supports_packing: bool = False
     #: model card front matter
@@ -180,8 +184,8 @@ class Family:
         """Required. Save the trained denoiser in diffusers format inside accelerate checkpoints and load it back."""
         raise NotImplementedError
 
-    def pipeline_class(self, args: argparse.Namespace) -> Any:
-        """The diffusers pipeline class the outputs load with."""
+    def pipeline_class(self, args: argparse.Namespace | None = None) -> Any:
+        """The diffusers pipeline class the outputs load with (``args``: the run's flags, where they change it)."""
         import diffusers
 
         return getattr(diffusers, self.pipeline_class_name)
@@ -241,10 +245,11 @@ def unregister_family(name: str) -> None:
 
 
 def _builtins() -> dict[str, type[Family]]:
-    if not _BUILTIN:
-        for module in BUILTIN_MODULES:
-            importlib.import_module(module)  # each registers itself with register_family(..., builtin=True)
-    return _BUILTIN
+    """The built-in families in :data:`BUILTIN_MODULES` order (each module registers itself on import)."""
+    for module in BUILTIN_MODULES:
+        importlib.import_module(module)  # cached after the first call
+    order = {m: i for i, m in enumerate(BUILTIN_MODULES)}
+    return dict(sorted(_BUILTIN.items(), key=lambda kv: order.get(kv[1].__module__, len(order))))
 
 
 def family_names() -> list[str]:

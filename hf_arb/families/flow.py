@@ -26,16 +26,13 @@ Example:
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
-from .flow_family import FlowFamily, FlowOptions
 from .shift import ShiftConfig, calculate_mu, check_latent_sizes, shift_sigmas
 
 __all__ = [
@@ -106,7 +103,7 @@ def flow_matching_loss(pred: torch.Tensor, latents: torch.Tensor, noise: torch.T
     return (weighting * (pred - target) ** 2).reshape(latents.shape[0], -1).mean(dim=1).mean()
 
 
-def flow_loss(family: FlowFamily, options: FlowOptions, transformer: Any, batch: Mapping[str, Any],
+def flow_loss(family: Any, options: Any, transformer: Any, batch: Mapping[str, Any],
               vae: Any, encode: Callable[[list[str]], tuple[torch.Tensor, torch.Tensor]], generator: torch.Generator,
               dtype: torch.dtype, proportion_empty_prompts: float = 0.0) -> torch.Tensor:
     """The loss of one micro-batch: latents → shifted sigmas → noisy latents → transformer → weighted MSE.
@@ -151,7 +148,7 @@ def check_bucket_sizes(resolutions: Any, vae_scale_factor: int, patch_size: int)
     return vae_scale_factor * patch_size
 
 
-def shift_report(options: FlowOptions, buckets: Any, vae_scale_factor: int) -> str:
+def shift_report(options: Any, buckets: Any, vae_scale_factor: int) -> str:
     """The startup report's shift section: how training shifts, then each bucket's ``image_seq_len`` and ``mu``."""
     from .shift import shift_table_text
 
@@ -162,7 +159,7 @@ def shift_report(options: FlowOptions, buckets: Any, vae_scale_factor: int) -> s
     return head + "\n" + shift_table_text(buckets, cfg, vae_scale_factor, options.token_patch)
 
 
-def stock_pipeline(family: FlowFamily, options: FlowOptions, path: str, transformer: Any, *,
+def stock_pipeline(family: Any, options: Any, path: str, transformer: Any, *,
                    components: Mapping[str, Any] | None = None, **from_pretrained: Any) -> Any:
     """The family's stock pipeline around ``transformer``, loaded from ``path`` (``components`` replace parts).
 

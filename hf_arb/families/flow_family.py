@@ -127,7 +127,7 @@ class FlowFamily(Family):
     default_precondition_outputs: bool = False
     default_max_sequence_length: int = 512
 
-    def pipeline_class(self) -> Any:
+    def pipeline_class(self, args: argparse.Namespace | None = None) -> Any:
         """The stock diffusers pipeline class (``StableDiffusion3Pipeline`` / ``FluxPipeline``)."""
         import diffusers
 
@@ -186,6 +186,7 @@ class FlowFamily(Family):
 
     # ------------------------------------------------------------------ the training script's questions
     denoiser_name = "transformer"
+    denoiser_title = "transformer"
     full_defaults = (1024, 1, 4)  # SD3 / Flux take SDXL's (1024-pixel) defaults
     lora_defaults = (1024, 1, 4)
     refused_flags = UNET_ONLY_FLAGS

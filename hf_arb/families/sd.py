@@ -69,8 +69,8 @@ class SDFamily(UNetFamily):
         return {**super().validation_parts(models), "safety_checker": None, "feature_extractor": None,
                 "requires_safety_checker": False}
 
-    def pipeline_class(self, args: argparse.Namespace) -> Any:
-        if args.resolution_conditioning:
+    def pipeline_class(self, args: argparse.Namespace | None = None) -> Any:
+        if args is not None and args.resolution_conditioning:
             from .conditioning import StableDiffusionResolutionPipeline
 
             return StableDiffusionResolutionPipeline

@@ -19,7 +19,8 @@ import numpy as np
 import torch
 
 from .layout import pack_meta
-from hf_arb.families.flow import FlowFamily, FlowOptions, sample_latents, unshifted_times
+from hf_arb.families.flow import sample_latents, unshifted_times
+from hf_arb.families.flow_family import FlowFamily, FlowOptions
 
 __all__ = ["packed_flow_step"]
 

@@ -13,7 +13,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
+
 from tqdm.auto import tqdm
 
 

@@ -33,7 +33,6 @@ Layout of a cache directory (safe to share between runs, datasets and ranks)::
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os

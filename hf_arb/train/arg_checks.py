@@ -1,0 +1,224 @@
+"""Flag checks, phrased in flags: every combination that cannot do what the user meant stops with one line
+naming the fix (nothing is silently ignored)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+from typing import Any
+
+
+
+from hf_arb.checks import UsageError, UsageFileError
+from hf_arb.families import get_family
+from hf_arb.lazy import LazyModule
+
+from .data import bucket_set_from_args
+
+torch: Any = LazyModule("torch")  # loaded when a function needs it: --help and flag errors answer before torch
+logger = logging.getLogger("train_text_to_image_arb")
+
+
+def check_values(args: argparse.Namespace) -> None:
+    """Range checks, phrased in flags."""
+    positive = ("train_batch_size", "gradient_accumulation_steps", "resolution", "bucket_step", "bucket_min_side",
+                "bucket_max_side", "checkpointing_steps",
+                "num_train_epochs", "max_train_steps", "validation_epochs", "repeats", "lr_num_cycles",
+                "num_validation_inference_steps", "latent_cache_variants", "checkpoints_total_limit", "rank",
+                "resolution_embed_dim", "power_sgd_rank", "max_train_samples", "max_pixels_per_batch")
+    for name in positive:
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise UsageError(f"--{name} must be >= 1, got {value}.")
+    for name in ("dataloader_num_workers", "lr_warmup_steps", "noise_offset", "input_perturbation",
+                 "num_validation_images"):  # 0 validation images: no validation (as upstream passes it)
+        if getattr(args, name) < 0:
+            raise UsageError(f"--{name} must be >= 0, got {getattr(args, name)}.")
+    from hf_arb.checks import check_resolution
+    try:
+        check_resolution(args.resolution, "--resolution")  # a pixel count (1048576) is refused before any work
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    if not args.learning_rate > 0:
+        raise UsageError(f"--learning_rate must be > 0, got {args.learning_rate}.")
+    if args.lr_scheduler not in LR_SCHEDULERS:
+        raise UsageError(f"--lr_scheduler {args.lr_scheduler!r} is not one of: {', '.join(LR_SCHEDULERS)}.")
+    reports = [r.strip() for r in str(args.report_to).split(",")]
+    for r in reports:
+        if r not in TRACKERS:
+            raise UsageError(f"--report_to {r!r} is not one of: {', '.join(TRACKERS)}.")
+    for name, lo, hi in (("proportion_empty_prompts", 0, 1), ("lora_dropout", 0, 1), ("timestep_bias_portion", 0, 1)):
+        if not lo <= getattr(args, name) <= hi:
+            raise UsageError(f"--{name} must be in [{lo}, {hi}], got {getattr(args, name)}.")
+    if args.snr_gamma is not None and args.snr_gamma <= 0:
+        raise UsageError(f"--snr_gamma must be > 0, got {args.snr_gamma}.")
+    if args.dream_training and args.dream_detail_preservation <= 0:
+        raise UsageError(f"--dream_detail_preservation must be > 0, got {args.dream_detail_preservation}.")
+    if args.dream_training and args.prediction_type == "v_prediction":
+        raise UsageError("--dream_training supports epsilon prediction only: drop --prediction_type v_prediction.")
+    if args.timestep_bias_strategy != "none":
+        if args.timestep_bias_multiplier <= 0:
+            raise UsageError(f"--timestep_bias_multiplier must be > 0, got {args.timestep_bias_multiplier}.")
+        if args.timestep_bias_strategy == "range" and not 0 <= args.timestep_bias_begin < args.timestep_bias_end:
+            raise UsageError(f"--timestep_bias_begin {args.timestep_bias_begin} must be >= 0 and below "
+                             f"--timestep_bias_end {args.timestep_bias_end}.")
+    if args.image_interpolation_mode in ("nearest", "nearest_exact"):
+        raise UsageError(f"--image_interpolation_mode {args.image_interpolation_mode} is not antialiased and would "
+                         "alias every downscaled image: use lanczos (default), bicubic, bilinear, hamming or box.")
+    if (args.offload_ema or args.foreach_ema) and not args.use_ema:
+        raise UsageError("--offload_ema / --foreach_ema configure the EMA model: add --use_ema or drop them.")
+    check_family_flags(args)
+    check_streaming_flags(args)
+    check_bucket_flags(args)
+    check_packing_flags(args)
+    check_dreambooth_flags(args)
+    if args.max_pixels_per_batch is not None and (args.no_bucket_sync or args.streaming):
+        raise UsageError(f"--max_pixels_per_batch needs every device in the same bucket at each step: drop "
+                         f"{'--no_bucket_sync' if args.no_bucket_sync else '--streaming'} or --max_pixels_per_batch.")
+
+
+#: BucketSet's parameter names in its error messages → this script's flags.
+BUCKET_FLAG_NAMES = {"`resolution`": "--resolution", "`step`": "--bucket_step", "`max_aspect_error`": "--max_aspect_error",
+                     "`metric`": "--bucket_metric", " (--resolution)": "", "max_side=": "--bucket_max_side ",
+                     "resolution=": "--resolution ", "step=": "--bucket_step "}
+
+
+def check_bucket_flags(args: argparse.Namespace) -> None:
+    """--bucket_preset or --aspect_ratio_buckets (not both; default budget), the preset's --bucket_step default, and
+    the table itself built once, so that a bad combination fails here, in flags."""
+    from hf_arb.flag_parser import in_flags
+    from hf_arb.buckets.presets import PRESET_INFO
+
+    if args.aspect_ratio_buckets is not None and args.bucket_preset is not None:
+        raise UsageError(f"--aspect_ratio_buckets is a bucket table and --bucket_preset {args.bucket_preset} names "
+                         "another: pass only one of them.")
+    sides = [f"--bucket_{k}" for k in ("min_side", "max_side") if getattr(args, f"bucket_{k}") is not None]
+    if sides and args.bucket_preset != "kohya":
+        raise UsageError(f"{sides[0]} is a parameter of --bucket_preset kohya: add --bucket_preset kohya or drop "
+                         f"{sides[0]}.")
+    if args.aspect_ratio_buckets is None:
+        args.bucket_preset = args.bucket_preset or "budget"
+        if args.bucket_step is None:
+            args.bucket_step = PRESET_INFO[args.bucket_preset].default_step
+    try:
+        bucket_set_from_args(args)
+    except ValueError as err:
+        flag = "--aspect_ratio_buckets" if args.aspect_ratio_buckets is not None else f"--bucket_preset {args.bucket_preset}"
+        raise UsageError(f"{flag}: {in_flags(str(err), BUCKET_FLAG_NAMES).strip()}") from None
+
+
+def check_family_flags(args: argparse.Namespace) -> None:
+    """A flag of the other objective is an error naming the model family (never silently ignored)."""
+    family = get_family(args.family)
+    for flag, unset in family.refused_flags.items():
+        if getattr(args, flag) != unset:
+            raise UsageError(
+                f"--{flag} applies to {family.refused_flags_for}, but {args.pretrained_model_name_or_path} is "
+                f"{family.title}: drop --{flag}{family.refusal_note}")
+    family.check_flags(args)
+
+
+#: flags of diffusers' dreambooth LoRA scripts this script does not support, with their defaults and the reason
+UNSUPPORTED_DREAMBOOTH_FLAGS = {
+    "with_prior_preservation": (False, "prior preservation (class images generated and trained alongside) is not "
+                                       "supported; train on a dataset that includes the class images instead"),
+    "class_data_dir": (None, "prior preservation is not supported"), "class_prompt": (None, "prior preservation is "
+                                                                                            "not supported"),
+    "prior_loss_weight": (1.0, "prior preservation is not supported"),
+    "num_class_images": (100, "prior preservation is not supported"),
+    "sample_batch_size": (4, "it sizes prior preservation's class-image generation, which is not supported"),
+    "prior_generation_precision": (None, "prior preservation is not supported"),
+    "do_edm_style_training": (False, "EDM-style training (Playground v2.5) is not supported"),
+    "output_kohya_format": (False, "kohya-format export is not supported; diffusers loads the saved "
+                                   "pytorch_lora_weights.safetensors, and diffusers.utils.convert_state_dict_to_kohya "
+                                   "converts it"),
+    "prodigy_beta3": (None, "it configures --optimizer prodigy, which is not supported"),
+    "prodigy_decouple": (True, "it configures --optimizer prodigy, which is not supported"),
+    "prodigy_use_bias_correction": (True, "it configures --optimizer prodigy, which is not supported"),
+    "prodigy_safeguard_warmup": (True, "it configures --optimizer prodigy, which is not supported"),
+}
+
+
+def check_dreambooth_flags(args: argparse.Namespace) -> None:
+    """The dreambooth scripts' flags: a folder + one prompt, LoRA blocks and text-encoder options work; the rest
+    (prior preservation, prodigy, EDM, kohya export) are refused in one line saying why."""
+    for flag, (default, why) in UNSUPPORTED_DREAMBOOTH_FLAGS.items():
+        if getattr(args, flag) != default:
+            raise UsageError(f"--{flag} {getattr(args, flag)}: {why}. Drop --{flag}.")
+    if args.optimizer.lower() != "adamw":
+        raise UsageError(f"--optimizer {args.optimizer}: only AdamW is supported (with --use_8bit_adam for 8-bit "
+                         "AdamW); prodigy is not. Pass --optimizer AdamW or drop it.")
+    if args.instance_data_dir is not None and (args.dataset_name or args.train_data_dir):
+        raise UsageError(f"--instance_data_dir {args.instance_data_dir} and --"
+                         f"{'dataset_name' if args.dataset_name else 'train_data_dir'} both name the training data: "
+                         "pass only one.")
+    named_captions = getattr(args, "caption_column_given", False)  # --caption_column was on the command line
+    if args.instance_data_dir is not None and args.instance_prompt is None and not named_captions:
+        raise UsageError(f"--instance_data_dir {args.instance_data_dir} needs --instance_prompt (every image's "
+                         "caption) or --caption_column (a caption column of the folder's metadata.jsonl).")
+    if args.streaming and (args.instance_prompt is not None or args.instance_data_dir is not None):
+        raise UsageError("--instance_data_dir / --instance_prompt are not supported with --streaming: write the "
+                         "captions into the annotated shards and pass them with --train_data_dir.")
+    if args.lora_blocks is not None:
+        try:
+            [int(b) for b in args.lora_blocks.split(",")]
+        except ValueError:
+            raise UsageError(f"--lora_blocks {args.lora_blocks!r}: expected comma-separated block indices, "
+                             "e.g. 0,12.") from None
+    for flag in ("text_encoder_lr", "adam_weight_decay_text_encoder"):
+        if getattr(args, flag) is not None and not args.train_text_encoder:
+            raise UsageError(f"--{flag} configures the text encoders' LoRA: add --train_text_encoder or drop --{flag}.")
+
+
+def check_streaming_flags(args: argparse.Namespace) -> None:
+    """--streaming needs an id column and excludes --cache_latents; the stream_* flags need --streaming."""
+    if not args.streaming:
+        given = [f for f in ("stream_counts", "stream_key_column") if getattr(args, f) is not None]
+        if given:
+            raise UsageError(f"--{given[0]} configures streaming: add --streaming or drop --{given[0]}.")
+        return
+    if args.cache_latents:
+        raise UsageError("--cache_latents does not apply to --streaming (a stream is read once per epoch): "
+                         "drop one of them.")
+    if args.stream_key_column is None:
+        raise UsageError("--streaming needs --stream_key_column: an integer id column of the rows (e.g. `id`, "
+                         "the row number written with the shards); it seeds each row's crop, flip and caption.")
+    if args.stream_buffer_size < 1:
+        raise UsageError(f"--stream_buffer_size must be >= 1, got {args.stream_buffer_size}.")
+    if args.max_train_samples is not None:
+        raise UsageError("--max_train_samples is not supported with --streaming: write fewer shards instead.")
+    if args.stream_counts is not None and not Path(args.stream_counts).is_file():
+        raise UsageFileError(f"--stream_counts {args.stream_counts}: no such file (JSON {{bucket id: rows}}).")
+
+
+def check_packing_flags(args: argparse.Namespace) -> None:
+    """--packing is for the flow transformers (a UNet has no token sequence) and excludes streaming / cached latents;
+    --max_tokens needs --packing."""
+    if not args.packing:
+        if args.max_tokens is not None:
+            raise UsageError("--max_tokens is the token budget of --packing: add --packing or drop --max_tokens.")
+        return
+    if not get_family(args.family).supports_packing:
+        raise UsageError(f"--packing packs transformer tokens (SD3 / Flux), but {args.pretrained_model_name_or_path} "
+                         f"is {get_family(args.family).title}, a UNet with no token sequence. Its analogue is a pixel budget "
+                         "per batch: --max_pixels_per_batch (a per-bucket batch size). Drop --packing.")
+    for flag in ("streaming", "cache_latents"):
+        if getattr(args, flag):
+            raise UsageError(f"--{flag} is not supported with --packing yet: drop one of them.")
+    if args.max_pixels_per_batch is not None:
+        raise UsageError("--max_pixels_per_batch sizes bucketed batches; --packing sizes packs by --max_tokens: drop "
+                         "one of them.")
+    if args.max_tokens is None:
+        args.max_tokens = (args.resolution // 16) ** 2
+    if args.max_tokens < 1:
+        raise UsageError(f"--max_tokens must be >= 1, got {args.max_tokens}.")
+
+
+LR_SCHEDULERS = ("linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup",
+                 "piecewise_constant")
+
+
+#: --report_to values and the module each needs.
+TRACKERS = {"tensorboard": ("tensorboard", "tensorboardX"), "wandb": ("wandb",), "comet_ml": ("comet_ml",),
+            "all": (), "none": ()}

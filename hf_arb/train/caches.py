@@ -1,0 +1,130 @@
+"""The two caches of a run: VAE latents per (image, bucket, crop, flip) (:mod:`hf_arb.train.latents`) and
+prompt embeddings per caption (the family encodes them)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import time
+from typing import Any
+
+import numpy as np
+
+from hf_arb.families import Models
+from hf_arb.lazy import LazyModule
+
+from .data import image_dataset
+from .models import place
+from .schedule import Schedule
+
+torch: Any = LazyModule("torch")  # loaded when a function needs it: --help and flag errors answer before torch
+logger = logging.getLogger("train_text_to_image_arb")
+
+
+def build_latent_cache(args: argparse.Namespace, accelerator: Any, ds: Any, buckets: Any, models: Models,
+                       sampler: Any, schedule: Schedule, weight_dtype: torch.dtype) -> tuple[Any, Any, Any]:
+    """Encode this rank's share of the missing (image, bucket, crop, flip) entries; return (cache, index, repair)."""
+    from accelerate.utils import gather_object
+
+    from hf_arb.train import latents as lat
+
+    cache = lat.LatentCache(args.latent_cache_dir or os.path.join(args.output_dir, "latent_cache"))
+    vae = place(models.vae, accelerator.device, torch.float32)
+    vae_id = lat.vae_fingerprint(vae)
+    if args.image_interpolation_mode != "lanczos":  # another resize filter makes other latents
+        vae_id = f"{vae_id}|{args.image_interpolation_mode}"
+    ids = np.asarray(ds.with_format("numpy")["bucket"])
+    rows = np.flatnonzero(ids >= 0)
+    share = rows[lat.plan_share(len(rows), accelerator.process_index, accelerator.num_processes)]
+    mine = dict(zip(share.tolist(), lat.content_hashes(ds, args.image_column, share.tolist(),
+                                                                 show_progress=accelerator.is_local_main_process)))
+    hashes_by_row: dict[int, str] = {}
+    for part in gather_object([mine]) if accelerator.num_processes > 1 else [mine]:
+        hashes_by_row.update(part)
+    hashes = [hashes_by_row.get(i, "") for i in range(len(ds))]
+    pairs = {(int(r), int(ids[r])) for r in rows}
+    if args.bucket_leftover != "drop":  # leftovers may be trained at another bucket: read the all-ranks plan
+        for epoch in range(schedule.num_train_epochs):
+            plan = sampler.plan(epoch)  # (steps, world, batch): every rank's rows
+            if hasattr(plan, "offsets"):  # --max_pixels_per_batch: a ragged plan (flat rows, a bucket per step)
+                pairs.update(zip(plan.rows.tolist(), np.repeat(plan.buckets, np.diff(plan.offsets)).tolist()))
+                continue
+            for r in range(plan.shape[1]):
+                targets = sampler.batch_buckets(epoch, rank=r)  # (steps,)
+                pairs.update(zip(plan[:, r].ravel().tolist(), np.repeat(targets, plan.shape[2]).tolist()))
+    if args.center_crop and not args.random_flip:
+        variants = 1  # every epoch fits an image the same way
+    else:
+        variants = args.latent_cache_variants or min(schedule.num_train_epochs, 8)
+    images = image_dataset(args, ds, buckets)
+    index = lat.build_index(sorted(pairs), hashes, lambda row, b, v: images.fit_row(row, b, v).key(),
+                            variants=variants, vae_id=vae_id)
+
+    def load_batch(keys: list[tuple[int, int, int]]) -> dict[str, Any]:
+        return images.collate([images[k] for k in keys])
+
+    @torch.no_grad()
+    def encode(pixels: torch.Tensor) -> torch.Tensor:
+        dist = vae.encode(pixels.to(accelerator.device, torch.float32)).latent_dist
+        return torch.stack([dist.mean, dist.std], dim=1)  # (B, 2, C, h, w)
+
+    t0 = time.perf_counter()
+    lat.fill_cache(cache, index, rank=accelerator.process_index, world=accelerator.num_processes,
+                   load_batch=load_batch, encode=encode, batch_size=args.train_batch_size,
+                   show_progress=accelerator.is_local_main_process)
+    accelerator.wait_for_everyone()
+    mine = [(index.encoded, index.reused, index.repaired)]
+    counts = gather_object(mine) if accelerator.num_processes > 1 else mine
+    index.encoded, index.reused, index.repaired = (sum(c[i] for c in counts) for i in range(3))
+    logger.info("Latent cache %s: encoded %d (%d of them damaged entries), reused %d entries (%d variant(s) per "
+                "image) in %.1f s.", cache.root, index.encoded, index.repaired, index.reused, index.variants,
+                time.perf_counter() - t0)
+    place(models.vae, dtype=weight_dtype)
+    return cache, index, latent_repair(cache, index, load_batch, models.vae)
+
+
+def latent_repair(cache: Any, index: Any, load_batch: Any, vae: Any) -> Any:
+    """``(row, bucket, epoch)`` → encode that cache entry again (an entry damaged while training; see hf_arb.train.latents)."""
+
+    @torch.no_grad()
+    def repair(row: int, bucket: int, epoch: int) -> None:
+        batch = load_batch([(row, bucket, epoch % index.variants)])
+        dist = vae.encode(batch["pixel_values"].to(vae.device, vae.dtype)).latent_dist
+        stats = torch.stack([dist.mean, dist.std], dim=1)[0].float().cpu().numpy()  # (2, C, h, w)
+        cache.write(index.key(row, bucket, epoch), stats, {
+            "original_size": batch["original_sizes"][0].tolist(), "crop_top_left": batch["crop_top_lefts"][0].tolist(),
+            "target_size": batch["target_sizes"][0].tolist()})
+
+    return repair
+
+
+class TextEncoder:
+    """Captions → (hidden states ``(B, 77, D)``, pooled ``(B, P)`` or None); optionally memoised per caption."""
+
+    def __init__(self, models: Models, device: torch.device, dtype: torch.dtype, cache: bool) -> None:
+        self.models, self.device, self.dtype = models, device, dtype
+        self.memo: dict[str, tuple[torch.Tensor, torch.Tensor | None]] | None = {} if cache else None
+        self.trained = models.trained_text_encoders  # LoRA on the encoders: forward through them with gradients
+
+    def _encode(self, captions: list[str]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        with torch.set_grad_enabled(self.trained is not None):
+            return self._encode_inner(captions)
+
+    def _encode_inner(self, captions: list[str]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The family's own prompt encoding (:meth:`hf_arb.families.Family.encode_text`), in the run's dtype."""
+        h, p = self.models.family.encode_text(self.models, self.models.text_encoders_in_use, captions, self.device)
+        return h.to(self.dtype), None if p is None else p.to(self.dtype)
+
+    def __call__(self, captions: list[str]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if self.memo is None:
+            return self._encode(captions)
+        todo = sorted({c for c in captions if c not in self.memo})
+        if todo:
+            h, p = self._encode(todo)
+            for i, c in enumerate(todo):
+                self.memo[c] = (h[i].cpu(), None if p is None else p[i].cpu())
+        hidden = torch.stack([self.memo[c][0] for c in captions]).to(self.device)
+        pooled = None if self.memo[captions[0]][1] is None else torch.stack(
+            [self.memo[c][1] for c in captions]).to(self.device)
+        return hidden, pooled

@@ -1,0 +1,123 @@
+"""From the dataset to batches: the sampler (bucketed, ragged or packed), the DataLoader, the step arithmetic
+and each micro-batch's generator and loss weight."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import warnings
+from pathlib import Path
+from typing import Any
+
+
+from hf_arb.checks import UsageError
+from hf_arb.lazy import LazyModule
+from hf_arb.families import Models
+
+from .caches import build_latent_cache
+from .data import SAMPLER_FLAG_NAMES, image_dataset
+from .files import SKIPPED_ROWS_FILE
+from .schedule import Schedule
+
+torch: Any = LazyModule("torch")  # loaded when a function needs it: --help and flag errors answer before torch
+logger = logging.getLogger("train_text_to_image_arb")
+
+
+def make_sampler(args: argparse.Namespace, ds: Any, buckets: Any, accelerator: Any) -> Any:
+    """The global epoch plan over all ranks; a plain ``accelerator.prepare`` deals each rank its batches."""
+    from hf_arb import BucketBatchSampler
+
+    if args.packing:
+        return make_pack_sampler(args, ds, accelerator)
+    from hf_arb.flag_parser import in_flags
+
+    try:
+        with warnings.catch_warnings(record=True) as caught:  # the library's advice, said once in flags below
+            warnings.simplefilter("always", UserWarning)
+            sampler = BucketBatchSampler(
+                ds, args.train_batch_size, num_replicas=accelerator.num_processes,  # no rank=: prepare deals the plan
+                seed=args.seed, shuffle=True, sync_buckets=not args.no_bucket_sync, leftover=args.bucket_leftover,
+                return_keys=True, buckets=buckets, max_pixels_per_batch=args.max_pixels_per_batch,
+                log_report=False,  # startup_report prints it
+            )
+    except ValueError as e:  # a pixel budget below a bucket's area, or no full batch: the flags to change
+        if args.max_pixels_per_batch is None:
+            if str(e).startswith("The epoch plan has zero batches"):
+                raise UsageError(in_flags(str(e), SAMPLER_FLAG_NAMES)) from None
+            raise
+        raise UsageError(f"--max_pixels_per_batch {args.max_pixels_per_batch}: {e}") from None
+    for w in caught:
+        if not issubclass(w.category, UserWarning) or "Remedies:" not in str(w.message):
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+        elif accelerator.is_main_process:  # one line, in flags, without the warning's source line
+            logger.warning("%s", in_flags(str(w.message), SAMPLER_FLAG_NAMES))
+    return sampler
+
+
+def make_pack_sampler(args: argparse.Namespace, ds: Any, accelerator: Any) -> Any:
+    """--packing: every image at its own size (at most (--resolution/16)^2 tokens), packs of --max_tokens tokens."""
+    from hf_arb import PackBatchSampler
+
+    image_tokens = min(args.max_tokens, max(1, (args.resolution // 16) ** 2))
+    try:
+        return PackBatchSampler(ds, args.max_tokens, max_image_tokens=image_tokens,
+                                num_replicas=accelerator.num_processes, rank=accelerator.process_index,
+                                seed=args.seed, leftover="fill" if args.bucket_leftover == "fill" else "drop",
+                                log_report=False)
+    except ValueError as err:
+        raise UsageError(f"--packing --max_tokens {args.max_tokens}: {err}") from None
+
+
+def packed_model(args: argparse.Namespace, models: Models) -> Any:
+    """What ``accelerator.prepare`` wraps: with --packing, a module whose forward is the packed loss, so that DDP
+    synchronises the packed computation; else the denoiser itself."""
+    if not args.packing:
+        return models.unet
+    from hf_arb.packing.loss import PackedFlowModel
+
+    return PackedFlowModel(models.unet)
+
+
+def packing_report(sampler: Any) -> str:
+    """--packing's startup lines: this epoch's packs, padding and left-out rows, and the crop to the patch grid."""
+    rep = sampler.report()
+    ok = sampler.sizes.tokens > 0
+    return (f"{rep.text()}\nimages at their own size: {int(ok.sum()):,} rows, mean "
+            f"{sampler.sizes.tokens[ok].mean():,.0f} "
+            f"tokens (cap {int(sampler.max_image_tokens):,}), mean crop to the 16 px grid "
+            f"{100 * sampler.mean_crop_fraction():.2f}% of the area; pack budget {sampler.max_tokens:,} tokens")
+
+
+def build_dataloader(args: argparse.Namespace, accelerator: Any, ds: Any, buckets: Any, models: Models, sampler: Any,
+                     schedule: Schedule, weight_dtype: torch.dtype) -> tuple[Any, Any]:
+    """DataLoader over images (fitted to the batch's bucket) or, with --cache_latents, over cached latents.
+
+    Returns ``(dataloader, cache index or None)``; the loader still has to go through ``accelerator.prepare``.
+    """
+    if args.cache_latents:
+        from hf_arb.train.latent_dataset import CachedLatentDataset
+
+        cache, index, repair = build_latent_cache(args, accelerator, ds, buckets, models, sampler, schedule,
+                                                  weight_dtype)
+        captions = ds.select_columns([args.caption_column])[args.caption_column]
+        # re-encoding in a loader worker needs the VAE there: fine on CPU, not for a CUDA VAE in a forked worker
+        in_process = args.dataloader_num_workers == 0 or accelerator.device.type == "cpu"
+        dataset: Any = CachedLatentDataset(cache, index, captions, seed=args.seed, repair=repair if in_process else None)
+        collate = CachedLatentDataset.collate
+    else:
+        index = None
+        if args.packing:
+            from hf_arb import PackedImageDataset
+
+            dataset = PackedImageDataset(
+                ds, sampler.sizes, image_column=args.image_column, caption_column=args.caption_column, seed=args.seed,
+                center_crop=args.center_crop, random_flip=args.random_flip, resample=args.image_interpolation_mode,
+                on_bad_image=args.on_bad_image, bad_image_log=Path(args.output_dir) / SKIPPED_ROWS_FILE)
+        else:
+            dataset = image_dataset(args, ds, buckets)
+        collate = dataset.collate
+    loader = torch.utils.data.DataLoader(dataset, batch_sampler=sampler, collate_fn=collate,
+                                         num_workers=args.dataloader_num_workers)
+    return loader, index
+
+

@@ -1,0 +1,285 @@
+"""What a run leaves: validation grids, the saved pipeline or LoRA, the model card, the push, the startup report
+and the bad-image count."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hf_arb.families import Family, Models
+from hf_arb.lazy import LazyModule
+
+from .data import bucket_origin
+from .files import BUCKETS_FILE, SKIPPED_ROWS_FILE
+from .loaders import packing_report
+from .models import place, unwrap
+from .progress import Progress
+from .schedule import Schedule
+
+torch: Any = LazyModule("torch")  # loaded when a function needs it: --help and flag errors answer before torch
+logger = logging.getLogger("train_text_to_image_arb")
+
+
+def validation_shapes(buckets: Any) -> list[tuple[int, int]]:
+    """Portrait, square and landscape bucket ``(w, h)``: the buckets closest to 2:3, 1:1 and 3:2 in log aspect."""
+    res = np.asarray(buckets.resolutions)
+    log_aspect = np.log(res[:, 0] / res[:, 1])
+    out: list[tuple[int, int]] = []
+    for target in (np.log(2 / 3), 0.0, np.log(3 / 2)):
+        i = int(np.lexsort((-res[:, 0] * res[:, 1], np.round(np.abs(log_aspect - target), 9)))[0])
+        wh = (int(res[i, 0]), int(res[i, 1]))
+        if wh not in out:
+            out.append(wh)
+    return out
+
+
+def image_grid(rows: list[list[Any]]) -> Any:
+    """Paste PIL images of different sizes into one grid (one row per prompt, one column per shape)."""
+    from PIL import Image
+
+    cols = max(len(r) for r in rows)
+    cw = [max(r[c].width for r in rows if c < len(r)) for c in range(cols)]
+    rh = [max(im.height for im in r) for r in rows]
+    grid = Image.new("RGB", (sum(cw), sum(rh)), "white")
+    y = 0
+    for r, h in zip(rows, rh):
+        x = 0
+        for c, im in enumerate(r):
+            grid.paste(im, (x, y))
+            x += cw[c]
+        y += h
+    return grid
+
+
+def log_validation(args: argparse.Namespace, accelerator: Any, models: Models, unet: Any, buckets: Any,
+                   step: int, dtype: torch.dtype, *, pipe: Any = None, name: str | None = None) -> Path | None:
+    """Generate every prompt at portrait / square / landscape buckets, save one grid PNG, log it to trackers.
+
+    ``pipe``: a ready pipeline (the final LoRA check loads the saved adapter into the base model); by default one
+    is built around ``unet`` (which carries the adapter in LoRA mode).
+    """
+    if not args.validation_prompts or not accelerator.is_main_process:
+        return None
+    pipe = (pipe or models.family.build_pipeline(args, models, unet, dtype)).to(accelerator.device)
+    pipe.set_progress_bar_config(disable=True)
+    shapes = validation_shapes(buckets)
+    rows = []
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=len(args.validation_prompts) * len(shapes) * args.num_validation_images, unit="img",
+               desc="Validation images", leave=False)  # under the Steps bar: gone once the grid is saved
+    for i, prompt in enumerate(args.validation_prompts):
+        row = []
+        for w, h in shapes:
+            for j in range(args.num_validation_images):
+                bar.update()
+                g = torch.Generator(device=accelerator.device).manual_seed(args.seed + 1000 * i + j)
+                row.append(pipe(prompt, height=h, width=w, num_inference_steps=args.num_validation_inference_steps,
+                                generator=g).images[0])
+        rows.append(row)
+    bar.close()
+    grid = image_grid(rows)
+    path = Path(args.output_dir) / "validation" / f"{name or f'step-{step:06d}'}.png"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    grid.save(path)
+    for tracker in accelerator.trackers:
+        if tracker.name == "tensorboard":
+            tracker.writer.add_image("validation", np.asarray(grid), step, dataformats="HWC")
+        elif tracker.name == "wandb":
+            import wandb
+
+            tracker.log({"validation": [wandb.Image(grid, caption=" | ".join(args.validation_prompts))]})
+    logger.info("Validation grid (%s at %s) saved to %s", args.validation_prompts, shapes, path)
+    del pipe
+    return path
+
+
+
+
+def save_model_card(args: argparse.Namespace, repo_id: str, buckets: Any, family: Family, *,
+                    images: list[str] | None = None, stats: dict[str, Any] | None = None) -> Path:
+    """Write ``README.md`` in output_dir: works with or without validation images and trackers; the family gives
+    its tags, license, paragraphs and loading code."""
+    base = args.pretrained_model_name_or_path
+    tags = [*family.card_tags, "text-to-image", "diffusers", "diffusers-training", "aspect-ratio-bucketing", "hf_arb"]
+    front = ["---", f"license: {family.card_license}", f"base_model: {base}", "library_name: diffusers", "tags:"]
+    front += [f"- {t}" for t in tags] + ["inference: true", "---", ""]
+    labels = buckets.labels()
+    body = [
+        f"# {repo_id}", "",
+        f"Fine-tuned from **{base}** with aspect-ratio bucketing (hf_arb's `train_text_to_image_arb.py`): each "
+        "image was trained at close to its own aspect ratio, and every batch held one bucket shape.", "",
+        f"* buckets: {len(labels)} ({', '.join(labels[:12])}{', ...' if len(labels) > 12 else ''}), "
+        f"from {bucket_origin(args)}",
+        f"* steps: {stats.get('global_step') if stats else args.max_train_steps}, batch size {args.train_batch_size} "
+        f"per device, gradient accumulation {args.gradient_accumulation_steps}, learning rate {args.learning_rate}",
+        f"* mixed precision: {(stats or {}).get('mixed_precision', args.mixed_precision)}; dataset: "
+        f"{args.dataset_name or args.train_data_dir or args.instance_data_dir}", "",
+    ]
+    if getattr(args, "lora", False):
+        body += [f"LoRA adapters (rank {args.rank}, alpha {args.lora_alpha or args.rank}) on the "
+                 f"{family.denoiser_title}" + (" and the text encoder(s)" if args.train_text_encoder else "")
+                 + f", in `pytorch_lora_weights.safetensors`; load them into **{base}**.", ""]
+    body += family.card_lines(args)
+    body += ["## Use", "", "```python", *usage_snippet(args, repo_id, family, shape=validation_shapes(buckets)[0]),
+             "```", ""]
+    if args.validation_prompts:
+        body += ["## Validation", "", "Prompts: " + "; ".join(f"`{p}`" for p in args.validation_prompts), ""]
+        body += [f"![validation]({Path(p).relative_to(args.output_dir).as_posix()})" for p in images or []]
+        body += [""]
+    if args.report_to not in (None, "none", ""):
+        body += [f"Training curves were logged to {args.report_to} (project `{args.tracker_project_name}`).", ""]
+    path = Path(args.output_dir) / "README.md"
+    path.write_text("\n".join(front + body))
+    return path
+
+
+def usage_snippet(args: argparse.Namespace, repo_id: str, family: Family,
+                  shape: tuple[int, int] = (512, 768)) -> list[str]:
+    """The model card's "Use" code: plain diffusers, no hf_arb (:meth:`hf_arb.families.Family.usage`).
+
+    Always: imports, the lines that load ``pipe``, ``pipe = pipe.to("cuda", torch.float16)``, one generation (the
+    tests run everything but the device line in a process where ``import hf_arb`` fails).
+    """
+    cls, load = family.usage(args, repo_id)
+    return ["import torch", f"from diffusers import {cls}", "", *load, 'pipe = pipe.to("cuda", torch.float16)',
+            f'image = pipe("a photo", height={shape[1]}, width={shape[0]}).images[0]  # a trained bucket shape']
+
+
+def saved_line(args: argparse.Namespace, family: Family) -> str:
+    """The run's last line: where the output is and how stock diffusers loads it (the card's snippet, one line)."""
+    snippet = usage_snippet(args, args.output_dir, family)
+    load = snippet[1:snippet.index('pipe = pipe.to("cuda", torch.float16)')]
+    return f"Saved to {args.output_dir}: load it with " + "; ".join(line for line in load if line)
+
+
+def save_final(args: argparse.Namespace, accelerator: Any, models: Models, unet: Any, buckets: Any,
+               progress: Progress, validation_images: list[str], stats: dict[str, Any]) -> None:
+    """Save the pipeline (the family's stock diffusers class), buckets, card, push."""
+    accelerator.wait_for_everyone()
+    if not accelerator.is_main_process:
+        return
+    unet = unwrap(accelerator, unet)
+    if models.ema_unet is not None:
+        models.ema_unet.copy_to(unet.parameters())
+    pipe = models.family.build_pipeline(args, models, unet, torch.float32, final=True)
+    models.family.save_pipeline(args, pipe, args.output_dir)  # stock diffusers loads it (SD: + its pipeline.py)
+    (Path(args.output_dir) / BUCKETS_FILE).write_text(json.dumps(buckets.to_dict(), indent=1))
+    done = Path(args.output_dir) / "validation" / f"step-{progress.global_step:06d}.png"
+    if not done.exists():  # the last epoch's validation may already show these weights
+        last = log_validation(args, accelerator, models, unet, buckets, progress.global_step, torch.float32)
+        if last is not None:
+            validation_images.append(str(last))
+    finish_outputs(args, buckets, models, validation_images, stats)
+
+
+def save_final_lora(args: argparse.Namespace, accelerator: Any, models: Models, unet: Any, buckets: Any,
+                    progress: Progress, validation_images: list[str], stats: dict[str, Any]) -> None:
+    """Write ``pytorch_lora_weights.safetensors`` (no pipeline, as upstream), then validate by loading that file
+    into a fresh base pipeline with ``load_lora_weights``, the way users will."""
+    from hf_arb.train.lora import save_lora
+
+    accelerator.wait_for_everyone()
+    if not accelerator.is_main_process:
+        return
+    cls = models.family.pipeline_class(args)
+    encoders = [accelerator.unwrap_model(te) for te in models.trained_text_encoders or []]
+    save_lora(cls, args.output_dir, unwrap(accelerator, unet), encoders or None, denoiser=models.family.denoiser_name)
+    (Path(args.output_dir) / BUCKETS_FILE).write_text(json.dumps(buckets.to_dict(), indent=1))
+    if args.validation_prompts:
+        parts = {"vae": place(models.vae, dtype=torch.float32)} if args.pretrained_vae_model_name_or_path else {}
+        pipe = cls.from_pretrained(args.pretrained_model_name_or_path, revision=args.revision, variant=args.variant,
+                                   **parts)
+        from hf_arb.logs import no_text_encoder_lora_note
+
+        with no_text_encoder_lora_note() if not encoders else contextlib.nullcontext():  # expected: UNet-only LoRA
+            pipe.load_lora_weights(args.output_dir)
+        last = log_validation(args, accelerator, models, None, buckets, progress.global_step, torch.float32,
+                              pipe=pipe, name=f"final-{progress.global_step:06d}")
+        if last is not None:
+            validation_images.append(str(last))
+    finish_outputs(args, buckets, models, validation_images, stats)
+
+
+def finish_outputs(args: argparse.Namespace, buckets: Any, models: Models, validation_images: list[str],
+                   stats: dict[str, Any]) -> None:
+    """Model card in output_dir (always: it says how to load the folder), then the push if asked."""
+    repo_id = args.output_dir
+    if args.push_to_hub:
+        from huggingface_hub import create_repo
+
+        repo_id = create_repo(repo_id=args.hub_model_id or Path(args.output_dir).name, exist_ok=True,
+                              token=args.hub_token).repo_id
+    save_model_card(args, repo_id, buckets, models.family, images=validation_images, stats=stats)
+    print(saved_line(args, models.family), flush=True)
+    if args.push_to_hub:
+        from huggingface_hub import upload_folder
+
+        upload_folder(repo_id=repo_id, folder_path=args.output_dir, commit_message="End of training",
+                      ignore_patterns=["step_*", "epoch_*", "checkpoint-*", "latent_cache/*", "batches/*"],
+                      token=args.hub_token)
+
+
+def startup_report(accelerator: Any, ds: Any, buckets: Any, sampler: Any, schedule: Schedule,
+                   args: argparse.Namespace, models: Models) -> None:
+    """The table users look at first: buckets, rows per bucket, the sampler's report, the step arithmetic."""
+    if not accelerator.is_main_process:
+        return
+    ids = np.asarray(ds.with_format("numpy")["bucket"])
+    if args.packing:
+        print(packing_report(sampler), flush=True)
+        print(f"***** Running training ({models.family.title}, packed) *****\n"
+              f"  Num examples = {int((sampler.sizes.tokens > 0).sum())}\n  Num Epochs = {schedule.num_train_epochs}\n"
+              f"  One pack of <= {args.max_tokens} tokens per device and step "
+              f"({sampler.report().mean_images_per_pack:.2f} images on average)\n"
+              f"  Gradient Accumulation steps = {args.gradient_accumulation_steps}\n"
+              f"  Total optimization steps = {schedule.max_train_steps}", flush=True)
+        return
+    counts = np.bincount(ids[ids >= 0], minlength=len(buckets))
+    sizes = getattr(sampler, "batch_sizes", None)  # --max_pixels_per_batch: {bucket: batch size per device}
+    lines = [f"{'bucket':>11} {'aspect':>7} {'rows':>9}" + (f" {'batch':>6}" if sizes else "")]
+    for i in buckets.portrait_to_landscape():
+        w, h = buckets.resolutions[i]
+        lines.append(f"{w:>5} x {h:<5} {w / h:7.3f} {int(counts[i]):>9,}" + (f" {sizes.get(int(i), '-'):>6}" if sizes else ""))
+    lines.append(f"skipped: {int((ids < 0).sum()):,} of {len(ids):,} rows")
+    print("\n".join(lines), flush=True)
+    report = getattr(sampler, "report", None)
+    if callable(report):
+        print(report(), flush=True)
+    per_device = sampler.per_rank_batch_size if sizes else args.train_batch_size
+    total = per_device * accelerator.num_processes * args.gradient_accumulation_steps
+    if getattr(args, "family_report", None):  # the family's own lines (SD3 / Flux: each bucket's shift)
+        print(args.family_report, flush=True)
+    print(f"***** Running training ({models.family.title}) *****\n"
+          f"  Num examples = {int((ids >= 0).sum())}\n  Num Epochs = {schedule.num_train_epochs}\n"
+          f"  Instantaneous batch size per device = {per_device}"
+          f"{f' (at most; per bucket with --max_pixels_per_batch {args.max_pixels_per_batch})' if sizes else ''}\n"
+          f"  Total train batch size (w. parallel, distributed & accumulation) = {total}\n"
+          f"  Gradient Accumulation steps = {args.gradient_accumulation_steps}\n"
+          f"  Total optimization steps = {schedule.max_train_steps}", flush=True)
+
+
+def report_bad_images(args: argparse.Namespace, accelerator: Any) -> int:
+    """Rows whose image failed to decode during the run (and were replaced), from skipped_rows.jsonl; warns once."""
+    from hf_arb.images.bad_images import read_bad_rows
+
+    accelerator.wait_for_everyone()
+    path = Path(args.output_dir) / SKIPPED_ROWS_FILE
+    rows = read_bad_rows(path)
+    if rows and accelerator.is_main_process:
+        logger.warning("%d row(s) had images that could not be decoded and were replaced by rows of the same bucket; "
+                       "see %s. Re-annotate with `hf-arb annotate ... --verify` to skip them up front.", len(rows), path)
+    return len(rows)
+
+
+def batch_captions(batch: dict[str, Any]) -> dict[str, Any]:
+    """Check the data pipeline's batch carries ``captions`` (a list of strings, one per sample)."""
+    if "captions" not in batch:
+        raise KeyError(f"The data pipeline's batch has no captions; keys are {sorted(batch)}.")
+    return batch

@@ -1,0 +1,126 @@
+"""The model-family registry and adapters: detection without torch, the adapters' answers, and a family registered
+from this test module that trains through the unchanged script (issue #25: adding a family edits no script)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from _train_fixtures import SD_BASE
+from test_train import run_script, script
+
+from hf_arb.families import FLOW_FAMILIES, Family, detect_family, family_names, get_family, register_family
+from hf_arb.families.base import unregister_family
+from hf_arb.families.sd import SDFamily
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_builtin_families_are_detected_from_their_files_and_hub_names(train_assets, flow_assets):
+    assert family_names()[-1] == "sd"  # the fallback is asked last
+    assert detect_family(train_assets["sd"]) == "sd" and detect_family(train_assets["sdxl"]) == "sdxl"
+    assert detect_family(flow_assets["sd3"]) == "sd3" and detect_family(flow_assets["flux"]) == "flux"
+    assert detect_family("stabilityai/stable-diffusion-xl-base-1.0") == "sdxl"
+    assert detect_family("black-forest-labs/FLUX.1-schnell") == "flux"
+    assert detect_family("some-org/unknown-model") == "sd"
+    assert {get_family(n).denoiser_name for n in FLOW_FAMILIES} == {"transformer"}
+
+
+def test_detection_and_flag_defaults_do_not_import_torch(train_assets):
+    """--help, flag errors and family detection answer before torch (seconds to import) is loaded."""
+    code = ("import sys; from hf_arb.families import detect_family, get_family; "
+            f"f = get_family(detect_family({train_assets['sdxl']!r})); print(f.name, f.defaults(False)['resolution']); "
+            "assert 'torch' not in sys.modules, 'torch was imported'")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["sdxl", "1024"]
+
+
+def test_unknown_family_and_bad_registration_are_refused():
+    with pytest.raises(ValueError, match="Unknown model family 'nope'; known: sd3, flux, sdxl, sd"):
+        get_family("nope")
+    with pytest.raises(TypeError, match="Family subclass with a `name`"):
+        register_family(type("Nameless", (Family,), {}))
+    with pytest.raises(TypeError, match="Family subclass"):
+        register_family(dict)  # type: ignore[arg-type]
+
+
+def test_every_family_refuses_the_other_objectives_flags():
+    for name in family_names():
+        family = get_family(name)
+        assert family.refused_flags, name
+        assert not set(family.refused_flags) & {"train_batch_size", "learning_rate", "resolution"}, name
+    assert "snr_gamma" in get_family("flux").refused_flags and "weighting_scheme" in get_family("sdxl").refused_flags
+
+
+MARKER = "HF_ARB_TEST_FAMILY"
+
+
+class CountingSD(SDFamily):
+    """A family defined outside hf_arb: SD with its own detection rule, card tag and a loss that counts calls."""
+
+    name = "sd-counting"
+    card_tags = ("sd-counting-test",)
+    losses: list[float] = []
+
+    @classmethod
+    def detect(cls, path: str) -> bool:
+        return (Path(path) / MARKER).exists()
+
+    def training_loss(self, args: Any, models: Any, denoiser: Any, batch: Any, text: Any, generator: Any,
+                      dtype: Any) -> Any:
+        loss = super().training_loss(args, models, denoiser, batch, text, generator, dtype)
+        CountingSD.losses.append(float(loss.detach()))
+        return loss
+
+
+@pytest.mark.slow
+def test_a_family_registered_from_a_test_module_trains_through_the_script(train_assets, tmp_path):
+    """Registering an adapter is all it takes: the script detects it, asks it for the loss and the card, and the
+    output loads in stock diffusers."""
+    from diffusers import StableDiffusionPipeline
+
+    model = tmp_path / "model"
+    shutil.copytree(train_assets["sd"], model)
+    (model / MARKER).write_text("")
+    register_family(CountingSD)
+    CountingSD.losses.clear()
+    try:
+        assert detect_family(str(model)) == "sd-counting" and detect_family(train_assets["sd"]) == "sd"
+        out = tmp_path / "out"
+        stats = run_script(["--pretrained_model_name_or_path", str(model), "--train_data_dir", train_assets["images"],
+                            "--output_dir", str(out), *SD_BASE, "--max_train_steps", "2", "--full_finetune"])
+    finally:
+        unregister_family("sd-counting")
+    assert stats["family"] == "sd-counting" and stats["global_step"] == 2
+    assert CountingSD.losses == pytest.approx(stats["losses"])  # the script asked this adapter for every loss
+    card = (out / "README.md").read_text()
+    assert "- sd-counting-test" in card and "StableDiffusionPipeline" in card
+    assert json.loads((out / "model_index.json").read_text())["_class_name"] == "StableDiffusionPipeline"
+    pipe = StableDiffusionPipeline.from_pretrained(out)
+    image = pipe("a photo", height=64, width=48, num_inference_steps=1, output_type="np").images[0]
+    assert image.shape == (64, 48, 3)
+    assert "sd-counting" not in family_names()
+
+
+def test_the_script_never_names_a_family():
+    """No family name, and no family-specific attribute, appears in the script or in train/: it asks the adapter."""
+    import ast
+
+    names = set(family_names()) | {"sd1", "sd2", "xl"}
+    sources = [ROOT / "train_text_to_image_arb.py", *sorted((ROOT / "hf_arb" / "train").glob("*.py"))]
+    hits = []
+    for path in sources:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.lower() in names:
+                hits.append(f"{path.name}:{node.lineno} {node.value!r}")
+            if isinstance(node, ast.Attribute) and node.attr in ("sdxl", "flow", "flow_options"):
+                hits.append(f"{path.name}:{node.lineno} .{node.attr}")
+    assert not hits, hits
+    assert len((ROOT / "train_text_to_image_arb.py").read_text().splitlines()) <= 900
+    assert script.main.__module__ == "train_text_to_image_arb"
