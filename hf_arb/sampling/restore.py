@@ -43,12 +43,22 @@ class LoaderPass:
         skipped: accelerate skips batches at the start of this pass (``skip_first_batches``).
         skip: how many (``SkipBatchSampler.skip_batches``, plus the loader's own ``skip_batches``).
         skip_counts_steps: the skip counts per-rank steps (behind ``BatchSamplerShard``), not the sampler's batches.
+        loader: the loader itself (a refused pass is ended with its public ``end()``, as accelerate ends a pass, so
+            that it no longer counts as the active loader).
     """
 
     stateful: bool
     skipped: bool
     skip: int
     skip_counts_steps: bool
+    loader: Any = None
+
+    def refuse(self, error: RuntimeError) -> RuntimeError:
+        """End the refused pass (accelerate's ``begin()`` registered it) and return ``error`` to raise."""
+        end = getattr(self.loader, "end", None)
+        if callable(end):
+            end()
+        return error
 
 
 @dataclass(frozen=True)
@@ -96,7 +106,7 @@ def loader_pass(sampler: Any) -> LoaderPass | None:
     own = int(getattr(loader, "skip_batches", 0) or 0)
     return LoaderPass(stateful=bool(getattr(loader, "use_stateful_dataloader", False)),
                       skipped=bool(skippers) or own > 0, skip=sum(int(n.skip_batches) for n in skippers) + own,
-                      skip_counts_steps=any(isinstance(n, BatchSamplerShard) for n in chain))
+                      skip_counts_steps=any(isinstance(n, BatchSamplerShard) for n in chain), loader=loader)
 
 
 def after_set_epoch(guard: Guard, epoch: int, ctx: LoaderPass | None) -> Guard:
@@ -112,7 +122,10 @@ def after_set_epoch(guard: Guard, epoch: int, ctx: LoaderPass | None) -> Guard:
         return replace(guard, explicit=epoch) if isinstance(guard, Restored) else None
     if ctx.stateful or ctx.skipped:  # torchdata restores the position / a skip pass is decided at its start
         return None if ctx.stateful else guard
-    check_plain_pass(guard, epoch)
+    try:
+        check_plain_pass(guard, epoch)
+    except RuntimeError as e:
+        raise ctx.refuse(e) from None
     return None
 
 
@@ -136,7 +149,8 @@ def check_plain_pass(guard: Guard, epoch: int) -> None:
             f"BucketBatchSampler was restored mid-epoch (epoch {e}, {step} steps handed out, which runs ahead of "
             f"your loop's steps by accelerate's and the workers' read-ahead), and the prepared loader is now "
             f"iterated from the start of epoch {epoch}: that would silently restart the epoch. After "
-            f"`accelerator.load_state`, {RESUME_FIX}.")
+            f"`accelerator.load_state`, {RESUME_FIX} (after a skip_first_batches pass of that epoch, call "
+            f"`train_dataloader.set_epoch(epoch)` before this one).")
     if guard.explicit is None and epoch != e:
         raise RuntimeError(
             f"BucketBatchSampler was restored at the start of epoch {e}, and the prepared loader now starts epoch "
@@ -165,10 +179,13 @@ def pass_start(guard: Guard, ctx: LoaderPass | None, *, epoch: int,
         return guard, None
     if ctx.stateful:  # torchdata restores the position itself
         return None, None
-    if not ctx.skipped:
-        check_plain_pass(guard, epoch)
-        return None, None
-    return skip_pass_start(guard, ctx, batches_per_step=batches_per_step)
+    try:
+        if not ctx.skipped:
+            check_plain_pass(guard, epoch)
+            return None, None
+        return skip_pass_start(guard, ctx, batches_per_step=batches_per_step)
+    except RuntimeError as e:
+        raise ctx.refuse(e) from None
 
 
 def skip_pass_start(guard: Guard, ctx: LoaderPass, *, batches_per_step: int) -> tuple[Guard, tuple[int, int] | None]:
