@@ -141,8 +141,7 @@ class BucketBatchSampler(ResumableBatchSampler):
         # where the next pass starts: set_epoch's (epoch, 0) for every pass until the next set_epoch (pinned), or
         # load_state_dict's position until a pass from it hands out the epoch's last step; None: the cursor
         self._start: tuple[int, int] | None = None
-        self._pinned, self._start_id = False, 0
-        self._logged = False
+        self._pinned, self._start_id, self._logged = False, 0, False
         self._layout_cache: tuple[int, Any] | None = None
         self._steps0 = self._layout(0).num_steps  # constant over epochs when synced
         if self._steps0 == 0:
@@ -308,8 +307,9 @@ class BucketBatchSampler(ResumableBatchSampler):
         After :meth:`load_state_dict`, an epoch other than the restored one warns (the loop probably forgot
         ``train_dataloader.set_epoch(epoch)``); a prepared loader's pass may be refused (:mod:`.restore`)."""
         epoch = check_nonneg("epoch", epoch)
-        self._guard = after_set_epoch(self._guard, epoch, loader_pass(self))  # may refuse a pass (restore.py)
-        if self._restored_epoch is not None and epoch != self._restored_epoch:
+        ctx = loader_pass(self)  # the accelerate pass calling, if any: it may be refused (restore.py)
+        self._guard = after_set_epoch(self._guard, epoch, ctx)
+        if self._restored_epoch is not None and epoch != self._restored_epoch and not (ctx and ctx.skipped):
             warnings.warn(f"set_epoch({epoch}) after the sampler was restored at epoch {self._restored_epoch}: the "
                           f"loader starts epoch {epoch}. If that is not what you want, call `train_dataloader.set_epoch("
                           "epoch)` with your loop's epoch before iterating (accelerate otherwise counts passes from 0 "
