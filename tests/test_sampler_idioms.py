@@ -165,3 +165,28 @@ def test_resume_idioms_per_rank_are_exact_or_refused(n, k_buckets, batch, world,
         s = _restored(ids, batch, world, seed, state)
         got = list(skip_first_batches(_rank_loader(s, None), k))
         assert [got[i : i + world] for i in range(0, len(got), world)] == plan[k:].tolist()
+
+
+def test_skip_beyond_the_restored_position_and_a_foreign_epoch_are_refused() -> None:
+    """A ``k`` larger than the steps the restored sampler had handed out is not the loop's counter of that epoch
+    (e.g. the global step): refused before a batch, naming ``global_step % len(train_dataloader)``. A restore at an
+    epoch's start followed by a prepared loader starting another epoch is refused naming ``set_epoch``; with the
+    loop's ``set_epoch`` it is exact."""
+    from accelerate.data_loader import skip_first_batches
+
+    ids = np.random.default_rng(4).integers(0, 3, size=120)
+    ref = BucketBatchSampler(ids, 2, num_replicas=2, seed=1, leftover="fill", log_report=False)
+    steps = ref.steps_per_epoch
+    state = {**ref.state_dict(), "epoch": 1, "batches_consumed": 5}
+    s = _restored(ids, 2, 2, 1, state)
+    with pytest.raises(RuntimeError, match=r"global_step % len\(train_dataloader\)"):
+        next(iter(skip_first_batches(_rank_loader(s, 0), steps + 5)))
+    assert s.batches_consumed == 5, "the refusal moves nothing"
+    assert list(skip_first_batches(_rank_loader(s, 0), 5)) == ref.plan(1)[5:, 0].tolist()  # the right k still works
+    at_start = {**state, "batches_consumed": steps}  # epoch 1 handed out: the restore is at epoch 2's start
+    s = _restored(ids, 2, 2, 1, at_start)
+    loader = _rank_loader(s, 1)
+    with pytest.raises(RuntimeError, match=r"set_epoch\(2\)"):
+        next(iter(loader))  # a new process: accelerate's pass counter says 0
+    loader.set_epoch(2)
+    assert list(loader) == ref.plan(2)[:, 1].tolist()
