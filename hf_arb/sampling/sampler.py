@@ -27,9 +27,10 @@ from .batch_sizes import resolve_batch_sizes
 from .index import LOW_BITS, build_index, count_blocks, open_index
 from .inputs import aspects, check_world, choose_catch_all, fingerprint, leftover_from, read_input
 from .plan import Leftover, check_nonneg, effective_ids, iter_chunks, make_layout, merge_small_buckets
-from .ragged import RaggedPlan, iter_ragged, materialise
+from .plan_views import PlanViews
+from .ragged import iter_ragged
 from .rank import RankBatchSampler, refuse_rank_idiom
-from .report import PlanReport, build_report, warn_if_dropping, zero_batches_message
+from .report import warn_if_dropping, zero_batches_message
 from .restore import Guard, Restored, after_set_epoch, loader_pass, pass_start
 from .state import ResumableBatchSampler, as_state_mapping, check_state, sampler_state
 from .world import resolve_world
@@ -41,7 +42,7 @@ logger = logging.getLogger(__name__)
 INDEX_IN_MEMORY_ROWS = 1 << 24
 
 
-class BucketBatchSampler(ResumableBatchSampler):
+class BucketBatchSampler(PlanViews, ResumableBatchSampler):
     """Batch sampler for aspect-ratio buckets: every batch is full and of one bucket, every rank gets the same
     number of batches, and (by default) all ranks are in the same bucket at every step.
 
@@ -219,14 +220,6 @@ class BucketBatchSampler(ResumableBatchSampler):
         """``{bucket: rows per rank of its batches}`` when batch sizes differ by bucket, else None."""
         return None if self._sizes is None else dict(enumerate(self._sizes.tolist()))
 
-    def step_batch_sizes(self, epoch: int | None = None) -> np.ndarray:
-        """Rows per rank of every step of ``epoch`` (default: current), int64 ``(steps,)`` (for the loss weights
-        of :func:`~hf_arb.sampling.batch_sizes.accumulation_weights`)."""
-        lay = self._layout(self._epoch if epoch is None else check_nonneg("epoch", epoch))
-        if self._sizes is None:
-            return np.full(lay.num_steps, self.per_rank_batch_size, np.int64)
-        return lay.step_batch(0, lay.num_steps)
-
     @property
     def sampler(self) -> BucketBatchSampler:
         """This sampler: accelerate looks for ``set_epoch`` on ``batch_sampler.sampler`` (also behind its
@@ -242,6 +235,16 @@ class BucketBatchSampler(ResumableBatchSampler):
     def batches_consumed(self) -> int:
         """Steps of the current epoch the sampler's iterator has handed out (its resume position)."""
         return self._consumed
+
+    @property
+    def fingerprint(self) -> str:
+        """Hash of the bucket ids and the merge map: a saved state must come from the same."""
+        return self._fingerprint
+
+    @property
+    def merge_small(self) -> bool:
+        """Built with ``merge_small=True`` (small buckets merged into their nearest neighbour in log aspect)."""
+        return self._merge_map is not None
 
     @property
     def steps_per_epoch(self) -> int:
@@ -266,34 +269,6 @@ class BucketBatchSampler(ResumableBatchSampler):
                               leftover=self.leftover, catch_all_bucket=self.catch_all_bucket, index=self._index)
             self._layout_cache = (epoch, lay)
         return self._layout_cache[1]
-
-    def plan(self, epoch: int | None = None) -> np.ndarray | RaggedPlan:
-        """The whole plan of ``epoch`` (default: current): int64 ``(steps, num_replicas, batch)``, equal to
-        :func:`~hf_arb.plan_epoch` with this sampler's arguments; with batch sizes per bucket the
-        :class:`~hf_arb.sampling.ragged.RaggedPlan` of :func:`~hf_arb.sampling.ragged.plan_epoch_ragged`."""
-        lay = self._layout(self._epoch if epoch is None else check_nonneg("epoch", epoch))
-        return lay.rows(0, lay.num_steps) if self._sizes is None else materialise(lay)
-
-    def batch_buckets(self, epoch: int | None = None, rank: int | None = None) -> np.ndarray:
-        """Target bucket of each step's batch on ``rank`` (default: this sampler's) in ``epoch`` (default:
-        current): a read-only int64 view of shape ``(steps,)``."""
-        lay = self._layout(self._epoch if epoch is None else check_nonneg("epoch", epoch))
-        return lay.targets[:, self.rank if rank is None else rank]
-
-    def locate(self, steps_done: int) -> tuple[int, int]:
-        """``(epoch, step in that epoch)`` after ``steps_done`` steps per rank since epoch 0: where a run resumes.
-
-        Example: ``epoch, step = sampler.locate(global_micro_step)``, then ``loader.set_epoch(epoch)`` and
-        ``accelerator.skip_first_batches(loader, step)``.
-        """
-        steps_done = check_nonneg("steps_done", steps_done)
-        if self.sync_buckets:
-            return divmod(steps_done, self._steps0)
-        epoch = 0
-        while steps_done >= self._steps_in(epoch):
-            steps_done -= self._steps_in(epoch)
-            epoch += 1
-        return epoch, steps_done
 
     # ---------------------------------------------------------------- cursor
     def set_epoch(self, epoch: int) -> None:
@@ -376,6 +351,11 @@ class BucketBatchSampler(ResumableBatchSampler):
         """The loop's step counter, not the restored position, places the next pass (resume_dataloader calls it)."""
         self._guard = None
 
+    def rank_batches(self, rank: int) -> Iterator[list]:
+        """Rank ``rank``'s remaining batches of the epoch, moving the cursor (what ``shard(rank)`` iterates)."""
+        for e, rows, targets in self._steps(rank):
+            yield self._keys(rows[0], int(targets[0]), e)
+
     def shard(self, rank: int | None = None) -> RankBatchSampler:
         """A batch sampler over rank ``rank``'s batches only (default: this sampler's rank), for plain PyTorch
         DDP without accelerate: ``DataLoader(ds, batch_sampler=sampler.shard())``."""
@@ -405,13 +385,6 @@ class BucketBatchSampler(ResumableBatchSampler):
             epoch, consumed = epoch + 1, 0
         self._epoch, self._consumed, self._restored_epoch = epoch, consumed, epoch
         self._start, self._pinned, self._start_id = (epoch, consumed), False, self._start_id + 1
-
-    # ---------------------------------------------------------------- report
-    def report(self, epoch: int | None = None) -> PlanReport:
-        """Rows used, dropped, repeated, merged and served in catch-all batches in ``epoch`` (default: current)."""
-        e = self._epoch if epoch is None else check_nonneg("epoch", epoch)
-        return build_report(self._layout(e), epoch=e, counts=self._counts, rows_total=self._rows_total,
-                            merge_map=self._merge_map, leftover=self.leftover, sync_buckets=self.sync_buckets)
 
     def __repr__(self) -> str:
         return (f"BucketBatchSampler(rows={self._rows_total}, batch_size={self.batch_size}, "
