@@ -101,25 +101,28 @@ def _rank_loader(sampler: BucketBatchSampler, rank: int | None):
     from accelerate.data_loader import BatchSamplerShard, DataLoaderShard
 
     shard = rank is not None and sampler.num_replicas > 1  # one process: accelerate leaves the batch sampler as is
-    bs = BatchSamplerShard(sampler, sampler.num_replicas, rank) if shard else sampler
+    bs = BatchSamplerShard(sampler, sampler.num_replicas, rank, split_batches=sampler.split_batches) if shard else sampler
     return DataLoaderShard(list(range(sampler._rows_total)), batch_sampler=bs, collate_fn=lambda b: b)
 
 
-def _restored(ids, batch, world, seed, state) -> BucketBatchSampler:
-    s = BucketBatchSampler(ids, batch, num_replicas=world, seed=seed, leftover="fill", log_report=False)
-    s.load_state_dict(state)  # what accelerator.load_state does for a registered sampler, in a new process
+def _restored(ids, batch, world, seed, state, split=False) -> BucketBatchSampler:
+    s = BucketBatchSampler(ids, batch * (world if split else 1), num_replicas=world, seed=seed, leftover="fill",
+                           log_report=False, split_batches=split)
+    if state is not None:
+        s.load_state_dict(state)  # what accelerator.load_state does for a registered sampler, in a new process
     return s
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(n=st.integers(30, 300), k_buckets=st.integers(1, 4), batch=st.integers(1, 4), world=st.integers(1, 4),
-       seed=st.integers(0, 2**31), epoch=st.integers(0, 1), data=st.data())
-def test_resume_idioms_per_rank_are_exact_or_refused(n, k_buckets, batch, world, seed, epoch, data) -> None:
+       seed=st.integers(0, 2**31), epoch=st.integers(0, 1), split=st.booleans(), data=st.data())
+def test_resume_idioms_per_rank_are_exact_or_refused(n, k_buckets, batch, world, seed, epoch, split, data) -> None:
     """Every rank's view after a restore taken ``k`` steps into ``epoch`` with the sampler ``ahead`` steps further
     (accelerate's and the workers' read-ahead): accelerate's ``skip_first_batches(loader, k)`` (behind
     BatchSamplerShard, and over the sampler itself as dispatch_batches reads it) and ``resume_dataloader`` give
     exactly the plan's remaining steps on every rank, and the next epoch after ``set_epoch``; the prepared loader
-    iterated again is refused before its first batch, unless the restore sits at the start of epoch 0."""
+    iterated again is refused before its first batch, unless the restore sits at the start of epoch 0. With and
+    without ``split_batches`` (one global batch per step, split by accelerate)."""
     from types import SimpleNamespace
 
     from accelerate.data_loader import skip_first_batches
@@ -128,7 +131,7 @@ def test_resume_idioms_per_rank_are_exact_or_refused(n, k_buckets, batch, world,
 
     ids = np.random.default_rng(seed).integers(-1, k_buckets, size=n)
     try:
-        ref = BucketBatchSampler(ids, batch, num_replicas=world, seed=seed, leftover="fill", log_report=False)
+        ref = _restored(ids, batch, world, seed, None, split)
     except ValueError:  # zero batches: refused at construction (test_sampler.py)
         return
     plan, after = ref.plan(epoch), ref.plan(epoch + 1)  # (steps, world, batch)
@@ -140,19 +143,19 @@ def test_resume_idioms_per_rank_are_exact_or_refused(n, k_buckets, batch, world,
     acc = SimpleNamespace(skip_first_batches=skip_first_batches)
     for r in range(world):
         want, nxt = plan[k:, r].tolist(), after[:, r].tolist()
-        s = _restored(ids, batch, world, seed, state)  # accelerate's checkpointing guide
+        s = _restored(ids, batch, world, seed, state, split)  # accelerate's checkpointing guide
         loader = _rank_loader(s, r)
-        assert len(loader) == steps and len(s) == steps * world
+        assert len(loader) == steps and len(s) == steps * (1 if split else world)
         assert list(skip_first_batches(loader, k)) == want, (r, k, ahead)
         with pytest.raises(RuntimeError, match=r"set_epoch\(epoch\)"):  # back on the loader, epoch not set
             next(iter(loader))
         loader.set_epoch(epoch + 1)
         assert list(loader) == nxt and len(loader) == steps
-        s = _restored(ids, batch, world, seed, state)  # hf_arb.resume_dataloader
+        s = _restored(ids, batch, world, seed, state, split)  # hf_arb.resume_dataloader
         loader = _rank_loader(s, r)
         first, e = resume_dataloader(acc, loader, epoch * steps + k)
         assert e == epoch and list(first) == want and list(loader) == nxt
-        s = _restored(ids, batch, world, seed, state)  # iterate the prepared loader again
+        s = _restored(ids, batch, world, seed, state, split)  # iterate the prepared loader again
         loader, served = _rank_loader(s, r), []
         if epoch == 0 and k + ahead == 0:
             assert list(loader) == plan[:, r].tolist()  # nothing to resume: the epoch from its start, exact
@@ -162,9 +165,12 @@ def test_resume_idioms_per_rank_are_exact_or_refused(n, k_buckets, batch, world,
                     served.append(b)
             assert served == []
     if world > 1:  # dispatch_batches=True: rank 0 reads the sampler, W batches a step; the skip counts batches
-        s = _restored(ids, batch, world, seed, state)
+        s = _restored(ids, batch, world, seed, state, split)
         got = list(skip_first_batches(_rank_loader(s, None), k))
-        assert [got[i : i + world] for i in range(0, len(got), world)] == plan[k:].tolist()
+        if split:  # one global batch a step: rank r's rows are its slice
+            assert got == plan[k:].reshape(steps - k, -1).tolist()
+        else:
+            assert [got[i : i + world] for i in range(0, len(got), world)] == plan[k:].tolist()
 
 
 def test_skip_beyond_the_restored_position_and_a_foreign_epoch_are_refused() -> None:
