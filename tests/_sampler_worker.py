@@ -61,12 +61,12 @@ class RowDataset(Dataset):
         return {"row": int(i), "bucket": int(self.ids[i])}
 
 
-def setup(mode: str, ids: np.ndarray, batch_size: int):
-    """The diffusers-style setup: everything prepared in one call."""
+def setup(mode: str, ids: np.ndarray, batch_size: int, spec: tuple | None = None):
+    """The diffusers-style setup: everything prepared in one call (``spec``: a mode's (config, split, workers))."""
     from accelerate import Accelerator
     from accelerate.utils import DataLoaderConfiguration
 
-    cfg, split, workers = {**MODES, **PIXEL_MODES}[mode]
+    cfg, split, workers = spec or {**MODES, **PIXEL_MODES}[mode]
     accelerator = Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(**cfg))
     model = torch.nn.Linear(1, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -75,7 +75,8 @@ def setup(mode: str, ids: np.ndarray, batch_size: int):
         sampler = hf_arb.BucketBatchSampler(ids, None, drop_last=False, seed=SEED, buckets=PIXEL_RES,
                                             max_pixels_per_batch=PIXEL_BUDGET)
     else:
-        sampler = hf_arb.BucketBatchSampler(ids, per_step, drop_last=False, seed=SEED, split_batches=split)
+        sampler = hf_arb.BucketBatchSampler(ids, per_step, drop_last=False, seed=SEED, split_batches=split,
+                                            log_report=False)
     train_dataloader = DataLoader(RowDataset(ids), batch_sampler=sampler, num_workers=workers)
     # diffusers: len(train_dataloader) / num_processes before prepare ...
     len_before = math.ceil(len(train_dataloader) / (1 if split else accelerator.num_processes))
@@ -188,21 +189,103 @@ def run_plain(args, ids: np.ndarray) -> dict:
     return out
 
 
+#: issue 23's table: accelerate modes (config, sampler split_batches) x DataLoader workers x resume idioms, one
+#: launch; the uninterrupted run saves after IDIOM_SAVE steps of epoch 0
+IDIOM_MODES = {"default": ({}, False), "dispatch_batches": ({"dispatch_batches": True}, False),
+               "split_batches": ({"split_batches": True}, True), "even_batches_off": ({"even_batches": False}, False),
+               "stateful": ({"use_stateful_dataloader": True}, False)}
+IDIOMS = ("skip_first_batches", "resume_dataloader", "reiterate")
+IDIOM_WORKERS = (0, 2)
+IDIOM_ROWS, IDIOM_BATCH, IDIOM_SAVE = 613, 4, 25
+
+
+def idiom_ids() -> np.ndarray:
+    """613 rows in 4 buckets (+ skipped rows), shape (IDIOM_ROWS,)."""
+    return np.random.default_rng(23).choice([-1, 0, 1, 2, 3], size=IDIOM_ROWS, p=[0.02, 0.45, 0.3, 0.15, 0.08])
+
+
+def _passes(accelerator, model, opt, loader, epoch: int, record: list) -> dict:
+    """One pass of ``loader`` as epoch ``epoch``: the batches it served, or the error it raised and how many
+    batches it had served by then."""
+    before = len(record)
+    try:
+        train(accelerator, model, opt, loader, record, epoch, (), 0, Path("."))
+    except RuntimeError as e:
+        return {"error": str(e), "served": len(record) - before}
+    return {"error": "", "served": len(record) - before}
+
+
+def resume_idiom(idiom: str, spec: tuple, ids: np.ndarray, ckpt: Path, steps_done: int) -> dict:
+    """A new setup loads ``ckpt`` and resumes the way ``idiom`` says; records the rest of both epochs."""
+    accelerator, model, opt, sampler, dl, _ = setup("", ids, IDIOM_BATCH, spec)
+    accelerator.load_state(str(ckpt))
+    out: dict = {"len_sampler": len(sampler), "len_loader": len(dl), "record": [], "events": []}
+    epoch, k = divmod(steps_done, len(dl))  # accelerate's guide: starting epoch, steps done in it
+    if idiom == "skip_first_batches":  # accelerate's checkpointing guide, as written
+        first = accelerator.skip_first_batches(dl, k)
+        out["len_first"] = len(first)
+        out["events"].append(_passes(accelerator, model, opt, first, epoch, out["record"]))
+        for later in range(epoch + 1, EPOCHS):  # back to the prepared loader: as the guide, then with set_epoch
+            out["events"].append(_passes(accelerator, model, opt, dl, later, out["record"]))
+            dl.set_epoch(later)
+            out["events"].append(_passes(accelerator, model, opt, dl, later, out["record"]))
+    elif idiom == "resume_dataloader":
+        first, epoch = hf_arb.resume_dataloader(accelerator, dl, steps_done)
+        out["len_first"] = len(first)
+        out["events"].append(_passes(accelerator, model, opt, first, epoch, out["record"]))
+        for later in range(epoch + 1, EPOCHS):
+            out["events"].append(_passes(accelerator, model, opt, dl, later, out["record"]))
+    else:  # iterate the prepared loader again after load_state, nothing else
+        for e in range(epoch, EPOCHS):
+            out["events"].append(_passes(accelerator, model, opt, dl, e, out["record"]))
+            if out["events"][-1]["error"]:
+                break
+    out["len_loader_after"] = len(dl)
+    return out
+
+
+def run_idioms(args, ids: np.ndarray) -> dict:
+    """Every cell of the table: ``{"<mode>/w<workers>": {"full": ..., "<idiom>": ...}}``."""
+    ids = idiom_ids()
+    out: dict = {}
+    for mode, (cfg, split) in IDIOM_MODES.items():
+        for workers in args.idiom_workers:
+            spec = (cfg, split, workers)
+            accelerator, model, opt, sampler, dl, len_before = setup("", ids, IDIOM_BATCH, spec)
+            ckpt = Path(args.out) / f"idiom_{mode}_w{workers}"
+            record: list = []
+            steps = 0
+            for epoch in range(EPOCHS):  # as diffusers: accelerate counts the passes
+                steps = train(accelerator, model, opt, dl, record, epoch, (IDIOM_SAVE,), steps, ckpt)
+            cell = {"full": {"record": record, "len_before": len_before, "len_loader": len(dl),
+                             "len_sampler": len(sampler), "steps_per_epoch": sampler.steps_per_epoch,
+                             "repeated_per_epoch": sampler.report().rows_repeated}}
+            idioms = ("reiterate",) if mode == "stateful" else IDIOMS  # stateful: the loader restores itself
+            for idiom in idioms:
+                cell[idiom] = resume_idiom(idiom, spec, ids, Path(f"{ckpt}_{IDIOM_SAVE}"), IDIOM_SAVE)
+            out[f"{mode}/w{workers}"] = cell
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--phase", choices=["full", "resume", "elastic", "plain"], required=True)
+    p.add_argument("--phase", choices=["full", "resume", "elastic", "plain", "idioms"], required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--batch-size", type=int, default=2)
     p.add_argument("--save-at", type=int, nargs="+", default=[5])
     p.add_argument("--save-elastic", default="")
     p.add_argument("--load-elastic", default="")
     p.add_argument("--pixel", action="store_true", help="also run the variable-batch (pixel budget) modes")
+    p.add_argument("--idiom-workers", type=int, nargs="+", default=list(IDIOM_WORKERS),
+                   help="--phase idioms: the DataLoader worker counts to run")
     args = p.parse_args()
     ids = bucket_ids()
     if args.phase == "plain":
         result = run_plain(args, ids)
     elif args.phase == "elastic":
         result = {"elastic": run_elastic(args, ids)}
+    elif args.phase == "idioms":
+        result = run_idioms(args, ids)
     else:
         run = run_full if args.phase == "full" else run_resume
         result = {mode: run(mode, args, ids) for mode in (*MODES, *(PIXEL_MODES if args.pixel else ()))}

@@ -157,3 +157,82 @@ def test_docs_recipe_runs_and_resumes(tmp_path: Path) -> None:
     assert [line.split(":")[0] for line in outs[0]] == ["epoch 0 done", "epoch 1 done", "epoch 2 done"]
     assert [line.split(":")[0] for line in outs[1]] == ["epoch 2 done"]
     assert (tmp_path / "checkpoints" / "last" / "custom_checkpoint_0.pkl").exists()
+
+
+def idiom_table(results: list[dict]) -> dict[tuple[str, str], str]:
+    """Check every cell of the idiom launch (tests/_sampler_worker.py ``--phase idioms``) and return its outcome:
+    ``{(mode/workers, idiom): "exact" | "refused"}``. A cell is exact when every rank trains the uninterrupted run's
+    batches after the checkpoint (= the plan), batch for batch, in both epochs; refused when every rank raised
+    the documented error before serving a batch. Anything else fails."""
+    from _sampler_worker import EPOCHS, IDIOM_BATCH, IDIOM_SAVE, IDIOMS, SEED, idiom_ids
+
+    ids, world = idiom_ids(), len(results)
+    plans = [plan_epoch(ids, IDIOM_BATCH, world, seed=SEED, epoch=e, leftover="fill") for e in range(EPOCHS)]
+    exp_rows = np.concatenate(plans)  # (steps, world, batch)
+    exp_epochs = np.concatenate([np.full(len(p), e) for e, p in enumerate(plans)])
+    steps = len(plans[0])
+    assert len(plans[1]) == steps and 0 < IDIOM_SAVE < steps
+    table: dict[tuple[str, str], str] = {}
+    for cell in results[0]:
+        where = f"{cell}, {world} processes"
+        split = cell.startswith("split_batches")
+        full = results[0][cell]["full"]
+        rows, epochs = _steps([{"x": r[cell]["full"]} for r in results], "x")
+        np.testing.assert_array_equal(rows, exp_rows, err_msg=f"{where}: the uninterrupted run differs from the plan")
+        np.testing.assert_array_equal(epochs, exp_epochs, err_msg=where)
+        assert full["len_loader"] == full["len_before"] == full["steps_per_epoch"] == steps, where
+        assert full["len_sampler"] == steps * (1 if split else world), where
+        for e in range(EPOCHS):  # the report counts every repeat (leftover="fill" completes the last batches)
+            flat = rows[exp_epochs == e].reshape(-1)
+            assert flat.size - np.unique(flat).size == full["repeated_per_epoch"], where
+        for idiom in IDIOMS:
+            if idiom not in results[0][cell]:
+                continue
+            got = [r[cell][idiom] for r in results]
+            info = got[0]
+            assert info["len_loader"] == info["len_loader_after"] == steps, f"{where}, {idiom}: len(loader)"
+            assert info["len_sampler"] == full["len_sampler"], f"{where}, {idiom}: len(sampler)"
+            events = [[(ev["served"], bool(ev["error"])) for ev in g["events"]] for g in got]
+            assert all(ev == events[0] for ev in events), f"{where}, {idiom}: ranks disagree {events}"
+            events = info["events"]  # rank 0's (with dispatch_batches only rank 0 reads the sampler: its message)
+            errors = [ev for ev in events if ev["error"]]
+            assert all(ev["served"] == 0 for ev in errors), f"{where}, {idiom}: an error after serving batches"
+            if idiom == "reiterate" and not cell.startswith("stateful"):
+                assert len(errors) == 1 and not got[0]["record"], f"{where}: {idiom} must be refused"
+                msg = errors[0]["error"]
+                assert "resume_dataloader" in msg and "skip_first_batches" in msg, msg
+                table[(cell, idiom)] = "refused"
+                continue
+            if idiom == "skip_first_batches":  # back on the prepared loader without set_epoch: refused, named
+                assert [ev["error"] != "" for ev in events] == [False, True, False], f"{where}: {events}"
+                assert "train_dataloader.set_epoch(epoch)" in errors[0]["error"]
+                if not cell.startswith("dispatch"):  # accelerate's skip loader: its own length
+                    assert info["len_first"] == steps - IDIOM_SAVE, f"{where}: len(skip_first_batches(...))"
+            else:
+                assert not errors, f"{where}, {idiom}: {errors}"
+            rest, rest_epochs = _steps([{"x": g} for g in got], "x")
+            np.testing.assert_array_equal(rest, exp_rows[IDIOM_SAVE:], err_msg=f"{where}, {idiom}: resume differs")
+            np.testing.assert_array_equal(rest_epochs, exp_epochs[IDIOM_SAVE:], err_msg=f"{where}, {idiom}")
+            table[(cell, idiom)] = "exact"
+    return table
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world,workers", [(2, (0, 2)), (3, (0,))], ids=["2-processes", "3-processes"])
+def test_resume_idioms_every_mode_with_and_without_workers(tmp_path: Path, world: int, workers: tuple) -> None:
+    """Issue 23's table, on real processes: accelerate modes (default, dispatch_batches, split_batches,
+    even_batches=False; and the stateful loader) x DataLoader workers {0, 2} (3 processes: 0, to keep the launch
+    short) x the resume idioms (accelerate's ``skip_first_batches`` after ``load_state``, ``hf_arb.resume_dataloader``,
+    iterating the prepared loader again), 613 rows, batch 4, checkpoint after 25 steps, all in one launch per world
+    size. Every cell is exact (batch for batch the uninterrupted run) or refused before serving a batch."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from _sampler_worker import IDIOM_MODES, IDIOMS
+
+    results = _torchrun(world, tmp_path, "idioms", "--idiom-workers", *map(str, workers), timeout=300)
+    table = idiom_table(results)
+    cells = {(f"{m}/w{w}", i) for m in IDIOM_MODES for w in workers for i in IDIOMS if m != "stateful"}
+    cells |= {(f"stateful/w{w}", "reiterate") for w in workers}
+    assert set(table) == cells
+    for (cell, idiom), outcome in table.items():
+        want = "refused" if idiom == "reiterate" and not cell.startswith("stateful") else "exact"
+        assert outcome == want, (cell, idiom, outcome)

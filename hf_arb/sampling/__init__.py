@@ -9,7 +9,9 @@
 - :mod:`~hf_arb.sampling.index` — the bucket-grouped row index (4 bytes per row, shareable memory-mapped file);
 - :mod:`~hf_arb.sampling.report` — :class:`PlanReport`;
 - :mod:`~hf_arb.sampling.state` — the resume state and its validation;
-- :mod:`~hf_arb.sampling.sampler` — :class:`BucketBatchSampler`, a thin class around the plan;
+- :mod:`~hf_arb.sampling.sampler` — :class:`BucketBatchSampler`, a thin class around the plan
+  (:mod:`~hf_arb.sampling.plan_views` its read-only views of the plan, :mod:`~hf_arb.sampling.world` its processes
+  and batch sizes, :mod:`~hf_arb.sampling.restore` what its first accelerate pass after a restore does);
 - :mod:`~hf_arb.sampling.accelerate` — optional conveniences around ``accelerator.prepare``;
 - :mod:`~hf_arb.sampling.stream` — :class:`BucketedStream`, bucketed batches from a streaming dataset;
   :mod:`~hf_arb.sampling.stream_collate` fits streamed image rows to their bucket

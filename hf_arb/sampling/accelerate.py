@@ -90,6 +90,8 @@ def resume_dataloader(accelerator: Any, dataloader: Any, steps_done: int) -> tup
         # is not the forgotten `set_epoch` that BucketBatchSampler warns about
         warnings.filterwarnings("ignore", message=r"set_epoch\(\d+\) after the sampler was restored",
                                 category=UserWarning)
+        if isinstance(sampler, BucketBatchSampler):  # the counter, not the restored position, places the passes
+            sampler.drop_restored_position()
         dataloader.set_epoch(epoch)
     if not step:
         return dataloader, epoch

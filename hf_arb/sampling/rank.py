@@ -38,8 +38,7 @@ class RankBatchSampler:
         return self.parent.steps_per_epoch
 
     def __iter__(self) -> Iterator[list]:
-        for e, rows, targets in self.parent._steps(self.rank):
-            yield self.parent._keys(rows[0], int(targets[0]), e)
+        yield from self.parent.rank_batches(self.rank)
 
     def set_epoch(self, epoch: int) -> None:
         self.parent.set_epoch(epoch)

@@ -25,12 +25,15 @@ import numpy as np
 
 from .batch_sizes import resolve_batch_sizes
 from .index import LOW_BITS, build_index, count_blocks, open_index
-from .inputs import aspects, check_world, choose_catch_all, default_world, fingerprint, leftover_from, read_input
-from .plan import Leftover, check_nonneg, check_positive, effective_ids, iter_chunks, make_layout, merge_small_buckets
-from .ragged import RaggedPlan, iter_ragged, materialise
+from .inputs import aspects, check_world, choose_catch_all, fingerprint, leftover_from, read_input
+from .plan import Leftover, check_nonneg, effective_ids, iter_chunks, make_layout, merge_small_buckets
+from .plan_views import PlanViews
+from .ragged import iter_ragged
 from .rank import RankBatchSampler, refuse_rank_idiom
-from .report import PlanReport, build_report, warn_if_dropping, zero_batches_message
+from .report import warn_if_dropping, zero_batches_message
+from .restore import Guard, Restored, after_set_epoch, loader_pass, pass_start
 from .state import ResumableBatchSampler, as_state_mapping, check_state, sampler_state
+from .world import resolve_world
 
 logger = logging.getLogger(__name__)
 
@@ -39,7 +42,7 @@ logger = logging.getLogger(__name__)
 INDEX_IN_MEMORY_ROWS = 1 << 24
 
 
-class BucketBatchSampler(ResumableBatchSampler):
+class BucketBatchSampler(PlanViews, ResumableBatchSampler):
     """Batch sampler for aspect-ratio buckets: every batch is full and of one bucket, every rank gets the same
     number of batches, and (by default) all ranks are in the same bucket at every step.
 
@@ -123,7 +126,9 @@ class BucketBatchSampler(ResumableBatchSampler):
         if per_bucket and (split_batches or not sync_buckets):
             raise ValueError("A batch size per bucket needs sync_buckets=True and split_batches=False: accelerate's "
                              "split_batches slices every batch by one fixed size. Use one `batch_size` for those.")
-        self._set_world(num_replicas, rank, 1 if per_bucket else batch_size, split_batches)
+        self.num_replicas, self.rank, self.per_rank_batch_size, self.batch_size = resolve_world(
+            num_replicas, rank, 1 if per_bucket else batch_size, split_batches)  # the batches: see world.World
+        self.split_batches = bool(split_batches)
         self._rank_given, self.seed = rank is not None, check_nonneg("seed", seed)  # rank=: see refuse_rank_idiom
         self.shuffle, self.sync_buckets, self.return_keys = bool(shuffle), bool(sync_buckets), bool(return_keys)
         self.leftover = leftover_from(drop_last, leftover)
@@ -133,11 +138,11 @@ class BucketBatchSampler(ResumableBatchSampler):
         self._prepare_plan(ids, catch_all_bucket, merge_small)
         self._epoch, self._consumed = 0, 0
         self._restored_epoch: int | None = None  # set by load_state_dict until the next set_epoch/iteration
+        self._guard: Guard = None  # a restore not yet resolved by an accelerate pass (restore.py)
         # where the next pass starts: set_epoch's (epoch, 0) for every pass until the next set_epoch (pinned), or
         # load_state_dict's position until a pass from it hands out the epoch's last step; None: the cursor
         self._start: tuple[int, int] | None = None
-        self._pinned, self._start_id = False, 0
-        self._logged = False
+        self._pinned, self._start_id, self._logged = False, 0, False
         self._layout_cache: tuple[int, Any] | None = None
         self._steps0 = self._layout(0).num_steps  # constant over epochs when synced
         if self._steps0 == 0:
@@ -145,25 +150,6 @@ class BucketBatchSampler(ResumableBatchSampler):
         warn_if_dropping(self)
 
     # ---------------------------------------------------------------- construction steps
-    def _set_world(self, num_replicas: int | None, rank: int | None, batch_size: int, split_batches: bool) -> None:
-        w, r = default_world()
-        self.num_replicas = check_positive("num_replicas", w if num_replicas is None else num_replicas)
-        if rank is None:  # this process's rank, when the sampler is built for the running world
-            rank = r if self.num_replicas == w else 0
-        self.rank = check_nonneg("rank", rank)
-        if self.rank >= self.num_replicas:
-            raise ValueError(f"`rank` must be < num_replicas ({self.num_replicas}), got {self.rank}.")
-        self.split_batches = bool(split_batches)
-        batch_size = check_positive("batch_size", batch_size)
-        if self.split_batches and batch_size % self.num_replicas:
-            raise ValueError(f"With split_batches=True, `batch_size` is the global batch and must be a multiple of "
-                             f"num_replicas ({self.num_replicas}), got {batch_size}. Use "
-                             f"{-(-batch_size // self.num_replicas) * self.num_replicas}.")
-        #: rows per batch of one rank (the plan's batch)
-        self.per_rank_batch_size = batch_size // self.num_replicas if self.split_batches else batch_size
-        #: rows per yielded batch (read by accelerate's BatchSamplerShard)
-        self.batch_size = batch_size
-
     def _prepare_plan(self, ids: np.ndarray, catch_all_bucket: int | None, merge_small: bool) -> None:
         """Counts, merge map, catch-all bucket, fingerprint, and the grouped row index every epoch reuses.
 
@@ -234,14 +220,6 @@ class BucketBatchSampler(ResumableBatchSampler):
         """``{bucket: rows per rank of its batches}`` when batch sizes differ by bucket, else None."""
         return None if self._sizes is None else dict(enumerate(self._sizes.tolist()))
 
-    def step_batch_sizes(self, epoch: int | None = None) -> np.ndarray:
-        """Rows per rank of every step of ``epoch`` (default: current), int64 ``(steps,)`` (for the loss weights
-        of :func:`~hf_arb.sampling.batch_sizes.accumulation_weights`)."""
-        lay = self._layout(self._epoch if epoch is None else check_nonneg("epoch", epoch))
-        if self._sizes is None:
-            return np.full(lay.num_steps, self.per_rank_batch_size, np.int64)
-        return lay.step_batch(0, lay.num_steps)
-
     @property
     def sampler(self) -> BucketBatchSampler:
         """This sampler: accelerate looks for ``set_epoch`` on ``batch_sampler.sampler`` (also behind its
@@ -257,6 +235,16 @@ class BucketBatchSampler(ResumableBatchSampler):
     def batches_consumed(self) -> int:
         """Steps of the current epoch the sampler's iterator has handed out (its resume position)."""
         return self._consumed
+
+    @property
+    def fingerprint(self) -> str:
+        """Hash of the bucket ids and the merge map: a saved state must come from the same."""
+        return self._fingerprint
+
+    @property
+    def merge_small(self) -> bool:
+        """Built with ``merge_small=True`` (small buckets merged into their nearest neighbour in log aspect)."""
+        return self._merge_map is not None
 
     @property
     def steps_per_epoch(self) -> int:
@@ -282,34 +270,6 @@ class BucketBatchSampler(ResumableBatchSampler):
             self._layout_cache = (epoch, lay)
         return self._layout_cache[1]
 
-    def plan(self, epoch: int | None = None) -> np.ndarray | RaggedPlan:
-        """The whole plan of ``epoch`` (default: current): int64 ``(steps, num_replicas, batch)``, equal to
-        :func:`~hf_arb.plan_epoch` with this sampler's arguments; with batch sizes per bucket the
-        :class:`~hf_arb.sampling.ragged.RaggedPlan` of :func:`~hf_arb.sampling.ragged.plan_epoch_ragged`."""
-        lay = self._layout(self._epoch if epoch is None else check_nonneg("epoch", epoch))
-        return lay.rows(0, lay.num_steps) if self._sizes is None else materialise(lay)
-
-    def batch_buckets(self, epoch: int | None = None, rank: int | None = None) -> np.ndarray:
-        """Target bucket of each step's batch on ``rank`` (default: this sampler's) in ``epoch`` (default:
-        current): a read-only int64 view of shape ``(steps,)``."""
-        lay = self._layout(self._epoch if epoch is None else check_nonneg("epoch", epoch))
-        return lay.targets[:, self.rank if rank is None else rank]
-
-    def locate(self, steps_done: int) -> tuple[int, int]:
-        """``(epoch, step in that epoch)`` after ``steps_done`` steps per rank since epoch 0: where a run resumes.
-
-        Example: ``epoch, step = sampler.locate(global_micro_step)``, then ``loader.set_epoch(epoch)`` and
-        ``accelerator.skip_first_batches(loader, step)``.
-        """
-        steps_done = check_nonneg("steps_done", steps_done)
-        if self.sync_buckets:
-            return divmod(steps_done, self._steps0)
-        epoch = 0
-        while steps_done >= self._steps_in(epoch):
-            steps_done -= self._steps_in(epoch)
-            epoch += 1
-        return epoch, steps_done
-
     # ---------------------------------------------------------------- cursor
     def set_epoch(self, epoch: int) -> None:
         """Start epoch ``epoch`` from its first batch (accelerate calls this through the prepared loader).
@@ -319,11 +279,12 @@ class BucketBatchSampler(ResumableBatchSampler):
         next epoch by itself after a finished pass. A pass begun and abandoned (torchdata's ``StatefulDataLoader``
         builds and drops one when it restores a state saved at the end of a pass) thus never shifts the next one.
 
-        After :meth:`load_state_dict`, an epoch other than the restored one gets a warning: the loop probably
-        forgot ``train_dataloader.set_epoch(epoch)`` (accelerate then counts passes from 0 again).
-        """
+        After :meth:`load_state_dict`, an epoch other than the restored one warns (the loop probably forgot
+        ``train_dataloader.set_epoch(epoch)``); a prepared loader's pass may be refused (:mod:`.restore`)."""
         epoch = check_nonneg("epoch", epoch)
-        if self._restored_epoch is not None and epoch != self._restored_epoch:
+        ctx = loader_pass(self)  # the accelerate pass calling, if any: it may be refused (restore.py)
+        self._guard = after_set_epoch(self._guard, epoch, ctx)
+        if self._restored_epoch is not None and epoch != self._restored_epoch and not (ctx and ctx.skipped):
             warnings.warn(f"set_epoch({epoch}) after the sampler was restored at epoch {self._restored_epoch}: the "
                           f"loader starts epoch {epoch}. If that is not what you want, call `train_dataloader.set_epoch("
                           "epoch)` with your loop's epoch before iterating (accelerate otherwise counts passes from 0 "
@@ -368,14 +329,32 @@ class BucketBatchSampler(ResumableBatchSampler):
         return [(r, target, epoch) for r in rows] if self.return_keys else rows
 
     def __iter__(self) -> Iterator[list]:
-        """The remaining global plan of the epoch, step-major and rank-minor (module docstring; refuse_rank_idiom)."""
+        """The remaining global plan of the epoch, step-major and rank-minor (module docstring; refuse_rank_idiom;
+        after a restore, where an accelerate pass starts: :mod:`~hf_arb.sampling.restore`)."""
         refuse_rank_idiom(self.num_replicas, self.rank, self._rank_given)
+        per_step = 1 if self.split_batches else self.num_replicas
+        at = self._epoch if self._start is None else self._start[0]
+        self._guard, start = pass_start(self._guard, loader_pass(self), epoch=at, batches_per_step=per_step)
+        skip = 0
+        if start is not None:  # skip_first_batches after a restore: start where accelerate's skip lands on its step
+            (step, skip), self._pinned, self._start_id = divmod(start[1], per_step), False, self._start_id + 1
+            self._start = (start[0], step)
         for e, rows, targets in self._steps():
             if self.split_batches:
                 yield [x for r in range(self.num_replicas) for x in self._keys(rows[r], int(targets[r]), e)]
             else:
-                for r in range(self.num_replicas):
+                for r in range(skip, self.num_replicas):
                     yield self._keys(rows[r], int(targets[r]), e)
+                skip = 0
+
+    def drop_restored_position(self) -> None:
+        """The loop's step counter, not the restored position, places the next pass (resume_dataloader calls it)."""
+        self._guard = None
+
+    def rank_batches(self, rank: int) -> Iterator[list]:
+        """Rank ``rank``'s remaining batches of the epoch, moving the cursor (what ``shard(rank)`` iterates)."""
+        for e, rows, targets in self._steps(rank):
+            yield self._keys(rows[0], int(targets[0]), e)
 
     def shard(self, rank: int | None = None) -> RankBatchSampler:
         """A batch sampler over rank ``rank``'s batches only (default: this sampler's rank), for plain PyTorch
@@ -401,17 +380,11 @@ class BucketBatchSampler(ResumableBatchSampler):
         if consumed > steps:
             raise ValueError(f"Sampler state field `batches_consumed` is {consumed}, more than the {steps} steps of "
                              f"epoch {epoch}: the state is corrupt. Pass what `sampler.state_dict()` returned.")
+        self._guard = Restored(epoch, consumed, steps)
         if consumed == steps:
             epoch, consumed = epoch + 1, 0
         self._epoch, self._consumed, self._restored_epoch = epoch, consumed, epoch
         self._start, self._pinned, self._start_id = (epoch, consumed), False, self._start_id + 1
-
-    # ---------------------------------------------------------------- report
-    def report(self, epoch: int | None = None) -> PlanReport:
-        """Rows used, dropped, repeated, merged and served in catch-all batches in ``epoch`` (default: current)."""
-        e = self._epoch if epoch is None else check_nonneg("epoch", epoch)
-        return build_report(self._layout(e), epoch=e, counts=self._counts, rows_total=self._rows_total,
-                            merge_map=self._merge_map, leftover=self.leftover, sync_buckets=self.sync_buckets)
 
     def __repr__(self) -> str:
         return (f"BucketBatchSampler(rows={self._rows_total}, batch_size={self.batch_size}, "

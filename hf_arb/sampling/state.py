@@ -52,17 +52,18 @@ def sampler_state(sampler: Any) -> dict[str, Any]:
     return {
         "format": STATE_FORMAT,
         "plan_version": PLAN_VERSION,
-        "epoch": sampler._epoch,
-        "batches_consumed": sampler._consumed,
+        "epoch": sampler.epoch,
+        "batches_consumed": sampler.batches_consumed,
         "steps_per_epoch": sampler.steps_per_epoch,
         "seed": sampler.seed,
         "batch_size": sampler.per_rank_batch_size,
         "num_replicas": sampler.num_replicas,
         "global_batch_size": sampler.global_batch_size,
-        "global_batch_sizes": None if sampler._sizes is None else (sampler.num_replicas * sampler._sizes).tolist(),
+        "global_batch_sizes": (None if sampler.batch_sizes is None
+                               else [sampler.num_replicas * b for b in sampler.batch_sizes.values()]),
         "options": {"shuffle": sampler.shuffle, "sync_buckets": sampler.sync_buckets, "leftover": sampler.leftover,
-                    "catch_all_bucket": sampler.catch_all_bucket, "merge_small": sampler._merge_map is not None},
-        "fingerprint": sampler._fingerprint,
+                    "catch_all_bucket": sampler.catch_all_bucket, "merge_small": sampler.merge_small},
+        "fingerprint": sampler.fingerprint,
     }
 
 
