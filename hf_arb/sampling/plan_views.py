@@ -34,6 +34,11 @@ class PlanViews:
     def _steps_in(self, epoch: int) -> int:  # the sampler's
         raise NotImplementedError
 
+    @property
+    def bucket_counts(self) -> np.ndarray:
+        """Rows assigned to each bucket (this sampler's ids, before merging), int64 of shape ``(k,)``."""
+        return self._counts
+
     def step_batch_sizes(self, epoch: int | None = None) -> np.ndarray:
         """Rows per rank of every step of ``epoch`` (default: current), int64 ``(steps,)`` (for the loss weights
         of :func:`~hf_arb.sampling.batch_sizes.accumulation_weights`)."""

@@ -106,7 +106,7 @@ def remedies(sampler: Any) -> list[str]:
            "fewer buckets"]
     if sampler.leftover != "fill":
         out.append('`leftover="fill"`' + ("" if sampler.leftover == "catch_all" else ' or `"catch_all"`'))
-    if sampler._merge_map is None:
+    if not sampler.merge_small:
         out.append("`merge_small=True` (merge small buckets)")
     return out
 
@@ -118,7 +118,7 @@ def zero_batches_message(sampler: Any) -> str:
             else f"num_replicas {sampler.num_replicas} × its batch size {sizes}")
     return (
         f"The epoch plan has zero batches: no bucket holds a full global batch ({need}); largest bucket has "
-        f"{int(sampler._counts.max())} rows, {int(sampler._counts.sum())} assigned rows in all. Remedies: "
+        f"{int(sampler.bucket_counts.max())} rows, {int(sampler.bucket_counts.sum())} assigned rows in all. Remedies: "
         + ", ".join(remedies(sampler)) + "."
     )
 
