@@ -15,6 +15,7 @@ counter-based hash of ``(seed, epoch, row)``, so that any process computes the s
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -204,5 +205,16 @@ def random_tier_ids(tier_ids: np.ndarray, offsets: np.ndarray, seed: int, epoch:
     return out
 
 
-__all__ = ["TIER_RANDOM", "Tiers", "random_tier_ids", "row_draws", "splitmix64", "tier_batch_sizes",
+def sizes_fingerprint(widths: np.ndarray, heights: np.ndarray, tiers: Tiers) -> str:
+    """A hash of the sizes ``(n,)`` (chunk by chunk, no ``O(n)`` copy), the tiers' bucket sets and
+    ``max_upscale``: a saved state only applies to the same tier columns."""
+    h = hashlib.blake2b(digest_size=16)
+    for c0 in range(0, widths.size, CHUNK):
+        for col in (widths, heights):
+            h.update(memoryview(np.ascontiguousarray(col[c0 : c0 + CHUNK], dtype=np.float64)).cast("B"))
+    h.update(repr((tiers.fingerprint(), float(tiers.max_upscale))).encode())
+    return h.hexdigest()
+
+
+__all__ = ["TIER_RANDOM", "Tiers", "random_tier_ids", "row_draws", "sizes_fingerprint", "splitmix64", "tier_batch_sizes",
            "tier_bucket_ids"]

@@ -21,7 +21,6 @@ resolution to fit each row to; :meth:`TieredBatchSampler.step_tiers` gives every
 
 from __future__ import annotations
 
-import hashlib
 import os
 import tempfile
 from collections import OrderedDict
@@ -38,7 +37,7 @@ from .plan import check_leftover
 from .sampler import INDEX_IN_MEMORY_ROWS
 from .state import as_state_mapping
 from .sync import SyncLayout
-from .tier_plan import Tiers, random_tier_ids, tier_batch_sizes, tier_bucket_ids
+from .tier_plan import Tiers, random_tier_ids, sizes_fingerprint, tier_batch_sizes, tier_bucket_ids
 from .tier_report import TierReport, bucket_table
 from .tier_schedule import TierSchedule, parse_resolution_schedule, stream_positions
 from .tier_state import check_tier_state, tier_state
@@ -396,15 +395,4 @@ class TierRankSampler:
         self.parent.load_state_dict(state)
 
 
-def sizes_fingerprint(widths: np.ndarray, heights: np.ndarray, tiers: Tiers) -> str:
-    """A hash of the sizes ``(n,)`` (chunk by chunk, no ``O(n)`` copy), the tiers' bucket sets and
-    ``max_upscale``: a saved state only applies to the same tier columns."""
-    h = hashlib.blake2b(digest_size=16)
-    for c0 in range(0, widths.size, CHUNK):
-        for col in (widths, heights):
-            h.update(memoryview(np.ascontiguousarray(col[c0 : c0 + CHUNK], dtype=np.float64)).cast("B"))
-    h.update(repr((tiers.fingerprint(), float(tiers.max_upscale))).encode())
-    return h.hexdigest()
-
-
-__all__ = ["TierRankSampler", "TieredBatchSampler", "sizes_fingerprint"]
+__all__ = ["TierRankSampler", "TieredBatchSampler"]
