@@ -37,7 +37,8 @@ from .plan import check_leftover
 from .sampler import INDEX_IN_MEMORY_ROWS
 from .state import as_state_mapping
 from .sync import SyncLayout
-from .tier_plan import Tiers, random_tier_ids, sizes_fingerprint, tier_batch_sizes, tier_bucket_ids
+from .tier_files import random_epoch_index, shared_tier_columns
+from .tier_plan import Tiers, sizes_fingerprint, tier_batch_sizes, tier_bucket_ids
 from .tier_report import TierReport, bucket_table
 from .tier_schedule import TierSchedule, parse_resolution_schedule, stream_positions
 from .tier_state import check_tier_state, tier_state
@@ -91,7 +92,8 @@ class TieredBatchSampler:
         self._dir = None if index_dir is None else Path(index_dir)
         if self._dir is None and self._rows_total > INDEX_IN_MEMORY_ROWS:
             self._dir = Path(tempfile.gettempdir()) / "hf_arb_index"
-        ids = self._tier_ids = self._tier_columns(widths, heights)
+        ids = self._tier_ids = (tier_bucket_ids(widths, heights, tiers) if self._dir is None else
+               shared_tier_columns(widths, heights, tiers, self._dir / f"tiers-{self._fingerprint}.npy"))
         k = tiers.num_buckets
         blocks = [count_blocks(ids[t], int(k[t])) for t in range(T)]  # (H, k_t) each
         self._counts = [b.sum(axis=0) for b in blocks]  # (k_t,) eligible rows per bucket of each tier
@@ -141,28 +143,6 @@ class TieredBatchSampler:
         return cls(w, h, tiers, schedule, **kwargs)
 
     # ---------------------------------------------------------------- construction helpers
-    def _tier_columns(self, widths: np.ndarray, heights: np.ndarray) -> np.ndarray:
-        """int16 ``(T, n)`` tier bucket ids: in memory, or a shared ``.npy`` under ``index_dir`` (built once)."""
-        if self._dir is None:
-            return tier_bucket_ids(widths, heights, self.tiers)
-        path = self._dir / f"tiers-{self._fingerprint}.npy"
-        shape = (self.tiers.num_tiers, self._rows_total)
-        if path.exists():
-            try:
-                arr = np.load(path, mmap_mode="r")
-                if arr.shape == shape and arr.dtype == np.int16:
-                    return arr
-            except (OSError, ValueError):
-                pass
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        mm = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.int16, shape=shape)
-        tier_bucket_ids(widths, heights, self.tiers, out=mm)
-        mm.flush()
-        del mm
-        os.replace(tmp, path)
-        return np.load(path, mmap_mode="r")
-
     def _layout(self, t: int, q: int) -> SyncLayout:
         """Pass ``q`` of tier ``t`` (step schedules), or epoch ``q`` over all (tier, bucket) pairs (``t = T``,
         ``random``); a few are cached."""
@@ -170,7 +150,8 @@ class TieredBatchSampler:
         lay = self._layouts.get((t, q))
         if lay is None:
             if t == T:
-                lay = SyncLayout(self._random_index(q), self.num_replicas, self._comb_sizes, self.seed, q * (T + 1) + T,
+                index = random_epoch_index(self._tier_ids, self.tiers, self.seed, q, self._dir, self._fingerprint)
+                lay = SyncLayout(index, self.num_replicas, self._comb_sizes, self.seed, q * (T + 1) + T,
                                  self.shuffle, self.leftover, None)
             else:
                 lay = SyncLayout(self._index[t], self.num_replicas, self._sizes[t], self.seed, q * (T + 1) + t,
@@ -179,25 +160,6 @@ class TieredBatchSampler:
             while len(self._layouts) > 2 * T + 2:
                 self._layouts.popitem(last=False)
         return lay
-
-    def _random_index(self, epoch: int) -> RowIndex:
-        """Rows grouped by their drawn (tier, bucket) in ``epoch`` (``random``): ``O(rows)``. Under ``index_dir`` the
-        draw goes through a temporary memory-mapped column and the index is a shared file (the same bytes on every
-        rank; reused when it exists, e.g. on resume)."""
-        K = int(self.tiers.offsets[-1])
-        if self._dir is None:
-            comb = random_tier_ids(self._tier_ids, self.tiers.offsets, self.seed, epoch)  # (n,) int16
-            return build_index(comb, None, K)
-        self._dir.mkdir(parents=True, exist_ok=True)
-        path = self._dir / f"random-{self._fingerprint}-e{epoch}-k{K}.npy"
-        tmp = self._dir / f"draw-{self._fingerprint}-e{epoch}.{os.getpid()}.tmp.npy"
-        comb = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.int16, shape=(self._rows_total,))
-        try:
-            random_tier_ids(self._tier_ids, self.tiers.offsets, self.seed, epoch, out=comb)
-            return open_index(comb, None, K, count_blocks(comb, K), path)
-        finally:
-            del comb
-            tmp.unlink(missing_ok=True)
 
     # ---------------------------------------------------------------- properties
     @property
