@@ -198,7 +198,7 @@ def random_tier_ids(tier_ids: np.ndarray, offsets: np.ndarray, seed: int, epoch:
         n_el = elig.sum(axis=0)  # (m,)
         u = row_draws(seed, epoch, np.arange(c0, c0 + ids.shape[1], dtype=np.int64))
         j = (u % np.maximum(n_el, 1).astype(np.uint64)).astype(np.int64)  # (m,) which eligible tier
-        pick = elig & (np.cumsum(elig, axis=0) == j + 1)  # (T, m) exactly one True where eligible
+        pick = elig & (np.cumsum(elig, axis=0, dtype=np.int16) == j + 1)  # (T, m) one True where eligible
         t = np.argmax(pick, axis=0)  # (m,)
         comb = (off[:, 0][t] + ids[t, np.arange(ids.shape[1])]).astype(np.int16)
         out[c0 : c0 + ids.shape[1]] = np.where(n_el > 0, comb, -1)
