@@ -231,6 +231,21 @@ def test_global_iteration_is_every_ranks_batch_step_major():
     assert s.step_batch_sizes(0).tolist() == [len(b) for b in got[::3]]
 
 
+@pytest.mark.parametrize("even_batches", [True, False])
+def test_accelerate_batch_sampler_shard_deals_each_rank_its_planned_batches(even_batches):
+    """accelerate's BatchSamplerShard (what accelerator.prepare wraps a batch sampler in) over the global plan:
+    rank r receives exactly shard(r)'s batches, so every rank gets the same (tier, bucket) at every step."""
+    from accelerate.data_loader import BatchSamplerShard
+
+    for kind in ("random", "curriculum"):
+        s = make(kind, 3, 0, seed=6)
+        want = [list(make(kind, 3, r, seed=6).shard()) for r in range(3)]
+        for r in range(3):
+            shard = BatchSamplerShard(s, num_processes=3, process_index=r, even_batches=even_batches)
+            s.set_epoch(0)  # what the prepared loader does before every pass
+            assert len(shard) == s.steps_per_epoch and list(shard) == want[r]
+
+
 def test_garbage_state_is_refused_naming_the_field():
     s = make("curriculum", 2, 0, seed=3)
     good = s.state_dict()

@@ -207,11 +207,12 @@ def random_tier_ids(tier_ids: np.ndarray, offsets: np.ndarray, seed: int, epoch:
 
 def sizes_fingerprint(widths: np.ndarray, heights: np.ndarray, tiers: Tiers) -> str:
     """A hash of the sizes ``(n,)`` (chunk by chunk, no ``O(n)`` copy), the tiers' bucket sets and
-    ``max_upscale``: a saved state only applies to the same tier columns."""
+    ``max_upscale``: a saved state only applies to the same tier columns. Sizes are hashed as float32 (exact for
+    sides below 2²⁴; NaN kept), so integer columns and a dataset's float column with nulls hash alike."""
     h = hashlib.blake2b(digest_size=16)
     for c0 in range(0, widths.size, CHUNK):
         for col in (widths, heights):
-            h.update(memoryview(np.ascontiguousarray(col[c0 : c0 + CHUNK], dtype=np.float64)).cast("B"))
+            h.update(memoryview(np.ascontiguousarray(col[c0 : c0 + CHUNK], dtype=np.float32)).cast("B"))
     h.update(repr((tiers.fingerprint(), float(tiers.max_upscale))).encode())
     return h.hexdigest()
 

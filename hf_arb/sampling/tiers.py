@@ -178,6 +178,11 @@ class TieredBatchSampler:
         return self._consumed
 
     @property
+    def drop_last(self) -> bool:
+        """``leftover == "drop"`` (read by accelerate's ``BatchSamplerShard``; every batch is full either way)."""
+        return self.leftover == "drop"
+
+    @property
     def per_rank_batch_size(self) -> int:
         """The largest rows per rank of any (tier, bucket) batch."""
         return int(max(s.max() for s in self._sizes))
@@ -213,16 +218,19 @@ class TieredBatchSampler:
         return e, steps_done
 
     # ---------------------------------------------------------------- the plan
-    def step_items(self, epoch: int, s0: int, s1: int, rank: int | None = None) -> list[tuple[int, int, np.ndarray]]:
+    def step_items(self, epoch: int, s0: int, s1: int, rank: int | None = None,
+                   rows: bool = True) -> list[tuple[int, int, np.ndarray | None]]:
         """``(tier, bucket, rows)`` of steps ``[s0, s1)`` of ``epoch``; ``rows`` int64 ``(num_replicas, b)`` (with
-        ``rank``: ``(1, b)``), ``b`` that (tier, bucket)'s batch size."""
+        ``rank``: ``(1, b)``), ``b`` that (tier, bucket)'s batch size; None with ``rows=False`` (targets only)."""
         T, W = self.tiers.num_tiers, (self.num_replicas if rank is None else 1)
         if self.schedule.per_row:
             lay = self._layout(T, epoch)
-            flat, off = lay.rows_flat(s0, s1, rank)
             comb = lay.step_targets(s0, s1)[:, 0]  # (m,)
             tier = np.searchsorted(self.tiers.offsets, comb, side="right") - 1
             bucket = comb - self.tiers.offsets[tier]
+            if not rows:
+                return [(int(t), int(b), None) for t, b in zip(tier, bucket)]
+            flat, off = lay.rows_flat(s0, s1, rank)
             return [(int(tier[i]), int(bucket[i]), flat[off[i] : off[i + 1]].reshape(W, -1)) for i in range(s1 - s0)]
         g = epoch * self._L + np.arange(s0, s1, dtype=np.int64)  # (m,) global steps
         tiers, pos = stream_positions(self.schedule, self.seed, g)
@@ -233,8 +241,12 @@ class TieredBatchSampler:
             for qq in np.unique(q).tolist():
                 part, lq = sel[q == qq], loc[q == qq]
                 lay = self._layout(t, qq)
-                flat, off = lay.rows_flat(int(lq[0]), int(lq[-1]) + 1, rank)
                 tg = lay.step_targets(int(lq[0]), int(lq[-1]) + 1)[:, 0]
+                if not rows:
+                    for j, i in enumerate(part.tolist()):
+                        out[i] = (t, int(tg[j]), None)
+                    continue
+                flat, off = lay.rows_flat(int(lq[0]), int(lq[-1]) + 1, rank)
                 for j, i in enumerate(part.tolist()):
                     out[i] = (t, int(tg[j]), flat[off[j] : off[j + 1]].reshape(W, -1))
         return out
@@ -243,7 +255,7 @@ class TieredBatchSampler:
         """``(tier, bucket)`` of every step of ``epoch`` (default: current): int64 ``(steps,)`` each (``O(steps)``)."""
         e = self._epoch if epoch is None else check_nonneg("epoch", epoch)
         items = [it for s0 in range(0, self._steps_in(e), MAX_CHUNK)
-                 for it in self.step_items(e, s0, min(self._steps_in(e), s0 + MAX_CHUNK), rank=0)]
+                 for it in self.step_items(e, s0, min(self._steps_in(e), s0 + MAX_CHUNK), rows=False)]
         return (np.array([t for t, _, _ in items], np.int64), np.array([b for _, b, _ in items], np.int64))
 
     def step_batch_sizes(self, epoch: int | None = None) -> np.ndarray:
