@@ -302,3 +302,14 @@ def test_construction_errors_name_the_fix():
         TieredBatchSampler(w, h, TIERS, "random", batch_size=[1, 2, 3], num_replicas=1)
     with pytest.raises(ValueError, match="unique"):
         Tiers((512, 512), (BucketSet.sdxl(), BucketSet.sdxl()))
+
+
+def test_from_dataset_reads_the_stored_sizes_and_nulls_are_eligible_nowhere():
+    from datasets import Dataset
+
+    w, h = sizes()
+    ds = Dataset.from_dict({"original_width": [None, *w[1:].tolist()], "original_height": h.tolist()})
+    s = TieredBatchSampler.from_dataset(ds, TIERS, "random", batch_size=[3, 2], num_replicas=1)
+    ref = TieredBatchSampler(np.r_[np.nan, w[1:]], h, TIERS, "random", batch_size=[3, 2], num_replicas=1)
+    assert list(s) == list(ref) and s.state_dict() == ref.state_dict()
+    assert 0 not in {r for b in s for r in b}
