@@ -38,7 +38,8 @@ def sizes(n: int = 600, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     return rng.integers(150, 1400, n), rng.integers(150, 1400, n)
 
 
-def make(kind: str, world: int = 1, rank: int = 0, batch=(3, 2), **kw) -> TieredBatchSampler:
+def make(kind: str, world: int = 1, rank: int | None = 0, batch=(3, 2), **kw) -> TieredBatchSampler:
+    """One rank's sampler (``rank=None``: built as under accelerator.prepare, iterated for the global plan)."""
     w, h = sizes()
     kw.setdefault("steps_per_epoch", None if kind == "random" else 23)
     return TieredBatchSampler(w, h, TIERS, SCHEDULES[kind], batch_size=list(batch),
@@ -222,7 +223,9 @@ def test_elastic_resume_continues_the_same_global_sequence():
 
 
 def test_global_iteration_is_every_ranks_batch_step_major():
-    s, shards = make("random", 3, 0, seed=2), [make("random", 3, r, seed=2) for r in range(3)]
+    s, shards = make("random", 3, None, seed=2), [make("random", 3, r, seed=2) for r in range(3)]
+    with pytest.raises(RuntimeError, match="shard"):  # the plain-DDP habit: rank= and iterating the sampler
+        next(iter(shards[1]))
     got = list(s)
     assert len(got) == len(s) == 3 * s.steps_per_epoch
     assert got == [b for step in zip(*(list(x.shard()) for x in shards)) for b in step]
@@ -238,7 +241,7 @@ def test_accelerate_batch_sampler_shard_deals_each_rank_its_planned_batches(even
     from accelerate.data_loader import BatchSamplerShard
 
     for kind in ("random", "curriculum"):
-        s = make(kind, 3, 0, seed=6)
+        s = make(kind, 3, None, seed=6)
         want = [list(make(kind, 3, r, seed=6).shard()) for r in range(3)]
         for r in range(3):
             shard = BatchSamplerShard(s, num_processes=3, process_index=r, even_batches=even_batches)

@@ -79,6 +79,7 @@ class TieredBatchSampler:
         w, r = default_world()
         self.num_replicas = check_positive("num_replicas", w if num_replicas is None else num_replicas)
         self.rank = check_nonneg("rank", (r if self.num_replicas == w else 0) if rank is None else rank)
+        self._rank_given = rank is not None  # see __iter__
         if self.rank >= self.num_replicas:
             raise ValueError(f"`rank` must be < num_replicas ({self.num_replicas}), got {self.rank}.")
         self.seed, self.shuffle, self.return_keys = check_nonneg("seed", seed), bool(shuffle), bool(return_keys)
@@ -294,7 +295,13 @@ class TieredBatchSampler:
         return [(r, tier, bucket, epoch) for r in ids] if self.return_keys else ids
 
     def __iter__(self) -> Iterator[list]:
-        """The remaining global plan of the epoch: at each step rank 0's batch, rank 1's, …"""
+        """The remaining global plan of the epoch: at each step rank 0's batch, rank 1's, … (what accelerate deals
+        out). A sampler built with ``rank=`` for several ranks is refused here: that is the plain-DDP habit, which
+        would give this rank every rank's batches; it wants :meth:`shard`."""
+        if self._rank_given and self.num_replicas > 1:
+            raise RuntimeError(f"TieredBatchSampler(num_replicas={self.num_replicas}, rank={self.rank}) iterated "
+                               f"directly serves every rank's batches: for plain DDP use `sampler.shard()`; under "
+                               f"accelerator.prepare build the sampler without `rank=`.")
         for e, t, b, rows in self._iter_steps():
             for r in range(self.num_replicas):
                 yield self._keys(rows[r], t, b, e)
