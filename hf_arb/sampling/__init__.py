@@ -15,7 +15,10 @@
 - :mod:`~hf_arb.sampling.accelerate` — optional conveniences around ``accelerator.prepare``;
 - :mod:`~hf_arb.sampling.stream` — :class:`BucketedStream`, bucketed batches from a streaming dataset;
   :mod:`~hf_arb.sampling.stream_collate` fits streamed image rows to their bucket
-  (:mod:`~hf_arb.sampling.stream_plan` its pure schedule, :mod:`~hf_arb.sampling.stream_buffer` one rank's buffer).
+  (:mod:`~hf_arb.sampling.stream_plan` its pure schedule, :mod:`~hf_arb.sampling.stream_buffer` one rank's buffer);
+- :mod:`~hf_arb.sampling.tiers` — :class:`TieredBatchSampler`, several resolution tiers in one resumable plan
+  (:mod:`~hf_arb.sampling.tier_plan` the tier columns, :mod:`~hf_arb.sampling.tier_schedule` the schedules,
+  :mod:`~hf_arb.sampling.tier_state` its state, :mod:`~hf_arb.sampling.tier_report` :class:`TierReport`).
 
 ``hf_arb.sampling.PackBatchSampler`` (release 0.1) is :class:`hf_arb.packing.PackBatchSampler`, imported on first
 use: packing is built on sampling, so sampling never imports it at import time.
@@ -35,12 +38,19 @@ from .sampler import BucketBatchSampler
 from .stream import BucketedStream, BufferOverflowError, build_stream_loader
 from .stream_collate import StreamImageCollate
 from .stream_plan import StreamReport, stream_schedule
+from .tier_plan import Tiers, tier_bucket_ids
+from .tier_report import TierReport
+from .tier_schedule import (TierSchedule, curriculum_schedule, mix_schedule, parse_resolution_schedule,
+                            progressive_schedule, random_schedule)
+from .tiers import TieredBatchSampler
 
 __all__ = ["BucketBatchSampler", "BucketedStream", "BufferOverflowError", "PackBatchSampler", "PlanReport",
            "RaggedPlan", "RankBatchSampler", "StreamImageCollate", "StreamReport", "accumulation_weights",
            "batch_sizes_for_pixels", "batch_sizes_from_mapping", "build_stream_loader", "merge_small_buckets",
            "plan_epoch", "plan_epoch_ragged",
-           "prepare_dataloader", "resume_dataloader", "stream_schedule"]
+           "prepare_dataloader", "resume_dataloader", "stream_schedule",
+           "TierReport", "TierSchedule", "TieredBatchSampler", "Tiers", "curriculum_schedule", "mix_schedule",
+           "parse_resolution_schedule", "progressive_schedule", "random_schedule", "tier_bucket_ids"]
 
 
 def __getattr__(name: str) -> Any:
