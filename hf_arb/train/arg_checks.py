@@ -243,7 +243,8 @@ UNSET: dict[str, Any] = {
     "tracker_project_name": "text2image-fine-tune", "logging_dir": "logs", "debug_loss": False,
     "dataset_config_name": None, "bucket_leftover": "drop", "no_bucket_sync": False, "dataloader_num_workers": 0,
     "image_interpolation_mode": "lanczos", "repeats": 1, "train_batch_size": 16, "lr_warmup_steps": 500,
-    "lr_num_cycles": 1, "lr_power": 1.0, "num_validation_inference_steps": 20,
+    "lr_num_cycles": 1, "lr_power": 1.0, "num_validation_inference_steps": 20, "logit_mean": 0.0, "logit_std": 1.0,
+    "mode_scale": 1.29,
 }
 
 
@@ -342,6 +343,10 @@ def warn_unapplied_flags(args: argparse.Namespace) -> None:
             warn_once("%s: no effect with --lr_scheduler %s%s.", shown(args, flag), args.lr_scheduler,
                       " (it has no warmup; constant_with_warmup has)" if flag == "lr_warmup_steps" else
                       f" (only {uses[0]} reads it)")
+    scheme = args.weighting_scheme or getattr(get_family(args.family), "default_weighting_scheme", None)
+    for flag, reader in (("logit_mean", "logit_normal"), ("logit_std", "logit_normal"), ("mode_scale", "mode")):
+        if scheme is not None and scheme != reader and given(args, flag):
+            warn_once("%s: no effect with --weighting_scheme %s (only %s reads it).", shown(args, flag), scheme, reader)
     if args.instance_prompt is not None and getattr(args, "caption_column_given", False):
         warn_once("--instance_prompt %r is not a caption here: --caption_column %s gives each image its caption.",
                   args.instance_prompt, args.caption_column)
