@@ -248,18 +248,18 @@ UNSET: dict[str, Any] = {
 }
 
 
-def given(args: argparse.Namespace, flag: str) -> bool:
+def _given(args: argparse.Namespace, flag: str) -> bool:
     """Whether ``--flag`` was set to something other than its default (``UNSET``)."""
     return getattr(args, flag) != UNSET[flag]
 
 
-def shown(args: argparse.Namespace, flag: str) -> str:
+def _shown(args: argparse.Namespace, flag: str) -> str:
     """``--flag VALUE`` as typed (a switch without its value, a token never)."""
     value = getattr(args, flag)
     return f"--{flag}" if isinstance(value, bool) or flag == "hub_token" else f"--{flag} {value}"
 
 
-def unapplied_rules(args: argparse.Namespace) -> list[tuple[str, bool, str]]:
+def _unapplied_rules(args: argparse.Namespace) -> list[tuple[str, bool, str]]:
     """``(flag, applies in this run, what it needs)``: a given flag whose rule says it does not apply is refused."""
     tracked = str(args.report_to).strip() != "none"
     bias = args.timestep_bias_strategy
@@ -307,9 +307,9 @@ def unapplied_rules(args: argparse.Namespace) -> list[tuple[str, bool, str]]:
 def check_flags_apply(args: argparse.Namespace) -> None:
     """A flag that this run's mode would ignore stops here, in one line naming the flag and the fix (the table in
     docs/training.md, "Every flag, every mode", lists every flag)."""
-    for flag, applies, needs in unapplied_rules(args):
-        if not applies and given(args, flag):
-            raise UsageError(f"{shown(args, flag)} has no effect in this run: {needs}, or drop --{flag}.")
+    for flag, applies, needs in _unapplied_rules(args):
+        if not applies and _given(args, flag):
+            raise UsageError(f"{_shown(args, flag)} has no effect in this run: {needs}, or drop --{flag}.")
     if args.non_ema_revision != args.revision and "use_ema" in get_family(args.family).refused_flags:
         raise UsageError(f"--non_ema_revision {args.non_ema_revision} names a UNet revision, but "
                          f"{args.pretrained_model_name_or_path} is {get_family(args.family).title}: pass --revision "
@@ -318,7 +318,7 @@ def check_flags_apply(args: argparse.Namespace) -> None:
         args.validation_prompts = [args.validation_prompt, *args.validation_prompts]  # both: every prompt validates
 
 
-def warn_once(message: str, *values: Any) -> None:
+def _warn_once(message: str, *values: Any) -> None:
     """A warning from the main process only (parsing runs on every rank)."""
     if int(os.environ.get("RANK", "0") or 0) == 0:
         logger.warning(message, *values)
@@ -329,34 +329,34 @@ def warn_unapplied_flags(args: argparse.Namespace) -> None:
     naming the flag, instead of a refusal."""
     defaults = getattr(args, "family_defaults", {})
     if not args.validation_prompts:
-        idle = [shown(args, f) for f in ("validation_epochs", "num_validation_images")
-                if f not in defaults and getattr(args, f)] + [shown(args, "num_validation_inference_steps")] * given(
+        idle = [_shown(args, f) for f in ("validation_epochs", "num_validation_images")
+                if f not in defaults and getattr(args, f)] + [_shown(args, "num_validation_inference_steps")] * _given(
             args, "num_validation_inference_steps")
         if idle:
-            warn_once("%s: no effect, there is no --validation_prompt, so no validation runs (add --validation_prompt "
-                      "\"...\" to validate).", ", ".join(idle))
+            _warn_once("%s: no effect, there is no --validation_prompt, so no validation runs (add --validation_prompt "
+                       "\"...\" to validate).", ", ".join(idle))
     schedulers = {"lr_warmup_steps": ("constant", "piecewise_constant"), "lr_num_cycles": ("cosine_with_restarts",),
                   "lr_power": ("polynomial",)}
     for flag, uses in schedulers.items():
         ignored = args.lr_scheduler in uses if flag == "lr_warmup_steps" else args.lr_scheduler not in uses
-        if ignored and given(args, flag) and getattr(args, flag) != 0:
-            warn_once("%s: no effect with --lr_scheduler %s%s.", shown(args, flag), args.lr_scheduler,
-                      " (it has no warmup; constant_with_warmup has)" if flag == "lr_warmup_steps" else
+        if ignored and _given(args, flag) and getattr(args, flag) != 0:
+            _warn_once("%s: no effect with --lr_scheduler %s%s.", _shown(args, flag), args.lr_scheduler,
+                       " (it has no warmup; constant_with_warmup has)" if flag == "lr_warmup_steps" else
                       f" (only {uses[0]} reads it)")
     scheme = args.weighting_scheme or getattr(get_family(args.family), "default_weighting_scheme", None)
     for flag, reader in (("logit_mean", "logit_normal"), ("logit_std", "logit_normal"), ("mode_scale", "mode")):
-        if scheme is not None and scheme != reader and given(args, flag):
-            warn_once("%s: no effect with --weighting_scheme %s (only %s reads it).", shown(args, flag), scheme, reader)
+        if scheme is not None and scheme != reader and _given(args, flag):
+            _warn_once("%s: no effect with --weighting_scheme %s (only %s reads it).", _shown(args, flag), scheme, reader)
     if args.instance_prompt is not None and getattr(args, "caption_column_given", False):
-        warn_once("--instance_prompt %r is not a caption here: --caption_column %s gives each image its caption.",
-                  args.instance_prompt, args.caption_column)
+        _warn_once("--instance_prompt %r is not a caption here: --caption_column %s gives each image its caption.",
+                   args.instance_prompt, args.caption_column)
     table = [f"{f} {getattr(args, f[2:])}" for f in getattr(args, "bucket_flags_given", [])]
     resolution = [] if "resolution" in defaults else [f"--resolution {args.resolution}"]
     if args.streaming and (table or resolution):
-        warn_once("%s: not applied, --streaming trains the shards' own bucket columns (re-annotate the shards to "
-                  "change them).", ", ".join([*resolution, *table]))
+        _warn_once("%s: not applied, --streaming trains the shards' own bucket columns (re-annotate the shards to "
+                   "change them).", ", ".join([*resolution, *table]))
     elif args.aspect_ratio_buckets is not None and resolution and not args.packing:
-        warn_once("%s: not applied, --aspect_ratio_buckets gives every bucket's size.", resolution[0])
-    if args.packing and given(args, "train_batch_size") and not args.scale_lr:
-        warn_once("--train_batch_size %d: not applied, --packing sizes each step by --max_tokens %s.",
-                  args.train_batch_size, args.max_tokens)
+        _warn_once("%s: not applied, --aspect_ratio_buckets gives every bucket's size.", resolution[0])
+    if args.packing and _given(args, "train_batch_size") and not args.scale_lr:
+        _warn_once("--train_batch_size %d: not applied, --packing sizes each step by --max_tokens %s.",
+                   args.train_batch_size, args.max_tokens)
