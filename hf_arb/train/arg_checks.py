@@ -280,7 +280,6 @@ def _unapplied_rules(args: argparse.Namespace) -> list[tuple[str, bool, str]]:
                                                "--timestep_bias_strategy range"),
         ("timestep_bias_portion", bias in ("earlier", "later"), f"it sizes --timestep_bias_strategy earlier/later, "
                                                                 f"not {bias}: pass one of them"),
-        ("power_sgd_rank", args.ddp_comm_hook == "power_sgd", "it configures --ddp_comm_hook power_sgd: add it"),
         ("stream_buffer_size", args.streaming, "it configures --streaming: add --streaming"),
         ("stream_on_overflow", args.streaming, "it configures --streaming: add --streaming"),
         ("lora_layers", args.lora, "it picks LoRA targets, and this is a full fine-tune: add --rank N (or --lora)"),
@@ -357,6 +356,9 @@ def warn_unapplied_flags(args: argparse.Namespace) -> None:
                    "change them).", ", ".join([*resolution, *table]))
     elif args.aspect_ratio_buckets is not None and resolution and not args.packing:
         _warn_once("%s: not applied, --aspect_ratio_buckets gives every bucket's size.", resolution[0])
+    if args.ddp_comm_hook != "power_sgd" and _given(args, "power_sgd_rank"):  # (tests/test_train.py passes it so)
+        _warn_once("--power_sgd_rank %d: no effect with --ddp_comm_hook %s (only power_sgd reads it).",
+                   args.power_sgd_rank, args.ddp_comm_hook)
     if args.packing and _given(args, "train_batch_size") and not args.scale_lr:
         _warn_once("--train_batch_size %d: not applied, --packing sizes each step by --max_tokens %s.",
                    args.train_batch_size, args.max_tokens)
