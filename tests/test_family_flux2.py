@@ -1,7 +1,7 @@
 """Flux.2 (dev: Flux2Pipeline, klein: Flux2KleinPipeline) through train_text_to_image_arb.py: detection apart from
 Flux.1 (both directions), prompt encoding and latents equal to the stock pipelines', each bucket's ``mu`` equal
 bit for bit to the pipeline's, the bucket step of the latent packing, and (slow) tiny runs: full fine-tune and
-LoRA, an exact resume, cached prompt embeddings, and every output loaded and sampled at a non-square trained bucket
+LoRA, an exact resume, cached prompt embeddings, validation images, and every output loaded and sampled at a non-square trained bucket
 by stock diffusers without hf_arb.
 """
 
@@ -208,7 +208,10 @@ def _runs(assets: dict[str, str], root: Path) -> dict[str, Any]:
         run(f"{name}-resumed", [*full, "--output_dir", str(resumed), "--resume_from_checkpoint", "latest"])
         lora = [*base, "--rank", "4", "--learning_rate", "2e-2", "--max_train_steps", "3", "--checkpointing_steps",
                 "100"]
-        run(f"{name}-lora", [*lora, "--cache_text_embeddings", "--output_dir", str(root / f"{name}-lora")])
+        validation = ["--validation_prompts", "a cat", "--num_validation_images", "1",
+                      "--num_validation_inference_steps", "1"] if name == "flux2" else []
+        run(f"{name}-lora", [*lora, "--cache_text_embeddings", *validation, "--output_dir",
+                             str(root / f"{name}-lora")])
         if name == "flux2_klein":
             run(f"{name}-lora-nocache", [*lora, "--output_dir", str(root / f"{name}-lora-nocache")])
     return out
@@ -257,7 +260,8 @@ def test_startup_report_shows_each_buckets_pipeline_mu(runs, name):
 
 
 @pytest.mark.slow
-def test_lora_targets_and_cached_prompt_embeddings(runs):
+def test_lora_targets_validation_and_cached_prompt_embeddings(runs):
+    from PIL import Image
     from safetensors.torch import load_file
 
     for name in VARIANTS:
@@ -265,6 +269,8 @@ def test_lora_targets_and_cached_prompt_embeddings(runs):
         assert weights and all(k.startswith("transformer.") and ".lora_" in k for k in weights), name
         assert any("to_qkv_mlp_proj" in k for k in weights) and any("single_transformer_blocks.0.attn.to_out" in k
                                                                     for k in weights), name
+    grid = Path(runs["flux2-lora"]["dir"]) / "validation" / "final-000003.png"
+    assert Image.open(grid).size == (48 + 64 + 80, 80)  # the stock pipeline at portrait, square, landscape buckets
     cached, fresh = runs["flux2_klein-lora"], runs["flux2_klein-lora-nocache"]
     np.testing.assert_allclose(cached["losses"], fresh["losses"], rtol=1e-5)  # memoised embeddings = fresh ones
 

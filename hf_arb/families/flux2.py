@@ -169,7 +169,8 @@ class Flux2Family(FlowFamily):
         super().check_flags(args)
         if getattr(args, "train_text_encoder", False):
             raise UsageError(f"--train_text_encoder: {self.title}'s text encoder stays frozen (diffusers' "
-                             "train_dreambooth_lora_flux2 scripts train the transformer only). Drop --train_text_encoder.")
+                             "train_dreambooth_lora_flux2 scripts train the transformer only). "
+                             "Drop --train_text_encoder.")
         if getattr(args, "packing", False):
             raise UsageError(f"--packing is implemented for SD3 / Flux.1, not yet for {self.title}: drop --packing "
                              "(buckets batch same-size images without padding).")
@@ -234,7 +235,8 @@ class Flux2Family(FlowFamily):
         for i, (w, h) in enumerate(np.asarray(buckets.resolutions).reshape(-1, 2).tolist()):
             seq = (h // (factor * 2)) * (w // (factor * 2))
             mu = self.bucket_mu(w, h, factor)
-            lines.append(f"{i:>3}  {w:>5}  {h:>6}  {seq:>7}  {mu:7.4f}  {float(shift_sigmas(0.5, mu, options.shift)):10.4f}")
+            mid = float(shift_sigmas(0.5, mu, options.shift))
+            lines.append(f"{i:>3}  {w:>5}  {h:>6}  {seq:>7}  {mu:7.4f}  {mid:10.4f}")
         return "\n".join(lines)
 
     def predict(self, transformer: Any, noisy: torch.Tensor, sigmas: torch.Tensor, prompt_embeds: torch.Tensor,
