@@ -316,3 +316,30 @@ def test_outputs_load_and_generate_in_stock_diffusers_without_hf_arb(assets, run
         assert r["shape"] == [1, 48, 80, 3] and r["finite"], key  # 80 x 48: a trained non-square bucket
         assert r["cls"] == jobs[key][0], key
     assert results["flux2-lora"]["lora_changes_output"] > 0 and results["flux2_klein-lora"]["lora_changes_output"] > 0
+
+
+# ------------------------------------------------------------------------------------------ slow: 2 processes
+@pytest.fixture(scope="module")
+def ddp_run(assets, shared_artifact) -> dict[str, Any]:
+    def build(root: Path) -> dict[str, Any]:
+        out = root / "klein-2proc"
+        stats = run_script(["--pretrained_model_name_or_path", assets["flux2_klein"], "--train_data_dir",
+                            assets["images"], *ARGS, "--full_finetune", "--learning_rate", "1e-3",
+                            "--max_train_steps", "3", "--checkpointing_steps", "100", "--output_dir", str(out)],
+                           nproc=2)
+        return {"dir": str(out), "num_processes": stats["num_processes"], "family": stats["family"]}
+
+    return shared_artifact("flux2-ddp", build)
+
+
+@pytest.mark.slow
+def test_two_processes_train_the_same_bucket_at_every_step(ddp_run):
+    out = Path(ddp_run["dir"])
+    r0, r1 = read_trace(out, 0), read_trace(out, 1)
+    assert [t["step"] for t in r0] == [t["step"] for t in r1] == [0, 1, 2]
+    assert [t["bucket"] for t in r0] == [t["bucket"] for t in r1]
+    assert [t["shape"] for t in r0] == [t["shape"] for t in r1]
+    for a, b in zip(r0, r1):
+        assert not set(a["rows"]) & set(b["rows"])  # each rank its own rows
+    assert ddp_run["num_processes"] == 2 and ddp_run["family"] == "flux2_klein"
+    assert json.loads((out / "model_index.json").read_text())["_class_name"] == "Flux2KleinPipeline"
