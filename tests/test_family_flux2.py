@@ -191,7 +191,8 @@ def test_bucket_step_follows_the_latent_packing(assets, tmp_path):
 # ------------------------------------------------------------------------------------------ slow: tiny runs
 def _runs(assets: dict[str, str], root: Path) -> dict[str, Any]:
     """Per variant: a full fine-tune (4 steps, checkpoint at 2), its resume from checkpoint-2, and a LoRA run with
-    cached prompt embeddings; klein also the LoRA run without the cache."""
+    cached prompt embeddings (dev: with validation); klein also the LoRA run without that cache, and one with cached
+    latents too."""
     out: dict[str, Any] = {}
 
     def run(key: str, argv: list[str]) -> None:
@@ -214,6 +215,8 @@ def _runs(assets: dict[str, str], root: Path) -> dict[str, Any]:
                              str(root / f"{name}-lora")])
         if name == "flux2_klein":
             run(f"{name}-lora-nocache", [*lora, "--output_dir", str(root / f"{name}-lora-nocache")])
+            run(f"{name}-lora-latents", [*lora, "--cache_text_embeddings", "--cache_latents", "--output_dir",
+                                         str(root / f"{name}-lora-latents")])
     return out
 
 
@@ -260,7 +263,7 @@ def test_startup_report_shows_each_buckets_pipeline_mu(runs, name):
 
 
 @pytest.mark.slow
-def test_lora_targets_validation_and_cached_prompt_embeddings(runs):
+def test_lora_targets_validation_and_the_caches(runs):
     from PIL import Image
     from safetensors.torch import load_file
 
@@ -273,6 +276,10 @@ def test_lora_targets_validation_and_cached_prompt_embeddings(runs):
     assert Image.open(grid).size == (48 + 64 + 80, 80)  # the stock pipeline at portrait, square, landscape buckets
     cached, fresh = runs["flux2_klein-lora"], runs["flux2_klein-lora-nocache"]
     np.testing.assert_allclose(cached["losses"], fresh["losses"], rtol=1e-5)  # memoised embeddings = fresh ones
+    latents = runs["flux2_klein-lora-latents"]  # the posterior cached (float16) instead of encoded each step
+    assert [t["rows"] for t in read_trace(Path(latents["dir"]), 0)] == [t["rows"] for t in
+                                                                        read_trace(Path(cached["dir"]), 0)]
+    np.testing.assert_allclose(latents["losses"], cached["losses"], rtol=2e-3)
 
 
 STOCK = r"""
