@@ -113,6 +113,18 @@ def test_flags_that_do_not_apply_are_refused_by_name(tmp_path, flag, message):
         script.parse_args(["--pretrained_model_name_or_path", path, "--train_data_dir", "d", "--rank", "4", *flag])
 
 
+def test_lora_targets_are_diffusers_flux2_defaults(tmp_path):
+    args = script.parse_args(["--pretrained_model_name_or_path", _folder(tmp_path, "a", "Flux2KleinPipeline"),
+                              "--train_data_dir", "d", "--rank", "4"])
+    klein = get_family("flux2_klein").lora_targets(args)
+    assert klein[:5] == ["to_k", "to_q", "to_v", "to_out.0", "to_qkv_mlp_proj"]
+    assert klein[-1] == "single_transformer_blocks.23.attn.to_out" and len(klein) == 5 + 24
+    assert get_family("flux2").lora_targets(args)[-1] == "single_transformer_blocks.47.attn.to_out"
+    args.lora_blocks = "0,3"
+    assert get_family("flux2").lora_targets(args) == [f"transformer_blocks.{b}.attn.{m}" for b in (0, 3)
+                                                      for m in ("to_k", "to_q", "to_v", "to_out.0")]
+
+
 # ------------------------------------------------------------------------------------------ fast: parts
 def test_tensor_layouts_round_trip():
     x = torch.randn(2, 4, 6, 10)

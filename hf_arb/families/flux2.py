@@ -165,6 +165,15 @@ class Flux2Family(FlowFamily):
     def lora_target_modules(self) -> tuple[str, ...]:  # type: ignore[override]
         return flux2_lora_targets(self.single_blocks)
 
+    def lora_targets(self, args: argparse.Namespace) -> list[str]:
+        """diffusers' Flux.2 targets (:func:`flux2_lora_targets`) or ``--lora_layers``; ``--lora_blocks``: those
+        modules (default: the attention projections) of those double-stream ``transformer_blocks`` only."""
+        if args.lora_blocks is None:
+            return super().lora_targets(args)
+        modules = ([m.strip() for m in args.lora_layers.split(",")] if args.lora_layers
+                   else ["attn.to_k", "attn.to_q", "attn.to_v", "attn.to_out.0"])
+        return [f"transformer_blocks.{int(b)}.{m}" for b in args.lora_blocks.split(",") for m in modules]
+
     def check_flags(self, args: argparse.Namespace) -> None:
         super().check_flags(args)
         if getattr(args, "train_text_encoder", False):
