@@ -108,6 +108,8 @@ MODULES: dict[str, str] = {
     "hf_arb.families.sd": "training.md",
     "hf_arb.families.sdxl": "training.md",
     "hf_arb.families.flow_family": "training.md#sd3--sd35",
+    "hf_arb.families.flux2": "training.md#flux2-dev-and-klein",
+    "hf_arb.testing.tiny_flux2": "training.md#flux2-dev-and-klein",
     "hf_arb.families.flow": "training.md#per-bucket-resolution-shift",
     "hf_arb.families.sd3": "training.md#sd3--sd35",
     "hf_arb.families.flux": "training.md#flux1",

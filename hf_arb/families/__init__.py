@@ -1,5 +1,5 @@
 """Floor 5, ``families/``: one adapter per model family — everything that differs between SD 1.x/2.x, SDXL,
-SD3/3.5 and Flux.1, behind one interface the training script asks (:class:`~hf_arb.families.base.Family`).
+SD3/3.5, Flux.1 and Flux.2, behind one interface the training script asks (:class:`~hf_arb.families.base.Family`).
 
 - :mod:`~hf_arb.families.base` — :class:`Family`, :class:`Models` and the registry (:func:`detect_family`,
   :func:`get_family`, :func:`register_family`);
@@ -7,7 +7,8 @@ SD3/3.5 and Flux.1, behind one interface the training script asks (:class:`~hf_a
   :mod:`~hf_arb.families.unet` (shared loading, hooks, pipeline) and :mod:`~hf_arb.families.unet_loss` (the
   epsilon / v-prediction objective); :mod:`~hf_arb.families.conditioning` (SDXL time ids, SD resolution
   conditioning) and :mod:`~hf_arb.families.sd_pipeline` (its pipeline);
-- :mod:`~hf_arb.families.sd3`, :mod:`~hf_arb.families.flux` — the flow-matching families, on
+- :mod:`~hf_arb.families.sd3`, :mod:`~hf_arb.families.flux`, :mod:`~hf_arb.families.flux2` (dev and klein) — the
+  flow-matching families, on
   :mod:`~hf_arb.families.flow_family` (the adapter) and :mod:`~hf_arb.families.flow` (the shared step);
   :mod:`~hf_arb.families.shift` (each bucket's resolution shift ``mu``, as the pipelines compute it).
 
@@ -42,10 +43,11 @@ __all__ = ["BUILTIN_MODULES", "FLOW_FAMILIES", "Family", "Models", "detect_famil
            "family_names", "get_family", "register_family", "unregister_family"]
 
 #: The built-in families trained with the flow-matching objective.
-FLOW_FAMILIES: tuple[str, ...] = ("sd3", "flux")
+FLOW_FAMILIES: tuple[str, ...] = ("sd3", "flux", "flux2", "flux2_klein")
 
 
 def detect_flow_family(model: str) -> str | None:
-    """``"sd3"`` or ``"flux"`` for a flow-matching checkpoint, else ``None`` (:func:`detect_family` for any family)."""
+    """``"sd3"``, ``"flux"``, ``"flux2"`` or ``"flux2_klein"`` for a flow-matching checkpoint, else ``None``
+    (:func:`detect_family` for any family)."""
     family = detect_family(model)
     return family if family in FLOW_FAMILIES else None

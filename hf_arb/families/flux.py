@@ -17,12 +17,14 @@ Example:
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from hf_arb.lazy import LazyModule
 
 from .base import builtin_family
 from .flow_family import FlowFamily, FlowOptions, FlowParts
+from .flux2 import FLUX2_HUB_NAME
 
 torch: Any = LazyModule("torch")  # family detection must not import torch
 
@@ -88,7 +90,9 @@ class FluxFamily(FlowFamily):
     ``train_dreambooth_lora_flux.py``: no loss weighting, velocity target, 512 T5 tokens, guidance 3.5."""
 
     name = "flux"
-    class_prefixes = ("Flux",)
+    #: Flux.1's pipelines and transformer, never a Flux.2 class ("Flux2Pipeline" also starts with "Flux")
+    class_prefixes = ("FluxPipeline", "FluxTransformer2DModel", "FluxImg2Img", "FluxInpaint", "FluxControl",
+                      "FluxFill", "FluxKontext", "FluxPrior")
     hub_name_hints = ("flux",)
     card_tags = ("flux", "flux-diffusers")
     pipeline_class_name = "FluxPipeline"
@@ -98,6 +102,13 @@ class FluxFamily(FlowFamily):
     default_weighting_scheme = "none"
     default_precondition_outputs = False
     default_max_sequence_length = 512
+
+    @classmethod
+    def detect(cls, path: str) -> bool:
+        """A Flux.1 folder (:attr:`class_prefixes`) or a Hub name with "flux" but not a Flux.2 one ("FLUX.2-dev")."""
+        if not Path(path).is_dir() and FLUX2_HUB_NAME.search(Path(path).name.lower()):
+            return False
+        return super().detect(path)
 
     def load(self, path: str, revision: str | None = None, variant: str | None = None) -> FlowParts:
         """Scheduler, CLIP + T5 tokenizers and encoders, VAE and transformer."""

@@ -80,8 +80,8 @@ def log_validation(args: argparse.Namespace, accelerator: Any, models: Models, u
             for j in range(args.num_validation_images):
                 bar.update()
                 g = torch.Generator(device=accelerator.device).manual_seed(args.seed + 1000 * i + j)
-                row.append(pipe(prompt, height=h, width=w, num_inference_steps=args.num_validation_inference_steps,
-                                generator=g).images[0])
+                row.append(pipe(prompt=prompt, height=h, width=w,  # by name: Flux.2's first argument is an image
+                                num_inference_steps=args.num_validation_inference_steps, generator=g).images[0])
         rows.append(row)
     bar.close()
     grid = image_grid(rows)
@@ -149,7 +149,7 @@ def usage_snippet(args: argparse.Namespace, repo_id: str, family: Family,
     """
     cls, load = family.usage(args, repo_id)
     return ["import torch", f"from diffusers import {cls}", "", *load, 'pipe = pipe.to("cuda", torch.float16)',
-            f'image = pipe("a photo", height={shape[1]}, width={shape[0]}).images[0]  # a trained bucket shape']
+            f'image = pipe(prompt="a photo", height={shape[1]}, width={shape[0]}).images[0]  # a trained bucket shape']
 
 
 def saved_line(args: argparse.Namespace, family: Family) -> str:
