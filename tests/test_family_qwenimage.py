@@ -7,9 +7,6 @@ output loaded by stock diffusers without hf_arb, generating at a non-square trai
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +14,9 @@ import numpy as np
 import pytest
 import test_train
 import torch
+from _family_runs import family_ddp_runs, family_runs, stock_generate, transformer_weights
 from _train_fixtures import FLOW
-from test_train import read_trace, run_script
+from test_train import read_trace
 
 import train_text_to_image_arb as script
 from hf_arb.families import detect_family, get_family
@@ -100,6 +98,21 @@ def test_packing_and_the_frameless_vae_equal_the_pipelines(pipe):
     assert get_family("qwenimage").vae_scale_factor(pipe.vae) == pipe.vae_scale_factor == 8
 
 
+def test_only_the_frozen_text_outputs_of_the_last_block_get_no_gradient(pipe):
+    """What QwenImageFamily.load_models freezes (for DDP) is exactly what the loss never reaches."""
+    family = get_family("qwenimage")
+    embeds, mask = family.encode_prompts([pipe.tokenizer], [pipe.text_encoder], CAPTIONS[:2], "cpu", 16)
+    options = family.options(pipe.scheduler.config, pipe.transformer)
+    pipe.transformer.zero_grad(set_to_none=True)
+    family.predict(pipe.transformer, torch.randn(2, 16, 6, 10), torch.tensor([0.3, 0.8]), embeds, mask,
+                   options).square().mean().backward()
+    last = len(pipe.transformer.transformer_blocks) - 1
+    no_grad = {n for n, p in pipe.transformer.named_parameters() if p.grad is None}
+    pipe.transformer.zero_grad(set_to_none=True)
+    assert no_grad == {f"transformer_blocks.{last}.{m}.{w}" for m in ("attn.to_add_out", "txt_mlp.net.0.proj",
+                                                                       "txt_mlp.net.2") for w in ("weight", "bias")}
+
+
 SIZES = [(80, 48), (48, 96), (1328, 1328), (1664, 928), (928, 1664), (1472, 1140 // 16 * 16)]  # (width, height)
 
 
@@ -140,37 +153,9 @@ def test_a_bucket_step_off_the_packing_is_refused_naming_bucket_step(qwen_assets
 
 
 # ------------------------------------------------------------------------------------------ slow: training
-def _runs(assets: dict[str, str], root: Path) -> dict[str, Any]:
-    """Full fine-tune (4 steps, checkpoint at 2) and its resume; LoRA with and without cached prompt embeddings."""
-    base = ["--pretrained_model_name_or_path", assets["qwen"], "--train_data_dir", assets["images"], *FLOW,
-            "--random_flip"]
-    full = [*base, "--full_finetune", "--learning_rate", "1e-3", "--max_train_steps", "4", "--checkpointing_steps",
-            "2", "--weighting_scheme", "logit_normal"]
-    lora = [*base, "--rank", "4", "--learning_rate", "2e-2", "--max_train_steps", "3", "--checkpointing_steps", "100"]
-    runs = {"full": full, "lora": [*lora, "--validation_prompts", "a cat", "--num_validation_images", "1",
-                                   "--num_validation_inference_steps", "2"],
-            "lora_cached": [*lora, "--cache_text_embeddings", "--cache_latents"]}
-    out: dict[str, Any] = {}
-    for name, argv in runs.items():
-        stats = run_script([*argv, "--output_dir", str(root / name)])
-        out[name] = {"dir": str(root / name), "stats": json.loads(json.dumps(stats, default=str))}
-    import shutil
-
-    shutil.copytree(root / "full" / "checkpoint-2", root / "resumed" / "checkpoint-2")
-    stats = run_script([*full, "--output_dir", str(root / "resumed"), "--resume_from_checkpoint", "latest"])
-    out["resumed"] = {"dir": str(root / "resumed"), "stats": json.loads(json.dumps(stats, default=str))}
-    return out
-
-
 @pytest.fixture(scope="module")
 def qwen_runs(qwen_assets, shared_artifact) -> dict[str, Any]:
-    return shared_artifact("qwen-runs", lambda root: _runs(qwen_assets, root))
-
-
-def _transformer(folder: Path) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
-
-    return load_file(str(Path(folder) / "transformer" / "diffusion_pytorch_model.safetensors"))
+    return shared_artifact("qwen-runs", lambda root: family_runs(qwen_assets["qwen"], qwen_assets["images"], root))
 
 
 @pytest.mark.slow
@@ -182,7 +167,7 @@ def test_full_fine_tune_trains_non_square_buckets_and_resumes_exactly(qwen_runs)
     again = read_trace(resumed, 0)
     assert [(t["step"], t["rows"]) for t in again] == [(t["step"], t["rows"]) for t in trace if t["step"] >= 2]
     np.testing.assert_allclose([t["loss"] for t in again], [t["loss"] for t in trace[2:]], rtol=1e-6)
-    a, b, ckpt = _transformer(full), _transformer(resumed), _transformer(full / "checkpoint-2")
+    a, b, ckpt = transformer_weights(full), transformer_weights(resumed), transformer_weights(full / "checkpoint-2")
     assert a.keys() == b.keys()
     assert max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-6
     assert any(not torch.equal(ckpt[k], a[k]) for k in a)  # steps 3-4 changed the weights
@@ -212,46 +197,32 @@ def test_lora_adapts_the_attention_projections_and_validates_at_three_shapes(qwe
     assert Image.open(grid).size == (48 + 64 + 80, 80)  # portrait, square, landscape buckets side by side
 
 
-STOCK = r"""
-import json, sys
-sys.modules["hf_arb"] = None
-import numpy as np, torch
-results = {}
-for name, code in json.loads(sys.argv[1]).items():
-    scope = {}
-    exec(code, scope)  # the model card's snippet
-    pipe = scope["pipe"]
-    def gen():
-        return pipe("a wide photo", height=48, width=80, num_inference_steps=2, output_type="np",
-                    generator=torch.Generator().manual_seed(0)).images
-    a = gen()
-    r = {"cls": type(pipe).__name__, "shape": list(a.shape), "finite": bool(np.isfinite(a).all())}
-    if "load_lora_weights" in code:
-        pipe.unload_lora_weights()
-        r["lora_changes_output"] = float(np.abs(a - gen()).max())
-    results[name] = r
-print("RESULT" + json.dumps(results))
-"""
-
-
-def _card_code(folder: Path) -> str:
-    card = (folder / "README.md").read_text()
-    block = card.split("## Use", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
-    return "\n".join(line for line in block.splitlines() if '"cuda"' not in line and not line.startswith("image ="))
-
-
 @pytest.mark.slow
 def test_outputs_load_in_stock_diffusers_without_hf_arb_and_generate_at_a_trained_bucket(qwen_runs):
     folders = {"full": Path(qwen_runs["full"]["dir"]), "lora": Path(qwen_runs["lora"]["dir"])}
     assert "80x48" in {t["label"] for t in read_trace(folders["full"], 0) + read_trace(folders["lora"], 0)}
-    codes = {name: _card_code(folder) for name, folder in folders.items()}
-    assert all("hf_arb" not in c for c in codes.values())
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env["HF_HUB_OFFLINE"] = "1"
-    proc = subprocess.run([sys.executable, "-c", STOCK, json.dumps(codes)], capture_output=True, text=True, env=env,
-                          timeout=300, cwd="/")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    results = json.loads(proc.stdout.split("RESULT", 1)[1])
+    results = stock_generate(folders)
     for name, r in results.items():
         assert r["cls"] == "QwenImagePipeline" and r["shape"] == [1, 48, 80, 3] and r["finite"], name
     assert results["lora"]["lora_changes_output"] > 0
+
+
+@pytest.fixture(scope="module")
+def qwen_ddp(qwen_assets, shared_artifact) -> dict[str, Any]:
+    return shared_artifact("qwen-ddp", lambda root: family_ddp_runs(qwen_assets["qwen"], qwen_assets["images"], root))
+
+
+@pytest.mark.slow
+def test_two_processes_train_the_same_bucket_per_step_and_resume_exactly(qwen_ddp):
+    full, resumed = Path(qwen_ddp["full"]["dir"]), Path(qwen_ddp["resumed"]["dir"])
+    r0, r1 = read_trace(full, 0), read_trace(full, 1)
+    assert [t["step"] for t in r0] == [t["step"] for t in r1] == [0, 1, 2, 3]
+    assert [t["label"] for t in r0] == [t["label"] for t in r1]
+    assert any(t["shape"][2] != t["shape"][3] for t in r0)
+    assert all(not set(a["rows"]) & set(b["rows"]) for a, b in zip(r0, r1))
+    assert qwen_ddp["full"]["stats"]["num_processes"] == 2
+    for rank in (0, 1):
+        tail = [(t["step"], t["rows"]) for t in read_trace(full, rank) if t["step"] >= 2]
+        assert [(t["step"], t["rows"]) for t in read_trace(resumed, rank)] == tail
+    a, b = transformer_weights(full), transformer_weights(resumed)
+    assert a.keys() == b.keys() and max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-6

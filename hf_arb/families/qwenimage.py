@@ -171,6 +171,16 @@ class QwenImageFamily(FlowFamily):
                                                                     **kw),
         )
 
+    def load_models(self, args: argparse.Namespace) -> Models:
+        """:meth:`FlowFamily.load_models`, then freeze what no loss reaches: the last block's text-stream outputs
+        (``attn.to_add_out``, ``txt_mlp``) feed only text tokens that no later block reads. They never get a
+        gradient, so training is unchanged; frozen, DDP does not wait for their gradients (it would fail)."""
+        models = super().load_models(args)
+        last = models.unet.transformer_blocks[-1]
+        last.attn.to_add_out.requires_grad_(False)
+        last.txt_mlp.requires_grad_(False)
+        return models
+
     @staticmethod
     def vae_scale_factor(vae: Any) -> int:
         """``2 ** len(temperal_downsample)`` (8), as the pipeline."""
