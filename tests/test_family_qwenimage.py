@@ -19,7 +19,7 @@ from _train_fixtures import FLOW
 from test_train import read_trace
 
 import train_text_to_image_arb as script
-from hf_arb.families import detect_family, get_family
+from hf_arb.families import detect_family, detect_flow_family, get_family
 from hf_arb.families.flow import batch_sigmas
 from hf_arb.families.flow_family import training_shift_config
 from hf_arb.families.flux import pack_latents
@@ -51,7 +51,7 @@ def pipe(qwen_assets):
 
 # ------------------------------------------------------------------------------------------ fast: parts
 def test_detected_from_the_checkpoint_and_the_hub_name_with_its_defaults(qwen_assets):
-    assert detect_family(qwen_assets["qwen"]) == "qwenimage"
+    assert detect_family(qwen_assets["qwen"]) == detect_flow_family(qwen_assets["qwen"]) == "qwenimage"
     assert detect_family("Qwen/Qwen-Image") == "qwenimage"
     assert detect_family("Qwen/Qwen-Image-Edit-2509") != "qwenimage"  # an edit model is not text-to-image
     args = script.parse_args(["--pretrained_model_name_or_path", qwen_assets["qwen"], "--train_data_dir", "d",

@@ -19,7 +19,7 @@ from _train_fixtures import FLOW
 from test_train import read_trace
 
 import train_text_to_image_arb as script
-from hf_arb.families import detect_family, get_family
+from hf_arb.families import detect_family, detect_flow_family, get_family
 from hf_arb.families.flow import batch_sigmas
 from hf_arb.families.flow_family import training_shift_config
 from hf_arb.families.shift import bucket_shift_table
@@ -48,7 +48,7 @@ def pipe(zimage_assets):
 
 # ------------------------------------------------------------------------------------------ fast: parts
 def test_detected_from_the_checkpoint_and_the_hub_name_with_its_defaults(zimage_assets):
-    assert detect_family(zimage_assets["zimage"]) == "zimage"
+    assert detect_family(zimage_assets["zimage"]) == detect_flow_family(zimage_assets["zimage"]) == "zimage"
     assert detect_family("Tongyi-MAI/Z-Image-Turbo") == "zimage"
     args = script.parse_args(["--pretrained_model_name_or_path", zimage_assets["zimage"], "--train_data_dir", "d",
                               "--rank", "4"])
