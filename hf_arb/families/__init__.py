@@ -43,11 +43,11 @@ __all__ = ["BUILTIN_MODULES", "FLOW_FAMILIES", "Family", "Models", "detect_famil
            "family_names", "get_family", "register_family", "unregister_family"]
 
 #: The built-in families trained with the flow-matching objective.
-FLOW_FAMILIES: tuple[str, ...] = ("sd3", "flux", "flux2", "flux2_klein")
+FLOW_FAMILIES: tuple[str, ...] = ("sd3", "flux", "flux2", "flux2_klein", "qwenimage", "zimage")
 
 
 def detect_flow_family(model: str) -> str | None:
-    """``"sd3"``, ``"flux"``, ``"flux2"`` or ``"flux2_klein"`` for a flow-matching checkpoint, else ``None``
-    (:func:`detect_family` for any family)."""
+    """The family of a flow-matching checkpoint (one of :data:`FLOW_FAMILIES`), else ``None`` (:func:`detect_family`
+    for any family)."""
     family = detect_family(model)
     return family if family in FLOW_FAMILIES else None

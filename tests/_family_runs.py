@@ -1,0 +1,96 @@
+"""Shared by the per-family test files (tests/test_family_*.py): the tiny training runs of one family and the
+check that its outputs load and generate in stock diffusers without hf_arb."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from _train_fixtures import FLOW
+from test_train import run_script
+
+
+def family_runs(model: str, images: str, root: Path) -> dict[str, Any]:
+    """One process each: a full fine-tune (4 steps, checkpoint at 2) and its resume from checkpoint-2 in a new
+    folder; LoRA with validation at three buckets, and LoRA from cached prompt embeddings and latents."""
+    base = ["--pretrained_model_name_or_path", model, "--train_data_dir", images, *FLOW, "--random_flip"]
+    full = [*base, "--full_finetune", "--learning_rate", "1e-3", "--max_train_steps", "4", "--checkpointing_steps",
+            "2", "--weighting_scheme", "logit_normal"]
+    lora = [*base, "--rank", "4", "--learning_rate", "2e-2", "--max_train_steps", "3", "--checkpointing_steps", "100"]
+    runs = {"full": full, "lora": [*lora, "--validation_prompts", "a cat", "--num_validation_images", "1",
+                                   "--num_validation_inference_steps", "2"],
+            "lora_cached": [*lora, "--cache_text_embeddings", "--cache_latents"]}
+    out: dict[str, Any] = {}
+    for name, argv in runs.items():
+        stats = run_script([*argv, "--output_dir", str(root / name)])
+        out[name] = {"dir": str(root / name), "stats": json.loads(json.dumps(stats, default=str))}
+    shutil.copytree(root / "full" / "checkpoint-2", root / "resumed" / "checkpoint-2")
+    stats = run_script([*full, "--output_dir", str(root / "resumed"), "--resume_from_checkpoint", "latest"])
+    out["resumed"] = {"dir": str(root / "resumed"), "stats": json.loads(json.dumps(stats, default=str))}
+    return out
+
+
+def family_ddp_runs(model: str, images: str, root: Path) -> dict[str, Any]:
+    """Two processes (torchrun, CPU): a full fine-tune (4 steps, checkpoint at 2) and, in a second launch, its resume
+    from checkpoint-2 in a new folder."""
+    argv = ["--pretrained_model_name_or_path", model, "--train_data_dir", images, *FLOW, "--random_flip",
+            "--full_finetune", "--learning_rate", "1e-3", "--max_train_steps", "4", "--checkpointing_steps", "2"]
+    out: dict[str, Any] = {"full": {"dir": str(root / "full"),
+                                    "stats": run_script([*argv, "--output_dir", str(root / "full")], nproc=2)}}
+    shutil.copytree(root / "full" / "checkpoint-2", root / "resumed" / "checkpoint-2")
+    stats = run_script([*argv, "--output_dir", str(root / "resumed"), "--resume_from_checkpoint", "latest"], nproc=2)
+    out["resumed"] = {"dir": str(root / "resumed"), "stats": stats}
+    return json.loads(json.dumps(out, default=str))
+
+
+def transformer_weights(folder: Path) -> dict[str, Any]:
+    from safetensors.torch import load_file
+
+    return load_file(str(Path(folder) / "transformer" / "diffusion_pytorch_model.safetensors"))
+
+
+STOCK = r"""
+import json, sys
+sys.modules["hf_arb"] = None
+import numpy as np, torch
+results = {}
+for name, code in json.loads(sys.argv[1]).items():
+    scope = {}
+    exec(code, scope)  # the model card's snippet
+    pipe = scope["pipe"]
+    def gen():
+        return pipe("a wide photo", height=48, width=80, num_inference_steps=2, output_type="np",
+                    generator=torch.Generator().manual_seed(0)).images
+    a = gen()
+    r = {"cls": type(pipe).__name__, "shape": list(a.shape), "finite": bool(np.isfinite(a).all())}
+    if "load_lora_weights" in code:
+        pipe.unload_lora_weights()
+        r["lora_changes_output"] = float(np.abs(a - gen()).max())
+    results[name] = r
+print("RESULT" + json.dumps(results))
+"""
+
+
+def card_code(folder: Path) -> str:
+    """The model card's loading snippet (no GPU line, no generation line)."""
+    card = (folder / "README.md").read_text()
+    block = card.split("## Use", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    return "\n".join(line for line in block.splitlines() if '"cuda"' not in line and not line.startswith("image ="))
+
+
+def stock_generate(folders: dict[str, Path]) -> dict[str, Any]:
+    """Run each folder's model-card snippet in a fresh interpreter where ``import hf_arb`` fails, and generate an
+    80 x 48 image; returns per name ``{"cls", "shape", "finite"[, "lora_changes_output"]}``."""
+    codes = {name: card_code(folder) for name, folder in folders.items()}
+    assert all("hf_arb" not in c for c in codes.values())
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["HF_HUB_OFFLINE"] = "1"
+    proc = subprocess.run([sys.executable, "-c", STOCK, json.dumps(codes)], capture_output=True, text=True, env=env,
+                          timeout=300, cwd="/")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.split("RESULT", 1)[1])
