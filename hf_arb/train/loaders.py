@@ -18,6 +18,7 @@ from .caches import build_latent_cache
 from .data import SAMPLER_FLAG_NAMES, image_dataset
 from .files import SKIPPED_ROWS_FILE
 from .schedule import Schedule
+from .tiers import TierTable, make_tier_sampler
 
 torch: Any = LazyModule("torch")  # loaded when a function needs it: --help and flag errors answer before torch
 logger = logging.getLogger("train_text_to_image_arb")
@@ -29,6 +30,8 @@ def make_sampler(args: argparse.Namespace, ds: Any, buckets: Any, accelerator: A
 
     if args.packing:
         return make_pack_sampler(args, ds, accelerator)
+    if isinstance(buckets, TierTable):  # --resolution 512,1024: one TieredBatchSampler over every tier
+        return make_tier_sampler(args, ds, buckets, accelerator)
     from hf_arb.flag_parser import in_flags
 
     try:
