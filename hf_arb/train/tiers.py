@@ -28,7 +28,6 @@ from hf_arb.checks import UsageError
 UNSUPPORTED = {"packing": "packs take every image at its own size, not a tier's buckets",
                "streaming": "the streamed plan (BucketedStream) has one bucket table",
                "no_bucket_sync": "every rank trains the same (tier, bucket) at each step",
-               "cache_latents": "the latent cache is planned for one bucket table",
                "aspect_ratio_buckets": "an explicit table cannot be scaled to each tier's resolution"}
 
 
@@ -178,9 +177,10 @@ def make_tier_sampler(args: argparse.Namespace, ds: Any, table: TierTable, accel
 
 
 class TieredImages:
-    """The image dataset of a tiered run: key ``(row, tier, bucket, epoch)`` → the sample of ``images`` (a
-    :class:`~hf_arb.images.dataset.BucketedImageDataset` over the :class:`TierTable`'s resolutions) at the combined
-    id, i.e. the row fitted to that bucket's size in that tier."""
+    """The dataset of a tiered run: key ``(row, tier, bucket, epoch)`` → the sample of ``images`` at the combined
+    id, i.e. the row fitted to that bucket's size in that tier. ``images``: a
+    :class:`~hf_arb.images.dataset.BucketedImageDataset` over the :class:`TierTable`'s resolutions, or the
+    ``CachedLatentDataset`` of a cache built over combined ids (``--cache_latents``)."""
 
     def __init__(self, images: Any, table: TierTable) -> None:
         self.images, self.table = images, table
@@ -202,10 +202,20 @@ class TieredImages:
         return self.images.fit_row(*self.key((row, tier, bucket, epoch)))
 
 
-def tier_report_text(sampler: Any) -> str:
-    """Start-up lines: the tiers' rows, batches and steps of the first epoch."""
-    return str(sampler.report())
+def tier_pairs(ds: Any, table: TierTable) -> set[tuple[int, int]]:
+    """``(row, combined id)`` of every (tier, bucket) a row is eligible for: what ``--cache_latents`` encodes (each
+    image once per tier it can train at; the schedule picks among them)."""
+    from hf_arb.sampling.tier_plan import tier_bucket_ids
+
+    t = ds.select_columns(["original_width", "original_height"]).with_format("arrow")[:]
+    w, h = (t.column(c).to_numpy(zero_copy_only=False).astype(np.float64) for c in ("original_width", "original_height"))
+    ids = tier_bucket_ids(w, h, table.tiers)  # (T, n) int16, -1: not eligible
+    pairs: set[tuple[int, int]] = set()
+    for tier in range(ids.shape[0]):
+        rows = np.flatnonzero(ids[tier] >= 0)
+        pairs.update(zip(rows.tolist(), (ids[tier, rows].astype(np.int64) + table.offsets[tier]).tolist()))
+    return pairs
 
 
 __all__ = ["TierTable", "TieredImages", "UNSUPPORTED", "check_tier_flags", "make_tier_sampler", "parse_resolutions",
-           "split_resolution", "tier_report_text", "tier_table", "tiers_from_args"]
+           "split_resolution", "tier_pairs", "tier_table", "tiers_from_args"]
