@@ -92,10 +92,10 @@ def build_parser() -> argparse.ArgumentParser:
            "Default: SD 512 | SDXL 1024." + NO_DEFAULT)
     a("--resolution_schedule", type=str, default=None,
       help="NEW, with several --resolution tiers: which tier trains when: 'random' (default; a tier per image and "
-           "epoch), 'mix:512:1,1024:3', 'curriculum:0-2000:512,2000-:1024' or 'progressive:2000'.")
+           "epoch), 'mix:512:1,1024:3', 'curriculum:0-2000:512,2000-:1024' or 'progressive:2000'." + NO_DEFAULT)
     a("--max_upscale", type=float, default=None,
       help="NEW, with several tiers: an image serves a tier only if covering its bucket there needs at most this "
-           "upscale (default 1: never upscale).")
+           "upscale (default 1: never upscale)." + NO_DEFAULT)
     a("--center_crop", default=False, action="store_true",
       help="CHANGED: crops inside the bucket, not a square: centre-crop the small excess after resizing to cover "
            "the bucket (default: a random crop inside the bucket).")
