@@ -253,3 +253,42 @@ def test_the_output_loads_in_stock_diffusers_at_a_non_square_bucket(tier_runs):
     image = pipe("a photo", height=80, width=48, num_inference_steps=2, output_type="np",
                  generator=torch.Generator().manual_seed(0)).images[0]  # 48x80: a bucket of the 64 tier
     assert image.shape == (80, 48, 3) and np.isfinite(image).all()
+
+
+# ------------------------------------------------------------------------------------ slow: a tiny Flux run on 2 tiers
+def transformer_diff(a: Path, b: Path) -> float:
+    from safetensors.torch import load_file
+
+    wa, wb = (load_file(str(p / "transformer" / "diffusion_pytorch_model.safetensors")) for p in (a, b))
+    assert wa.keys() == wb.keys()
+    return max(float((wa[k] - wb[k]).abs().max()) for k in wa)
+
+
+def test_flux_curriculum_resumes_across_the_switch_and_loads_in_diffusers(flow_assets, tmp_path):
+    """Flux on 2 tiers (``curriculum:0-3:32,3-:64``): the start-up shift table has every (tier, bucket); a run
+    resumed from the checkpoint at step 2 (before the switch) reaches the same weights; FluxPipeline loads it."""
+    import torch
+    from diffusers import FluxPipeline
+
+    from _train_fixtures import FLOW
+
+    base = ["--pretrained_model_name_or_path", flow_assets["flux"], "--train_data_dir", flow_assets["images"], *FLOW,
+            "--full_finetune", "--learning_rate", "1e-3", *TIERS, "--resolution_schedule", "curriculum:0-3:32,3-:64",
+            "--max_train_steps", "6", "--checkpointing_steps", "2"]
+    full, resumed = tmp_path / "full", tmp_path / "resumed"
+    stats = run_script([*base, "--output_dir", str(full)])
+    resumed.mkdir()
+    shutil.copytree(full / "checkpoint-2", resumed / "checkpoint-2")
+    run_script([*base, "--output_dir", str(resumed), "--resume_from_checkpoint", "latest"])
+    trace = read_trace(full, 0)
+    assert [t["label"].split("@")[1] for t in trace] == ["32"] * 3 + ["64"] * 3
+    table = tier_table(parse(*TIERS))
+    shift_rows = stats["log"].split("Resolution shift", 1)[1].splitlines()[2 : 2 + len(table)]
+    assert [tuple(map(int, r.split()[1:3])) for r in shift_rows] == [tuple(r) for r in table.resolutions.tolist()]
+    assert [t["rows"] for t in read_trace(resumed, 0)] == [t["rows"] for t in trace[2:]]
+    assert transformer_diff(full, resumed) < 1e-6
+    pipe = FluxPipeline.from_pretrained(str(full))
+    pipe.set_progress_bar_config(disable=True)
+    image = pipe("a photo", height=80, width=48, num_inference_steps=1, max_sequence_length=16, output_type="np",
+                 generator=torch.Generator().manual_seed(0)).images[0]
+    assert image.shape == (80, 48, 3)
