@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from _train_fixtures import SD_BASE
+from _train_fixtures import GROUP, SD_BASE, batch_result
 from test_train import max_weight_diff, read_trace, reset_accelerate, run_script
 
 from hf_arb.checks import UsageError
@@ -292,3 +292,25 @@ def test_flux_curriculum_resumes_across_the_switch_and_loads_in_diffusers(flow_a
     image = pipe("a photo", height=80, width=48, num_inference_steps=1, max_sequence_length=16, output_type="np",
                  generator=torch.Generator().manual_seed(0)).images[0]
     assert image.shape == (80, 48, 3)
+
+
+# ------------------------------------------------------------------------------------ slow: 2 processes (the batch)
+def check_ddp_tier_runs(batch) -> None:
+    """Both ranks train the same (tier, bucket) at every step with disjoint rows; the curriculum switches at step 3
+    and the run crosses into epoch 1; the run resumed from checkpoint-2 replays the same batches to the same
+    weights."""
+    full, resumed = batch_result(batch, "tiers-sd-full")["out"], batch_result(batch, "tiers-sd-resumed")["out"]
+    traces = [read_trace(full, r) for r in (0, 1)]
+    for a, b in zip(*traces):
+        assert (a["step"], a["label"], a["shape"]) == (b["step"], b["label"], b["shape"])
+        assert not set(a["rows"]) & set(b["rows"])
+    assert [t["label"].split("@")[1] for t in traces[0]] == ["32"] * 3 + ["64"] * 3
+    assert traces[0][-1]["epoch"] == 1  # 5 steps per epoch: the run crosses an epoch
+    for r in (0, 1):
+        assert [t["rows"] for t in read_trace(resumed, r)] == [t["rows"] for t in traces[r][2:]]
+    assert max_weight_diff(full, resumed) < 1e-6
+
+
+@pytest.mark.xdist_group(GROUP)
+def test_two_processes_train_the_same_tier_and_resume_across_the_switch(ddp_batch):
+    check_ddp_tier_runs(ddp_batch)
