@@ -6,7 +6,8 @@ through ``shared_artifact`` (built once per test run, whichever xdist worker ask
 The 2-process batch
 -------------------
 Every 2-process training run that a test file only reads (SD3 / Flux full fine-tune, SD3 packing, SDXL LoRA with
-both text encoders, SDXL on a pre-annotated dataset, streaming, broken images under DDP, SD on two resolution tiers) runs in **one** ``torchrun --nproc_per_node 2`` launch
+both text encoders, SDXL on a pre-annotated dataset, streaming, broken images under DDP, SD on two resolution
+tiers) runs in **one** ``torchrun --nproc_per_node 2`` launch
 (tests/_train_batch_worker.py): the imports cost each process about 7 s of CPU and a tiny run about 1 s, so twelve
 runs in one launch cost about what two launches cost. A "resumed" run is a new ``main()`` call in the same processes
 that loads the full run's checkpoint from disk. That a checkpoint also resumes in a *new* process is tested once on

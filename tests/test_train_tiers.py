@@ -18,7 +18,7 @@ from test_train import max_weight_diff, read_trace, reset_accelerate, run_script
 from hf_arb.checks import UsageError
 from hf_arb.train import args as train_args
 from hf_arb.train.outputs import validation_shapes
-from hf_arb.train.tiers import TierTable, tier_table
+from hf_arb.train.tiers import TierTable, tier_pairs, tier_table
 
 MODEL = "stable-diffusion-v1-5/stable-diffusion-v1-5"  # the family is read from the name: nothing is loaded
 TIERS = ["--resolution", "32,64", "--bucket_step", "16"]
@@ -53,6 +53,8 @@ def test_several_tiers_default_to_random_and_build_one_table():
     # the same preset rule at every resolution: each tier's buckets have about resolution² pixels
     for r, bs in zip((32, 64), sets):
         assert np.all(np.abs(np.log(bs.areas / r**2)) < np.log(2))
+    assert table.tiers.max_upscale == 1.0 and tier_table(parse("--resolution", "32,64", "--max_upscale", "2")
+                                                         ).tiers.max_upscale == 2.0
     shapes = validation_shapes(table)  # one bucket of every tier
     assert len(shapes) == 2 and all(tuple(s) in set(map(tuple, bs.resolutions.tolist())) for s, bs in zip(shapes, sets))
 
@@ -105,14 +107,16 @@ def tiered_images(train_assets):
                                split="train")
     ds = add_bucket_columns(ds, table.bucket_sets[0], image_column="image", show_summary=False)
     w, h = np.asarray(ds["original_width"], float), np.asarray(ds["original_height"], float)
-    return image_dataset(args, ds, table), table, tier_bucket_ids(w, h, table.tiers)
+    return image_dataset(args, ds, table), table, tier_bucket_ids(w, h, table.tiers), ds
 
 
 def test_rows_are_fitted_to_their_bucket_in_the_batchs_tier(tiered_images):
     """SDXL's time ids (original size, crop, target size) come from this fit: the target is the tier's bucket."""
     from hf_arb.train.cache_keys import entry_key
 
-    images, table, ids = tiered_images
+    images, table, ids, ds = tiered_images
+    pairs = tier_pairs(ds, table)  # what --cache_latents encodes: every (row, tier) the row is eligible for
+    assert pairs == {(r, table.combined(t, b)) for t in (0, 1) for r, b in enumerate(ids[t].tolist()) if b >= 0}
     row = 1
     keys = set()
     for tier in (0, 1):

@@ -208,7 +208,8 @@ def tier_pairs(ds: Any, table: TierTable) -> set[tuple[int, int]]:
     from hf_arb.sampling.tier_plan import tier_bucket_ids
 
     t = ds.select_columns(["original_width", "original_height"]).with_format("arrow")[:]
-    w, h = (t.column(c).to_numpy(zero_copy_only=False).astype(np.float64) for c in ("original_width", "original_height"))
+    w, h = (t.column(c).to_numpy(zero_copy_only=False).astype(np.float64)
+            for c in ("original_width", "original_height"))
     ids = tier_bucket_ids(w, h, table.tiers)  # (T, n) int16, -1: not eligible
     pairs: set[tuple[int, int]] = set()
     for tier in range(ids.shape[0]):
