@@ -360,8 +360,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             args.family_defaults[name] = value
     if args.num_validation_images == 0:  # upstream's tests turn validation off this way
         args.validation_prompts = None
+    check_tier_flags(args)  # several tiers: what they do not support yet, named before the other flag checks
     check_values(args)
-    check_tier_flags(args)
     return args
 
 
