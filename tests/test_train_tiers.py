@@ -204,11 +204,12 @@ def test_tiered_sampler_resumes_through_resume_dataloader():
 # ------------------------------------------------------------------------------------ slow: a tiny SD run on 2 tiers
 @pytest.fixture(scope="module")
 def tier_runs(train_assets, tmp_path_factory):
-    """8 steps of ``curriculum:0-4:32,4-:64`` (checkpoint at step 3, before the switch), and the run resumed from
-    that checkpoint."""
+    """8 steps of ``curriculum:0-4:32,4-:64`` with one pixel budget (checkpoint at step 3, before the switch), and
+    the run resumed from that checkpoint."""
     root = tmp_path_factory.mktemp("tiers")
     base = ["--pretrained_model_name_or_path", train_assets["sd"], "--train_data_dir", train_assets["images"],
             *SD_BASE, "--full_finetune", *TIERS, *CURRICULUM, "--max_train_steps", "8", "--checkpointing_steps", "3",
+            "--max_pixels_per_batch", "4096",  # one budget: 2 images (--train_batch_size) at 32, 1 at 64
             "--validation_prompts", "a photo", "--num_validation_images", "1", "--num_validation_inference_steps", "1"]
     full, resumed = root / "full", root / "resumed"
     stats = run_script([*base, "--output_dir", str(full)])
@@ -227,6 +228,7 @@ def test_curriculum_switches_tier_mid_run(tier_runs):
         tier = 0 if t["step"] < SWITCH else 1
         h, w = t["shape"][2:]
         assert t["label"] == f"{w}x{h}@{(32, 64)[tier]}" and (w, h) in sizes[tier]
+        assert t["shape"][0] == (2, 1)[tier]  # the pixel budget's batch size in that tier
         assert t["time_ids_first"][-2:] == [h, w]  # target size: the bucket of the tier
     assert table["schedule"] == CURRICULUM[1]
     assert "tier 0 (32)" in tier_runs["stats"]["log"] and "tier 1 (64)" in tier_runs["stats"]["log"]
