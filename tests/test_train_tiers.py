@@ -201,6 +201,30 @@ def test_tiered_sampler_resumes_through_resume_dataloader():
     assert set(tiers_seen[:7]) == {0} and set(tiers_seen[7:]) == {1}
 
 
+def test_random_epochs_of_their_own_length_resume_consistently(tiered_images):
+    """Under ``random`` every epoch has its own length (its draw's drops): the schedule counts the real epochs
+    (pack_schedule) and the checkpoint check adds up the updates of each epoch, not epoch x the current length."""
+    import argparse
+
+    from hf_arb.sampling.tiers import TieredBatchSampler
+    from hf_arb.train.progress import Progress, check_resumed_step
+    from hf_arb.train.schedule import pack_schedule
+
+    _, table, _, ds = tiered_images
+    sampler = TieredBatchSampler.from_dataset(ds, table.tiers, "random", batch_size=2, num_replicas=1, seed=0)
+    lengths = [sampler.steps_in(e) for e in range(4)]
+    assert sum(lengths[:3]) != 3 * lengths[0], lengths  # the fixture's draws: epochs of different lengths
+    args = argparse.Namespace(gradient_accumulation_steps=2, max_train_steps=None, num_train_epochs=4,
+                              lr_warmup_steps=0, mixed_precision="no")
+    assert pack_schedule(args, sampler, 1).max_train_steps == sum(-(-n // 2) for n in lengths)
+    args.gradient_accumulation_steps = 1
+    micro = updates = sum(lengths[:3]) + 1  # one step into epoch 3
+    optimizer = type("Opt", (), {"state_dict": lambda self: {"state": {}}})()
+    check_resumed_step(args, None, Progress(updates, 0, micro), sampler, optimizer, Path("ckpt"))
+    with pytest.raises(UsageError, match="is inconsistent"):
+        check_resumed_step(args, None, Progress(updates + 1, 0, micro), sampler, optimizer, Path("ckpt"))
+
+
 # ------------------------------------------------------------------------------------ slow: a tiny SD run on 2 tiers
 @pytest.fixture(scope="module")
 def tier_runs(train_assets, tmp_path_factory):
