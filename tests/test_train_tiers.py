@@ -69,6 +69,7 @@ def test_several_tiers_default_to_random_and_build_one_table():
     ([*TIERS, "--resolution_schedule", "curriculum:0-4:32,4-:128"], "'128' is not one of the run's resolutions"),
     ([*TIERS, "--resolution_schedule", "progressive:0"], "`progressive` needs 1 increasing switch"),
     ([*TIERS, "--max_upscale", "0"], "--max_upscale must be a number > 0"),
+    (["--resolution", "512,1048576"], "--resolution 1048576"),  # a pixel count as a tier
 ])
 def test_unsupported_combinations_are_refused_in_one_line(extra, message):
     with pytest.raises(UsageError) as err:

@@ -64,6 +64,13 @@ def check_tier_flags(args: argparse.Namespace) -> None:
                                  f"--{flag}.")
         return
     res = ",".join(map(str, args.resolutions))
+    from hf_arb.checks import check_resolution
+
+    for side in args.resolutions:  # a pixel count among the tiers (the first one is checked with the other flags)
+        try:
+            check_resolution(side, "--resolution")
+        except ValueError as e:
+            raise UsageError(str(e)) from None
     for flag, why in UNSUPPORTED.items():
         if getattr(args, flag):
             raise UsageError(f"--{flag} is not supported with several tiers (--resolution {res}) yet: {why}. Drop "
