@@ -1,7 +1,8 @@
 """Multi-resolution (tiered) training in train_text_to_image_arb.py (issue #27): the flags and their refusals, each
 row fitted to its bucket *in the batch's tier* (SDXL time ids, latent-cache keys), the flow shift per tier, the
-tiered sampler behind accelerate's prepared loader, and a tiny SD run whose curriculum switches tier mid-run,
-resumed from a checkpoint before the switch, that loads in stock diffusers."""
+tiered sampler behind accelerate's prepared loader, and (slow) tiny SD and Flux runs whose curriculum switches tier
+mid-run, resumed from a checkpoint before the switch, that load in stock diffusers; the 2-process SD run is in the
+shared batch (``ddp_batch``, tests/_train_fixtures.py)."""
 
 from __future__ import annotations
 
@@ -244,6 +245,7 @@ def tier_runs(train_assets, tmp_path_factory):
     return {"full": full, "resumed": resumed, "stats": stats, "again": again}
 
 
+@pytest.mark.slow
 def test_curriculum_switches_tier_mid_run(tier_runs):
     trace = read_trace(tier_runs["full"], 0)
     assert [t["step"] for t in trace] == list(range(8))
@@ -266,6 +268,7 @@ def test_curriculum_switches_tier_mid_run(tier_runs):
     assert grid.size == (sum(w for w, _ in shapes), max(h for _, h in shapes))
 
 
+@pytest.mark.slow
 def test_resume_before_the_switch_reaches_the_same_weights(tier_runs):
     full, resumed = tier_runs["full"], tier_runs["resumed"]
     tail = read_trace(full, 0)[3:]
@@ -275,6 +278,7 @@ def test_resume_before_the_switch_reaches_the_same_weights(tier_runs):
     assert max_weight_diff(full, resumed) < 1e-6
 
 
+@pytest.mark.slow
 def test_the_output_loads_in_stock_diffusers_at_a_non_square_bucket(tier_runs):
     import torch
     from diffusers import StableDiffusionPipeline
@@ -295,6 +299,7 @@ def transformer_diff(a: Path, b: Path) -> float:
     return max(float((wa[k] - wb[k]).abs().max()) for k in wa)
 
 
+@pytest.mark.slow
 def test_flux_curriculum_resumes_across_the_switch_and_loads_in_diffusers(flow_assets, tmp_path):
     """Flux on 2 tiers (``curriculum:0-3:32,3-:64``): the start-up shift table has every (tier, bucket); a run
     resumed from the checkpoint at step 2 (before the switch) reaches the same weights; FluxPipeline loads it."""
@@ -342,6 +347,7 @@ def check_ddp_tier_runs(batch) -> None:
     assert max_weight_diff(full, resumed) < 1e-6
 
 
+@pytest.mark.slow
 @pytest.mark.xdist_group(GROUP)
 def test_two_processes_train_the_same_tier_and_resume_across_the_switch(ddp_batch):
     check_ddp_tier_runs(ddp_batch)
