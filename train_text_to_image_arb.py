@@ -160,7 +160,7 @@ def main(argv: list[str] | argparse.Namespace | None = None) -> dict[str, Any]:
     schedule = compute_schedule(sampler.steps_per_epoch, gradient_accumulation_steps=args.gradient_accumulation_steps,
                                 num_train_epochs=args.num_train_epochs, max_train_steps=args.max_train_steps,
                                 lr_warmup_steps=args.lr_warmup_steps, num_processes=accelerator.num_processes)
-    if args.packing:
+    if args.packing or len(args.resolutions) > 1:  # epochs of their own length (packs; tiers' random draw)
         schedule = pack_schedule(args, sampler, accelerator.num_processes)
     from diffusers.optimization import get_scheduler
 
@@ -300,7 +300,7 @@ def train_loop(args: argparse.Namespace, accelerator: Any, models: Models, unet:
             bucket = -1 if args.packing else int(batch["buckets"][0])
             with accelerator.accumulate(*trained):
                 loss = batch_loss(args, models, unet, batch, text, gen, weight_dtype)
-                weight = loss_weight(epoch, micro - epoch * schedule.batches_per_epoch)  # 1 but with a pixel budget
+                weight = loss_weight(micro)  # 1 but with a pixel budget
                 avg = accelerator.gather(loss.detach().repeat(args.train_batch_size)).mean()
                 train_loss += avg.item() * weight / args.gradient_accumulation_steps
                 # (bucket, loss) of every rank: with --no_bucket_sync the ranks train different buckets

@@ -94,6 +94,7 @@ MODULES: dict[str, str] = {
     "hf_arb.train.progress": "training.md",
     "hf_arb.train.outputs": "training.md",
     "hf_arb.train.files": "training.md",
+    "hf_arb.train.tiers": "tiers.md",
     "hf_arb.images.bad_images": "training.md",
     "hf_arb.families.conditioning": "training.md",
     "hf_arb.families.shift": "flow.md",

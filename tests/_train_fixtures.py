@@ -6,7 +6,8 @@ through ``shared_artifact`` (built once per test run, whichever xdist worker ask
 The 2-process batch
 -------------------
 Every 2-process training run that a test file only reads (SD3 / Flux full fine-tune, SD3 packing, SDXL LoRA with
-both text encoders, SDXL on a pre-annotated dataset, streaming, broken images under DDP) runs in **one** ``torchrun --nproc_per_node 2`` launch
+both text encoders, SDXL on a pre-annotated dataset, streaming, broken images under DDP, SD on two resolution
+tiers) runs in **one** ``torchrun --nproc_per_node 2`` launch
 (tests/_train_batch_worker.py): the imports cost each process about 7 s of CPU and a tiny run about 1 s, so twelve
 runs in one launch cost about what two launches cost. A "resumed" run is a new ``main()`` call in the same processes
 that loads the full run's checkpoint from disk. That a checkpoint also resumes in a *new* process is tested once on
@@ -78,6 +79,13 @@ def build_stream_assets(root: Path) -> dict[str, Any]:
             "counts": np.bincount(ids[ids >= 0]).tolist()}
 
 
+def tier_argv(train: dict[str, str]) -> list[str]:
+    """The 2-process tiered run: --resolution 32,64, curriculum 0-3:32, 3-:64, 6 steps, checkpoint at 2."""
+    return ["--pretrained_model_name_or_path", train["sd"], "--train_data_dir", train["images"], *SD_BASE,
+            "--full_finetune", "--resolution", "32,64", "--resolution_schedule", "curriculum:0-3:32,3-:64",
+            "--max_train_steps", "6", "--checkpointing_steps", "2"]
+
+
 def stream_argv(assets: dict[str, Any], *extra: str) -> list[str]:
     return ["--pretrained_model_name_or_path", assets["sd"], "--train_data_dir", assets["shards"], *SD_BASE,
             "--full_finetune", "--streaming", "--stream_key_column", "id", *extra]
@@ -129,6 +137,8 @@ def batch_runs(root: Path, train: dict[str, str], flow: dict[str, str], stream: 
     # test_train_stream.py: 5 steps over the parquet shards, checkpoint at 2
     runs += _pair(root, "stream", stream_argv(stream, "--random_flip", "--max_train_steps", "5",
                                               "--checkpointing_steps", "2"), "checkpoint-2")
+    # test_train_tiers.py: SD on 2 resolution tiers, curriculum switching at step 3, across an epoch (5 steps)
+    runs += _pair(root, "tiers-sd", tier_argv(train), "checkpoint-2")
     # test_train.py: SDXL on a dataset annotated beforehand (save_to_disk) with its own buckets; cached latents.
     # No bucket-table flag (--resolution 64 --bucket_step 16 would re-assign the rows to that table: issue 24, 3)
     import datasets

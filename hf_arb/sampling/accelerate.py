@@ -13,16 +13,18 @@ from typing import Any
 
 from .sampler import BucketBatchSampler, RankBatchSampler
 from .state import ResumableBatchSampler
+from .tiers import TierRankSampler
 
 
 def find_sampler(dataloader: Any) -> ResumableBatchSampler:
-    """The :class:`BucketBatchSampler` (or :class:`~hf_arb.packing.sampler.PackBatchSampler`) behind a (prepared
+    """The :class:`BucketBatchSampler` (or :class:`~hf_arb.sampling.tiers.TieredBatchSampler`,
+    :class:`~hf_arb.packing.sampler.PackBatchSampler`) behind a (prepared
     or plain) ``DataLoader``."""
     bs = getattr(dataloader, "batch_sampler", None)
     for candidate in (bs, getattr(bs, "batch_sampler", None), getattr(dataloader, "sampler", None)):
         if isinstance(candidate, ResumableBatchSampler):
             return candidate
-        if isinstance(candidate, RankBatchSampler):
+        if isinstance(candidate, (RankBatchSampler, TierRankSampler)):
             return candidate.parent
     raise TypeError(
         "Expected a DataLoader built with `batch_sampler=BucketBatchSampler(...)`, got batch_sampler "

@@ -17,9 +17,10 @@ from .plan import check_nonneg
 
 class ResumableBatchSampler:
     """What every hf_arb batch sampler is: a ``batch_sampler`` with ``set_epoch``, ``state_dict`` /
-    ``load_state_dict`` (torchdata's protocol) and ``report()``. :class:`~hf_arb.sampling.BucketBatchSampler` and
-    :class:`~hf_arb.packing.PackBatchSampler` derive from it, so :func:`~hf_arb.sampling.accelerate.find_sampler`
-    finds either behind a prepared ``DataLoader`` without importing the packing floor."""
+    ``load_state_dict`` (torchdata's protocol) and ``report()``. :class:`~hf_arb.sampling.BucketBatchSampler`,
+    :class:`~hf_arb.sampling.tiers.TieredBatchSampler` and :class:`~hf_arb.packing.PackBatchSampler` derive from it,
+    so :func:`~hf_arb.sampling.accelerate.find_sampler` finds any of them behind a prepared ``DataLoader`` without
+    importing the packing floor."""
 
 STATE_FORMAT = 1
 PLAN_VERSION = 2  # 2: counter-based (Feistel) permutations, O(buckets) state; bump whenever the same inputs would give a different plan: old states are then refused

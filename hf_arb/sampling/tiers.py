@@ -35,7 +35,7 @@ from .index import CHUNK, RowIndex, build_index, count_blocks, open_index
 from .inputs import check_world, default_world
 from .plan import check_leftover
 from .sampler import INDEX_IN_MEMORY_ROWS
-from .state import as_state_mapping
+from .state import ResumableBatchSampler, as_state_mapping
 from .sync import SyncLayout
 from .tier_files import random_epoch_index, shared_tier_columns
 from .tier_plan import Tiers, sizes_fingerprint, tier_batch_sizes, tier_bucket_ids
@@ -46,7 +46,7 @@ from .tier_state import check_tier_state, tier_state
 MAX_CHUNK = 4096  # steps materialised at a time while iterating
 
 
-class TieredBatchSampler:
+class TieredBatchSampler(ResumableBatchSampler):
     """Batch sampler over several resolution tiers; at every step all ranks train the same (tier, bucket).
 
     Args:
@@ -213,9 +213,10 @@ class TieredBatchSampler:
     @property
     def steps_per_epoch(self) -> int:
         """Steps per rank of the current epoch (``len(prepared_loader)``)."""
-        return self._steps_in(self._epoch)
+        return self.steps_in(self._epoch)
 
-    def _steps_in(self, epoch: int) -> int:
+    def steps_in(self, epoch: int) -> int:
+        """Steps per rank of ``epoch`` (``random``: that epoch's draw)."""
         return self._L if self._L is not None else self._layout(self.tiers.num_tiers, epoch).num_steps
 
     def __len__(self) -> int:
@@ -229,8 +230,8 @@ class TieredBatchSampler:
         if self._L is not None:
             return divmod(steps_done, self._L)
         e = 0
-        while steps_done >= self._steps_in(e):
-            steps_done -= self._steps_in(e)
+        while steps_done >= self.steps_in(e):
+            steps_done -= self.steps_in(e)
             e += 1
         return e, steps_done
 
@@ -271,8 +272,8 @@ class TieredBatchSampler:
     def step_tiers(self, epoch: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """``(tier, bucket)`` of every step of ``epoch`` (default: current): int64 ``(steps,)`` each (``O(steps)``)."""
         e = self._epoch if epoch is None else check_nonneg("epoch", epoch)
-        items = [it for s0 in range(0, self._steps_in(e), MAX_CHUNK)
-                 for it in self.step_items(e, s0, min(self._steps_in(e), s0 + MAX_CHUNK), rows=False)]
+        items = [it for s0 in range(0, self.steps_in(e), MAX_CHUNK)
+                 for it in self.step_items(e, s0, min(self.steps_in(e), s0 + MAX_CHUNK), rows=False)]
         return (np.array([t for t, _, _ in items], np.int64), np.array([b for _, b, _ in items], np.int64))
 
     def step_batch_sizes(self, epoch: int | None = None) -> np.ndarray:
@@ -292,9 +293,9 @@ class TieredBatchSampler:
         check_world(self.num_replicas)
         if self._start is not None:
             self._epoch, self._consumed = self._start
-        elif self._consumed >= self._steps_in(self._epoch):
+        elif self._consumed >= self.steps_in(self._epoch):
             self._epoch, self._consumed = self._epoch + 1, 0
-        e, steps, s0, size = self._epoch, self._steps_in(self._epoch), self._consumed, 1
+        e, steps, s0, size = self._epoch, self.steps_in(self._epoch), self._consumed, 1
         while s0 < steps:
             s1 = min(steps, s0 + size)
             size = min(size * 8, MAX_CHUNK)
@@ -336,7 +337,7 @@ class TieredBatchSampler:
         Refuses a state of another plan, naming the field; a different ``num_replicas`` with the same global
         batches continues the same global sequence (elastic)."""
         epoch, consumed = check_tier_state(as_state_mapping(state), tier_state(self, 0, 0))
-        steps = self._steps_in(epoch)
+        steps = self.steps_in(epoch)
         if consumed > steps:
             raise ValueError(f"Sampler state field `batches_consumed` is {consumed}, more than the {steps} steps of "
                              f"epoch {epoch}: the state is corrupt. Pass what `sampler.state_dict()` returned.")

@@ -18,6 +18,7 @@ from hf_arb.families import detect_family, get_family
 from .arg_checks import LR_SCHEDULERS, check_values
 from .data import BUCKET_TABLE_FLAGS
 from .environment import check_environment
+from .tiers import check_tier_flags, parse_resolutions, split_resolution
 
 torch: Any = LazyModule("torch")  # loaded when a function needs it: --help and flag errors answer before torch
 logger = logging.getLogger("train_text_to_image_arb")
@@ -85,10 +86,17 @@ def build_parser() -> argparse.ArgumentParser:
     a("--cache_dir", type=str, default=None, help="Where downloaded models and datasets are stored.")
     a("--dataloader_num_workers", type=int, default=0, help="Subprocesses for data loading (0: main process).")
     # --- images and buckets
-    a("--resolution", type=int, default=None,
+    a("--resolution", type=parse_resolutions, default=None,
       help="CHANGED MEANING: the pixel budget of the buckets; every bucket has about resolution² pixels (sides "
            "multiples of --bucket_step) instead of every image being resized to a resolution² square. "
+           "NEW: several tiers, e.g. 512,1024, each with its own buckets (docs/tiers.md). "
            "Default: SD 512 | SDXL 1024." + NO_DEFAULT)
+    a("--resolution_schedule", type=str, default=None,
+      help="NEW, with several --resolution tiers: which tier trains when: 'random' (default; a tier per image and "
+           "epoch), 'mix:512:1,1024:3', 'curriculum:0-2000:512,2000-:1024' or 'progressive:2000'." + NO_DEFAULT)
+    a("--max_upscale", type=float, default=None,
+      help="NEW, with several tiers: an image serves a tier only if covering its bucket there needs at most this "
+           "upscale (default 1: never upscale)." + NO_DEFAULT)
     a("--center_crop", default=False, action="store_true",
       help="CHANGED: crops inside the bucket, not a square: centre-crop the small excess after resizing to cover "
            "the bucket (default: a random crop inside the bucket).")
@@ -330,6 +338,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """
     parser = build_parser()
     args = parser.parse_args(argv)
+    split_resolution(args)  # --resolution 512,1024: args.resolution is the first tier, args.resolutions all
     given = sys.argv[1:] if argv is None else argv
     args.caption_column_given = any(str(t).split("=")[0] == "--caption_column" for t in given)
     args.bucket_flags_given = [f"--{n}" for n in BUCKET_TABLE_FLAGS if getattr(args, n) != parser.get_default(n)]
@@ -352,6 +361,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             args.family_defaults[name] = value
     if args.num_validation_images == 0:  # upstream's tests turn validation off this way
         args.validation_prompts = None
+    check_tier_flags(args)  # several tiers: what they do not support yet, named before the other flag checks
     check_values(args)
     return args
 

@@ -17,6 +17,7 @@ from hf_arb.lazy import LazyModule
 from .data import image_dataset
 from .models import place
 from .schedule import Schedule
+from .tiers import TierTable, tier_pairs
 
 torch: Any = LazyModule("torch")  # loaded when a function needs it: --help and flag errors answer before torch
 logger = logging.getLogger("train_text_to_image_arb")
@@ -36,6 +37,10 @@ def build_latent_cache(args: argparse.Namespace, accelerator: Any, ds: Any, buck
         vae_id = f"{vae_id}|{args.image_interpolation_mode}"
     ids = np.asarray(ds.with_format("numpy")["bucket"])
     rows = np.flatnonzero(ids >= 0)
+    tiered = isinstance(buckets, TierTable)  # several tiers: entries keyed by combined (tier, bucket) ids
+    if tiered:  # every tier a row is eligible for (the bucket's size in that tier is in the fit plan's key)
+        tier_rows = tier_pairs(ds, buckets)
+        rows = np.array(sorted({r for r, _ in tier_rows}), np.int64)
     share = rows[lat.plan_share(len(rows), accelerator.process_index, accelerator.num_processes)]
     mine = dict(zip(share.tolist(), lat.content_hashes(ds, args.image_column, share.tolist(),
                                                                  show_progress=accelerator.is_local_main_process)))
@@ -44,7 +49,9 @@ def build_latent_cache(args: argparse.Namespace, accelerator: Any, ds: Any, buck
         hashes_by_row.update(part)
     hashes = [hashes_by_row.get(i, "") for i in range(len(ds))]
     pairs = {(int(r), int(ids[r])) for r in rows}
-    if args.bucket_leftover != "drop":  # leftovers may be trained at another bucket: read the all-ranks plan
+    if tiered:
+        pairs = tier_rows
+    elif args.bucket_leftover != "drop":  # leftovers may be trained at another bucket: read the all-ranks plan
         for epoch in range(schedule.num_train_epochs):
             plan = sampler.plan(epoch)  # (steps, world, batch): every rank's rows
             if hasattr(plan, "offsets"):  # --max_pixels_per_batch: a ragged plan (flat rows, a bucket per step)
@@ -58,6 +65,8 @@ def build_latent_cache(args: argparse.Namespace, accelerator: Any, ds: Any, buck
     else:
         variants = args.latent_cache_variants or min(schedule.num_train_epochs, 8)
     images = image_dataset(args, ds, buckets)
+    if tiered:  # the BucketedImageDataset over every tier's sizes, keyed (row, combined id, epoch)
+        images = images.images
     index = lat.build_index(sorted(pairs), hashes, lambda row, b, v: images.fit_row(row, b, v).key(),
                             variants=variants, vae_id=vae_id)
 

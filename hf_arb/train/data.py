@@ -16,6 +16,7 @@ from hf_arb.checks import UsageError
 from hf_arb.lazy import LazyModule
 
 from .files import SKIPPED_ROWS_FILE
+from .tiers import TierTable, TieredImages, tier_table
 
 torch: Any = LazyModule("torch")  # loaded when a function needs it: --help and flag errors answer before torch
 logger = logging.getLogger("train_text_to_image_arb")
@@ -184,7 +185,8 @@ def dataset_with_buckets(args: argparse.Namespace, accelerator: Any) -> tuple[An
     """Load, truncate, annotate (unless already annotated) and check that some rows are trainable.
 
     Returns ``(ds, buckets)``; ``ds`` keeps every row (``bucket == -1`` marks skipped ones, the sampler ignores
-    them) so row indices stay those of the dataset.
+    them) so row indices stay those of the dataset. With several ``--resolution`` tiers ``buckets`` is the run's
+    :class:`~hf_arb.train.tiers.TierTable` (its first tier: the table ``ds`` is annotated with).
     """
     from hf_arb import BucketSet, add_bucket_columns
 
@@ -214,13 +216,20 @@ def dataset_with_buckets(args: argparse.Namespace, accelerator: Any) -> tuple[An
             f"Loosen --max_aspect_error (now {args.max_aspect_error}), pick another --bucket_preset, or check the "
             "--image_column."
         )
-    return ds, buckets
+    table = tier_table(args)
+    if table is not None and table.bucket_sets[0] != buckets:
+        raise UsageError(f"The dataset's bucket columns ({len(buckets)} buckets) are not the first tier's table "
+                         f"(--resolution {args.resolution}, {len(table.bucket_sets[0])} buckets): pass the table "
+                         "flags it was annotated with (--bucket_preset, --bucket_step), or train on the raw images.")
+    return ds, buckets if table is None else table
 
 
 def check_plan(args: argparse.Namespace, ds: Any, num_processes: int) -> None:
     """With --bucket_leftover drop, some bucket must hold a full (global) batch, or the epoch has no step (a pixel
     budget and --packing: their samplers check their own plans)."""
     if args.bucket_leftover != "drop" or args.max_pixels_per_batch is not None or args.packing:
+        return
+    if len(getattr(args, "resolutions", None) or []) > 1:  # TieredBatchSampler checks every tier's plan itself
         return
     ids = np.asarray(ds.with_format("numpy")["bucket"])
     largest = int(np.bincount(ids[ids >= 0]).max()) if (ids >= 0).any() else 0
@@ -271,8 +280,11 @@ def check_upscale(args: argparse.Namespace, ds: Any, buckets: Any) -> None:
 
 
 def image_dataset(args: argparse.Namespace, ds: Any, buckets: Any) -> Any:
+    """The images fitted to each batch's bucket (several tiers: to that bucket of the batch's tier)."""
     from hf_arb import BucketedImageDataset
 
+    if isinstance(buckets, TierTable):
+        return TieredImages(image_dataset(args, ds, buckets.resolutions), buckets)
     return BucketedImageDataset(ds, buckets, image_column=args.image_column, caption_column=args.caption_column,
                                 tokenizer=None, seed=args.seed, center_crop=args.center_crop,
                                 random_flip=args.random_flip, resample=args.image_interpolation_mode,

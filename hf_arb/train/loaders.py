@@ -18,6 +18,7 @@ from .caches import build_latent_cache
 from .data import SAMPLER_FLAG_NAMES, image_dataset
 from .files import SKIPPED_ROWS_FILE
 from .schedule import Schedule
+from .tiers import TierTable, TieredImages, make_tier_sampler
 
 torch: Any = LazyModule("torch")  # loaded when a function needs it: --help and flag errors answer before torch
 logger = logging.getLogger("train_text_to_image_arb")
@@ -29,6 +30,8 @@ def make_sampler(args: argparse.Namespace, ds: Any, buckets: Any, accelerator: A
 
     if args.packing:
         return make_pack_sampler(args, ds, accelerator)
+    if isinstance(buckets, TierTable):  # --resolution 512,1024: one TieredBatchSampler over every tier
+        return make_tier_sampler(args, ds, buckets, accelerator)
     from hf_arb.flag_parser import in_flags
 
     try:
@@ -103,6 +106,8 @@ def build_dataloader(args: argparse.Namespace, accelerator: Any, ds: Any, bucket
         # re-encoding in a loader worker needs the VAE there: fine on CPU, not for a CUDA VAE in a forked worker
         in_process = args.dataloader_num_workers == 0 or accelerator.device.type == "cpu"
         dataset: Any = CachedLatentDataset(cache, index, captions, seed=args.seed, repair=repair if in_process else None)
+        if isinstance(buckets, TierTable):  # the sampler's (row, tier, bucket, epoch) keys
+            dataset = TieredImages(dataset, buckets)
         collate = CachedLatentDataset.collate
     else:
         index = None

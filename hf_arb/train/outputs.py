@@ -27,7 +27,10 @@ logger = logging.getLogger("train_text_to_image_arb")
 
 
 def validation_shapes(buckets: Any) -> list[tuple[int, int]]:
-    """Portrait, square and landscape bucket ``(w, h)``: the buckets closest to 2:3, 1:1 and 3:2 in log aspect."""
+    """Portrait, square and landscape bucket ``(w, h)``: the buckets closest to 2:3, 1:1 and 3:2 in log aspect.
+    Several tiers (a :class:`~hf_arb.train.tiers.TierTable`): one bucket of every tier, its portrait one."""
+    if getattr(buckets, "bucket_sets", None) is not None:
+        return list(dict.fromkeys(validation_shapes(b)[0] for b in buckets.bucket_sets))
     res = np.asarray(buckets.resolutions)
     log_aspect = np.log(res[:, 0] / res[:, 1])
     out: list[tuple[int, int]] = []
@@ -117,6 +120,7 @@ def save_model_card(args: argparse.Namespace, repo_id: str, buckets: Any, family
         "image was trained at close to its own aspect ratio, and every batch held one bucket shape.", "",
         f"* buckets: {len(labels)} ({', '.join(labels[:12])}{', ...' if len(labels) > 12 else ''}), "
         f"from {bucket_origin(args)}",
+        *(buckets.card_lines() if hasattr(buckets, "card_lines") else []),
         f"* steps: {stats.get('global_step') if stats else args.max_train_steps}, batch size {args.train_batch_size} "
         f"per device, gradient accumulation {args.gradient_accumulation_steps}, learning rate {args.learning_rate}",
         f"* mixed precision: {(stats or {}).get('mixed_precision', args.mixed_precision)}; dataset: "
@@ -238,6 +242,19 @@ def startup_report(accelerator: Any, ds: Any, buckets: Any, sampler: Any, schedu
               f"  Num examples = {int((sampler.sizes.tokens > 0).sum())}\n  Num Epochs = {schedule.num_train_epochs}\n"
               f"  One pack of <= {args.max_tokens} tokens per device and step "
               f"({sampler.report().mean_images_per_pack:.2f} images on average)\n"
+              f"  Gradient Accumulation steps = {args.gradient_accumulation_steps}\n"
+              f"  Total optimization steps = {schedule.max_train_steps}", flush=True)
+        return
+    if hasattr(sampler, "step_tiers"):  # several tiers: rows, batches and steps per tier
+        report = sampler.report()
+        sizes = {f"tier {r}": dict(zip(b.labels(), s.tolist())) for r, b, s in
+                 zip(buckets.tiers.resolutions, buckets.bucket_sets, sampler.tier_batch_sizes)}
+        if getattr(args, "family_report", None):
+            print(args.family_report, flush=True)
+        print(f"{report}\n***** Running training ({models.family.title}, {len(sizes)} resolution tiers, "
+              f"--resolution_schedule {args.resolution_schedule}) *****\n"
+              f"  Num examples = {report.rows_total - report.rows_no_tier}\n  Num Epochs = {schedule.num_train_epochs}"
+              f"\n  Batch size per device and bucket = {sizes}\n"
               f"  Gradient Accumulation steps = {args.gradient_accumulation_steps}\n"
               f"  Total optimization steps = {schedule.max_train_steps}", flush=True)
         return

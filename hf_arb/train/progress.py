@@ -56,6 +56,10 @@ def check_resumed_step(args: argparse.Namespace, accelerator: Any, progress: Pro
     epoch, position = locate(progress.micro_step) if locate else divmod(progress.micro_step, sampler.steps_per_epoch)
     expected = expected_global_step({"steps_per_epoch": sampler.steps_per_epoch, "epoch": epoch,
                                      "batches_consumed": position}, args.gradient_accumulation_steps)
+    steps_in = getattr(sampler, "steps_in", None)  # epochs of their own length (tiers' random draw, packs)
+    if steps_in is not None:
+        a = args.gradient_accumulation_steps
+        expected = sum(-(-steps_in(e) // a) for e in range(epoch)) + -(-position // a)
     try:  # plain torch layout; wrappers (DeepSpeed, 8-bit) that differ are checked through the sampler only
         state = optimizer.state_dict().get("state", {})
         steps = {float(v["step"]) for v in state.values() if isinstance(v, dict) and "step" in v}

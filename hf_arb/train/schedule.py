@@ -88,7 +88,8 @@ def micro_step_generator(seed: int, micro_step: int, rank: int, device: torch.de
 
 
 def image_loss_weights(args: argparse.Namespace, sampler: Any) -> Any:
-    """``weight(epoch, step_in_epoch) -> float``: the factor on a micro-batch's mean loss.
+    """``weight(micro_step) -> float``: the factor on a micro-batch's mean loss (``micro_step``: batches this rank
+    trained before it since the start; the sampler's ``locate`` gives its epoch and step, epochs of any length).
 
     With one batch size it is 1 (diffusers' loss). With ``--max_pixels_per_batch`` the micro-batches of an
     optimizer step differ in size; micro-step ``s`` of ``b_s`` images gets ``b_s · A / n`` (``A`` the
@@ -98,13 +99,15 @@ def image_loss_weights(args: argparse.Namespace, sampler: Any) -> Any:
     bucket at each step, so ``n`` is the same on every device and needs no communication; it is a pure function of
     the plan, so a resumed run weights exactly as the uninterrupted one.
     """
-    if args.max_pixels_per_batch is None or getattr(sampler, "batch_sizes", None) is None:
-        return lambda epoch, step: 1.0
+    varied = getattr(sampler, "batch_sizes", None) is not None or hasattr(sampler, "step_tiers")  # tiers: per tier
+    if args.max_pixels_per_batch is None or not varied:
+        return lambda micro: 1.0
     from hf_arb.sampling.batch_sizes import accumulation_weights
 
     cache: dict[int, np.ndarray] = {}
 
-    def weight(epoch: int, step: int) -> float:
+    def weight(micro: int) -> float:
+        epoch, step = sampler.locate(micro)
         if epoch not in cache:
             cache.clear()
             cache[epoch] = accumulation_weights(sampler.step_batch_sizes(epoch), args.gradient_accumulation_steps)
