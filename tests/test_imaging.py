@@ -19,10 +19,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image, ImageOps
 
+from hf_arb.images.geometry import cover_size
 from hf_arb.images.fitting import (
     EXIF_TRANSPOSE,
     FitPlan,
-    cover_size,
     fit_to_bucket,
     plan_fit,
     to_rgb,

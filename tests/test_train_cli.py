@@ -286,4 +286,4 @@ def test_model_card_states_the_real_precision_and_a_trained_shape(tmp_path):
     card = train_outputs.save_model_card(args, str(out), train_data.bucket_set_from_args(args), get_family("sd"),
                                   stats={"global_step": 1, "mixed_precision": "bf16"}).read_text()
     assert "* mixed precision: bf16;" in card
-    assert 'pipe("a photo", height=96, width=48)' in card and "height=768" not in card
+    assert 'pipe(prompt="a photo", height=96, width=48)' in card and "height=768" not in card

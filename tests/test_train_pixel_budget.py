@@ -44,13 +44,13 @@ def test_flag_checks_and_loss_weights() -> None:
     sampler = BucketBatchSampler(ids, None, buckets=[(64, 64), (32, 32), (64, 32)], max_pixels_per_batch=16384,
                                  seed=0, log_report=False)  # batch sizes 4, 16, 8
     off = script.image_loss_weights(SimpleNamespace(max_pixels_per_batch=None, gradient_accumulation_steps=3), sampler)
-    assert off(0, 5) == 1.0
+    assert off(5) == 1.0
     on = script.image_loss_weights(SimpleNamespace(max_pixels_per_batch=16384, gradient_accumulation_steps=3), sampler)
     b = sampler.step_batch_sizes(0)
     for j in range(0, len(b) - 2, 3):  # Σ_s w_s / A · (mean of b_s images) = 1 / n per image
         n = b[j : j + 3].sum()
         for s in range(j, j + 3):
-            assert on(0, s) / 3 / b[s] == pytest.approx(1 / n)
+            assert on(s) / 3 / b[s] == pytest.approx(1 / n)  # epoch 0: micro step s
 
 
 @pytest.fixture(scope="module")
