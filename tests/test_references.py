@@ -264,3 +264,24 @@ def test_broken_reference_is_substituted_and_counted(tmp_path) -> None:
     strict = BucketedReferenceDataset(ann, composite=table, caption_column="text", on_bad_image="error")
     with pytest.raises(Exception, match="reference image in column 'before'"):
         strict[(0, int(ids[0]), 0)]
+
+
+# ----------------------------------------------------------------------------------- CLI
+def test_cli_annotate_reference_column_and_stats(tmp_path, capsys) -> None:
+    from hf_arb.cli.app import main
+
+    pairs(broken=3).save_to_disk(str(tmp_path / "pairs"))
+    out = tmp_path / "pairs-own"
+    assert main(["annotate", str(tmp_path / "pairs"), "--output-dir", str(out), "--resolution", "256",
+                 "--reference-column", "before", "--reference-policy", "own", "--reference-resolution", "128"]) == 0
+    ann = datasets.load_from_disk(str(out))["train"]
+    assert reference_info(ann.features, "before") == ("own", SMALL)
+    row = ann.select_columns(["bucket", "skip_reason"])[3]
+    assert row["bucket"] == -1 and row["skip_reason"].startswith("reference before:")
+    capsys.readouterr()
+    assert main(["stats", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "reference before" in text and "rows per composite bucket (target + before)" in text
+    with pytest.raises(SystemExit):
+        main(["annotate", str(tmp_path / "pairs"), "--output-dir", str(tmp_path / "x"), "--reference-column",
+              "before", "--reference-resolution", "128"])  # --reference-resolution needs --reference-policy own
