@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import datasets
 import numpy as np
-import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from _photos import PHOTOS, encode, photo
 from hf_arb import BucketSet
-from hf_arb.annotate.arrow_batch import BatchAnnotator, bucket_columns
+from hf_arb.annotate.arrow_batch import BatchAnnotator
 from hf_arb.annotate.map import add_bucket_columns
 from hf_arb.annotate.references import annotate_references
 from hf_arb.annotate.core import annotate_sizes
