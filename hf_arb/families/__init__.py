@@ -9,7 +9,8 @@ SD3/3.5 and Flux.1, behind one interface the training script asks (:class:`~hf_a
   conditioning) and :mod:`~hf_arb.families.sd_pipeline` (its pipeline);
 - :mod:`~hf_arb.families.sd3`, :mod:`~hf_arb.families.flux` — the flow-matching families, on
   :mod:`~hf_arb.families.flow_family` (the adapter) and :mod:`~hf_arb.families.flow` (the shared step);
-  :mod:`~hf_arb.families.shift` (each bucket's resolution shift ``mu``, as the pipelines compute it).
+  :mod:`~hf_arb.families.shift` (each bucket's resolution shift ``mu``, as the pipelines compute it);
+  :mod:`~hf_arb.families.flux_kontext` — Flux.1 Kontext, Flux with reference-image tokens (edit models).
 
 Detection and the adapters' flag checks do not import torch.
 

@@ -35,7 +35,8 @@ __all__ = ["BUILTIN_MODULES", "Family", "Models", "builtin_family", "detect_fami
            "read_class_name", "register_family", "unregister_family"]
 
 #: Modules of the built-in families, asked in this order by :func:`detect_family` (the last is the fallback).
-BUILTIN_MODULES: tuple[str, ...] = ("hf_arb.families.sd3", "hf_arb.families.flux", "hf_arb.families.sdxl",
+BUILTIN_MODULES: tuple[str, ...] = ("hf_arb.families.sd3", "hf_arb.families.flux_kontext", "hf_arb.families.flux",
+                                    "hf_arb.families.sdxl",
                                     "hf_arb.families.sd")
 
 

@@ -1,0 +1,139 @@
+"""Flux.1 Kontext edit LoRA (issue #26): a tiny 1-process LoRA run on before/after pairs with
+``--reference_image_column``, whose LoRA loads in the stock ``FluxKontextPipeline`` and edits a non-square image."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import datasets
+import numpy as np
+import pytest
+import torch
+from _photos import PHOTOS, photo
+from _train_fixtures import FLOW
+from PIL import ImageOps
+from test_train import read_trace, run_script
+
+import train_text_to_image_arb as script
+from hf_arb.families import detect_family, get_family
+from hf_arb.families.flux import latent_image_ids
+from hf_arb.families.flux_kontext import reference_tokens
+
+SIZES = [(96, 64), (64, 96), (64, 64), (80, 48)]
+
+
+def edit_pairs(root: Path, n: int = 16) -> str:
+    """Before/after pairs saved with ``save_to_disk``: the target is the photo, the reference its mirror in grey
+    ("make it colourful and turn it around"), at four shapes; every second reference is half as wide."""
+    rows: dict[str, list[Any]] = {"image": [], "before": [], "text": []}
+    names = list(PHOTOS)
+    for i in range(n):
+        w, h = SIZES[i % len(SIZES)]
+        im = photo(names[i % len(names)], (w, h)).convert("RGB")
+        before = ImageOps.mirror(ImageOps.grayscale(im).convert("RGB"))
+        if i % 2:
+            before = before.resize((w // 2, h))
+        rows["image"].append(im)
+        rows["before"].append(before)
+        rows["text"].append("make it colourful and turn it around")
+    ds = datasets.Dataset.from_dict(rows, features=datasets.Features(
+        {"image": datasets.Image(), "before": datasets.Image(), "text": datasets.Value("string")}))
+    ds.save_to_disk(str(root / "pairs"))
+    return str(root / "pairs")
+
+
+@pytest.fixture(scope="module")
+def kontext_assets(tmp_path_factory) -> dict[str, str]:
+    from hf_arb.testing.tiny_flow import save_tiny_flux_kontext
+
+    root = tmp_path_factory.mktemp("kontext")
+    return {"model": save_tiny_flux_kontext(root / "tiny-kontext"), "pairs": edit_pairs(root)}
+
+
+def test_kontext_is_detected_before_flux(kontext_assets) -> None:
+    assert detect_family(kontext_assets["model"]) == "flux-kontext"
+    fam = get_family("flux-kontext")
+    assert fam.pipeline_class_name == "FluxKontextPipeline" and fam.supports_references
+
+
+def test_reference_tokens_are_the_pipelines(kontext_assets) -> None:
+    """The tokens and ids training appends equal FluxKontextPipeline.prepare_latents' image latents and ids."""
+    from diffusers import FluxKontextPipeline
+
+    pipe = FluxKontextPipeline.from_pretrained(kontext_assets["model"])
+    pixels = torch.rand(2, 3, 48, 80) * 2 - 1
+    tokens, ids = reference_tokens(pipe.vae, [pixels], "cpu", torch.float32)
+    _, image_latents, latent_ids, image_ids = pipe.prepare_latents(
+        pixels, 2, pipe.transformer.config.in_channels // 4, 48, 80, torch.float32, torch.device("cpu"),
+        torch.Generator().manual_seed(0))
+    torch.testing.assert_close(tokens, image_latents)
+    torch.testing.assert_close(ids, image_ids)
+    assert (ids[:, 0] == 1).all() and torch.equal(latent_ids, latent_image_ids(6, 10))
+
+
+def test_reference_flags_are_checked(kontext_assets, tmp_path) -> None:
+    from hf_arb.testing.tiny_flow import save_tiny_flux
+
+    flux = save_tiny_flux(tmp_path / "flux")
+    base = ["--dataset_name", kontext_assets["pairs"], "--output_dir", str(tmp_path / "o"), *FLOW,
+            "--max_train_steps", "1", "--rank", "4"]
+    with pytest.raises(script.UsageError, match="takes no reference image"):
+        script.main(["--pretrained_model_name_or_path", flux, *base, "--reference_image_column", "before"])
+    with pytest.raises(script.UsageError, match="--cache_latents is not supported with --reference_image_column"):
+        script.main(["--pretrained_model_name_or_path", kontext_assets["model"], *base, "--reference_image_column",
+                     "before", "--cache_latents"])
+
+
+@pytest.fixture(scope="module")
+def kontext_lora(kontext_assets, tmp_path_factory) -> dict[str, Any]:
+    out = tmp_path_factory.mktemp("kontext-lora") / "run"
+    stats = run_script(["--pretrained_model_name_or_path", kontext_assets["model"], "--dataset_name",
+                        kontext_assets["pairs"], "--reference_image_column", "before", *FLOW, "--rank", "4",
+                        "--learning_rate", "2e-2", "--max_train_steps", "4", "--checkpointing_steps", "100",
+                        "--bucket_leftover", "fill", "--output_dir", str(out)])
+    return {"dir": out, "stats": stats}
+
+
+@pytest.mark.slow
+def test_kontext_lora_trains_on_pairs_with_stacked_references(kontext_lora) -> None:
+    stats = kontext_lora["stats"]
+    assert stats["global_step"] == 4 and np.isfinite(stats["losses"]).all()
+    trace = read_trace(kontext_lora["dir"], 0)
+    assert any(t["shape"][2] != t["shape"][3] for t in trace)  # a non-square bucket was trained
+    from safetensors.torch import load_file
+
+    weights = load_file(str(kontext_lora["dir"] / "pytorch_lora_weights.safetensors"))
+    assert weights and all(k.startswith("transformer.") and ".lora_" in k for k in weights)
+
+
+STOCK = r"""
+import json, sys
+sys.modules["hf_arb"] = None
+import numpy as np, torch
+from PIL import Image
+from diffusers import FluxKontextPipeline
+pipe = FluxKontextPipeline.from_pretrained(sys.argv[1])
+image = Image.fromarray((np.random.default_rng(0).random((48, 80, 3)) * 255).astype("uint8"))
+def edit():
+    return pipe(image=image, prompt="make it colourful", height=48, width=80, num_inference_steps=2,
+                output_type="np", max_area=48 * 80, _auto_resize=False, generator=torch.Generator().manual_seed(0)).images
+a = edit()
+pipe.load_lora_weights(sys.argv[2])
+b = edit()
+print("RESULT" + json.dumps({"shape": list(b.shape), "finite": bool(np.isfinite(b).all()),
+                             "changed": float(np.abs(a - b).max())}))
+"""
+
+
+@pytest.mark.slow
+def test_kontext_lora_edits_a_non_square_image_in_stock_diffusers(kontext_assets, kontext_lora) -> None:
+    proc = subprocess.run([sys.executable, "-c", STOCK, kontext_assets["model"], str(kontext_lora["dir"])],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.split("RESULT", 1)[1])
+    assert result["shape"] == [1, 48, 80, 3] and result["finite"]
+    assert result["changed"] > 0  # the LoRA changes the edit
