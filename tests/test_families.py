@@ -42,7 +42,7 @@ def test_detection_and_flag_defaults_do_not_import_torch(train_assets):
 
 
 def test_unknown_family_and_bad_registration_are_refused():
-    with pytest.raises(ValueError, match="Unknown model family 'nope'; known: sd3, flux, sdxl, sd"):
+    with pytest.raises(ValueError, match="Unknown model family 'nope'; known: sd3, flux-kontext, flux, sdxl, sd"):
         get_family("nope")
     with pytest.raises(TypeError, match="Family subclass with a `name`"):
         register_family(type("Nameless", (Family,), {}))

@@ -137,3 +137,26 @@ def test_kontext_lora_edits_a_non_square_image_in_stock_diffusers(kontext_assets
     result = json.loads(proc.stdout.split("RESULT", 1)[1])
     assert result["shape"] == [1, 48, 80, 3] and result["finite"]
     assert result["changed"] > 0  # the LoRA changes the edit
+
+
+def test_the_reference_conditions_the_prediction(kontext_assets) -> None:
+    """The target's prediction keeps its shape and changes with the reference (its tokens are attended to)."""
+    from diffusers import FluxKontextPipeline
+
+    pipe = FluxKontextPipeline.from_pretrained(kontext_assets["model"])
+    fam = get_family("flux-kontext")
+    options = fam.options(pipe.scheduler.config, pipe.transformer, max_sequence_length=16)
+    embeds, pooled = fam.encode_prompts([pipe.tokenizer, pipe.tokenizer_2], [pipe.text_encoder, pipe.text_encoder_2],
+                                        ["make it red"] * 2, torch.device("cpu"), 16)
+    g = torch.Generator().manual_seed(0)
+    noisy = torch.randn(2, 16, 6, 10, generator=g)
+    sigmas = torch.tensor([0.3, 0.8])
+    with torch.no_grad():
+        plain = fam.predict(pipe.transformer, noisy, sigmas, embeds, pooled, options)
+        refs = [torch.rand(2, 3, 64, 32, generator=g) * 2 - 1]
+        a = fam.predict(pipe.transformer, noisy, sigmas, embeds, pooled, options,
+                        references=reference_tokens(pipe.vae, refs, "cpu", torch.float32))
+        b = fam.predict(pipe.transformer, noisy, sigmas, embeds, pooled, options,
+                        references=reference_tokens(pipe.vae, [-refs[0]], "cpu", torch.float32))
+    assert a.shape == plain.shape == noisy.shape
+    assert not torch.allclose(a, plain) and not torch.allclose(a, b)

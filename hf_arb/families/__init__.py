@@ -43,7 +43,7 @@ __all__ = ["BUILTIN_MODULES", "FLOW_FAMILIES", "Family", "Models", "detect_famil
            "family_names", "get_family", "register_family", "unregister_family"]
 
 #: The built-in families trained with the flow-matching objective.
-FLOW_FAMILIES: tuple[str, ...] = ("sd3", "flux")
+FLOW_FAMILIES: tuple[str, ...] = ("sd3", "flux", "flux-kontext")
 
 
 def detect_flow_family(model: str) -> str | None:

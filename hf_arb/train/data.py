@@ -205,6 +205,10 @@ def dataset_with_buckets(args: argparse.Namespace, accelerator: Any) -> tuple[An
         if "bucket" in ds.column_names:
             ds, buckets = annotated_dataset_buckets(args, ds, BucketSet.from_dataset(ds),
                                                     accelerator is None or accelerator.is_main_process)
+            if refs and not args.buckets_from_dataset:  # re-assigned targets: the references' buckets are stale
+                raise UsageError("The bucket-table flags ask for another table than the edit dataset was annotated "
+                                 "with, and its reference columns cannot be re-assigned from sizes alone: drop those "
+                                 "flags, or re-annotate with hf-arb annotate --reference-column at that table.")
         else:
             buckets, notes = bucket_table_from_args(args)
             if accelerator is None or accelerator.is_main_process:
