@@ -90,12 +90,22 @@ def test_reference_flags_are_checked(kontext_assets, tmp_path) -> None:
 
 @pytest.fixture(scope="module")
 def kontext_lora(kontext_assets, tmp_path_factory) -> dict[str, Any]:
+    import hf_arb.families.flux_kontext as kontext
+
     out = tmp_path_factory.mktemp("kontext-lora") / "run"
-    stats = run_script(["--pretrained_model_name_or_path", kontext_assets["model"], "--dataset_name",
-                        kontext_assets["pairs"], "--reference_image_column", "before", *FLOW, "--rank", "4",
-                        "--learning_rate", "2e-2", "--max_train_steps", "4", "--checkpointing_steps", "100",
-                        "--bucket_leftover", "fill", "--output_dir", str(out)])
-    return {"dir": out, "stats": stats}
+    seen: list[tuple[int, ...]] = []
+
+    def counting(vae, references, device, dtype):  # what the loss receives, step by step
+        seen.append(tuple(r.shape for r in references)[0])
+        return reference_tokens(vae, references, device, dtype)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(kontext, "reference_tokens", counting)
+        stats = run_script(["--pretrained_model_name_or_path", kontext_assets["model"], "--dataset_name",
+                            kontext_assets["pairs"], "--reference_image_column", "before", *FLOW, "--rank", "4",
+                            "--learning_rate", "2e-2", "--max_train_steps", "4", "--checkpointing_steps", "100",
+                            "--bucket_leftover", "fill", "--output_dir", str(out)])
+    return {"dir": out, "stats": stats, "reference_shapes": seen}
 
 
 @pytest.mark.slow
@@ -104,6 +114,10 @@ def test_kontext_lora_trains_on_pairs_with_stacked_references(kontext_lora) -> N
     assert stats["global_step"] == 4 and np.isfinite(stats["losses"]).all()
     trace = read_trace(kontext_lora["dir"], 0)
     assert any(t["shape"][2] != t["shape"][3] for t in trace)  # a non-square bucket was trained
+    shapes = kontext_lora["reference_shapes"]
+    assert len(shapes) == 4 and all(s[0] == 2 for s in shapes)  # every step's loss saw a stacked reference batch
+    for t, s in zip(trace, shapes):  # strict: the reference takes the target's bucket
+        assert list(s[2:]) == t["shape"][2:], (s, t["shape"])
     from safetensors.torch import load_file
 
     weights = load_file(str(kontext_lora["dir"] / "pytorch_lora_weights.safetensors"))
@@ -160,3 +174,25 @@ def test_the_reference_conditions_the_prediction(kontext_assets) -> None:
                         references=reference_tokens(pipe.vae, [-refs[0]], "cpu", torch.float32))
     assert a.shape == plain.shape == noisy.shape
     assert not torch.allclose(a, plain) and not torch.allclose(a, b)
+
+
+@pytest.mark.slow
+def test_own_policy_trains_references_at_their_own_bucket(kontext_assets, tmp_path) -> None:
+    """--reference_policy own: the narrower references stack at their own (narrower) bucket, not the target's."""
+    import hf_arb.families.flux_kontext as kontext
+
+    seen: list[tuple[tuple[int, ...], ...]] = []
+
+    def counting(vae, references, device, dtype):
+        seen.append(tuple(tuple(r.shape) for r in references))
+        return reference_tokens(vae, references, device, dtype)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(kontext, "reference_tokens", counting)
+        stats = run_script(["--pretrained_model_name_or_path", kontext_assets["model"], "--dataset_name",
+                            kontext_assets["pairs"], "--reference_image_column", "before", "--reference_policy",
+                            "own", *FLOW, "--rank", "4", "--max_train_steps", "6", "--checkpointing_steps", "100",
+                            "--bucket_leftover", "fill", "--output_dir", str(tmp_path / "own")])
+    trace = read_trace(tmp_path / "own", 0)
+    assert stats["global_step"] == 6 and len(seen) == 6
+    assert any(list(s[0][2:]) != t["shape"][2:] for s, t in zip(seen, trace))  # a reference bucket of its own
