@@ -103,9 +103,9 @@ def kontext_lora(kontext_assets, tmp_path_factory) -> dict[str, Any]:
         mp.setattr(kontext, "reference_tokens", counting)
         stats = run_script(["--pretrained_model_name_or_path", kontext_assets["model"], "--dataset_name",
                             kontext_assets["pairs"], "--reference_image_column", "before", *FLOW, "--rank", "4",
-                            "--learning_rate", "2e-2", "--max_train_steps", "4", "--checkpointing_steps", "100",
+                            "--learning_rate", "2e-2", "--max_train_steps", "4", "--checkpointing_steps", "2",
                             "--bucket_leftover", "fill", "--output_dir", str(out)])
-    return {"dir": out, "stats": stats, "reference_shapes": seen}
+    return {"dir": out, "stats": stats, "reference_shapes": seen, "argv_model": kontext_assets["model"]}
 
 
 @pytest.mark.slow
@@ -196,3 +196,23 @@ def test_own_policy_trains_references_at_their_own_bucket(kontext_assets, tmp_pa
     trace = read_trace(tmp_path / "own", 0)
     assert stats["global_step"] == 6 and len(seen) == 6
     assert any(list(s[0][2:]) != t["shape"][2:] for s, t in zip(seen, trace))  # a reference bucket of its own
+
+
+@pytest.mark.slow
+def test_kontext_lora_resumes_exactly(kontext_assets, kontext_lora, tmp_path) -> None:
+    """Resumed from checkpoint-2, the run draws the same composite batches and reaches the same losses and LoRA."""
+    import shutil
+
+    from safetensors.torch import load_file
+
+    out, resumed = kontext_lora["dir"], tmp_path / "resumed"
+    shutil.copytree(out / "checkpoint-2", resumed / "checkpoint-2")
+    run_script(["--pretrained_model_name_or_path", kontext_assets["model"], "--dataset_name", kontext_assets["pairs"],
+                "--reference_image_column", "before", *FLOW, "--rank", "4", "--learning_rate", "2e-2",
+                "--max_train_steps", "4", "--checkpointing_steps", "2", "--bucket_leftover", "fill",
+                "--output_dir", str(resumed), "--resume_from_checkpoint", "latest"])
+    tail = [t for t in read_trace(out, 0) if t["step"] >= 2]
+    assert [(t["rows"], t["loss"]) for t in read_trace(resumed, 0)] == [(t["rows"], t["loss"]) for t in tail]
+    a = load_file(str(out / "pytorch_lora_weights.safetensors"))
+    b = load_file(str(resumed / "pytorch_lora_weights.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
