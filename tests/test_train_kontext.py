@@ -216,3 +216,18 @@ def test_kontext_lora_resumes_exactly(kontext_assets, kontext_lora, tmp_path) ->
     a = load_file(str(out / "pytorch_lora_weights.safetensors"))
     b = load_file(str(resumed / "pytorch_lora_weights.safetensors"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.slow
+def test_kontext_lora_on_two_processes_keeps_ranks_in_one_composite_bucket(kontext_assets, tmp_path) -> None:
+    out = tmp_path / "ddp"
+    stats = run_script(["--pretrained_model_name_or_path", kontext_assets["model"], "--dataset_name",
+                        kontext_assets["pairs"], "--reference_image_column", "before", *FLOW, "--rank", "4",
+                        "--max_train_steps", "3", "--checkpointing_steps", "100", "--bucket_leftover", "fill",
+                        "--output_dir", str(out)], nproc=2)
+    r0, r1 = read_trace(out, 0), read_trace(out, 1)
+    assert stats["global_step"] == 3 and [t["step"] for t in r0] == [t["step"] for t in r1] == [0, 1, 2]
+    assert [t["bucket"] for t in r0] == [t["bucket"] for t in r1]  # the composite id, the same on both ranks
+    assert [t["shape"] for t in r0] == [t["shape"] for t in r1]
+    for a, b in zip(r0, r1):
+        assert not set(a["rows"]) & set(b["rows"])
