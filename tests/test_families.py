@@ -124,3 +124,13 @@ def test_the_script_never_names_a_family():
     assert not hits, hits
     assert len((ROOT / "train_text_to_image_arb.py").read_text().splitlines()) <= 900
     assert script.main.__module__ == "train_text_to_image_arb"
+
+
+def test_guidance_scale_on_a_transformer_without_guidance_is_refused(flow_assets, tmp_path):
+    """SD3 (and Flux.1-schnell) take no guidance input: --guidance_scale there would be silently ignored (#24)."""
+    base = ["--train_data_dir", str(tmp_path), "--output_dir", str(tmp_path / "out"), "--report_to", "none"]
+    args = script.parse_args(["--pretrained_model_name_or_path", flow_assets["sd3"], *base, "--guidance_scale", "2"])
+    with pytest.raises(script.UsageError, match="--guidance_scale 2.0: .* takes no guidance input .* Drop --guidance_scale"):
+        get_family(args.family).load_models(args)
+    args = script.parse_args(["--pretrained_model_name_or_path", flow_assets["flux"], *base, "--guidance_scale", "2"])
+    assert get_family(args.family).load_models(args).options.guidance_scale == 2.0  # Flux.1-dev's tiny twin takes it

@@ -327,3 +327,36 @@ def test_one_rank_reads_only_its_split_and_matches_the_simulation():
     assert mine.report().rows_unread is None  # unknowable from one rank
     with pytest.raises(ValueError, match="needs the stream built with `rank=`"):
         next(BucketedStream(ds, 3, **kw).rank_batches())
+
+
+def _jpeg(w: int, h: int, color: tuple[int, int, int]) -> bytes:
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (w, h), color).save(buf, "JPEG")
+    return buf.getvalue()
+
+
+def test_streamed_bad_image_is_replaced_counted_and_logged_or_raises(tmp_path):
+    """--on_bad_image replace under --streaming: a body-truncated image trains the batch's next good row instead, is
+    counted and listed in skipped_rows.jsonl once; "error" raises (#24 audit: the flag was not read by the stream)."""
+    from hf_arb.images.bad_images import read_bad_rows
+    from hf_arb.sampling.stream_collate import StreamImageCollate
+
+    good, other = _jpeg(40, 30, (200, 10, 10)), _jpeg(40, 30, (10, 200, 10))
+    rows = [{"id": i, "image": {"bytes": b, "path": None}, "text": f"r{i}", "bucket": 0, "bucket_width": 32,
+             "bucket_height": 24} for i, b in enumerate([good, good[: len(good) // 3], other])]
+    log = tmp_path / "skipped_rows.jsonl"
+    collate = StreamImageCollate("id", on_bad_image="replace", bad_image_log=log)
+    batch = collate(rows)
+    assert batch["pixel_values"].shape == (3, 3, 24, 32)
+    assert batch["rows"].tolist() == [0, 2, 2]  # row 1 is bad: the batch's next good row trains in its place
+    assert collate.bad_images.count == 1 and [r["row"] for r in read_bad_rows(log)] == [1]
+    collate(rows)
+    assert collate.bad_images.count == 2 and len(read_bad_rows(log)) == 1  # counted again, listed once
+    with pytest.raises(OSError):
+        StreamImageCollate("id", on_bad_image="error")(rows)
+    with pytest.raises(ValueError, match="Every image of this streamed batch"):
+        collate([rows[1]])

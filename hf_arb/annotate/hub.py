@@ -18,13 +18,9 @@ from huggingface_hub.errors import EntryNotFoundError
 from hf_arb import __version__
 from .summary import AnnotationSummary, summarize_annotation
 from hf_arb.buckets.sets import BucketSet
-from hf_arb.buckets.schema import (  # noqa: F401  (re-exported: the readers used to live here)
+from hf_arb.buckets.stored import CARD_KEY
+from hf_arb.buckets.schema import (
     BUCKET_COLUMNS,
-    CARD_KEY,
-    bucket_features,
-    bucket_table_from_columns,
-    buckets_from_card,
-    buckets_from_columns,
     buckets_from_dataset,
     buckets_from_features,
     read_ids_and_errors,

@@ -33,8 +33,14 @@ from typing import Any
 import numpy as np
 from hf_arb.checks import check_resolution
 
-from .family_tables import (ONETRAINER_ASPECTS, SDXL_TABLE, diffusers_table, kohya_table, onetrainer_table,
-                             sdxl_table, sorted_unique)
+from .family_tables import (
+    ONETRAINER_ASPECTS,
+    diffusers_table,
+    kohya_table,
+    onetrainer_table,
+    sdxl_table,
+    sorted_unique,
+)
 
 
 PIXART_1024: tuple[tuple[str, int, int], ...] = (

@@ -23,8 +23,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .sets import BucketSet
-from .stored import (CARD_KEY, CONFIG_ID_PREFIX, bucket_table_from_columns, column_table, config_from_card,  # noqa: F401
-                     config_from_columns, config_from_features, kept_sizes, require_columns, require_split)
+from .stored import (
+    CONFIG_ID_PREFIX,
+    bucket_table_from_columns,
+    column_table,
+    config_from_card,
+    config_from_columns,
+    config_from_features,
+    kept_sizes,
+    require_columns,
+)
 
 #: The columns :func:`hf_arb.add_bucket_columns` adds, in order.
 BUCKET_COLUMNS: tuple[str, ...] = (

@@ -26,7 +26,6 @@ from .assignment import AssignmentSummary, as_size_array, normalise_resolutions
 from .matching import METRICS as _METRICS
 from .matching import AspectIndex, Metric
 from .stored import dataset_configs
-from .presets import ONETRAINER_ASPECTS, PRESETS, SDXL_TABLE  # noqa: F401 (re-exported)
 from .presets import TABLE_PARAMS, budget_table, novelai_table, preset_table, sdxl_table
 from .family_tables import parse_buckets_string
 

@@ -15,8 +15,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
+
+from hf_arb.lazy import LazyModule
+
+# pyarrow loads when a column is read: BucketSet (which reads a stored set through here) stays light to import
+pa: Any = LazyModule("pyarrow")
+pc: Any = LazyModule("pyarrow.compute")
 
 #: Prefix of the ``bucket`` feature's ``id`` that carries ``BucketSet.to_json()``.
 CONFIG_ID_PREFIX = "hf_arb.buckets:"

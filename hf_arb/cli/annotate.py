@@ -14,7 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from hf_arb.buckets.sets import BucketSet
-from .buckets import UsageError, add_bucket_arguments, buckets_from_args, in_flags, positive_int
+from hf_arb.flag_parser import in_flags
+
+from .buckets import UsageError, add_bucket_arguments, buckets_from_args, positive_int
 
 _FILE_BUILDERS = {".parquet": "parquet", ".csv": "csv", ".tsv": "csv", ".json": "json", ".jsonl": "json",
                   ".arrow": "arrow"}

@@ -43,7 +43,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run a sub-command. A bad option value or combination the parser cannot see (``--step`` above
     ``--resolution``, a ``--image-column`` the dataset lacks) exits like an argparse error, phrased in flags:
     ``hf-arb annotate: error: ...`` and exit status 2."""
-    from .buckets import UsageError, in_flags
+    from hf_arb.flag_parser import in_flags
+
+    from .buckets import UsageError
 
     parser, subparsers = _build_parsers()
     args, unknown = parser.parse_known_args(argv)

@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import re
-import warnings
 from collections.abc import Callable
 
 from hf_arb.buckets.resolve import resolve_buckets
 from hf_arb.buckets.sets import BucketSet
 from hf_arb.buckets.matching import METRICS
-from hf_arb.flag_parser import FLAG_NAMES, in_flags  # noqa: F401  (FLAG_NAMES: the CLI's flag table)
 from hf_arb.checks import check_resolution
-from hf_arb.buckets.presets import PRESETS, preset_notes
+from hf_arb.buckets.presets import PRESETS
 
 
 def positive_int(text: str) -> int:

@@ -11,7 +11,9 @@ from typing import Any
 
 import numpy as np
 
-from .buckets import UsageError, add_bucket_arguments, buckets_from_args, in_flags, positive_int
+from hf_arb.flag_parser import in_flags
+
+from .buckets import UsageError, add_bucket_arguments, buckets_from_args, positive_int
 
 
 def add_source_arguments(p: argparse.ArgumentParser) -> None:

@@ -220,6 +220,10 @@ class FlowFamily(Family):
                                precondition_outputs=None if args.precondition_outputs is None
                                else bool(args.precondition_outputs), shift_by_resolution=args.shift_by_resolution,
                                guidance_scale=args.guidance_scale, max_sequence_length=args.max_sequence_length)
+        if args.guidance_scale != 3.5 and not options.guidance_embeds:  # the flag was given: nothing would read it
+            raise UsageError(f"--guidance_scale {args.guidance_scale}: {args.pretrained_model_name_or_path}'s transformer "
+                             "takes no guidance input (guidance_embeds is false: SD3, Flux.1-schnell), so the flag "
+                             "would be ignored. Drop --guidance_scale.")
         parts.vae.requires_grad_(False)
         for te in parts.text_encoders:
             te.requires_grad_(False)

@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO, Union
 import numpy as np
 from PIL import Image
 
-from .geometry import CropMode, FitPlan, cover_size, display_box_to_stored, plan_fit, positive_int  # noqa: F401  (re-exported)
+from .geometry import CropMode, FitPlan, display_box_to_stored, plan_fit
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch

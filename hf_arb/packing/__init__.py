@@ -12,8 +12,19 @@ May import: the ground floor, :mod:`hf_arb.buckets`, :mod:`hf_arb.images`, :mod:
 :mod:`hf_arb.families`.
 """
 
+from typing import Any
+
 from .layout import FittedSizes, PackMeta, fit_sizes, pack_meta
 from .plan import DEFAULT_WINDOW, PackLeftover, PackPlan, PackReport, first_fit_decreasing, plan_packs
 
-__all__ = ["DEFAULT_WINDOW", "FittedSizes", "PackLeftover", "PackMeta", "PackPlan", "PackReport",
+__all__ = ["DEFAULT_WINDOW", "FittedSizes", "PackBatchSampler", "PackLeftover", "PackMeta", "PackPlan", "PackReport",
            "first_fit_decreasing", "fit_sizes", "pack_meta", "plan_packs"]
+
+
+def __getattr__(name: str) -> Any:
+    """``hf_arb.packing.PackBatchSampler``, imported on first use (it loads torch; the plan functions do not)."""
+    if name == "PackBatchSampler":
+        from .sampler import PackBatchSampler
+
+        return PackBatchSampler
+    raise AttributeError(f"module 'hf_arb.packing' has no attribute {name!r}")

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from hf_arb import rng
+from hf_arb.images.bad_images import BAD_IMAGE_POLICIES, BadImageLog
 from hf_arb.images.collate import collate_buckets
 from hf_arb.images.fitting import fit_to_bucket, to_tensor
 
@@ -25,12 +26,20 @@ class StreamImageCollate:
         seed: the run's seed.
         center_crop: center crops instead of random ones.
         random_flip: mirror half of the rows, per epoch.
+        on_bad_image: a row whose image fails to decode: ``"replace"`` (the training script's default) trains the
+            batch's next good row in its place (a stream has no other row of the bucket at hand), counted and
+            logged once in ``bad_image_log``; ``"error"`` raises.
+        bad_image_log: the JSON-lines file of bad rows (``<output_dir>/skipped_rows.jsonl``), or None.
     """
 
     def __init__(self, key_column: str, image_column: str = "image", caption_column: str | None = "text", *,
-                 seed: int = 0, center_crop: bool = False, random_flip: bool = False) -> None:
+                 seed: int = 0, center_crop: bool = False, random_flip: bool = False, on_bad_image: str = "error",
+                 bad_image_log: Any = None) -> None:
+        if on_bad_image not in BAD_IMAGE_POLICIES:
+            raise ValueError(f"on_bad_image must be one of {BAD_IMAGE_POLICIES}, got {on_bad_image!r}.")
         self.key_column, self.image_column, self.caption_column = key_column, image_column, caption_column
         self.seed, self.center_crop, self.random_flip = int(seed), bool(center_crop), bool(random_flip)
+        self.on_bad_image, self.bad_images = on_bad_image, BadImageLog(bad_image_log)
         self.epoch = 0
 
     def set_epoch(self, epoch: int) -> None:
@@ -55,4 +64,21 @@ class StreamImageCollate:
                 "row": key, "bucket": bucket, "epoch": self.epoch, "flipped": fit.flipped}
 
     def __call__(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
-        return collate_buckets([self._sample(r) for r in rows])
+        samples: list[dict[str, Any] | None] = []
+        for r in rows:
+            try:
+                samples.append(self._sample(r))
+            except (OSError, SyntaxError, ValueError) as e:  # Pillow's decode failures (a bad key id is re-raised)
+                if self.on_bad_image == "error" or str(e).startswith(f"Column {self.key_column!r}"):
+                    raise
+                self.bad_images.record(r.get(self.key_column, -1), f"{type(e).__name__}: {e}"[:200],
+                                       bucket=int(r["bucket"]), epoch=self.epoch)
+                samples.append(None)
+        good = [i for i, s in enumerate(samples) if s is not None]
+        if not good:
+            raise ValueError(f"Every image of this streamed batch (rows {[r.get(self.key_column) for r in rows]}) "
+                             "failed to decode; see the log above. Re-annotate the shards with `hf-arb annotate "
+                             "--verify` to drop unreadable images up front.")
+        # a bad row trains the batch's next good row instead (every row of a batch shares its bucket)
+        return collate_buckets([s if s is not None else samples[next((g for g in good if g > i), good[0])]
+                                for i, s in enumerate(samples)])

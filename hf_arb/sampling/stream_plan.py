@@ -71,7 +71,8 @@ def counts_from_card(card: Any, split: str = "train", buckets: Any = None) -> np
     """
     from huggingface_hub import DatasetCard
 
-    from hf_arb.buckets.schema import CARD_KEY, buckets_from_card
+    from hf_arb.buckets.schema import buckets_from_card
+    from hf_arb.buckets.stored import CARD_KEY
 
     card = card if isinstance(card, DatasetCard) else DatasetCard(str(card))
     stats = (card.data.get(CARD_KEY) or {}).get("stats") or {}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +78,8 @@ def check_values(args: argparse.Namespace) -> None:
     if args.max_pixels_per_batch is not None and (args.no_bucket_sync or args.streaming):
         raise UsageError(f"--max_pixels_per_batch needs every device in the same bucket at each step: drop "
                          f"{'--no_bucket_sync' if args.no_bucket_sync else '--streaming'} or --max_pixels_per_batch.")
+    check_flags_apply(args)
+    warn_unapplied_flags(args)
 
 
 #: BucketSet's parameter names in its error messages → this script's flags.
@@ -98,6 +101,12 @@ def check_bucket_flags(args: argparse.Namespace) -> None:
     if sides and args.bucket_preset != "kohya":
         raise UsageError(f"{sides[0]} is a parameter of --bucket_preset kohya: add --bucket_preset kohya or drop "
                          f"{sides[0]}.")
+    fixed = args.aspect_ratio_buckets is not None or PRESET_INFO[args.bucket_preset or "budget"].default_step is None
+    if fixed and args.bucket_step is not None:
+        table = ("--aspect_ratio_buckets gives every bucket's size" if args.aspect_ratio_buckets is not None else
+                 f"--bucket_preset {args.bucket_preset} is a fixed table")
+        raise UsageError(f"--bucket_step {args.bucket_step} has no effect: {table}. Drop --bucket_step, or pick a "
+                         "table built from a step (--bucket_preset budget, diffusers, onetrainer or kohya).")
     if args.aspect_ratio_buckets is None:
         args.bucket_preset = args.bucket_preset or "budget"
         if args.bucket_step is None:
@@ -241,3 +250,134 @@ LR_SCHEDULERS = ("linear", "cosine", "cosine_with_restarts", "polynomial", "cons
 #: --report_to values and the module each needs.
 TRACKERS = {"tensorboard": ("tensorboard", "tensorboardX"), "wandb": ("wandb",), "comet_ml": ("comet_ml",),
             "all": (), "none": ()}
+
+
+# ------------------------------------------------------------------ flags that a mode would ignore (docs/training.md)
+#: build_parser's defaults of the flags checked below: a flag is "given" when its value differs (a test keeps them equal)
+UNSET: dict[str, Any] = {
+    "latent_cache_dir": None, "latent_cache_variants": None, "resolution_embed_dim": 256,
+    "dream_detail_preservation": 1.0, "timestep_bias_multiplier": 1.0, "timestep_bias_begin": 0,
+    "timestep_bias_end": 1000, "timestep_bias_portion": 0.25, "power_sgd_rank": 1, "stream_buffer_size": 4096,
+    "stream_on_overflow": "error", "lora_layers": None, "lora_blocks": None, "hub_model_id": None, "hub_token": None,
+    "tracker_project_name": "text2image-fine-tune", "logging_dir": "logs", "debug_loss": False,
+    "dataset_config_name": None, "bucket_leftover": "drop", "no_bucket_sync": False, "dataloader_num_workers": 0,
+    "image_interpolation_mode": "lanczos", "repeats": 1, "train_batch_size": 16, "lr_warmup_steps": 500,
+    "lr_num_cycles": 1, "lr_power": 1.0, "num_validation_inference_steps": 20, "logit_mean": 0.0, "logit_std": 1.0,
+    "mode_scale": 1.29,
+}
+
+
+def _given(args: argparse.Namespace, flag: str) -> bool:
+    """Whether ``--flag`` was set to something other than its default (``UNSET``)."""
+    return getattr(args, flag) != UNSET[flag]
+
+
+def _shown(args: argparse.Namespace, flag: str) -> str:
+    """``--flag VALUE`` as typed (a switch without its value, a token never)."""
+    value = getattr(args, flag)
+    return f"--{flag}" if isinstance(value, bool) or flag == "hub_token" else f"--{flag} {value}"
+
+
+def _unapplied_rules(args: argparse.Namespace) -> list[tuple[str, bool, str]]:
+    """``(flag, applies in this run, what it needs)``: a given flag whose rule says it does not apply is refused."""
+    tracked = str(args.report_to).strip() != "none"
+    bias = args.timestep_bias_strategy
+    one_variant = args.center_crop and not args.random_flip
+    stream = "--streaming reads each row once, in the stream's order"
+    return [
+        ("latent_cache_dir", args.cache_latents, "it sets where --cache_latents keeps latents: add --cache_latents"),
+        ("latent_cache_variants", args.cache_latents, "it configures --cache_latents: add --cache_latents"),
+        ("latent_cache_variants", not one_variant, "--center_crop without --random_flip has one crop/flip variant "
+                                                   "per image: add --random_flip"),
+        ("resolution_embed_dim", args.resolution_conditioning, "it sizes --resolution_conditioning: add it"),
+        ("dream_detail_preservation", args.dream_training, "it configures DREAM: add --dream_training"),
+        ("timestep_bias_multiplier", bias != "none", "it weights --timestep_bias_strategy, which is none: pass "
+                                                     "--timestep_bias_strategy earlier, later or range"),
+        ("timestep_bias_begin", bias == "range", f"it bounds --timestep_bias_strategy range, not {bias}: pass "
+                                                 "--timestep_bias_strategy range"),
+        ("timestep_bias_end", bias == "range", f"it bounds --timestep_bias_strategy range, not {bias}: pass "
+                                               "--timestep_bias_strategy range"),
+        ("timestep_bias_portion", bias in ("earlier", "later"), f"it sizes --timestep_bias_strategy earlier/later, "
+                                                                f"not {bias}: pass one of them"),
+        ("stream_buffer_size", args.streaming, "it configures --streaming: add --streaming"),
+        ("stream_on_overflow", args.streaming, "it configures --streaming: add --streaming"),
+        ("lora_layers", args.lora, "it picks LoRA targets, and this is a full fine-tune: add --rank N (or --lora)"),
+        ("lora_blocks", args.lora, "it picks LoRA targets, and this is a full fine-tune: add --rank N (or --lora)"),
+        ("hub_model_id", args.push_to_hub, "it names the Hub repository of --push_to_hub: add --push_to_hub"),
+        ("hub_token", args.push_to_hub, "it is the token of --push_to_hub: add --push_to_hub"),
+        ("tracker_project_name", tracked, "--report_to none starts no tracker: pass --report_to tensorboard (or wandb)"),
+        ("logging_dir", tracked, "--report_to none writes no logs: pass --report_to tensorboard"),
+        ("debug_loss", tracked, "its losses go to the trackers, and --report_to none has none: pass --report_to "
+                                "tensorboard"),
+        ("dataset_config_name", args.dataset_name is not None, "it configures a --dataset_name dataset; a folder "
+                                                               "(--train_data_dir, --instance_data_dir) has none"),
+        ("bucket_leftover", not args.streaming, f"{stream} (a bucket's last rows wait for the next epoch)"),
+        ("bucket_leftover", not (args.packing and args.bucket_leftover == "catch_all"),
+         "--packing has no buckets to pool leftovers into (its leftover is drop or fill)"),
+        ("no_bucket_sync", not args.streaming, f"{stream}, one bucket for every rank per step"),
+        ("no_bucket_sync", not args.packing, "--packing trains packs, not buckets"),
+        ("dataloader_num_workers", not args.streaming, f"{stream} in the training process (no workers)"),
+        ("image_interpolation_mode", not args.streaming, f"{stream} and resizes with lanczos"),
+        ("repeats", not args.streaming, f"{stream}: write the rows several times into the shards instead"),
+    ]
+
+
+def check_flags_apply(args: argparse.Namespace) -> None:
+    """A flag that this run's mode would ignore stops here, in one line naming the flag and the fix (the table in
+    docs/training.md, "Every flag, every mode", lists every flag)."""
+    for flag, applies, needs in _unapplied_rules(args):
+        if not applies and _given(args, flag):
+            raise UsageError(f"{_shown(args, flag)} has no effect in this run: {needs}, or drop --{flag}.")
+    if args.non_ema_revision != args.revision and "use_ema" in get_family(args.family).refused_flags:
+        raise UsageError(f"--non_ema_revision {args.non_ema_revision} names a UNet revision, but "
+                         f"{args.pretrained_model_name_or_path} is {get_family(args.family).title}: pass --revision "
+                         "instead.")
+    if args.validation_prompt and args.validation_prompts and args.validation_prompt not in args.validation_prompts:
+        args.validation_prompts = [args.validation_prompt, *args.validation_prompts]  # both: every prompt validates
+
+
+def _warn_once(message: str, *values: Any) -> None:
+    """A warning from the main process only (parsing runs on every rank)."""
+    if int(os.environ.get("RANK", "0") or 0) == 0:
+        logger.warning(message, *values)
+
+
+def warn_unapplied_flags(args: argparse.Namespace) -> None:
+    """Flags that upstream diffusers accepts and ignores the same way (its own tests pass some): one warning each,
+    naming the flag, instead of a refusal."""
+    defaults = getattr(args, "family_defaults", {})
+    if not args.validation_prompts:
+        idle = [_shown(args, f) for f in ("validation_epochs", "num_validation_images")
+                if f not in defaults and getattr(args, f)] + [_shown(args, "num_validation_inference_steps")] * _given(
+            args, "num_validation_inference_steps")
+        if idle:
+            _warn_once("%s: no effect, there is no --validation_prompt, so no validation runs (add --validation_prompt "
+                       "\"...\" to validate).", ", ".join(idle))
+    schedulers = {"lr_warmup_steps": ("constant", "piecewise_constant"), "lr_num_cycles": ("cosine_with_restarts",),
+                  "lr_power": ("polynomial",)}
+    for flag, uses in schedulers.items():
+        ignored = args.lr_scheduler in uses if flag == "lr_warmup_steps" else args.lr_scheduler not in uses
+        if ignored and _given(args, flag) and getattr(args, flag) != 0:
+            _warn_once("%s: no effect with --lr_scheduler %s%s.", _shown(args, flag), args.lr_scheduler,
+                       " (it has no warmup; constant_with_warmup has)" if flag == "lr_warmup_steps" else
+                      f" (only {uses[0]} reads it)")
+    scheme = args.weighting_scheme or getattr(get_family(args.family), "default_weighting_scheme", None)
+    for flag, reader in (("logit_mean", "logit_normal"), ("logit_std", "logit_normal"), ("mode_scale", "mode")):
+        if scheme is not None and scheme != reader and _given(args, flag):
+            _warn_once("%s: no effect with --weighting_scheme %s (only %s reads it).", _shown(args, flag), scheme, reader)
+    if args.instance_prompt is not None and getattr(args, "caption_column_given", False):
+        _warn_once("--instance_prompt %r is not a caption here: --caption_column %s gives each image its caption.",
+                   args.instance_prompt, args.caption_column)
+    table = [f"{f} {getattr(args, f[2:])}" for f in getattr(args, "bucket_flags_given", [])]
+    resolution = [] if "resolution" in defaults else [f"--resolution {args.resolution}"]
+    if args.streaming and (table or resolution):
+        _warn_once("%s: not applied, --streaming trains the shards' own bucket columns (re-annotate the shards to "
+                   "change them).", ", ".join([*resolution, *table]))
+    elif args.aspect_ratio_buckets is not None and resolution and not args.packing:
+        _warn_once("%s: not applied, --aspect_ratio_buckets gives every bucket's size.", resolution[0])
+    if args.ddp_comm_hook != "power_sgd" and _given(args, "power_sgd_rank"):  # (tests/test_train.py passes it so)
+        _warn_once("--power_sgd_rank %d: no effect with --ddp_comm_hook %s (only power_sgd reads it).",
+                   args.power_sgd_rank, args.ddp_comm_hook)
+    if args.packing and _given(args, "train_batch_size") and not args.scale_lr:
+        _warn_once("--train_batch_size %d: not applied, --packing sizes each step by --max_tokens %s.",
+                   args.train_batch_size, args.max_tokens)

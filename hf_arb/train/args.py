@@ -77,7 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
       help="Dataset on the Hub, a local dataset folder (save_to_disk or files datasets can read).")
     a("--dataset_config_name", type=str, default=None, help="The config of the Dataset.")
     a("--train_data_dir", type=str, default=None,
-      help="A folder of images (imagefolder layout, metadata.jsonl with captions). Ignored if --dataset_name is set.")
+      help="A folder of images (imagefolder layout, metadata.jsonl with captions); with --dataset_name, the "
+           "dataset's data_dir, as diffusers' script passes it.")
     a("--image_column", type=str, default="image", help="The column of the dataset containing an image.")
     a("--caption_column", type=str, default="text", help="The column containing a caption or a list of captions.")
     a("--reference_image_column", action="append", default=None, metavar="COLUMN",
@@ -114,7 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
            "--bucket_preset).")
     a("--bucket_step", type=int, default=None,
       help="Bucket sides are multiples of this (budget, onetrainer, kohya: default 64; diffusers: its divisibility, "
-           "default 16; fixed tables ignore it)." + NO_DEFAULT)
+           "default 16; refused with a fixed table or --aspect_ratio_buckets)." + NO_DEFAULT)
     a("--bucket_min_side", type=int, default=None,
       help="kohya: sd-scripts' --min_bucket_reso, the smallest bucket side (default 256)." + NO_DEFAULT)
     a("--bucket_max_side", type=int, default=None,

@@ -177,7 +177,7 @@ def make_accelerator(args: argparse.Namespace) -> Any:
         kwargs_handlers.append(DistributedDataParallelKwargs(**ddp))
     report_to = None if args.report_to in (None, "none", "") else args.report_to
     project = ProjectConfiguration(project_dir=args.output_dir, logging_dir=os.path.join(args.output_dir, args.logging_dir))
-    return Accelerator(
+    accelerator = Accelerator(
         gradient_accumulation_steps=args.gradient_accumulation_steps,
         mixed_precision=args.mixed_precision,
         log_with=report_to,
@@ -185,6 +185,12 @@ def make_accelerator(args: argparse.Namespace) -> Any:
         kwargs_handlers=kwargs_handlers,
         **stream_accelerator_kwargs(args),
     )
+    multi = [f for f, on in (("--ddp_comm_hook " + args.ddp_comm_hook, args.ddp_comm_hook != "no"),
+                             ("--no_bucket_sync", getattr(args, "no_bucket_sync", False))) if on]
+    if multi and accelerator.num_processes == 1:  # (one process: it is the main one)
+        logger.warning("%s: no effect with one process (it configures several; launch with accelerate launch "
+                       "--num_processes N to use it).", ", ".join(multi))
+    return accelerator
 
 
 def check_process_count(accelerator: Any) -> None:

@@ -14,7 +14,7 @@ import numpy as np
 from hf_arb.checks import UsageError
 from hf_arb.lazy import LazyModule
 
-from .files import STATE_FILE
+from .files import SKIPPED_ROWS_FILE, STATE_FILE
 from .schedule import Schedule
 
 torch: Any = LazyModule("torch")  # loaded when a function needs it: --help and flag errors answer before torch
@@ -93,7 +93,8 @@ def build_stream_dataloader(args: argparse.Namespace, accelerator: Any, ds: Any,
     from hf_arb.sampling import StreamImageCollate
 
     collate = StreamImageCollate(args.stream_key_column, args.image_column, args.caption_column, seed=args.seed,
-                                 center_crop=args.center_crop, random_flip=args.random_flip)
+                                 center_crop=args.center_crop, random_flip=args.random_flip,
+                                 on_bad_image=args.on_bad_image, bad_image_log=Path(args.output_dir) / SKIPPED_ROWS_FILE)
     return hf_arb.build_stream_loader(ds, args.train_batch_size, counts=counts, accelerator=accelerator,
                                       seed=args.seed, buffer_size=args.stream_buffer_size,
                                       on_overflow=args.stream_on_overflow, collate_fn=collate)
