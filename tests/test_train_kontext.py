@@ -19,6 +19,8 @@ from PIL import ImageOps
 from test_train import read_trace, run_script
 
 import train_text_to_image_arb as script
+from hf_arb import BucketSet
+from hf_arb.annotate.map import add_bucket_columns
 from hf_arb.families import detect_family, get_family
 from hf_arb.families.flux import latent_image_ids
 from hf_arb.families.flux_kontext import reference_tokens
@@ -86,6 +88,17 @@ def test_reference_flags_are_checked(kontext_assets, tmp_path) -> None:
     with pytest.raises(script.UsageError, match="--cache_latents is not supported with --reference_image_column"):
         script.main(["--pretrained_model_name_or_path", kontext_assets["model"], *base, "--reference_image_column",
                      "before", "--cache_latents"])
+    with pytest.raises(script.UsageError, match="--reference_policy own has no effect in this run"):
+        script.main(["--pretrained_model_name_or_path", kontext_assets["model"], *base, "--reference_policy", "own"])
+    annotated = tmp_path / "strict-pairs"
+    add_bucket_columns(datasets.load_from_disk(kontext_assets["pairs"]), BucketSet.from_budget(64, step=16),
+                       reference_columns=["before"], show_summary=False).save_to_disk(str(annotated))
+    argv = ["--pretrained_model_name_or_path", kontext_assets["model"], *base, "--reference_image_column", "before"]
+    argv[argv.index("--dataset_name") + 1] = str(annotated)
+    with pytest.raises(script.UsageError, match="annotated under strict"):
+        script.main([*argv, "--reference_policy", "own"])
+    with pytest.raises(script.UsageError, match="annotated without these reference columns"):
+        script.main([*argv[:-1], "text"])  # a column the annotation has no reference columns for
 
 
 @pytest.fixture(scope="module")

@@ -206,6 +206,9 @@ def check_reference_flags(args: argparse.Namespace) -> None:
     """--reference_image_column needs an edit family, distinct columns, and a bucketed map-style run."""
     refs = args.reference_image_column or []
     if not refs:
+        if args.reference_policy != "strict":
+            raise UsageError(f"--reference_policy {args.reference_policy} has no effect in this run: it says how "
+                             "reference images are bucketed: add --reference_image_column COLUMN or drop it.")
         return
     family = get_family(args.family)
     if not getattr(family, "supports_references", False):

@@ -191,6 +191,7 @@ def dataset_with_buckets(args: argparse.Namespace, accelerator: Any) -> tuple[An
     them) so row indices stay those of the dataset.
     """
     from hf_arb import BucketSet, add_bucket_columns
+    from hf_arb.buckets.references import reference_info
 
     with accelerator.main_process_first() if accelerator is not None else contextlib.nullcontext():
         ds = load_raw_dataset(args)
@@ -205,6 +206,11 @@ def dataset_with_buckets(args: argparse.Namespace, accelerator: Any) -> tuple[An
         if "bucket" in ds.column_names:
             ds, buckets = annotated_dataset_buckets(args, ds, BucketSet.from_dataset(ds),
                                                     accelerator is None or accelerator.is_main_process)
+            stored = {p for r in refs if (p := (reference_info(ds.features, r) or ("strict",))[0])}
+            if refs and args.reference_policy == "own" and stored != {"own"}:
+                raise UsageError(f"--reference_policy own: the dataset's reference columns were annotated under "
+                                 f"{', '.join(sorted(stored))} and train that way. Re-annotate with hf-arb annotate "
+                                 "--reference-policy own, or drop --reference_policy.")
             if refs and not args.buckets_from_dataset:  # re-assigned targets: the references' buckets are stale
                 raise UsageError("The bucket-table flags ask for another table than the edit dataset was annotated "
                                  "with, and its reference columns cannot be re-assigned from sizes alone: drop those "
