@@ -79,7 +79,7 @@ def test_flux2_and_flux1_are_told_apart_in_both_directions(tmp_path):
     f2_transformer = _folder(tmp_path, "e", "Flux2Transformer2DModel", "transformer")
     f1_transformer = _folder(tmp_path, "f", "FluxTransformer2DModel", "transformer")
     assert [detect_family(p) for p in (f2, klein, f1, kontext, f2_transformer, f1_transformer)] == \
-        ["flux2", "flux2_klein", "flux", "flux", "flux2", "flux"]
+        ["flux2", "flux2_klein", "flux", "flux-kontext", "flux2", "flux"]  # Kontext: its own adapter, asked first
     for path in (f2, klein, f2_transformer, "black-forest-labs/FLUX.2-dev", "black-forest-labs/FLUX.2-klein-4B",
                  "someone/flux2-klein-base-9b-lora"):
         assert not FluxFamily.detect(path), path  # Flux.1's adapter alone never claims a Flux.2 checkpoint

@@ -3,6 +3,7 @@
 - :mod:`~hf_arb.annotate.map` — :func:`add_bucket_columns`, the ``datasets`` map (map-style and streaming);
 - :mod:`~hf_arb.annotate.arrow_batch` — the pure Arrow-batch function every engine runs;
   :mod:`~hf_arb.annotate.core` — :func:`annotate_sizes`, sizes to bucket columns, vectorised;
+  :mod:`~hf_arb.annotate.references` — the reference images' columns (``strict`` / ``own``), vectorised;
 - :mod:`~hf_arb.annotate.engines` — the same function on Ray Data and Spark;
 - :mod:`~hf_arb.annotate.summary` — :class:`AnnotationSummary` (rows per bucket, skips and their files);
 - :mod:`~hf_arb.annotate.hub` — :func:`push_to_hub` with the bucket configuration in the card;

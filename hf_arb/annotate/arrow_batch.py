@@ -26,6 +26,8 @@ import pyarrow.compute as pc
 
 from hf_arb.buckets.sets import BucketSet
 from .core import size_column, annotate_sizes
+from .references import annotate_references
+from hf_arb.buckets.references import check_policy, check_reference_columns, reference_features
 from hf_arb.images.values import arrow_values, sizes_of
 from hf_arb.buckets.schema import BUCKET_COLUMNS, arrow_schema, bucket_features
 
@@ -55,7 +57,9 @@ def _need(table: pa.Table, columns: tuple[str | None, ...]) -> None:
 
 def bucket_columns(batch: pa.RecordBatch | pa.Table, buckets: BucketSet, *, image_column: str | None = "image",
                    width_column: str | None = None, height_column: str | None = None,
-                   max_upscale: float | None = None, min_size: int | None = None, verify: bool = False) -> pa.Table:
+                   max_upscale: float | None = None, min_size: int | None = None, verify: bool = False,
+                   reference_columns: tuple[str, ...] | list[str] = (), reference_policy: str = "strict",
+                   reference_buckets: BucketSet | None = None) -> pa.Table:
     """The bucket columns of one Arrow batch: the pure function every engine maps.
 
     Args:
@@ -65,11 +69,28 @@ def bucket_columns(batch: pa.RecordBatch | pa.Table, buckets: BucketSet, *, imag
             string paths); read only when no width/height columns are given. Only image headers are read.
         width_column, height_column: metadata columns with the displayed size; no image is opened.
         max_upscale, min_size, verify: as in :func:`hf_arb.add_bucket_columns` (``verify`` decodes every image).
+        reference_columns, reference_policy, reference_buckets: reference image columns (headers read like the
+            target's) and how they are bucketed; see :func:`hf_arb.annotate.references.annotate_references`.
 
     Returns:
         A ``pyarrow.Table`` with the :data:`~hf_arb.buckets.schema.BUCKET_COLUMNS` (schema :func:`~hf_arb.buckets.schema.arrow_schema`),
-        one row per input row, in order. Skipped rows have ``bucket = -1`` and a ``skip_reason``.
+        one row per input row, in order, then the reference columns (:mod:`hf_arb.buckets.references`) when
+        ``reference_columns`` is given. Skipped rows have ``bucket = -1`` and a ``skip_reason``.
     """
+    target = _target_columns(batch, buckets, image_column=image_column, width_column=width_column,
+                             height_column=height_column, max_upscale=max_upscale, min_size=min_size, verify=verify)
+    if not reference_columns:
+        return target
+    table = _table(batch)
+    _need(table, tuple(reference_columns))
+    sizes = {name: sizes_of(arrow_values(table.column(name)), verify) for name in reference_columns}
+    return annotate_references(target, sizes, buckets, policy=reference_policy, reference_buckets=reference_buckets,
+                               max_upscale=max_upscale, min_size=min_size)
+
+
+def _target_columns(batch: pa.RecordBatch | pa.Table, buckets: BucketSet, *, image_column: str | None,
+                    width_column: str | None, height_column: str | None, max_upscale: float | None,
+                    min_size: int | None, verify: bool) -> pa.Table:
     if (width_column is None) != (height_column is None):
         raise ValueError(f"Pass both `width_column` and `height_column` or neither, got width_column={width_column!r}, "
                          f"height_column={height_column!r}.")
@@ -160,9 +181,9 @@ def _annotate(batch: pa.RecordBatch | pa.Table, buckets: BucketSet, features: st
               kwargs: dict[str, Any]) -> pa.RecordBatch | pa.Table:
     table = _table(batch)
     new = bucket_columns(table, buckets, **kwargs)
-    keep = [c for c in table.column_names if c not in BUCKET_COLUMNS]
+    keep = [c for c in table.column_names if c not in new.column_names]
     base = pa.schema([table.schema.field(c) for c in keep], metadata=table.schema.metadata)
-    schema = pa.schema(list(base) + list(arrow_schema()),
+    schema = pa.schema(list(base) + list(new.schema),
                        metadata=arrow_metadata(_input_metadata(table.schema), features, bucket_json))
     arrays = [table.column(c) for c in keep] + list(new.columns)
     if isinstance(batch, pa.RecordBatch):
@@ -189,6 +210,9 @@ class BatchAnnotator:
     min_size: int | None = None
     features: str | None = None
     bucket_features: str = ""
+    reference_columns: tuple[str, ...] = ()
+    reference_policy: str = "strict"
+    reference_config: str | None = None
 
     @classmethod
     def create(cls, buckets: BucketSet, *, features: Any = None, **kwargs: Any) -> BatchAnnotator:
@@ -202,8 +226,15 @@ class BatchAnnotator:
         if not isinstance(buckets, BucketSet):
             raise TypeError(f"`buckets` must be a hf_arb.BucketSet, got {type(buckets).__name__}. "
                             "Build one with BucketSet.sdxl(), BucketSet.novelai() or BucketSet.from_budget(...).")
-        out = cls(buckets.to_json(), **kwargs, features=_features_json(features),
-                  bucket_features=bucket_features_json(buckets.to_json()))
+        refs = check_reference_columns(kwargs.pop("reference_columns", ()), kwargs.get("image_column", "image"))
+        policy = check_policy(kwargs.pop("reference_policy", "strict"))
+        ref_buckets = kwargs.pop("reference_buckets", None)
+        columns = json.loads(bucket_features_json(buckets.to_json()))
+        if refs:
+            columns.update(reference_features(refs, policy, buckets, ref_buckets).to_dict())
+        out = cls(buckets.to_json(), **kwargs, features=_features_json(features), bucket_features=json.dumps(columns),
+                  reference_columns=refs, reference_policy=policy,
+                  reference_config=None if ref_buckets is None else ref_buckets.to_json())
         if (out.width_column is None) != (out.height_column is None):
             raise ValueError(f"Pass both `width_column` and `height_column` or neither, got "
                              f"width_column={out.width_column!r}, height_column={out.height_column!r}.")
@@ -224,14 +255,16 @@ class BatchAnnotator:
     def input_columns(self) -> list[str]:
         """The columns this annotator reads."""
         if self.width_column is not None:
-            return [self.width_column, str(self.height_column)]
-        return [str(self.image_column)]
+            return [self.width_column, str(self.height_column), *self.reference_columns]
+        return [str(self.image_column), *self.reference_columns]
 
     def __call__(self, batch: pa.RecordBatch | pa.Table) -> pa.RecordBatch | pa.Table:
         return _annotate(batch, self.buckets, self.features,
                          self.bucket_features or bucket_features_json(self.config), dict(
             image_column=self.image_column, width_column=self.width_column, height_column=self.height_column,
-            max_upscale=self.max_upscale, min_size=self.min_size))
+            max_upscale=self.max_upscale, min_size=self.min_size, reference_columns=self.reference_columns,
+            reference_policy=self.reference_policy,
+            reference_buckets=None if self.reference_config is None else _buckets(self.reference_config)))
 
     def iter_batches(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         """Generator form (Spark's ``mapInArrow``)."""

@@ -24,6 +24,7 @@ from hf_arb.buckets.sets import BucketSet
 from .summary import AnnotationSummary, summarize_annotation, summarize_columns  # noqa: F401  (re-exported)
 from hf_arb.images.values import arrow_values, decoding_images, sizes_of  # noqa: F401  (decoding_images re-exported)
 from .arrow_batch import bucket_columns
+from hf_arb.buckets.references import check_policy, check_reference_columns, reference_features
 from .core import size_column, annotate_sizes  # noqa: F401  (annotate_sizes re-exported)
 from hf_arb.buckets.schema import BUCKET_COLUMNS, CONFIG_ID_PREFIX, arrow_schema, bucket_features  # noqa: F401  (re-exported)
 
@@ -65,6 +66,16 @@ def _size_batch(widths: list[Any], heights: list[Any], *, config: str, max_upsca
     return table.to_pydict() if as_dict else table
 
 
+def _reference_batch(batch: Any, *, config: str, reference_config: str | None, as_dict: bool,
+                     **kwargs: Any) -> Any:
+    """``map`` function with reference columns: the whole batch (an Arrow table, or a dict of lists when streaming)
+    → the bucket columns and the reference columns, by the Arrow-batch function every engine runs."""
+    table = batch if isinstance(batch, pa.Table) else pa.table(dict(batch))
+    ref = None if reference_config is None else _buckets_from_json(reference_config)
+    out = bucket_columns(table, _buckets_from_json(config), reference_buckets=ref, **kwargs)
+    return out.to_pydict() if as_dict else out
+
+
 def add_bucket_columns(
     ds: Any,
     buckets: BucketSet,
@@ -80,6 +91,9 @@ def add_bucket_columns(
     show_summary: bool = True,
     load_from_cache_file: bool | None = None,
     verify: bool = False,
+    reference_columns: Sequence[str] | None = None,
+    reference_policy: str = "strict",
+    reference_buckets: BucketSet | None = None,
 ) -> Any:
     """Add the bucket columns to an image dataset, reading only image headers (or no images at all).
 
@@ -107,6 +121,13 @@ def add_bucket_columns(
             skip those whose body is broken with ``skip_reason`` ``"truncated: …"`` (an interrupted download) or
             ``"undecodable: …"``. Costs a decode per image (see docs/benchmarks.md); without it such rows are kept
             and training replaces them (``--on_bad_image``). Ignored on the metadata path (no image is opened).
+        reference_columns: reference image columns of an edit dataset (e.g. the "before" image of a before/after
+            pair). Their headers are read like the target's and each gets ``<name>_width``, ``<name>_height``,
+            ``<name>_bucket``, ``<name>_bucket_width``, ``<name>_bucket_height`` (:mod:`hf_arb.buckets.references`).
+            A missing or unreadable reference skips its row (``skip_reason`` ``"reference <name>: ..."``).
+        reference_policy: ``"strict"`` (default): each reference takes the target's bucket and crop, as Flux
+            Kontext trains; ``"own"``: each reference gets its own bucket in ``reference_buckets``.
+        reference_buckets: the references' BucketSet under ``"own"`` (their own pixel budget); default ``buckets``.
 
     Returns:
         The same kind of object as ``ds`` with :data:`BUCKET_COLUMNS` appended (existing bucket columns are
@@ -138,9 +159,18 @@ def add_bucket_columns(
         raise ValueError("Nothing to read sizes from: `image_column` is None and no `width_column`/`height_column` given.")
     if batch_size < 1:
         raise ValueError(f"`batch_size` must be >= 1, got {batch_size}.")
+    refs = check_reference_columns(reference_columns, image_column)
+    check_policy(reference_policy)
+    if reference_buckets is not None and not isinstance(reference_buckets, BucketSet):
+        raise TypeError(f"`reference_buckets` must be a hf_arb.BucketSet, got {type(reference_buckets).__name__}.")
+    if reference_buckets is not None and reference_policy == "strict":
+        raise ValueError("`reference_buckets` applies to reference_policy='own' only: under 'strict' every reference "
+                         "takes the target's bucket. Pass reference_policy='own' or drop reference_buckets.")
     kwargs = dict(image_column=image_column, width_column=width_column, height_column=height_column, num_proc=num_proc,
                   batch_size=batch_size, max_upscale=max_upscale, min_size=min_size, desc=desc, verify=verify,
                   show_summary=show_summary, load_from_cache_file=load_from_cache_file)
+    if refs:
+        kwargs.update(reference_columns=refs, reference_policy=reference_policy, reference_buckets=reference_buckets)
     if isinstance(ds, (datasets.DatasetDict, datasets.IterableDatasetDict)):
         return type(ds)({split: add_bucket_columns(d, buckets, **kwargs) for split, d in ds.items()})  # type: ignore[arg-type]
     if isinstance(ds, datasets.IterableDataset):
@@ -163,12 +193,31 @@ def _check_columns(names: Sequence[str] | None, wanted: dict[str, str | None]) -
 def _annotate_dataset(ds: Any, buckets: BucketSet, *, image_column: str | None, width_column: str | None,
                       height_column: str | None, num_proc: int | None, batch_size: int, max_upscale: float | None,
                       min_size: int | None, desc: str | None, show_summary: bool,
-                      load_from_cache_file: bool | None, verify: bool = False) -> Any:
+                      load_from_cache_file: bool | None, verify: bool = False, reference_columns: tuple[str, ...] = (),
+                      reference_policy: str = "strict", reference_buckets: BucketSet | None = None) -> Any:
     import datasets
 
-    base = ds.remove_columns([c for c in BUCKET_COLUMNS if c in ds.column_names])
-    features = bucket_features(buckets)
-    if width_column is not None:
+    added = _added_columns(buckets, reference_columns, reference_policy, reference_buckets)
+    base = ds.remove_columns([c for c in added if c in ds.column_names])
+    features = added
+    if reference_columns:
+        read = [width_column, height_column] if width_column is not None else [image_column]
+        _check_columns(base.column_names, {"image_column" if width_column is None else "width_column": read[0],
+                                           **{f"reference_columns[{i}]": c for i, c in enumerate(reference_columns)}})
+        src = base.select_columns([*read, *reference_columns])
+        for c in [*read, *reference_columns]:
+            if isinstance(src.features[c], datasets.Image):
+                src = src.cast_column(c, datasets.Image(decode=False))
+        new = src.with_format("arrow").map(
+            _reference_batch, batched=True, batch_size=batch_size, num_proc=num_proc, remove_columns=src.column_names,
+            features=features, desc=desc or "Reading image sizes", load_from_cache_file=load_from_cache_file,
+            fn_kwargs=dict(config=buckets.to_json(), as_dict=False, image_column=image_column,
+                           width_column=width_column, height_column=height_column, max_upscale=max_upscale,
+                           min_size=min_size, verify=verify, reference_columns=reference_columns,
+                           reference_policy=reference_policy,
+                           reference_config=None if reference_buckets is None else reference_buckets.to_json()),
+        ).with_format(None)
+    elif width_column is not None:
         _check_columns(base.column_names, {"width_column": width_column, "height_column": height_column})
         # one vectorised call over the whole table (batch_size=None), in memory; datasets derives the fingerprint
         new = base.select_columns([width_column, height_column]).with_format("arrow").map(
@@ -198,18 +247,33 @@ def _annotate_dataset(ds: Any, buckets: BucketSet, *, image_column: str | None, 
 def _annotate_iterable(ds: Any, buckets: BucketSet, *, image_column: str | None, width_column: str | None,
                        height_column: str | None, num_proc: int | None, batch_size: int, max_upscale: float | None,
                        min_size: int | None, desc: str | None, show_summary: bool,
-                       load_from_cache_file: bool | None, verify: bool = False) -> Any:
+                       load_from_cache_file: bool | None, verify: bool = False,
+                       reference_columns: tuple[str, ...] = (), reference_policy: str = "strict",
+                       reference_buckets: BucketSet | None = None) -> Any:
     import datasets
 
     names = ds.column_names
-    existing = [c for c in BUCKET_COLUMNS if names is not None and c in names]
+    added = _added_columns(buckets, reference_columns, reference_policy, reference_buckets)
+    existing = [c for c in added if names is not None and c in names]
     base = ds.remove_columns(existing) if existing else ds
     features = None
     if base.features is not None:
         # Image columns stay encoded ({"bytes", "path"}) in the annotated stream: a broken image (skipped with its
         # reason) must not end the iteration, which decoding on the fly would. The loader decodes what it trains on.
         kept = {k: datasets.Image(decode=False) if isinstance(v, datasets.Image) else v for k, v in base.features.items()}
-        features = datasets.Features({**kept, **bucket_features(buckets)})
+        features = datasets.Features({**kept, **added})
+    if reference_columns:
+        _check_columns(names, {f"reference_columns[{i}]": c for i, c in enumerate(reference_columns)})
+        src = base
+        for k, v in (base.features or {}).items():
+            if isinstance(v, datasets.Image):
+                src = src.cast_column(k, datasets.Image(decode=False))
+        out = src.map(_reference_batch, batched=True, batch_size=batch_size, fn_kwargs=dict(
+            config=buckets.to_json(), as_dict=True, image_column=image_column, width_column=width_column,
+            height_column=height_column, max_upscale=max_upscale, min_size=min_size, verify=verify,
+            reference_columns=reference_columns, reference_policy=reference_policy,
+            reference_config=None if reference_buckets is None else reference_buckets.to_json()))
+        return out.cast(features) if features is not None else out
     fn_kwargs = dict(config=buckets.to_json(), max_upscale=max_upscale, min_size=min_size, as_dict=True)
     image_kwargs = {**fn_kwargs, "verify": verify}
     if width_column is not None:
@@ -224,3 +288,14 @@ def _annotate_iterable(ds: Any, buckets: BucketSet, *, image_column: str | None,
         out = src.map(_image_batch, batched=True, batch_size=batch_size, input_columns=[image_column],
                       fn_kwargs=image_kwargs)
     return out.cast(features) if features is not None else out
+
+
+def _added_columns(buckets: BucketSet, reference_columns: Sequence[str], policy: str,
+                   reference_buckets: BucketSet | None) -> Any:
+    """``datasets.Features`` of every column annotation adds: the bucket columns, then the reference columns."""
+    import datasets
+
+    out = dict(bucket_features(buckets))
+    if reference_columns:
+        out.update(reference_features(reference_columns, policy, buckets, reference_buckets))
+    return datasets.Features(out)

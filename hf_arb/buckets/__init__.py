@@ -7,7 +7,8 @@
 - :mod:`~hf_arb.buckets.assignment` — validated size arrays and :class:`AssignmentSummary`;
 - :mod:`~hf_arb.buckets.fit` — bucket tables fitted to a dataset's sizes (``BucketSet.fit``);
 - :mod:`~hf_arb.buckets.stored` — reading a stored bucket configuration back (features, card, columns);
-- :mod:`~hf_arb.buckets.schema` — the bucket columns of an annotated dataset and the BucketSet it carries.
+- :mod:`~hf_arb.buckets.schema` — the bucket columns of an annotated dataset and the BucketSet it carries;
+- :mod:`~hf_arb.buckets.references` — reference-image columns (edit models), their policy, the composite batch key.
 
 May import: the ground floor (:mod:`hf_arb.checks`, :mod:`hf_arb.rng`) and nothing else of hf_arb.
 """

@@ -89,6 +89,16 @@ def _buckets(args: argparse.Namespace) -> BucketSet:
     return bs
 
 
+def _reference_buckets(args: argparse.Namespace) -> BucketSet | None:
+    """The references' BucketSet for ``--reference-policy own --reference-resolution PX`` (else None)."""
+    if args.reference_resolution is None:
+        return None
+    if args.reference_policy != "own" or not args.reference_columns:
+        raise UsageError(f"--reference-resolution {args.reference_resolution} needs --reference-policy own and a "
+                         "--reference-column: under strict every reference takes the target's bucket.")
+    return _buckets(argparse.Namespace(**{**vars(args), "resolution": args.reference_resolution}))
+
+
 def _chart(ds: Any, buckets: BucketSet, path: str | Path, title: str) -> Path | None:
     """Draw the chart over all splits of an annotated dataset; None (with a message) without matplotlib."""
     import numpy as np
@@ -132,6 +142,15 @@ def _add_annotate_arguments(p: argparse.ArgumentParser) -> None:
                    help="skip images whose shorter side is below PX pixels (skip_reason 'too_small')")
     p.add_argument("--verify", action="store_true",
                    help="also decode every image (parallel with --num-proc) and skip truncated or undecodable ones")
+    p.add_argument("--reference-column", action="append", default=None, metavar="NAME", dest="reference_columns",
+                   help="a reference image column of an edit dataset (repeatable): adds NAME_width, NAME_height, "
+                        "NAME_bucket, NAME_bucket_width, NAME_bucket_height; a broken reference skips its row")
+    p.add_argument("--reference-policy", choices=("strict", "own"), default="strict",
+                   help="strict (default): each reference takes the target's bucket and crop (Flux Kontext); own: its "
+                        "own bucket under --reference-resolution")
+    p.add_argument("--reference-resolution", type=int, default=None, metavar="PX",
+                   help="with --reference-policy own: the references' bucket side (their pixel budget, PX^2); default "
+                        "the target's")
     p.add_argument("--plot", default=None, metavar="FILE.png", help="also write the bucket chart here")
     p.add_argument("--private", action="store_true", help="with --push-to-hub: create a private repo")
     p.add_argument("--engine", choices=("datasets", "ray", "spark"), default="datasets",
@@ -149,7 +168,12 @@ def _run_annotate(args: argparse.Namespace) -> int:
                          f"{args.width_column!r}, --height-column {args.height_column!r})")
     buckets = _buckets(args)
     print(f"{buckets!r}  fingerprint {buckets.fingerprint}")
+    reference_buckets = _reference_buckets(args)
     if args.engine != "datasets":
+        if args.reference_columns:
+            raise UsageError(f"--reference-column runs on --engine datasets only for now (got --engine {args.engine}); "
+                             "drop --engine, or annotate the references with the library's BatchAnnotator.create("
+                             "..., reference_columns=[...]) on your engine.")
         from .engines import run_engine
 
         return run_engine(args, buckets)
@@ -158,7 +182,9 @@ def _run_annotate(args: argparse.Namespace) -> int:
     annotated = add_bucket_columns(ds, buckets, image_column=image_column, width_column=args.width_column,
                                    height_column=args.height_column, num_proc=args.num_proc,
                                    batch_size=args.batch_size, max_upscale=args.max_upscale, min_size=args.min_size,
-                                   show_summary=False, verify=args.verify)
+                                   show_summary=False, verify=args.verify,
+                                   reference_columns=args.reference_columns, reference_policy=args.reference_policy,
+                                   reference_buckets=reference_buckets)
     if args.streaming and args.output_dir:
         # Materialise the stream once (sizes are read as it flows), then save like a map-style dataset.
         def materialise(d: Any) -> Any:
@@ -218,9 +244,13 @@ def _run_stats(args: argparse.Namespace) -> int:
                              f"run hf-arb stats {args.dataset}-arb.")
     buckets = BucketSet.from_dataset(ds)
     print(f"{buckets!r}  fingerprint {buckets.fingerprint}")
+    from hf_arb.buckets.references import composite_summary, stored_reference_columns
+
     for split, part in _splits(ds):
         print(f"== {split} ==")
         print(summarize_annotation(part, buckets))
+        if stored_reference_columns(part.features):
+            print(composite_summary(part))
     if args.plot:
         chart = _chart(ds, buckets, args.plot, f"{args.dataset}: rows per bucket")
         if chart is None:

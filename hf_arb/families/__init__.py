@@ -10,7 +10,8 @@ SD3/3.5, Flux.1 and Flux.2, behind one interface the training script asks (:clas
 - :mod:`~hf_arb.families.sd3`, :mod:`~hf_arb.families.flux`, :mod:`~hf_arb.families.flux2` (dev and klein) — the
   flow-matching families, on
   :mod:`~hf_arb.families.flow_family` (the adapter) and :mod:`~hf_arb.families.flow` (the shared step);
-  :mod:`~hf_arb.families.shift` (each bucket's resolution shift ``mu``, as the pipelines compute it).
+  :mod:`~hf_arb.families.shift` (each bucket's resolution shift ``mu``, as the pipelines compute it);
+  :mod:`~hf_arb.families.flux_kontext` — Flux.1 Kontext, Flux with reference-image tokens (edit models).
 
 Detection and the adapters' flag checks do not import torch.
 
@@ -43,7 +44,7 @@ __all__ = ["BUILTIN_MODULES", "FLOW_FAMILIES", "Family", "Models", "detect_famil
            "family_names", "get_family", "register_family", "unregister_family"]
 
 #: The built-in families trained with the flow-matching objective.
-FLOW_FAMILIES: tuple[str, ...] = ("sd3", "flux", "flux2", "flux2_klein", "qwenimage", "zimage")
+FLOW_FAMILIES: tuple[str, ...] = ("sd3", "flux", "flux2", "flux2_klein", "qwenimage", "zimage", "flux-kontext")
 
 
 def detect_flow_family(model: str) -> str | None:

@@ -8,6 +8,7 @@
 - :mod:`~hf_arb.sampling.feistel` — counter-based keyed permutations of ``[0, n)``;
 - :mod:`~hf_arb.sampling.index` — the bucket-grouped row index (4 bytes per row, shareable memory-mapped file);
 - :mod:`~hf_arb.sampling.report` — :class:`PlanReport`;
+- :mod:`~hf_arb.sampling.composite` — the sampler over the composite (target, reference buckets…) key;
 - :mod:`~hf_arb.sampling.state` — the resume state and its validation;
 - :mod:`~hf_arb.sampling.sampler` — :class:`BucketBatchSampler`, a thin class around the plan
   (:mod:`~hf_arb.sampling.plan_views` its read-only views of the plan, :mod:`~hf_arb.sampling.world` its processes

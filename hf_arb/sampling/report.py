@@ -26,6 +26,8 @@ class PlanReport:
         batches_per_bucket: ``{target bucket: global batches}``.
         batch_size_per_bucket: ``{target bucket: rows per rank of its batches}`` when batch sizes differ by bucket
             (a pixel budget), else empty.
+        rows_per_bucket: ``{bucket: assigned rows}`` for every bucket with rows (with a composite key,
+            :mod:`hf_arb.sampling.composite`, the rows per composite bucket).
     """
 
     epoch: int
@@ -44,6 +46,7 @@ class PlanReport:
     sync_buckets: bool
     batches_per_bucket: dict[int, int] = field(default_factory=dict)
     batch_size_per_bucket: dict[int, int] = field(default_factory=dict)
+    rows_per_bucket: dict[int, int] = field(default_factory=dict)
 
     @property
     def dropped_fraction(self) -> float:
@@ -56,6 +59,7 @@ class PlanReport:
         d = asdict(self)
         d["batches_per_bucket"] = {str(b): c for b, c in self.batches_per_bucket.items()}
         d["batch_size_per_bucket"] = {str(b): c for b, c in self.batch_size_per_bucket.items()}
+        d["rows_per_bucket"] = {str(b): c for b, c in self.rows_per_bucket.items()}
         d["dropped_fraction"] = self.dropped_fraction
         return d
 
@@ -97,6 +101,7 @@ def build_report(layout: Any, *, epoch: int, counts: np.ndarray, rows_total: int
         global_batch_size=layout.world * layout.batch, leftover=leftover, sync_buckets=sync_buckets,
         batches_per_bucket=layout.batches_per_target(),
         batch_size_per_bucket={} if getattr(layout, "uniform", True) else layout.batch_per_target(),
+        rows_per_bucket={int(b): int(counts[b]) for b in np.flatnonzero(counts)},
     )
 
 

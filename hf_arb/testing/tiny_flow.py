@@ -143,6 +143,19 @@ def tiny_flux_pipeline(seed: int = 0) -> Any:
     )
 
 
+def tiny_flux_kontext_pipeline(seed: int = 0) -> Any:
+    """:func:`tiny_flux_pipeline`'s parts as a ``FluxKontextPipeline`` (Flux.1 Kontext has Flux.1's architecture)."""
+    from diffusers import FluxKontextPipeline
+
+    return FluxKontextPipeline(**tiny_flux_pipeline(seed).components)
+
+
+def save_tiny_flux_kontext(path: str | Path, seed: int = 0) -> str:
+    """Build :func:`tiny_flux_kontext_pipeline` and ``save_pretrained`` it to ``path``; returns the path."""
+    tiny_flux_kontext_pipeline(seed).save_pretrained(Path(path))
+    return str(path)
+
+
 def save_tiny_sd3(path: str | Path, seed: int = 0, dynamic_shifting: bool = False) -> str:
     """Build :func:`tiny_sd3_pipeline` and ``save_pretrained`` it to ``path``; returns the path as a string."""
     tiny_sd3_pipeline(seed, dynamic_shifting).save_pretrained(Path(path))

@@ -73,6 +73,7 @@ def check_values(args: argparse.Namespace) -> None:
     check_streaming_flags(args)
     check_bucket_flags(args)
     check_packing_flags(args)
+    check_reference_flags(args)
     check_dreambooth_flags(args)
     if args.max_pixels_per_batch is not None and (args.no_bucket_sync or args.streaming):
         raise UsageError(f"--max_pixels_per_batch needs every device in the same bucket at each step: drop "
@@ -199,6 +200,27 @@ def check_streaming_flags(args: argparse.Namespace) -> None:
         raise UsageError("--max_train_samples is not supported with --streaming: write fewer shards instead.")
     if args.stream_counts is not None and not Path(args.stream_counts).is_file():
         raise UsageFileError(f"--stream_counts {args.stream_counts}: no such file (JSON {{bucket id: rows}}).")
+
+
+def check_reference_flags(args: argparse.Namespace) -> None:
+    """--reference_image_column needs an edit family, distinct columns, and a bucketed map-style run."""
+    refs = args.reference_image_column or []
+    if not refs:
+        if args.reference_policy != "strict":
+            raise UsageError(f"--reference_policy {args.reference_policy} has no effect in this run: it says how "
+                             "reference images are bucketed: add --reference_image_column COLUMN or drop it.")
+        return
+    family = get_family(args.family)
+    if not getattr(family, "supports_references", False):
+        raise UsageError(f"--reference_image_column trains an edit model, but {args.pretrained_model_name_or_path} is "
+                         f"{family.title}, which takes no reference image. Use an edit model (e.g. Flux.1 Kontext) or "
+                         "drop --reference_image_column.")
+    if len(set(refs)) != len(refs) or args.image_column in refs:
+        raise UsageError(f"--reference_image_column {' '.join(refs)}: name each reference column once and not the "
+                         f"--image_column ({args.image_column}).")
+    for flag in ("cache_latents", "packing", "streaming"):
+        if getattr(args, flag, False):
+            raise UsageError(f"--{flag} is not supported with --reference_image_column yet: drop one of them.")
 
 
 def check_packing_flags(args: argparse.Namespace) -> None:

@@ -82,6 +82,12 @@ def build_parser() -> argparse.ArgumentParser:
            "dataset's data_dir, as diffusers' script passes it.")
     a("--image_column", type=str, default="image", help="The column of the dataset containing an image.")
     a("--caption_column", type=str, default="text", help="The column containing a caption or a list of captions.")
+    a("--reference_image_column", action="append", default=None, metavar="COLUMN",
+      help="An edit model's reference image column (repeatable; e.g. the 'before' image of a before/after pair): "
+           "every batch stacks by the composite (target bucket, reference buckets) key. Edit families only "
+           "(Flux.1 Kontext).")
+    a("--reference_policy", choices=("strict", "own"), default="strict",
+      help="strict (default): each reference takes the target's bucket and crop (Flux Kontext); own: its own bucket.")
     a("--max_train_samples", type=int, default=None, help="Truncate the number of training examples to this value.")
     a("--cache_dir", type=str, default=None, help="Where downloaded models and datasets are stored.")
     a("--dataloader_num_workers", type=int, default=0, help="Subprocesses for data loading (0: main process).")

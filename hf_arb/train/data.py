@@ -66,6 +66,10 @@ def check_columns(ds: Any, args: argparse.Namespace) -> None:
         value = getattr(args, flag)
         if value not in ds.column_names:
             raise UsageError(f"--{flag} value '{value}' needs to be one of: {', '.join(ds.column_names)}")
+    for value in getattr(args, "reference_image_column", None) or []:
+        if value not in ds.column_names:
+            raise UsageError(f"--reference_image_column value '{value}' needs to be one of: "
+                             f"{', '.join(ds.column_names)}")
 
 
 def bucket_set_from_args(args: argparse.Namespace) -> Any:
@@ -189,20 +193,37 @@ def dataset_with_buckets(args: argparse.Namespace, accelerator: Any) -> tuple[An
     :class:`~hf_arb.train.tiers.TierTable` (its first tier: the table ``ds`` is annotated with).
     """
     from hf_arb import BucketSet, add_bucket_columns
+    from hf_arb.buckets.references import reference_info
 
     with accelerator.main_process_first() if accelerator is not None else contextlib.nullcontext():
         ds = load_raw_dataset(args)
         check_columns(ds, args)
         if args.max_train_samples is not None:
             ds = ds.shuffle(seed=args.seed).select(range(min(args.max_train_samples, len(ds))))
+        refs = getattr(args, "reference_image_column", None) or []
+        if "bucket" in ds.column_names and any(f"{r}_bucket" not in ds.column_names for r in refs):
+            raise UsageError(f"--reference_image_column {' '.join(refs)}: the dataset is annotated without these "
+                             "reference columns. Annotate it with them: hf-arb annotate SOURCE --output-dir DIR "
+                             + " ".join(f"--reference-column {r}" for r in refs) + ", or train on the raw dataset.")
         if "bucket" in ds.column_names:
             ds, buckets = annotated_dataset_buckets(args, ds, BucketSet.from_dataset(ds),
                                                     accelerator is None or accelerator.is_main_process)
+            stored = {p for r in refs if (p := (reference_info(ds.features, r) or ("strict",))[0])}
+            if refs and args.reference_policy == "own" and stored != {"own"}:
+                raise UsageError(f"--reference_policy own: the dataset's reference columns were annotated under "
+                                 f"{', '.join(sorted(stored))} and train that way. Re-annotate with hf-arb annotate "
+                                 "--reference-policy own, or drop --reference_policy.")
+            if refs and not args.buckets_from_dataset:  # re-assigned targets: the references' buckets are stale
+                raise UsageError("The bucket-table flags ask for another table than the edit dataset was annotated "
+                                 "with, and its reference columns cannot be re-assigned from sizes alone: drop those "
+                                 "flags, or re-annotate with hf-arb annotate --reference-column at that table.")
         else:
             buckets, notes = bucket_table_from_args(args)
             if accelerator is None or accelerator.is_main_process:
                 log_bucket_notes(args, notes)
-            ds = add_bucket_columns(ds, buckets, image_column=args.image_column, show_summary=False)
+            ds = add_bucket_columns(ds, buckets, image_column=args.image_column, show_summary=False,
+                                    reference_columns=refs or None,
+                                    reference_policy=getattr(args, "reference_policy", "strict"))
             if accelerator is None or accelerator.is_main_process:  # once; startup_report prints the table
                 print(annotation_note(ds, buckets), flush=True)
     ids = np.asarray(ds.with_format("numpy")["bucket"])
@@ -285,7 +306,16 @@ def image_dataset(args: argparse.Namespace, ds: Any, buckets: Any) -> Any:
 
     if isinstance(buckets, TierTable):
         return TieredImages(image_dataset(args, ds, buckets.resolutions), buckets)
-    return BucketedImageDataset(ds, buckets, image_column=args.image_column, caption_column=args.caption_column,
+    cls: Any = BucketedImageDataset
+    extra: dict[str, Any] = {}
+    if getattr(args, "reference_image_column", None):  # an edit model: keys carry composite ids (make_sampler)
+        from hf_arb.buckets.references import read_composite
+        from hf_arb.images.references import BucketedReferenceDataset
+
+        cls = BucketedReferenceDataset
+        extra = dict(reference_columns=args.reference_image_column,
+                     composite=read_composite(ds, args.reference_image_column)[1])
+    return cls(ds, buckets, image_column=args.image_column, caption_column=args.caption_column, **extra,
                                 tokenizer=None, seed=args.seed, center_crop=args.center_crop,
                                 random_flip=args.random_flip, resample=args.image_interpolation_mode,
                                 on_bad_image=args.on_bad_image, bad_image_log=Path(args.output_dir) / SKIPPED_ROWS_FILE)

@@ -9,6 +9,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 
 from hf_arb.checks import UsageError
 from hf_arb.lazy import LazyModule
@@ -37,10 +38,17 @@ def make_sampler(args: argparse.Namespace, ds: Any, buckets: Any, accelerator: A
     try:
         with warnings.catch_warnings(record=True) as caught:  # the library's advice, said once in flags below
             warnings.simplefilter("always", UserWarning)
+            ids: Any = ds
+            table_buckets = buckets
+            if getattr(args, "reference_image_column", None):  # an edit model: the composite key stacks every batch
+                from hf_arb.buckets.references import read_composite
+
+                ids, table = read_composite(ds, args.reference_image_column)
+                table_buckets = np.asarray(getattr(buckets, "resolutions", buckets))[table[:, 0]]  # (c, 2) targets
             sampler = BucketBatchSampler(
-                ds, args.train_batch_size, num_replicas=accelerator.num_processes,  # no rank=: prepare deals the plan
+                ids, args.train_batch_size, num_replicas=accelerator.num_processes,  # no rank=: prepare deals the plan
                 seed=args.seed, shuffle=True, sync_buckets=not args.no_bucket_sync, leftover=args.bucket_leftover,
-                return_keys=True, buckets=buckets, max_pixels_per_batch=args.max_pixels_per_batch,
+                return_keys=True, buckets=table_buckets, max_pixels_per_batch=args.max_pixels_per_batch,
                 log_report=False,  # startup_report prints it
             )
     except ValueError as e:  # a pixel budget below a bucket's area, or no full batch: the flags to change
