@@ -135,3 +135,18 @@ def test_guidance_scale_on_a_transformer_without_guidance_is_refused(flow_assets
         get_family(args.family).load_models(args)
     args = script.parse_args(["--pretrained_model_name_or_path", flow_assets["flux"], *base, "--guidance_scale", "2"])
     assert get_family(args.family).load_models(args).options.guidance_scale == 2.0  # Flux.1-dev's tiny twin takes it
+
+
+@pytest.mark.slow
+def test_validation_under_bf16_mixed_precision_generates(flow_assets, tmp_path):
+    """Validation under --mixed_precision bf16 ran the float32 scheduler latents into bf16 weights and crashed
+    ('Input type (float) and bias type (c10::BFloat16)'); it runs under autocast now, as diffusers' scripts do."""
+    from _train_fixtures import FLOW
+
+    out = tmp_path / "out"
+    stats = run_script(["--pretrained_model_name_or_path", flow_assets["flux"], "--train_data_dir", flow_assets["images"],
+                        "--output_dir", str(out), *FLOW, "--max_train_steps", "1", "--full_finetune",
+                        "--mixed_precision", "bf16", "--validation_prompts", "a cat",
+                        "--num_validation_inference_steps", "1"])
+    assert stats["mixed_precision"] == "bf16" and stats["validation_images"]
+    assert all(Path(p).is_file() for p in stats["validation_images"])

@@ -60,6 +60,22 @@ def image_grid(rows: list[list[Any]]) -> Any:
     return grid
 
 
+def _generate(args: argparse.Namespace, accelerator: Any, pipe: Any, shapes: list[tuple[int, int]],
+              bar: Any) -> list[list[Any]]:
+    """One row of images per validation prompt, one column per shape (and validation image), seeded per image."""
+    rows = []
+    for i, prompt in enumerate(args.validation_prompts):
+        row = []
+        for w, h in shapes:
+            for j in range(args.num_validation_images):
+                bar.update()
+                g = torch.Generator(device=accelerator.device).manual_seed(args.seed + 1000 * i + j)
+                row.append(pipe(prompt=prompt, height=h, width=w,  # by name: Flux.2's first argument is an image
+                                num_inference_steps=args.num_validation_inference_steps, generator=g).images[0])
+        rows.append(row)
+    return rows
+
+
 def log_validation(args: argparse.Namespace, accelerator: Any, models: Models, unet: Any, buckets: Any,
                    step: int, dtype: torch.dtype, *, pipe: Any = None, name: str | None = None) -> Path | None:
     """Generate every prompt at portrait / square / landscape buckets, save one grid PNG, log it to trackers.
@@ -72,20 +88,14 @@ def log_validation(args: argparse.Namespace, accelerator: Any, models: Models, u
     pipe = (pipe or models.family.build_pipeline(args, models, unet, dtype)).to(accelerator.device)
     pipe.set_progress_bar_config(disable=True)
     shapes = validation_shapes(buckets)
-    rows = []
     from tqdm.auto import tqdm
 
     bar = tqdm(total=len(args.validation_prompts) * len(shapes) * args.num_validation_images, unit="img",
                desc="Validation images", leave=False)  # under the Steps bar: gone once the grid is saved
-    for i, prompt in enumerate(args.validation_prompts):
-        row = []
-        for w, h in shapes:
-            for j in range(args.num_validation_images):
-                bar.update()
-                g = torch.Generator(device=accelerator.device).manual_seed(args.seed + 1000 * i + j)
-                row.append(pipe(prompt=prompt, height=h, width=w,  # by name: Flux.2's first argument is an image
-                                num_inference_steps=args.num_validation_inference_steps, generator=g).images[0])
-        rows.append(row)
+    # mixed precision: the scheduler returns float32 latents that meet bf16/fp16 weights, as in diffusers' scripts
+    half = dtype in (torch.float16, torch.bfloat16)
+    with torch.autocast(accelerator.device.type, dtype=dtype) if half else contextlib.nullcontext():
+        rows = _generate(args, accelerator, pipe, shapes, bar)
     bar.close()
     grid = image_grid(rows)
     path = Path(args.output_dir) / "validation" / f"{name or f'step-{step:06d}'}.png"
