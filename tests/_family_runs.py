@@ -35,17 +35,13 @@ def family_runs(model: str, images: str, root: Path) -> dict[str, Any]:
     return out
 
 
-def family_ddp_runs(model: str, images: str, root: Path) -> dict[str, Any]:
-    """Two processes (torchrun, CPU): a full fine-tune (4 steps, checkpoint at 2) and, in a second launch, its resume
-    from checkpoint-2 in a new folder."""
-    argv = ["--pretrained_model_name_or_path", model, "--train_data_dir", images, *FLOW, "--random_flip",
-            "--full_finetune", "--learning_rate", "1e-3", "--max_train_steps", "4", "--checkpointing_steps", "2"]
-    out: dict[str, Any] = {"full": {"dir": str(root / "full"),
-                                    "stats": run_script([*argv, "--output_dir", str(root / "full")], nproc=2)}}
-    shutil.copytree(root / "full" / "checkpoint-2", root / "resumed" / "checkpoint-2")
-    stats = run_script([*argv, "--output_dir", str(root / "resumed"), "--resume_from_checkpoint", "latest"], nproc=2)
-    out["resumed"] = {"dir": str(root / "resumed"), "stats": stats}
-    return json.loads(json.dumps(out, default=str))
+def family_ddp_result(batch: dict[str, Any], name: str) -> dict[str, Any]:
+    """A family's 2-process full fine-tune (4 steps, checkpoint at 2) and its resume from checkpoint-2 in a new
+    folder, as the shared 2-process batch ran them (``ddp_batch``, tests/_train_fixtures.py ``batch_runs``)."""
+    from _train_fixtures import batch_result
+
+    return {kind: {"dir": batch_result(batch, f"{name}-{kind}")["out"],
+                   "stats": batch_result(batch, f"{name}-{kind}")["stats"]} for kind in ("full", "resumed")}
 
 
 def transformer_weights(folder: Path) -> dict[str, Any]:

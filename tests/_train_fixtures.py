@@ -48,6 +48,19 @@ def build_train_assets(root: Path) -> dict[str, str]:
             "images": save_tiny_imagefolder(root / "images")}
 
 
+def build_family_assets(root: Path) -> dict[str, str]:
+    """Tiny Qwen-Image, Z-Image, Flux.2 dev and klein pipelines and the photo imagefolder (issue #26's families)."""
+    from hf_arb.testing.tiny import save_tiny_imagefolder
+    from hf_arb.testing.tiny_flux2 import save_tiny_flux2
+    from hf_arb.testing.tiny_qwen import save_tiny_qwenimage
+    from hf_arb.testing.tiny_zimage import save_tiny_zimage
+
+    return {"qwen": save_tiny_qwenimage(root / "tiny-qwenimage"), "zimage": save_tiny_zimage(root / "tiny-zimage"),
+            "flux2": save_tiny_flux2(root / "tiny-flux2"),
+            "flux2_klein": save_tiny_flux2(root / "tiny-flux2-klein", klein=True),
+            "images": save_tiny_imagefolder(root / "images")}
+
+
 def build_flow_assets(root: Path) -> dict[str, str]:
     """Tiny SD3 / Flux pipelines and the photo imagefolder."""
     from hf_arb.testing.tiny import save_tiny_flux, save_tiny_imagefolder, save_tiny_sd3
@@ -117,9 +130,21 @@ def _pair(root: Path, name: str, base: list[str], ckpt: str) -> list[dict[str, A
              "argv": [*base, "--output_dir", str(resumed), "--resume_from_checkpoint", "latest"]}]
 
 
-def batch_runs(root: Path, train: dict[str, str], flow: dict[str, str], stream: dict[str, Any]) -> list[dict]:
+def batch_runs(root: Path, train: dict[str, str], flow: dict[str, str], stream: dict[str, Any],
+               families: dict[str, str]) -> list[dict]:
     """Every run of the batch: ``{"name", "out", "argv"[, "copy"]}``; the comment names the test file reading it."""
     runs: list[dict[str, Any]] = []
+    for family in ("qwen", "zimage"):  # test_family_qwenimage.py / test_family_zimage.py: 4 steps, checkpoint at 2
+        runs += _pair(root, f"family-{family}", [
+            "--pretrained_model_name_or_path", families[family], "--train_data_dir", families["images"], *FLOW,
+            "--random_flip", "--full_finetune", "--learning_rate", "1e-3", "--max_train_steps", "4",
+            "--checkpointing_steps", "2"], "checkpoint-2")
+    klein = root / "family-flux2-klein"  # test_family_flux2.py: 3 steps, max_sequence_length 48
+    runs.append({"name": "family-flux2-klein", "out": str(klein), "argv": [
+        "--pretrained_model_name_or_path", families["flux2_klein"], "--train_data_dir", families["images"],
+        *FLOW[:FLOW.index("--max_sequence_length")], "--max_sequence_length", "48",
+        *FLOW[FLOW.index("--max_sequence_length") + 2:], "--full_finetune", "--learning_rate", "1e-3",
+        "--max_train_steps", "3", "--checkpointing_steps", "100", "--output_dir", str(klein)]})
     for family in ("sd3", "flux"):  # test_train_flow.py: full fine-tune, 4 steps, checkpoint at 2
         runs += _pair(root, f"flow-{family}", [
             "--pretrained_model_name_or_path", flow[family], "--train_data_dir", flow["images"], *FLOW,
@@ -196,7 +221,8 @@ def batch_result(batch: dict[str, Any], name: str) -> dict[str, Any]:
     return {**run, "out": Path(run["out"])}
 
 
-def build_batch(root: Path, train: dict[str, str], flow: dict[str, str], stream: dict[str, Any]) -> dict[str, Any]:
+def build_batch(root: Path, train: dict[str, str], flow: dict[str, str], stream: dict[str, Any],
+                families: dict[str, str]) -> dict[str, Any]:
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
-    return run_batch(root, batch_runs(root, train, flow, stream))
+    return run_batch(root, batch_runs(root, train, flow, stream, families))

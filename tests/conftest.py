@@ -112,11 +112,20 @@ def stream_assets(shared_artifact) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="session")
-def ddp_batch(shared_artifact, train_assets, flow_assets, stream_assets) -> dict[str, Any]:
+def family_assets(shared_artifact) -> dict[str, str]:
+    """Tiny Qwen-Image, Z-Image, Flux.2 dev / klein pipelines and the photo imagefolder."""
+    from _train_fixtures import build_family_assets
+
+    return shared_artifact("family-assets", build_family_assets)
+
+
+@pytest.fixture(scope="session")
+def ddp_batch(shared_artifact, train_assets, flow_assets, stream_assets, family_assets) -> dict[str, Any]:
     """The 2-process runs of several test files, in one torchrun launch (read them with ``batch_result``)."""
     from _train_fixtures import build_batch
 
-    return shared_artifact("ddp-batch", lambda root: build_batch(root, train_assets, flow_assets, stream_assets))
+    return shared_artifact("ddp-batch", lambda root: build_batch(root, train_assets, flow_assets, stream_assets,
+                                                                 family_assets))
 
 
 # ------------------------------------------------------------------------------------------- scheduling

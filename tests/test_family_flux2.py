@@ -38,6 +38,8 @@ from hf_arb.families.flux2 import (
 
 ROOT = Path(__file__).resolve().parent.parent
 VARIANTS = ("flux2", "flux2_klein")
+
+
 #: the tiny runs: FLOW's batches and buckets, 48 text tokens (the tiny chat templates + a caption fit)
 ARGS = [*FLOW[:FLOW.index("--max_sequence_length")], "--max_sequence_length", "48",
         *FLOW[FLOW.index("--max_sequence_length") + 2:]]
@@ -49,18 +51,10 @@ def _pipeline_class(name: str) -> Any:
     return getattr(diffusers, get_family(name).pipeline_class_name)
 
 
-def _build_assets(root: Path) -> dict[str, str]:
-    from hf_arb.testing.tiny import save_tiny_imagefolder
-    from hf_arb.testing.tiny_flux2 import save_tiny_flux2
-
-    return {"flux2": save_tiny_flux2(root / "tiny-flux2"),
-            "flux2_klein": save_tiny_flux2(root / "tiny-flux2-klein", klein=True),
-            "images": save_tiny_imagefolder(root / "images")}
-
-
 @pytest.fixture(scope="module")
-def assets(shared_artifact) -> dict[str, str]:
-    return shared_artifact("flux2-assets", _build_assets)
+def assets(family_assets) -> dict[str, str]:
+    """The tiny Flux.2 pipelines of tests/conftest.py ``family_assets`` (shared with the 2-process batch)."""
+    return family_assets
 
 
 def _folder(root: Path, name: str, class_name: str, sub: str = "") -> str:
@@ -339,16 +333,12 @@ def test_outputs_load_and_generate_in_stock_diffusers_without_hf_arb(assets, run
 
 # ------------------------------------------------------------------------------------------ slow: 2 processes
 @pytest.fixture(scope="module")
-def ddp_run(assets, shared_artifact) -> dict[str, Any]:
-    def build(root: Path) -> dict[str, Any]:
-        out = root / "klein-2proc"
-        stats = run_script(["--pretrained_model_name_or_path", assets["flux2_klein"], "--train_data_dir",
-                            assets["images"], *ARGS, "--full_finetune", "--learning_rate", "1e-3",
-                            "--max_train_steps", "3", "--checkpointing_steps", "100", "--output_dir", str(out)],
-                           nproc=2)
-        return {"dir": str(out), "num_processes": stats["num_processes"], "family": stats["family"]}
+def ddp_run(ddp_batch) -> dict[str, Any]:
+    """Klein on 2 processes, from the shared 2-process batch (tests/_train_fixtures.py)."""
+    from _train_fixtures import batch_result
 
-    return shared_artifact("flux2-ddp", build)
+    run = batch_result(ddp_batch, "family-flux2-klein")
+    return {"dir": run["out"], "num_processes": run["stats"]["num_processes"], "family": run["stats"]["family"]}
 
 
 @pytest.mark.slow

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import test_train
 import torch
-from _family_runs import family_ddp_runs, family_runs, stock_generate, transformer_weights
+from _family_runs import family_ddp_result, family_runs, stock_generate, transformer_weights
 from _train_fixtures import FLOW
 from test_train import read_trace
 
@@ -31,15 +31,9 @@ CAPTIONS = ["a red fox in the snow", "two cats, 3 dogs!", "", "a very long capti
 
 
 @pytest.fixture(scope="session")
-def qwen_assets(shared_artifact) -> dict[str, str]:
-    def build(root: Path) -> dict[str, str]:
-        from hf_arb.testing.tiny import save_tiny_imagefolder
-        from hf_arb.testing.tiny_qwen import save_tiny_qwenimage
-
-        return {"qwen": save_tiny_qwenimage(root / "tiny-qwenimage"),
-                "images": save_tiny_imagefolder(root / "images")}
-
-    return shared_artifact("qwen-assets", build)
+def qwen_assets(family_assets) -> dict[str, str]:
+    """The tiny Qwen-Image pipeline of tests/conftest.py ``family_assets`` (shared with the 2-process batch)."""
+    return {"qwen": family_assets["qwen"], "images": family_assets["images"]}
 
 
 @pytest.fixture(scope="module")
@@ -208,8 +202,9 @@ def test_outputs_load_in_stock_diffusers_without_hf_arb_and_generate_at_a_traine
 
 
 @pytest.fixture(scope="module")
-def qwen_ddp(qwen_assets, shared_artifact) -> dict[str, Any]:
-    return shared_artifact("qwen-ddp", lambda root: family_ddp_runs(qwen_assets["qwen"], qwen_assets["images"], root))
+def qwen_ddp(ddp_batch) -> dict[str, Any]:
+    """The 2-process full run and its resume, from the shared 2-process batch (tests/_train_fixtures.py)."""
+    return family_ddp_result(ddp_batch, "family-qwen")
 
 
 @pytest.mark.slow

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import test_train
 import torch
-from _family_runs import family_ddp_runs, family_runs, stock_generate, transformer_weights
+from _family_runs import family_ddp_result, family_runs, stock_generate, transformer_weights
 from _train_fixtures import FLOW
 from test_train import read_trace
 
@@ -29,14 +29,9 @@ CAPTIONS = ["a red fox in the snow", "two cats, 3 dogs!", "", "a very long capti
 
 
 @pytest.fixture(scope="session")
-def zimage_assets(shared_artifact) -> dict[str, str]:
-    def build(root: Path) -> dict[str, str]:
-        from hf_arb.testing.tiny import save_tiny_imagefolder
-        from hf_arb.testing.tiny_zimage import save_tiny_zimage
-
-        return {"zimage": save_tiny_zimage(root / "tiny-zimage"), "images": save_tiny_imagefolder(root / "images")}
-
-    return shared_artifact("zimage-assets", build)
+def zimage_assets(family_assets) -> dict[str, str]:
+    """The tiny Z-Image pipeline of tests/conftest.py ``family_assets`` (shared with the 2-process batch)."""
+    return {"zimage": family_assets["zimage"], "images": family_assets["images"]}
 
 
 @pytest.fixture(scope="module")
@@ -191,9 +186,9 @@ def test_outputs_load_in_stock_diffusers_without_hf_arb_and_generate_at_a_traine
 
 
 @pytest.fixture(scope="module")
-def zimage_ddp(zimage_assets, shared_artifact) -> dict[str, Any]:
-    return shared_artifact("zimage-ddp", lambda root: family_ddp_runs(zimage_assets["zimage"],
-                                                                      zimage_assets["images"], root))
+def zimage_ddp(ddp_batch) -> dict[str, Any]:
+    """The 2-process full run and its resume, from the shared 2-process batch (tests/_train_fixtures.py)."""
+    return family_ddp_result(ddp_batch, "family-zimage")
 
 
 @pytest.mark.slow
