@@ -49,8 +49,10 @@ def build_train_assets(root: Path) -> dict[str, str]:
 
 
 def build_family_assets(root: Path) -> dict[str, str]:
-    """Tiny Qwen-Image, Z-Image, Flux.2 dev and klein pipelines and the photo imagefolder (issue #26's families)."""
+    """Tiny Qwen-Image, Z-Image, Flux.2 dev and klein, Flux.1 Kontext pipelines, Kontext's before/after pairs and the
+    photo imagefolder (issue #26's families)."""
     from hf_arb.testing.tiny import save_tiny_imagefolder
+    from hf_arb.testing.tiny_flow import save_tiny_flux_kontext
     from hf_arb.testing.tiny_flux2 import save_tiny_flux2
     from hf_arb.testing.tiny_qwen import save_tiny_qwenimage
     from hf_arb.testing.tiny_zimage import save_tiny_zimage
@@ -58,6 +60,7 @@ def build_family_assets(root: Path) -> dict[str, str]:
     return {"qwen": save_tiny_qwenimage(root / "tiny-qwenimage"), "zimage": save_tiny_zimage(root / "tiny-zimage"),
             "flux2": save_tiny_flux2(root / "tiny-flux2"),
             "flux2_klein": save_tiny_flux2(root / "tiny-flux2-klein", klein=True),
+            "kontext": save_tiny_flux_kontext(root / "tiny-kontext"), "pairs": edit_pairs(root),
             "images": save_tiny_imagefolder(root / "images")}
 
 
@@ -139,6 +142,11 @@ def batch_runs(root: Path, train: dict[str, str], flow: dict[str, str], stream: 
             "--pretrained_model_name_or_path", families[family], "--train_data_dir", families["images"], *FLOW,
             "--random_flip", "--full_finetune", "--learning_rate", "1e-3", "--max_train_steps", "4",
             "--checkpointing_steps", "2"], "checkpoint-2")
+    kontext = root / "family-kontext"  # test_train_kontext.py: LoRA on before/after pairs, 3 steps
+    runs.append({"name": "family-kontext", "out": str(kontext), "argv": [
+        "--pretrained_model_name_or_path", families["kontext"], "--dataset_name", families["pairs"],
+        "--reference_image_column", "before", *FLOW, "--rank", "4", "--max_train_steps", "3", "--checkpointing_steps",
+        "100", "--bucket_leftover", "fill", "--output_dir", str(kontext)]})
     klein = root / "family-flux2-klein"  # test_family_flux2.py: 3 steps, max_sequence_length 48
     runs.append({"name": "family-flux2-klein", "out": str(klein), "argv": [
         "--pretrained_model_name_or_path", families["flux2_klein"], "--train_data_dir", families["images"],
@@ -226,3 +234,31 @@ def build_batch(root: Path, train: dict[str, str], flow: dict[str, str], stream:
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
     return run_batch(root, batch_runs(root, train, flow, stream, families))
+
+
+#: the before/after pairs' target shapes (test_train_kontext.py)
+EDIT_SIZES = [(96, 64), (64, 96), (64, 64), (80, 48)]
+
+
+def edit_pairs(root: Path, n: int = 16) -> str:
+    """Before/after pairs saved with ``save_to_disk``: the target is the photo, the reference its mirror in grey
+    ("make it colourful and turn it around"), at four shapes; every second reference is half as wide."""
+    import datasets
+    from _photos import PHOTOS, photo
+    from PIL import ImageOps
+
+    rows: dict[str, list[Any]] = {"image": [], "before": [], "text": []}
+    names = list(PHOTOS)
+    for i in range(n):
+        w, h = EDIT_SIZES[i % len(EDIT_SIZES)]
+        im = photo(names[i % len(names)], (w, h)).convert("RGB")
+        before = ImageOps.mirror(ImageOps.grayscale(im).convert("RGB"))
+        if i % 2:
+            before = before.resize((w // 2, h))
+        rows["image"].append(im)
+        rows["before"].append(before)
+        rows["text"].append("make it colourful and turn it around")
+    ds = datasets.Dataset.from_dict(rows, features=datasets.Features(
+        {"image": datasets.Image(), "before": datasets.Image(), "text": datasets.Value("string")}))
+    ds.save_to_disk(str(root / "pairs"))
+    return str(root / "pairs")

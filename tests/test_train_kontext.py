@@ -13,9 +13,7 @@ import datasets
 import numpy as np
 import pytest
 import torch
-from _photos import PHOTOS, photo
 from _train_fixtures import FLOW
-from PIL import ImageOps
 from test_train import read_trace, run_script
 
 import train_text_to_image_arb as script
@@ -25,35 +23,10 @@ from hf_arb.families import detect_family, get_family
 from hf_arb.families.flux import latent_image_ids
 from hf_arb.families.flux_kontext import reference_tokens
 
-SIZES = [(96, 64), (64, 96), (64, 64), (80, 48)]
-
-
-def edit_pairs(root: Path, n: int = 16) -> str:
-    """Before/after pairs saved with ``save_to_disk``: the target is the photo, the reference its mirror in grey
-    ("make it colourful and turn it around"), at four shapes; every second reference is half as wide."""
-    rows: dict[str, list[Any]] = {"image": [], "before": [], "text": []}
-    names = list(PHOTOS)
-    for i in range(n):
-        w, h = SIZES[i % len(SIZES)]
-        im = photo(names[i % len(names)], (w, h)).convert("RGB")
-        before = ImageOps.mirror(ImageOps.grayscale(im).convert("RGB"))
-        if i % 2:
-            before = before.resize((w // 2, h))
-        rows["image"].append(im)
-        rows["before"].append(before)
-        rows["text"].append("make it colourful and turn it around")
-    ds = datasets.Dataset.from_dict(rows, features=datasets.Features(
-        {"image": datasets.Image(), "before": datasets.Image(), "text": datasets.Value("string")}))
-    ds.save_to_disk(str(root / "pairs"))
-    return str(root / "pairs")
-
-
 @pytest.fixture(scope="module")
-def kontext_assets(tmp_path_factory) -> dict[str, str]:
-    from hf_arb.testing.tiny_flow import save_tiny_flux_kontext
-
-    root = tmp_path_factory.mktemp("kontext")
-    return {"model": save_tiny_flux_kontext(root / "tiny-kontext"), "pairs": edit_pairs(root)}
+def kontext_assets(family_assets) -> dict[str, str]:
+    """The tiny Kontext pipeline and its before/after pairs (tests/conftest.py ``family_assets``, built once)."""
+    return {"model": family_assets["kontext"], "pairs": family_assets["pairs"]}
 
 
 def test_kontext_is_detected_before_flux(kontext_assets) -> None:
@@ -232,12 +205,11 @@ def test_kontext_lora_resumes_exactly(kontext_assets, kontext_lora, tmp_path) ->
 
 
 @pytest.mark.slow
-def test_kontext_lora_on_two_processes_keeps_ranks_in_one_composite_bucket(kontext_assets, tmp_path) -> None:
-    out = tmp_path / "ddp"
-    stats = run_script(["--pretrained_model_name_or_path", kontext_assets["model"], "--dataset_name",
-                        kontext_assets["pairs"], "--reference_image_column", "before", *FLOW, "--rank", "4",
-                        "--max_train_steps", "3", "--checkpointing_steps", "100", "--bucket_leftover", "fill",
-                        "--output_dir", str(out)], nproc=2)
+def test_kontext_lora_on_two_processes_keeps_ranks_in_one_composite_bucket(ddp_batch) -> None:
+    from _train_fixtures import batch_result
+
+    run = batch_result(ddp_batch, "family-kontext")  # the shared 2-process batch (tests/_train_fixtures.py)
+    out, stats = Path(run["out"]), run["stats"]
     r0, r1 = read_trace(out, 0), read_trace(out, 1)
     assert stats["global_step"] == 3 and [t["step"] for t in r0] == [t["step"] for t in r1] == [0, 1, 2]
     assert [t["bucket"] for t in r0] == [t["bucket"] for t in r1]  # the composite id, the same on both ranks
