@@ -33,6 +33,7 @@ MODULES: dict[str, str] = {
     "hf_arb.annotate.report_html": "report.md",
     "hf_arb.cli.app": "cli.md",
     "hf_arb.cli.report": "report.md",
+    "hf_arb.cli.tier_stats": "tiers.md#rows-per-tier-hf-arb-stats",
     "hf_arb.flag_parser": "cli.md",
     "hf_arb.images.sizes": "annotate.md",
     "hf_arb.annotate.map": "annotate.md",
