@@ -1,8 +1,8 @@
 """Multi-resolution (tiered) training in train_text_to_image_arb.py (issue #27): the flags and their refusals, each
 row fitted to its bucket *in the batch's tier* (SDXL time ids, latent-cache keys), the flow shift per tier, the
 tiered sampler behind accelerate's prepared loader, and (slow) tiny SD and Flux runs whose curriculum switches tier
-mid-run, resumed from a checkpoint before the switch, that load in stock diffusers; the 2-process SD run is in the
-shared batch (``ddp_batch``, tests/_train_fixtures.py)."""
+mid-run, resumed from a checkpoint before the switch, that load in stock diffusers (an SD LoRA the same way, loaded
+with ``load_lora_weights``); the 2-process SD run is in the shared batch (``ddp_batch``, tests/_train_fixtures.py)."""
 
 from __future__ import annotations
 
@@ -288,6 +288,65 @@ def test_the_output_loads_in_stock_diffusers_at_a_non_square_bucket(tier_runs):
     image = pipe("a photo", height=80, width=48, num_inference_steps=2, output_type="np",
                  generator=torch.Generator().manual_seed(0)).images[0]  # 48x80: a bucket of the 64 tier
     assert image.shape == (80, 48, 3) and np.isfinite(image).all()
+
+
+# ------------------------------------------------------------------------------------ slow: a tiny SD LoRA on 2 tiers
+@pytest.fixture(scope="module")
+def lora_tier_runs(train_assets, tmp_path_factory):
+    """The curriculum run of ``tier_runs`` as a rank-4 LoRA (no validation): 8 steps, checkpoint at step 3 (before
+    the switch at 4), and the run resumed from it."""
+    root = tmp_path_factory.mktemp("lora_tiers")
+    base = ["--pretrained_model_name_or_path", train_assets["sd"], "--train_data_dir", train_assets["images"],
+            *SD_BASE, "--rank", "4", *TIERS, *CURRICULUM, "--max_train_steps", "8", "--checkpointing_steps", "3",
+            "--max_pixels_per_batch", "4096"]
+    full, resumed = root / "full", root / "resumed"
+    stats = run_script([*base, "--output_dir", str(full)])
+    resumed.mkdir()
+    shutil.copytree(full / "checkpoint-3", resumed / "checkpoint-3")
+    again = run_script([*base, "--output_dir", str(resumed), "--resume_from_checkpoint", "latest"])
+    return {"full": full, "resumed": resumed, "stats": stats, "again": again}
+
+
+def lora_weights(folder: Path) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(str(folder / "pytorch_lora_weights.safetensors"))
+
+
+@pytest.mark.slow
+def test_lora_curriculum_resumes_across_the_switch_to_the_same_adapters(lora_tier_runs):
+    full, resumed = lora_tier_runs["full"], lora_tier_runs["resumed"]
+    assert lora_tier_runs["stats"]["lora"] is True and lora_tier_runs["stats"]["global_step"] == 8
+    trace = read_trace(full, 0)
+    assert [t["label"].split("@")[1] for t in trace] == ["32"] * SWITCH + ["64"] * (8 - SWITCH)
+    assert [t["shape"][0] for t in trace] == [2] * SWITCH + [1] * (8 - SWITCH)  # one pixel budget, two tiers
+    again = read_trace(resumed, 0)
+    assert [(t["step"], t["label"], t["rows"]) for t in again] == [(t["step"], t["label"], t["rows"])
+                                                                    for t in trace[3:]]
+    a, b, mid = lora_weights(full), lora_weights(resumed), lora_weights(full / "checkpoint-3")
+    assert a.keys() == b.keys() and all(k.startswith("unet.") for k in a)
+    assert max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-6
+    assert max(float((a[k] - mid[k]).abs().max()) for k in a) > 1e-6  # steps 3-7 (both tiers) did train
+    assert not (full / "unet").exists() and not list((full / "checkpoint-3").glob("model*.safetensors"))
+    card = (full / "README.md").read_text()
+    assert "resolution tiers: 32, 64" in card and CURRICULUM[1] in card
+
+
+@pytest.mark.slow
+def test_lora_of_a_tiered_run_loads_with_stock_load_lora_weights(lora_tier_runs, train_assets):
+    import torch
+    from diffusers import StableDiffusionPipeline
+
+    def generate(pipe):
+        return pipe("a photo", height=80, width=48, num_inference_steps=2, output_type="np",
+                    generator=torch.Generator().manual_seed(0)).images[0]  # 48x80: a bucket of the 64 tier
+
+    pipe = StableDiffusionPipeline.from_pretrained(train_assets["sd"], safety_checker=None)
+    pipe.set_progress_bar_config(disable=True)
+    before = generate(pipe)
+    pipe.load_lora_weights(str(lora_tier_runs["full"]))
+    after = generate(pipe)
+    assert after.shape == (80, 48, 3) and np.isfinite(after).all() and abs(after - before).max() > 1e-4
 
 
 # ------------------------------------------------------------------------------------ slow: a tiny Flux run on 2 tiers
