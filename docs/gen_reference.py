@@ -134,6 +134,7 @@ MODULES: dict[str, str] = {
     "hf_arb.packing.model": "packing.md",
     "hf_arb.packing.attention": "packing.md",
     "hf_arb.packing.sampler": "packing.md#the-data-path",
+    "hf_arb.packing.tier_sampler": "tiers.md#with-packing",
     "hf_arb.packing.dataset": "packing.md#the-data-path",
     "hf_arb.packing.loss": "packing.md#the-packed-loss",
 }

@@ -78,11 +78,13 @@ def test_unsupported_combinations_are_refused_in_one_line(extra, message):
     assert message in str(err.value) and "\n" not in str(err.value)
 
 
-def test_packing_and_streaming_with_tiers_are_refused_by_name():
+def test_packing_with_tiers_takes_random_and_streaming_is_refused_by_name():
     flux = ["--pretrained_model_name_or_path", "black-forest-labs/FLUX.1-dev", "--train_data_dir", "unused",
             "--full_finetune", *TIERS]
-    with pytest.raises(UsageError, match="--packing is not supported with several tiers"):
-        train_args.parse_args([*flux, "--packing"])
+    args = train_args.parse_args([*flux, "--packing"])
+    assert (args.resolution_schedule, args.max_tokens) == ("random", 16)  # one image of the largest tier (64/16)²
+    with pytest.raises(UsageError, match="--packing with several tiers .* takes --resolution_schedule random"):
+        train_args.parse_args([*flux, "--packing", *CURRICULUM])
     with pytest.raises(UsageError, match="--streaming is not supported with several tiers"):
         parse(*TIERS, "--streaming", "--stream_key_column", "id")
 
@@ -387,6 +389,33 @@ def test_flux_curriculum_resumes_across_the_switch_and_loads_in_diffusers(flow_a
     image = pipe("a photo", height=80, width=48, num_inference_steps=1, max_sequence_length=16, output_type="np",
                  generator=torch.Generator().manual_seed(0)).images[0]
     assert image.shape == (80, 48, 3)
+
+
+# ------------------------------------------------------------------------------------ slow: Flux packing on 2 tiers
+@pytest.mark.slow
+def test_flux_packing_on_two_tiers_draws_a_tier_per_image_and_resumes(flow_assets, tmp_path):
+    """``--packing`` with ``--resolution 32,64`` (``random``): every image trains at its own size capped at its drawn
+    tier's tokens ((32/16)² = 4 or (64/16)² = 16), packs mix tiers, and a run resumed from the checkpoint at
+    step 2 reaches the same weights."""
+    from _train_fixtures import FLOW
+
+    base = ["--pretrained_model_name_or_path", flow_assets["flux"], "--train_data_dir", flow_assets["images"], *FLOW,
+            "--full_finetune", "--learning_rate", "1e-3", *TIERS, "--packing", "--max_tokens", "40",
+            "--max_train_steps", "4", "--checkpointing_steps", "2"]
+    full, resumed = tmp_path / "full", tmp_path / "resumed"
+    stats = run_script([*base, "--output_dir", str(full)])
+    resumed.mkdir()
+    shutil.copytree(full / "checkpoint-2", resumed / "checkpoint-2")
+    run_script([*base, "--output_dir", str(resumed), "--resume_from_checkpoint", "latest"])
+    trace = read_trace(full, 0)
+    rows = [r for t in trace if t["epoch"] == 0 for r in t["rows"]]
+    assert len(rows) == len(set(rows))  # once per epoch, at one tier
+    tokens = [(h // 16) * (w // 16) for t in trace for _, h, w in t["shape"]]
+    assert all(sum((h // 16) * (w // 16) for _, h, w in t["shape"]) <= 40 for t in trace)
+    assert max(tokens) <= 16 and min(tokens) <= 4 and max(tokens) > 4  # both tiers' caps in use
+    assert "this epoch's rows per tier: 32:" in stats["log"]
+    assert [t["rows"] for t in read_trace(resumed, 0)] == [t["rows"] for t in trace[2:]]
+    assert transformer_diff(full, resumed) < 1e-6
 
 
 # ------------------------------------------------------------------------------------ slow: 2 processes (the batch)
