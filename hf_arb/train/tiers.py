@@ -25,7 +25,8 @@ import numpy as np
 from hf_arb.checks import UsageError
 
 #: the single-tier features a run with several tiers does not support yet, with the reason (refused by name)
-UNSUPPORTED = {"streaming": "the streamed plan (BucketedStream) has one bucket table",
+UNSUPPORTED = {"streaming": "the streamed plan (BucketedStream) has one bucket table; docs/tiers.md, \"With "
+                            "streaming\", says what the tier would take",
                "no_bucket_sync": "every rank trains the same (tier, bucket) at each step",
                "aspect_ratio_buckets": "an explicit table cannot be scaled to each tier's resolution"}
 
