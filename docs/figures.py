@@ -1,6 +1,8 @@
 """Draw the pictures in docs/ from real photos (scikit-image's bundled samples).
 
-Usage: ``python docs/figures.py`` → ``docs/img/crop_comparison.png``, ``docs/img/buckets_novelai.png``.
+Usage: ``python docs/figures.py`` → ``docs/img/crop_comparison.png``, ``docs/img/buckets_novelai.png``;
+``python docs/figures.py tiers`` → ``docs/img/tiers_photos.png`` (``hf-arb stats --resolution 256,512 --chart`` on
+the test photo folder, written to ``/tmp/photos``).
 Needs the ``test`` and ``plot`` extras (scikit-image, matplotlib).
 """
 
@@ -76,8 +78,33 @@ def bucket_chart(path: Path) -> None:
     plot_bucket_chart(bs, ids, err, path, title="NovelAI buckets, 100,000 photo-like sizes")
 
 
+#: the photo folder of tests/test_cli_annotate.py: (scikit-image photo, size or None, EXIF orientation)
+TIER_PHOTOS = [("coffee.png", None, 1), ("chelsea.png", None, 6), ("rocket.jpg", (427, 900), 1),
+               ("motorcycle_left.png", None, 1), ("hubble_deep_field.jpg", (1200, 500), 1), ("cell.png", None, 8)]
+
+
+def tier_chart(folder: Path, path: Path) -> None:
+    """Write the photo folder, annotate it and draw rows per tier and bucket with ``hf-arb stats``."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    from _photos import save_photo
+
+    from hf_arb.cli import main as hf_arb
+
+    for i, (name, size, orientation) in enumerate(TIER_PHOTOS):
+        save_photo(folder / f"img{i}.jpg", name, "JPEG", orientation, size=size, quality=85)
+    assert hf_arb(["annotate", str(folder), "--output-dir", f"{folder}-arb"]) == 0
+    assert hf_arb(["stats", f"{folder}-arb", "--resolution", "256,512", "--chart", str(path)]) == 0
+
+
 def main() -> None:
+    import sys
+
     OUT.mkdir(parents=True, exist_ok=True)
+    if sys.argv[1:] == ["tiers"]:
+        tier_chart(Path("/tmp/photos"), OUT / "tiers_photos.png")
+        return
     crop_comparison(OUT / "crop_comparison.png")
     bucket_chart(OUT / "buckets_novelai.png")
     print(f"wrote {OUT}/crop_comparison.png and buckets_novelai.png")

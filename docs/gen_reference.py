@@ -33,6 +33,7 @@ MODULES: dict[str, str] = {
     "hf_arb.annotate.report_html": "report.md",
     "hf_arb.cli.app": "cli.md",
     "hf_arb.cli.report": "report.md",
+    "hf_arb.cli.tier_stats": "tiers.md#rows-per-tier-hf-arb-stats",
     "hf_arb.flag_parser": "cli.md",
     "hf_arb.images.sizes": "annotate.md",
     "hf_arb.annotate.map": "annotate.md",
@@ -133,6 +134,7 @@ MODULES: dict[str, str] = {
     "hf_arb.packing.model": "packing.md",
     "hf_arb.packing.attention": "packing.md",
     "hf_arb.packing.sampler": "packing.md#the-data-path",
+    "hf_arb.packing.tier_sampler": "tiers.md#with-packing",
     "hf_arb.packing.dataset": "packing.md#the-data-path",
     "hf_arb.packing.loss": "packing.md#the-packed-loss",
 }

@@ -208,3 +208,73 @@ def test_stats_on_an_unannotated_dataset_says_the_command_to_run(image_dir: Path
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert exit_.value.code == 2 and f"{raw} has no bucket columns" in err
     assert f"hf-arb annotate {raw} --output-dir {raw}-arb" in err and "array" not in err and "`" not in err
+
+
+# ------------------------------------------------------------------ stats --resolution: rows per tier and bucket
+def _tier_lines(text: str) -> dict[int, dict[str, int]]:
+    """``{resolution: {"WxH": rows}}`` from the printed tier table (one split)."""
+    out: dict[int, dict[str, int]] = {}
+    for line in text.splitlines():
+        if line.startswith("tier ") and " rows" in line:
+            current = out.setdefault(int(line.split()[1].rstrip(":")), {})
+        elif line.startswith("  ") and "x" in line and out:
+            label, rows = line.split()
+            current[label] = int(rows.replace(",", ""))
+    return out
+
+
+def test_stats_rows_per_tier_and_bucket_match_the_sampler_and_draw_the_chart(
+        image_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from hf_arb.sampling import TieredBatchSampler
+    from hf_arb.sampling.tier_plan import Tiers
+
+    out = tmp_path / "annotated"
+    assert main(["annotate", str(image_dir), "--output-dir", str(out)]) == 0
+    capsys.readouterr()
+    chart = tmp_path / "tiers.png"
+    assert main(["stats", str(out), "--resolution", "256,512", "--chart", str(chart)]) == 0
+    printed = capsys.readouterr().out
+    assert "rows: 8  in no tier: 1" in printed  # the broken JPEG has no size: eligible nowhere
+    table = _tier_lines(printed)
+    assert sorted(table) == [256, 512]
+    train = datasets.load_from_disk(str(out))["train"]
+    w = np.array([np.nan if v is None else v for v in train["original_width"]], float)
+    h = np.array([np.nan if v is None else v for v in train["original_height"]], float)
+    for r in (256, 512):  # a row is in tier r iff it covers its bucket there without upscaling
+        bs = BucketSet.preset("budget", r)
+        ok = np.isfinite(w)
+        ids, _ = bs.assign(w[ok], h[ok])
+        size = bs.resolutions[ids]
+        covers = (w[ok] >= size[:, 0]) & (h[ok] >= size[:, 1])
+        labels = bs.labels()
+        want: dict[str, int] = {}
+        for b in ids[covers].tolist():
+            want[labels[b]] = want.get(labels[b], 0) + 1
+        assert table[r] == want, r
+    assert sum(table[256].values()) == 7 and 0 < sum(table[512].values()) < 7  # small photos skip 512
+    # the same rows per (tier, bucket) as the sampler the training script builds from those flags
+    tiers = Tiers.preset("budget", [256, 512])
+    report = TieredBatchSampler.from_dataset(train, tiers, "mix:256:1,512:1", batch_size=1, num_replicas=1).report()
+    for t, r in enumerate((256, 512)):
+        labels = tiers.bucket_sets[t].labels()
+        assert {labels[b]: v["rows"] for b, v in report.tiers[t]["buckets"].items()} == table[r]
+    _assert_real_chart(chart)
+
+    # --max-upscale lets every readable photo serve the 512 tier
+    assert main(["stats", str(out), "--resolution", "256,512", "--max-upscale", "4", "--split", "train"]) == 0
+    assert sum(_tier_lines(capsys.readouterr().out)[512].values()) == 7
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--max-upscale", "2"], "--max-upscale describes the tiers, but no --resolution is given"),
+    (["--preset", "budget"], "--preset describes the tiers, but no --resolution is given"),
+    (["--resolution", "256,512", "--preset", "sdxl"], "--preset sdxl is a fixed table"),
+    (["--resolution", "256,256"], "the tiers must be distinct sides"),
+    (["--resolution", "256,512", "--max-upscale", "0"], "must be a finite number > 0"),
+])
+def test_stats_tier_flags_are_refused_in_flags(image_dir: Path, extra: list[str], message: str,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["stats", str(image_dir), *extra])
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert exc.value.code == 2 and message in last, last

@@ -1,8 +1,8 @@
 """Multi-resolution (tiered) training in train_text_to_image_arb.py (issue #27): the flags and their refusals, each
 row fitted to its bucket *in the batch's tier* (SDXL time ids, latent-cache keys), the flow shift per tier, the
 tiered sampler behind accelerate's prepared loader, and (slow) tiny SD and Flux runs whose curriculum switches tier
-mid-run, resumed from a checkpoint before the switch, that load in stock diffusers; the 2-process SD run is in the
-shared batch (``ddp_batch``, tests/_train_fixtures.py)."""
+mid-run, resumed from a checkpoint before the switch, that load in stock diffusers (an SD LoRA the same way, loaded
+with ``load_lora_weights``); the 2-process SD run is in the shared batch (``ddp_batch``, tests/_train_fixtures.py)."""
 
 from __future__ import annotations
 
@@ -78,11 +78,13 @@ def test_unsupported_combinations_are_refused_in_one_line(extra, message):
     assert message in str(err.value) and "\n" not in str(err.value)
 
 
-def test_packing_and_streaming_with_tiers_are_refused_by_name():
+def test_packing_with_tiers_takes_random_and_streaming_is_refused_by_name():
     flux = ["--pretrained_model_name_or_path", "black-forest-labs/FLUX.1-dev", "--train_data_dir", "unused",
             "--full_finetune", *TIERS]
-    with pytest.raises(UsageError, match="--packing is not supported with several tiers"):
-        train_args.parse_args([*flux, "--packing"])
+    args = train_args.parse_args([*flux, "--packing"])
+    assert (args.resolution_schedule, args.max_tokens) == ("random", 16)  # one image of the largest tier (64/16)²
+    with pytest.raises(UsageError, match="--packing with several tiers .* takes --resolution_schedule random"):
+        train_args.parse_args([*flux, "--packing", *CURRICULUM])
     with pytest.raises(UsageError, match="--streaming is not supported with several tiers"):
         parse(*TIERS, "--streaming", "--stream_key_column", "id")
 
@@ -290,6 +292,65 @@ def test_the_output_loads_in_stock_diffusers_at_a_non_square_bucket(tier_runs):
     assert image.shape == (80, 48, 3) and np.isfinite(image).all()
 
 
+# ------------------------------------------------------------------------------------ slow: a tiny SD LoRA on 2 tiers
+@pytest.fixture(scope="module")
+def lora_tier_runs(train_assets, tmp_path_factory):
+    """The curriculum run of ``tier_runs`` as a rank-4 LoRA (no validation): 8 steps, checkpoint at step 3 (before
+    the switch at 4), and the run resumed from it."""
+    root = tmp_path_factory.mktemp("lora_tiers")
+    base = ["--pretrained_model_name_or_path", train_assets["sd"], "--train_data_dir", train_assets["images"],
+            *SD_BASE, "--rank", "4", *TIERS, *CURRICULUM, "--max_train_steps", "8", "--checkpointing_steps", "3",
+            "--max_pixels_per_batch", "4096"]
+    full, resumed = root / "full", root / "resumed"
+    stats = run_script([*base, "--output_dir", str(full)])
+    resumed.mkdir()
+    shutil.copytree(full / "checkpoint-3", resumed / "checkpoint-3")
+    again = run_script([*base, "--output_dir", str(resumed), "--resume_from_checkpoint", "latest"])
+    return {"full": full, "resumed": resumed, "stats": stats, "again": again}
+
+
+def lora_weights(folder: Path) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(str(folder / "pytorch_lora_weights.safetensors"))
+
+
+@pytest.mark.slow
+def test_lora_curriculum_resumes_across_the_switch_to_the_same_adapters(lora_tier_runs):
+    full, resumed = lora_tier_runs["full"], lora_tier_runs["resumed"]
+    assert lora_tier_runs["stats"]["lora"] is True and lora_tier_runs["stats"]["global_step"] == 8
+    trace = read_trace(full, 0)
+    assert [t["label"].split("@")[1] for t in trace] == ["32"] * SWITCH + ["64"] * (8 - SWITCH)
+    assert [t["shape"][0] for t in trace] == [2] * SWITCH + [1] * (8 - SWITCH)  # one pixel budget, two tiers
+    again = read_trace(resumed, 0)
+    assert [(t["step"], t["label"], t["rows"]) for t in again] == [(t["step"], t["label"], t["rows"])
+                                                                    for t in trace[3:]]
+    a, b, mid = lora_weights(full), lora_weights(resumed), lora_weights(full / "checkpoint-3")
+    assert a.keys() == b.keys() and all(k.startswith("unet.") for k in a)
+    assert max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-6
+    assert max(float((a[k] - mid[k]).abs().max()) for k in a) > 1e-6  # steps 3-7 (both tiers) did train
+    assert not (full / "unet").exists() and not list((full / "checkpoint-3").glob("model*.safetensors"))
+    card = (full / "README.md").read_text()
+    assert "resolution tiers: 32, 64" in card and CURRICULUM[1] in card
+
+
+@pytest.mark.slow
+def test_lora_of_a_tiered_run_loads_with_stock_load_lora_weights(lora_tier_runs, train_assets):
+    import torch
+    from diffusers import StableDiffusionPipeline
+
+    def generate(pipe):
+        return pipe("a photo", height=80, width=48, num_inference_steps=2, output_type="np",
+                    generator=torch.Generator().manual_seed(0)).images[0]  # 48x80: a bucket of the 64 tier
+
+    pipe = StableDiffusionPipeline.from_pretrained(train_assets["sd"], safety_checker=None)
+    pipe.set_progress_bar_config(disable=True)
+    before = generate(pipe)
+    pipe.load_lora_weights(str(lora_tier_runs["full"]))
+    after = generate(pipe)
+    assert after.shape == (80, 48, 3) and np.isfinite(after).all() and abs(after - before).max() > 1e-4
+
+
 # ------------------------------------------------------------------------------------ slow: a tiny Flux run on 2 tiers
 def transformer_diff(a: Path, b: Path) -> float:
     from safetensors.torch import load_file
@@ -328,6 +389,33 @@ def test_flux_curriculum_resumes_across_the_switch_and_loads_in_diffusers(flow_a
     image = pipe("a photo", height=80, width=48, num_inference_steps=1, max_sequence_length=16, output_type="np",
                  generator=torch.Generator().manual_seed(0)).images[0]
     assert image.shape == (80, 48, 3)
+
+
+# ------------------------------------------------------------------------------------ slow: Flux packing on 2 tiers
+@pytest.mark.slow
+def test_flux_packing_on_two_tiers_draws_a_tier_per_image_and_resumes(flow_assets, tmp_path):
+    """``--packing`` with ``--resolution 32,64`` (``random``): every image trains at its own size capped at its drawn
+    tier's tokens ((32/16)² = 4 or (64/16)² = 16), packs mix tiers, and a run resumed from the checkpoint at
+    step 2 reaches the same weights."""
+    from _train_fixtures import FLOW
+
+    base = ["--pretrained_model_name_or_path", flow_assets["flux"], "--train_data_dir", flow_assets["images"], *FLOW,
+            "--full_finetune", "--learning_rate", "1e-3", *TIERS, "--packing", "--max_tokens", "40",
+            "--max_train_steps", "4", "--checkpointing_steps", "2"]
+    full, resumed = tmp_path / "full", tmp_path / "resumed"
+    stats = run_script([*base, "--output_dir", str(full)])
+    resumed.mkdir()
+    shutil.copytree(full / "checkpoint-2", resumed / "checkpoint-2")
+    run_script([*base, "--output_dir", str(resumed), "--resume_from_checkpoint", "latest"])
+    trace = read_trace(full, 0)
+    rows = [r for t in trace if t["epoch"] == 0 for r in t["rows"]]
+    assert len(rows) == len(set(rows))  # once per epoch, at one tier
+    tokens = [(h // 16) * (w // 16) for t in trace for _, h, w in t["shape"]]
+    assert all(sum((h // 16) * (w // 16) for _, h, w in t["shape"]) <= 40 for t in trace)
+    assert max(tokens) <= 16 and min(tokens) <= 4 and max(tokens) > 4  # both tiers' caps in use
+    assert "this epoch's rows per tier: 32:" in stats["log"]
+    assert [t["rows"] for t in read_trace(resumed, 0)] == [t["rows"] for t in trace[2:]]
+    assert transformer_diff(full, resumed) < 1e-6
 
 
 # ------------------------------------------------------------------------------------ slow: 2 processes (the batch)

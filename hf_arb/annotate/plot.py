@@ -1,4 +1,5 @@
-"""The bucket chart: rows per bucket (portrait → landscape) and the distribution of aspect errors.
+"""The bucket chart: rows per bucket (portrait → landscape) and the distribution of aspect errors; the tier chart:
+rows per (tier, bucket) of a multi-resolution run (:func:`plot_tier_chart`).
 
 matplotlib is optional (the ``plot`` extra: ``pip install "hf_arb[plot]"``); it is imported only when a
 chart is drawn, with the non-interactive ``Agg`` backend, so this works on headless machines.
@@ -95,6 +96,68 @@ def plot_bucket_chart(
         ax_e.set_ylabel("rows")
         ax_e.set_title("aspect error of kept rows")
         fig.suptitle(title or f"{int(kept.sum()):,} of {ids.size:,} rows in {k} buckets")
+        fig.tight_layout()
+        out = Path(path)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(out, format="png", dpi=dpi)
+    finally:
+        plt.close(fig)
+    return out
+
+
+def plot_tier_chart(
+    tiers: Any,
+    counts: Any,
+    path: str | os.PathLike[str],
+    *,
+    rows_total: int | None = None,
+    title: str | None = None,
+    dpi: int = 100,
+) -> Path:
+    """Draw rows per (tier, bucket) to a PNG file: one panel per tier, side by side.
+
+    Each panel shows the rows whose bucket in that tier is ``"WxH"``, bars ordered portrait to landscape; its
+    title gives the tier's resolution and its eligible rows. A row counts in every tier it is eligible for.
+
+    Args:
+        tiers: the :class:`~hf_arb.sampling.tier_plan.Tiers` (a BucketSet per tier).
+        counts: rows per bucket of each tier, a sequence of ``T`` int arrays ``(k_t,)``
+            (:func:`~hf_arb.sampling.tier_report.tier_row_counts`).
+        path: where to write the PNG.
+        rows_total: the dataset's rows (for the default title).
+        title: figure title (default: rows per tier).
+        dpi: resolution of the PNG.
+
+    Returns:
+        The path written.
+
+    Raises:
+        ImportError: matplotlib is missing; the message says how to install it.
+    """
+    plt = _pyplot()
+    from matplotlib.ticker import MaxNLocator
+
+    sets = list(tiers.bucket_sets)
+    per_tier = [np.asarray(c, dtype=np.int64).reshape(-1) for c in counts]  # T × (k_t,)
+    if len(per_tier) != len(sets) or any(c.size != len(b) for c, b in zip(per_tier, sets)):
+        raise ValueError(f"`counts` must hold one array per tier of its bucket count {[len(b) for b in sets]}, got "
+                         f"{[c.size for c in per_tier]}.")
+    widths = [max(2.0, len(b) / 8) for b in sets]
+    fig, axes = plt.subplots(1, len(sets), figsize=(max(8.0, 2.0 + 0.3 * sum(len(b) for b in sets)), 4.5),
+                             gridspec_kw={"width_ratios": widths}, squeeze=False)
+    try:
+        for ax, res, bs, c in zip(axes[0], tiers.resolutions, sets, per_tier):
+            order = bs.portrait_to_landscape()  # (k_t,)
+            x = np.arange(len(bs))
+            ax.bar(x, c[order], color="#4C72B0")
+            ax.set_xticks(x)
+            ax.set_xticklabels([bs.labels()[i] for i in order], rotation=90, fontsize=7 if len(bs) > 24 else 8)
+            ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+            ax.set_title(f"tier {res}: {int(c.sum()):,} rows in {int((c > 0).sum())} buckets", fontsize=10)
+            ax.set_xlabel("bucket (width x height)")
+        axes[0][0].set_ylabel("rows")
+        total = f" of {rows_total:,}" if rows_total is not None else ""
+        fig.suptitle(title or f"rows per tier and bucket{total} (max upscale {float(tiers.max_upscale):g}x)")
         fig.tight_layout()
         out = Path(path)
         out.parent.mkdir(parents=True, exist_ok=True)

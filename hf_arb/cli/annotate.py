@@ -2,7 +2,8 @@
 
 ``annotate SOURCE`` loads a Hub dataset id, a local imagefolder, a Parquet/CSV/JSON file or a dataset saved with
 ``save_to_disk``, adds the bucket columns and saves (``--output-dir``) or pushes (``--push-to-hub``) the result.
-``stats DATASET`` prints the summary of an annotated dataset and can draw the bucket chart.
+``stats DATASET`` prints the summary of an annotated dataset and can draw the bucket chart; with
+``--resolution 512,1024`` it prints rows per (tier, bucket) instead (:mod:`hf_arb.cli.tier_stats`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from hf_arb.buckets.sets import BucketSet
 from hf_arb.flag_parser import in_flags
 
 from .buckets import UsageError, add_bucket_arguments, buckets_from_args, positive_int
+from .tier_stats import add_tier_arguments, run_tier_stats, tiers_from_stats_args
 
 _FILE_BUILDERS = {".parquet": "parquet", ".csv": "csv", ".tsv": "csv", ".json": "json", ".jsonl": "json",
                   ".arrow": "arrow"}
@@ -229,13 +231,18 @@ def _run_annotate(args: argparse.Namespace) -> int:
 def _add_stats_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("dataset", help="annotated dataset: save_to_disk dir, .parquet file, local folder or Hub id")
     p.add_argument("--split", default=None, help="only this split (default: all)")
-    p.add_argument("--plot", default=None, metavar="FILE.png", help="draw the bucket chart to this PNG")
+    p.add_argument("--plot", "--chart", default=None, metavar="FILE.png",
+                   help="draw the bucket chart to this PNG (with --resolution: rows per tier and bucket)")
+    add_tier_arguments(p)
 
 
 def _run_stats(args: argparse.Namespace) -> int:
     from hf_arb.annotate.map import summarize_annotation
 
+    tiers = tiers_from_stats_args(args)
     ds = load_source(args.dataset, split=args.split)
+    if tiers is not None:
+        return run_tier_stats(args, _splits(ds), tiers)
     names = ds.column_names
     for cols in names.values() if isinstance(names, dict) else [names]:
         if "bucket" not in (cols or []):  # said in commands, not in Python arguments
@@ -282,6 +289,6 @@ def _guard(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Names
 COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {
     "annotate": ("add bucket columns to an image dataset; save it or push it to the Hub",
                  _add_annotate_arguments, _guard(_run_annotate)),
-    "stats": ("print the bucket summary of an annotated dataset; draw the chart", _add_stats_arguments,
-              _guard(_run_stats)),
+    "stats": ("print the bucket summary of an annotated dataset (or rows per tier and bucket); draw the chart",
+              _add_stats_arguments, _guard(_run_stats)),
 }

@@ -3,6 +3,7 @@
 - :mod:`~hf_arb.packing.layout` — each row's fitted size and token count (pure numpy);
 - :mod:`~hf_arb.packing.plan` — :func:`plan_packs`, first-fit-decreasing packs per rank (pure numpy);
 - :mod:`~hf_arb.packing.sampler` — :class:`PackBatchSampler`, the resumable sampler around the plan;
+  :mod:`~hf_arb.packing.tier_sampler` — :class:`TieredPackBatchSampler`, packs over several resolution tiers;
 - :mod:`~hf_arb.packing.dataset` — :class:`PackedImageDataset`, a pack's images fitted at their own size;
 - :mod:`~hf_arb.packing.attention`, :mod:`~hf_arb.packing.model` — block-diagonal attention and the packed
   SD3/Flux forwards; :mod:`~hf_arb.packing.loss` — the per-image flow-matching loss of a pack;

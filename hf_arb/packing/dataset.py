@@ -65,7 +65,9 @@ class PackedImageDataset(BucketedImageDataset):
 
     Args:
         ds: an annotated map-style ``datasets.Dataset`` (as for :class:`~hf_arb.images.dataset.BucketedImageDataset`).
-        sizes: every row's fitted size, ``sampler.sizes`` (:func:`~hf_arb.packing.sampler.pack_sizes`).
+        sizes: every row's fitted size, ``sampler.sizes`` (:func:`~hf_arb.packing.sampler.pack_sizes`); a
+            :class:`~hf_arb.packing.tier_sampler.TieredPackBatchSampler`'s is one per tier, and a key's size picks
+            the tier.
         vae_scale_factor, patch_size: the model's latent step, for :attr:`step` and the collated ``grids``.
         **kwargs: :class:`~hf_arb.images.dataset.BucketedImageDataset`'s options (``image_column``, ``caption_column``,
             ``tokenizer``, ``seed``, ``center_crop``, ``random_flip``, ``resample``, ``on_bad_image``, …).
@@ -82,34 +84,40 @@ class PackedImageDataset(BucketedImageDataset):
         ```
     """
 
-    def __init__(self, ds: Any, sizes: FittedSizes, *, vae_scale_factor: int = 8, patch_size: int = 2,
-                 **kwargs: Any) -> None:
+    def __init__(self, ds: Any, sizes: FittedSizes | Sequence[FittedSizes], *, vae_scale_factor: int = 8,
+                 patch_size: int = 2, **kwargs: Any) -> None:
         if "buckets" in kwargs:
             raise TypeError("PackedImageDataset takes no `buckets`: every row has its own size (`sizes`).")
         super().__init__(ds, **kwargs)
-        if sizes.tokens.shape != (len(self),):
-            raise ValueError(f"`sizes` covers {sizes.tokens.size} rows but the dataset has {len(self)}: pass the "
-                             "`sizes` of a PackBatchSampler built on this dataset.")
-        self.sizes = sizes
+        tables = (sizes,) if isinstance(sizes, FittedSizes) else tuple(sizes)  # one per tier (TieredPackBatchSampler)
+        if not tables or any(s.tokens.shape != (len(self),) for s in tables):
+            covers = sorted({s.tokens.size for s in tables})
+            raise ValueError(f"`sizes` covers {' or '.join(map(str, covers)) or 'no'} rows but the dataset has "
+                             f"{len(self)}: pass the `sizes` of a PackBatchSampler built on this dataset.")
+        self.sizes, self.tier_sizes = tables[0], tables
         self.step = int(vae_scale_factor) * int(patch_size)
-        wh = np.stack([sizes.width, sizes.height], 1).astype(np.int64)
-        ok = sizes.tokens > 0
+        wh = np.stack([np.stack([s.width, s.height], 1) for s in tables]).astype(np.int64)  # (T, n, 2)
+        ok = np.stack([s.tokens > 0 for s in tables])  # (T, n)
         table, group = np.unique(wh[ok], axis=0, return_inverse=True)
-        groups = np.full(len(self), -1, dtype=np.int64)
+        groups = np.full(ok.shape, -1, dtype=np.int64)  # (T, n) size group of each row at each tier
         groups[ok] = group.reshape(-1)
-        # the parent's bucket table and bucket ids become the fitted-size table and each row's size group
-        self.resolutions, self._bucket = table, groups
+        # the parent's bucket table and bucket ids become the fitted-size table and each row's size group (the
+        # first tier where it has a size)
+        first = np.argmax(ok, axis=0)  # (n,)
+        self.resolutions, self._bucket = table, groups[first, np.arange(len(self))]
+        self._groups, self._wh = groups, wh
 
     def _parse_key(self, key: Any) -> tuple[int, int, int]:
         if isinstance(key, (tuple, list)) and len(key) == 4:
             row, width, height, epoch = (int(k) for k in key)
             if not 0 <= row < len(self):
                 raise IndexError(f"Row {row} is out of range for a dataset of {len(self)} rows.")
-            have = (int(self.sizes.width[row]), int(self.sizes.height[row]))
-            if have != (width, height):
+            match = np.flatnonzero((self._wh[:, row] == (width, height)).all(axis=1) & (self._groups[:, row] >= 0))
+            if not match.size:
+                have = " or ".join(f"{a}x{b}" for a, b in self._wh[self._groups[:, row] >= 0, row].tolist())
                 raise ValueError(f"Row {row}: the sampler asks for {width}x{height} but this dataset fits the row to "
-                                 f"{have[0]}x{have[1]}; build the dataset with the sampler's `sizes`.")
-            return super()._parse_key((row, int(self._bucket[row]), epoch))
+                                 f"{have or 'no size'}; build the dataset with the sampler's `sizes`.")
+            return super()._parse_key((row, int(self._groups[match[0], row]), epoch))
         return super()._parse_key(key)
 
     def fit_row(self, row: int, bucket: int | None = None, epoch: int | None = None,
@@ -125,9 +133,10 @@ class PackedImageDataset(BucketedImageDataset):
         size = annotated if size is None else (int(size[0]), int(size[1]))
         if size is None:
             raise ValueError("fit_row needs the image size: annotate the dataset or pass `size=(width, height)`.")
-        own = (int(self.sizes.width[row]), int(self.sizes.height[row]))
-        if size == annotated and target == own:
-            scaled = (int(self.sizes.resize_width[row]), int(self.sizes.resize_height[row]))
+        tier = np.flatnonzero(self._groups[:, row] == bucket)  # the tier whose fitted size is this bucket
+        if size == annotated and tier.size:
+            fitted = self.tier_sizes[int(tier[0])]
+            scaled = (int(fitted.resize_width[row]), int(fitted.resize_height[row]))
         else:
             scaled = cover_size(size[0], size[1], target[0], target[1])
         flip = self.random_flip and bool(row_rng(self.seed, epoch, row, ROW_FLIP).random() < 0.5)

@@ -132,8 +132,7 @@ class PackBatchSampler(ResumableBatchSampler):
         self.vae_scale_factor = check_positive("vae_scale_factor", vae_scale_factor)
         self.patch_size = check_positive("patch_size", patch_size)
         self.upscale, self.return_keys, self.log_report = bool(upscale), bool(return_keys), bool(log_report)
-        self.sizes = pack_sizes(source, self.max_image_tokens, vae_scale_factor=self.vae_scale_factor,
-                                patch_size=self.patch_size, upscale=self.upscale)
+        self.sizes = self._fit(source)
         #: ``None``: batches have variable length (accelerate's ``BatchSamplerShard`` then deals whole rounds)
         self.batch_size: int | None = None
         #: one pack per rank per step (what DeepSpeed's micro batch means here)
@@ -145,10 +144,16 @@ class PackBatchSampler(ResumableBatchSampler):
         self._steps_cache: dict[int, int] = {}
         self._epoch, self._consumed, self._restored_epoch, self._logged = 0, 0, None, False
         if self.steps_in(0) == 0:
-            n = int((self.sizes.tokens > 0).sum())
+            rep = self.report(0)
+            n = rep.rows_total - rep.rows_skipped
             raise ValueError(f"The pack plan has zero steps: {n} packable rows make fewer packs of {self.max_tokens} "
                              f"tokens than num_replicas ({self.num_replicas}). Use a smaller `max_tokens`, fewer "
                              "processes, or more rows.")
+
+    def _fit(self, source: Any) -> Any:
+        """Every row's training size (a subclass with several size tables overrides this)."""
+        return pack_sizes(source, self.max_image_tokens, vae_scale_factor=self.vae_scale_factor,
+                          patch_size=self.patch_size, upscale=self.upscale)
 
     def _make_fingerprint(self) -> str:
         h = hashlib.sha256(np.ascontiguousarray(self.sizes.tokens, dtype="<i8").tobytes())

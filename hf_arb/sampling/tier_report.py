@@ -78,4 +78,32 @@ def bucket_table(counts: np.ndarray, batch: np.ndarray, world: int, leftover: st
     return out
 
 
-__all__ = ["TierReport", "bucket_table"]
+def tier_row_counts(tier_ids: np.ndarray, num_buckets: Any) -> tuple[list[np.ndarray], int]:
+    """Rows per (tier, bucket) of the tier columns, and the rows eligible in no tier.
+
+    Args:
+        tier_ids: :func:`~hf_arb.sampling.tier_plan.tier_bucket_ids`, int ``(T, n)``, ``-1``: not eligible there.
+        num_buckets: buckets per tier, int ``(T,)`` (:attr:`~hf_arb.sampling.tier_plan.Tiers.num_buckets`).
+
+    Returns:
+        ``(counts, no_tier)``: ``counts[t]`` int64 ``(k_t,)``, the rows whose bucket in tier ``t`` is ``b`` (a row
+        counts once in every tier it is eligible for: nothing is copied, a schedule picks among them);
+        ``no_tier``: rows with ``-1`` in every tier.
+    """
+    ids = np.asarray(tier_ids)
+    k = np.asarray(num_buckets, np.int64).reshape(-1)
+    if ids.ndim != 2 or ids.shape[0] != k.size:
+        raise ValueError(f"`tier_ids` must be (tiers, rows) with {k.size} tiers, got shape {ids.shape}: pass "
+                         "tier_bucket_ids(widths, heights, tiers) and tiers.num_buckets.")
+    counts = []
+    for t in range(k.size):
+        row = ids[t]
+        kept = row[row >= 0].astype(np.int64)
+        if kept.size and int(kept.max()) >= k[t]:
+            raise ValueError(f"Tier {t} has bucket id {int(kept.max())}, but only {int(k[t])} buckets.")
+        counts.append(np.bincount(kept, minlength=int(k[t])).astype(np.int64))
+    no_tier = int((ids < 0).all(axis=0).sum()) if ids.shape[1] else 0
+    return counts, no_tier
+
+
+__all__ = ["TierReport", "bucket_table", "tier_row_counts"]

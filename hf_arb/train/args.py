@@ -201,7 +201,8 @@ def build_parser() -> argparse.ArgumentParser:
            "per device and step, attention masked per image; replaces buckets and --train_batch_size.")
     a("--max_tokens", type=int, default=None,
       help="--packing: latent tokens per pack (per device per step); each image is also capped at "
-           "min(this, (--resolution/16)^2) tokens. Default: (--resolution/16)^2." + NO_DEFAULT)
+           "min(this, (--resolution/16)^2) tokens (several tiers: its drawn tier's). Default: (--resolution/16)^2 "
+           "(several tiers: the largest)." + NO_DEFAULT)
     # --- streaming (hf_arb.BucketedStream over annotated parquet shards; docs/training.md "Streaming")
     a("--streaming", action="store_true",
       help="Stream the annotated dataset (datasets streaming=True) through hf_arb.BucketedStream: no rank holds it.")

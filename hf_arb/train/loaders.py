@@ -19,7 +19,7 @@ from .caches import build_latent_cache
 from .data import SAMPLER_FLAG_NAMES, image_dataset
 from .files import SKIPPED_ROWS_FILE
 from .schedule import Schedule
-from .tiers import TierTable, TieredImages, make_tier_sampler
+from .tiers import TierTable, TieredImages, make_tier_pack_sampler, make_tier_sampler
 
 torch: Any = LazyModule("torch")  # loaded when a function needs it: --help and flag errors answer before torch
 logger = logging.getLogger("train_text_to_image_arb")
@@ -29,6 +29,8 @@ def make_sampler(args: argparse.Namespace, ds: Any, buckets: Any, accelerator: A
     """The global epoch plan over all ranks; a plain ``accelerator.prepare`` deals each rank its batches."""
     from hf_arb import BucketBatchSampler
 
+    if args.packing and isinstance(buckets, TierTable):  # packs over tiers: a tier is a token cap per image
+        return make_tier_pack_sampler(args, ds, buckets, accelerator)
     if args.packing:
         return make_pack_sampler(args, ds, accelerator)
     if isinstance(buckets, TierTable):  # --resolution 512,1024: one TieredBatchSampler over every tier
@@ -89,14 +91,27 @@ def packed_model(args: argparse.Namespace, models: Models) -> Any:
     return PackedFlowModel(models.unet)
 
 
+def packable_rows(sampler: Any) -> int:
+    """Rows with a size to pack (in some tier, for a TieredPackBatchSampler)."""
+    tables = (sampler.sizes,) if hasattr(sampler.sizes, "tokens") else sampler.sizes
+    return int(np.any([t.tokens > 0 for t in tables], axis=0).sum())
+
+
 def packing_report(sampler: Any) -> str:
     """--packing's startup lines: this epoch's packs, padding and left-out rows, and the crop to the patch grid."""
     rep = sampler.report()
-    ok = sampler.sizes.tokens > 0
+    tiered = not hasattr(sampler.sizes, "tokens")  # a TieredPackBatchSampler: one size table per tier
+    sizes = sampler.epoch_sizes(sampler.epoch) if tiered else sampler.sizes
+    ok = sizes.tokens > 0
+    tiers = ""
+    if tiered:
+        tiers = "; this epoch's rows per tier: " + ", ".join(
+            f"{r}: {n:,} (cap {min(sampler.max_tokens, (r // 16) ** 2):,} tokens)"
+            for r, n in zip(sampler.tiers.resolutions, sampler.tier_rows()))
     return (f"{rep.text()}\nimages at their own size: {int(ok.sum()):,} rows, mean "
-            f"{sampler.sizes.tokens[ok].mean():,.0f} "
+            f"{sizes.tokens[ok].mean() if ok.any() else 0:,.0f} "
             f"tokens (cap {int(sampler.max_image_tokens):,}), mean crop to the 16 px grid "
-            f"{100 * sampler.mean_crop_fraction():.2f}% of the area; pack budget {sampler.max_tokens:,} tokens")
+            f"{100 * sampler.mean_crop_fraction():.2f}% of the area; pack budget {sampler.max_tokens:,} tokens{tiers}")
 
 
 def build_dataloader(args: argparse.Namespace, accelerator: Any, ds: Any, buckets: Any, models: Models, sampler: Any,

@@ -17,7 +17,7 @@ from hf_arb.lazy import LazyModule
 
 from .data import bucket_origin
 from .files import BUCKETS_FILE, SKIPPED_ROWS_FILE
-from .loaders import packing_report
+from .loaders import packable_rows, packing_report
 from .models import place, unwrap
 from .progress import Progress
 from .schedule import Schedule
@@ -249,7 +249,7 @@ def startup_report(accelerator: Any, ds: Any, buckets: Any, sampler: Any, schedu
     if args.packing:
         print(packing_report(sampler), flush=True)
         print(f"***** Running training ({models.family.title}, packed) *****\n"
-              f"  Num examples = {int((sampler.sizes.tokens > 0).sum())}\n  Num Epochs = {schedule.num_train_epochs}\n"
+              f"  Num examples = {packable_rows(sampler)}\n  Num Epochs = {schedule.num_train_epochs}\n"
               f"  One pack of <= {args.max_tokens} tokens per device and step "
               f"({sampler.report().mean_images_per_pack:.2f} images on average)\n"
               f"  Gradient Accumulation steps = {args.gradient_accumulation_steps}\n"

@@ -25,8 +25,8 @@ import numpy as np
 from hf_arb.checks import UsageError
 
 #: the single-tier features a run with several tiers does not support yet, with the reason (refused by name)
-UNSUPPORTED = {"packing": "packs take every image at its own size, not a tier's buckets",
-               "streaming": "the streamed plan (BucketedStream) has one bucket table",
+UNSUPPORTED = {"streaming": "the streamed plan (BucketedStream) has one bucket table; docs/tiers.md, \"With "
+                            "streaming\", says what the tier would take",
                "no_bucket_sync": "every rank trains the same (tier, bucket) at each step",
                "aspect_ratio_buckets": "an explicit table cannot be scaled to each tier's resolution"}
 
@@ -93,6 +93,14 @@ def check_tier_flags(args: argparse.Namespace) -> None:
         parse_resolution_schedule(args.resolution_schedule, args.resolutions)
     except ValueError as e:
         raise UsageError(str(e)) from None
+    if args.packing:  # a pack holds every image at its own size: a tier is a token cap, drawn per row and epoch
+        if args.resolution_schedule != "random":
+            raise UsageError(f"--packing with several tiers (--resolution {res}) takes --resolution_schedule random "
+                             f"(each image draws its tier per epoch and a pack mixes tiers), got "
+                             f"{args.resolution_schedule}: a step schedule would need one pack stream per tier. Use "
+                             "random, or drop --packing to train that schedule on buckets.")
+        if args.max_tokens is None:  # one image of the largest tier, as one --resolution gives
+            args.max_tokens = (max(args.resolutions) // 16) ** 2
 
 
 def tiers_from_args(args: argparse.Namespace) -> Any:
@@ -168,6 +176,21 @@ def tier_table(args: argparse.Namespace) -> TierTable | None:
     return TierTable(tiers_from_args(args), args.resolution_schedule)
 
 
+def make_tier_pack_sampler(args: argparse.Namespace, ds: Any, table: TierTable, accelerator: Any) -> Any:
+    """--packing on several tiers: each image draws a tier per epoch and trains at its own size capped at
+    ``(tier // 16)²`` tokens, in packs of ``--max_tokens`` that mix tiers (docs/tiers.md, "With packing")."""
+    from hf_arb.packing.tier_sampler import TieredPackBatchSampler
+
+    try:
+        return TieredPackBatchSampler(ds, table.tiers, args.max_tokens, num_replicas=accelerator.num_processes,
+                                      rank=accelerator.process_index, seed=args.seed,
+                                      leftover="fill" if args.bucket_leftover == "fill" else "drop",
+                                      log_report=False)
+    except ValueError as err:
+        raise UsageError(f"--packing --max_tokens {args.max_tokens} --resolution "
+                         f"{','.join(map(str, table.tiers.resolutions))}: {err}") from None
+
+
 def make_tier_sampler(args: argparse.Namespace, ds: Any, table: TierTable, accelerator: Any) -> Any:
     """The tiered global plan from the annotated dataset's stored sizes, prepared by accelerate as the
     single-tier sampler is (no ``rank=``: ``accelerator.prepare`` deals the plan)."""
@@ -225,5 +248,6 @@ def tier_pairs(ds: Any, table: TierTable) -> set[tuple[int, int]]:
     return pairs
 
 
-__all__ = ["TierTable", "TieredImages", "UNSUPPORTED", "check_tier_flags", "make_tier_sampler", "parse_resolutions",
+__all__ = ["TierTable", "TieredImages", "UNSUPPORTED", "check_tier_flags", "make_tier_pack_sampler",
+           "make_tier_sampler", "parse_resolutions",
            "split_resolution", "tier_pairs", "tier_table", "tiers_from_args"]

@@ -1,0 +1,115 @@
+"""Packing over several resolution tiers (issue #27): :class:`TieredPackBatchSampler` draws each row's tier per epoch
+(the ``random`` schedule, the same draw as the bucketed tiers), fits the row at that tier's token cap, and packs
+the epoch over those sizes, so a pack mixes tiers; it resumes mid-epoch, refuses another plan's state, and
+:class:`PackedImageDataset` renders each key at its tier's size."""
+
+from __future__ import annotations
+
+import datasets
+import numpy as np
+import pytest
+from PIL import Image
+from torch.utils.data import DataLoader
+
+from _photos import PHOTOS, SKIMAGE_DATA
+from hf_arb import add_bucket_columns
+from hf_arb.packing.dataset import PackedImageDataset
+from hf_arb.packing.layout import fit_sizes
+from hf_arb.packing.tier_sampler import TieredPackBatchSampler, tier_token_caps
+from hf_arb.sampling import TieredBatchSampler
+from hf_arb.sampling.tier_plan import Tiers, tier_bucket_ids
+
+TIERS = Tiers.preset("budget", [256, 512])
+
+
+@pytest.fixture(scope="module")
+def sizes():
+    rng = np.random.default_rng(7)
+    return rng.integers(150, 1400, 600), rng.integers(150, 1400, 600)
+
+
+def test_every_row_trains_once_per_epoch_at_one_of_its_tiers_and_packs_mix_tiers(sizes):
+    w, h = sizes
+    s = TieredPackBatchSampler((w, h), TIERS, 2304, num_replicas=2, seed=3, log_report=False)
+    eligible = tier_bucket_ids(w, h, TIERS) >= 0  # (T, n): the bucketed tiers' rule
+    caps = tier_token_caps(TIERS, 2304)
+    assert caps == [256, 1024] and s.max_image_tokens == 1024
+    fits = [fit_sizes(w, h, c) for c in caps]
+    seen_tiers: dict[int, set[int]] = {}
+    for epoch in range(3):
+        s.set_epoch(epoch)
+        packs = list(s)
+        assert len(packs) == 2 * s.steps_in(epoch)
+        rows = [k[0] for p in packs for k in p]
+        assert len(rows) == len(set(rows))  # once per epoch (leftover="drop")
+        drawn = s.draw(epoch)
+        mixed = 0
+        for pack in packs:
+            tiers_in_pack = set()
+            for row, kw, kh, e in pack:
+                t = int(drawn[row])
+                assert e == epoch and eligible[t, row]
+                assert (kw, kh) == (fits[t].width[row], fits[t].height[row])  # the row at its tier's cap
+                assert (kw // 16) * (kh // 16) <= caps[t]
+                tiers_in_pack.add(t)
+                seen_tiers.setdefault(row, set()).add(t)
+            assert sum((kw // 16) * (kh // 16) for _, kw, kh, _ in pack) <= 2304
+            mixed += len(tiers_in_pack) > 1
+        assert mixed > len(packs) // 4, mixed  # packs mix tiers (2 images at 512 leave room for one at 256)
+        assert not eligible[:, drawn < 0].any() and (drawn[eligible.any(axis=0)] >= 0).all()
+        # the same draw as the bucketed tiers' random schedule
+        bucketed = TieredBatchSampler(w, h, TIERS, "random", batch_size=1, num_replicas=1, seed=3)
+        assert s.tier_rows(epoch) == [t["rows"] for t in bucketed.report(epoch).tiers]
+    both = eligible.all(axis=0)
+    assert np.mean([len(seen_tiers.get(r, ())) == 2 for r in np.flatnonzero(both)]) > 0.5  # draws change per epoch
+
+
+def test_resume_mid_epoch_continues_the_same_packs_and_refuses_another_plan(sizes):
+    w, h = sizes
+    def make(**kw):
+        return TieredPackBatchSampler((w, h), TIERS, 2048, num_replicas=2, seed=3, log_report=False, **kw)
+
+    full = make()
+    full.set_epoch(1)
+    whole = list(full)
+    part = make()
+    part.set_epoch(1)
+    it = iter(part)
+    head = [next(it) for _ in range(2 * 5)]  # 5 steps of 2 ranks
+    state = part.state_dict()
+    assert state["tiers"] == [256, 512] and state["schedule"] == "random" and state["batches_consumed"] == 5
+    again = make()
+    again.load_state_dict(state)
+    assert head + list(again) == whole
+    other = TieredPackBatchSampler((w, h), Tiers.preset("budget", [256, 768]), 2048, num_replicas=2, seed=3,
+                                   log_report=False)
+    with pytest.raises(ValueError, match="`fingerprint` does not match"):
+        other.load_state_dict(state)
+    with pytest.raises(ValueError, match="takes the `random` schedule"):
+        make(schedule="0-10:256,10-:512")
+    with pytest.raises(TypeError, match="takes no `max_image_tokens`"):
+        make(max_image_tokens=100)
+
+
+def test_dataset_renders_each_key_at_its_tiers_size(tmp_path):
+    sizes = [(700, 500), (300, 600), (640, 640), (900, 300), (520, 520), (260, 200)]
+    paths = []
+    for i, (w, h) in enumerate(sizes):
+        paths.append(str(tmp_path / f"img{i}.png"))
+        Image.open(SKIMAGE_DATA / list(PHOTOS)[i]).convert("RGB").resize((w, h)).save(paths[-1])
+    ds = datasets.Dataset.from_dict({"image": paths, "text": [f"photo {i}" for i in range(len(sizes))]})
+    ds = add_bucket_columns(ds.cast_column("image", datasets.Image()), TIERS.bucket_sets[0], show_summary=False)
+    s = TieredPackBatchSampler(ds, TIERS, 1024, num_replicas=1, seed=0, log_report=False)
+    data = PackedImageDataset(ds, s.sizes, seed=0)
+    seen = set()
+    for epoch in range(4):
+        s.set_epoch(epoch)
+        for batch in DataLoader(data, batch_sampler=s, collate_fn=data.collate):
+            for px, row in zip(batch["pixel_values"], batch["rows"].tolist()):
+                t = int(s.draw(epoch)[row])
+                assert (px.shape[2], px.shape[1]) == (s.sizes[t].width[row], s.sizes[t].height[row])
+                seen.add((row, t))
+    assert {(0, 0), (0, 1)} <= seen  # the 700x500 photo trained at both tiers, each at its own size
+    assert {r for r, _ in seen} == {0, 1, 2, 3, 4}  # 260x200 is too small for a 256-tier bucket: in no tier
+    with pytest.raises(ValueError, match="fits the row to"):
+        data[(0, 16, 16, 0)]
