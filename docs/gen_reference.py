@@ -47,6 +47,7 @@ MODULES: dict[str, str] = {
     "hf_arb.sampling.composite": "edit.md",
     "hf_arb.images.references": "edit.md",
     "hf_arb.families.flux_kontext": "edit.md",
+    "hf_arb.families.qwenimage_edit": "edit.md#train-a-qwen-image-edit-lora",
     "hf_arb.checks": "sampler.md",
     "hf_arb.annotate.arrow_batch": "web_scale.md",
     "hf_arb.annotate.engines.ray": "web_scale.md",
