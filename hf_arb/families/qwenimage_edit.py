@@ -154,6 +154,10 @@ class QwenImageEditFamily(QwenImageFamily):
             raise UsageError("--cache_text_embeddings: Qwen-Image-Edit's prompt embeddings depend on the reference "
                              "image (it goes through the text encoder's vision tower), so they cannot be cached "
                              "per caption: drop the flag.")
+        if getattr(args, "cache_latents", False):
+            raise UsageError("--cache_latents: Qwen-Image-Edit's reference image goes through the text encoder's "
+                             "vision tower as pixels at every step; cached reference latents are not enough yet: "
+                             "drop the flag.")
         if getattr(args, "validation_prompt", None):
             raise UsageError("--validation_prompt: QwenImageEditPipeline needs an input image, which the validation "
                              "step does not have: drop the flag and edit with the saved LoRA (docs/edit.md).")
