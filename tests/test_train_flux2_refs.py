@@ -20,6 +20,7 @@ from test_family_flux2 import ARGS
 from test_train import read_trace, run_script
 
 from hf_arb.families import get_family
+from hf_arb.families.flux2 import normalize_latents, patchify
 from hf_arb.families.flux2_refs import reference_tokens
 
 SIZES = [(96, 64), (64, 96), (64, 64), (80, 48)]
@@ -64,7 +65,9 @@ def test_reference_tokens_are_the_pipelines(refs_assets) -> None:
     pipe = Flux2KleinPipeline.from_pretrained(refs_assets["model"])
     g = torch.Generator().manual_seed(0)
     a, b = torch.rand(1, 3, 48, 80, generator=g) * 2 - 1, torch.rand(1, 3, 64, 32, generator=g) * 2 - 1
-    tokens, ids = reference_tokens(pipe.vae, [a.repeat(2, 1, 1, 1), b.repeat(2, 1, 1, 1)], "cpu", torch.float32)
+    to_model = lambda mode: normalize_latents(patchify(mode), pipe.vae)  # noqa: E731
+    tokens, ids = reference_tokens(pipe.vae, [a.repeat(2, 1, 1, 1), b.repeat(2, 1, 1, 1)], to_model, "cpu",
+                                   torch.float32)
     theirs, their_ids = pipe.prepare_image_latents([a, b], 2, g, torch.device("cpu"), torch.float32)
     torch.testing.assert_close(tokens, theirs)
     assert torch.equal(ids, their_ids)

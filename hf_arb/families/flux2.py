@@ -298,7 +298,8 @@ class Flux2Family(FlowFamily):
         from .flux2_refs import batch_references
 
         pred = self.predict(denoiser, noisy.to(dtype), sigmas, prompt_embeds.to(dtype), None, options,
-                            references=batch_references(models.vae, batch, device, dtype))
+                            references=batch_references(models.vae, batch, lambda m: normalize_latents(
+                                patchify(m), models.vae), device, dtype))
         return flow_matching_loss(pred, latents, noise, noisy, sigmas, options.weighting_scheme,
                                   options.precondition_outputs)
 
