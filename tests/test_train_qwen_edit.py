@@ -185,3 +185,19 @@ def test_qwen_edit_lora_resumes_exactly(edit_assets, edit_lora, tmp_path) -> Non
     a = load_file(str(out / "pytorch_lora_weights.safetensors"))
     b = load_file(str(resumed / "pytorch_lora_weights.safetensors"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.slow
+def test_qwen_edit_lora_on_two_processes_keeps_ranks_in_one_composite_bucket(edit_assets, tmp_path) -> None:
+    out = tmp_path / "ddp"
+    args = [*EDIT_ARGS[:EDIT_ARGS.index("--max_train_steps")], "--max_train_steps", "3", "--checkpointing_steps", "100",
+            *EDIT_ARGS[EDIT_ARGS.index("--bucket_leftover"):]]
+    stats = run_script(["--pretrained_model_name_or_path", edit_assets["model"], "--dataset_name",
+                        edit_assets["pairs"], *args, "--output_dir", str(out)], nproc=2)
+    r0, r1 = read_trace(out, 0), read_trace(out, 1)
+    assert stats["global_step"] == 3 and [t["step"] for t in r0] == [t["step"] for t in r1] == [0, 1, 2]
+    assert [t["bucket"] for t in r0] == [t["bucket"] for t in r1]
+    assert [t["shape"] for t in r0] == [t["shape"] for t in r1]
+    assert np.isfinite(stats["losses"]).all()
+    for a, b in zip(r0, r1):
+        assert not set(a["rows"]) & set(b["rows"])
