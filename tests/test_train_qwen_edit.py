@@ -18,7 +18,7 @@ from test_train_kontext import edit_pairs
 
 import train_text_to_image_arb as script
 from hf_arb.families import detect_family, get_family
-from hf_arb.families.qwenimage_edit import encode_edit_prompts, reference_latent_tokens, to_uint8_images
+from hf_arb.families.qwenimage_edit import edit_texts, encode_edit_prompts, reference_latent_tokens, to_uint8_images
 
 
 @pytest.fixture(scope="module")
@@ -56,15 +56,16 @@ def test_prompt_embeddings_and_reference_tokens_are_the_pipelines(pipe) -> None:
     images = to_uint8_images(pixels)
     assert torch.equal(torch.from_numpy(np.array(images[1])).permute(2, 0, 1).float() / 127.5 - 1, pixels[1])
     captions = ["make it red", "turn the cat around and make the sky a deep blue"]
-    embeds, mask = encode_edit_prompts(tokenizer, image_processor, pipe.text_encoder, captions, images, "cpu")
+    embeds, mask = encode_edit_prompts(tokenizer, image_processor, pipe.text_encoder, edit_texts(captions), images,
+                                       "cpu")
     ref, ref_mask = pipe.encode_prompt(captions, image=images, device="cpu")
     n = int(mask.sum(1).max())
     assert ref_mask is not None and torch.equal(mask[:, :n], ref_mask)
     torch.testing.assert_close(embeds[:, :n], ref)
     alone, _ = pipe.encode_prompt(captions[:1], image=images[:1], device="cpu")
     assert alone.shape[1] > 16  # the image's vision tokens are in the prompt
-    other, _ = encode_edit_prompts(tokenizer, image_processor, pipe.text_encoder, captions, to_uint8_images(-pixels),
-                                   "cpu")
+    other, _ = encode_edit_prompts(tokenizer, image_processor, pipe.text_encoder, edit_texts(captions),
+                                   to_uint8_images(-pixels), "cpu")
     assert not torch.allclose(other, embeds)  # the embeddings see the image
     tokens, shape = reference_latent_tokens(pipe.vae, pixels)
     _, image_latents = pipe.prepare_latents(pixels.unsqueeze(2), 2, 16, 48, 80, torch.float32, torch.device("cpu"),
@@ -83,11 +84,11 @@ def test_the_prediction_is_the_pipelines_transformer_call(pipe) -> None:
     pixels = torch.rand(2, 3, 64, 32) * 2 - 1
     images = to_uint8_images(pixels)
     embeds, mask = encode_edit_prompts(pipe.processor.tokenizer, pipe.processor.image_processor, pipe.text_encoder,
-                                       ["make it red", "blue"], images, "cpu")
+                                       edit_texts(["make it red", "blue"]), images, "cpu")
     noisy, sigmas = torch.randn(2, 16, 6, 10), torch.tensor([0.3, 0.8])
     tokens, shape = reference_latent_tokens(pipe.vae, pixels)
     with torch.no_grad():
-        ours = fam.predict(pipe.transformer, noisy, sigmas, embeds, mask, options, references=(tokens, shape))
+        ours = fam.predict(pipe.transformer, noisy, sigmas, embeds, mask, options, references=(tokens, [shape]))
         ref, ref_mask = pipe.encode_prompt(["make it red", "blue"], image=images, device="cpu")
         theirs = pipe.transformer(hidden_states=torch.cat([pack_latents(noisy), tokens], 1), timestep=sigmas,
                                   encoder_hidden_states=ref, encoder_hidden_states_mask=ref_mask,
@@ -101,8 +102,10 @@ def test_the_prediction_is_the_pipelines_transformer_call(pipe) -> None:
 def test_edit_flags_are_checked(edit_assets, tmp_path) -> None:
     base = ["--pretrained_model_name_or_path", edit_assets["model"], "--dataset_name", edit_assets["pairs"],
             "--output_dir", str(tmp_path / "o"), *FLOW, "--max_train_steps", "1", "--rank", "4"]
-    with pytest.raises(script.UsageError, match="Qwen-Image-Edit edits one input image, got 0"):
+    with pytest.raises(script.UsageError, match="Qwen-Image-Edit trains on input images: add --reference_image_column"):
         script.parse_args(base)
+    with pytest.raises(script.UsageError, match="Qwen-Image-Edit edits one input image, got 2 reference columns"):
+        script.parse_args([*base, "--reference_image_column", "before", "--reference_image_column", "text"])
     with pytest.raises(script.UsageError, match="--cache_text_embeddings: Qwen-Image-Edit's prompt embeddings"):
         script.parse_args([*base, "--reference_image_column", "before", "--cache_text_embeddings"])
 

@@ -39,7 +39,7 @@ from .qwenimage import FramelessVAE, QwenImageFamily
 torch: Any = LazyModule("torch")  # family detection must not import torch
 
 __all__ = ["QWEN_EDIT_TEMPLATE_DROP", "QwenImageEditFamily", "edit_prompt_inputs", "edit_prompt_template",
-           "encode_edit_prompts", "reference_latent_tokens", "to_uint8_images"]
+           "edit_texts", "encode_edit_prompts", "reference_latent_tokens", "to_uint8_images"]
 
 #: ``QwenImageEditPipeline.prompt_template_encode_start_idx``: template tokens before the image and caption
 QWEN_EDIT_TEMPLATE_DROP = 64
@@ -64,33 +64,43 @@ def to_uint8_images(pixels: Any) -> list[Any]:
     return [Image.fromarray(a.permute(1, 2, 0).numpy()) for a in arr]
 
 
-def edit_prompt_inputs(tokenizer: Any, image_processor: Any, captions: list[str], images: list[Any]) -> dict[str, Any]:
-    """What ``Qwen2VLProcessor(text=template(captions), images=images, padding=True, return_tensors="pt")`` returns:
-    ``input_ids`` / ``attention_mask`` ``(B, L)``, ``pixel_values`` ``(patches, D)``, ``image_grid_thw`` ``(B, 3)``.
+def edit_texts(captions: list[str]) -> list[str]:
+    """The captions in :func:`edit_prompt_template` (one image placeholder each)."""
+    return [edit_prompt_template().format(c) for c in captions]
 
-    Each prompt's ``<|image_pad|>`` becomes ``image_grid_thw[i].prod() // merge_size**2`` copies, as the processor
-    expands it."""
+
+def edit_prompt_inputs(tokenizer: Any, image_processor: Any, texts: list[str], images: list[Any]) -> dict[str, Any]:
+    """What ``Qwen2VLProcessor(text=texts, images=images, padding=True, return_tensors="pt")`` returns:
+    ``input_ids`` / ``attention_mask`` ``(B, L)``, ``pixel_values`` ``(patches, D)``, ``image_grid_thw``
+    ``(n_images, 3)``.
+
+    ``images`` holds one image per ``<|image_pad|>`` of ``texts``, in reading order; each placeholder becomes
+    ``image_grid_thw[k].prod() // merge_size**2`` copies, as the processor expands it."""
     vision = image_processor(images=images, return_tensors="pt")
     merge = int(image_processor.merge_size) ** 2
-    texts = [edit_prompt_template().format(c).replace(IMAGE_PAD, IMAGE_PAD * (int(thw.prod()) // merge))
-             for c, thw in zip(captions, vision["image_grid_thw"])]
-    tokens = tokenizer(texts, padding=True, return_tensors="pt")
+    counts = iter([int(thw.prod()) // merge for thw in vision["image_grid_thw"]])
+    expanded = []
+    for text in texts:
+        parts = text.split(IMAGE_PAD)
+        expanded.append(parts[0] + "".join(IMAGE_PAD * next(counts) + p for p in parts[1:]))
+    tokens = tokenizer(expanded, padding=True, return_tensors="pt")
     return {"input_ids": tokens["input_ids"], "attention_mask": tokens["attention_mask"],
             "pixel_values": vision["pixel_values"], "image_grid_thw": vision["image_grid_thw"]}
 
 
-def encode_edit_prompts(tokenizer: Any, image_processor: Any, text_encoder: Any, captions: list[str],
+def encode_edit_prompts(tokenizer: Any, image_processor: Any, text_encoder: Any, texts: list[str],
                         images: list[Any], device: Any) -> tuple[Any, Any]:
-    """Qwen-Image-Edit prompt embeddings, as ``QwenImageEditPipeline.encode_prompt(captions, image=images)``.
+    """Qwen-Image-Edit prompt embeddings of templated ``texts`` (:func:`edit_texts`) with their ``images``, as
+    ``QwenImageEditPipeline.encode_prompt(captions, image=images)``.
 
     Returns:
         ``embeds (B, L, D)`` (each prompt's hidden states, template dropped, then zeros up to the longest) and
         ``mask (B, L)`` int64 (1 on each prompt's tokens).
     """
-    inputs = {k: v.to(device) for k, v in edit_prompt_inputs(tokenizer, image_processor, captions, images).items()}
+    inputs = {k: v.to(device) for k, v in edit_prompt_inputs(tokenizer, image_processor, texts, images).items()}
     hidden = text_encoder(**inputs, output_hidden_states=True).hidden_states[-1]
     keep = inputs["attention_mask"].bool()
-    rows = [hidden[i][keep[i]][QWEN_EDIT_TEMPLATE_DROP:] for i in range(len(captions))]
+    rows = [hidden[i][keep[i]][QWEN_EDIT_TEMPLATE_DROP:] for i in range(len(texts))]
     n = max(r.shape[0] for r in rows)
     embeds = hidden.new_zeros(len(rows), n, hidden.shape[-1])
     mask = torch.zeros(len(rows), n, dtype=torch.long, device=hidden.device)
@@ -130,6 +140,8 @@ class QwenImageEditFamily(QwenImageFamily):
     pipeline_class_name = "QwenImageEditPipeline"
     #: the training script's ``--reference_image_column`` applies
     supports_references = True
+    #: how many reference columns the pipeline takes (None: any number)
+    max_references: int | None = 1
 
     @property
     def title(self) -> str:  # type: ignore[override]
@@ -137,19 +149,19 @@ class QwenImageEditFamily(QwenImageFamily):
 
     @classmethod
     def detect(cls, path: str) -> bool:
-        """``QwenImageEditPipeline`` folders and Hub names with ``qwen-image-edit`` (not the dated Plus releases)."""
-        from pathlib import Path
-
-        if not Path(path).is_dir() and any(tag in Path(path).name for tag in ("2509", "2511")):
-            return False
+        """``QwenImageEditPipeline`` folders and Hub names with ``qwen-image-edit`` (the dated Plus releases are
+        asked first: :mod:`hf_arb.families.qwenimage_edit_plus`)."""
         return super(QwenImageFamily, cls).detect(path)
 
     def check_flags(self, args: argparse.Namespace) -> None:
         super().check_flags(args)
         refs = getattr(args, "reference_image_column", None) or []
-        if len(refs) != 1:
-            raise UsageError(f"--reference_image_column: Qwen-Image-Edit edits one input image, got {len(refs)} "
-                             "reference columns: name exactly one (e.g. --reference_image_column before).")
+        if not refs:
+            raise UsageError(f"{self.title} trains on input images: add --reference_image_column COLUMN (the "
+                             "'before' image of each before/after pair).")
+        if self.max_references is not None and len(refs) > self.max_references:
+            raise UsageError(f"--reference_image_column: {self.title} edits one input image, got {len(refs)} "
+                             "reference columns: name exactly one (several: Qwen-Image-Edit-2509, the Plus pipeline).")
         if getattr(args, "cache_text_embeddings", False):
             raise UsageError("--cache_text_embeddings: Qwen-Image-Edit's prompt embeddings depend on the reference "
                              "image (it goes through the text encoder's vision tower), so they cannot be cached "
@@ -174,14 +186,14 @@ class QwenImageEditFamily(QwenImageFamily):
         return parts
 
     def predict(self, transformer: Any, noisy: Any, sigmas: Any, prompt_embeds: Any, pooled: Any,
-                options: FlowOptions, references: tuple[Any, tuple[int, int, int]] | None = None) -> Any:
-        """Qwen-Image's transformer call with the reference tokens appended (``img_shapes`` gains their shape); the
-        output keeps the target's tokens only, as the pipeline does."""
+                options: FlowOptions, references: tuple[Any, list[tuple[int, int, int]]] | None = None) -> Any:
+        """Qwen-Image's transformer call with the reference tokens appended (``img_shapes`` gains each reference's
+        shape); the output keeps the target's tokens only, as the pipeline does."""
         if references is None:
             return super().predict(transformer, noisy, sigmas, prompt_embeds, pooled, options)
         from .flux import pack_latents, unpack_latents
 
-        ref_tokens, ref_shape = references
+        ref_tokens, ref_shapes = references
         b, _, h, w = noisy.shape
         target = pack_latents(noisy)
         mask = pooled.to(noisy.device) > 0.5
@@ -191,7 +203,7 @@ class QwenImageEditFamily(QwenImageFamily):
                           encoder_hidden_states=prompt_embeds[:, :n],
                           encoder_hidden_states_mask=None if bool(mask.all()) else mask,
                           timestep=sigmas.to(noisy.device, noisy.dtype),
-                          img_shapes=[[(1, h // 2, w // 2), ref_shape]] * b, return_dict=False)[0]
+                          img_shapes=[[(1, h // 2, w // 2), *ref_shapes]] * b, return_dict=False)[0]
         return unpack_latents(out[:, : target.shape[1]], h, w)
 
     def conditioned_predict(self, models: Models, denoiser: Any, batch: dict[str, Any], noisy: Any, sigmas: Any,
@@ -200,14 +212,19 @@ class QwenImageEditFamily(QwenImageFamily):
         refs = batch.get("reference_pixel_values")
         if not refs:
             raise UsageError("Qwen-Image-Edit trains on a reference image: add --reference_image_column COLUMN.")
-        pixels = refs[0]
+        texts, images = self.prompt_inputs(captions, refs)
         tokenizer, image_processor = models.tokenizers[:2]
         with torch.no_grad():
-            embeds, mask = encode_edit_prompts(tokenizer, image_processor, models.text_encoders[0], captions,
-                                               to_uint8_images(pixels), noisy.device)
-        tokens, shape = reference_latent_tokens(models.vae, pixels)
+            embeds, mask = encode_edit_prompts(tokenizer, image_processor, models.text_encoders[0], texts, images,
+                                               noisy.device)
+        packed = [reference_latent_tokens(models.vae, pixels) for pixels in refs]
+        tokens = torch.cat([t for t, _ in packed], dim=1).to(dtype)
         return self.predict(denoiser, noisy, sigmas, embeds.to(dtype), mask, models.options,
-                            references=(tokens.to(dtype), shape))
+                            references=(tokens, [shape for _, shape in packed]))
+
+    def prompt_inputs(self, captions: list[str], refs: list[Any]) -> tuple[list[str], list[Any]]:
+        """The templated prompts and the images (reading order) the text encoder sees: the reference as is."""
+        return edit_texts(captions), to_uint8_images(refs[0])
 
     def build_pipeline(self, args: argparse.Namespace, models: Models, denoiser: Any, dtype: Any, *,
                        final: bool = False) -> Any:

@@ -165,23 +165,23 @@ def load_qwen2_vl_processor(path: str | Path) -> Any:
     return qwen2_vl_processor(AutoTokenizer.from_pretrained(folder), Qwen2VLImageProcessorPil.from_pretrained(folder))
 
 
-def tiny_qwenimage_edit_pipeline(seed: int = 0, max_pixels: int = 112 * 112) -> Any:
+def tiny_qwenimage_edit_pipeline(seed: int = 0, max_pixels: int = 112 * 112, plus: bool = False) -> Any:
     """A ``QwenImageEditPipeline``: :func:`tiny_qwenimage_pipeline`'s parts, the text encoder's vision tower wired to
     an edit tokenizer (its template's system prefix is the 64 tokens the pipeline drops), and a processor whose
     ``Qwen2VLImageProcessorPil`` (PIL only: no torchvision) resizes images to at most ``max_pixels`` pixels (112²:
-    at most 16 merged vision tokens per image)."""
-    from diffusers import QwenImageEditPipeline
+    at most 16 merged vision tokens per image). ``plus``: a ``QwenImageEditPlusPipeline`` (several input images)."""
+    import diffusers
     from transformers import Qwen2VLImageProcessorPil
 
     base = tiny_qwenimage_pipeline(seed)
     tok = tiny_qwen2_tokenizer(QWEN_EDIT_TEMPLATE, vision=True)
     processor = qwen2_vl_processor(tok, Qwen2VLImageProcessorPil(min_pixels=28 * 28, max_pixels=max_pixels))
-    return QwenImageEditPipeline(scheduler=base.scheduler, vae=base.vae, tokenizer=tok, processor=processor,
-                                 text_encoder=tiny_qwen2_5_vl(len(tok), seed + 2, tokenizer=tok),
-                                 transformer=base.transformer)
+    cls = diffusers.QwenImageEditPlusPipeline if plus else diffusers.QwenImageEditPipeline
+    return cls(scheduler=base.scheduler, vae=base.vae, tokenizer=tok, processor=processor,
+               text_encoder=tiny_qwen2_5_vl(len(tok), seed + 2, tokenizer=tok), transformer=base.transformer)
 
 
-def save_tiny_qwenimage_edit(path: str | Path, seed: int = 0) -> str:
+def save_tiny_qwenimage_edit(path: str | Path, seed: int = 0, plus: bool = False) -> str:
     """Build :func:`tiny_qwenimage_edit_pipeline` and save it as ``save_pretrained`` would; returns the path.
 
     The processor folder (tokenizer + ``preprocessor_config.json``) and its ``model_index.json`` entry are written
@@ -189,7 +189,7 @@ def save_tiny_qwenimage_edit(path: str | Path, seed: int = 0) -> str:
     In this environment load it with ``QwenImageEditPipeline.from_pretrained(path,
     processor=load_qwen2_vl_processor(path))``.
     """
-    pipe = tiny_qwenimage_edit_pipeline(seed)
+    pipe = tiny_qwenimage_edit_pipeline(seed, plus=plus)
     processor, path = pipe.processor, Path(path)
     pipe.register_modules(processor=None)
     pipe.save_pretrained(path)
