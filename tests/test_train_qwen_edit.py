@@ -204,3 +204,24 @@ def test_qwen_edit_lora_on_two_processes_keeps_ranks_in_one_composite_bucket(edi
     assert np.isfinite(stats["losses"]).all()
     for a, b in zip(r0, r1):
         assert not set(a["rows"]) & set(b["rows"])
+
+
+@pytest.mark.slow
+def test_qwen_edit_full_finetune_saves_a_pipeline_stock_diffusers_edits_with(edit_assets, tmp_path) -> None:
+    """--full_finetune: the saved QwenImageEditPipeline (processor folder included) loads without hf_arb; its
+    transformer differs from the base one and edits a non-square image."""
+    out = tmp_path / "full"
+    args = list(EDIT_ARGS)
+    del args[args.index("--rank"):args.index("--rank") + 2]
+    args[args.index("--learning_rate") + 1] = "1e-3"
+    stats = run_script(["--pretrained_model_name_or_path", edit_assets["model"], "--dataset_name",
+                        edit_assets["pairs"], *args, "--full_finetune", "--output_dir", str(out)])
+    assert stats["global_step"] == 4 and (out / "processor" / "preprocessor_config.json").is_file()
+    script = STOCK.replace("a = edit()\npipe.load_lora_weights(sys.argv[2])\nb = edit()",
+                           "b = edit()\nbase = QwenImageEditPipeline.from_pretrained(sys.argv[2], processor=processor)"
+                           "\npipe = base\na = edit()")
+    proc = subprocess.run([sys.executable, "-c", script, str(out), edit_assets["model"]], capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.split("RESULT", 1)[1])
+    assert result["shape"] == [1, 48, 80, 3] and result["finite"] and result["changed"] > 0

@@ -39,7 +39,8 @@ from .qwenimage import FramelessVAE, QwenImageFamily
 torch: Any = LazyModule("torch")  # family detection must not import torch
 
 __all__ = ["QWEN_EDIT_TEMPLATE_DROP", "QwenImageEditFamily", "edit_prompt_inputs", "edit_prompt_template",
-           "edit_texts", "encode_edit_prompts", "reference_latent_tokens", "to_uint8_images"]
+           "edit_texts", "encode_edit_prompts", "qwen2_vl_processor", "reference_latent_tokens", "save_edit_pipeline",
+           "to_uint8_images"]
 
 #: ``QwenImageEditPipeline.prompt_template_encode_start_idx``: template tokens before the image and caption
 QWEN_EDIT_TEMPLATE_DROP = 64
@@ -108,6 +109,51 @@ def encode_edit_prompts(tokenizer: Any, image_processor: Any, text_encoder: Any,
         embeds[i, :row.shape[0]] = row
         mask[i, :row.shape[0]] = 1
     return embeds, mask
+
+
+def qwen2_vl_processor(tokenizer: Any, image_processor: Any) -> Any:
+    """A ``Qwen2VLProcessor`` of ``tokenizer`` and ``image_processor`` (for the stock pipeline), without a video
+    processor.
+
+    transformers 5.23 cannot construct (nor ``from_pretrained``) a ``Qwen2VLProcessor`` when torchvision is missing
+    (its video processor needs it, and the argument check fails even for ``video_processor=None``); images never need
+    it. The constructor is tried first, and on that failure the same attributes are set directly.
+    """
+    from transformers import Qwen2VLProcessor
+
+    try:
+        return Qwen2VLProcessor(image_processor=image_processor, tokenizer=tokenizer)
+    except (AttributeError, ValueError, TypeError):  # no torchvision: see above
+        proc = object.__new__(Qwen2VLProcessor)
+        proc.image_processor, proc.tokenizer, proc.video_processor, proc.chat_template = (
+            image_processor, tokenizer, None, None)
+        proc.image_token, proc.video_token = IMAGE_PAD, "<|video_pad|>"
+        proc.image_token_id, proc.video_token_id = tokenizer.convert_tokens_to_ids([IMAGE_PAD, "<|video_pad|>"])
+        return proc
+
+
+def save_edit_pipeline(pipe: Any, output_dir: Any) -> None:
+    """``pipe.save_pretrained(output_dir)``; a processor without a video processor (:func:`qwen2_vl_processor`, which
+    transformers cannot save) is written as its tokenizer and ``preprocessor_config.json`` in ``processor/``, with
+    its ``model_index.json`` entry, the layout of the Hub checkpoints."""
+    import json
+    from pathlib import Path
+
+    processor = pipe.processor
+    if getattr(processor, "video_processor", None) is not None:
+        pipe.save_pretrained(output_dir)
+        return
+    out = Path(output_dir)
+    pipe.register_modules(processor=None)
+    try:
+        pipe.save_pretrained(out)
+    finally:
+        pipe.register_modules(processor=processor)
+    processor.tokenizer.save_pretrained(out / "processor")
+    processor.image_processor.save_pretrained(out / "processor")
+    index = json.loads((out / "model_index.json").read_text())
+    index["processor"] = ["transformers", "Qwen2VLProcessor"]
+    (out / "model_index.json").write_text(json.dumps(index, indent=2))
 
 
 def reference_latent_tokens(vae: Any, pixels: Any) -> tuple[Any, tuple[int, int, int]]:
@@ -226,14 +272,18 @@ class QwenImageEditFamily(QwenImageFamily):
         """The templated prompts and the images (reading order) the text encoder sees: the reference as is."""
         return edit_texts(captions), to_uint8_images(refs[0])
 
+    def save_pipeline(self, args: argparse.Namespace, pipe: Any, output_dir: str) -> None:
+        """:func:`save_edit_pipeline` (the processor saved even where transformers cannot save it)."""
+        save_edit_pipeline(pipe, output_dir)
+
     def build_pipeline(self, args: argparse.Namespace, models: Models, denoiser: Any, dtype: Any, *,
                        final: bool = False) -> Any:
         """The stock ``QwenImageEditPipeline`` around the trained transformer, loaded from the base folder."""
         from .flow import stock_pipeline
 
-        parts: dict[str, Any] = {}
+        parts: dict[str, Any] = {"processor": qwen2_vl_processor(*models.tokenizers[:2])}
         if not final:
-            parts = {"vae": models.vae.vae if isinstance(models.vae, FramelessVAE) else models.vae,
-                     "text_encoder": models.text_encoders[0]}
+            parts.update(vae=models.vae.vae if isinstance(models.vae, FramelessVAE) else models.vae,
+                         text_encoder=models.text_encoders[0])
         return stock_pipeline(self, models.options, args.pretrained_model_name_or_path, denoiser,
                               components=parts, revision=args.revision, variant=args.variant, dtype=dtype)

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 __all__ = ["QWEN_EDIT_TEMPLATE", "QWEN_TEMPLATE", "VISION_TOKENS", "save_tiny_qwenimage", "save_tiny_qwenimage_edit",
-           "tiny_qwen2_5_vl", "tiny_qwen2_tokenizer", "load_qwen2_vl_processor", "qwen2_vl_processor", "tiny_qwenimage_edit_pipeline",
+           "tiny_qwen2_5_vl", "tiny_qwen2_tokenizer", "load_qwen2_vl_processor", "tiny_qwenimage_edit_pipeline",
            "tiny_qwenimage_pipeline"]
 
 #: ``QwenImagePipeline.prompt_template_encode`` (the tokenizer is trained on its words)
@@ -137,29 +137,12 @@ QWEN_EDIT_TEMPLATE = ("<|im_start|>system\nDescribe the key features of the inpu
                       "<|image_pad|><|vision_end|>{}<|im_end|>\n<|im_start|>assistant\n")
 
 
-def qwen2_vl_processor(tokenizer: Any, image_processor: Any) -> Any:
-    """A ``Qwen2VLProcessor`` of ``tokenizer`` and ``image_processor``, without a video processor.
-
-    transformers 5.23 cannot construct (nor ``from_pretrained``) a ``Qwen2VLProcessor`` when torchvision is missing
-    (its video processor needs it, and the argument check fails even for ``video_processor=None``); images never need
-    it. Here the constructor is tried first, and on that failure the same attributes are set directly.
-    """
-    from transformers import Qwen2VLProcessor
-
-    try:
-        return Qwen2VLProcessor(image_processor=image_processor, tokenizer=tokenizer)
-    except (AttributeError, ValueError, TypeError):  # no torchvision: see above
-        proc = object.__new__(Qwen2VLProcessor)
-        proc.image_processor, proc.tokenizer, proc.video_processor, proc.chat_template = (
-            image_processor, tokenizer, None, None)
-        proc.image_token, proc.video_token = VISION_TOKENS[0], VISION_TOKENS[1]
-        proc.image_token_id, proc.video_token_id = tokenizer.convert_tokens_to_ids(list(VISION_TOKENS[:2]))
-        return proc
-
-
 def load_qwen2_vl_processor(path: str | Path) -> Any:
-    """:func:`qwen2_vl_processor` of a saved edit pipeline's ``processor`` folder (tokenizer + image processor)."""
+    """:func:`~hf_arb.families.qwenimage_edit.qwen2_vl_processor` of a saved edit pipeline's ``processor`` folder
+    (tokenizer + image processor)."""
     from transformers import AutoTokenizer, Qwen2VLImageProcessorPil
+
+    from hf_arb.families.qwenimage_edit import qwen2_vl_processor
 
     folder = Path(path) / "processor"
     return qwen2_vl_processor(AutoTokenizer.from_pretrained(folder), Qwen2VLImageProcessorPil.from_pretrained(folder))
@@ -175,6 +158,8 @@ def tiny_qwenimage_edit_pipeline(seed: int = 0, max_pixels: int = 112 * 112, plu
 
     base = tiny_qwenimage_pipeline(seed)
     tok = tiny_qwen2_tokenizer(QWEN_EDIT_TEMPLATE, vision=True)
+    from hf_arb.families.qwenimage_edit import qwen2_vl_processor
+
     processor = qwen2_vl_processor(tok, Qwen2VLImageProcessorPil(min_pixels=28 * 28, max_pixels=max_pixels))
     cls = diffusers.QwenImageEditPlusPipeline if plus else diffusers.QwenImageEditPipeline
     return cls(scheduler=base.scheduler, vae=base.vae, tokenizer=tok, processor=processor,
@@ -185,19 +170,14 @@ def save_tiny_qwenimage_edit(path: str | Path, seed: int = 0, plus: bool = False
     """Build :func:`tiny_qwenimage_edit_pipeline` and save it as ``save_pretrained`` would; returns the path.
 
     The processor folder (tokenizer + ``preprocessor_config.json``) and its ``model_index.json`` entry are written
-    directly, since transformers cannot save a ``Qwen2VLProcessor`` without torchvision (:func:`qwen2_vl_processor`).
+    directly where transformers cannot save a ``Qwen2VLProcessor`` (no torchvision:
+    :func:`~hf_arb.families.qwenimage_edit.save_edit_pipeline`).
     In this environment load it with ``QwenImageEditPipeline.from_pretrained(path,
     processor=load_qwen2_vl_processor(path))``.
     """
-    pipe = tiny_qwenimage_edit_pipeline(seed, plus=plus)
-    processor, path = pipe.processor, Path(path)
-    pipe.register_modules(processor=None)
-    pipe.save_pretrained(path)
-    processor.tokenizer.save_pretrained(path / "processor")
-    processor.image_processor.save_pretrained(path / "processor")
-    index = json.loads((path / "model_index.json").read_text())
-    index["processor"] = ["transformers", "Qwen2VLProcessor"]
-    (path / "model_index.json").write_text(json.dumps(index, indent=2))
+    from hf_arb.families.qwenimage_edit import save_edit_pipeline
+
+    save_edit_pipeline(tiny_qwenimage_edit_pipeline(seed, plus=plus), path)
     return str(path)
 
 
