@@ -284,3 +284,16 @@ def test_kontext_cached_latents_on_two_processes(kontext_assets, tmp_path) -> No
     second = run_script(argv, nproc=2)
     assert second["latents_encoded"] == 0 and second["latents_reused"] == first["latents_encoded"]
     np.testing.assert_allclose(second["losses"], first["losses"], rtol=1e-6)
+
+
+@pytest.mark.slow
+def test_own_policy_cached_latents_match_the_on_the_fly_run(kontext_assets, tmp_path) -> None:
+    """--reference_policy own: the references' own buckets and crops are in their cache keys; same losses."""
+    argv = ["--pretrained_model_name_or_path", kontext_assets["model"], "--dataset_name", kontext_assets["pairs"],
+            "--reference_image_column", "before", "--reference_policy", "own", *FLOW, "--rank", "4",
+            "--max_train_steps", "4", "--checkpointing_steps", "100", "--bucket_leftover", "fill"]
+    fly = run_script([*argv, "--output_dir", str(tmp_path / "fly")])
+    cached = run_script([*argv, "--cache_latents", "--output_dir", str(tmp_path / "cached")])
+    assert [t["rows"] for t in read_trace(tmp_path / "cached", 0)] == [t["rows"] for t in read_trace(tmp_path / "fly",
+                                                                                                       0)]
+    np.testing.assert_allclose(cached["losses"], fly["losses"], rtol=2e-3)  # float16 cache
