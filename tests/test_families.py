@@ -42,7 +42,7 @@ def test_detection_and_flag_defaults_do_not_import_torch(train_assets):
 
 
 def test_unknown_family_and_bad_registration_are_refused():
-    known = "sd3, flux2_klein, flux2, flux-kontext, flux, qwenimage, zimage, sdxl, sd"
+    known = "sd3, flux2_klein, flux2, flux-kontext, flux, qwenimage-edit-plus, qwenimage-edit, qwenimage, zimage, sdxl, sd"
     with pytest.raises(ValueError, match=f"Unknown model family 'nope'; known: {known}\\."):
         get_family("nope")
     with pytest.raises(TypeError, match="Family subclass with a `name`"):

@@ -58,9 +58,6 @@ def test_reference_flags_are_checked(kontext_assets, tmp_path) -> None:
             "--max_train_steps", "1", "--rank", "4"]
     with pytest.raises(script.UsageError, match="takes no reference image"):
         script.main(["--pretrained_model_name_or_path", flux, *base, "--reference_image_column", "before"])
-    with pytest.raises(script.UsageError, match="--cache_latents is not supported with --reference_image_column"):
-        script.main(["--pretrained_model_name_or_path", kontext_assets["model"], *base, "--reference_image_column",
-                     "before", "--cache_latents"])
     with pytest.raises(script.UsageError, match="--reference_policy own has no effect in this run"):
         script.main(["--pretrained_model_name_or_path", kontext_assets["model"], *base, "--reference_policy", "own"])
     annotated = tmp_path / "strict-pairs"
@@ -216,3 +213,59 @@ def test_kontext_lora_on_two_processes_keeps_ranks_in_one_composite_bucket(ddp_b
     assert [t["shape"] for t in r0] == [t["shape"] for t in r1]
     for a, b in zip(r0, r1):
         assert not set(a["rows"]) & set(b["rows"])
+
+
+@pytest.mark.slow
+def test_kontext_cached_latents_match_the_on_the_fly_run(kontext_assets, kontext_lora, tmp_path) -> None:
+    """--cache_latents with a reference column: the target's and the reference's posteriors come from the cache
+    (keys with each one's own crop), the batches and losses are the on-the-fly run's, and a second run reuses all."""
+    import hf_arb.families.flux_kontext as kontext
+
+    argv = ["--pretrained_model_name_or_path", kontext_assets["model"], "--dataset_name", kontext_assets["pairs"],
+            "--reference_image_column", "before", *FLOW, "--rank", "4", "--learning_rate", "2e-2",
+            "--max_train_steps", "4", "--checkpointing_steps", "2", "--bucket_leftover", "fill", "--cache_latents",
+            "--latent_cache_dir", str(tmp_path / "cache"), "--output_dir", str(tmp_path / "cached")]
+    with pytest.MonkeyPatch.context() as mp:  # the loss never encodes a reference: it reads the cache
+        mp.setattr(kontext, "reference_tokens", lambda *a, **k: pytest.fail("encoded a reference"))
+        first = run_script(argv)
+    fly = kontext_lora["stats"]
+    assert first["latents_encoded"] > 0 and first["latents_reused"] == 0
+    keys = ["rows", "bucket"]
+    assert [[t[k] for k in keys] for t in read_trace(tmp_path / "cached", 0)] == [
+        [t[k] for k in keys] for t in read_trace(kontext_lora["dir"], 0)]
+    np.testing.assert_allclose(first["losses"], fly["losses"], rtol=2e-3)  # float16 cache
+    argv[argv.index("--output_dir") + 1] = str(tmp_path / "again")
+    second = run_script(argv)
+    assert second["latents_encoded"] == 0 and second["latents_reused"] == first["latents_encoded"]
+    assert second["vae_encode_calls"] == 0  # neither target nor reference was encoded again
+    np.testing.assert_allclose(second["losses"], first["losses"], rtol=1e-6)
+
+
+@pytest.mark.slow
+def test_kontext_cached_latents_on_two_processes(kontext_assets, tmp_path) -> None:
+    """Two processes share the target and reference encoding; the second run reuses every entry."""
+    argv = ["--pretrained_model_name_or_path", kontext_assets["model"], "--dataset_name", kontext_assets["pairs"],
+            "--reference_image_column", "before", *FLOW, "--rank", "4", "--max_train_steps", "3",
+            "--checkpointing_steps", "100", "--bucket_leftover", "fill", "--cache_latents",
+            "--latent_cache_dir", str(tmp_path / "cache"), "--output_dir", str(tmp_path / "ddp")]
+    first = run_script(argv, nproc=2)
+    r0, r1 = read_trace(tmp_path / "ddp", 0), read_trace(tmp_path / "ddp", 1)
+    assert first["global_step"] == 3 and [t["bucket"] for t in r0] == [t["bucket"] for t in r1]
+    assert first["latents_encoded"] > 0 and np.isfinite(first["losses"]).all()
+    argv[argv.index("--output_dir") + 1] = str(tmp_path / "ddp-again")
+    second = run_script(argv, nproc=2)
+    assert second["latents_encoded"] == 0 and second["latents_reused"] == first["latents_encoded"]
+    np.testing.assert_allclose(second["losses"], first["losses"], rtol=1e-6)
+
+
+@pytest.mark.slow
+def test_own_policy_cached_latents_match_the_on_the_fly_run(kontext_assets, tmp_path) -> None:
+    """--reference_policy own: the references' own buckets and crops are in their cache keys; same losses."""
+    argv = ["--pretrained_model_name_or_path", kontext_assets["model"], "--dataset_name", kontext_assets["pairs"],
+            "--reference_image_column", "before", "--reference_policy", "own", *FLOW, "--rank", "4",
+            "--max_train_steps", "4", "--checkpointing_steps", "100", "--bucket_leftover", "fill"]
+    fly = run_script([*argv, "--output_dir", str(tmp_path / "fly")])
+    cached = run_script([*argv, "--cache_latents", "--output_dir", str(tmp_path / "cached")])
+    assert [t["rows"] for t in read_trace(tmp_path / "cached", 0)] == [t["rows"] for t in read_trace(tmp_path / "fly",
+                                                                                                       0)]
+    np.testing.assert_allclose(cached["losses"], fly["losses"], rtol=2e-3)  # float16 cache

@@ -38,6 +38,7 @@ __all__ = ["BUILTIN_MODULES", "Family", "Models", "builtin_family", "detect_fami
 #: Flux.2 comes before Flux.1: both names start with "Flux", and a Flux.2 checkpoint must never be read as Flux.1.
 BUILTIN_MODULES: tuple[str, ...] = ("hf_arb.families.sd3", "hf_arb.families.flux2", "hf_arb.families.flux_kontext",
                                     "hf_arb.families.flux",
+                                    "hf_arb.families.qwenimage_edit_plus", "hf_arb.families.qwenimage_edit",
                                     "hf_arb.families.qwenimage", "hf_arb.families.zimage", "hf_arb.families.sdxl",
                                     "hf_arb.families.sd")
 

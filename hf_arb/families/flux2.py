@@ -156,6 +156,8 @@ class Flux2Family(FlowFamily):
     hidden_layers: tuple[int, ...] = ()
     single_blocks: int = 48
     display_name: str = "Flux.2"
+    #: ``--reference_image_column`` (repeatable): the pipelines' ``image=[...]`` multi-reference conditioning
+    supports_references = True
 
     @property
     def title(self) -> str:  # type: ignore[override]
@@ -249,19 +251,22 @@ class Flux2Family(FlowFamily):
         return "\n".join(lines)
 
     def predict(self, transformer: Any, noisy: torch.Tensor, sigmas: torch.Tensor, prompt_embeds: torch.Tensor,
-                pooled: Any, options: FlowOptions) -> torch.Tensor:
+                pooled: Any, options: FlowOptions, references: tuple[Any, Any] | None = None) -> torch.Tensor:
         """One transformer call on patchified latents ``noisy (B, 4C, H, W)`` at ``sigmas (B,)`` → ``(B, 4C, H, W)``:
-        packed tokens with their ids, timestep ``sigma``, guidance where the transformer takes it."""
+        packed tokens with their ids (then ``references``' tokens and ids: :mod:`hf_arb.families.flux2_refs`),
+        timestep ``sigma``, guidance where the transformer takes it."""
         b, _, h, w = noisy.shape
         device = noisy.device
         guidance = None
         if options.guidance_embeds:
             guidance = torch.full((b,), float(options.guidance_scale), device=device, dtype=torch.float32)
         timesteps = sigmas.to(device, torch.float32) * options.num_train_timesteps
-        out = transformer(hidden_states=pack(noisy), timestep=(timesteps / options.num_train_timesteps).to(noisy.dtype),
+        tokens, ids = pack(noisy), latent_ids(b, h, w, device)
+        if references is not None:
+            tokens, ids = torch.cat([tokens, references[0].to(tokens.dtype)], 1), torch.cat([ids, references[1]], 1)
+        out = transformer(hidden_states=tokens, timestep=(timesteps / options.num_train_timesteps).to(noisy.dtype),
                           guidance=guidance, encoder_hidden_states=prompt_embeds,
-                          txt_ids=text_ids(b, prompt_embeds.shape[1], device), img_ids=latent_ids(b, h, w, device),
-                          return_dict=False)[0]
+                          txt_ids=text_ids(b, prompt_embeds.shape[1], device), img_ids=ids, return_dict=False)[0]
         return unpack(out[:, :h * w], h, w)
 
     def training_loss(self, args: argparse.Namespace, models: Models, denoiser: Any, batch: dict[str, Any],
@@ -290,7 +295,11 @@ class Flux2Family(FlowFamily):
             drop = torch.rand(bsz, generator=generator, device=device) < args.proportion_empty_prompts
             captions = ["" if d else c for c, d in zip(captions, drop.tolist())]
         prompt_embeds, _ = text(captions)
-        pred = self.predict(denoiser, noisy.to(dtype), sigmas, prompt_embeds.to(dtype), None, options)
+        from .flux2_refs import batch_references
+
+        pred = self.predict(denoiser, noisy.to(dtype), sigmas, prompt_embeds.to(dtype), None, options,
+                            references=batch_references(models.vae, batch, lambda m: normalize_latents(
+                                patchify(m), models.vae), device, dtype))
         return flow_matching_loss(pred, latents, noise, noisy, sigmas, options.weighting_scheme,
                                   options.precondition_outputs)
 

@@ -30,7 +30,7 @@ from .flux import FluxFamily, latent_image_ids, pack_latents, unpack_latents
 
 torch: Any = LazyModule("torch")  # family detection must not import torch
 
-__all__ = ["FluxKontextFamily", "reference_tokens"]
+__all__ = ["FluxKontextFamily", "pack_references", "reference_tokens"]
 
 
 def reference_tokens(vae: Any, references: Sequence[Any], device: Any, dtype: Any) -> tuple[Any, Any]:
@@ -46,16 +46,22 @@ def reference_tokens(vae: Any, references: Sequence[Any], device: Any, dtype: An
         ``shift_factor``, times ``scaling_factor``, packed 2×2), ``ids`` ``(sum_j (H_j/16)(W_j/16), 3)`` with first
         coordinate 1.
     """
-    tokens, ids = [], []
     with torch.no_grad():
-        for pixels in references:
-            latents = vae.encode(pixels.to(device, vae.dtype)).latent_dist.mode()
-            latents = (latents - vae.config.shift_factor) * vae.config.scaling_factor  # (B, C, h, w)
-            h, w = latents.shape[-2:]
-            tokens.append(pack_latents(latents.to(dtype)))
-            pos = latent_image_ids(h, w, device, dtype)
-            pos[:, 0] = 1
-            ids.append(pos)
+        modes = [vae.encode(pixels.to(device, vae.dtype)).latent_dist.mode() for pixels in references]
+    return pack_references(vae.config, modes, device, dtype)
+
+
+def pack_references(vae_config: Any, modes: Sequence[Any], device: Any, dtype: Any) -> tuple[Any, Any]:
+    """:func:`reference_tokens` from the posterior modes ``(B, C, h_j, w_j)`` of the references (encoded now, or the
+    means of ``--cache_latents``' ``reference_latent_stats``: a diagonal Gaussian's mode is its mean)."""
+    tokens, ids = [], []
+    for mode in modes:
+        latents = (mode.to(device) - vae_config.shift_factor) * vae_config.scaling_factor  # (B, C, h, w)
+        h, w = latents.shape[-2:]
+        tokens.append(pack_latents(latents.to(dtype)))
+        pos = latent_image_ids(h, w, device, dtype)
+        pos[:, 0] = 1
+        ids.append(pos)
     return torch.cat(tokens, dim=1), torch.cat(ids, dim=0)
 
 
@@ -118,8 +124,12 @@ class FluxKontextFamily(FluxFamily):
         from .flow import flow_loss
 
         refs = batch.get("reference_pixel_values")
-        if not refs:
+        cached = batch.get("reference_latent_stats")  # --cache_latents: (B, 2, C, h_j, w_j) per reference
+        if not refs and not cached:
             return super().training_loss(args, models, denoiser, batch, text, generator, dtype)
-        tokens, ids = reference_tokens(models.vae, refs, generator.device, dtype)
+        if cached:
+            tokens, ids = pack_references(models.vae.config, [s[:, 0] for s in cached], generator.device, dtype)
+        else:
+            tokens, ids = reference_tokens(models.vae, refs, generator.device, dtype)
         return flow_loss(_WithReferences(self, tokens, ids), models.options, denoiser, batch, models.vae, text,
                          generator, dtype, args.proportion_empty_prompts)

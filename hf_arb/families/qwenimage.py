@@ -241,10 +241,16 @@ class QwenImageFamily(FlowFamily):
         if args.proportion_empty_prompts:
             drop = torch.rand(bsz, generator=generator, device=device) < args.proportion_empty_prompts
             captions = ["" if d else c for c, d in zip(captions, drop.tolist())]
-        embeds, mask = text(captions)
-        pred = self.predict(denoiser, noisy.to(dtype), sigmas, embeds, mask, options)
+        pred = self.conditioned_predict(models, denoiser, batch, noisy.to(dtype), sigmas, captions, text, dtype)
         return flow_matching_loss(pred, latents, noise, noisy, sigmas, options.weighting_scheme,
                                   options.precondition_outputs)
+
+    def conditioned_predict(self, models: Models, denoiser: Any, batch: dict[str, Any], noisy: Any, sigmas: Any,
+                            captions: list[str], text: Any, dtype: Any) -> Any:
+        """The prediction ``(B, C, h, w)`` for the batch's (dropped-out) ``captions``, encoded by ``text``; an edit
+        family conditions on the batch's reference images here."""
+        embeds, mask = text(captions)
+        return self.predict(denoiser, noisy, sigmas, embeds, mask, models.options)
 
     def build_pipeline(self, args: argparse.Namespace, models: Models, denoiser: Any, dtype: Any, *,
                        final: bool = False) -> Any:

@@ -115,6 +115,17 @@ class BucketedReferenceDataset(BucketedImageDataset):
             return int(entry[0]), entry[1:]
         return key_bucket, self.reference_ids[row]
 
+    def reference_plans(self, row: int, key_bucket: int, epoch: int | None = None) -> list[FitPlan]:
+        """Every reference's :class:`FitPlan` for the key ``(row, key_bucket, epoch)``, without opening an image
+        (from the annotated reference sizes): with the reference's content, ``plan.key()`` is a complete latent-cache
+        key, as :meth:`fit_row`'s is for the target."""
+        bucket, ref_buckets = self._buckets_of(row, key_bucket)
+        plan = self.fit_row(row, bucket, epoch)
+        return [reference_plan(plan, self.reference_sizes[row, j],
+                               None if self.policies[j] == "strict"
+                               else self.reference_resolutions[j][int(ref_buckets[j])])
+                for j in range(len(self.reference_columns))]
+
     def _references(self, row: int, plan: FitPlan, ref_buckets: np.ndarray) -> dict[str, Any]:
         """Open and fit every reference of ``row``; raises :class:`ImageDecodeError` naming the column."""
         record = self._refs[row]

@@ -218,7 +218,7 @@ def check_reference_flags(args: argparse.Namespace) -> None:
     if len(set(refs)) != len(refs) or args.image_column in refs:
         raise UsageError(f"--reference_image_column {' '.join(refs)}: name each reference column once and not the "
                          f"--image_column ({args.image_column}).")
-    for flag in ("cache_latents", "packing", "streaming"):
+    for flag in ("packing", "streaming"):
         if getattr(args, flag, False):
             raise UsageError(f"--{flag} is not supported with --reference_image_column yet: drop one of them.")
 

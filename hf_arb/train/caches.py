@@ -35,7 +35,13 @@ def build_latent_cache(args: argparse.Namespace, accelerator: Any, ds: Any, buck
     vae_id = lat.vae_fingerprint(vae)
     if args.image_interpolation_mode != "lanczos":  # another resize filter makes other latents
         vae_id = f"{vae_id}|{args.image_interpolation_mode}"
-    ids = np.asarray(ds.with_format("numpy")["bucket"])
+    refs = list(getattr(args, "reference_image_column", None) or [])
+    if refs:  # an edit model: the sampler's keys carry composite (target, reference buckets) ids
+        from hf_arb.buckets.references import read_composite
+
+        ids, table = read_composite(ds, refs)
+    else:
+        ids = np.asarray(ds.with_format("numpy")["bucket"])
     rows = np.flatnonzero(ids >= 0)
     tiered = isinstance(buckets, TierTable)  # several tiers: entries keyed by combined (tier, bucket) ids
     if tiered:  # every tier a row is eligible for (the bucket's size in that tier is in the fit plan's key)
@@ -67,7 +73,8 @@ def build_latent_cache(args: argparse.Namespace, accelerator: Any, ds: Any, buck
     images = image_dataset(args, ds, buckets)
     if tiered:  # the BucketedImageDataset over every tier's sizes, keyed (row, combined id, epoch)
         images = images.images
-    index = lat.build_index(sorted(pairs), hashes, lambda row, b, v: images.fit_row(row, b, v).key(),
+    target_of = (lambda b: int(table[b, 0])) if refs else (lambda b: b)
+    index = lat.build_index(sorted(pairs), hashes, lambda row, b, v: images.fit_row(row, target_of(b), v).key(),
                             variants=variants, vae_id=vae_id)
 
     def load_batch(keys: list[tuple[int, int, int]]) -> dict[str, Any]:
@@ -82,6 +89,11 @@ def build_latent_cache(args: argparse.Namespace, accelerator: Any, ds: Any, buck
     lat.fill_cache(cache, index, rank=accelerator.process_index, world=accelerator.num_processes,
                    load_batch=load_batch, encode=encode, batch_size=args.train_batch_size,
                    show_progress=accelerator.is_local_main_process)
+    index.references = [reference_index(args, accelerator, ds, images, sorted(pairs), j, cache, load_batch, encode,
+                                        variants, vae_id) for j in range(len(refs))]
+    for ref in index.references:  # the run's counts cover the reference entries too
+        index.encoded, index.reused, index.repaired = (index.encoded + ref.encoded, index.reused + ref.reused,
+                                                       index.repaired + ref.repaired)
     accelerator.wait_for_everyone()
     mine = [(index.encoded, index.reused, index.repaired)]
     counts = gather_object(mine) if accelerator.num_processes > 1 else mine
@@ -91,6 +103,38 @@ def build_latent_cache(args: argparse.Namespace, accelerator: Any, ds: Any, buck
                 time.perf_counter() - t0)
     place(models.vae, dtype=weight_dtype)
     return cache, index, latent_repair(cache, index, load_batch, models.vae)
+
+
+def reference_index(args: argparse.Namespace, accelerator: Any, ds: Any, images: Any, pairs: list[tuple[int, int]],
+                    j: int, cache: Any, load_batch: Any, encode: Any, variants: int, vae_id: str) -> Any:
+    """Cache the ``j``-th reference column's latents for every ``(row, composite id)`` pair and variant, keyed by the
+    reference's content and its own fit plan (bucket, scaled size, crop, flip: :meth:`BucketedReferenceDataset.
+    reference_plans`); returns their :class:`~hf_arb.train.latents.CacheIndex` (counts included in the run's)."""
+    from accelerate.utils import gather_object
+
+    from hf_arb.train import latents as lat
+
+    column = args.reference_image_column[j]
+    rows = sorted({r for r, _ in pairs})
+    share = [rows[i] for i in lat.plan_share(len(rows), accelerator.process_index, accelerator.num_processes)]
+    mine = dict(zip(share, lat.content_hashes(ds, column, share)))
+    found: dict[int, str] = {}
+    for part in gather_object([mine]) if accelerator.num_processes > 1 else [mine]:
+        found.update(part)
+    hashes = [found.get(i, "") for i in range(len(ds))]
+    index = lat.build_index(pairs, hashes, lambda row, b, v: images.reference_plans(row, b, v)[j].key(),
+                            variants=variants, vae_id=vae_id)
+
+    def load_reference(keys: list[tuple[int, int, int]]) -> dict[str, Any]:
+        batch = load_batch(keys)
+        pixels = batch["reference_pixel_values"][j]  # (B, 3, H_j, W_j)
+        return {"pixel_values": pixels, "original_sizes": batch["reference_original_sizes"][:, j],
+                "crop_top_lefts": batch["reference_crop_top_lefts"][:, j],
+                "target_sizes": torch.tensor([list(pixels.shape[-2:])] * len(keys))}
+
+    return lat.fill_cache(cache, index, rank=accelerator.process_index, world=accelerator.num_processes,
+                          load_batch=load_reference, encode=encode, batch_size=args.train_batch_size,
+                          show_progress=accelerator.is_local_main_process)
 
 
 def latent_repair(cache: Any, index: Any, load_batch: Any, vae: Any) -> Any:

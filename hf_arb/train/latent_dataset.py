@@ -21,7 +21,9 @@ class CachedLatentDataset:
     ``dataset[(row, bucket, epoch)]`` → ``{"latent_stats": (2, C, h, w) float32 tensor, "original_size",
     "crop_top_left", "target_size", "caption", "row", "bucket"}``; :meth:`collate` stacks a batch into
     ``latent_stats`` ``(B, 2, C, h, w)``, ``original_sizes`` / ``crop_top_lefts`` / ``target_sizes`` ``(B, 2)``,
-    ``captions`` (list of str), ``rows`` and ``buckets`` (``(B,)``).
+    ``captions`` (list of str), ``rows`` and ``buckets`` (``(B,)``). With reference indexes
+    (``index.references``, an edit model) items add ``reference_latent_stats``: one ``(2, C, h_j, w_j)`` per column
+    (a damaged reference entry raises :class:`LatentCacheError`: rebuild the cache).
 
     Args:
         cache, index: from :func:`build_index` / :func:`fill_cache`.
@@ -31,15 +33,19 @@ class CachedLatentDataset:
         repair: ``(row, bucket, epoch)`` → encode that entry again and write it to the cache. Called when an entry
             fails verification on read (damaged after the cache was built); the entry is re-read afterwards.
             Without it a damaged entry raises :class:`LatentCacheError`.
+        target_buckets: an edit model's composite table's target column ``(c,)``: keys carry composite ids, items
+            report the target bucket (as :class:`~hf_arb.images.references.BucketedReferenceDataset` does).
     """
 
     def __init__(self, cache: LatentCache, index: CacheIndex, captions: Sequence[Any], seed: int = 0,
-                 repair: Callable[[int, int, int], None] | None = None) -> None:
+                 repair: Callable[[int, int, int], None] | None = None,
+                 target_buckets: Sequence[int] | None = None) -> None:
         self.cache = cache
         self.index = index
         self.captions = captions
         self.seed = int(seed)
         self.repair = repair
+        self.target_buckets = None if target_buckets is None else np.asarray(target_buckets, dtype=np.int64)
 
     def __len__(self) -> int:
         return len(self.captions)
@@ -62,19 +68,29 @@ class CachedLatentDataset:
             self.repair(row, bucket, epoch)
             self.index.repaired += 1
             stats, meta = self.cache.read(entry)
-        return {
+        item = {
             "latent_stats": torch.from_numpy(np.array(stats, dtype=np.float32)),
             "original_size": meta["original_size"],
             "crop_top_left": meta["crop_top_left"],
             "target_size": meta["target_size"],
             "caption": self._caption(row, epoch),
             "row": row,
-            "bucket": bucket,
+            "bucket": bucket if self.target_buckets is None else int(self.target_buckets[bucket]),
         }
+        if self.index.references:  # an edit model: each reference's cached posterior (bucket = composite id)
+            item["reference_latent_stats"] = [
+                torch.from_numpy(np.array(self.cache.read(ref.key(row, bucket, epoch))[0], dtype=np.float32))
+                for ref in self.index.references]
+        return item
 
     @staticmethod
     def collate(items: list[dict[str, Any]]) -> dict[str, Any]:
-        """Stack a batch: ``latent_stats`` ``(B, 2, C, h, w)`` plus the common fields (:mod:`hf_arb.images.collate`)."""
+        """Stack a batch: ``latent_stats`` ``(B, 2, C, h, w)`` plus the common fields (:mod:`hf_arb.images.collate`);
+        an edit model's ``reference_latent_stats``: one ``(B, 2, C, h_j, w_j)`` tensor per reference column."""
         import torch
 
-        return {"latent_stats": torch.stack([it["latent_stats"] for it in items]), **collate_common(items)}
+        batch = {"latent_stats": torch.stack([it["latent_stats"] for it in items]), **collate_common(items)}
+        if "reference_latent_stats" in items[0]:
+            batch["reference_latent_stats"] = [torch.stack([it["reference_latent_stats"][j] for it in items])
+                                               for j in range(len(items[0]["reference_latent_stats"]))]
+        return batch

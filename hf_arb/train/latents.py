@@ -39,7 +39,7 @@ import os
 import tempfile
 import zlib
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -230,6 +230,8 @@ class CacheIndex:
         reused: entries this process found already in the cache, intact.
         repaired: entries that existed but were damaged, and were encoded again (while building or, through
             :class:`~hf_arb.train.latent_dataset.CachedLatentDataset`'s ``repair``, while training).
+        references: an edit model's reference columns: one index per column, keyed by the same
+            ``(row, composite id)`` pairs (the reference's own content and fit plan in each key).
     """
 
     keys: dict[tuple[int, int], list[str]]
@@ -237,6 +239,7 @@ class CacheIndex:
     encoded: int = 0
     reused: int = 0
     repaired: int = 0
+    references: list[CacheIndex] = field(default_factory=list)
 
     def key(self, row: int, bucket: int, epoch: int) -> str:
         try:

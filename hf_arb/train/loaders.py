@@ -128,7 +128,13 @@ def build_dataloader(args: argparse.Namespace, accelerator: Any, ds: Any, bucket
         captions = ds.select_columns([args.caption_column])[args.caption_column]
         # re-encoding in a loader worker needs the VAE there: fine on CPU, not for a CUDA VAE in a forked worker
         in_process = args.dataloader_num_workers == 0 or accelerator.device.type == "cpu"
-        dataset: Any = CachedLatentDataset(cache, index, captions, seed=args.seed, repair=repair if in_process else None)
+        targets = None
+        if getattr(args, "reference_image_column", None):  # composite keys; batches report the target bucket
+            from hf_arb.buckets.references import read_composite
+
+            targets = read_composite(ds, args.reference_image_column)[1][:, 0]
+        dataset: Any = CachedLatentDataset(cache, index, captions, seed=args.seed, repair=repair if in_process else None,
+                                           target_buckets=targets)
         if isinstance(buckets, TierTable):  # the sampler's (row, tier, bucket, epoch) keys
             dataset = TieredImages(dataset, buckets)
         collate = CachedLatentDataset.collate
