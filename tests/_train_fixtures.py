@@ -54,13 +54,14 @@ def build_family_assets(root: Path) -> dict[str, str]:
     from hf_arb.testing.tiny import save_tiny_imagefolder
     from hf_arb.testing.tiny_flow import save_tiny_flux_kontext
     from hf_arb.testing.tiny_flux2 import save_tiny_flux2
-    from hf_arb.testing.tiny_qwen import save_tiny_qwenimage
+    from hf_arb.testing.tiny_qwen import save_tiny_qwenimage, save_tiny_qwenimage_edit
     from hf_arb.testing.tiny_zimage import save_tiny_zimage
 
     return {"qwen": save_tiny_qwenimage(root / "tiny-qwenimage"), "zimage": save_tiny_zimage(root / "tiny-zimage"),
             "flux2": save_tiny_flux2(root / "tiny-flux2"),
             "flux2_klein": save_tiny_flux2(root / "tiny-flux2-klein", klein=True),
             "kontext": save_tiny_flux_kontext(root / "tiny-kontext"), "pairs": edit_pairs(root),
+            "qwen_edit": save_tiny_qwenimage_edit(root / "tiny-qwen-edit"),
             "images": save_tiny_imagefolder(root / "images")}
 
 
@@ -147,6 +148,17 @@ def batch_runs(root: Path, train: dict[str, str], flow: dict[str, str], stream: 
         "--pretrained_model_name_or_path", families["kontext"], "--dataset_name", families["pairs"],
         "--reference_image_column", "before", *FLOW, "--rank", "4", "--max_train_steps", "3", "--checkpointing_steps",
         "100", "--bucket_leftover", "fill", "--output_dir", str(kontext)]})
+    cached = [  # test_train_kontext.py: two runs on one latent cache, the second reusing every entry
+        "--pretrained_model_name_or_path", families["kontext"], "--dataset_name", families["pairs"],
+        "--reference_image_column", "before", *FLOW, "--rank", "4", "--max_train_steps", "3", "--checkpointing_steps",
+        "100", "--bucket_leftover", "fill", "--cache_latents", "--latent_cache_dir", str(root / "kontext-cache")]
+    for name in ("family-kontext-cached", "family-kontext-cached-again"):
+        runs.append({"name": name, "out": str(root / name), "argv": [*cached, "--output_dir", str(root / name)]})
+    qwen_edit = root / "family-qwen-edit"  # test_train_qwen_edit.py: LoRA on before/after pairs, 3 steps
+    runs.append({"name": "family-qwen-edit", "out": str(qwen_edit), "argv": [
+        "--pretrained_model_name_or_path", families["qwen_edit"], "--dataset_name", families["pairs"], *FLOW,
+        "--rank", "4", "--learning_rate", "2e-2", "--max_train_steps", "3", "--checkpointing_steps", "100",
+        "--bucket_leftover", "fill", "--reference_image_column", "before", "--output_dir", str(qwen_edit)]})
     klein = root / "family-flux2-klein"  # test_family_flux2.py: 3 steps, max_sequence_length 48
     runs.append({"name": "family-flux2-klein", "out": str(klein), "argv": [
         "--pretrained_model_name_or_path", families["flux2_klein"], "--train_data_dir", families["images"],

@@ -242,18 +242,16 @@ def test_kontext_cached_latents_match_the_on_the_fly_run(kontext_assets, kontext
 
 
 @pytest.mark.slow
-def test_kontext_cached_latents_on_two_processes(kontext_assets, tmp_path) -> None:
-    """Two processes share the target and reference encoding; the second run reuses every entry."""
-    argv = ["--pretrained_model_name_or_path", kontext_assets["model"], "--dataset_name", kontext_assets["pairs"],
-            "--reference_image_column", "before", *FLOW, "--rank", "4", "--max_train_steps", "3",
-            "--checkpointing_steps", "100", "--bucket_leftover", "fill", "--cache_latents",
-            "--latent_cache_dir", str(tmp_path / "cache"), "--output_dir", str(tmp_path / "ddp")]
-    first = run_script(argv, nproc=2)
-    r0, r1 = read_trace(tmp_path / "ddp", 0), read_trace(tmp_path / "ddp", 1)
+def test_kontext_cached_latents_on_two_processes(ddp_batch) -> None:
+    """Two processes share the target and reference encoding; the second run reuses every entry (both runs in the
+    shared 2-process batch, tests/_train_fixtures.py)."""
+    from _train_fixtures import batch_result
+
+    run, again = batch_result(ddp_batch, "family-kontext-cached"), batch_result(ddp_batch, "family-kontext-cached-again")
+    first, second = run["stats"], again["stats"]
+    r0, r1 = read_trace(Path(run["out"]), 0), read_trace(Path(run["out"]), 1)
     assert first["global_step"] == 3 and [t["bucket"] for t in r0] == [t["bucket"] for t in r1]
     assert first["latents_encoded"] > 0 and np.isfinite(first["losses"]).all()
-    argv[argv.index("--output_dir") + 1] = str(tmp_path / "ddp-again")
-    second = run_script(argv, nproc=2)
     assert second["latents_encoded"] == 0 and second["latents_reused"] == first["latents_encoded"]
     np.testing.assert_allclose(second["losses"], first["losses"], rtol=1e-6)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -14,7 +15,6 @@ import pytest
 import torch
 from _train_fixtures import FLOW
 from test_train import read_trace, run_script
-from test_train_kontext import edit_pairs
 
 import train_text_to_image_arb as script
 from hf_arb.families import detect_family, get_family
@@ -22,11 +22,9 @@ from hf_arb.families.qwenimage_edit import edit_texts, encode_edit_prompts, refe
 
 
 @pytest.fixture(scope="module")
-def edit_assets(tmp_path_factory) -> dict[str, str]:
-    from hf_arb.testing.tiny_qwen import save_tiny_qwenimage_edit
-
-    root = tmp_path_factory.mktemp("qwen-edit")
-    return {"model": save_tiny_qwenimage_edit(root / "tiny-qwen-edit"), "pairs": edit_pairs(root)}
+def edit_assets(family_assets) -> dict[str, str]:
+    """The tiny Qwen-Image-Edit pipeline and the before/after pairs (tests/conftest.py ``family_assets``)."""
+    return {"model": family_assets["qwen_edit"], "pairs": family_assets["pairs"]}
 
 
 @pytest.fixture(scope="module")
@@ -191,12 +189,11 @@ def test_qwen_edit_lora_resumes_exactly(edit_assets, edit_lora, tmp_path) -> Non
 
 
 @pytest.mark.slow
-def test_qwen_edit_lora_on_two_processes_keeps_ranks_in_one_composite_bucket(edit_assets, tmp_path) -> None:
-    out = tmp_path / "ddp"
-    args = [*EDIT_ARGS[:EDIT_ARGS.index("--max_train_steps")], "--max_train_steps", "3", "--checkpointing_steps", "100",
-            *EDIT_ARGS[EDIT_ARGS.index("--bucket_leftover"):]]
-    stats = run_script(["--pretrained_model_name_or_path", edit_assets["model"], "--dataset_name",
-                        edit_assets["pairs"], *args, "--output_dir", str(out)], nproc=2)
+def test_qwen_edit_lora_on_two_processes_keeps_ranks_in_one_composite_bucket(ddp_batch) -> None:
+    from _train_fixtures import batch_result
+
+    run = batch_result(ddp_batch, "family-qwen-edit")  # the shared 2-process batch (tests/_train_fixtures.py)
+    out, stats = Path(run["out"]), run["stats"]
     r0, r1 = read_trace(out, 0), read_trace(out, 1)
     assert stats["global_step"] == 3 and [t["step"] for t in r0] == [t["step"] for t in r1] == [0, 1, 2]
     assert [t["bucket"] for t in r0] == [t["bucket"] for t in r1]
