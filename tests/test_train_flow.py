@@ -11,14 +11,12 @@ read their outputs.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from _family_runs import stock_generate
 import test_train
 import torch
 from _train_fixtures import FLOW, GROUP, batch_result
@@ -279,48 +277,13 @@ def test_lora_writes_transformer_adapters_and_validates_at_three_shapes(lora_run
 
 
 # --------------------------------------------------------------------- slow: stock diffusers, no hf_arb
-STOCK = r"""
-import json, sys
-sys.modules["hf_arb"] = None
-import numpy as np, torch
-results = {}
-for name, code in json.loads(sys.argv[1]).items():
-    scope = {}
-    exec(code, scope)  # the model card's snippet
-    pipe = scope["pipe"]
-    def gen():
-        return pipe("a wide photo", height=48, width=80, num_inference_steps=2, output_type="np",
-                    generator=torch.Generator().manual_seed(0)).images
-    a = gen()
-    r = {"cls": type(pipe).__name__, "shape": list(a.shape), "finite": bool(np.isfinite(a).all())}
-    if "load_lora_weights" in code:
-        pipe.unload_lora_weights()
-        r["lora_changes_output"] = float(np.abs(a - gen()).max())
-    results[name] = r
-print("RESULT" + json.dumps(results))
-"""
-
-
-def _card_code(folder: Path) -> str:
-    card = (folder / "README.md").read_text()
-    block = card.split("## Use", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
-    return "\n".join(line for line in block.splitlines() if '"cuda"' not in line and not line.startswith("image ="))
-
-
 @pytest.mark.slow
 @pytest.mark.xdist_group(GROUP)
 def test_outputs_load_in_stock_diffusers_without_hf_arb(ddp_batch, lora_runs):
     runs = {f: _flow_runs(ddp_batch, f) for f in FAMILIES}
     folders = {"sd3": Path(runs["sd3"]["full"]), "flux": Path(runs["flux"]["full"]),
                "sd3_lora": Path(lora_runs["sd3"]["dir"]), "flux_lora": Path(lora_runs["flux"]["dir"])}
-    codes = {name: _card_code(folder) for name, folder in folders.items()}
-    assert all("hf_arb" not in c for c in codes.values())
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env["HF_HUB_OFFLINE"] = "1"
-    proc = subprocess.run([sys.executable, "-c", STOCK, json.dumps(codes)], capture_output=True, text=True, env=env,
-                          timeout=300, cwd="/")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    results = json.loads(proc.stdout.split("RESULT", 1)[1])
+    results = stock_generate(folders)  # each card's snippet, in a process where `import hf_arb` fails
     for name, r in results.items():
         assert r["shape"] == [1, 48, 80, 3] and r["finite"], name
         assert r["cls"] == ("FluxPipeline" if name.startswith("flux") else "StableDiffusion3Pipeline"), name
