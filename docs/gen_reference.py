@@ -69,6 +69,7 @@ MODULES: dict[str, str] = {
     "hf_arb.sampling.sampler": "sampler.md",
     "hf_arb.sampling.accelerate": "sampler.md",
     "hf_arb.sampling.restore": "sampler.md#the-first-pass-after-a-restore",
+    "hf_arb.sampling.cursor": "sampler.md#the-first-pass-after-a-restore",
     "hf_arb.sampling.world": "sampler.md",
     "hf_arb.sampling.plan_views": "sampler.md#api-reference",
     "hf_arb.sampling.batch_sizes": "sampler.md#a-batch-size-per-bucket-pixel-budget",
