@@ -85,6 +85,7 @@ MODULES: dict[str, str] = {
     "hf_arb.sampling.tier_state": "tiers.md#in-a-training-loop",
     "hf_arb.sampling.tier_report": "tiers.md",
     "hf_arb.sampling.tiers": "tiers.md",
+    "hf_arb.sampling.tier_stream": "tiers.md#with-streaming",
     "hf_arb.images.fitting": "imaging.md",
     "hf_arb.images.dataset": "imaging.md",
     "hf_arb.train.latents": "training.md",
