@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from hf_arb.sampling.tier_plan import Tiers, tier_bucket_ids
 from hf_arb.sampling.stream import BucketedStream
-from hf_arb.sampling.tier_stream import TierColumns, TieredStream, tier_stream_counts
+from hf_arb.sampling.tier_stream import TierColumns, TieredStream, combined_counts, tier_stream_counts
 
 TIERS = Tiers.preset("budget", [256, 512])
 SCHEDULES = {"mix": "mix:256:1,512:2", "curriculum": "0-5:512,5-13:256,13-:512", "progressive": "progressive:9"}
@@ -47,7 +47,7 @@ def _steps(stream: TieredStream, epochs: int, state=None, stop=None, ahead=1):
         e, items = stream.epoch, []
         stream.set_epoch(e)
         for item in stream:
-            items.append([(int(r["key"]), int(r["tier"]), int(r["bucket"])) for r in item])
+            items.append([(int(r["key"]), int(r["tier"]), int(r["tier_bucket"])) for r in item])
             if len(items) % W == 0:
                 out.append((e, stream.step - 1, items[-W:]))
                 if stop is not None and len(out) == stop + ahead:
@@ -80,10 +80,11 @@ def test_every_rank_trains_the_scheduled_tier_and_bucket_and_each_tier_pass_is_t
         seen.setdefault((t, q), []).append(ranks)
     ds, w, h = _source()
     for (t, q), got in seen.items():
+        only = [c if u == t else 0 * c for u, c in enumerate(tier_stream_counts(w, h, TIERS))]
         alone = BucketedStream(ds.map(TierColumns(TIERS, t, SIZES), batched=True), 2, num_replicas=2, seed=3,
-                               counts=tier_stream_counts(w, h, TIERS)[t], buffer_size=256)
+                               counts=combined_counts(only, TIERS), buffer_size=256)
         alone.set_epoch(q)
-        items = [[(int(r["key"]), t, int(r["bucket"])) for r in item] for item in alone]
+        items = [[(int(r["key"]), t, int(r["tier_bucket"])) for r in item] for item in alone]
         assert got == [items[i : i + 2] for i in range(0, len(items), 2)][: len(got)], (t, q)
     if kind == "curriculum":  # the switches at steps 5 and 13 (and a tier's stream continues where it stopped)
         tiers, _ = stream.step_tiers(0)

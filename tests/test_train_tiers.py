@@ -78,15 +78,18 @@ def test_unsupported_combinations_are_refused_in_one_line(extra, message):
     assert message in str(err.value) and "\n" not in str(err.value)
 
 
-def test_packing_with_tiers_takes_every_schedule_and_streaming_is_refused_by_name():
+def test_packing_with_tiers_takes_every_schedule_and_streaming_takes_the_step_schedules():
     flux = ["--pretrained_model_name_or_path", "black-forest-labs/FLUX.1-dev", "--train_data_dir", "unused",
             "--full_finetune", *TIERS]
     args = train_args.parse_args([*flux, "--packing"])
     assert (args.resolution_schedule, args.max_tokens) == ("random", 16)  # one image of the largest tier (64/16)²
     args = train_args.parse_args([*flux, "--packing", *CURRICULUM])  # one pack stream per tier (test_pack_tiers.py)
     assert args.resolution_schedule == CURRICULUM[-1]
-    with pytest.raises(UsageError, match="--streaming is not supported with several tiers"):
+    with pytest.raises(UsageError) as err:  # random: its per-(tier, bucket) counts are unknown before reading
         parse(*TIERS, "--streaming", "--stream_key_column", "id")
+    assert "takes a step schedule" in str(err.value) and "\n" not in str(err.value)
+    args = parse(*TIERS, "--streaming", "--stream_key_column", "id", *CURRICULUM)  # one stream per tier
+    assert args.streaming and args.resolution_schedule == CURRICULUM[-1]
 
 
 def test_resolution_values_are_checked_by_argparse(capsys):
@@ -423,3 +426,22 @@ def test_flux_on_two_processes_resumes_across_the_switch_and_loads_in_stock_diff
     table = tier_table(parse(*TIERS))
     shift_rows = run["stats"]["log"].split("Resolution shift", 1)[1].splitlines()[2 : 2 + len(table)]
     assert [tuple(map(int, r.split()[1:3])) for r in shift_rows] == [tuple(r) for r in table.resolutions.tolist()]
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group(GROUP)
+def test_streamed_tiers_on_two_processes_switch_together_and_resume_exactly(ddp_batch):
+    """``--streaming`` on 2 tiers (``curriculum:0-3:32,3-:64``, 2 processes, from the shared batch): each rank reads
+    its own split, both train the same (tier, bucket) at every step with disjoint rows, the tier switches at step 3,
+    and the run resumed from checkpoint-2 (each rank's tiered stream state) replays the same rows to the same
+    weights."""
+    full = batch_result(ddp_batch, "tiers-stream-full")["out"]
+    resumed = batch_result(ddp_batch, "tiers-stream-resumed")["out"]
+    traces = [read_trace(full, r) for r in (0, 1)]
+    for a, b in zip(*traces):
+        assert (a["step"], a["label"], a["shape"]) == (b["step"], b["label"], b["shape"])
+        assert not set(a["rows"]) & set(b["rows"])
+    assert [t["label"].split("@")[1] for t in traces[0]] == ["32"] * 3 + ["64"] * 3
+    for r in (0, 1):
+        assert [t["rows"] for t in read_trace(resumed, r)] == [t["rows"] for t in traces[r][2:]]
+    assert max_weight_diff(full, resumed) < 1e-6

@@ -4,9 +4,10 @@ The map-style :class:`~hf_arb.sampling.tiers.TieredBatchSampler` runs, for a ste
 ``curriculum``, ``progressive``), one *stream* of passes per tier and lets the schedule say which tier's stream the
 next step comes from. A stream does the same with one :class:`~hf_arb.sampling.stream.BucketedStream` per tier:
 
-* tier ``t``'s stream reads the source with the row's bucket **in tier t** (``bucket``, ``bucket_width``,
-  ``bucket_height`` rewritten from the stored size, :func:`~hf_arb.sampling.tier_plan.tier_bucket_ids`, and a
-  ``tier`` column added; rows not eligible there are skipped), with the rows per bucket of that tier as its counts,
+* tier ``t``'s stream reads the source with the row's bucket **in tier t** (``bucket`` rewritten to the combined id
+  ``offsets[t] + b`` of :attr:`~hf_arb.sampling.tier_plan.Tiers.offsets`, ``bucket_width``/``bucket_height`` to that
+  bucket's size, from the stored size with :func:`~hf_arb.sampling.tier_plan.tier_bucket_ids`; ``tier`` and
+  ``tier_bucket`` added; rows not eligible there are skipped), with the rows per bucket of that tier as its counts,
   so its global bucket schedule is the single-tier one (:func:`~hf_arb.sampling.stream_plan.stream_schedule`);
 * global step ``g`` trains tier ``t`` at position ``i`` of its stream (:func:`~hf_arb.sampling.tier_schedule.
   stream_positions`), i.e. step ``i mod S_t`` of the tier's pass ``i // S_t``: every rank computes the same (tier,
@@ -24,6 +25,7 @@ bucket) counts before reading, which a stream cannot know exactly; it is refused
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -36,12 +38,13 @@ from .tier_plan import Tiers, tier_bucket_ids
 from .tier_schedule import TierSchedule, parse_resolution_schedule, stream_positions
 
 STATE_VERSION = 1
-#: the columns a tier's stream rewrites from the stored size (and the ``tier`` it adds)
-TIER_COLUMNS = ("bucket", "bucket_width", "bucket_height", "tier")
+#: the columns a tier's stream rewrites from the stored size (and the ``tier``, ``tier_bucket`` it adds)
+TIER_COLUMNS = ("bucket", "bucket_width", "bucket_height", "tier", "tier_bucket")
 
 
 class TierColumns:
-    """``datasets`` batched map: the rows' bucket in tier ``tier`` from their stored size (-1: not eligible)."""
+    """``datasets`` batched map: the rows' bucket in tier ``tier`` from their stored size: ``bucket`` the combined
+    id ``offsets[tier] + b`` (-1: not eligible), ``tier_bucket`` ``b``, ``bucket_width``/``bucket_height``."""
 
     def __init__(self, tiers: Tiers, tier: int, size_columns: tuple[str, str]) -> None:
         self.tiers, self.tier, self.size_columns = tiers, int(tier), size_columns
@@ -51,8 +54,38 @@ class TierColumns:
         ids = tier_bucket_ids(w, h, self.tiers)[self.tier].astype(np.int64)  # (n,)
         res = self.tiers.bucket_sets[self.tier].resolutions[np.maximum(ids, 0)]  # (n, 2)
         ok = ids >= 0
-        return {"bucket": ids.tolist(), "bucket_width": np.where(ok, res[:, 0], 0).tolist(),
+        return {"bucket": np.where(ok, ids + int(self.tiers.offsets[self.tier]), -1).tolist(),
+                "tier_bucket": ids.tolist(), "bucket_width": np.where(ok, res[:, 0], 0).tolist(),
                 "bucket_height": np.where(ok, res[:, 1], 0).tolist(), "tier": [self.tier] * int(ids.size)}
+
+
+def combined_counts(counts: Sequence[Any], tiers: Tiers) -> np.ndarray:
+    """Per-tier counts (one ``(k_t,)`` array per tier) as one int64 ``(K,)`` array over the combined ids."""
+    out = np.zeros(int(tiers.offsets[-1]), np.int64)
+    for t, c in enumerate(counts):
+        c = np.asarray(c, np.int64)
+        out[int(tiers.offsets[t]) : int(tiers.offsets[t]) + c.size] = c
+    return out
+
+
+@dataclass(frozen=True)
+class TieredStreamReport:
+    """Position of a :class:`TieredStream` and each used tier's :class:`~hf_arb.sampling.stream_plan.StreamReport`
+    (of its current pass), keyed by resolution."""
+
+    epoch: int
+    step: int
+    steps: int
+    tiers: dict[int, Any]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "step": self.step, "steps": self.steps,
+                "tiers": {str(r): rep.to_dict() for r, rep in self.tiers.items()}}
+
+    def __str__(self) -> str:
+        lines = [f"tiered stream, epoch {self.epoch}: step {self.step}/{self.steps}"]
+        lines += [f"  tier {r}: {rep}" for r, rep in self.tiers.items()]
+        return "\n".join(lines)
 
 
 def tier_stream_counts(widths: Any, heights: Any, tiers: Tiers) -> list[np.ndarray]:
@@ -73,7 +106,8 @@ class TieredStream(torch.utils.data.IterableDataset):
         tiers: the :class:`~hf_arb.sampling.tier_plan.Tiers`.
         schedule: a step schedule (``mix``, ``curriculum``, ``progressive``) or its ``--resolution_schedule`` text.
         batch_size: rows per batch per rank (one size for every tier: a stream takes no pixel budget).
-        counts: rows per bucket of every tier (:func:`tier_stream_counts`), one ``(k_t,)`` array per tier.
+        counts: rows per bucket of every tier (:func:`tier_stream_counts`), one ``(k_t,)`` array per tier, or
+            one ``(K,)`` array over the combined ids.
         num_replicas, rank, seed: as :class:`~hf_arb.sampling.stream.BucketedStream`.
         steps_per_epoch: global steps per epoch (default: the longest pass of a tier in use).
         size_columns: the stored size columns.
@@ -92,6 +126,9 @@ class TieredStream(torch.utils.data.IterableDataset):
             raise ValueError("A streamed multi-resolution run takes a step schedule (mix, curriculum, progressive): "
                              "`random` draws a tier per row and epoch, whose per-(tier, bucket) counts a stream cannot "
                              "know before reading. Use e.g. 'mix:512:1,1024:1', or a map-style dataset.")
+        flat = not len(counts) or np.isscalar(counts[0]) or np.ndim(counts[0]) == 0
+        if flat and len(counts) == int(tiers.offsets[-1]):  # one array over the combined ids
+            counts = [np.asarray(counts)[int(a) : int(b)] for a, b in zip(tiers.offsets[:-1], tiers.offsets[1:])]
         if len(counts) != tiers.num_tiers:
             raise ValueError(f"`counts` needs one array per tier ({tiers.num_tiers}), got {len(counts)}: pass "
                              "tier_stream_counts(widths, heights, tiers).")
@@ -120,7 +157,8 @@ class TieredStream(torch.utils.data.IterableDataset):
         """A fresh stream of tier ``t`` (at its pass 0)."""
         dataset, size_columns, counts, kwargs = self._make_args
         ds_t = dataset.map(TierColumns(self.tiers, t, size_columns), batched=True)
-        return BucketedStream(ds_t, self.batch_size, counts=np.asarray(counts[t], np.int64),
+        only = [c if u == t else np.zeros_like(np.asarray(c)) for u, c in enumerate(counts)]  # this tier's slice
+        return BucketedStream(ds_t, self.batch_size, counts=combined_counts(only, self.tiers),
                               num_replicas=self.num_replicas, rank=self.rank, seed=self.seed, **kwargs)
 
     # ------------------------------------------------------------------------------------------ the plan
@@ -141,8 +179,19 @@ class TieredStream(torch.utils.data.IterableDataset):
         for t in np.unique(tiers).tolist():
             sel = tiers == t
             q, s = np.divmod(pos[sel], self.pass_steps[t])
-            buckets[sel] = [int(pass_schedule(self.streams[t], int(qq))[int(ss)]) for qq, ss in zip(q, s)]
+            buckets[sel] = [int(pass_schedule(self.streams[t], int(qq))[int(ss)]) - int(self.tiers.offsets[t])
+                            for qq, ss in zip(q, s)]
         return tiers, buckets
+
+    def steps_in(self, epoch: int) -> int:
+        """Global steps of ``epoch`` (all the same: ``steps_per_epoch``)."""
+        check_nonneg("epoch", epoch)
+        return self.steps_per_epoch
+
+    def report(self) -> TieredStreamReport:
+        """The position and every used tier's stream report (its current pass)."""
+        return TieredStreamReport(self.epoch, self.step, self.steps_per_epoch,
+                                  {self.tiers.resolutions[t]: s.report() for t, s in self.streams.items()})
 
     def positions_at(self, global_step: int) -> dict[int, tuple[int, int]]:
         """``{tier: (pass, step in pass)}`` where each tier's stream stands before ``global_step`` (``O(steps)``)."""
@@ -258,4 +307,33 @@ def pass_schedule(stream: BucketedStream, q: int) -> np.ndarray:
                            batch_size=stream.batch_size)
 
 
-__all__ = ["TierColumns", "TieredStream", "tier_stream_counts"]
+def build_tiered_stream_loader(dataset: Any, tiers: Tiers, schedule: TierSchedule | str, batch_size: int, *,
+                                counts: Any, accelerator: Any = None,
+                                **stream_kwargs: Any) -> tuple[torch.utils.data.DataLoader, TieredStream]:
+    """:func:`~hf_arb.sampling.stream.build_stream_loader` for several tiers: a ``DataLoader`` over a
+    :class:`TieredStream` set up for ``accelerator`` (each process reads its own split with
+    ``dispatch_batches=False``, else the main process reads every split).
+
+    Raises:
+        ValueError: the accelerator uses ``split_batches=True``.
+    """
+    world, rank = 1, None
+    if accelerator is not None:
+        world = int(accelerator.num_processes)
+        if accelerator.split_batches:
+            raise ValueError("build_tiered_stream_loader does not support split_batches=True: give each rank its own "
+                             "batch (DataLoaderConfiguration(split_batches=False)) with the per-rank `batch_size`.")
+        dispatch = accelerator.dataloader_config.dispatch_batches
+        rank = accelerator.process_index if (world > 1 and dispatch is False) else None
+    stream = TieredStream(dataset, tiers, schedule, batch_size, counts=counts, num_replicas=world, rank=rank,
+                          **stream_kwargs)
+    return torch.utils.data.DataLoader(stream, batch_size=1, collate_fn=first_item, num_workers=0), stream
+
+
+def first_item(items: list[Any]) -> Any:
+    """The DataLoader's collate over single items (the stream yields whole batches)."""
+    return items[0]
+
+
+__all__ = ["TierColumns", "TieredStream", "TieredStreamReport", "build_tiered_stream_loader", "combined_counts",
+           "tier_stream_counts"]

@@ -25,9 +25,7 @@ import numpy as np
 from hf_arb.checks import UsageError
 
 #: the single-tier features a run with several tiers does not support yet, with the reason (refused by name)
-UNSUPPORTED = {"streaming": "the streamed plan (BucketedStream) has one bucket table; docs/tiers.md, \"With "
-                            "streaming\", says what the tier would take",
-               "no_bucket_sync": "every rank trains the same (tier, bucket) at each step",
+UNSUPPORTED = {"no_bucket_sync": "every rank trains the same (tier, bucket) at each step",
                "aspect_ratio_buckets": "an explicit table cannot be scaled to each tier's resolution"}
 
 
@@ -93,6 +91,11 @@ def check_tier_flags(args: argparse.Namespace) -> None:
         parse_resolution_schedule(args.resolution_schedule, args.resolutions)
     except ValueError as e:
         raise UsageError(str(e)) from None
+    if args.streaming and args.resolution_schedule == "random":
+        raise UsageError(f"--streaming with several tiers (--resolution {res}) takes a step schedule "
+                         "(--resolution_schedule mix:..., curriculum:... or progressive:...): `random` draws a tier per "
+                         "image and epoch, whose rows per (tier, bucket) a stream cannot know before reading. Pass "
+                         f"e.g. --resolution_schedule mix:{args.resolutions[0]}:1,{args.resolutions[1]}:1.")
     if args.packing:  # a pack holds every image at its own size: a tier is a token cap (random: drawn per row and
         # epoch, a pack mixes tiers; a step schedule: one pack stream per tier, every step of one tier)
         if args.max_tokens is None:  # one image of the largest tier, as one --resolution gives
