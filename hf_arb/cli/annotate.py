@@ -172,13 +172,9 @@ def _run_annotate(args: argparse.Namespace) -> int:
     print(f"{buckets!r}  fingerprint {buckets.fingerprint}")
     reference_buckets = _reference_buckets(args)
     if args.engine != "datasets":
-        if args.reference_columns:
-            raise UsageError(f"--reference-column runs on --engine datasets only for now (got --engine {args.engine}); "
-                             "drop --engine, or annotate the references with the library's BatchAnnotator.create("
-                             "..., reference_columns=[...]) on your engine.")
         from .engines import run_engine
 
-        return run_engine(args, buckets)
+        return run_engine(args, buckets, reference_buckets)
     ds = load_source(args.source, split=args.split, streaming=args.streaming)
     image_column = None if args.width_column else args.image_column
     annotated = add_bucket_columns(ds, buckets, image_column=image_column, width_column=args.width_column,
