@@ -3,6 +3,9 @@ and batches that always stack on every rank."""
 
 from __future__ import annotations
 
+import functools
+from pathlib import Path
+
 import datasets
 import numpy as np
 import pytest
@@ -24,6 +27,7 @@ TARGET = BucketSet.from_budget(256)
 SMALL = BucketSet.from_budget(128)
 
 
+@functools.lru_cache(maxsize=2)  # datasets are immutable: every test gets the same rows, encoded once
 def pairs(broken: int | None = 3) -> datasets.Dataset:
     """Before/after pairs from the bundled photos: odd rows share the target's size, even rows have a reference of
     half the width; row ``broken`` has an unreadable reference."""
@@ -383,3 +387,14 @@ def test_composite_stream_never_mixes_reference_shapes(tiled, policy, world) -> 
     resumed.load_state_dict(state)
     assert _stream_rows(head) == items[:2 * world]
     assert _stream_rows(resumed) == items[2 * world:]
+
+
+def test_edit_docs_numbers_are_real() -> None:
+    """docs/edit.md's `hf-arb stats` lines (rows and share per composite bucket, reference pixels) are what the
+    three annotations of its example print (`--resolution 512` is ``from_budget(512)``)."""
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "edit.md").read_text()
+    big, ref = BucketSet.from_budget(512), BucketSet.from_budget(256)
+    for kw in ({}, {"reference_policy": "own", "reference_buckets": ref}, {"reference_policy": "own"}):
+        ann = add_bucket_columns(pairs(broken=None), big, reference_columns=["before"], show_summary=False, **kw)
+        text = composite_summary(ann)
+        assert text in doc, text
