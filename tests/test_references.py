@@ -378,6 +378,8 @@ def test_composite_stream_never_mixes_reference_shapes(tiled, policy, world) -> 
         (k, target, ref), = {(int(k), int(t), int(r)) for k, t, r in keys}
         assert table[k].tolist() == [target, ref] and k >= 0
     assert set(stream.report().batches_per_bucket) <= set(np.flatnonzero(counts).tolist())
+    with pytest.raises(ValueError, match="same reference columns"):
+        composite_stream(src, 4, **{**kw, "table": table[:, :1]})
     # resume after 2 steps
     again = composite_stream(src, 4, **kw)
     it = iter(again)

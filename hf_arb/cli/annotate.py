@@ -228,8 +228,8 @@ def _add_stats_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("dataset", help="annotated dataset: save_to_disk dir, .parquet file, local folder or Hub id")
     p.add_argument("--split", default=None, help="only this split (default: all)")
     p.add_argument("--plot", "--chart", default=None, metavar="FILE.png",
-                   help="draw the bucket chart to this PNG (with --resolution: rows per tier and bucket; with reference "
-                        "columns also rows per composite bucket to FILE_composite.png)")
+                   help="draw the bucket chart to this PNG (with --resolution: rows per tier and bucket; with "
+                        "reference columns also rows per composite bucket to FILE_composite.png)")
     add_tier_arguments(p)
 
 

@@ -97,13 +97,20 @@ def add_composite_column(ds: Any, table: Any, reference_columns: Sequence[str] |
     ``<name>_bucket``), added by a batched ``map``: lazily for a ``datasets.IterableDataset``.
 
     ``reference_columns`` default: every reference column the dataset's features store."""
+    if reference_columns is None and not ds.features:
+        raise ValueError("The stream's features are unknown, so its reference columns are too: pass "
+                         "reference_columns=[...] (the names given to hf-arb annotate --reference-column).")
     names = tuple(reference_columns) if reference_columns is not None else stored_reference_columns(ds.features)
     columns = ("bucket", *[n + "_bucket" for n in names])
     missing = [c for c in columns if ds.column_names is not None and c not in ds.column_names]
     if missing:
         raise ValueError(f"The dataset has no column(s) {missing}: annotate it with reference_columns={list(names)} "
                          "(hf-arb annotate --reference-column NAME).")
-    tab = np.asarray(table, dtype=np.int64).reshape(-1, len(columns)).tolist()
+    tab = np.asarray(table, dtype=np.int64)
+    if tab.ndim != 2 or tab.shape[1] != len(columns):
+        raise ValueError(f"The composite table has shape {tab.shape}, but the key has {len(columns)} columns "
+                         f"{list(columns)}: build the table over the same reference columns (read_composite).")
+    tab = tab.tolist()
     return ds.map(_composite_batch, batched=True, fn_kwargs=dict(columns=columns, table=tab, column=column))
 
 

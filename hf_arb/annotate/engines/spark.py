@@ -29,7 +29,8 @@ from typing import Any
 import pyarrow as pa
 
 from hf_arb.annotate.map import AnnotationSummary
-from hf_arb.annotate.arrow_batch import ERROR_BIN, BatchAnnotator, added_features_json, arrow_metadata, summary_from_groups
+from hf_arb.annotate.arrow_batch import (ERROR_BIN, BatchAnnotator, added_features_json, arrow_metadata,
+                                         summary_from_groups)
 from hf_arb.buckets.references import check_policy, check_reference_columns, reference_arrow_fields
 from hf_arb.buckets.sets import BucketSet
 from hf_arb.buckets.schema import BUCKET_COLUMNS
@@ -100,7 +101,7 @@ def add_bucket_columns(df: Any, buckets: BucketSet, image_column: str | None = "
     missing = [c for c in fn.input_columns if c not in df.columns]
     if missing:
         raise ValueError(f"Column(s) {missing} are not in the DataFrame; its columns are {df.columns}. Pass the right "
-                         "name with image_column=..., width_column=..., height_column=...")
+                         "name with image_column=..., width_column=..., height_column=..., reference_columns=...")
     added = _bucket_struct_fields() + _reference_struct_fields(fn.reference_columns)
     names = {f.name for f in added}
     schema = StructType([f for f in df.schema.fields if f.name not in names] + added)
