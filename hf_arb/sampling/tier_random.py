@@ -105,9 +105,16 @@ class GroupColumn:
         self.tier_ids, self.radix = tier_ids, key_radix(num_buckets)
         self.keys = row_keys(groups.T, self.radix)  # (G,) ascending
         self.size = int(tier_ids.shape[1])
+        space = int(self.radix[-1] * (int(np.asarray(num_buckets)[-1]) + 1))
+        self.table = None  # key -> group id, int16 (space,), when the key space is small
+        if space <= _DENSE_KEYS:
+            self.table = np.full(space, -1, np.int16)
+            self.table[self.keys] = np.arange(self.keys.size)
 
     def __getitem__(self, sl: slice) -> np.ndarray:
         k = row_keys(self.tier_ids[:, sl], self.radix)  # (m,)
+        if self.table is not None:
+            return self.table[k]
         g = np.searchsorted(self.keys, k)
         return np.where(k > 0, g, -1).astype(np.int16)
 
