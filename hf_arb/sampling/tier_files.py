@@ -55,7 +55,8 @@ def random_groups(tier_ids: np.ndarray, tiers: Tiers, folder: Path | None, finge
         try:
             with np.load(meta) as z:
                 buckets, blocks = z["buckets"], z["blocks"]
-            if buckets.shape[1:] == (tiers.num_tiers,) and blocks.shape[1] == buckets.shape[0]:
+            if (buckets.shape[1:] == (tiers.num_tiers,) and blocks.shape[1] == buckets.shape[0]
+                    and np.load(path, mmap_mode="r").shape == (int(blocks.sum()),)):
                 index = open_index(np.empty(0, np.int16), None, buckets.shape[0], blocks, path)
                 return RowGroups(buckets, index, tiers.offsets)
         except (OSError, ValueError, KeyError):
