@@ -5,8 +5,9 @@ tiers) are interchangeable for the draw: they may train at the same tiers, and a
 Such a class is a *group*: ``G`` of them, a few hundred in practice (a row's buckets in the tiers all follow from
 its aspect ratio, so ``G`` is about the number of aspect intervals that the tiers' bucket bounds cut, times the
 eligibility patterns; 87 for the ``budget`` preset at 512/768/1024 on 10⁸ sizes uniform in [256, 2048]). The
-groups are found once, at construction, with the rows of each group in a :class:`~hf_arb.sampling.index.RowIndex` keyed by group
-(4 bytes per row, built in chunks, shareable as a node file: :func:`~hf_arb.sampling.tier_files.random_groups`).
+groups are found once, at construction, with the rows of each group in a
+:class:`~hf_arb.sampling.index.RowIndex` keyed by group (4 bytes per row, built in chunks, shareable as a node
+file: :func:`~hf_arb.sampling.tier_files.random_groups`).
 
 **One epoch** (seed ``s``, epoch ``e``), for every group ``g`` of ``n_g`` rows and ``m_g`` eligible tiers:
 
