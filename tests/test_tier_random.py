@@ -67,6 +67,16 @@ def test_a_group_is_the_rows_with_the_same_bucket_in_every_tier(wh):
     assert sorted(seen) == np.flatnonzero((ids >= 0).any(axis=0)).tolist()
 
 
+def test_a_large_key_space_finds_the_same_groups(monkeypatch):
+    """Above 2^16 possible bucket tuples the groups are found by sorting keys instead of a presence table."""
+    ids, dense = groups_of(600, True)
+    monkeypatch.setattr(tier_random, "_DENSE_KEYS", 0)
+    sparse = row_groups(ids, THREE)
+    np.testing.assert_array_equal(sparse.buckets, dense.buckets)
+    np.testing.assert_array_equal(sparse.index.count, dense.index.count)
+    np.testing.assert_array_equal(np.asarray(sparse.index.low), np.asarray(dense.index.low))
+
+
 # ------------------------------------------------------------------------------------------- one epoch
 @SETTINGS
 @given(st.integers(0, 10**6), st.integers(0, 50), st.booleans())
