@@ -71,4 +71,5 @@ def random_groups(tier_ids: np.ndarray, tiers: Tiers, folder: Path | None, finge
         os.replace(tmp, meta)
     return RowGroups(buckets, index, tiers.offsets)
 
+
 __all__ = ["random_groups", "shared_tier_columns"]
