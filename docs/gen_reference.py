@@ -82,6 +82,7 @@ MODULES: dict[str, str] = {
     "hf_arb.sampling.tier_plan": "tiers.md",
     "hf_arb.sampling.tier_schedule": "tiers.md#schedules",
     "hf_arb.sampling.tier_files": "tiers.md#memory-and-speed",
+    "hf_arb.sampling.tier_random": "tiers.md#random-onetrainer",
     "hf_arb.sampling.tier_state": "tiers.md#in-a-training-loop",
     "hf_arb.sampling.tier_report": "tiers.md",
     "hf_arb.sampling.tiers": "tiers.md",

@@ -280,3 +280,113 @@ def _check_cli(engine: str, images_parquet: Path, tmp_path: Path, capsys: pytest
     with pytest.raises(SystemExit) as exc:  # an argparse error of `hf-arb annotate`
         main(["annotate", str(tmp_path / "empty"), "--engine", engine, "--output-dir", str(tmp_path / "x")])
     assert exc.value.code == 2 and "is not a .parquet file" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------------- reference columns
+EDIT_TARGET = BucketSet.from_budget(256)  # what `hf-arb annotate --resolution 256` builds
+EDIT_SMALL = BucketSet.from_budget(128)  # `--reference-policy own --reference-resolution 128`
+
+
+@pytest.fixture(scope="session")
+def pairs_parquet(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Before/after pairs (``image``, ``before``: ``Image``) from the bundled photos: odd rows' reference is the
+    photo itself, even rows' is half as wide; then a row with unreadable reference bytes, one with no reference,
+    and one whose target is broken too (the target's reason wins)."""
+    rows: dict[str, list] = {"id": [], "image": [], "before": []}
+    for i, name in enumerate(sorted(PHOTOS)):
+        im = photo(name).convert("RGB")
+        ref = im if i % 2 else im.resize((im.width // 2, im.height))
+        rows["image"].append({"bytes": encode(im), "path": None})
+        rows["before"].append({"bytes": encode(ref), "path": None})
+    good = rows["image"][0]
+    for target, before in ((good, {"bytes": b"not an image", "path": None}), (good, None),
+                           ({"bytes": b"", "path": None}, {"bytes": b"xx", "path": None})):
+        rows["image"].append(target)
+        rows["before"].append(before)
+    rows["id"] = list(range(len(rows["image"])))
+    ds = datasets.Dataset.from_dict(rows, features=datasets.Features(
+        {"id": datasets.Value("int64"), "image": datasets.Image(), "before": datasets.Image()}))
+    path = tmp_path_factory.mktemp("pairs") / "pairs.parquet"
+    ds.to_parquet(str(path))
+    return path
+
+
+def _edit_reference(path: Path, policy: str) -> datasets.Dataset:
+    ds = datasets.load_dataset("parquet", data_files=str(path), split="train")
+    extra = {"reference_buckets": EDIT_SMALL} if policy == "own" else {}
+    return add_bucket_columns(ds, EDIT_TARGET, reference_columns=["before"], reference_policy=policy,
+                              show_summary=False, **extra)  # type: ignore[arg-type]
+
+
+def _check_edit_output(folder: Path, path: Path, policy: str, summary) -> None:  # type: ignore[no-untyped-def]
+    """The engine's Parquet has the datasets map's bucket and reference columns row for row, the same policy and
+    BucketSets in its features, the same composite key, and the same skip counts."""
+    from hf_arb.buckets.references import read_composite, reference_column_names, reference_info
+
+    want = _edit_reference(path, policy)
+    got = datasets.load_dataset("parquet", data_dir=str(folder), split="train")
+    g, w = _by_id(got), _by_id(want)
+    assert g.column("id").equals(w.column("id"))
+    for c in (*BUCKET_COLUMNS, *reference_column_names("before")):
+        assert g.column(c).type == w.column(c).type, c
+        assert g.column(c).combine_chunks().equals(w.column(c).combine_chunks()), c
+    reasons = w.column("skip_reason").to_pylist()
+    assert sum(str(r).startswith("reference before:") for r in reasons) == 2 and reasons[-1].startswith("unreadable")
+    assert reference_info(got.features, "before") == reference_info(want.features, "before")
+    assert reference_info(got.features, "before")[1] == (EDIT_SMALL if policy == "own" else EDIT_TARGET)
+    assert BucketSet.from_dataset(got) == EDIT_TARGET
+    assert isinstance(got.features["before"], datasets.Image)
+    ids_g, table_g = read_composite(got.sort("id"))
+    ids_w, table_w = read_composite(want)
+    np.testing.assert_array_equal(table_g, table_w)
+    np.testing.assert_array_equal(ids_g, ids_w)
+    expected = summarize_annotation(want, EDIT_TARGET)
+    assert expected.skipped_by_reason["reference before"] == 2
+    _assert_summary_equal(summary, expected)
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("engines")  # one worker: the clusters start once and never compete
+def test_ray_reference_columns_equal_datasets_map(ray_cluster, pairs_parquet: Path, tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """Strict through the Python entry point, own through ``hf-arb annotate --engine ray`` (then ``hf-arb stats``)."""
+    from hf_arb.annotate.engines import ray as hf_ray
+
+    features = datasets.Features.from_arrow_schema(pq.read_schema(pairs_parquet))
+    out = hf_ray.add_bucket_columns(ray_cluster.data.read_parquet(str(pairs_parquet)), EDIT_TARGET,
+                                    features=features, reference_columns=["before"]).materialize()
+    out.write_parquet(str(tmp_path / "strict"))
+    _check_edit_output(tmp_path / "strict", pairs_parquet, "strict", hf_ray.summarize(out, EDIT_TARGET))
+    _check_edit_cli("ray", pairs_parquet, tmp_path, capsys)
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("engines")  # one worker: the clusters start once and never compete
+def test_spark_reference_columns_equal_datasets_map(spark, pairs_parquet: Path, tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    from hf_arb.annotate.engines import spark as hf_spark
+
+    features = datasets.Features.from_arrow_schema(pq.read_schema(pairs_parquet))
+    refs = dict(reference_columns=["before"], reference_policy="strict")
+    out = hf_spark.add_bucket_columns(spark.read.parquet(str(pairs_parquet)), EDIT_TARGET, **refs).cache()
+    hf_spark.write_parquet(out, str(tmp_path / "strict"), EDIT_TARGET, features=features, **refs)
+    _check_edit_output(tmp_path / "strict", pairs_parquet, "strict", hf_spark.summarize(out, EDIT_TARGET))
+    out.unpersist()
+    _check_edit_cli("spark", pairs_parquet, tmp_path, capsys)
+
+
+def _check_edit_cli(engine: str, path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``hf-arb annotate --engine E --reference-column before --reference-policy own``, and ``hf-arb stats`` of
+    its output prints the datasets path's rows per composite bucket."""
+    from hf_arb.buckets.references import composite_summary
+    from hf_arb.cli.app import main
+
+    out = tmp_path / "own"
+    capsys.readouterr()
+    assert main(["annotate", str(path), "--engine", engine, "--output-dir", str(out), "--resolution", "256",
+                 "--reference-column", "before", "--reference-policy", "own", "--reference-resolution", "128"]) == 0
+    assert "reference before 2" in capsys.readouterr().out
+    got = datasets.load_dataset("parquet", data_dir=str(out), split="train")
+    _check_edit_output(out, path, "own", summarize_annotation(got, EDIT_TARGET))
+    assert main(["stats", str(out)]) == 0
+    assert composite_summary(_edit_reference(path, "own")) in capsys.readouterr().out

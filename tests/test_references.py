@@ -3,6 +3,9 @@ and batches that always stack on every rank."""
 
 from __future__ import annotations
 
+import functools
+from pathlib import Path
+
 import datasets
 import numpy as np
 import pytest
@@ -24,6 +27,7 @@ TARGET = BucketSet.from_budget(256)
 SMALL = BucketSet.from_budget(128)
 
 
+@functools.lru_cache(maxsize=2)  # datasets are immutable: every test gets the same rows, encoded once
 def pairs(broken: int | None = 3) -> datasets.Dataset:
     """Before/after pairs from the bundled photos: odd rows share the target's size, even rows have a reference of
     half the width; row ``broken`` has an unreadable reference."""
@@ -278,9 +282,121 @@ def test_cli_annotate_reference_column_and_stats(tmp_path, capsys) -> None:
     row = ann.select_columns(["bucket", "skip_reason"])[3]
     assert row["bucket"] == -1 and row["skip_reason"].startswith("reference before:")
     capsys.readouterr()
-    assert main(["stats", str(out)]) == 0
+    pytest.importorskip("matplotlib")
+    assert main(["stats", str(out), "--plot", str(tmp_path / "chart.png")]) == 0
     text = capsys.readouterr().out
     assert "reference before" in text and "rows per composite bucket (target + before)" in text
+    # one line per composite bucket: its rows and share of the kept rows, as the composite ids count them
+    from hf_arb.buckets.references import composite_label_counts
+
+    counts = composite_label_counts(ann)
+    kept = sum(counts.values())
+    assert kept == len(PHOTOS) - 1 and len(counts) >= 2
+    for label, n in counts.items():
+        assert f"  {label:<28} {n:>8}  {100 * n / kept:5.1f}%" in text
+    chart = tmp_path / "chart_composite.png"
+    assert f"composite chart: {chart}" in text
+    from PIL import Image
+
+    with Image.open(chart) as im:
+        assert im.format == "PNG" and im.width >= 600
     with pytest.raises(SystemExit):
         main(["annotate", str(tmp_path / "pairs"), "--output-dir", str(tmp_path / "x"), "--reference-column",
               "before", "--reference-resolution", "128"])  # --reference-resolution needs --reference-policy own
+
+
+# ----------------------------------------------------------------------------------- weighting, report, streaming
+@pytest.fixture(scope="module")
+def tiled(edit_ds) -> dict:
+    """The photo pairs (with a broken reference) annotated under each policy and tiled 12 times: 96 rows."""
+    ds = edit_ds
+    return {policy: datasets.concatenate_datasets([add_bucket_columns(
+        ds, TARGET, reference_columns=["before"], reference_policy=policy, show_summary=False,
+        **({"reference_buckets": SMALL} if policy == "own" else {}))] * 12) for policy in ("strict", "own")}
+
+
+def test_composite_lookup_equals_composite_ids() -> None:
+    rng = np.random.default_rng(0)
+    t = rng.integers(-1, 5, 500); r = rng.integers(0, 7, (500, 2))
+    ids, table = composite_bucket_ids(t, list(r.T))
+    from hf_arb.sampling.composite import composite_lookup
+
+    np.testing.assert_array_equal(composite_lookup(t, list(r.T), table), ids)
+    shuffled = rng.permutation(len(table))
+    got = composite_lookup(t, list(r.T), table[shuffled])  # any row order of the table
+    np.testing.assert_array_equal(np.where(got >= 0, shuffled[np.maximum(got, 0)], -1), ids)
+    assert (composite_lookup([9, 0], [[0, 99], [0, 0]], table) == -1).all()  # tuples not in the table are skipped
+    with pytest.raises(ValueError, match="bucket columns"):
+        composite_lookup(t, [r[:, 0]], table)
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.parametrize("policy", ["strict", "own"])
+def test_composite_weighting_and_report_count_composite_buckets(tiled, policy) -> None:
+    """Each composite bucket gets steps in proportion to its rows (its full global batches), and the report's
+    rows per bucket are the rows per composite id."""
+    ann = tiled[policy]
+    ids, table = read_composite(ann)
+    counts = np.bincount(ids[ids >= 0], minlength=len(table))
+    assert (counts > 0).sum() >= 2
+    if policy == "own":  # composites that share a target bucket are kept apart
+        assert len(np.unique(table[:, 0])) < len(table)
+    sampler, _ = composite_sampler(ann, 2, num_replicas=2, seed=0, log_report=False, leftover="drop")
+    rep = sampler.report()
+    assert rep.rows_per_bucket == {k: int(c) for k, c in enumerate(counts) if c}
+    assert rep.batches_per_bucket == {k: int(c) // 4 for k, c in enumerate(counts) if c >= 4}
+    seen = np.zeros(len(table), int)
+    for batch in sampler.shard(0):  # rank 0's batch of every step: its composite id is the step's
+        seen[ids[batch[0]]] += 1
+    np.testing.assert_array_equal(seen, counts // 4)
+
+
+def _stream_rows(stream) -> list:  # type: ignore[no-untyped-def]
+    return [[(r["composite_bucket"], r["bucket"], r["before_bucket"]) for r in batch] for batch in stream]
+
+
+@pytest.mark.parametrize("policy", ["strict", "own"])
+@pytest.mark.parametrize("world", [2, 3])
+def test_composite_stream_never_mixes_reference_shapes(tiled, policy, world) -> None:
+    """The streamed batches (``BucketedStream`` over the composite column, ranks simulated in one process): every
+    step's ``world`` batches of 4 hold one composite bucket, so one target and one reference shape; a state saved
+    mid-epoch resumes to the same remaining batches."""
+    from hf_arb.sampling.composite import composite_stream
+
+    ann = tiled[policy]
+    ids, table = read_composite(ann)
+    counts = np.bincount(ids[ids >= 0], minlength=len(table))
+    src = ann.select_columns(["bucket", "before_bucket"]).to_iterable_dataset(num_shards=6)
+    kw = dict(table=table, counts=counts, num_replicas=world, seed=1, buffer_size=64, snapshot_every=8)
+    stream = composite_stream(src, 4, **kw)
+    items = _stream_rows(stream)
+    assert len(items) == world * stream.steps_per_epoch and stream.steps_per_epoch >= 3
+    for s in range(stream.steps_per_epoch):
+        step = items[s * world:(s + 1) * world]
+        keys = {row for batch in step for row in batch}
+        assert len({k[0] for k in keys}) == 1 and all(len(b) == 4 for b in step), keys
+        (k, target, ref), = {(int(k), int(t), int(r)) for k, t, r in keys}
+        assert table[k].tolist() == [target, ref] and k >= 0
+    assert set(stream.report().batches_per_bucket) <= set(np.flatnonzero(counts).tolist())
+    with pytest.raises(ValueError, match="same reference columns"):
+        composite_stream(src, 4, **{**kw, "table": table[:, :1]})
+    # resume after 2 steps
+    again = composite_stream(src, 4, **kw)
+    it = iter(again)
+    head = [next(it) for _ in range(2 * world)]
+    state = again.state_dict(step=2)
+    resumed = composite_stream(src, 4, **kw)
+    resumed.load_state_dict(state)
+    assert _stream_rows(head) == items[:2 * world]
+    assert _stream_rows(resumed) == items[2 * world:]
+
+
+def test_edit_docs_numbers_are_real() -> None:
+    """docs/edit.md's `hf-arb stats` lines (rows and share per composite bucket, reference pixels) are what the
+    three annotations of its example print (`--resolution 512` is ``from_budget(512)``)."""
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "edit.md").read_text()
+    big, ref = BucketSet.from_budget(512), BucketSet.from_budget(256)
+    for kw in ({}, {"reference_policy": "own", "reference_buckets": ref}, {"reference_policy": "own"}):
+        ann = add_bucket_columns(pairs(broken=None), big, reference_columns=["before"], show_summary=False, **kw)
+        text = composite_summary(ann)
+        assert text in doc, text

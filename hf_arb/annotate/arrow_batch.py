@@ -129,10 +129,21 @@ def arrow_metadata(input_metadata: bytes | None, features: str | None, bucket_js
             pass  # not datasets' metadata: infer on load
     if features:
         out.update(json.loads(features))
-    for c in BUCKET_COLUMNS:
+    added = json.loads(bucket_json)
+    for c in (*BUCKET_COLUMNS, *added):  # replaced columns move to the end, as in the batch
         out.pop(c, None)
-    out.update(json.loads(bucket_json))
+    out.update(added)
     return {b"huggingface": json.dumps({"info": {"features": out}}).encode()}
+
+
+def added_features_json(buckets: BucketSet, reference_columns: tuple[str, ...] = (), reference_policy: str = "strict",
+                        reference_buckets: BucketSet | None = None) -> str:
+    """JSON of the ``datasets`` features of every column annotation adds: the bucket columns, then each reference
+    column's five (whose ``<name>_bucket`` stores the policy and its BucketSet). Made on the driver."""
+    columns = json.loads(bucket_features_json(buckets.to_json()))
+    if reference_columns:
+        columns.update(reference_features(reference_columns, reference_policy, buckets, reference_buckets).to_dict())
+    return json.dumps(columns)
 
 
 def _input_metadata(schema: pa.Schema) -> bytes | None:
@@ -226,13 +237,16 @@ class BatchAnnotator:
         if not isinstance(buckets, BucketSet):
             raise TypeError(f"`buckets` must be a hf_arb.BucketSet, got {type(buckets).__name__}. "
                             "Build one with BucketSet.sdxl(), BucketSet.novelai() or BucketSet.from_budget(...).")
-        refs = check_reference_columns(kwargs.pop("reference_columns", ()), kwargs.get("image_column", "image"))
+        refs = check_reference_columns(kwargs.pop("reference_columns", None), kwargs.get("image_column", "image"))
         policy = check_policy(kwargs.pop("reference_policy", "strict"))
         ref_buckets = kwargs.pop("reference_buckets", None)
-        columns = json.loads(bucket_features_json(buckets.to_json()))
-        if refs:
-            columns.update(reference_features(refs, policy, buckets, ref_buckets).to_dict())
-        out = cls(buckets.to_json(), **kwargs, features=_features_json(features), bucket_features=json.dumps(columns),
+        if ref_buckets is not None and not isinstance(ref_buckets, BucketSet):
+            raise TypeError(f"`reference_buckets` must be a hf_arb.BucketSet, got {type(ref_buckets).__name__}.")
+        if ref_buckets is not None and policy == "strict":
+            raise ValueError("`reference_buckets` applies to reference_policy='own' only: under 'strict' every "
+                             "reference takes the target's bucket. Pass reference_policy='own' or drop it.")
+        columns = added_features_json(buckets, refs, policy, ref_buckets)
+        out = cls(buckets.to_json(), **kwargs, features=_features_json(features), bucket_features=columns,
                   reference_columns=refs, reference_policy=policy,
                   reference_config=None if ref_buckets is None else ref_buckets.to_json())
         if (out.width_column is None) != (out.height_column is None):

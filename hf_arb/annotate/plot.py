@@ -1,5 +1,6 @@
 """The bucket chart: rows per bucket (portrait → landscape) and the distribution of aspect errors; the tier chart:
-rows per (tier, bucket) of a multi-resolution run (:func:`plot_tier_chart`).
+rows per (tier, bucket) of a multi-resolution run (:func:`plot_tier_chart`); the composite chart: rows per composite
+(target + reference) bucket of an edit dataset (:func:`plot_composite_chart`).
 
 matplotlib is optional (the ``plot`` extra: ``pip install "hf_arb[plot]"``); it is imported only when a
 chart is drawn, with the non-interactive ``Agg`` backend, so this works on headless machines.
@@ -158,6 +159,51 @@ def plot_tier_chart(
         axes[0][0].set_ylabel("rows")
         total = f" of {rows_total:,}" if rows_total is not None else ""
         fig.suptitle(title or f"rows per tier and bucket{total} (max upscale {float(tiers.max_upscale):g}x)")
+        fig.tight_layout()
+        out = Path(path)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(out, format="png", dpi=dpi)
+    finally:
+        plt.close(fig)
+    return out
+
+
+def plot_composite_chart(counts: dict[str, int], path: str | os.PathLike[str], *, names: tuple[str, ...] = (),
+                         title: str | None = None, dpi: int = 100) -> Path:
+    """Draw rows per composite bucket of an edit dataset to a PNG file: one bar per composite, most populous first,
+    labelled ``"WxH + WxH…"`` (target, then each reference), with its share of the kept rows.
+
+    Args:
+        counts: ``{label: rows}`` (:func:`~hf_arb.buckets.references.composite_label_counts`).
+        path: where to write the PNG.
+        names: the reference columns (for the axis label).
+        title: figure title (default: the kept rows and composite buckets).
+        dpi: resolution of the PNG.
+
+    Returns:
+        The path written.
+
+    Raises:
+        ImportError: matplotlib is missing; the message says how to install it.
+    """
+    plt = _pyplot()
+    from matplotlib.ticker import MaxNLocator
+
+    items = sorted(counts.items(), key=lambda kv: -kv[1])
+    c = np.asarray([v for _, v in items], dtype=np.int64)  # (m,)
+    total = max(int(c.sum()), 1)
+    fig, ax = plt.subplots(figsize=(max(6.0, 2.0 + 0.45 * len(items)), 4.5))
+    try:
+        x = np.arange(len(items))
+        ax.bar(x, c, color="#55A868")
+        for i, v in enumerate(c.tolist()):
+            ax.text(i, v, f"{100 * v / total:.1f}%", ha="center", va="bottom", fontsize=7)
+        ax.set_xticks(x)
+        ax.set_xticklabels([k for k, _ in items], rotation=90, fontsize=8)
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_ylabel("rows")
+        ax.set_xlabel("composite bucket (target" + "".join(f" + {n}" for n in names) + ")")
+        fig.suptitle(title or f"{int(c.sum()):,} rows in {len(items)} composite buckets")
         fig.tight_layout()
         out = Path(path)
         out.parent.mkdir(parents=True, exist_ok=True)

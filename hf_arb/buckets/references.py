@@ -192,6 +192,16 @@ def composite_resolutions(ds: Any, names: Sequence[str]) -> list[np.ndarray]:
     return out
 
 
+def composite_label_counts(ds: Any, reference_columns: Sequence[str] | None = None) -> dict[str, int]:
+    """Rows per composite bucket of an annotated dataset, ``{"WxH + WxH…": rows}`` (kept rows only), most populous
+    first: what ``hf-arb stats`` prints and charts. Labels from different splits add up."""
+    names = tuple(reference_columns) if reference_columns is not None else stored_reference_columns(ds.features)
+    ids, table = read_composite(ds, names)
+    counts = np.bincount(ids[ids >= 0], minlength=table.shape[0])  # (c,)
+    labels = composite_labels(table, composite_resolutions(ds, names))
+    return {labels[k]: int(counts[k]) for k in np.argsort(-counts, kind="stable").tolist() if counts[k]}
+
+
 def composite_summary(ds: Any, reference_columns: Sequence[str] | None = None) -> str:
     """What ``hf-arb stats`` prints for an edit dataset: the rows (and share) per composite bucket, and the pixels
     the references take (under ``"own"``, what they save against fitting each to the target's bucket)."""

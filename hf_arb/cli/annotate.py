@@ -172,13 +172,9 @@ def _run_annotate(args: argparse.Namespace) -> int:
     print(f"{buckets!r}  fingerprint {buckets.fingerprint}")
     reference_buckets = _reference_buckets(args)
     if args.engine != "datasets":
-        if args.reference_columns:
-            raise UsageError(f"--reference-column runs on --engine datasets only for now (got --engine {args.engine}); "
-                             "drop --engine, or annotate the references with the library's BatchAnnotator.create("
-                             "..., reference_columns=[...]) on your engine.")
         from .engines import run_engine
 
-        return run_engine(args, buckets)
+        return run_engine(args, buckets, reference_buckets)
     ds = load_source(args.source, split=args.split, streaming=args.streaming)
     image_column = None if args.width_column else args.image_column
     annotated = add_bucket_columns(ds, buckets, image_column=image_column, width_column=args.width_column,
@@ -232,7 +228,8 @@ def _add_stats_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("dataset", help="annotated dataset: save_to_disk dir, .parquet file, local folder or Hub id")
     p.add_argument("--split", default=None, help="only this split (default: all)")
     p.add_argument("--plot", "--chart", default=None, metavar="FILE.png",
-                   help="draw the bucket chart to this PNG (with --resolution: rows per tier and bucket)")
+                   help="draw the bucket chart to this PNG (with --resolution: rows per tier and bucket; with "
+                        "reference columns also rows per composite bucket to FILE_composite.png)")
     add_tier_arguments(p)
 
 
@@ -251,18 +248,29 @@ def _run_stats(args: argparse.Namespace) -> int:
                              f"run hf-arb stats {args.dataset}-arb.")
     buckets = BucketSet.from_dataset(ds)
     print(f"{buckets!r}  fingerprint {buckets.fingerprint}")
-    from hf_arb.buckets.references import composite_summary, stored_reference_columns
+    from hf_arb.buckets.references import composite_label_counts, composite_summary, stored_reference_columns
 
+    composite: dict[str, int] = {}
+    names: tuple[str, ...] = ()
     for split, part in _splits(ds):
         print(f"== {split} ==")
         print(summarize_annotation(part, buckets))
-        if stored_reference_columns(part.features):
+        names = stored_reference_columns(part.features)
+        if names:
             print(composite_summary(part))
+            for label, n in composite_label_counts(part).items():
+                composite[label] = composite.get(label, 0) + n
     if args.plot:
         chart = _chart(ds, buckets, args.plot, f"{args.dataset}: rows per bucket")
         if chart is None:
             return 1
         print(f"chart: {chart}")
+        if composite:  # an edit dataset: rows per composite (target + references) bucket, next to the bucket chart
+            from hf_arb.annotate.plot import plot_composite_chart
+
+            path = Path(args.plot).with_name(Path(args.plot).stem + "_composite.png")
+            title = f"{args.dataset}: rows per composite bucket"
+            print(f"composite chart: {plot_composite_chart(composite, path, names=names, title=title)}")
     return 0
 
 

@@ -31,8 +31,11 @@ def parquet_files(source: str) -> list[str]:
                      "files. Convert other sources first, or use the default --engine datasets.")
 
 
-def run_engine(args: argparse.Namespace, buckets: BucketSet) -> int:
-    """Annotate ``args.source`` with ``args.engine`` into ``args.output_dir``; print the engine-side summary."""
+def run_engine(args: argparse.Namespace, buckets: BucketSet, reference_buckets: BucketSet | None = None) -> int:
+    """Annotate ``args.source`` with ``args.engine`` into ``args.output_dir``; print the engine-side summary.
+
+    With ``--reference-column`` (``args.reference_columns``) the engine runs the same Arrow-batch function with the
+    references as the ``datasets`` path (``reference_buckets``: the references' BucketSet under ``own``)."""
     import datasets
     import pyarrow.parquet as pq
 
@@ -46,6 +49,10 @@ def run_engine(args: argparse.Namespace, buckets: BucketSet) -> int:
     kwargs: dict[str, Any] = dict(image_column=None if args.width_column else args.image_column,
                                   width_column=args.width_column, height_column=args.height_column,
                                   max_upscale=args.max_upscale, min_size=args.min_size)
+    refs: dict[str, Any] = {}
+    if getattr(args, "reference_columns", None):
+        refs = dict(reference_columns=tuple(args.reference_columns), reference_policy=args.reference_policy,
+                    reference_buckets=reference_buckets)
     out = str(Path(args.output_dir).resolve())
     if args.engine == "ray":
         import ray
@@ -56,7 +63,8 @@ def run_engine(args: argparse.Namespace, buckets: BucketSet) -> int:
         if owned:
             ray.init(address=os.environ.get("RAY_ADDRESS") or None, log_to_driver=False)
         try:
-            annotated = engine.add_bucket_columns(ray.data.read_parquet(files), buckets, features=features, **kwargs)
+            annotated = engine.add_bucket_columns(ray.data.read_parquet(files), buckets, features=features, **kwargs,
+                                               **refs)
             annotated.write_parquet(out)
             summary = engine.summarize(ray.data.read_parquet(out), buckets)
         finally:
@@ -71,8 +79,8 @@ def run_engine(args: argparse.Namespace, buckets: BucketSet) -> int:
         active = SparkSession.getActiveSession()
         spark = active or SparkSession.builder.appName("hf-arb annotate").getOrCreate()  # spark-submit's master
         try:
-            df = engine_spark.add_bucket_columns(spark.read.parquet(*files), buckets, **kwargs)
-            engine_spark.write_parquet(df, out, buckets, features=features)
+            df = engine_spark.add_bucket_columns(spark.read.parquet(*files), buckets, **kwargs, **refs)
+            engine_spark.write_parquet(df, out, buckets, features=features, **refs)
             summary = engine_spark.summarize(spark.read.parquet(out), buckets)
         finally:
             if active is None:

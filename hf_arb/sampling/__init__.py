@@ -19,7 +19,8 @@
   (:mod:`~hf_arb.sampling.stream_plan` its pure schedule, :mod:`~hf_arb.sampling.stream_buffer` one rank's buffer);
 - :mod:`~hf_arb.sampling.tiers` — :class:`TieredBatchSampler`, several resolution tiers in one resumable plan
   (:mod:`~hf_arb.sampling.tier_plan` the tier columns, :mod:`~hf_arb.sampling.tier_schedule` the schedules,
-  :mod:`~hf_arb.sampling.tier_state` its state, :mod:`~hf_arb.sampling.tier_report` :class:`TierReport`;
+  :mod:`~hf_arb.sampling.tier_random` the ``random`` schedule's per-group draw, :mod:`~hf_arb.sampling.tier_state`
+  its state, :mod:`~hf_arb.sampling.tier_report` :class:`TierReport`;
   :mod:`~hf_arb.sampling.tier_stream` :class:`TieredStream`, the same from a streaming dataset;
   :mod:`~hf_arb.sampling.cursor` the position and restore rules both samplers share).
 

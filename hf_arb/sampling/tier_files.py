@@ -1,10 +1,11 @@
-"""The tiered sampler's node-shared files: the tier columns and the ``random`` schedule's per-epoch row index.
+"""The tiered sampler's node-shared files: the tier columns and the ``random`` schedule's row groups.
 
 At web scale the tier columns (int16 ``(T, n)``: 2 bytes per row and tier) and the grouped row indexes (4 bytes per
-eligible row) would cost every rank hundreds of MB. Under ``index_dir`` each is written once per node to a ``.npy``
-file named after the fingerprint of the rows' sizes and tiers (atomically: a temporary name, then a rename;
-processes racing to write produce identical bytes) and memory-mapped read-only by every process, so the node holds
-it once in its page cache and a restarted process maps it instead of recomputing it.
+eligible row: one per tier for the step schedules, one by row group for ``random``) would cost every rank hundreds
+of MB. Under ``index_dir`` each is written once per node to a ``.npy`` file named after the fingerprint of the rows'
+sizes and tiers (atomically: a temporary name, then a rename; processes racing to write produce identical bytes)
+and memory-mapped read-only by every process, so the node holds it once in its page cache and a restarted process
+maps it instead of recomputing it.
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .index import RowIndex, build_index, count_blocks, open_index
-from .tier_plan import Tiers, random_tier_ids, tier_bucket_ids
+from .index import build_index, count_blocks, open_index
+from .tier_plan import Tiers, tier_bucket_ids
+from .tier_random import GroupColumn, RowGroups, find_groups
 
 
 def shared_tier_columns(widths: np.ndarray, heights: np.ndarray, tiers: Tiers, path: Path) -> np.ndarray:
@@ -39,41 +41,35 @@ def shared_tier_columns(widths: np.ndarray, heights: np.ndarray, tiers: Tiers, p
     return np.load(path, mmap_mode="r")
 
 
-def random_epoch_index(tier_ids: np.ndarray, tiers: Tiers, seed: int, epoch: int, folder: Path | None,
-                       fingerprint: str) -> RowIndex:
-    """Rows grouped by the (tier, bucket) drawn for them in ``epoch`` (``random`` schedule): an ``O(rows)`` pass.
+def random_groups(tier_ids: np.ndarray, tiers: Tiers, folder: Path | None, fingerprint: str) -> RowGroups:
+    """The ``random`` schedule's row groups (:mod:`~hf_arb.sampling.tier_random`): built once, in chunks.
 
-    ``folder`` None: in memory (2 + 4 bytes per row of temporaries and index). Else the draw goes through a
-    temporary memory-mapped column and the index is a shared file with its per-block counts beside it
-    (``.blocks.npy``); when both exist already (another rank drew this epoch, or a resume) they are mapped, in
-    milliseconds.
+    ``folder`` None: in memory (the group index, 4 bytes per eligible row). Else the group index is a shared file
+    ``random-groups-<fingerprint>.npy`` with the groups' buckets and per-block counts beside it (``.meta.npz``);
+    when both exist (another rank built them, or a restart) they are mapped, in milliseconds.
     """
-    K = int(tiers.offsets[-1])
-    if folder is None:
-        return build_index(random_tier_ids(tier_ids, tiers.offsets, seed, epoch), None, K)
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"random-{fingerprint}-s{seed}-e{epoch}-k{K}.npy"
-    counts = path.with_name(path.name.replace(".npy", ".blocks.npy"))  # (H, K) rows per block of 2^32 rows, pair
-    if path.exists() and counts.exists():
+    k = tiers.num_buckets
+    path = None if folder is None else folder / f"random-groups-{fingerprint}.npy"
+    meta = None if path is None else path.with_name(path.name.replace(".npy", ".meta.npz"))
+    if meta is not None and meta.exists() and path.exists():
         try:
-            blocks = np.load(counts)
-            if np.load(path, mmap_mode="r").shape == (int(blocks.sum()),):
-                return open_index(np.empty(0, np.int16), None, K, blocks, path)
-        except (OSError, ValueError):
+            with np.load(meta) as z:
+                buckets, blocks = z["buckets"], z["blocks"]
+            if (buckets.shape[1:] == (tiers.num_tiers,) and blocks.shape[1] == buckets.shape[0]
+                    and np.load(path, mmap_mode="r").shape == (int(blocks.sum()),)):
+                index = open_index(np.empty(0, np.int16), None, buckets.shape[0], blocks, path)
+                return RowGroups(buckets, index, tiers.offsets)
+        except (OSError, ValueError, KeyError):
             pass
-    tmp = folder / f"draw-{fingerprint}-e{epoch}.{os.getpid()}.tmp.npy"
-    comb = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.int16, shape=(tier_ids.shape[1],))
-    try:
-        random_tier_ids(tier_ids, tiers.offsets, seed, epoch, out=comb)
-        blocks = count_blocks(comb, K)
-        index = build_index(comb, None, K, blocks, path=path)
-        tmp_counts = counts.with_name(f"{counts.name}.{os.getpid()}.tmp.npy")
-        np.save(tmp_counts, blocks)
-        os.replace(tmp_counts, counts)
-        return index
-    finally:
-        del comb
-        tmp.unlink(missing_ok=True)
+    buckets = find_groups(tier_ids, k)  # (G, T)
+    column = GroupColumn(tier_ids, buckets, k)
+    blocks = count_blocks(column, buckets.shape[0])  # (H, G)
+    index = build_index(column, None, buckets.shape[0], blocks, path=path)
+    if meta is not None:
+        tmp = meta.with_name(f"{meta.name}.{os.getpid()}.tmp.npz")
+        np.savez(tmp, buckets=buckets, blocks=blocks)
+        os.replace(tmp, meta)
+    return RowGroups(buckets, index, tiers.offsets)
 
 
-__all__ = ["random_epoch_index", "shared_tier_columns"]
+__all__ = ["random_groups", "shared_tier_columns"]

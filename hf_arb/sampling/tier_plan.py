@@ -8,9 +8,10 @@ the same preset rule (:meth:`Tiers.preset`). The annotation stores every row's s
 tier: a tier is a column of small ints (``int16``), which the sampler turns into one bucket-grouped row index per
 tier (:mod:`~hf_arb.sampling.index`, 4 bytes per eligible row, shareable as a memory-mapped file).
 
-The ``random`` schedule (:mod:`~hf_arb.sampling.tier_schedule`) draws a tier per row and epoch:
-:func:`random_tier_ids` combines the tier columns into one id per row over all (tier, bucket) pairs, with a
-counter-based hash of ``(seed, epoch, row)``, so that any process computes the same draw for any chunk of rows.
+OneTrainer's rule (a tier per row and epoch, uniform among the eligible ones) row by row: :func:`random_tier_ids`
+combines the tier columns into one id per row over all (tier, bucket) pairs, with a counter-based hash of
+``(seed, epoch, row)``, so that any process computes the same draw for any chunk of rows (the packing sampler's
+draw; the bucketed ``random`` schedule draws the same law per row group, :mod:`~hf_arb.sampling.tier_random`).
 """
 
 from __future__ import annotations

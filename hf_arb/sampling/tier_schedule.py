@@ -4,8 +4,8 @@ A :class:`TierSchedule` is small, JSON-serialisable (:meth:`TierSchedule.to_dict
 one of four kinds:
 
 * ``random`` — OneTrainer's rule: every epoch, every image trains at one tier drawn uniformly among the tiers it
-  is eligible for (its size needs no more than the allowed upscale there). Per row, per epoch: the sampler groups
-  the epoch's rows by (tier, bucket) once per epoch (an ``O(rows)`` pass; :mod:`~hf_arb.sampling.tier_plan`).
+  is eligible for (its size needs no more than the allowed upscale there). Per row, per epoch, drawn in
+  ``O(groups)`` per epoch for groups of rows with the same buckets (:mod:`~hf_arb.sampling.tier_random`).
 * ``mix`` — weights per tier: tier ``t`` trains a ``w_t / Σw`` share of the steps, exactly within every block of
   :data:`MIX_BLOCK` steps (stratified: the block's multiset of tiers is fixed, its order a keyed permutation). This
   is Open-Sora's per-resolution keep probabilities expressed as shares of the steps, with ``O(tiers)`` state.

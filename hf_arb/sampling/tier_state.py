@@ -16,6 +16,8 @@ from hf_arb.checks import check_nonneg
 
 TIER_STATE_FORMAT = 1
 TIER_PLAN_VERSION = 1  # bump whenever the same inputs would give a different plan: old states are then refused
+#: schedules whose plan changed since: ``random`` 2 = the per-group draw (tier_random) instead of a per-row hash
+PLAN_VERSION_OF = {"random": 2}
 _KIND = "tiered"
 
 
@@ -24,7 +26,7 @@ def tier_state(sampler: Any, epoch: int, consumed: int) -> dict[str, Any]:
     return {
         "format": TIER_STATE_FORMAT,
         "kind": _KIND,
-        "plan_version": TIER_PLAN_VERSION,
+        "plan_version": plan_version(sampler.schedule.kind),
         "epoch": epoch,
         "batches_consumed": consumed,
         "steps_per_epoch": sampler.planned_steps,
@@ -39,15 +41,21 @@ def tier_state(sampler: Any, epoch: int, consumed: int) -> dict[str, Any]:
     }
 
 
+def plan_version(kind: str) -> int:
+    """The plan version a state of schedule ``kind`` carries (:data:`TIER_PLAN_VERSION` unless changed since)."""
+    return PLAN_VERSION_OF.get(kind, TIER_PLAN_VERSION)
+
+
 _FIXES = {
     "kind": "This is not a TieredBatchSampler state (a BucketBatchSampler's?): load it into the sampler that saved it.",
-    "plan_version": "The state comes from an hf_arb version that plans tiers differently; resume with that version, "
-                    "or start the epoch afresh with `sampler.set_epoch(epoch)`.",
     "fingerprint": "The rows' sizes differ from the checkpointed run: resume on the same dataset (same rows, same "
                    "order).",
     "tiers": "Build the sampler with the checkpoint's tiers (same resolutions, same preset and bucket sets).",
     "max_upscale": "Build the Tiers with the checkpoint's max_upscale.",
     "schedule": "Build the sampler with the checkpoint's resolution schedule.",
+    "plan_version": "The state comes from an hf_arb version that plans tiers differently (the `random` schedule's "
+                    "plan is version 2 since its draw became per row group); resume with that version, or start "
+                    "the epoch afresh with `sampler.set_epoch(epoch)`.",
     "seed": "Build the sampler with the checkpoint's seed.",
     "global_batch_sizes": "Resume with the same global batch of every (tier, bucket): num_replicas × its batch size "
                           "(the same max_pixels_per_batch or batch_size for the same total of processes).",
@@ -79,4 +87,5 @@ def check_tier_state(state: Mapping[str, Any], expected: Mapping[str, Any]) -> t
     return check_nonneg("epoch", state.get("epoch")), check_nonneg("batches_consumed", state.get("batches_consumed"))
 
 
-__all__ = ["TIER_PLAN_VERSION", "TIER_STATE_FORMAT", "check_tier_state", "tier_state"]
+__all__ = ["PLAN_VERSION_OF", "TIER_PLAN_VERSION", "TIER_STATE_FORMAT", "check_tier_state", "plan_version",
+           "tier_state"]

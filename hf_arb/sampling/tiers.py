@@ -8,9 +8,9 @@ size per (tier, bucket) from one pixel budget. The schedule (:mod:`~hf_arb.sampl
   ``[e·L, (e+1)·L)`` (``L = steps_per_epoch``); global step ``g`` trains tier ``t`` at position ``i`` of that tier's
   stream, i.e. step ``i mod S_t`` of the tier's pass ``i // S_t`` (``S_t``: steps of one pass over its rows).
   Every quantity is computed from ``(seed, epoch, step)``: state ``O(buckets × tiers)``, any step in ``O(batch)``.
-* ``random``: each epoch draws a tier per row (OneTrainer), groups the epoch's rows by (tier, bucket) in one
-  ``O(rows)`` pass (4 bytes per row; memory-mapped under ``index_dir``) and plans one synchronised epoch over
-  all (tier, bucket) pairs, so a pair is drawn in proportion to its remaining batches.
+* ``random``: each epoch draws a tier per row (OneTrainer) in ``O(groups)`` (:mod:`~hf_arb.sampling.tier_random`:
+  per group of rows with the same buckets, multinomial counts per tier and a keyed permutation) and plans one
+  synchronised epoch over all (tier, bucket) pairs, so a pair is drawn in proportion to its remaining batches.
 
 Iteration mirrors :class:`~hf_arb.sampling.sampler.BucketBatchSampler`: the global plan step-major and rank-minor
 (what accelerate's sharding deals out), ``shard(rank)`` for plain DDP, ``set_epoch``, ``state_dict`` /
@@ -38,8 +38,9 @@ from .plan import check_leftover
 from .sampler import INDEX_IN_MEMORY_ROWS
 from .state import ResumableBatchSampler, as_state_mapping
 from .sync import SyncLayout
-from .tier_files import random_epoch_index, shared_tier_columns
+from .tier_files import random_groups, shared_tier_columns
 from .tier_plan import Tiers, sizes_fingerprint, tier_batch_sizes, tier_bucket_ids
+from .tier_random import RandomEpochIndex
 from .tier_report import TierReport, bucket_table
 from .tier_schedule import TierSchedule, parse_resolution_schedule, stream_positions
 from .tier_state import check_tier_state, tier_state
@@ -94,7 +95,7 @@ class TieredBatchSampler(StepCursor, ResumableBatchSampler):
         self._dir = None if index_dir is None else Path(index_dir)
         if self._dir is None and self._rows_total > INDEX_IN_MEMORY_ROWS:
             self._dir = Path(tempfile.gettempdir()) / "hf_arb_index"
-        ids = self._tier_ids = (tier_bucket_ids(widths, heights, tiers) if self._dir is None else
+        ids = (tier_bucket_ids(widths, heights, tiers) if self._dir is None else
                shared_tier_columns(widths, heights, tiers, self._dir / f"tiers-{self._fingerprint}.npy"))
         k = tiers.num_buckets
         blocks = [count_blocks(ids[t], int(k[t])) for t in range(T)]  # (H, k_t) each
@@ -114,6 +115,7 @@ class TieredBatchSampler(StepCursor, ResumableBatchSampler):
             if not any(c.sum() for c in self._counts):
                 raise ValueError("No row is eligible in any tier: lower the resolutions or raise `max_upscale`.")
             self._comb_sizes = np.concatenate(self._sizes)  # (K,)
+            self._groups = random_groups(ids, tiers, self._dir, self._fingerprint)
             self._L = None
         else:
             for t in self._used:
@@ -127,7 +129,6 @@ class TieredBatchSampler(StepCursor, ResumableBatchSampler):
                         f"{int(self._counts[t].max(initial=0))} rows, {int(self._counts[t].sum())} eligible rows; "
                         f"global batch num_replicas {self.num_replicas} × its batch size). Use smaller batches, "
                         f"leftover='fill', a larger `max_upscale`, or a schedule without this tier.")
-            self._tier_ids = None  # the indexes hold everything step schedules need
             self._L = check_positive("steps_per_epoch", steps_per_epoch) if steps_per_epoch is not None else \
                 max(self._steps[t] for t in self._used)
         self._init_cursor()  # epoch, position, where passes start; restores under accelerate (cursor.py)
@@ -150,8 +151,7 @@ class TieredBatchSampler(StepCursor, ResumableBatchSampler):
         lay = self._layouts.get((t, q))
         if lay is None:
             if t == T:
-                index = random_epoch_index(self._tier_ids, self.tiers, self.seed, q, self._dir, self._fingerprint)
-                lay = SyncLayout(index, self.num_replicas, self._comb_sizes, self.seed, q * (T + 1) + T,
+                lay = SyncLayout(RandomEpochIndex(self._groups, self.seed, q), self.num_replicas, self._comb_sizes, self.seed, q * (T + 1) + T,
                                  self.shuffle, self.leftover, None)
             else:
                 lay = SyncLayout(self._index[t], self.num_replicas, self._sizes[t], self.seed, q * (T + 1) + t,
@@ -219,7 +219,7 @@ class TieredBatchSampler(StepCursor, ResumableBatchSampler):
 
     def locate(self, steps_done: int) -> tuple[int, int]:
         """``(epoch, step)`` after ``steps_done`` steps per rank since epoch 0 (``random``: walks the epochs, each
-        an ``O(rows)`` draw)."""
+        an ``O(groups)`` draw)."""
         steps_done = check_nonneg("steps_done", steps_done)
         if self._L is not None:
             return divmod(steps_done, self._L)
@@ -320,7 +320,7 @@ class TieredBatchSampler(StepCursor, ResumableBatchSampler):
         return tier_state(self, self._epoch, self._consumed)
 
     def load_state_dict(self, state: Any) -> None:
-        """Restore the position (``O(1)`` for step schedules; ``random`` redraws that epoch, ``O(rows)``).
+        """Restore the position (``O(1)`` for step schedules; ``random`` redraws that epoch, ``O(groups)``).
         Refuses a state of another plan, naming the field; a different ``num_replicas`` with the same global
         batches continues the same global sequence (elastic). The next accelerate pass is placed as for
         :class:`~hf_arb.sampling.sampler.BucketBatchSampler` (:mod:`~hf_arb.sampling.restore`)."""

@@ -14,6 +14,7 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from hf_arb.annotate.map import AnnotationSummary
@@ -32,7 +33,9 @@ def _require_ray() -> Any:
 def add_bucket_columns(ds: Any, buckets: BucketSet, image_column: str | None = "image",
                        width_column: str | None = None, height_column: str | None = None, *,
                        max_upscale: float | None = None, min_size: int | None = None,
-                       features: Any = None, batch_size: int | None = None, **map_batches_kwargs: Any) -> Any:
+                       features: Any = None, batch_size: int | None = None,
+                       reference_columns: Sequence[str] | None = None, reference_policy: str = "strict",
+                       reference_buckets: BucketSet | None = None, **map_batches_kwargs: Any) -> Any:
     """Add the bucket columns to a ``ray.data.Dataset`` (lazy, like every Ray transform).
 
     Args:
@@ -45,6 +48,10 @@ def add_bucket_columns(ds: Any, buckets: BucketSet, image_column: str | None = "
         features: ``datasets.Features`` of the input columns, written into the output schema metadata (Ray drops a
             Parquet file's metadata on read; pass ``Features.from_arrow_schema(pyarrow.parquet.read_schema(f))``
             to keep an ``Image`` column an ``Image``). Default: inferred from the Arrow types.
+        reference_columns, reference_policy, reference_buckets: reference image columns of an edit dataset and
+            how they are bucketed, as in :func:`hf_arb.add_bucket_columns`: each adds ``<name>_width``, ...,
+            ``<name>_bucket_height`` (:mod:`hf_arb.buckets.references`), and a broken reference skips its row with
+            ``skip_reason`` ``"reference <name>: ..."``, exactly as the ``datasets`` path does.
         batch_size: rows per batch for ``map_batches`` (``None``: whole blocks, fastest for width/height columns).
         **map_batches_kwargs: passed to ``Dataset.map_batches`` (e.g. ``num_cpus``, ``concurrency``).
 
@@ -56,13 +63,14 @@ def add_bucket_columns(ds: Any, buckets: BucketSet, image_column: str | None = "
     _require_ray()
     fn = BatchAnnotator.create(buckets, image_column=image_column, width_column=width_column,
                                height_column=height_column, max_upscale=max_upscale, min_size=min_size,
-                               features=features)
+                               features=features, reference_columns=reference_columns,
+                               reference_policy=reference_policy, reference_buckets=reference_buckets)
     schema = ds.schema(fetch_if_missing=False)  # known without running anything (e.g. read_parquet); else checked
     names = list(schema.names) if schema is not None else None  # in the tasks with the same message
     missing = [c for c in fn.input_columns if names is not None and c not in names]
     if missing:
         raise ValueError(f"Column(s) {missing} are not in the Ray dataset; its columns are {names}. Pass the "
-                         "right name with image_column=..., width_column=..., height_column=...")
+                         "right name with image_column=..., width_column=..., height_column=..., reference_columns=...")
     return ds.map_batches(fn, batch_format="pyarrow", batch_size=batch_size, zero_copy_batch=True,
                           **map_batches_kwargs)
 

@@ -20,16 +20,20 @@ Example:
 
 from __future__ import annotations
 
+import json
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
 
 from hf_arb.annotate.map import AnnotationSummary
-from hf_arb.annotate.arrow_batch import ERROR_BIN, BatchAnnotator, bucket_features_json, arrow_metadata, summary_from_groups
+from hf_arb.annotate.arrow_batch import (ERROR_BIN, BatchAnnotator, added_features_json, arrow_metadata,
+                                         summary_from_groups)
+from hf_arb.buckets.references import check_policy, check_reference_columns, reference_arrow_fields
 from hf_arb.buckets.sets import BucketSet
-from hf_arb.buckets.schema import BUCKET_COLUMNS, bucket_features
+from hf_arb.buckets.schema import BUCKET_COLUMNS
 
 try:
     from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, WriterCommitMessage
@@ -58,9 +62,17 @@ def _bucket_struct_fields() -> list[Any]:
     return [StructField(c, types[c], True) for c in BUCKET_COLUMNS]
 
 
+def _reference_struct_fields(names: Sequence[str]) -> list[Any]:
+    from pyspark.sql.types import IntegerType, StructField
+
+    return [StructField(f.name, IntegerType(), True) for f in reference_arrow_fields(names)]
+
+
 def add_bucket_columns(df: Any, buckets: BucketSet, image_column: str | None = "image",
                        width_column: str | None = None, height_column: str | None = None, *,
-                       max_upscale: float | None = None, min_size: int | None = None) -> Any:
+                       max_upscale: float | None = None, min_size: int | None = None,
+                       reference_columns: Sequence[str] | None = None, reference_policy: str = "strict",
+                       reference_buckets: BucketSet | None = None) -> Any:
     """Add the bucket columns to a Spark ``DataFrame`` (lazy, like every Spark transformation).
 
     Args:
@@ -70,21 +82,29 @@ def add_bucket_columns(df: Any, buckets: BucketSet, image_column: str | None = "
             columns are given; only headers are read.
         width_column, height_column: metadata size columns (no image is opened).
         max_upscale, min_size: as in :func:`hf_arb.add_bucket_columns`.
+        reference_columns, reference_policy, reference_buckets: reference image columns of an edit dataset and
+            how they are bucketed, as in :func:`hf_arb.add_bucket_columns` (a broken reference skips its row with
+            ``skip_reason`` ``"reference <name>: ..."``). Pass the same three to :func:`write_parquet`.
 
     Returns:
-        A ``DataFrame`` with the :data:`~hf_arb.buckets.schema.BUCKET_COLUMNS` appended (old ones replaced). Write it with
-        :func:`write_parquet` to keep the BucketSet in the files.
+        A ``DataFrame`` with the :data:`~hf_arb.buckets.schema.BUCKET_COLUMNS` appended (old ones replaced), then each
+        reference's five int columns (:mod:`hf_arb.buckets.references`). Write it with :func:`write_parquet` to keep
+        the BucketSet (and each reference's policy and BucketSet) in the files.
     """
     _require_spark()
     from pyspark.sql.types import StructType
 
     fn = BatchAnnotator.create(buckets, image_column=image_column, width_column=width_column,
-                               height_column=height_column, max_upscale=max_upscale, min_size=min_size)
+                               height_column=height_column, max_upscale=max_upscale, min_size=min_size,
+                               reference_columns=reference_columns, reference_policy=reference_policy,
+                               reference_buckets=reference_buckets)
     missing = [c for c in fn.input_columns if c not in df.columns]
     if missing:
         raise ValueError(f"Column(s) {missing} are not in the DataFrame; its columns are {df.columns}. Pass the right "
-                         "name with image_column=..., width_column=..., height_column=...")
-    schema = StructType([f for f in df.schema.fields if f.name not in BUCKET_COLUMNS] + _bucket_struct_fields())
+                         "name with image_column=..., width_column=..., height_column=..., reference_columns=...")
+    added = _bucket_struct_fields() + _reference_struct_fields(fn.reference_columns)
+    names = {f.name for f in added}
+    schema = StructType([f for f in df.schema.fields if f.name not in names] + added)
     return df.mapInArrow(fn.iter_batches, schema)
 
 
@@ -114,7 +134,8 @@ def summarize(df: Any, buckets: BucketSet) -> AnnotationSummary:
 
 # ----------------------------------------------------------------------------------- parquet with metadata
 def write_parquet(df: Any, path: str, buckets: BucketSet, *, features: Any = None, mode: str = "overwrite",
-                  compression: str = "snappy") -> None:
+                  compression: str = "snappy", reference_columns: Sequence[str] | None = None,
+                  reference_policy: str = "strict", reference_buckets: BucketSet | None = None) -> None:
     """Write an annotated DataFrame to Parquet files whose schema metadata carries the ``datasets`` features.
 
     Args:
@@ -125,6 +146,9 @@ def write_parquet(df: Any, path: str, buckets: BucketSet, *, features: Any = Non
             Parquet schema, so an ``Image`` column stays an ``Image``); default: inferred from Spark's types.
         mode: ``"overwrite"`` (replace the folder's ``part-*.parquet``) or ``"append"``.
         compression: Parquet codec.
+        reference_columns, reference_policy, reference_buckets: as given to :func:`add_bucket_columns`; each
+            ``<name>_bucket`` feature then stores the policy and its BucketSet, so ``hf-arb stats`` and
+            :func:`hf_arb.sampling.composite.composite_sampler` find the references in the files.
 
     Each task writes ``_temporary/<job>/part-<partition>-<attempt>.parquet``; the driver's commit renames them to
     ``part-<partition>-<job>.parquet`` (an aborted job leaves nothing). One file per partition.
@@ -133,15 +157,18 @@ def write_parquet(df: Any, path: str, buckets: BucketSet, *, features: Any = Non
     spark.dataSource.register(_ParquetSource)
     if mode not in ("overwrite", "append"):
         raise ValueError(f"`mode` must be 'overwrite' or 'append', got {mode!r}.")
+    refs = check_reference_columns(reference_columns, None)
+    added = added_features_json(buckets, refs, check_policy(reference_policy), reference_buckets)
     fixed = None
     if features is not None:
         import datasets
 
-        full = datasets.Features({k: v for k, v in features.items() if k not in BUCKET_COLUMNS})
-        full.update(bucket_features(buckets))
+        new = datasets.Features.from_dict(json.loads(added))
+        full = datasets.Features({k: v for k, v in features.items() if k not in BUCKET_COLUMNS and k not in new})
+        full.update(new)
         fixed = full.arrow_schema.serialize().to_pybytes().hex()
     # The metadata is made here, on the driver, so the writing tasks never import datasets.
-    metadata = arrow_metadata(None, None, bucket_features_json(buckets.to_json()))[b"huggingface"].decode()
+    metadata = arrow_metadata(None, None, added)[b"huggingface"].decode()
     (df.write.format(FORMAT).mode(mode).option("path", path).option("metadata", metadata)
      .option("schema", fixed or "").option("compression", compression).save())
 
