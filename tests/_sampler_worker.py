@@ -40,6 +40,10 @@ MODES = {  # name -> (DataLoaderConfiguration kwargs, sampler split_batches, Dat
 PIXEL_MODES = {"pixel_dispatch": ({"dispatch_batches": True}, False, 0)}
 PIXEL_RES = [(512, 512), (1024, 1024), (768, 512), (512, 768), (1024, 576)]  # bucket (width, height)
 PIXEL_BUDGET = 1024 * 1024  # batch sizes [4, 1, 2, 2, 1]
+#: ``--sampler tiered``: the same rows as a TieredBatchSampler on 2 tiers whose curriculum switches at step 30 (after
+#: the idioms' checkpoint at IDIOM_SAVE = 25, so every resume crosses the switch); rows of bucket -1 have no size
+SAMPLER = {"kind": "bucket"}
+TIER_SCHEDULE = "curriculum:0-30:256,30-:512"
 
 
 def bucket_ids() -> np.ndarray:
@@ -57,8 +61,21 @@ class RowDataset(Dataset):
     def __len__(self) -> int:
         return len(self.ids)
 
-    def __getitem__(self, i: int) -> dict[str, int]:
+    def __getitem__(self, i) -> dict[str, int]:
+        if isinstance(i, tuple):  # a TieredBatchSampler's key (row, tier, bucket, epoch): the bucket of its tier
+            return {"row": int(i[0]), "bucket": 1000 * int(i[1]) + int(i[2])}
         return {"row": int(i), "bucket": int(self.ids[i])}
+
+
+def tiered_sampler(ids: np.ndarray, per_step: int):
+    """``--sampler tiered``: sizes drawn per row (none for bucket -1), 2 tiers, :data:`TIER_SCHEDULE`."""
+    from hf_arb.sampling import Tiers, TieredBatchSampler
+
+    rng = np.random.default_rng(5)
+    w, h = rng.integers(300, 1400, ids.size).astype(float), rng.integers(300, 1400, ids.size).astype(float)
+    w[ids < 0] = np.nan
+    return TieredBatchSampler(w, h, Tiers.preset("budget", [256, 512]), TIER_SCHEDULE, batch_size=per_step,
+                              seed=SEED, leftover="fill", return_keys=True)
 
 
 def setup(mode: str, ids: np.ndarray, batch_size: int, spec: tuple | None = None):
@@ -71,7 +88,9 @@ def setup(mode: str, ids: np.ndarray, batch_size: int, spec: tuple | None = None
     model = torch.nn.Linear(1, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     per_step = batch_size * accelerator.num_processes if split else batch_size
-    if mode in PIXEL_MODES:
+    if SAMPLER["kind"] == "tiered":  # one batch per rank per step (no split_batches)
+        sampler = tiered_sampler(ids, per_step)
+    elif mode in PIXEL_MODES:
         sampler = hf_arb.BucketBatchSampler(ids, None, drop_last=False, seed=SEED, buckets=PIXEL_RES,
                                             max_pixels_per_batch=PIXEL_BUDGET)
     else:
@@ -249,6 +268,8 @@ def run_idioms(args, ids: np.ndarray) -> dict:
     ids = idiom_ids()
     out: dict = {}
     for mode, (cfg, split) in IDIOM_MODES.items():
+        if split and SAMPLER["kind"] == "tiered":  # batch sizes vary by tier: accelerate's split does not apply
+            continue
         for workers in args.idiom_workers:
             spec = (cfg, split, workers)
             accelerator, model, opt, sampler, dl, len_before = setup("", ids, IDIOM_BATCH, spec)
@@ -278,7 +299,10 @@ def main() -> None:
     p.add_argument("--pixel", action="store_true", help="also run the variable-batch (pixel budget) modes")
     p.add_argument("--idiom-workers", type=int, nargs="+", default=list(IDIOM_WORKERS),
                    help="--phase idioms: the DataLoader worker counts to run")
+    p.add_argument("--sampler", choices=["bucket", "tiered"], default="bucket",
+                   help="tiered: the same phases on a TieredBatchSampler (2 tiers, TIER_SCHEDULE)")
     args = p.parse_args()
+    SAMPLER["kind"] = args.sampler
     ids = bucket_ids()
     if args.phase == "plain":
         result = run_plain(args, ids)

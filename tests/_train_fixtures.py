@@ -6,8 +6,8 @@ through ``shared_artifact`` (built once per test run, whichever xdist worker ask
 The 2-process batch
 -------------------
 Every 2-process training run that a test file only reads (SD3 / Flux full fine-tune, SD3 packing, SDXL LoRA with
-both text encoders, SDXL on a pre-annotated dataset, streaming, broken images under DDP, SD on two resolution
-tiers) runs in **one** ``torchrun --nproc_per_node 2`` launch
+both text encoders, SDXL on a pre-annotated dataset, streaming, broken images under DDP, SD and Flux on two
+resolution tiers, SD streamed on two tiers) runs in **one** ``torchrun --nproc_per_node 2`` launch
 (tests/_train_batch_worker.py): the imports cost each process about 7 s of CPU and a tiny run about 1 s, so twelve
 runs in one launch cost about what two launches cost. A "resumed" run is a new ``main()`` call in the same processes
 that loads the full run's checkpoint from disk. That a checkpoint also resumes in a *new* process is tested once on
@@ -103,6 +103,13 @@ def tier_argv(train: dict[str, str]) -> list[str]:
             "--max_train_steps", "6", "--checkpointing_steps", "2"]
 
 
+def flux_tier_argv(flow: dict[str, str]) -> list[str]:
+    """The 2-process tiered Flux run: --resolution 32,64, curriculum 0-3:32, 3-:64, 6 steps, checkpoint at 2."""
+    return ["--pretrained_model_name_or_path", flow["flux"], "--train_data_dir", flow["images"], *FLOW,
+            "--full_finetune", "--learning_rate", "1e-3", "--resolution", "32,64", "--resolution_schedule",
+            "curriculum:0-3:32,3-:64", "--max_train_steps", "6", "--checkpointing_steps", "2"]
+
+
 def stream_argv(assets: dict[str, Any], *extra: str) -> list[str]:
     return ["--pretrained_model_name_or_path", assets["sd"], "--train_data_dir", assets["shards"], *SD_BASE,
             "--full_finetune", "--streaming", "--stream_key_column", "id", *extra]
@@ -184,6 +191,10 @@ def batch_runs(root: Path, train: dict[str, str], flow: dict[str, str], stream: 
                                               "--checkpointing_steps", "2"), "checkpoint-2")
     # test_train_tiers.py: SD on 2 resolution tiers, curriculum switching at step 3, across an epoch (5 steps)
     runs += _pair(root, "tiers-sd", tier_argv(train), "checkpoint-2")
+    runs += _pair(root, "tiers-flux", flux_tier_argv(flow), "checkpoint-2")  # the same on a tiny Flux
+    runs += _pair(root, "tiers-stream", stream_argv(stream, "--resolution", "32,64", "--resolution_schedule",
+                                                    "curriculum:0-3:32,3-:64", "--max_train_steps", "6",
+                                                    "--checkpointing_steps", "2"), "checkpoint-2")  # and streamed
     # test_train.py: SDXL on a dataset annotated beforehand (save_to_disk) with its own buckets; cached latents.
     # No bucket-table flag (--resolution 64 --bucket_step 16 would re-assign the rows to that table: issue 24, 3)
     import datasets

@@ -87,8 +87,10 @@ def test_resume_mid_epoch_continues_the_same_packs_and_refuses_another_plan(size
                                    log_report=False)
     with pytest.raises(ValueError, match="`fingerprint` does not match"):
         other.load_state_dict(state)
-    with pytest.raises(ValueError, match="takes the `random` schedule"):
-        make(schedule="0-10:256,10-:512")
+    with pytest.raises(ValueError, match="`steps_per_epoch` is set by the draw"):
+        make(steps_per_epoch=10)
+    with pytest.raises(ValueError, match="`config`|fingerprint"):  # a step schedule's state is another plan
+        make(schedule="0-10:256,10-:512").load_state_dict(state)
     with pytest.raises(TypeError, match="takes no `max_image_tokens`"):
         make(max_image_tokens=100)
 
@@ -115,3 +117,52 @@ def test_dataset_renders_each_key_at_its_tiers_size(tmp_path):
     assert {r for r, _ in seen} == {0, 1, 2, 3, 4}  # 260x200 is too small for a 256-tier bucket: in no tier
     with pytest.raises(ValueError, match="fits the row to"):
         data[(0, 16, 16, 0)]
+
+
+# ------------------------------------------------------------------ step schedules: one pack stream per tier
+STEP_SCHEDULES = ["0-7:512,7-19:256,19-:512", "mix:256:1,512:2", "progressive:11"]
+
+
+@pytest.mark.parametrize("schedule", STEP_SCHEDULES)
+def test_step_schedules_train_one_tier_per_step_from_each_tiers_own_pack_stream(sizes, schedule):
+    """Under a step schedule every rank's pack at a step is of the step's tier (the bucketed sampler's tier for that
+    step: the same stream_positions), each pack is exactly the pack of that tier's own stream (plan_packs over the
+    tier's sizes, pass by pass, continuing where it stopped), keys carry the tier's size, and resume mid-epoch
+    (also across the switch) continues the same packs."""
+    from hf_arb.packing import plan_packs
+
+    w, h = sizes
+    W, L = 2, 23
+
+    def make():
+        return TieredPackBatchSampler((w, h), TIERS, 2048, num_replicas=W, seed=3, log_report=False,
+                                      schedule=schedule, steps_per_epoch=L)
+
+    s = make()
+    bucketed = TieredBatchSampler(w, h, TIERS, schedule, batch_size=1, num_replicas=1, seed=3, steps_per_epoch=L)
+    at = dict.fromkeys(range(TIERS.num_tiers), (0, 0))  # each tier stream's (pass, step)
+    whole = []
+    for epoch in range(2):
+        s.set_epoch(epoch)
+        batches = list(s)
+        whole.append(batches)
+        assert len(batches) == L * W
+        want_tiers = bucketed.step_tiers(epoch)[0]
+        for step in range(L):
+            t = int(want_tiers[step])
+            q, k = at[t]
+            ref = plan_packs(s.sizes[t].tokens, 2048, W, seed=3, epoch=q * 3 + t, window=s.window, leftover="drop")
+            for r in range(W):
+                keys = batches[step * W + r]
+                assert [row for row, *_ in keys] == ref.pack(k, r).tolist()
+                assert all((a, b) == (int(s.sizes[t].width[row]), int(s.sizes[t].height[row]))
+                           for row, a, b, _ in keys)
+            at[t] = (q, k + 1) if k + 1 < ref.num_steps else (q + 1, 0)
+    part = make()
+    part.set_epoch(1)
+    it = iter(part)
+    head = [next(it) for _ in range(W * 9)]  # curriculum: across the switch at step 7
+    again = make()
+    again.load_state_dict(part.state_dict())
+    assert head + list(again) == whole[1]
+    assert sum(s.tier_rows(1)) > 0 and s.report(1).steps == L

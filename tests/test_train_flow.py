@@ -282,7 +282,9 @@ def test_lora_writes_transformer_adapters_and_validates_at_three_shapes(lora_run
 def test_outputs_load_in_stock_diffusers_without_hf_arb(ddp_batch, lora_runs):
     runs = {f: _flow_runs(ddp_batch, f) for f in FAMILIES}
     folders = {"sd3": Path(runs["sd3"]["full"]), "flux": Path(runs["flux"]["full"]),
-               "sd3_lora": Path(lora_runs["sd3"]["dir"]), "flux_lora": Path(lora_runs["flux"]["dir"])}
+               "sd3_lora": Path(lora_runs["sd3"]["dir"]), "flux_lora": Path(lora_runs["flux"]["dir"]),
+               # test_train_tiers.py's 2-process Flux run on 2 resolution tiers (curriculum), in the same interpreter
+               "flux_tiers": Path(batch_result(ddp_batch, "tiers-flux-full")["out"])}
     results = stock_generate(folders)  # each card's snippet, in a process where `import hf_arb` fails
     for name, r in results.items():
         assert r["shape"] == [1, 48, 80, 3] and r["finite"], name

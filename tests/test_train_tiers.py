@@ -78,15 +78,18 @@ def test_unsupported_combinations_are_refused_in_one_line(extra, message):
     assert message in str(err.value) and "\n" not in str(err.value)
 
 
-def test_packing_with_tiers_takes_random_and_streaming_is_refused_by_name():
+def test_packing_with_tiers_takes_every_schedule_and_streaming_takes_the_step_schedules():
     flux = ["--pretrained_model_name_or_path", "black-forest-labs/FLUX.1-dev", "--train_data_dir", "unused",
             "--full_finetune", *TIERS]
     args = train_args.parse_args([*flux, "--packing"])
     assert (args.resolution_schedule, args.max_tokens) == ("random", 16)  # one image of the largest tier (64/16)²
-    with pytest.raises(UsageError, match="--packing with several tiers .* takes --resolution_schedule random"):
-        train_args.parse_args([*flux, "--packing", *CURRICULUM])
-    with pytest.raises(UsageError, match="--streaming is not supported with several tiers"):
+    args = train_args.parse_args([*flux, "--packing", *CURRICULUM])  # one pack stream per tier (test_pack_tiers.py)
+    assert args.resolution_schedule == CURRICULUM[-1]
+    with pytest.raises(UsageError) as err:  # random: its per-(tier, bucket) counts are unknown before reading
         parse(*TIERS, "--streaming", "--stream_key_column", "id")
+    assert "takes a step schedule" in str(err.value) and "\n" not in str(err.value)
+    args = parse(*TIERS, "--streaming", "--stream_key_column", "id", *CURRICULUM)  # one stream per tier
+    assert args.streaming and args.resolution_schedule == CURRICULUM[-1]
 
 
 def test_resolution_values_are_checked_by_argparse(capsys):
@@ -360,37 +363,6 @@ def transformer_diff(a: Path, b: Path) -> float:
     return max(float((wa[k] - wb[k]).abs().max()) for k in wa)
 
 
-@pytest.mark.slow
-def test_flux_curriculum_resumes_across_the_switch_and_loads_in_diffusers(flow_assets, tmp_path):
-    """Flux on 2 tiers (``curriculum:0-3:32,3-:64``): the start-up shift table has every (tier, bucket); a run
-    resumed from the checkpoint at step 2 (before the switch) reaches the same weights; FluxPipeline loads it."""
-    import torch
-    from diffusers import FluxPipeline
-
-    from _train_fixtures import FLOW
-
-    base = ["--pretrained_model_name_or_path", flow_assets["flux"], "--train_data_dir", flow_assets["images"], *FLOW,
-            "--full_finetune", "--learning_rate", "1e-3", *TIERS, "--resolution_schedule", "curriculum:0-3:32,3-:64",
-            "--max_train_steps", "6", "--checkpointing_steps", "2"]
-    full, resumed = tmp_path / "full", tmp_path / "resumed"
-    stats = run_script([*base, "--output_dir", str(full)])
-    resumed.mkdir()
-    shutil.copytree(full / "checkpoint-2", resumed / "checkpoint-2")
-    run_script([*base, "--output_dir", str(resumed), "--resume_from_checkpoint", "latest"])
-    trace = read_trace(full, 0)
-    assert [t["label"].split("@")[1] for t in trace] == ["32"] * 3 + ["64"] * 3
-    table = tier_table(parse(*TIERS))
-    shift_rows = stats["log"].split("Resolution shift", 1)[1].splitlines()[2 : 2 + len(table)]
-    assert [tuple(map(int, r.split()[1:3])) for r in shift_rows] == [tuple(r) for r in table.resolutions.tolist()]
-    assert [t["rows"] for t in read_trace(resumed, 0)] == [t["rows"] for t in trace[2:]]
-    assert transformer_diff(full, resumed) < 1e-6
-    pipe = FluxPipeline.from_pretrained(str(full))
-    pipe.set_progress_bar_config(disable=True)
-    image = pipe("a photo", height=80, width=48, num_inference_steps=1, max_sequence_length=16, output_type="np",
-                 generator=torch.Generator().manual_seed(0)).images[0]
-    assert image.shape == (80, 48, 3)
-
-
 # ------------------------------------------------------------------------------------ slow: Flux packing on 2 tiers
 @pytest.mark.slow
 def test_flux_packing_on_two_tiers_draws_a_tier_per_image_and_resumes(flow_assets, tmp_path):
@@ -419,11 +391,11 @@ def test_flux_packing_on_two_tiers_draws_a_tier_per_image_and_resumes(flow_asset
 
 
 # ------------------------------------------------------------------------------------ slow: 2 processes (the batch)
-def check_ddp_tier_runs(batch) -> None:
+def check_ddp_tier_runs(batch, name: str = "tiers-sd", diff=max_weight_diff) -> None:
     """Both ranks train the same (tier, bucket) at every step with disjoint rows; the curriculum switches at step 3
     and the run crosses into epoch 1; the run resumed from checkpoint-2 replays the same batches to the same
     weights."""
-    full, resumed = batch_result(batch, "tiers-sd-full")["out"], batch_result(batch, "tiers-sd-resumed")["out"]
+    full, resumed = batch_result(batch, f"{name}-full")["out"], batch_result(batch, f"{name}-resumed")["out"]
     traces = [read_trace(full, r) for r in (0, 1)]
     for a, b in zip(*traces):
         assert (a["step"], a["label"], a["shape"]) == (b["step"], b["label"], b["shape"])
@@ -432,10 +404,44 @@ def check_ddp_tier_runs(batch) -> None:
     assert traces[0][-1]["epoch"] == 1  # 5 steps per epoch: the run crosses an epoch
     for r in (0, 1):
         assert [t["rows"] for t in read_trace(resumed, r)] == [t["rows"] for t in traces[r][2:]]
-    assert max_weight_diff(full, resumed) < 1e-6
+    assert diff(full, resumed) < 1e-6
 
 
 @pytest.mark.slow
 @pytest.mark.xdist_group(GROUP)
 def test_two_processes_train_the_same_tier_and_resume_across_the_switch(ddp_batch):
     check_ddp_tier_runs(ddp_batch)
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group(GROUP)
+def test_flux_on_two_processes_resumes_across_the_switch_and_loads_in_stock_diffusers(ddp_batch):
+    """The same on a tiny Flux (``curriculum:0-3:32,3-:64``, 2 processes, from the shared batch): every rank in the
+    same (tier, bucket), the switch at step 3, the run resumed from checkpoint-2 reaches the same transformer weights
+    (max abs diff < 1e-6); the start-up shift table lists every (tier, bucket). Its model card's snippet loads it in
+    stock diffusers (no hf_arb) and generates in tests/test_train_flow.py::test_outputs_load_in_stock_diffusers_
+    without_hf_arb (one ``stock_generate`` interpreter for every Flux/SD3 output of the batch)."""
+    check_ddp_tier_runs(ddp_batch, "tiers-flux", transformer_diff)
+    run = batch_result(ddp_batch, "tiers-flux-full")
+    table = tier_table(parse(*TIERS))
+    shift_rows = run["stats"]["log"].split("Resolution shift", 1)[1].splitlines()[2 : 2 + len(table)]
+    assert [tuple(map(int, r.split()[1:3])) for r in shift_rows] == [tuple(r) for r in table.resolutions.tolist()]
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group(GROUP)
+def test_streamed_tiers_on_two_processes_switch_together_and_resume_exactly(ddp_batch):
+    """``--streaming`` on 2 tiers (``curriculum:0-3:32,3-:64``, 2 processes, from the shared batch): each rank reads
+    its own split, both train the same (tier, bucket) at every step with disjoint rows, the tier switches at step 3,
+    and the run resumed from checkpoint-2 (each rank's tiered stream state) replays the same rows to the same
+    weights."""
+    full = batch_result(ddp_batch, "tiers-stream-full")["out"]
+    resumed = batch_result(ddp_batch, "tiers-stream-resumed")["out"]
+    traces = [read_trace(full, r) for r in (0, 1)]
+    for a, b in zip(*traces):
+        assert (a["step"], a["label"], a["shape"]) == (b["step"], b["label"], b["shape"])
+        assert not set(a["rows"]) & set(b["rows"])
+    assert [t["label"].split("@")[1] for t in traces[0]] == ["32"] * 3 + ["64"] * 3
+    for r in (0, 1):
+        assert [t["rows"] for t in read_trace(resumed, r)] == [t["rows"] for t in traces[r][2:]]
+    assert max_weight_diff(full, resumed) < 1e-6

@@ -20,7 +20,9 @@
 - :mod:`~hf_arb.sampling.tiers` — :class:`TieredBatchSampler`, several resolution tiers in one resumable plan
   (:mod:`~hf_arb.sampling.tier_plan` the tier columns, :mod:`~hf_arb.sampling.tier_schedule` the schedules,
   :mod:`~hf_arb.sampling.tier_random` the ``random`` schedule's per-group draw, :mod:`~hf_arb.sampling.tier_state`
-  its state, :mod:`~hf_arb.sampling.tier_report` :class:`TierReport`).
+  its state, :mod:`~hf_arb.sampling.tier_report` :class:`TierReport`;
+  :mod:`~hf_arb.sampling.tier_stream` :class:`TieredStream`, the same from a streaming dataset;
+  :mod:`~hf_arb.sampling.cursor` the position and restore rules both samplers share).
 
 ``hf_arb.sampling.PackBatchSampler`` (release 0.1) is :class:`hf_arb.packing.PackBatchSampler`, imported on first
 use: packing is built on sampling, so sampling never imports it at import time.
@@ -44,6 +46,7 @@ from .tier_plan import Tiers, tier_bucket_ids
 from .tier_report import TierReport
 from .tier_schedule import (TierSchedule, curriculum_schedule, mix_schedule, parse_resolution_schedule,
                             progressive_schedule, random_schedule)
+from .tier_stream import TieredStream, tier_stream_counts
 from .tiers import TieredBatchSampler
 
 __all__ = ["BucketBatchSampler", "BucketedStream", "BufferOverflowError", "PackBatchSampler", "PlanReport",
@@ -51,8 +54,9 @@ __all__ = ["BucketBatchSampler", "BucketedStream", "BufferOverflowError", "PackB
            "batch_sizes_for_pixels", "batch_sizes_from_mapping", "build_stream_loader", "merge_small_buckets",
            "plan_epoch", "plan_epoch_ragged",
            "prepare_dataloader", "resume_dataloader", "stream_schedule",
-           "TierReport", "TierSchedule", "TieredBatchSampler", "Tiers", "curriculum_schedule", "mix_schedule",
-           "parse_resolution_schedule", "progressive_schedule", "random_schedule", "tier_bucket_ids"]
+           "TierReport", "TierSchedule", "TieredBatchSampler", "TieredStream", "Tiers", "curriculum_schedule", "mix_schedule",
+           "parse_resolution_schedule", "progressive_schedule", "random_schedule", "tier_bucket_ids",
+           "tier_stream_counts"]
 
 
 def __getattr__(name: str) -> Any:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
+from .cursor import StepCursor
 from .sampler import BucketBatchSampler, RankBatchSampler
 from .state import ResumableBatchSampler
 from .tiers import TierRankSampler
@@ -92,7 +93,7 @@ def resume_dataloader(accelerator: Any, dataloader: Any, steps_done: int) -> tup
         # is not the forgotten `set_epoch` that BucketBatchSampler warns about
         warnings.filterwarnings("ignore", message=r"set_epoch\(\d+\) after the sampler was restored",
                                 category=UserWarning)
-        if isinstance(sampler, BucketBatchSampler):  # the counter, not the restored position, places the passes
+        if isinstance(sampler, StepCursor):  # the counter, not the restored position, places the passes
             sampler.drop_restored_position()
         dataloader.set_epoch(epoch)
     if not step:

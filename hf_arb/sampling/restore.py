@@ -1,4 +1,6 @@
-"""What a restored :class:`~hf_arb.sampling.sampler.BucketBatchSampler` does on its next accelerate pass.
+"""What a restored sampler (:class:`~hf_arb.sampling.sampler.BucketBatchSampler`,
+:class:`~hf_arb.sampling.tiers.TieredBatchSampler`: :class:`~hf_arb.sampling.cursor.StepCursor`) does on its next
+accelerate pass.
 
 A sampler restored by ``accelerator.load_state`` (``register_for_checkpointing``) holds the position its iterator
 had reached, which runs *ahead* of the training loop: accelerate's loader reads one step ahead and a ``DataLoader``
@@ -16,7 +18,7 @@ with workers ``prefetch_factor × num_workers`` batches more. Only the loop's st
   ``skip_first_batches``; a restore at an epoch's start passes when the loader's epoch is the restored one;
 - **the stateful loader**: torchdata restores the position itself, nothing changes;
 - **``hf_arb.resume_dataloader``** sets the epoch from the counter and tells the sampler
-  (:meth:`~hf_arb.sampling.sampler.BucketBatchSampler.drop_restored_position`): nothing changes.
+  (:meth:`~hf_arb.sampling.cursor.StepCursor.drop_restored_position`): nothing changes.
 
 The pass is identified through accelerate's public objects only: ``GradientState().active_dataloader`` (the loader
 being iterated; documented attribute), its ``batch_sampler`` chain (``SkipBatchSampler.skip_batches``,
@@ -64,12 +66,14 @@ class LoaderPass:
 @dataclass(frozen=True)
 class Restored:
     """A restore not yet resolved by a pass: ``epoch`` and ``consumed`` as saved (``consumed`` may equal ``steps``,
-    the epoch handed out), and the epoch the loop set itself since (``set_epoch`` outside a pass), if any."""
+    the epoch handed out), the epoch the loop set itself since (``set_epoch`` outside a pass), if any, and the
+    sampler's class name (for the messages)."""
 
     epoch: int
     consumed: int
     steps: int
     explicit: int | None = None
+    who: str = "BucketBatchSampler"
 
     def normalised(self) -> tuple[int, int]:
         """Where a plain pass would continue: ``(epoch, step)``, the next epoch once this one was handed out."""
@@ -81,6 +85,7 @@ class Expect:
     """The restored epoch was served through ``skip_first_batches``; the next loader pass must be ``epoch``."""
 
     epoch: int
+    who: str = "BucketBatchSampler"
 
 
 Guard = Restored | Expect | None
@@ -134,7 +139,7 @@ def check_plain_pass(guard: Guard, epoch: int) -> None:
     if isinstance(guard, Expect):
         if epoch != guard.epoch:
             raise RuntimeError(
-                f"BucketBatchSampler: the restored epoch {guard.epoch - 1} was served through skip_first_batches, "
+                f"{guard.who}: the restored epoch {guard.epoch - 1} was served through skip_first_batches, "
                 f"and the prepared loader now starts epoch {epoch} (accelerate counts passes from 0 in a new "
                 f"process), not {guard.epoch}: call `train_dataloader.set_epoch(epoch)` with your loop's epoch "
                 f"before iterating it, or resume with `hf_arb.resume_dataloader`, which does it.")
@@ -146,14 +151,14 @@ def check_plain_pass(guard: Guard, epoch: int) -> None:
         return  # the loop itself moved to another epoch (set_epoch warned if it differs from the restored one)
     if step > 0:
         raise RuntimeError(
-            f"BucketBatchSampler was restored mid-epoch (epoch {e}, {step} steps handed out, which runs ahead of "
+            f"{guard.who} was restored mid-epoch (epoch {e}, {step} steps handed out, which runs ahead of "
             f"your loop's steps by accelerate's and the workers' read-ahead), and the prepared loader is now "
             f"iterated from the start of epoch {epoch}: that would silently restart the epoch. After "
             f"`accelerator.load_state`, {RESUME_FIX} (after a skip_first_batches pass of that epoch, call "
             f"`train_dataloader.set_epoch(epoch)` before this one).")
     if guard.explicit is None and epoch != e:
         raise RuntimeError(
-            f"BucketBatchSampler was restored at the start of epoch {e}, and the prepared loader now starts epoch "
+            f"{guard.who} was restored at the start of epoch {e}, and the prepared loader now starts epoch "
             f"{epoch} (accelerate counts passes from 0 in a new process): call `train_dataloader.set_epoch({e})` "
             f"before iterating it, or {RESUME_FIX}.")
 
@@ -218,4 +223,4 @@ def skip_pass_start(guard: Guard, ctx: LoaderPass, *, batches_per_step: int) -> 
     # accelerate skips k of the sampler's batches when it iterates the sampler directly (dispatch_batches=True):
     # start k*(W-1) batches in so that the skip ends at step k (k*W batches); behind BatchSamplerShard k is steps
     offset = 0 if ctx.skip_counts_steps else k * (batches_per_step - 1)
-    return Expect(epoch + 1), (epoch, offset)
+    return Expect(epoch + 1, guard.who), (epoch, offset)

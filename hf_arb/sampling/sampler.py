@@ -16,7 +16,6 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
-import warnings
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from .batch_sizes import resolve_batch_sizes
+from .cursor import StepCursor
 from .index import LOW_BITS, build_index, count_blocks, open_index
 from .inputs import aspects, check_world, choose_catch_all, fingerprint, leftover_from, read_input
 from .plan import Leftover, check_nonneg, effective_ids, iter_chunks, make_layout, merge_small_buckets
@@ -31,7 +31,6 @@ from .plan_views import PlanViews
 from .ragged import iter_ragged
 from .rank import RankBatchSampler, refuse_rank_idiom
 from .report import warn_if_dropping, zero_batches_message
-from .restore import Guard, Restored, after_set_epoch, loader_pass, pass_start
 from .state import ResumableBatchSampler, as_state_mapping, check_state, sampler_state
 from .world import resolve_world
 
@@ -42,7 +41,7 @@ logger = logging.getLogger(__name__)
 INDEX_IN_MEMORY_ROWS = 1 << 24
 
 
-class BucketBatchSampler(PlanViews, ResumableBatchSampler):
+class BucketBatchSampler(StepCursor, PlanViews, ResumableBatchSampler):
     """Batch sampler for aspect-ratio buckets: every batch is full and of one bucket, every rank gets the same
     number of batches, and (by default) all ranks are in the same bucket at every step.
 
@@ -136,13 +135,8 @@ class BucketBatchSampler(PlanViews, ResumableBatchSampler):
         self.log_report = bool(log_report)
         self._index_dir = index_dir
         self._prepare_plan(ids, catch_all_bucket, merge_small)
-        self._epoch, self._consumed = 0, 0
-        self._restored_epoch: int | None = None  # set by load_state_dict until the next set_epoch/iteration
-        self._guard: Guard = None  # a restore not yet resolved by an accelerate pass (restore.py)
-        # where the next pass starts: set_epoch's (epoch, 0) for every pass until the next set_epoch (pinned), or
-        # load_state_dict's position until a pass from it hands out the epoch's last step; None: the cursor
-        self._start: tuple[int, int] | None = None
-        self._pinned, self._start_id, self._logged = False, 0, False
+        self._init_cursor()  # epoch, position and where passes start (cursor.py, restore.py)
+        self._logged = False
         self._layout_cache: tuple[int, Any] | None = None
         self._steps0 = self._layout(0).num_steps  # constant over epochs when synced
         if self._steps0 == 0:
@@ -227,16 +221,6 @@ class BucketBatchSampler(PlanViews, ResumableBatchSampler):
         return self
 
     @property
-    def epoch(self) -> int:
-        """The epoch the next batch comes from."""
-        return self._epoch
-
-    @property
-    def batches_consumed(self) -> int:
-        """Steps of the current epoch the sampler's iterator has handed out (its resume position)."""
-        return self._consumed
-
-    @property
     def fingerprint(self) -> str:
         """Hash of the bucket ids and the merge map: a saved state must come from the same."""
         return self._fingerprint
@@ -270,29 +254,7 @@ class BucketBatchSampler(PlanViews, ResumableBatchSampler):
             self._layout_cache = (epoch, lay)
         return self._layout_cache[1]
 
-    # ---------------------------------------------------------------- cursor
-    def set_epoch(self, epoch: int) -> None:
-        """Start epoch ``epoch`` from its first batch (accelerate calls this through the prepared loader).
-
-        Every pass from then on yields epoch ``epoch`` from its first batch until the next ``set_epoch`` (as
-        ``DistributedSampler`` and accelerate's samplers do); only a sampler whose epoch is never set moves on to the
-        next epoch by itself after a finished pass. A pass begun and abandoned (torchdata's ``StatefulDataLoader``
-        builds and drops one when it restores a state saved at the end of a pass) thus never shifts the next one.
-
-        After :meth:`load_state_dict`, an epoch other than the restored one warns (the loop probably forgot
-        ``train_dataloader.set_epoch(epoch)``); a prepared loader's pass may be refused (:mod:`.restore`)."""
-        epoch = check_nonneg("epoch", epoch)
-        ctx = loader_pass(self)  # the accelerate pass calling, if any: it may be refused (restore.py)
-        self._guard = after_set_epoch(self._guard, epoch, ctx)
-        if self._restored_epoch is not None and epoch != self._restored_epoch and not (ctx and ctx.skipped):
-            warnings.warn(f"set_epoch({epoch}) after the sampler was restored at epoch {self._restored_epoch}: the "
-                          f"loader starts epoch {epoch}. If that is not what you want, call `train_dataloader.set_epoch("
-                          "epoch)` with your loop's epoch before iterating (accelerate otherwise counts passes from 0 "
-                          "in a new process).", UserWarning, stacklevel=2)
-        self._restored_epoch = None
-        self._epoch, self._consumed = epoch, 0
-        self._start, self._pinned, self._start_id = (epoch, 0), True, self._start_id + 1
-
+    # ---------------------------------------------------------------- cursor (set_epoch: cursor.StepCursor)
     def _steps(self, rank: int | None = None) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
         """Yield ``(epoch, rows (W, B), targets (W,))`` for each remaining step (with ``rank``: ``(1, B)`` and
         ``(1,)``, that rank's only); moves the cursor as it goes."""
@@ -300,28 +262,19 @@ class BucketBatchSampler(PlanViews, ResumableBatchSampler):
         if self.log_report and not self._logged:
             self._logged = True
             logger.info("hf_arb BucketBatchSampler: %s", self.report())
-        self._restored_epoch = None
-        if self._start is not None:  # set_epoch / load_state_dict: every pass starts there (see set_epoch)
-            self._epoch, self._consumed = self._start
-        elif self._consumed >= self._steps_in(self._epoch):  # the last pass finished: this one is the next epoch
-            self._epoch, self._consumed = self._epoch + 1, 0
-        e, start_id, steps = self._epoch, self._start_id, self._steps_in(self._epoch)
-        lay = self._layout(e)
+        e, first, start_id = self._begin_steps()
+        steps, lay = self._steps_in(e), self._layout(e)
         if self._sizes is not None:  # ragged steps (a batch size per bucket): the targets equal on every rank
-            for s, rows in iter_ragged(lay, self._consumed, rank=rank):
-                if self._epoch == e:
-                    self._consumed = s + 1
+            for s, rows in iter_ragged(lay, first, rank=rank):
+                self._handed_out(e, s, steps, start_id)
                 yield e, rows, lay.step_targets(s, s + 1)[0, : len(rows)]
             return
-        for s0, rows in iter_chunks(lay, self._consumed, rank=rank):
+        for s0, rows in iter_chunks(lay, first, rank=rank):
             targets = lay.step_targets(s0, s0 + len(rows))  # (m, W)
             if rank is not None:
                 targets = targets[:, rank : rank + 1]
             for i in range(len(rows)):
-                if self._epoch == e:
-                    self._consumed = s0 + i + 1
-                    if self._consumed == steps and not self._pinned and self._start_id == start_id:
-                        self._start = None  # a restored position is used up once its epoch is handed out
+                self._handed_out(e, s0 + i, steps, start_id)
                 yield e, rows[i], targets[i]
 
     def _keys(self, batch: np.ndarray, target: int, epoch: int) -> list:
@@ -332,13 +285,7 @@ class BucketBatchSampler(PlanViews, ResumableBatchSampler):
         """The remaining global plan of the epoch, step-major and rank-minor (module docstring; refuse_rank_idiom;
         after a restore, where an accelerate pass starts: :mod:`~hf_arb.sampling.restore`)."""
         refuse_rank_idiom(self.num_replicas, self.rank, self._rank_given)
-        per_step = 1 if self.split_batches else self.num_replicas
-        at = self._epoch if self._start is None else self._start[0]
-        self._guard, start = pass_start(self._guard, loader_pass(self), epoch=at, batches_per_step=per_step)
-        skip = 0
-        if start is not None:  # skip_first_batches after a restore: start where accelerate's skip lands on its step
-            (step, skip), self._pinned, self._start_id = divmod(start[1], per_step), False, self._start_id + 1
-            self._start = (start[0], step)
+        skip = self._pass_skip(1 if self.split_batches else self.num_replicas)  # after a restore (cursor.py)
         for e, rows, targets in self._steps():
             if self.split_batches:
                 yield [x for r in range(self.num_replicas) for x in self._keys(rows[r], int(targets[r]), e)]
@@ -346,10 +293,6 @@ class BucketBatchSampler(PlanViews, ResumableBatchSampler):
                 for r in range(skip, self.num_replicas):
                     yield self._keys(rows[r], int(targets[r]), e)
                 skip = 0
-
-    def drop_restored_position(self) -> None:
-        """The loop's step counter, not the restored position, places the next pass (resume_dataloader calls it)."""
-        self._guard = None
 
     def rank_batches(self, rank: int) -> Iterator[list]:
         """Rank ``rank``'s remaining batches of the epoch, moving the cursor (what ``shard(rank)`` iterates)."""
@@ -375,16 +318,7 @@ class BucketBatchSampler(PlanViews, ResumableBatchSampler):
         (``num_replicas × batch``) the number of processes may change (elastic resume; ``sync_buckets=True``).
         """
         state = as_state_mapping(state)
-        epoch, consumed = check_state(state, self.state_dict(), per_rank_plan=not self.sync_buckets)
-        steps = self._steps_in(epoch)
-        if consumed > steps:
-            raise ValueError(f"Sampler state field `batches_consumed` is {consumed}, more than the {steps} steps of "
-                             f"epoch {epoch}: the state is corrupt. Pass what `sampler.state_dict()` returned.")
-        self._guard = Restored(epoch, consumed, steps)
-        if consumed == steps:
-            epoch, consumed = epoch + 1, 0
-        self._epoch, self._consumed, self._restored_epoch = epoch, consumed, epoch
-        self._start, self._pinned, self._start_id = (epoch, consumed), False, self._start_id + 1
+        self._restore_position(*check_state(state, self.state_dict(), per_rank_plan=not self.sync_buckets))
 
     def __repr__(self) -> str:
         return (f"BucketBatchSampler(rows={self._rows_total}, batch_size={self.batch_size}, "

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from hf_arb.checks import check_nonneg, check_positive
+from .cursor import StepCursor
 from .index import CHUNK, RowIndex, build_index, count_blocks, open_index
 from .inputs import check_world, default_world
 from .plan import check_leftover
@@ -47,7 +48,7 @@ from .tier_state import check_tier_state, tier_state
 MAX_CHUNK = 4096  # steps materialised at a time while iterating
 
 
-class TieredBatchSampler(ResumableBatchSampler):
+class TieredBatchSampler(StepCursor, ResumableBatchSampler):
     """Batch sampler over several resolution tiers; at every step all ranks train the same (tier, bucket).
 
     Args:
@@ -130,9 +131,7 @@ class TieredBatchSampler(ResumableBatchSampler):
                         f"leftover='fill', a larger `max_upscale`, or a schedule without this tier.")
             self._L = check_positive("steps_per_epoch", steps_per_epoch) if steps_per_epoch is not None else \
                 max(self._steps[t] for t in self._used)
-        self._epoch, self._consumed = 0, 0
-        self._start: tuple[int, int] | None = None
-        self._pinned = False
+        self._init_cursor()  # epoch, position, where passes start; restores under accelerate (cursor.py)
 
     @classmethod
     def from_dataset(cls, ds: Any, tiers: Tiers, schedule: TierSchedule | str = "random",
@@ -168,15 +167,8 @@ class TieredBatchSampler(ResumableBatchSampler):
         """This sampler (accelerate's ``set_epoch`` reaches ``batch_sampler.sampler``)."""
         return self
 
-    @property
-    def epoch(self) -> int:
-        """The epoch the next batch comes from."""
-        return self._epoch
-
-    @property
-    def batches_consumed(self) -> int:
-        """Steps of the current epoch handed out."""
-        return self._consumed
+    #: one batch per rank per step (accelerate's ``split_batches=True`` is not supported: batch sizes vary)
+    split_batches = False
 
     @property
     def drop_last(self) -> bool:
@@ -218,6 +210,8 @@ class TieredBatchSampler(ResumableBatchSampler):
     def steps_in(self, epoch: int) -> int:
         """Steps per rank of ``epoch`` (``random``: that epoch's draw)."""
         return self._L if self._L is not None else self._layout(self.tiers.num_tiers, epoch).num_steps
+
+    _steps_in = steps_in  # what the cursor asks (cursor.StepCursor)
 
     def __len__(self) -> int:
         """Batches one pass yields: steps × num_replicas."""
@@ -283,27 +277,16 @@ class TieredBatchSampler(ResumableBatchSampler):
         return np.array([self._sizes[t][b] for t, b in zip(tiers.tolist(), buckets.tolist())], np.int64)
 
     # ---------------------------------------------------------------- cursor and iteration
-    def set_epoch(self, epoch: int) -> None:
-        """Start ``epoch`` from its first step: every pass until the next ``set_epoch`` starts there."""
-        self._epoch, self._consumed = check_nonneg("epoch", epoch), 0
-        self._start, self._pinned = (self._epoch, 0), True
-
     def _iter_steps(self, rank: int | None = None) -> Iterator[tuple[int, int, int, np.ndarray]]:
         """Yield ``(epoch, tier, bucket, rows)`` for the remaining steps of the epoch, moving the cursor."""
         check_world(self.num_replicas)
-        if self._start is not None:
-            self._epoch, self._consumed = self._start
-        elif self._consumed >= self.steps_in(self._epoch):
-            self._epoch, self._consumed = self._epoch + 1, 0
-        e, steps, s0, size = self._epoch, self.steps_in(self._epoch), self._consumed, 1
+        e, s0, start_id = self._begin_steps()
+        steps, size = self.steps_in(e), 1
         while s0 < steps:
             s1 = min(steps, s0 + size)
             size = min(size * 8, MAX_CHUNK)
             for i, (t, b, rows) in enumerate(self.step_items(e, s0, s1, rank)):
-                if self._epoch == e:
-                    self._consumed = s0 + i + 1
-                    if self._consumed == steps and not self._pinned:
-                        self._start = None  # a restored position is used up once its epoch is handed out
+                self._handed_out(e, s0 + i, steps, start_id)
                 yield e, t, b, rows
             s0 = s1
 
@@ -314,14 +297,18 @@ class TieredBatchSampler(ResumableBatchSampler):
     def __iter__(self) -> Iterator[list]:
         """The remaining global plan of the epoch: at each step rank 0's batch, rank 1's, … (what accelerate deals
         out). A sampler built with ``rank=`` for several ranks is refused here: that is the plain-DDP habit, which
-        would give this rank every rank's batches; it wants :meth:`shard`."""
+        would give this rank every rank's batches; it wants :meth:`shard`. After a restore, an accelerate pass
+        starts as :class:`~hf_arb.sampling.cursor.StepCursor` says (``skip_first_batches`` exact, a plain pass
+        mid-epoch refused)."""
         if self._rank_given and self.num_replicas > 1:
             raise RuntimeError(f"TieredBatchSampler(num_replicas={self.num_replicas}, rank={self.rank}) iterated "
                                f"directly serves every rank's batches: for plain DDP use `sampler.shard()`; under "
                                f"accelerator.prepare build the sampler without `rank=`.")
+        skip = self._pass_skip(self.num_replicas)
         for e, t, b, rows in self._iter_steps():
-            for r in range(self.num_replicas):
+            for r in range(skip, self.num_replicas):
                 yield self._keys(rows[r], t, b, e)
+            skip = 0
 
     def shard(self, rank: int | None = None) -> TierRankSampler:
         """Rank ``rank``'s batches only, for plain DDP: ``DataLoader(ds, batch_sampler=sampler.shard())``."""
@@ -335,16 +322,9 @@ class TieredBatchSampler(ResumableBatchSampler):
     def load_state_dict(self, state: Any) -> None:
         """Restore the position (``O(1)`` for step schedules; ``random`` redraws that epoch, ``O(groups)``).
         Refuses a state of another plan, naming the field; a different ``num_replicas`` with the same global
-        batches continues the same global sequence (elastic)."""
-        epoch, consumed = check_tier_state(as_state_mapping(state), tier_state(self, 0, 0))
-        steps = self.steps_in(epoch)
-        if consumed > steps:
-            raise ValueError(f"Sampler state field `batches_consumed` is {consumed}, more than the {steps} steps of "
-                             f"epoch {epoch}: the state is corrupt. Pass what `sampler.state_dict()` returned.")
-        if consumed == steps:
-            epoch, consumed = epoch + 1, 0
-        self._epoch, self._consumed = epoch, consumed
-        self._start, self._pinned = (epoch, consumed), False
+        batches continues the same global sequence (elastic). The next accelerate pass is placed as for
+        :class:`~hf_arb.sampling.sampler.BucketBatchSampler` (:mod:`~hf_arb.sampling.restore`)."""
+        self._restore_position(*check_tier_state(as_state_mapping(state), tier_state(self, 0, 0)))
 
     def report(self, epoch: int | None = None) -> TierReport:
         """Rows, batches, repeats and drops per tier and bucket in ``epoch`` (default: current; ``O(steps)``)."""

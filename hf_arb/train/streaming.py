@@ -31,7 +31,8 @@ def stream_files(args: argparse.Namespace) -> list[str]:
 
 
 def streaming_dataset(args: argparse.Namespace) -> tuple[Any, Any, np.ndarray]:
-    """``(IterableDataset, BucketSet, rows per bucket)`` for --streaming; the data must carry bucket columns."""
+    """``(IterableDataset, BucketSet, rows per bucket)`` for --streaming; the data must carry bucket columns. With
+    several tiers: ``(IterableDataset, TierTable, rows per combined (tier, bucket) id)``."""
     import datasets
 
     from hf_arb import BucketSet
@@ -54,6 +55,8 @@ def streaming_dataset(args: argparse.Namespace) -> tuple[Any, Any, np.ndarray]:
         raise UsageError(f"--stream_key_column {args.stream_key_column} holds {key_type}, not integers: pass an integer "
                          "id column (e.g. the row number, added when writing the shards).")
     buckets = BucketSet.from_dataset(ds)
+    if len(args.resolutions) > 1:  # several tiers: every row's bucket in each tier, from its stored size
+        return ds, *tiered_counts(args, ds, files)
     if args.stream_counts is not None:
         counts = as_counts(json.loads(Path(args.stream_counts).read_text()), buckets)
     elif files is not None:  # local shards: the bucket column alone, vectorised
@@ -67,6 +70,33 @@ def streaming_dataset(args: argparse.Namespace) -> tuple[Any, Any, np.ndarray]:
         raise UsageError("No trainable images: the stream's bucket column assigns no row to a bucket. Re-annotate "
                          "(`hf-arb annotate`) with a looser --max_aspect_error or another preset.")
     return ds, buckets, counts
+
+
+def tiered_counts(args: argparse.Namespace, ds: Any, files: list[str] | None) -> tuple[Any, np.ndarray]:
+    """``(TierTable, rows per combined (tier, bucket) id)`` from the stored sizes: local shards read the two size
+    columns vectorised, a hub dataset streams them once (docs/tiers.md, "With streaming")."""
+    from hf_arb.sampling.tier_stream import combined_counts, tier_stream_counts
+
+    from .tiers import tier_table
+
+    table, cols = tier_table(args), ["original_width", "original_height"]
+    if files is not None:
+        import pyarrow.parquet as pq
+
+        parts = [pq.read_table(f, columns=cols) for f in files]
+        w, h = (np.concatenate([p.column(c).to_numpy(zero_copy_only=False) for p in parts]).astype(np.float64)
+                for c in cols)
+    else:
+        w, h = [], []
+        for batch in ds.select_columns(cols).iter(batch_size=65536):
+            w += batch[cols[0]]
+            h += batch[cols[1]]
+        w, h = (np.array([np.nan if v is None else v for v in a], np.float64) for a in (w, h))
+    counts = combined_counts(tier_stream_counts(w, h, table.tiers), table.tiers)
+    if counts.sum() == 0:
+        raise UsageError(f"No image is eligible in any tier of --resolution {','.join(map(str, args.resolutions))} "
+                         "(too small under --max_upscale): lower the resolutions or raise --max_upscale.")
+    return table, counts
 
 
 def hub_counts(args: argparse.Namespace, ds: Any, buckets: Any) -> np.ndarray:
@@ -95,6 +125,18 @@ def build_stream_dataloader(args: argparse.Namespace, accelerator: Any, ds: Any,
     collate = StreamImageCollate(args.stream_key_column, args.image_column, args.caption_column, seed=args.seed,
                                  center_crop=args.center_crop, random_flip=args.random_flip,
                                  on_bad_image=args.on_bad_image, bad_image_log=Path(args.output_dir) / SKIPPED_ROWS_FILE)
+    if len(args.resolutions) > 1:  # one stream per tier, the schedule picks the tier of every step
+        from hf_arb.sampling.tier_stream import build_tiered_stream_loader
+
+        from .tiers import tier_table
+
+        try:
+            return build_tiered_stream_loader(ds, tier_table(args).tiers, args.resolution_schedule,
+                                              args.train_batch_size, counts=counts, accelerator=accelerator,
+                                              seed=args.seed, buffer_size=args.stream_buffer_size,
+                                              on_overflow=args.stream_on_overflow, collate_fn=collate)
+        except ValueError as err:
+            raise UsageError(f"--streaming --resolution {','.join(map(str, args.resolutions))}: {err}") from None
     return hf_arb.build_stream_loader(ds, args.train_batch_size, counts=counts, accelerator=accelerator,
                                       seed=args.seed, buffer_size=args.stream_buffer_size,
                                       on_overflow=args.stream_on_overflow, collate_fn=collate)

@@ -25,9 +25,7 @@ import numpy as np
 from hf_arb.checks import UsageError
 
 #: the single-tier features a run with several tiers does not support yet, with the reason (refused by name)
-UNSUPPORTED = {"streaming": "the streamed plan (BucketedStream) has one bucket table; docs/tiers.md, \"With "
-                            "streaming\", says what the tier would take",
-               "no_bucket_sync": "every rank trains the same (tier, bucket) at each step",
+UNSUPPORTED = {"no_bucket_sync": "every rank trains the same (tier, bucket) at each step",
                "aspect_ratio_buckets": "an explicit table cannot be scaled to each tier's resolution"}
 
 
@@ -93,12 +91,13 @@ def check_tier_flags(args: argparse.Namespace) -> None:
         parse_resolution_schedule(args.resolution_schedule, args.resolutions)
     except ValueError as e:
         raise UsageError(str(e)) from None
-    if args.packing:  # a pack holds every image at its own size: a tier is a token cap, drawn per row and epoch
-        if args.resolution_schedule != "random":
-            raise UsageError(f"--packing with several tiers (--resolution {res}) takes --resolution_schedule random "
-                             f"(each image draws its tier per epoch and a pack mixes tiers), got "
-                             f"{args.resolution_schedule}: a step schedule would need one pack stream per tier. Use "
-                             "random, or drop --packing to train that schedule on buckets.")
+    if args.streaming and args.resolution_schedule == "random":
+        raise UsageError(f"--streaming with several tiers (--resolution {res}) takes a step schedule "
+                         "(--resolution_schedule mix:..., curriculum:... or progressive:...): `random` draws a tier per "
+                         "image and epoch, whose rows per (tier, bucket) a stream cannot know before reading. Pass "
+                         f"e.g. --resolution_schedule mix:{args.resolutions[0]}:1,{args.resolutions[1]}:1.")
+    if args.packing:  # a pack holds every image at its own size: a tier is a token cap (random: drawn per row and
+        # epoch, a pack mixes tiers; a step schedule: one pack stream per tier, every step of one tier)
         if args.max_tokens is None:  # one image of the largest tier, as one --resolution gives
             args.max_tokens = (max(args.resolutions) // 16) ** 2
 
@@ -177,13 +176,14 @@ def tier_table(args: argparse.Namespace) -> TierTable | None:
 
 
 def make_tier_pack_sampler(args: argparse.Namespace, ds: Any, table: TierTable, accelerator: Any) -> Any:
-    """--packing on several tiers: each image draws a tier per epoch and trains at its own size capped at
-    ``(tier // 16)²`` tokens, in packs of ``--max_tokens`` that mix tiers (docs/tiers.md, "With packing")."""
+    """--packing on several tiers: each image trains at its own size capped at ``(tier // 16)²`` tokens, in packs of
+    ``--max_tokens``; ``random``: each image draws a tier per epoch and packs mix tiers; a step schedule: one pack
+    stream per tier, every step of the schedule's tier (docs/tiers.md, "With packing")."""
     from hf_arb.packing.tier_sampler import TieredPackBatchSampler
 
     try:
         return TieredPackBatchSampler(ds, table.tiers, args.max_tokens, num_replicas=accelerator.num_processes,
-                                      rank=accelerator.process_index, seed=args.seed,
+                                      rank=accelerator.process_index, seed=args.seed, schedule=table.schedule,
                                       leftover="fill" if args.bucket_leftover == "fill" else "drop",
                                       log_report=False)
     except ValueError as err:
