@@ -198,6 +198,16 @@ def test_qwen_edit_lora_edits_a_non_square_image_in_stock_diffusers(edit_assets,
     assert result["changed"] > 0  # each LoRA changes the edit
 
 
+def own_argv(model: str, pairs: str, out: Path, columns: list[str]) -> list[str]:
+    """A 4-step LoRA with ``--reference_policy own`` on ``columns``."""
+    argv = ["--pretrained_model_name_or_path", model, "--dataset_name", pairs, *FLOW, "--rank", "4", "--learning_rate",
+            "2e-2", "--max_train_steps", "4", "--checkpointing_steps", "100", "--bucket_leftover", "fill",
+            "--reference_policy", "own", "--output_dir", str(out)]
+    for c in columns:
+        argv += ["--reference_image_column", c]
+    return argv
+
+
 def own_policy_run(model: str, pairs: str, out: Path, columns: list[str]) -> dict[str, Any]:
     """A 4-step LoRA with ``--reference_policy own``, recording each step's reference pixel shapes (the tensors the
     loss stacks: a batch mixing reference shapes could not be stacked) and the rows they came with."""
@@ -210,11 +220,7 @@ def own_policy_run(model: str, pairs: str, out: Path, columns: list[str]) -> dic
         seen.append(tuple(pixels.shape))
         return real(vae, pixels)
 
-    argv = ["--pretrained_model_name_or_path", model, "--dataset_name", pairs, *FLOW, "--rank", "4", "--learning_rate",
-            "2e-2", "--max_train_steps", "4", "--checkpointing_steps", "100", "--bucket_leftover", "fill",
-            "--reference_policy", "own", "--output_dir", str(out)]
-    for c in columns:
-        argv += ["--reference_image_column", c]
+    argv = own_argv(model, pairs, out, columns)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(edit, "reference_latent_tokens", recording)
         stats = run_script(argv)

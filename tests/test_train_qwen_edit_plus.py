@@ -122,3 +122,17 @@ def test_plus_full_finetune_on_two_processes_resumes_exactly(ddp_batch, plus_ass
     index = json.loads((full / "model_index.json").read_text())
     assert index["_class_name"] == "QwenImageEditPlusPipeline"
     assert index["processor"] == ["transformers", "Qwen2VLProcessor"]
+
+
+@pytest.mark.slow
+def test_plus_cached_latents_at_own_buckets_match_the_on_the_fly_run(plus_assets, plus_lora, tmp_path) -> None:
+    """--cache_latents on two reference columns at their own buckets: the same batches as the on-the-fly LoRA, its
+    losses within the float16 cache's tolerance (each reference's own crop is in its cache key)."""
+    from test_train import run_script
+    from test_train_qwen_edit import own_argv
+
+    stats = run_script([*own_argv(plus_assets["model"], plus_assets["pairs"], tmp_path / "cached", ["before", "style"]),
+                        "--cache_latents"])
+    assert stats["latents_encoded"] > 0
+    assert [t["rows"] for t in read_trace(tmp_path / "cached", 0)] == [t["rows"] for t in plus_lora["trace"]]
+    np.testing.assert_allclose(stats["losses"], plus_lora["stats"]["losses"], rtol=2e-3)  # float16 cache
