@@ -49,6 +49,7 @@ MODULES: dict[str, str] = {
     "hf_arb.images.references": "edit.md",
     "hf_arb.families.flux_kontext": "edit.md",
     "hf_arb.families.qwenimage_edit": "edit.md#train-a-qwen-image-edit-lora",
+    "hf_arb.families.qwen_processor": "edit.md#train-a-qwen-image-edit-lora",
     "hf_arb.families.qwenimage_edit_plus": "edit.md#train-a-qwen-image-edit-lora",
     "hf_arb.families.flux2_refs": "edit.md#flux2-with-reference-images",
     "hf_arb.checks": "sampler.md",

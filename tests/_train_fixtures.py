@@ -62,7 +62,8 @@ def build_family_assets(root: Path) -> dict[str, str]:
             "flux2_klein": save_tiny_flux2(root / "tiny-flux2-klein", klein=True),
             "kontext": save_tiny_flux_kontext(root / "tiny-kontext"), "pairs": edit_pairs(root),
             "qwen_edit": save_tiny_qwenimage_edit(root / "tiny-qwen-edit"),
-            "images": save_tiny_imagefolder(root / "images")}
+            "qwen_edit_plus": save_tiny_qwenimage_edit(root / "tiny-qwen-edit-plus", plus=True),
+            "pairs2": two_reference_pairs(root), "images": save_tiny_imagefolder(root / "images")}
 
 
 def build_flow_assets(root: Path) -> dict[str, str]:
@@ -166,6 +167,16 @@ def batch_runs(root: Path, train: dict[str, str], flow: dict[str, str], stream: 
         "--pretrained_model_name_or_path", families["qwen_edit"], "--dataset_name", families["pairs"], *FLOW,
         "--rank", "4", "--learning_rate", "2e-2", "--max_train_steps", "3", "--checkpointing_steps", "100",
         "--bucket_leftover", "fill", "--reference_image_column", "before", "--output_dir", str(qwen_edit)]})
+    # test_train_qwen_edit_plus.py / test_train_flux2_refs.py: full fine-tunes on two reference columns, 4 steps,
+    # checkpoint at 2 (the 12 rows fill one global batch of 4 per shape: 4 steps per epoch)
+    refs = ["--dataset_name", families["pairs2"], "--reference_image_column", "before", "--reference_image_column",
+            "style", "--bucket_leftover", "fill", "--full_finetune", "--learning_rate", "1e-3", "--max_train_steps",
+            "4", "--checkpointing_steps", "2"]
+    runs += _pair(root, "family-qwen-edit-plus", ["--pretrained_model_name_or_path", families["qwen_edit_plus"],
+                                                  *FLOW, *refs], "checkpoint-2")
+    runs += _pair(root, "family-flux2-refs", [
+        "--pretrained_model_name_or_path", families["flux2_klein"], *FLOW[:FLOW.index("--max_sequence_length")],
+        "--max_sequence_length", "48", *FLOW[FLOW.index("--max_sequence_length") + 2:], *refs], "checkpoint-2")
     klein = root / "family-flux2-klein"  # test_family_flux2.py: 3 steps, max_sequence_length 48
     runs.append({"name": "family-flux2-klein", "out": str(klein), "argv": [
         "--pretrained_model_name_or_path", families["flux2_klein"], "--train_data_dir", families["images"],
@@ -257,6 +268,34 @@ def build_batch(root: Path, train: dict[str, str], flow: dict[str, str], stream:
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
     return run_batch(root, batch_runs(root, train, flow, stream, families))
+
+
+#: the two-reference pairs' target shapes (test_train_flux2_refs.py, test_train_qwen_edit_plus.py)
+REF2_SIZES = [(96, 64), (64, 96), (64, 64), (80, 48)]
+
+
+def two_reference_pairs(root: Path, n: int = 12) -> str:
+    """Targets with two reference columns: ``before`` (the grey mirror, at the target's shape) and ``style`` (a
+    narrower grey crop): a multi-reference edit dataset saved with ``save_to_disk``."""
+    import datasets
+    from _photos import PHOTOS, photo
+    from PIL import ImageOps
+
+    rows: dict[str, list[Any]] = {"image": [], "before": [], "style": [], "text": []}
+    names = list(PHOTOS)
+    for i in range(n):
+        w, h = REF2_SIZES[i % len(REF2_SIZES)]
+        im = photo(names[i % len(names)], (w, h)).convert("RGB")
+        grey = ImageOps.grayscale(im).convert("RGB")
+        rows["image"].append(im)
+        rows["before"].append(ImageOps.mirror(grey))
+        rows["style"].append(grey.resize((w // 2, h)))
+        rows["text"].append("make it colourful in this style")
+    ds = datasets.Dataset.from_dict(rows, features=datasets.Features(
+        {"image": datasets.Image(), "before": datasets.Image(), "style": datasets.Image(),
+         "text": datasets.Value("string")}))
+    ds.save_to_disk(str(root / "pairs2"))
+    return str(root / "pairs2")
 
 
 #: the before/after pairs' target shapes (test_train_kontext.py)

@@ -10,12 +10,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import datasets
 import numpy as np
 import pytest
 import torch
-from _photos import PHOTOS, photo
-from PIL import ImageOps
+from _train_fixtures import two_reference_pairs
 from test_family_flux2 import ARGS
 from test_train import read_trace, run_script
 
@@ -23,35 +21,13 @@ from hf_arb.families import get_family
 from hf_arb.families.flux2 import normalize_latents, patchify
 from hf_arb.families.flux2_refs import reference_tokens
 
-SIZES = [(96, 64), (64, 96), (64, 64), (80, 48)]
-
-
-def two_reference_pairs(root: Path, n: int = 12) -> str:
-    """Targets with two reference columns: ``before`` (the grey mirror, at the target's shape) and ``style`` (a
-    narrower grey crop): a multi-reference edit dataset saved with ``save_to_disk``."""
-    rows: dict[str, list[Any]] = {"image": [], "before": [], "style": [], "text": []}
-    names = list(PHOTOS)
-    for i in range(n):
-        w, h = SIZES[i % len(SIZES)]
-        im = photo(names[i % len(names)], (w, h)).convert("RGB")
-        grey = ImageOps.grayscale(im).convert("RGB")
-        rows["image"].append(im)
-        rows["before"].append(ImageOps.mirror(grey))
-        rows["style"].append(grey.resize((w // 2, h)))
-        rows["text"].append("make it colourful in this style")
-    ds = datasets.Dataset.from_dict(rows, features=datasets.Features(
-        {"image": datasets.Image(), "before": datasets.Image(), "style": datasets.Image(),
-         "text": datasets.Value("string")}))
-    ds.save_to_disk(str(root / "pairs2"))
-    return str(root / "pairs2")
+__all__ = ["two_reference_pairs"]  # test_train_qwen_edit_plus.py's import (tests/_train_fixtures.py builds it)
 
 
 @pytest.fixture(scope="module")
-def refs_assets(tmp_path_factory) -> dict[str, str]:
-    from hf_arb.testing.tiny_flux2 import save_tiny_flux2
-
-    root = tmp_path_factory.mktemp("flux2-refs")
-    return {"model": save_tiny_flux2(root / "tiny-klein", klein=True), "pairs": two_reference_pairs(root)}
+def refs_assets(family_assets) -> dict[str, str]:
+    """The tiny Flux.2 klein and the two-reference pairs (tests/conftest.py ``family_assets``)."""
+    return {"model": family_assets["flux2_klein"], "pairs": family_assets["pairs2"]}
 
 
 def test_flux2_takes_references(refs_assets) -> None:
@@ -131,3 +107,24 @@ def test_flux2_cached_reference_latents_match_the_on_the_fly_run(refs_assets, re
     assert [t["rows"] for t in read_trace(tmp_path / "cached", 0)] == [t["rows"] for t in
                                                                          read_trace(refs_lora["dir"], 0)]
     np.testing.assert_allclose(stats["losses"], refs_lora["stats"]["losses"], rtol=2e-3)  # float16 cache
+
+
+@pytest.mark.slow
+def test_flux2_with_references_on_two_processes_resumes_exactly(ddp_batch, refs_assets) -> None:
+    """Full fine-tune on two reference columns, 2 processes (the shared batch): both ranks train one composite
+    bucket per step (3 rows a shape, --bucket_leftover fill), and a resume from checkpoint-2 in a new folder ends
+    on the same weights."""
+    from _family_runs import family_ddp_result, transformer_weights
+
+    run = family_ddp_result(ddp_batch, "family-flux2-refs")
+    full, resumed = Path(run["full"]["dir"]), Path(run["resumed"]["dir"])
+    r0, r1 = read_trace(full, 0), read_trace(full, 1)
+    assert run["full"]["stats"]["num_processes"] == 2 and [t["step"] for t in r0] == [0, 1, 2, 3]
+    assert [t["bucket"] for t in r0] == [t["bucket"] for t in r1] and any(t["shape"][2] != t["shape"][3] for t in r0)
+    for rank in (0, 1):
+        tail = [(t["step"], t["rows"], t["loss"]) for t in read_trace(full, rank) if t["step"] >= 2]
+        assert [(t["step"], t["rows"], t["loss"]) for t in read_trace(resumed, rank)] == tail
+    a, b = transformer_weights(full), transformer_weights(resumed)
+    assert a.keys() == b.keys() and max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-6
+    base = transformer_weights(Path(refs_assets["model"]))
+    assert max(float((a[k] - base[k].to(a[k].dtype)).abs().max()) for k in a) > 0  # it trained

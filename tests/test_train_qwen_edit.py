@@ -73,6 +73,24 @@ def test_prompt_embeddings_and_reference_tokens_are_the_pipelines(pipe) -> None:
     assert fam.vae_scale_factor(pipe.vae) == 8
 
 
+def test_the_processor_is_a_public_qwen2_vl_processor(pipe, edit_assets) -> None:
+    """hf_arb's processor is a Qwen2VLProcessor built through its public constructor (no video processor, so no
+    torchvision): its output is edit_prompt_inputs', and the saved pipeline names the stock class."""
+    from transformers import Qwen2VLProcessor
+
+    from hf_arb.families.qwenimage_edit import edit_prompt_inputs
+
+    proc = pipe.processor
+    assert isinstance(proc, Qwen2VLProcessor) and type(proc).get_attributes() == ["image_processor", "tokenizer"]
+    images = to_uint8_images(torch.rand(2, 3, 48, 80) * 2 - 1)
+    texts = edit_texts(["make it red", "a much longer caption for the second image"])
+    theirs = proc(text=texts, images=images, padding=True, return_tensors="pt")
+    ours = edit_prompt_inputs(proc.tokenizer, proc.image_processor, texts, images)
+    assert all(torch.equal(ours[k], theirs[k]) for k in ours)
+    index = json.loads((Path(edit_assets["model"]) / "model_index.json").read_text())
+    assert index["processor"] == ["transformers", "Qwen2VLProcessor"]
+
+
 def test_the_prediction_is_the_pipelines_transformer_call(pipe) -> None:
     """predict(references=...) = the pipeline's transformer call on [target, image] tokens, cut to the target."""
     from hf_arb.families.flux import pack_latents, unpack_latents
@@ -106,6 +124,7 @@ def test_edit_flags_are_checked(edit_assets, tmp_path) -> None:
         script.parse_args([*base, "--reference_image_column", "before", "--reference_image_column", "text"])
     with pytest.raises(script.UsageError, match="--cache_text_embeddings: Qwen-Image-Edit's prompt embeddings"):
         script.parse_args([*base, "--reference_image_column", "before", "--cache_text_embeddings"])
+    script.parse_args([*base, "--reference_image_column", "before", "--cache_latents"])  # accepted
 
 
 EDIT_ARGS = [*FLOW, "--rank", "4", "--learning_rate", "2e-2", "--max_train_steps", "4", "--checkpointing_steps", "2",
@@ -141,34 +160,100 @@ from diffusers import QwenImageEditPipeline
 from transformers import AutoTokenizer, Qwen2VLImageProcessorPil, Qwen2VLProcessor
 folder = sys.argv[1] + "/processor"
 tok, images = AutoTokenizer.from_pretrained(folder), Qwen2VLImageProcessorPil.from_pretrained(folder)
+class ImageOnly(Qwen2VLProcessor):  # no torchvision: a Qwen2VLProcessor without a video processor (public API)
+    def __init__(self, image_processor=None, tokenizer=None, chat_template=None):
+        super().__init__(image_processor=image_processor, tokenizer=tokenizer, chat_template=chat_template)
 try:
-    processor = Qwen2VLProcessor(image_processor=images, tokenizer=tok)
-except Exception:  # transformers without torchvision cannot build it: the same attributes, set directly
-    processor = object.__new__(Qwen2VLProcessor)
-    processor.image_processor, processor.tokenizer, processor.video_processor, processor.chat_template = images, tok, None, None
-    processor.image_token, processor.video_token = "<|image_pad|>", "<|video_pad|>"
-    processor.image_token_id, processor.video_token_id = tok.convert_tokens_to_ids(["<|image_pad|>", "<|video_pad|>"])
+    processor = Qwen2VLProcessor.from_pretrained(folder)  # transformers with torchvision
+except Exception:
+    processor = ImageOnly(image_processor=images, tokenizer=tok)
 pipe = QwenImageEditPipeline.from_pretrained(sys.argv[1], processor=processor)
 image = Image.fromarray((np.random.default_rng(0).random((48, 80, 3)) * 255).astype("uint8"))
 def edit():
     return pipe(image=image, prompt="make it colourful", height=48, width=80, num_inference_steps=2,
                 output_type="np", generator=torch.Generator().manual_seed(0)).images
 a = edit()
-pipe.load_lora_weights(sys.argv[2])
-b = edit()
+changed = []
+for lora in sys.argv[2:]:  # each LoRA alone: load, edit, unload
+    pipe.load_lora_weights(lora)
+    b = edit()
+    changed.append(float(np.abs(a - b).max()))
+    pipe.unload_lora_weights()
 print("RESULT" + json.dumps({"shape": list(b.shape), "finite": bool(np.isfinite(b).all()),
-                             "changed": float(np.abs(a - b).max())}))
+                             "changed": min(changed)}))
 """
+#: the LoRA part of STOCK (a full fine-tune's test replaces it)
+STOCK_LORAS = STOCK[STOCK.index("changed = []"):STOCK.index('print("RESULT"')]
 
 
 @pytest.mark.slow
-def test_qwen_edit_lora_edits_a_non_square_image_in_stock_diffusers(edit_assets, edit_lora) -> None:
-    proc = subprocess.run([sys.executable, "-c", STOCK, edit_assets["model"], str(edit_lora["dir"])],
-                          capture_output=True, text=True, timeout=300)
+def test_qwen_edit_lora_edits_a_non_square_image_in_stock_diffusers(edit_assets, edit_lora, own_lora) -> None:
+    """The strict and the --reference_policy own LoRAs each load in the stock pipeline (one interpreter) and
+    change its edit of a non-square image."""
+    proc = subprocess.run([sys.executable, "-c", STOCK, edit_assets["model"], str(edit_lora["dir"]),
+                           str(own_lora["dir"])], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.split("RESULT", 1)[1])
     assert result["shape"] == [1, 48, 80, 3] and result["finite"]
-    assert result["changed"] > 0  # the LoRA changes the edit
+    assert result["changed"] > 0  # each LoRA changes the edit
+
+
+def own_argv(model: str, pairs: str, out: Path, columns: list[str]) -> list[str]:
+    """A 4-step LoRA with ``--reference_policy own`` on ``columns``."""
+    argv = ["--pretrained_model_name_or_path", model, "--dataset_name", pairs, *FLOW, "--rank", "4", "--learning_rate",
+            "2e-2", "--max_train_steps", "4", "--checkpointing_steps", "100", "--bucket_leftover", "fill",
+            "--reference_policy", "own", "--output_dir", str(out)]
+    for c in columns:
+        argv += ["--reference_image_column", c]
+    return argv
+
+
+def own_policy_run(model: str, pairs: str, out: Path, columns: list[str]) -> dict[str, Any]:
+    """A 4-step LoRA with ``--reference_policy own``, recording each step's reference pixel shapes (the tensors the
+    loss stacks: a batch mixing reference shapes could not be stacked) and the rows they came with."""
+    import hf_arb.families.qwenimage_edit as edit
+
+    seen: list[tuple[int, ...]] = []
+    real = edit.reference_latent_tokens
+
+    def recording(vae, pixels):
+        seen.append(tuple(pixels.shape))
+        return real(vae, pixels)
+
+    argv = own_argv(model, pairs, out, columns)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(edit, "reference_latent_tokens", recording)
+        stats = run_script(argv)
+    trace = read_trace(out, 0)
+    r = len(columns)
+    steps = [seen[i * r:(i + 1) * r] for i in range(len(trace))]
+    assert stats["global_step"] == 4 and len(seen) == 4 * r and np.isfinite(stats["losses"]).all()
+    return {"dir": out, "stats": stats, "trace": trace, "shapes": steps}
+
+
+def assert_own_buckets(run: dict[str, Any]) -> None:
+    """Each row's references always come at one shape (their own bucket), and at least one differs from the
+    target's bucket (under strict every reference takes the target's)."""
+    per_row: dict[int, set[tuple[tuple[int, ...], ...]]] = {}
+    for t, shapes in zip(run["trace"], run["shapes"]):
+        assert all(s[0] == t["shape"][0] for s in shapes)  # the whole batch in one tensor per column
+        for row in t["rows"]:
+            per_row.setdefault(row, set()).add(tuple(s[2:] for s in shapes))
+    assert all(len(v) == 1 for v in per_row.values())
+    assert any(list(s[2:]) != t["shape"][2:] for t, shapes in zip(run["trace"], run["shapes"]) for s in shapes)
+
+
+@pytest.fixture(scope="module")
+def own_lora(edit_assets, tmp_path_factory) -> dict[str, Any]:
+    return own_policy_run(edit_assets["model"], edit_assets["pairs"], tmp_path_factory.mktemp("qwen-edit-own") / "run",
+                          ["before"])
+
+
+@pytest.mark.slow
+def test_own_policy_trains_qwen_edit_references_at_their_own_bucket(own_lora) -> None:
+    """--reference_policy own on Qwen-Image-Edit: the narrower references stack at their own bucket, never mixed in
+    a batch (the stock pipeline's edit with this LoRA: test_qwen_edit_lora_edits_a_non_square_image_...)."""
+    assert_own_buckets(own_lora)
 
 
 @pytest.mark.slow
@@ -186,6 +271,31 @@ def test_qwen_edit_lora_resumes_exactly(edit_assets, edit_lora, tmp_path) -> Non
     a = load_file(str(out / "pytorch_lora_weights.safetensors"))
     b = load_file(str(resumed / "pytorch_lora_weights.safetensors"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.slow
+def test_qwen_edit_cached_latents_match_the_on_the_fly_run(edit_assets, edit_lora, tmp_path) -> None:
+    """--cache_latents: the target's and the reference's posteriors come from the cache (the VAE never encodes a
+    reference in the loss), the text encoder still sees the reference pixels; batches and losses are the on-the-fly
+    run's within the float16 cache's tolerance, and a second run on the same cache encodes nothing."""
+    import hf_arb.families.qwenimage_edit as edit
+
+    argv = ["--pretrained_model_name_or_path", edit_assets["model"], "--dataset_name", edit_assets["pairs"],
+            *EDIT_ARGS, "--cache_latents", "--latent_cache_dir", str(tmp_path / "cache"), "--output_dir",
+            str(tmp_path / "cached")]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(edit, "reference_latent_tokens", lambda *a, **k: pytest.fail("encoded a reference"))
+        first = run_script(argv)
+    assert first["latents_encoded"] > 0 and first["latents_reused"] == 0
+    keys = ["rows", "bucket"]
+    assert [[t[k] for k in keys] for t in read_trace(tmp_path / "cached", 0)] == [
+        [t[k] for k in keys] for t in read_trace(edit_lora["dir"], 0)]
+    np.testing.assert_allclose(first["losses"], edit_lora["stats"]["losses"], rtol=2e-3)  # float16 cache
+    argv[argv.index("--output_dir") + 1] = str(tmp_path / "again")
+    second = run_script(argv)
+    assert second["latents_encoded"] == 0 and second["latents_reused"] == first["latents_encoded"]
+    assert second["vae_encode_calls"] == 0  # neither target nor reference was encoded again
+    np.testing.assert_allclose(second["losses"], first["losses"], rtol=1e-6)
 
 
 @pytest.mark.slow
@@ -214,9 +324,10 @@ def test_qwen_edit_full_finetune_saves_a_pipeline_stock_diffusers_edits_with(edi
     stats = run_script(["--pretrained_model_name_or_path", edit_assets["model"], "--dataset_name",
                         edit_assets["pairs"], *args, "--full_finetune", "--output_dir", str(out)])
     assert stats["global_step"] == 4 and (out / "processor" / "preprocessor_config.json").is_file()
-    script = STOCK.replace("a = edit()\npipe.load_lora_weights(sys.argv[2])\nb = edit()",
+    script = STOCK.replace("a = edit()\n" + STOCK_LORAS,
                            "b = edit()\nbase = QwenImageEditPipeline.from_pretrained(sys.argv[2], processor=processor)"
-                           "\npipe = base\na = edit()")
+                           "\npipe = base\na = edit()\nchanged = [float(np.abs(a - b).max())]\n")
+    assert script != STOCK  # the LoRA part was replaced
     proc = subprocess.run([sys.executable, "-c", script, str(out), edit_assets["model"]], capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -1,20 +1,20 @@
 """Qwen-Image-Edit-Plus (issue #26): detection, the prompt (picture prefixes, condition-size images through the
 vision tower) and the latent tokens of several references equal ``QwenImageEditPlusPipeline``'s, and (slow) a tiny
-LoRA run on two reference columns whose LoRA loads in the stock Plus pipeline and edits from two images."""
+LoRA run on two reference columns at their own buckets (``--reference_policy own``) whose LoRA loads in the stock
+Plus pipeline and edits from two images, and a 2-process full fine-tune that resumes exactly."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
-from _train_fixtures import FLOW
-from test_train import read_trace, run_script
-from test_train_flux2_refs import two_reference_pairs
+from test_train import read_trace
 from test_train_qwen_edit import STOCK
 
 from hf_arb.families import detect_family, get_family
@@ -23,11 +23,9 @@ from hf_arb.families.qwenimage_edit_plus import condition_images, plus_texts
 
 
 @pytest.fixture(scope="module")
-def plus_assets(tmp_path_factory) -> dict[str, str]:
-    from hf_arb.testing.tiny_qwen import save_tiny_qwenimage_edit
-
-    root = tmp_path_factory.mktemp("qwen-edit-plus")
-    return {"model": save_tiny_qwenimage_edit(root / "tiny-plus", plus=True), "pairs": two_reference_pairs(root)}
+def plus_assets(family_assets) -> dict[str, str]:
+    """The tiny Qwen-Image-Edit-Plus and the two-reference pairs (tests/conftest.py ``family_assets``)."""
+    return {"model": family_assets["qwen_edit_plus"], "pairs": family_assets["pairs2"]}
 
 
 @pytest.fixture(scope="module")
@@ -71,22 +69,23 @@ def test_prompt_and_reference_tokens_are_the_pipelines(pipe) -> None:
     torch.testing.assert_close(tokens, theirs)
 
 
-ARGV = [*FLOW, "--rank", "4", "--learning_rate", "2e-2", "--max_train_steps", "4", "--checkpointing_steps", "100",
-        "--bucket_leftover", "fill", "--reference_image_column", "before", "--reference_image_column", "style"]
-
-
 @pytest.fixture(scope="module")
 def plus_lora(plus_assets, tmp_path_factory) -> dict[str, Any]:
-    out = tmp_path_factory.mktemp("qwen-plus-lora") / "run"
-    stats = run_script(["--pretrained_model_name_or_path", plus_assets["model"], "--dataset_name",
-                        plus_assets["pairs"], *ARGV, "--output_dir", str(out)])
-    return {"dir": out, "stats": stats}
+    """A 4-step LoRA on two reference columns under ``--reference_policy own`` (the Plus pipeline takes input
+    images of any size: each reference keeps its own bucket); the strict policy trains in the 2-process run."""
+    from test_train_qwen_edit import own_policy_run
+
+    return own_policy_run(plus_assets["model"], plus_assets["pairs"], tmp_path_factory.mktemp("qwen-plus-lora") / "run",
+                          ["before", "style"])
 
 
 @pytest.mark.slow
-def test_plus_lora_trains_on_two_reference_columns(plus_lora) -> None:
-    assert plus_lora["stats"]["global_step"] == 4 and np.isfinite(plus_lora["stats"]["losses"]).all()
-    assert any(t["shape"][2] != t["shape"][3] for t in read_trace(plus_lora["dir"], 0))
+def test_plus_lora_trains_on_two_reference_columns_at_their_own_buckets(plus_lora) -> None:
+    from test_train_qwen_edit import assert_own_buckets
+
+    assert any(t["shape"][2] != t["shape"][3] for t in plus_lora["trace"])
+    assert_own_buckets(plus_lora)
+    assert any(a != b for a, b in plus_lora["shapes"])  # the two columns at different shapes in one step
 
 
 @pytest.mark.slow
@@ -98,3 +97,42 @@ def test_plus_lora_edits_from_two_images_in_stock_diffusers(plus_assets, plus_lo
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.split("RESULT", 1)[1])
     assert result["shape"] == [1, 48, 80, 3] and result["finite"] and result["changed"] > 0
+
+
+@pytest.mark.slow
+def test_plus_full_finetune_on_two_processes_resumes_exactly(ddp_batch, plus_assets) -> None:
+    """Full fine-tune on two reference columns, 2 processes (the shared batch): both ranks train one composite
+    bucket per step (3 rows a shape, --bucket_leftover fill), and a resume from checkpoint-2 in a new folder ends
+    on the same weights;
+    the saved pipeline names the stock processor class."""
+    from _family_runs import family_ddp_result, transformer_weights
+
+    run = family_ddp_result(ddp_batch, "family-qwen-edit-plus")
+    full, resumed = Path(run["full"]["dir"]), Path(run["resumed"]["dir"])
+    r0, r1 = read_trace(full, 0), read_trace(full, 1)
+    assert run["full"]["stats"]["num_processes"] == 2 and [t["step"] for t in r0] == [0, 1, 2, 3]
+    assert [t["bucket"] for t in r0] == [t["bucket"] for t in r1] and any(t["shape"][2] != t["shape"][3] for t in r0)
+    for rank in (0, 1):
+        tail = [(t["step"], t["rows"], t["loss"]) for t in read_trace(full, rank) if t["step"] >= 2]
+        assert [(t["step"], t["rows"], t["loss"]) for t in read_trace(resumed, rank)] == tail
+    a, b = transformer_weights(full), transformer_weights(resumed)
+    assert a.keys() == b.keys() and max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-6
+    base = transformer_weights(Path(plus_assets["model"]))
+    assert max(float((a[k] - base[k].to(a[k].dtype)).abs().max()) for k in a) > 0  # it trained
+    index = json.loads((full / "model_index.json").read_text())
+    assert index["_class_name"] == "QwenImageEditPlusPipeline"
+    assert index["processor"] == ["transformers", "Qwen2VLProcessor"]
+
+
+@pytest.mark.slow
+def test_plus_cached_latents_at_own_buckets_match_the_on_the_fly_run(plus_assets, plus_lora, tmp_path) -> None:
+    """--cache_latents on two reference columns at their own buckets: the same batches as the on-the-fly LoRA, its
+    losses within the float16 cache's tolerance (each reference's own crop is in its cache key)."""
+    from test_train import run_script
+    from test_train_qwen_edit import own_argv
+
+    stats = run_script([*own_argv(plus_assets["model"], plus_assets["pairs"], tmp_path / "cached", ["before", "style"]),
+                        "--cache_latents"])
+    assert stats["latents_encoded"] > 0
+    assert [t["rows"] for t in read_trace(tmp_path / "cached", 0)] == [t["rows"] for t in plus_lora["trace"]]
+    np.testing.assert_allclose(stats["losses"], plus_lora["stats"]["losses"], rtol=2e-3)  # float16 cache

@@ -8,15 +8,17 @@ exactly that, with the batch's reference column (``reference_pixel_values``, one
   processor expands ``<|image_pad|>`` to one token per merged 28×28 patch of the image (its image processor's
   ``image_grid_thw.prod() // merge_size**2``) and Qwen2.5-VL's vision tower fills those tokens. The last hidden
   states of each prompt's tokens, the template's first 64 dropped, are the prompt embeddings (not cut to
-  ``max_sequence_length``: the pipeline does not). :func:`edit_prompt_inputs` builds the processor's inputs without
-  a ``Qwen2VLProcessor`` (transformers cannot build one without torchvision): the tokenizer and image processor of
-  the checkpoint's ``processor`` folder.
+  ``max_sequence_length``: the pipeline does not). :func:`edit_prompt_inputs` builds the processor's inputs from
+  the tokenizer and image processor of the checkpoint's ``processor`` folder; the stock pipeline gets
+  :func:`qwen2_vl_processor` (a ``Qwen2VLProcessor`` built without a video processor, so without torchvision).
 - **in the image sequence**: the image's VAE latents (the posterior's mode, normalised per channel) are packed 2×2
   and appended to the noisy target's tokens, with ``img_shapes`` ``[(1, h/2, w/2), (1, h_r/2, w_r/2)]`` per sample;
   the prediction keeps the target's tokens. The resolution shift ``mu`` comes from the target's tokens alone.
 
 The reference reaches the text encoder as the uint8 image it came from (``[-1, 1]`` pixels mapped back), as the
-pipeline hands the processor a PIL image. The prompt embeddings depend on the image, so they are not cached.
+pipeline hands the processor a PIL image. The prompt embeddings depend on the image, so they are not cached; with
+``--cache_latents`` the target's and the reference's latents are (:func:`pack_reference_mean` packs the cached
+mean) and the batches still carry the reference pixels for the text encoder (docs/edit.md, "Cached latents").
 
 Example:
     ```py
@@ -39,8 +41,8 @@ from .qwenimage import FramelessVAE, QwenImageFamily
 torch: Any = LazyModule("torch")  # family detection must not import torch
 
 __all__ = ["QWEN_EDIT_TEMPLATE_DROP", "QwenImageEditFamily", "edit_prompt_inputs", "edit_prompt_template",
-           "edit_texts", "encode_edit_prompts", "qwen2_vl_processor", "reference_latent_tokens", "save_edit_pipeline",
-           "to_uint8_images"]
+           "edit_texts", "encode_edit_prompts", "pack_reference_mean", "qwen2_vl_processor", "reference_latent_tokens",
+           "save_edit_pipeline", "to_uint8_images"]
 
 #: ``QwenImageEditPipeline.prompt_template_encode_start_idx``: template tokens before the image and caption
 QWEN_EDIT_TEMPLATE_DROP = 64
@@ -112,30 +114,19 @@ def encode_edit_prompts(tokenizer: Any, image_processor: Any, text_encoder: Any,
 
 
 def qwen2_vl_processor(tokenizer: Any, image_processor: Any) -> Any:
-    """A ``Qwen2VLProcessor`` of ``tokenizer`` and ``image_processor`` (for the stock pipeline), without a video
-    processor.
+    """The stock pipeline's ``processor`` from ``tokenizer`` and ``image_processor``: a
+    :class:`~hf_arb.families.qwen_processor.QwenImageOnlyProcessor` (a ``Qwen2VLProcessor`` without a video
+    processor, which transformers 5 cannot build without torchvision; images never need one)."""
+    from .qwen_processor import QwenImageOnlyProcessor
 
-    transformers 5.23 cannot construct (nor ``from_pretrained``) a ``Qwen2VLProcessor`` when torchvision is missing
-    (its video processor needs it, and the argument check fails even for ``video_processor=None``); images never need
-    it. The constructor is tried first, and on that failure the same attributes are set directly.
-    """
-    from transformers import Qwen2VLProcessor
-
-    try:
-        return Qwen2VLProcessor(image_processor=image_processor, tokenizer=tokenizer)
-    except (AttributeError, ValueError, TypeError):  # no torchvision: see above
-        proc = object.__new__(Qwen2VLProcessor)
-        proc.image_processor, proc.tokenizer, proc.video_processor, proc.chat_template = (
-            image_processor, tokenizer, None, None)
-        proc.image_token, proc.video_token = IMAGE_PAD, "<|video_pad|>"
-        proc.image_token_id, proc.video_token_id = tokenizer.convert_tokens_to_ids([IMAGE_PAD, "<|video_pad|>"])
-        return proc
+    return QwenImageOnlyProcessor(image_processor=image_processor, tokenizer=tokenizer)
 
 
 def save_edit_pipeline(pipe: Any, output_dir: Any) -> None:
-    """``pipe.save_pretrained(output_dir)``; a processor without a video processor (:func:`qwen2_vl_processor`, which
-    transformers cannot save) is written as its tokenizer and ``preprocessor_config.json`` in ``processor/``, with
-    its ``model_index.json`` entry, the layout of the Hub checkpoints."""
+    """``pipe.save_pretrained(output_dir)`` with the processor in the layout of the Hub checkpoints: its tokenizer
+    and ``preprocessor_config.json`` in ``processor/`` and ``"processor": ["transformers", "Qwen2VLProcessor"]`` in
+    ``model_index.json`` (not hf_arb's :func:`qwen2_vl_processor` class), so stock diffusers loads it without hf_arb.
+    A processor with a video processor (transformers with torchvision) is saved as it is."""
     import json
     from pathlib import Path
 
@@ -158,17 +149,22 @@ def save_edit_pipeline(pipe: Any, output_dir: Any) -> None:
 
 def reference_latent_tokens(vae: Any, pixels: Any) -> tuple[Any, tuple[int, int, int]]:
     """The reference image as the pipeline's ``image_latents``: the posterior's mode of ``pixels`` ``(B, 3, H, W)``,
-    ``(z - latents_mean) / latents_std``, packed 2×2 → ``(B, (H/16)(W/16), 4C)``; and its ``img_shapes`` entry
-    ``(1, H/16, W/16)``. ``vae`` is a :class:`~hf_arb.families.qwenimage.FramelessVAE` (or the video VAE)."""
-    from .flux import pack_latents
-
+    :func:`pack_reference_mean` → ``(B, (H/16)(W/16), 4C)`` and its ``img_shapes`` entry ``(1, H/16, W/16)``.
+    ``vae`` is a :class:`~hf_arb.families.qwenimage.FramelessVAE` (or the video VAE)."""
     flat = vae if isinstance(vae, FramelessVAE) else FramelessVAE(vae)
     with torch.no_grad():
         mean = flat.encode(pixels.to(flat.device, flat.dtype)).latent_dist.mean  # mode of a diagonal Gaussian
-    cfg = flat.config
-    view = (1, len(cfg.latents_mean), 1, 1)
-    lmean = torch.tensor(cfg.latents_mean, device=mean.device, dtype=mean.dtype).view(view)
-    lstd = torch.tensor(cfg.latents_std, device=mean.device, dtype=mean.dtype).view(view)
+    return pack_reference_mean(flat.config, mean)
+
+
+def pack_reference_mean(vae_config: Any, mean: Any) -> tuple[Any, tuple[int, int, int]]:
+    """A reference's posterior mean ``(B, C, h, w)`` (encoded now, or ``--cache_latents``' cached mean), normalised
+    per channel ``(z - latents_mean) / latents_std`` and packed 2×2 → ``((B, (h/2)(w/2), 4C), (1, h/2, w/2))``."""
+    from .flux import pack_latents
+
+    view = (1, len(vae_config.latents_mean), 1, 1)
+    lmean = torch.tensor(vae_config.latents_mean, device=mean.device, dtype=mean.dtype).view(view)
+    lstd = torch.tensor(vae_config.latents_std, device=mean.device, dtype=mean.dtype).view(view)
     latents = (mean - lmean) / lstd
     h, w = latents.shape[-2:]
     return pack_latents(latents), (1, h // 2, w // 2)
@@ -188,6 +184,9 @@ class QwenImageEditFamily(QwenImageFamily):
     supports_references = True
     #: how many reference columns the pipeline takes (None: any number)
     max_references: int | None = 1
+    #: with ``--cache_latents`` the batches still carry ``reference_pixel_values``: the text encoder's vision tower
+    #: sees the reference pixels at every step (docs/edit.md, "Cached latents")
+    reference_pixels_with_cache = True
 
     @property
     def title(self) -> str:  # type: ignore[override]
@@ -212,10 +211,6 @@ class QwenImageEditFamily(QwenImageFamily):
             raise UsageError("--cache_text_embeddings: Qwen-Image-Edit's prompt embeddings depend on the reference "
                              "image (it goes through the text encoder's vision tower), so they cannot be cached "
                              "per caption: drop the flag.")
-        if getattr(args, "cache_latents", False):
-            raise UsageError("--cache_latents: Qwen-Image-Edit's reference image goes through the text encoder's "
-                             "vision tower as pixels at every step; cached reference latents are not enough yet: "
-                             "drop the flag.")
         if getattr(args, "validation_prompt", None):
             raise UsageError("--validation_prompt: QwenImageEditPipeline needs an input image, which the validation "
                              "step does not have: drop the flag and edit with the saved LoRA (docs/edit.md).")
@@ -263,7 +258,12 @@ class QwenImageEditFamily(QwenImageFamily):
         with torch.no_grad():
             embeds, mask = encode_edit_prompts(tokenizer, image_processor, models.text_encoders[0], texts, images,
                                                noisy.device)
-        packed = [reference_latent_tokens(models.vae, pixels) for pixels in refs]
+        cached = batch.get("reference_latent_stats")  # --cache_latents: (B, 2, C, h_j, w_j) per reference
+        if cached:
+            packed = [pack_reference_mean(models.vae.config, s[:, 0].to(noisy.device, torch.float32))
+                      for s in cached]
+        else:
+            packed = [reference_latent_tokens(models.vae, pixels) for pixels in refs]
         tokens = torch.cat([t for t, _ in packed], dim=1).to(dtype)
         return self.predict(denoiser, noisy, sigmas, embeds.to(dtype), mask, models.options,
                             references=(tokens, [shape for _, shape in packed]))

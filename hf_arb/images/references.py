@@ -150,6 +150,16 @@ class BucketedReferenceDataset(BucketedImageDataset):
             out["reference_buckets"].append(ref_plan.bucket)
         return out
 
+    def reference_sample(self, key: Any) -> dict[str, Any]:
+        """The references of ``key`` alone, fitted as :meth:`__getitem__` fits them (the target is not opened):
+        ``reference_pixel_values`` (one ``(3, H_j, W_j)`` per column), ``reference_crop_top_lefts``,
+        ``reference_original_sizes``, ``reference_buckets``. For a run whose latents come from a cache while a
+        text encoder still sees the reference pixels (Qwen-Image-Edit with ``--cache_latents``); a reference that
+        cannot be opened raises :class:`ImageDecodeError` naming its column."""
+        row, key_bucket, epoch = self._parse_key(key) if self.composite is None else _split_key(key, self.epoch)
+        bucket, ref_buckets = self._buckets_of(row, key_bucket)
+        return self._references(row, self.fit_row(row, bucket, epoch), ref_buckets)
+
     def __getitem__(self, key: Any) -> dict[str, Any]:
         row, key_bucket, epoch = self._parse_key(key) if self.composite is None else _split_key(key, self.epoch)
         bucket, ref_buckets = self._buckets_of(row, key_bucket)

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from hf_arb.images.collate import choose_caption, collate_common
-from .latents import CacheIndex, LatentCache, LatentCacheError
+from .latents import CacheIndex, LatentCache, LatentCacheError, variant_for_epoch
 
 logger = logging.getLogger(__name__)
 
@@ -93,4 +93,42 @@ class CachedLatentDataset:
         if "reference_latent_stats" in items[0]:
             batch["reference_latent_stats"] = [torch.stack([it["reference_latent_stats"][j] for it in items])
                                                for j in range(len(items[0]["reference_latent_stats"]))]
+        return batch
+
+
+class CachedLatentsWithReferences:
+    """:class:`CachedLatentDataset` items plus the references' fitted pixels, for an edit family whose text encoder
+    sees the reference image (Qwen-Image-Edit: ``Family.reference_pixels_with_cache``).
+
+    ``dataset[(row, composite id, epoch)]`` adds ``reference_pixel_values`` (one ``(3, H_j, W_j)`` per column) to
+    the cached item, fitted for the cached *variant* of that epoch (``epoch % variants``), so the pixels the text
+    encoder sees and the cached latents come from the same crop and flip; :meth:`collate` stacks them into one
+    ``(B, 3, H_j, W_j)`` tensor per column. Only the references are opened; the target's latents are read.
+
+    Args:
+        cached: the dataset over the cache.
+        images: a :class:`~hf_arb.images.references.BucketedReferenceDataset` over the same rows and keys.
+    """
+
+    def __init__(self, cached: CachedLatentDataset, images: Any) -> None:
+        self.cached, self.images = cached, images
+
+    def __len__(self) -> int:
+        return len(self.cached)
+
+    def __getitem__(self, key: tuple[int, int, int]) -> dict[str, Any]:
+        item = self.cached[key]
+        row, bucket, epoch = (int(x) for x in key)
+        variant = variant_for_epoch(epoch, self.cached.index.variants)
+        item["reference_pixel_values"] = self.images.reference_sample((row, bucket, variant))["reference_pixel_values"]
+        return item
+
+    @staticmethod
+    def collate(items: list[dict[str, Any]]) -> dict[str, Any]:
+        """:meth:`CachedLatentDataset.collate` plus ``reference_pixel_values``: one ``(B, 3, H_j, W_j)`` per column."""
+        import torch
+
+        batch = CachedLatentDataset.collate(items)
+        batch["reference_pixel_values"] = [torch.stack([it["reference_pixel_values"][j] for it in items])
+                                           for j in range(len(items[0]["reference_pixel_values"]))]
         return batch

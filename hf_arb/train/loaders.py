@@ -135,9 +135,14 @@ def build_dataloader(args: argparse.Namespace, accelerator: Any, ds: Any, bucket
             targets = read_composite(ds, args.reference_image_column)[1][:, 0]
         dataset: Any = CachedLatentDataset(cache, index, captions, seed=args.seed, repair=repair if in_process else None,
                                            target_buckets=targets)
+        collate = CachedLatentDataset.collate
         if isinstance(buckets, TierTable):  # the sampler's (row, tier, bucket, epoch) keys
             dataset = TieredImages(dataset, buckets)
-        collate = CachedLatentDataset.collate
+        elif targets is not None and getattr(models.family, "reference_pixels_with_cache", False):
+            from hf_arb.train.latent_dataset import CachedLatentsWithReferences
+
+            dataset = CachedLatentsWithReferences(dataset, image_dataset(args, ds, buckets))  # its encoder sees them
+            collate = dataset.collate
     else:
         index = None
         if args.packing:
