@@ -400,3 +400,44 @@ def test_edit_docs_numbers_are_real() -> None:
         ann = add_bucket_columns(pairs(broken=None), big, reference_columns=["before"], show_summary=False, **kw)
         text = composite_summary(ann)
         assert text in doc, text
+
+
+def test_cached_latents_see_the_replacement_rows_references(tmp_path) -> None:
+    """--cache_latents with an encoder that sees the reference pixels (Qwen-Image-Edit): a row whose reference
+    failed to decode when the cache was built holds its replacement's latents, and the pixels handed to the encoder
+    are that replacement's references too (not the broken file, not another row's)."""
+    import torch
+
+    from hf_arb.images.references import BucketedReferenceDataset
+    from hf_arb.train.latent_dataset import CachedLatentDataset, CachedLatentsWithReferences
+    from hf_arb.train.latents import LatentCache, build_index, fill_cache
+
+    good = pairs(broken=None).cast_column("before", datasets.Image(decode=False))
+    rows = good.to_dict()
+    cell = rows["before"][0]
+    rows["before"][0] = {"bytes": cell["bytes"][: len(cell["bytes"]) // 3], "path": None}  # header reads, body cut
+    ann = add_bucket_columns(datasets.Dataset.from_dict(rows, features=good.features), TARGET,
+                             reference_columns=["before"], show_summary=False)
+    ids, table = read_composite(ann)
+    images = BucketedReferenceDataset(ann, composite=table, caption_column="text")
+    keep = np.flatnonzero(ids >= 0)
+    index = build_index([(int(r), int(ids[r])) for r in keep], [f"h{r}" for r in range(len(ann))],
+                        lambda row, b, v: images.fit_row(row, int(table[b, 0]), v).key(), variants=1, vae_id="t")
+
+    def encode(pixels: torch.Tensor) -> torch.Tensor:  # a stand-in VAE: 8x subsampling, std 1
+        mean = pixels[:, :, ::8, ::8]
+        return torch.stack([mean, torch.ones_like(mean)], dim=1)  # (B, 2, 3, H/8, W/8)
+
+    cache = LatentCache(tmp_path / "cache")
+    fill_cache(cache, index, rank=0, world=1, load_batch=lambda keys: images.collate([images[k] for k in keys]),
+               encode=encode, batch_size=2)
+    cached = CachedLatentDataset(cache, index, ann["text"], target_buckets=table[:, 0])
+    data = CachedLatentsWithReferences(cached, BucketedReferenceDataset(ann, composite=table, caption_column="text"))
+    item = data[(0, int(ids[0]), 0)]  # would raise on the broken reference before
+    source = item["source_row"]
+    assert source != 0 and ids[source] == ids[0]
+    want = images[(source, int(ids[source]), 0)]
+    assert torch.equal(item["reference_pixel_values"][0], want["reference_pixel_values"][0])
+    assert torch.allclose(item["latent_stats"][0], want["pixel_values"][:, ::8, ::8], atol=2e-3)  # float16 cache
+    other = next(int(r) for r in keep if r != 0)
+    assert data[(other, int(ids[other]), 0)]["source_row"] == other  # a sound row reads its own references

@@ -19,8 +19,9 @@ class CachedLatentDataset:
     """Map-style dataset over a built cache; items are keyed like ``BucketedImageDataset``'s.
 
     ``dataset[(row, bucket, epoch)]`` → ``{"latent_stats": (2, C, h, w) float32 tensor, "original_size",
-    "crop_top_left", "target_size", "caption", "row", "bucket"}``; :meth:`collate` stacks a batch into
-    ``latent_stats`` ``(B, 2, C, h, w)``, ``original_sizes`` / ``crop_top_lefts`` / ``target_sizes`` ``(B, 2)``,
+    "crop_top_left", "target_size", "caption", "row", "source_row", "bucket"}`` (``source_row``: the row whose
+    pixels the entry was encoded from, another row of the same bucket where this one failed to decode);
+    :meth:`collate` stacks a batch into ``latent_stats`` ``(B, 2, C, h, w)``, ``original_sizes`` / ``crop_top_lefts`` / ``target_sizes`` ``(B, 2)``,
     ``captions`` (list of str), ``rows`` and ``buckets`` (``(B,)``). With reference indexes
     (``index.references``, an edit model) items add ``reference_latent_stats``: one ``(2, C, h_j, w_j)`` per column
     (a damaged reference entry raises :class:`LatentCacheError`: rebuild the cache).
@@ -75,6 +76,7 @@ class CachedLatentDataset:
             "target_size": meta["target_size"],
             "caption": self._caption(row, epoch),
             "row": row,
+            "source_row": int(meta.get("replaced_by", row)),  # the row whose pixels the entry holds
             "bucket": bucket if self.target_buckets is None else int(self.target_buckets[bucket]),
         }
         if self.index.references:  # an edit model: each reference's cached posterior (bucket = composite id)
@@ -102,7 +104,8 @@ class CachedLatentsWithReferences:
 
     ``dataset[(row, composite id, epoch)]`` adds ``reference_pixel_values`` (one ``(3, H_j, W_j)`` per column) to
     the cached item, fitted for the cached *variant* of that epoch (``epoch % variants``), so the pixels the text
-    encoder sees and the cached latents come from the same crop and flip; :meth:`collate` stacks them into one
+    encoder sees and the cached latents come from the same crop and flip (and from the same replacement row where
+    the row's target or reference failed to decode when the cache was built); :meth:`collate` stacks them into one
     ``(B, 3, H_j, W_j)`` tensor per column. Only the references are opened; the target's latents are read.
 
     Args:
@@ -118,9 +121,13 @@ class CachedLatentsWithReferences:
 
     def __getitem__(self, key: tuple[int, int, int]) -> dict[str, Any]:
         item = self.cached[key]
-        row, bucket, epoch = (int(x) for x in key)
+        _, bucket, epoch = (int(x) for x in key)
         variant = variant_for_epoch(epoch, self.cached.index.variants)
-        item["reference_pixel_values"] = self.images.reference_sample((row, bucket, variant))["reference_pixel_values"]
+        # A row whose image failed to decode when the cache was built holds its replacement's latents (target and
+        # references): the encoder sees that replacement's references too, never the broken file.
+        source = item["source_row"]
+        item["reference_pixel_values"] = self.images.reference_sample((source, bucket, variant))[
+            "reference_pixel_values"]
         return item
 
     @staticmethod

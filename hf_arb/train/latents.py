@@ -339,6 +339,9 @@ def fill_cache(
                     "crop_top_left": [int(x) for x in _to_numpy(batch["crop_top_lefts"][j])],
                     "target_size": [int(x) for x in _to_numpy(batch["target_sizes"][j])],
                 }
+                used = int(_to_numpy(batch["rows"][j])) if "rows" in batch else chunk[j][1]
+                if used != chunk[j][1]:  # an image that failed to decode: the entry holds its replacement's pixels
+                    meta["replaced_by"] = used
                 cache.write(key, stats[j], meta)
             index.encoded += len(chunk)
             bar.update(len(chunk))
