@@ -125,6 +125,10 @@ def test_edit_flags_are_checked(edit_assets, tmp_path) -> None:
     with pytest.raises(script.UsageError, match="--cache_text_embeddings: Qwen-Image-Edit's prompt embeddings"):
         script.parse_args([*base, "--reference_image_column", "before", "--cache_text_embeddings"])
     script.parse_args([*base, "--reference_image_column", "before", "--cache_latents"])  # accepted
+    with pytest.raises(script.UsageError) as err:  # composite ids are per bucket set, not per (tier, bucket) yet
+        script.parse_args([*base, "--reference_image_column", "before", "--resolution", "32,64"])
+    assert "--reference_image_column is not supported with several tiers (--resolution 32,64)" in str(err.value)
+    assert "\n" not in str(err.value)
 
 
 EDIT_ARGS = [*FLOW, "--rank", "4", "--learning_rate", "2e-2", "--max_train_steps", "4", "--checkpointing_steps", "2",

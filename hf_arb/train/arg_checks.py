@@ -221,6 +221,10 @@ def check_reference_flags(args: argparse.Namespace) -> None:
     for flag in ("packing", "streaming"):
         if getattr(args, flag, False):
             raise UsageError(f"--{flag} is not supported with --reference_image_column yet: drop one of them.")
+    tiers = getattr(args, "resolutions", None) or [args.resolution]
+    if len(tiers) > 1:  # the composite (target, references) ids are per bucket set, not yet per (tier, bucket)
+        raise UsageError(f"--reference_image_column is not supported with several tiers (--resolution "
+                         f"{','.join(map(str, tiers))}) yet: train an edit model at one --resolution.")
 
 
 def check_packing_flags(args: argparse.Namespace) -> None:
