@@ -78,16 +78,15 @@ def test_unsupported_combinations_are_refused_in_one_line(extra, message):
     assert message in str(err.value) and "\n" not in str(err.value)
 
 
-def test_packing_with_tiers_takes_every_schedule_and_streaming_takes_the_step_schedules():
+def test_packing_and_streaming_with_tiers_take_every_schedule():
     flux = ["--pretrained_model_name_or_path", "black-forest-labs/FLUX.1-dev", "--train_data_dir", "unused",
             "--full_finetune", *TIERS]
     args = train_args.parse_args([*flux, "--packing"])
     assert (args.resolution_schedule, args.max_tokens) == ("random", 16)  # one image of the largest tier (64/16)²
     args = train_args.parse_args([*flux, "--packing", *CURRICULUM])  # one pack stream per tier (test_pack_tiers.py)
     assert args.resolution_schedule == CURRICULUM[-1]
-    with pytest.raises(UsageError) as err:  # random: its per-(tier, bucket) counts are unknown before reading
-        parse(*TIERS, "--streaming", "--stream_key_column", "id")
-    assert "takes a step schedule" in str(err.value) and "\n" not in str(err.value)
+    args = parse(*TIERS, "--streaming", "--stream_key_column", "id")  # random: one RandomTierStream
+    assert args.streaming and args.resolution_schedule == "random"
     args = parse(*TIERS, "--streaming", "--stream_key_column", "id", *CURRICULUM)  # one stream per tier
     assert args.streaming and args.resolution_schedule == CURRICULUM[-1]
 

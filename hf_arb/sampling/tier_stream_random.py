@@ -170,6 +170,7 @@ class RandomTierStream(BucketedStream):
                  size_columns: tuple[str, str] = SIZE_COLUMNS, **stream_kwargs: Any) -> None:
         self.tiers, self.groups, self.size_columns = tiers, groups, size_columns
         self.plans: dict[int, RandomEpochIndex] = {}
+        self.epoch_steps: dict[int, int] = {}  # steps_in's answers (a few ints per epoch)
         seed = int(stream_kwargs.get("seed", 0))
         super().__init__(dataset, batch_size, counts=self.epoch_plan(0, seed).count, **stream_kwargs)
 
@@ -183,7 +184,9 @@ class RandomTierStream(BucketedStream):
 
     def steps_in(self, epoch: int) -> int:
         """Global steps of ``epoch``: ``Σ count // global_batch`` over its (tier, bucket) counts."""
-        return int((self.epoch_plan(int(epoch)).count // self.global_batch_size).sum())
+        if epoch not in self.epoch_steps:
+            self.epoch_steps[int(epoch)] = int((self.epoch_plan(int(epoch)).count // self.global_batch_size).sum())
+        return self.epoch_steps[int(epoch)]
 
     def step_tiers(self, epoch: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """``(tier, bucket)`` of every step of ``epoch`` (default: current), int64 ``(steps_in(epoch),)`` each: a
