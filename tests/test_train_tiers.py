@@ -444,3 +444,21 @@ def test_streamed_tiers_on_two_processes_switch_together_and_resume_exactly(ddp_
     for r in (0, 1):
         assert [t["rows"] for t in read_trace(resumed, r)] == [t["rows"] for t in traces[r][2:]]
     assert max_weight_diff(full, resumed) < 1e-6
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group(GROUP)
+def test_streamed_random_tiers_on_two_processes_agree_and_resume_exactly(ddp_batch):
+    """``--streaming`` with the ``random`` schedule on 2 tiers (2 processes, from the shared batch): both ranks train
+    the same (tier, bucket) at every step with disjoint rows, no row twice in the epoch, and the run resumed from
+    checkpoint-2 (each rank's stream state with its arrival counters) replays the same rows to the same weights."""
+    full = batch_result(ddp_batch, "tiers-stream-random-full")["out"]
+    resumed = batch_result(ddp_batch, "tiers-stream-random-resumed")["out"]
+    traces = [read_trace(full, r) for r in (0, 1)]
+    for a, b in zip(*traces):
+        assert (a["step"], a["label"], a["shape"]) == (b["step"], b["label"], b["shape"])
+    rows = [row for t in traces for s in t for row in s["rows"]]
+    assert len(rows) == len(set(rows))
+    for r in (0, 1):
+        assert [t["rows"] for t in read_trace(resumed, r)] == [t["rows"] for t in traces[r][2:]]
+    assert max_weight_diff(full, resumed) < 1e-6
