@@ -42,7 +42,8 @@ def _source() -> datasets.IterableDataset:
 
 def _stream(world: int, seed: int = 3) -> RandomTierStream:
     return RandomTierStream(_source(), TIERS, 2, groups=stream_groups(*_sizes(), TIERS), num_replicas=world,
-                            seed=seed, buffer_size=256, on_overflow="evict")
+                            seed=seed, buffer_size=256, on_overflow="evict", snapshot_every=8,
+                            shuffle_rows=16)
 
 
 def _steps(stream: RandomTierStream, epochs: int, state=None, stop=None, ahead=1):
@@ -150,3 +151,36 @@ def test_tiered_stream_names_the_random_stream_and_a_foreign_state_is_refused() 
     _, state = _steps(_stream(1), 1, stop=3)
     with pytest.raises(ValueError, match="seed"):
         _stream(1, seed=4).load_state_dict(state)
+
+
+@pytest.mark.parametrize("world, stop", [(1, 58), (2, 22), (2, 58)])
+def test_resume_from_a_snapshot_with_counted_arrivals_equals_the_uninterrupted_run(world, stop) -> None:
+    """Points where the replay starts at a source snapshot after rows of several groups have arrived (the earliest
+    snapshot the state keeps has non-zero per-group counters): the resumed stream re-assigns the re-read rows and
+    the later ones from those counters, and equals the uninterrupted run."""
+    full = _full(world)[0]
+    head, state = _steps(_stream(world), EPOCHS, stop=stop)
+    first = [r["snapshots"][min(r["snapshots"], key=int)]["arrived"] for r in state["ranks"].values()]
+    assert any(any(a) for a in first), first  # the counters are what the replay starts from
+    rest, _ = _steps(_stream(world), EPOCHS, state=state)
+    assert head == full[: stop + 1] and rest == full[stop:]
+
+
+def test_each_arrival_draws_each_eligible_tier_equally_often_over_epochs() -> None:
+    """OneTrainer's law: whatever its place in the arrival order (and its rank), a row of a group eligible at both
+    tiers trains at each with probability 1/2 per epoch (300 epochs: each arrival's frequency within 5 standard
+    deviations, the overall one within 5 of its own)."""
+    groups = stream_groups(*_sizes(), TIERS)
+    g = int(np.flatnonzero((groups.buckets >= 0).sum(axis=1) == 2)[0])
+    n, epochs = int(groups.index.count[g]), 300
+    for world in (1, 2):
+        hits = np.zeros(n)
+        for e in range(epochs):
+            plan = RandomEpochIndex(groups, 7, e)
+            for r in range(world):
+                share = len(range(r, n, world))
+                a = TierAssigner(TIERS, groups, plan, rank=r, world=world, seed=7, epoch=e)
+                hits[r::world] += a.tiers_of(np.full(share, g)) == 0
+        freq = hits / epochs
+        assert np.all(np.abs(freq - 0.5) < 5 * np.sqrt(0.25 / epochs)), freq
+        assert abs(freq.mean() - 0.5) < 5 * np.sqrt(0.25 / (epochs * n))
