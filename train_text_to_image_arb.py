@@ -106,7 +106,8 @@ from hf_arb.train.outputs import (
 )
 from hf_arb.train.schedule import Schedule, compute_schedule, image_loss_weights, micro_step_generator, pack_schedule
 from hf_arb.train.progress import Progress, check_resumed_step, restore, save_checkpoint
-from hf_arb.train.streaming import build_stream_dataloader, restore_stream, stream_print, stream_startup_report, streaming_dataset
+from hf_arb.train.streaming import (build_stream_dataloader, epoch_start, restore_stream, stream_print,
+                                     stream_startup_report, streaming_dataset)
 
 torch: Any = LazyModule("torch")  # --help and argument errors answer before torch is loaded
 logger = logging.getLogger("train_text_to_image_arb")
@@ -347,7 +348,7 @@ def train_loop(args: argparse.Namespace, accelerator: Any, models: Models, unet:
             bar.set_postfix(loss=f"{train_loss:.4f}", bucket=labels[bucket])
             train_loss, bucket_losses = 0.0, {}
             if progress.global_step % args.checkpointing_steps == 0:
-                in_epoch = progress.micro_step - epoch * schedule.batches_per_epoch  # micro-batches trained this epoch
+                in_epoch = progress.micro_step - epoch_start(sampler, epoch)  # micro-batches trained this epoch
                 save_checkpoint(args, accelerator, progress,
                                 None if stream is None else stream.state_dict(step=in_epoch))
             if progress.global_step >= schedule.max_train_steps:

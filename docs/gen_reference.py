@@ -88,6 +88,7 @@ MODULES: dict[str, str] = {
     "hf_arb.sampling.tier_report": "tiers.md",
     "hf_arb.sampling.tiers": "tiers.md",
     "hf_arb.sampling.tier_stream": "tiers.md#with-streaming",
+    "hf_arb.sampling.tier_stream_random": "tiers.md#with-streaming",
     "hf_arb.images.fitting": "imaging.md",
     "hf_arb.images.dataset": "imaging.md",
     "hf_arb.train.latents": "training.md",

@@ -206,6 +206,8 @@ def batch_runs(root: Path, train: dict[str, str], flow: dict[str, str], stream: 
     runs += _pair(root, "tiers-stream", stream_argv(stream, "--resolution", "32,64", "--resolution_schedule",
                                                     "curriculum:0-3:32,3-:64", "--max_train_steps", "6",
                                                     "--checkpointing_steps", "2"), "checkpoint-2")  # and streamed
+    runs += _pair(root, "tiers-stream-random", stream_argv(stream, "--resolution", "32,64", "--max_train_steps", "3",
+                                                           "--checkpointing_steps", "2"), "checkpoint-2")  # random
     # test_train.py: SDXL on a dataset annotated beforehand (save_to_disk) with its own buckets; cached latents.
     # No bucket-table flag (--resolution 64 --bucket_step 16 would re-assign the rows to that table: issue 24, 3)
     import datasets

@@ -78,16 +78,15 @@ def test_unsupported_combinations_are_refused_in_one_line(extra, message):
     assert message in str(err.value) and "\n" not in str(err.value)
 
 
-def test_packing_with_tiers_takes_every_schedule_and_streaming_takes_the_step_schedules():
+def test_packing_and_streaming_with_tiers_take_every_schedule():
     flux = ["--pretrained_model_name_or_path", "black-forest-labs/FLUX.1-dev", "--train_data_dir", "unused",
             "--full_finetune", *TIERS]
     args = train_args.parse_args([*flux, "--packing"])
     assert (args.resolution_schedule, args.max_tokens) == ("random", 16)  # one image of the largest tier (64/16)²
     args = train_args.parse_args([*flux, "--packing", *CURRICULUM])  # one pack stream per tier (test_pack_tiers.py)
     assert args.resolution_schedule == CURRICULUM[-1]
-    with pytest.raises(UsageError) as err:  # random: its per-(tier, bucket) counts are unknown before reading
-        parse(*TIERS, "--streaming", "--stream_key_column", "id")
-    assert "takes a step schedule" in str(err.value) and "\n" not in str(err.value)
+    args = parse(*TIERS, "--streaming", "--stream_key_column", "id")  # random: one RandomTierStream
+    assert args.streaming and args.resolution_schedule == "random"
     args = parse(*TIERS, "--streaming", "--stream_key_column", "id", *CURRICULUM)  # one stream per tier
     assert args.streaming and args.resolution_schedule == CURRICULUM[-1]
 
@@ -442,6 +441,24 @@ def test_streamed_tiers_on_two_processes_switch_together_and_resume_exactly(ddp_
         assert (a["step"], a["label"], a["shape"]) == (b["step"], b["label"], b["shape"])
         assert not set(a["rows"]) & set(b["rows"])
     assert [t["label"].split("@")[1] for t in traces[0]] == ["32"] * 3 + ["64"] * 3
+    for r in (0, 1):
+        assert [t["rows"] for t in read_trace(resumed, r)] == [t["rows"] for t in traces[r][2:]]
+    assert max_weight_diff(full, resumed) < 1e-6
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group(GROUP)
+def test_streamed_random_tiers_on_two_processes_agree_and_resume_exactly(ddp_batch):
+    """``--streaming`` with the ``random`` schedule on 2 tiers (2 processes, from the shared batch): both ranks train
+    the same (tier, bucket) at every step with disjoint rows, no row twice in the epoch, and the run resumed from
+    checkpoint-2 (each rank's stream state with its arrival counters) replays the same rows to the same weights."""
+    full = batch_result(ddp_batch, "tiers-stream-random-full")["out"]
+    resumed = batch_result(ddp_batch, "tiers-stream-random-resumed")["out"]
+    traces = [read_trace(full, r) for r in (0, 1)]
+    for a, b in zip(*traces):
+        assert (a["step"], a["label"], a["shape"]) == (b["step"], b["label"], b["shape"])
+    rows = [row for t in traces for s in t for row in s["rows"]]
+    assert len(rows) == len(set(rows))
     for r in (0, 1):
         assert [t["rows"] for t in read_trace(resumed, r)] == [t["rows"] for t in traces[r][2:]]
     assert max_weight_diff(full, resumed) < 1e-6

@@ -18,8 +18,9 @@ next step comes from. A stream does the same with one :class:`~hf_arb.sampling.s
 Resume: the state holds the global position and, per tier, its stream's state at the loop's step (the loader
 reads ahead; each tier's stream keeps the history to describe an earlier step, its previous pass included).
 
-``random`` (a tier per row and epoch) is not a step schedule: with a stream it would need each epoch's per-(tier,
-bucket) counts before reading, which a stream cannot know exactly; it is refused, naming the step schedules.
+``random`` (a tier per row and epoch) is not a step schedule: it streams with
+:class:`~hf_arb.sampling.tier_stream_random.RandomTierStream` (one stream over every (tier, bucket), the epoch's
+counts from the ``O(groups)`` random plan); :class:`TieredStream` refuses it, naming that class.
 """
 
 from __future__ import annotations
@@ -123,9 +124,9 @@ class TieredStream(torch.utils.data.IterableDataset):
             schedule = parse_resolution_schedule(schedule, tiers.resolutions)
         self.tiers, self.schedule = tiers, schedule.validate(tiers.num_tiers)
         if self.schedule.per_row:
-            raise ValueError("A streamed multi-resolution run takes a step schedule (mix, curriculum, progressive): "
-                             "`random` draws a tier per row and epoch, whose per-(tier, bucket) counts a stream cannot "
-                             "know before reading. Use e.g. 'mix:512:1,1024:1', or a map-style dataset.")
+            raise ValueError("TieredStream takes a step schedule (mix, curriculum, progressive): `random` draws a "
+                             "tier per row and epoch; stream it with hf_arb.sampling.tier_stream_random."
+                             "RandomTierStream (groups=stream_groups(widths, heights, tiers)).")
         flat = not len(counts) or np.isscalar(counts[0]) or np.ndim(counts[0]) == 0
         if flat and len(counts) == int(tiers.offsets[-1]):  # one array over the combined ids
             counts = [np.asarray(counts)[int(a) : int(b)] for a, b in zip(tiers.offsets[:-1], tiers.offsets[1:])]
@@ -317,17 +318,27 @@ def build_tiered_stream_loader(dataset: Any, tiers: Tiers, schedule: TierSchedul
     Raises:
         ValueError: the accelerator uses ``split_batches=True``.
     """
-    world, rank = 1, None
-    if accelerator is not None:
-        world = int(accelerator.num_processes)
-        if accelerator.split_batches:
-            raise ValueError("build_tiered_stream_loader does not support split_batches=True: give each rank its own "
-                             "batch (DataLoaderConfiguration(split_batches=False)) with the per-rank `batch_size`.")
-        dispatch = accelerator.dataloader_config.dispatch_batches
-        rank = accelerator.process_index if (world > 1 and dispatch is False) else None
+    world, rank = stream_ranks(accelerator)
     stream = TieredStream(dataset, tiers, schedule, batch_size, counts=counts, num_replicas=world, rank=rank,
                           **stream_kwargs)
     return torch.utils.data.DataLoader(stream, batch_size=1, collate_fn=first_item, num_workers=0), stream
+
+
+def stream_ranks(accelerator: Any) -> tuple[int, int | None]:
+    """``(world size, rank this process reads or None for every rank)`` of a tiered stream under ``accelerator``
+    (each process reads its own split with ``dispatch_batches=False``, else the main process reads every split).
+
+    Raises:
+        ValueError: the accelerator uses ``split_batches=True``.
+    """
+    if accelerator is None:
+        return 1, None
+    world = int(accelerator.num_processes)
+    if accelerator.split_batches:
+        raise ValueError("A tiered stream does not support split_batches=True: give each rank its own batch "
+                         "(DataLoaderConfiguration(split_batches=False)) with the per-rank `batch_size`.")
+    dispatch = accelerator.dataloader_config.dispatch_batches
+    return world, accelerator.process_index if (world > 1 and dispatch is False) else None
 
 
 def first_item(items: list[Any]) -> Any:
@@ -336,4 +347,4 @@ def first_item(items: list[Any]) -> Any:
 
 
 __all__ = ["TierColumns", "TieredStream", "TieredStreamReport", "build_tiered_stream_loader", "combined_counts",
-           "tier_stream_counts"]
+           "stream_ranks", "tier_stream_counts"]

@@ -19,7 +19,7 @@ from hf_arb.lazy import LazyModule
 
 from .environment import RESUME_FLAGS
 from .files import STATE_FILE
-from .streaming import stream_state_path
+from .streaming import locate_micro, stream_state_path
 
 torch: Any = LazyModule("torch")  # loaded when a function needs it: --help and flag errors answer before torch
 logger = logging.getLogger("train_text_to_image_arb")
@@ -52,8 +52,7 @@ def check_resumed_step(args: argparse.Namespace, accelerator: Any, progress: Pro
 
     if resume_dir is None:
         return
-    locate = getattr(sampler, "locate", None)  # a BucketedStream (--streaming): every epoch is steps_per_epoch long
-    epoch, position = locate(progress.micro_step) if locate else divmod(progress.micro_step, sampler.steps_per_epoch)
+    epoch, position = locate_micro(sampler, progress.micro_step)  # a stream: by steps_per_epoch or steps_in
     expected = expected_global_step({"steps_per_epoch": sampler.steps_per_epoch, "epoch": epoch,
                                      "batches_consumed": position}, args.gradient_accumulation_steps)
     steps_in = getattr(sampler, "steps_in", None)  # epochs of their own length (tiers' random draw, packs)

@@ -79,24 +79,31 @@ def tiered_counts(args: argparse.Namespace, ds: Any, files: list[str] | None) ->
 
     from .tiers import tier_table
 
-    table, cols = tier_table(args), ["original_width", "original_height"]
-    if files is not None:
-        import pyarrow.parquet as pq
-
-        parts = [pq.read_table(f, columns=cols) for f in files]
-        w, h = (np.concatenate([p.column(c).to_numpy(zero_copy_only=False) for p in parts]).astype(np.float64)
-                for c in cols)
-    else:
-        w, h = [], []
-        for batch in ds.select_columns(cols).iter(batch_size=65536):
-            w += batch[cols[0]]
-            h += batch[cols[1]]
-        w, h = (np.array([np.nan if v is None else v for v in a], np.float64) for a in (w, h))
+    table = tier_table(args)
+    w, h = stored_sizes(ds, files)
     counts = combined_counts(tier_stream_counts(w, h, table.tiers), table.tiers)
     if counts.sum() == 0:
         raise UsageError(f"No image is eligible in any tier of --resolution {','.join(map(str, args.resolutions))} "
                          "(too small under --max_upscale): lower the resolutions or raise --max_upscale.")
     return table, counts
+
+
+def stored_sizes(ds: Any, files: list[str] | None) -> tuple[np.ndarray, np.ndarray]:
+    """Every row's stored ``(original_width, original_height)``, float64 ``(n,)`` each (NaN: missing): local shards
+    read the two columns vectorised, a hub dataset streams them once."""
+    cols = ["original_width", "original_height"]
+    if files is not None:
+        import pyarrow.parquet as pq
+
+        parts = [pq.read_table(f, columns=cols) for f in files]
+        return tuple(np.concatenate([p.column(c).to_numpy(zero_copy_only=False) for p in parts]).astype(np.float64)
+                     for c in cols)  # type: ignore[return-value]
+    w: list[Any] = []
+    h: list[Any] = []
+    for batch in ds.select_columns(cols).iter(batch_size=65536):
+        w += batch[cols[0]]
+        h += batch[cols[1]]
+    return tuple(np.array([np.nan if v is None else v for v in a], np.float64) for a in (w, h))  # type: ignore[return-value]
 
 
 def hub_counts(args: argparse.Namespace, ds: Any, buckets: Any) -> np.ndarray:
@@ -130,8 +137,18 @@ def build_stream_dataloader(args: argparse.Namespace, accelerator: Any, ds: Any,
 
         from .tiers import tier_table
 
+        tiers = tier_table(args).tiers
         try:
-            return build_tiered_stream_loader(ds, tier_table(args).tiers, args.resolution_schedule,
+            if args.resolution_schedule == "random":  # a tier per image and epoch: one stream over every (tier, bucket)
+                from hf_arb.sampling.tier_stream_random import build_random_stream_loader, stream_groups
+
+                groups = stream_groups(*stored_sizes(ds, stream_files(args) if args.dataset_name is None else None),
+                                       tiers)
+                return build_random_stream_loader(ds, tiers, args.train_batch_size, groups=groups,
+                                                  accelerator=accelerator, seed=args.seed,
+                                                  buffer_size=args.stream_buffer_size,
+                                                  on_overflow=args.stream_on_overflow, collate_fn=collate)
+            return build_tiered_stream_loader(ds, tiers, args.resolution_schedule,
                                               args.train_batch_size, counts=counts, accelerator=accelerator,
                                               seed=args.seed, buffer_size=args.stream_buffer_size,
                                               on_overflow=args.stream_on_overflow, collate_fn=collate)
@@ -170,11 +187,32 @@ def restore_stream(accelerator: Any, stream: Any, resume_dir: Path, progress: An
         raise UsageError(f"Checkpoint {resume_dir} has no {path.name}: it was not saved by a --streaming run (or with "
                          "another number of processes). Resume it without --streaming, or start a new run.")
     stream.load_state_dict(json.loads(path.read_text()))
-    where = divmod(progress.micro_step, stream.steps_per_epoch)
+    where = locate_micro(stream, progress.micro_step)
     at_end = stream.step >= stream.steps_per_epoch  # saved after an epoch's last batch: the next epoch starts
     if (stream.epoch + at_end, 0 if at_end else stream.step) != where:
         raise ValueError(f"Checkpoint {resume_dir}: {path.name} is at epoch {stream.epoch} step {stream.step}, but "
                          f"{STATE_FILE}'s micro_step {progress.micro_step} is at epoch {where[0]} step {where[1]}.")
+
+
+def epoch_start(sampler: Any, epoch: int) -> int:
+    """Micro-batches of a rank before ``epoch``: the sampler's ``steps_in`` per epoch (epochs of their own length),
+    else ``steps_per_epoch`` each."""
+    steps_in = getattr(sampler, "steps_in", None)
+    return sum(steps_in(e) for e in range(epoch)) if steps_in is not None else epoch * sampler.steps_per_epoch
+
+
+def locate_micro(sampler: Any, micro_step: int) -> tuple[int, int]:
+    """``(epoch, micro-batches into it)`` of a rank's ``micro_step``: the sampler's ``locate`` (map-style), its
+    ``steps_in`` per epoch (epochs of their own length: a random-tier stream), else ``steps_per_epoch`` each."""
+    if getattr(sampler, "locate", None) is not None:
+        return sampler.locate(micro_step)
+    steps_in = getattr(sampler, "steps_in", None)
+    if steps_in is None:
+        return divmod(int(micro_step), sampler.steps_per_epoch)
+    epoch, left = 0, int(micro_step)
+    while left >= steps_in(epoch):
+        left, epoch = left - steps_in(epoch), epoch + 1
+    return epoch, left
 
 
 def stream_print(accelerator: Any, stream: Any, when: str) -> None:

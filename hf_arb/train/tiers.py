@@ -91,11 +91,6 @@ def check_tier_flags(args: argparse.Namespace) -> None:
         parse_resolution_schedule(args.resolution_schedule, args.resolutions)
     except ValueError as e:
         raise UsageError(str(e)) from None
-    if args.streaming and args.resolution_schedule == "random":
-        raise UsageError(f"--streaming with several tiers (--resolution {res}) takes a step schedule "
-                         "(--resolution_schedule mix:..., curriculum:... or progressive:...): `random` draws a tier per "
-                         "image and epoch, whose rows per (tier, bucket) a stream cannot know before reading. Pass "
-                         f"e.g. --resolution_schedule mix:{args.resolutions[0]}:1,{args.resolutions[1]}:1.")
     if args.packing:  # a pack holds every image at its own size: a tier is a token cap (random: drawn per row and
         # epoch, a pack mixes tiers; a step schedule: one pack stream per tier, every step of one tier)
         if args.max_tokens is None:  # one image of the largest tier, as one --resolution gives
