@@ -35,10 +35,11 @@ def _torchrun(nproc: int, out: Path, phases: str, *args: str, timeout: int = 240
             for phase in phases.split(",")}
 
 
-# The launches the tests below read, once per test run (shared_artifact), one worker (xdist_group): a launch costs
-# each process ~6 s of imports, so each runs several phases. 2 processes: plain torch.distributed, then every
-# accelerate mode (checkpoints at SAVES, the elastic sampler state), then the idiom table; a second 2-process launch
-# resumes each checkpoint (the real restart); 3 processes continue the elastic state, then run the idiom table.
+# The launches the tests below read, once per test run (shared_artifact), on one worker (xdist_group): a launch costs
+# the launcher and each process its imports and the process group's set-up, so each runs several phases.
+# 2 processes: plain torch.distributed, then every accelerate mode (checkpoints at _saves(), the elastic sampler
+# state), then the idiom table; a second 2-process launch resumes each checkpoint (the real restart); 3 processes
+# continue the elastic state, then run the idiom table.
 GROUP = pytest.mark.xdist_group("sampler-distributed")
 BATCH2, BATCH3 = 3, 2  # per-process batch of the 2- and 3-process runs (global batch 6 both)
 
@@ -73,10 +74,10 @@ def resumed2(shared_artifact, launch2) -> list[dict]:
 @pytest.fixture(scope="session")
 def launch3(shared_artifact, launch2) -> dict[str, list[dict]]:
     """``{"elastic", "idioms"}``: 3 processes continue the 2-process elastic state, then run the idiom table."""
+    elastic = Path(launch2["dir"]) / "elastic.json"
     return shared_artifact("sampler-launch-3", lambda out: _torchrun(
-        3, out, "elastic,idioms", "--batch-size", str(BATCH3), "--load-elastic", str(Path(launch2["dir"]) /
-                                                                                      "elastic.json"),
-        "--idiom-workers", "0", timeout=300))
+        3, out, "elastic,idioms", "--batch-size", str(BATCH3), "--load-elastic", str(elastic), "--idiom-workers", "0",
+        timeout=300))
 
 
 def _steps(results: list[dict], mode: str) -> tuple[np.ndarray, np.ndarray]:
