@@ -4,13 +4,11 @@ check that its outputs load and generate in stock diffusers without hf_arb."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
+from _stock import job_result
 from _train_fixtures import FLOW
 from test_train import run_script
 
@@ -68,6 +66,7 @@ for name, code in json.loads(sys.argv[1]).items():
         pipe.unload_lora_weights()
         r["lora_changes_output"] = float(np.abs(a - gen()).max())
     results[name] = r
+    del pipe, scope
 print("RESULT" + json.dumps(results))
 """
 
@@ -80,13 +79,8 @@ def card_code(folder: Path) -> str:
 
 
 def stock_generate(folders: dict[str, Path]) -> dict[str, Any]:
-    """Run each folder's model-card snippet in a fresh interpreter where ``import hf_arb`` fails, and generate an
-    80 x 48 image; returns per name ``{"cls", "shape", "finite"[, "lora_changes_output"]}``."""
+    """Run each folder's model-card snippet in the stock interpreter, where ``import hf_arb`` fails (tests/_stock.py),
+    and generate an 80 x 48 image; returns per name ``{"cls", "shape", "finite"[, "lora_changes_output"]}``."""
     codes = {name: card_code(folder) for name, folder in folders.items()}
     assert all("hf_arb" not in c for c in codes.values())
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env["HF_HUB_OFFLINE"] = "1"
-    proc = subprocess.run([sys.executable, "-c", STOCK, json.dumps(codes)], capture_output=True, text=True, env=env,
-                          timeout=300, cwd="/")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.split("RESULT", 1)[1])
+    return job_result(STOCK, [json.dumps(codes)])

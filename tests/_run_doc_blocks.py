@@ -66,7 +66,50 @@ def _run_script(argv: list[str]) -> None:
         sys.argv = saved
 
 
+def _leading_python_c(source: str) -> tuple[list[str], str]:
+    """The code of each ``python -c "..."`` command that opens ``source`` (a line of its own, no shell operators or
+    expansions) and the rest of the block: those run in this process, as their own ``__main__``, since a fresh
+    interpreter would pay the imports again."""
+    codes: list[str] = []
+    lines = source.splitlines(keepends=True)
+    while lines:
+        line = lines[0].strip()
+        if line.endswith("\\") or any(c in line for c in "$`"):
+            break
+        lexer = shlex.shlex(line, posix=True, punctuation_chars=True)  # operators become tokens of their own
+        lexer.whitespace_split = True
+        try:
+            argv = list(lexer)
+        except ValueError:
+            break
+        if not argv:
+            lines.pop(0)
+            continue
+        if argv[0] not in ("python", "python3") or len(argv) != 3 or argv[1] != "-c":
+            break
+        codes.append(argv[2])
+        lines.pop(0)
+    return codes, "".join(lines)
+
+
+def _run_python_c(code: str) -> None:
+    saved = sys.argv
+    sys.argv = ["-c"]
+    try:
+        exec(compile(code, "<string>", "exec"), {"__name__": "__main__"})  # noqa: S102 - `python -c`, as written
+    except SystemExit as e:
+        if e.code not in (0, None):
+            raise RuntimeError(f"`python -c {shlex.quote(code)}` exited with status {e.code}") from e
+    finally:
+        sys.argv = saved
+
+
 def _run_bash(source: str) -> None:
+    codes, source = _leading_python_c(source)
+    for code in codes:
+        _run_python_c(code)
+    if not source.strip():
+        return
     launch = _one_process_launch(source)
     if launch is not None:
         _run_script(launch)

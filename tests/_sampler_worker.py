@@ -5,8 +5,11 @@ dataloader and LR scheduler prepared **in one plain** ``accelerator.prepare(...)
 arithmetic, ``accelerator.register_for_checkpointing``, ``save_state`` at a step, and a resume that loads the
 state in a fresh process. One process runs every accelerate mode in turn (``--phase full`` records every batch
 and saves a checkpoint at each of the ``--save-at`` step counts per mode; ``--phase resume`` loads each checkpoint
-and records the rest; ``--phase elastic`` continues a sampler state saved on another number of processes). Each
-rank writes what it saw to ``result_{phase}_rank{r}.json``; the test asserts on those records.
+and records the rest; ``--phase elastic`` continues a sampler state saved on another number of processes; ``plain``
+uses torch.distributed without accelerate; ``idioms`` runs issue 23's table). ``--phases a,b,...`` runs several
+phases in one launch, in that order (a launch costs each process ~6 s of imports; a resume must stay a launch of
+its own, since it is the real restart). Each rank writes what it saw to ``result_{phase}_rank{r}.json``; the test
+asserts on those records.
 """
 
 from __future__ import annotations
@@ -154,7 +157,7 @@ def run_resume(mode: str, args, ids: np.ndarray) -> dict:
     out = {}
     for save_at in args.save_at:
         accelerator, model, opt, sampler, dl, _ = setup(mode, ids, args.batch_size)
-        ckpt = Path(args.out) / f"ckpt_{mode}_{save_at}"
+        ckpt = Path(args.checkpoints or args.out) / f"ckpt_{mode}_{save_at}"
         accelerator.load_state(str(ckpt))
         steps_done = json.loads((ckpt / "steps_done.json").read_text())["steps_done"]
         if mode == "stateful":  # the loader restores its own position; the loop sets the epoch
@@ -189,12 +192,13 @@ def run_plain(args, ids: np.ndarray) -> dict:
     """torch.distributed without accelerate: each rank reads its shard of the global plan."""
     import torch.distributed as dist
 
-    dist.init_process_group("gloo")
-    sampler = hf_arb.BucketBatchSampler(ids, args.batch_size, drop_last=False, seed=SEED)  # world: process group
+    if not dist.is_initialized():  # the first phase of the launch: nothing has touched the process group yet
+        dist.init_process_group("gloo")
+    sampler = hf_arb.BucketBatchSampler(ids, args.plain_batch_size, drop_last=False, seed=SEED)  # world: process group
     dl = DataLoader(RowDataset(ids), batch_sampler=sampler.shard(), num_workers=1)
     record = [{"epoch": e, "rows": b["row"].tolist()} for e in range(EPOCHS) for b in dl]
     # torch's DistributedSampler habit: num_replicas/rank given, the sampler itself as batch_sampler: refused
-    habit = hf_arb.BucketBatchSampler(ids, args.batch_size, drop_last=False, seed=SEED,
+    habit = hf_arb.BucketBatchSampler(ids, args.plain_batch_size, drop_last=False, seed=SEED,
                                       num_replicas=dist.get_world_size(), rank=dist.get_rank())
     served, habit_error = 0, ""
     try:
@@ -202,10 +206,8 @@ def run_plain(args, ids: np.ndarray) -> dict:
             served += 1
     except RuntimeError as e:
         habit_error = str(e)
-    out = {"num_replicas": sampler.num_replicas, "rank": sampler.rank, "record": record,
-           "habit_error": habit_error, "habit_served": served}
-    dist.destroy_process_group()
-    return out
+    return {"num_replicas": sampler.num_replicas, "rank": sampler.rank, "record": record,
+            "habit_error": habit_error, "habit_served": served}
 
 
 #: issue 23's table: accelerate modes (config, sampler split_batches) x DataLoader workers x resume idioms, one
@@ -288,12 +290,30 @@ def run_idioms(args, ids: np.ndarray) -> dict:
     return out
 
 
+PHASES = ("full", "resume", "elastic", "plain", "idioms")
+
+
+def run_phase(phase: str, args, ids: np.ndarray) -> dict:
+    if phase == "plain":
+        return run_plain(args, ids)
+    if phase == "elastic":
+        return {"elastic": run_elastic(args, ids)}
+    if phase == "idioms":
+        return run_idioms(args, ids)
+    run = run_full if phase == "full" else run_resume
+    return {mode: run(mode, args, ids) for mode in (*MODES, *(PIXEL_MODES if args.pixel else ()))}
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--phase", choices=["full", "resume", "elastic", "plain", "idioms"], required=True)
+    p.add_argument("--phases", required=True,
+                   help=f"comma-separated, run in this order in one launch; of {', '.join(PHASES)}. A launch that "
+                        "runs plain runs it first (torch.distributed before accelerate touches it)")
     p.add_argument("--out", required=True)
-    p.add_argument("--batch-size", type=int, default=2)
+    p.add_argument("--batch-size", type=int, default=2, help="full, resume and elastic")
+    p.add_argument("--plain-batch-size", type=int, default=4)
     p.add_argument("--save-at", type=int, nargs="+", default=[5])
+    p.add_argument("--checkpoints", default="", help="resume: the full phase's --out (default: --out)")
     p.add_argument("--save-elastic", default="")
     p.add_argument("--load-elastic", default="")
     p.add_argument("--pixel", action="store_true", help="also run the variable-batch (pixel budget) modes")
@@ -303,24 +323,20 @@ def main() -> None:
                    help="tiered: the same phases on a TieredBatchSampler (2 tiers, TIER_SCHEDULE)")
     args = p.parse_args()
     SAMPLER["kind"] = args.sampler
+    phases = args.phases.split(",")
+    if not set(phases) <= set(PHASES) or ("plain" in phases and phases[0] != "plain"):
+        p.error(f"--phases {args.phases}: each of {', '.join(PHASES)}, plain first if at all")
     ids = bucket_ids()
-    if args.phase == "plain":
-        result = run_plain(args, ids)
-    elif args.phase == "elastic":
-        result = {"elastic": run_elastic(args, ids)}
-    elif args.phase == "idioms":
-        result = run_idioms(args, ids)
-    else:
-        run = run_full if args.phase == "full" else run_resume
-        result = {mode: run(mode, args, ids) for mode in (*MODES, *(PIXEL_MODES if args.pixel else ()))}
     rank = int(os.environ.get("RANK", "0"))
     Path(args.out).mkdir(parents=True, exist_ok=True)
-    (Path(args.out) / f"result_{args.phase}_rank{rank}.json").write_text(json.dumps(result))
-    if args.phase != "plain":  # a clean gloo teardown: exiting with the group alive can abort()
-        from accelerate import PartialState
+    for phase in phases:
+        result = run_phase(phase, args, ids)
+        (Path(args.out) / f"result_{phase}_rank{rank}.json").write_text(json.dumps(result))
+    import torch.distributed as dist
 
-        PartialState().wait_for_everyone()
-        PartialState().destroy_process_group()
+    if dist.is_initialized():  # a clean gloo teardown: exiting with the group alive can abort()
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -111,6 +111,14 @@ def flux_tier_argv(flow: dict[str, str]) -> list[str]:
             "curriculum:0-3:32,3-:64", "--max_train_steps", "6", "--checkpointing_steps", "2"]
 
 
+def conditioned_argv(train: dict[str, str]) -> list[str]:
+    """test_train.py ``ddp_runs``: resolution-conditioned v-prediction SD, 4 steps, checkpoint at 2."""
+    return ["--pretrained_model_name_or_path", train["sd"], "--train_data_dir", train["images"], *SD_BASE,
+            "--full_finetune", "--random_flip", "--resolution_conditioning", "--resolution_embed_dim", "16",
+            "--prediction_type", "v_prediction", "--snr_gamma", "5", "--gradient_accumulation_steps", "2",
+            "--max_train_steps", "4", "--checkpointing_steps", "2"]
+
+
 def stream_argv(assets: dict[str, Any], *extra: str) -> list[str]:
     return ["--pretrained_model_name_or_path", assets["sd"], "--train_data_dir", assets["shards"], *SD_BASE,
             "--full_finetune", "--streaming", "--stream_key_column", "id", *extra]
@@ -221,6 +229,10 @@ def batch_runs(root: Path, train: dict[str, str], flow: dict[str, str], stream: 
         "--pretrained_model_name_or_path", train["sdxl"], "--dataset_name", str(root / "annotated"), "--output_dir",
         str(out), *SD_BASE[4:], "--full_finetune", "--max_train_steps", "3", "--checkpointing_steps", "100",
         "--cache_latents", "--random_flip", "--cache_text_embeddings"]})
+    # test_train.py ddp_runs (and test_portable_outputs.py): its full run; the resume is a launch of its own
+    out = root / "sd-conditioned"
+    runs.append({"name": "sd-conditioned", "out": str(out), "argv": [*conditioned_argv(train), "--output_dir",
+                                                                     str(out)]})
     # test_fault_train.py: broken images replaced under DDP, one epoch
     images, damaged = broken_imagefolder(root / "broken-images")
     out = root / "broken-ddp"

@@ -22,6 +22,10 @@ The 2-process runs that tests only read (SD3/Flux, packing, SDXL LoRA, streaming
 further: ``ddp_batch`` (below) runs them all in one torchrun launch, since a launch costs each process ~7 s of
 imports and a tiny run ~1 s (tests/_train_fixtures.py). Add a run there rather than launching torchrun per test.
 
+The stock-diffusers checks ("the output loads and generates without hf_arb") send their code to one persistent
+interpreter per test process where ``import hf_arb`` fails (tests/_stock.py ``run_job``; ``stock_generate`` in
+tests/_family_runs.py for model-card snippets) rather than starting a fresh interpreter (~5 s of imports) each.
+
 Scheduling (``pytest -n 2 --dist loadgroup``)
 ---------------------------------------------
 xdist hands out work units (an ``xdist_group``, or one test) in collection order. The hooks below put the
@@ -37,6 +41,7 @@ import json
 import os
 import re
 import shutil
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -203,6 +208,13 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Any:
     if waited:
         report.user_properties.append(("shared_artifact_wait_s", round(waited, 2)))
     return report
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Stop this process's stock interpreter (tests/_stock.py), if a test started one."""
+    stock = sys.modules.get("_stock")
+    if stock is not None:
+        stock.stop()
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -97,6 +97,12 @@ def test_runner_reports_every_kind_of_failure(tmp_path: Path, capsys: pytest.Cap
     launch = _run_doc_blocks._one_process_launch
     assert launch("accelerate launch t.py \\\n  --a 1  # c\n") == ["t.py", "--a", "1"]
     assert launch("accelerate launch --num_processes 2 t.py\n") is None and launch("python t.py\n") is None
+    lead = _run_doc_blocks._leading_python_c  # opening `python -c` lines run in the runner's process
+    rest = "X=1 torchrun t.py \\\n  --y 1\n"
+    assert lead('python -c "a; b"  # c\n' + rest) == (["a; b"], rest)
+    assert lead('python -c "x" > out\n')[0] == lead('python -c "$X"\n')[0] == lead("echo\npython -c x\n")[0] == []
+    with pytest.raises(RuntimeError, match="exited with status 4"):
+        _run_doc_blocks._run_bash('python -c "import sys; sys.exit(4)"\n')
     (tmp_path / "t.py").write_text("import sys\nsys.exit(0 if sys.argv[1:] == ['--ok'] else 3)\n")
     _run_doc_blocks._run_script([str(tmp_path / "t.py"), "--ok"])
     with pytest.raises(RuntimeError, match="exited with status 3"):

@@ -5,14 +5,12 @@ own pipeline file, diffusers' custom-pipeline convention)."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from _stock import run_job
 import test_fault_train
 import test_train
 import test_train_dreambooth
@@ -21,7 +19,8 @@ import test_train_lora
 from hf_arb.families.conditioning import resolution_class_labels, sdxl_time_ids
 from hf_arb.families.sd_pipeline import conditioning_dim, embed_time_ids
 
-#: Runs in a fresh interpreter: hf_arb blocked, then each card's code (minus the CUDA line), then generation.
+#: Runs in the stock interpreter (tests/_stock.py): hf_arb blocked, then each card's code (minus the CUDA line), then
+#: generation.
 BLOCKED = r"""
 import json, sys
 sys.modules["hf_arb"] = None  # any `import hf_arb` now raises ImportError
@@ -101,12 +100,8 @@ def test_every_output_loads_with_its_card_code_without_hf_arb(outputs):
     assert (outputs["conditioned"] / "pipeline.py").is_file()
     assert json.loads((outputs["conditioned"] / "model_index.json").read_text())["_class_name"] == \
         "StableDiffusionResolutionPipeline"
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env["HF_HUB_OFFLINE"] = "1"
-    proc = subprocess.run([sys.executable, "-c", BLOCKED, json.dumps(codes)], capture_output=True, text=True,
-                          env=env, timeout=300, cwd="/")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    results: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    out = run_job(BLOCKED, [json.dumps(codes)])  # the stock interpreter, hf_arb blocked (tests/_stock.py)
+    results: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
     for name, r in results.items():
         assert r["shape"] == [1, 48, 80, 3] and r["finite"], name  # non-square generation
         assert "hf_arb" not in r["module"], name

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -27,9 +28,56 @@ WORKER = Path(__file__).resolve().parent / "_sampler_worker.py"
 ROOT = WORKER.parent.parent
 
 
-def _torchrun(nproc: int, out: Path, phase: str, *args: str, timeout: int = 240) -> list[dict]:
-    torchrun(WORKER, ["--phase", phase, "--out", str(out), *args], nproc, timeout)
-    return [json.loads((out / f"result_{phase}_rank{r}.json").read_text()) for r in range(nproc)]
+def _torchrun(nproc: int, out: Path, phases: str, *args: str, timeout: int = 240) -> dict[str, list[dict]]:
+    """One launch of the worker running ``phases`` (comma-separated) in turn: ``{phase: [rank 0's record, ...]}``."""
+    torchrun(WORKER, ["--phases", phases, "--out", str(out), *args], nproc, timeout)
+    return {phase: [json.loads((out / f"result_{phase}_rank{r}.json").read_text()) for r in range(nproc)]
+            for phase in phases.split(",")}
+
+
+# The launches the tests below read, once per test run (shared_artifact), on one worker (xdist_group): a launch costs
+# the launcher and each process its imports and the process group's set-up, so each runs several phases.
+# 2 processes: plain torch.distributed, then every accelerate mode (checkpoints at _saves(), the elastic sampler
+# state), then the idiom table; a second 2-process launch resumes each checkpoint (the real restart); 3 processes
+# continue the elastic state, then run the idiom table.
+GROUP = pytest.mark.xdist_group("sampler-distributed")
+BATCH2, BATCH3 = 3, 2  # per-process batch of the 2- and 3-process runs (global batch 6 both)
+
+
+def _saves() -> tuple[int, int]:
+    """The steps the 2-process run checkpoints at: the end of epoch 0, and mid-epoch 1."""
+    steps = len(_expected(2, BATCH2)[0])
+    return steps // 2, steps // 2 + 9
+
+
+def _launch2(out: Path) -> dict[str, Any]:
+    return {"dir": str(out), **_torchrun(
+        2, out, "plain,full,idioms", "--batch-size", str(BATCH2), "--plain-batch-size", "4", "--save-at",
+        *map(str, _saves()), "--save-elastic", str(out / "elastic.json"), "--pixel", "--idiom-workers", "0", "2",
+        timeout=480)}
+
+
+@pytest.fixture(scope="session")
+def launch2(shared_artifact) -> dict[str, Any]:
+    """``{"dir", "plain", "full", "idioms"}``: each phase's per-rank records of the first 2-process launch."""
+    return shared_artifact("sampler-launch-2", _launch2)
+
+
+@pytest.fixture(scope="session")
+def resumed2(shared_artifact, launch2) -> list[dict]:
+    """Each checkpoint of the 2-process launch resumed by a new 2-process launch: per-rank records."""
+    return shared_artifact("sampler-resume-2", lambda out: _torchrun(
+        2, out, "resume", "--checkpoints", launch2["dir"], "--batch-size", str(BATCH2), "--save-at",
+        *map(str, _saves()), "--pixel")["resume"])
+
+
+@pytest.fixture(scope="session")
+def launch3(shared_artifact, launch2) -> dict[str, list[dict]]:
+    """``{"elastic", "idioms"}``: 3 processes continue the 2-process elastic state, then run the idiom table."""
+    elastic = Path(launch2["dir"]) / "elastic.json"
+    return shared_artifact("sampler-launch-3", lambda out: _torchrun(
+        3, out, "elastic,idioms", "--batch-size", str(BATCH3), "--load-elastic", str(elastic), "--idiom-workers", "0",
+        timeout=300))
 
 
 def _steps(results: list[dict], mode: str) -> tuple[np.ndarray, np.ndarray]:
@@ -53,7 +101,8 @@ def _expected(world: int, batch: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 @pytest.mark.slow
-def test_plain_accelerate_prepare_every_mode_2_and_3_processes(tmp_path: Path) -> None:
+@GROUP
+def test_plain_accelerate_prepare_every_mode_2_and_3_processes(launch2, resumed2, launch3) -> None:
     """The diffusers-style script on 2 processes, in every accelerate mode: each rank trains exactly its planned
     batches, in the same bucket as every other rank, len() is right before and after prepare, and checkpoints taken
     exactly at the end of epoch 0 and mid-epoch 1 resume in a new process with identical remaining batches. Then 3
@@ -62,15 +111,11 @@ def test_plain_accelerate_prepare_every_mode_2_and_3_processes(tmp_path: Path) -
     from _sampler_worker import MODES, bucket_ids
 
     ids = bucket_ids()
-    elastic = tmp_path / "elastic.json"
-    world, batch, out = 2, 3, tmp_path / "w2"
+    world, batch = 2, BATCH2
     exp_rows, exp_epochs = _expected(world, batch)
-    saves = (len(exp_rows) // 2, len(exp_rows) // 2 + 9)  # the end of epoch 0, and mid-epoch 1
-    assert 0 < saves[0] < saves[1] < len(exp_rows)
-    save_args = ("--save-at", *map(str, saves))
-    full = _torchrun(world, out, "full", "--batch-size", str(batch), *save_args, "--save-elastic", str(elastic),
-                     "--pixel")
-    resumed = _torchrun(world, out, "resume", "--batch-size", str(batch), *save_args, "--pixel")
+    saves = _saves()  # the end of epoch 0, and mid-epoch 1
+    assert saves[0] == len(exp_rows) // 2 and 0 < saves[0] < saves[1] < len(exp_rows)
+    full, resumed = launch2["full"], resumed2
     for mode in MODES:
         where = f"{mode}, {world} processes"
         rows, epochs = _steps(full, mode)
@@ -91,7 +136,7 @@ def test_plain_accelerate_prepare_every_mode_2_and_3_processes(tmp_path: Path) -
             np.testing.assert_array_equal(rest_epochs, exp_epochs[save_at:], err_msg=where)
     assert "num_replicas=1, but torch.distributed runs" in full[0]["default"]["wrong_world_error"]
     check_pixel_modes(full, resumed, saves)
-    three = _torchrun(3, tmp_path / "w3", "elastic", "--batch-size", "2", "--load-elastic", str(elastic))
+    three = launch3["elastic"]
     el_rows, _ = _steps(three, "elastic")  # 3 ranks x 2 continuing 2 ranks x 3
     assert three[0]["elastic"]["saved_world"] == 2 and three[0]["elastic"]["global_batch"] == 6
     steps_done = three[0]["elastic"]["steps_done"]
@@ -126,8 +171,10 @@ def check_pixel_modes(full: list[dict], resumed: list[dict], saves: tuple[int, .
 
 
 @pytest.mark.slow
-def test_plain_torchrun_without_accelerate(tmp_path: Path) -> None:
-    results = _torchrun(2, tmp_path, "plain", "--batch-size", "4")
+@GROUP
+def test_plain_torchrun_without_accelerate(launch2) -> None:
+    """The launch's first phase, before accelerate touches the process group (tests/_sampler_worker.py)."""
+    results = launch2["plain"]
     assert [(r["num_replicas"], r["rank"]) for r in results] == [(2, 0), (2, 1)]
     for r in results:  # DistributedSampler's habit (num_replicas=, rank=, iterate): refused before any batch
         assert r["habit_served"] == 0
@@ -218,17 +265,20 @@ def idiom_table(results: list[dict]) -> dict[tuple[str, str], str]:
 
 
 @pytest.mark.slow
+@GROUP
 @pytest.mark.parametrize("world,workers", [(2, (0, 2)), (3, (0,))], ids=["2-processes", "3-processes"])
-def test_resume_idioms_every_mode_with_and_without_workers(tmp_path: Path, world: int, workers: tuple) -> None:
+def test_resume_idioms_every_mode_with_and_without_workers(request, world: int, workers: tuple) -> None:
     """Issue 23's table, on real processes: accelerate modes (default, dispatch_batches, split_batches,
     even_batches=False; and the stateful loader) x DataLoader workers {0, 2} (3 processes: 0, to keep the launch
     short) x the resume idioms (accelerate's ``skip_first_batches`` after ``load_state``, ``hf_arb.resume_dataloader``,
     iterating the prepared loader again), 613 rows, batch 4, checkpoint after 25 steps, all in one launch per world
-    size. Every cell is exact (batch for batch the uninterrupted run) or refused before serving a batch."""
+    size (the 2- and 3-process launches' last phase). Every cell is exact (batch for batch the uninterrupted run) or
+    refused before serving a batch."""
     sys.path.insert(0, str(ROOT / "tests"))
     from _sampler_worker import IDIOM_MODES, IDIOMS
 
-    results = _torchrun(world, tmp_path, "idioms", "--idiom-workers", *map(str, workers), timeout=300)
+    results = request.getfixturevalue("launch2" if world == 2 else "launch3")["idioms"]
+    assert len(results) == world
     table = idiom_table(results)
     cells = {(f"{m}/w{w}", i) for m in IDIOM_MODES for w in workers for i in IDIOMS if m != "stateful"}
     cells |= {(f"stateful/w{w}", "reiterate") for w in workers}

@@ -402,23 +402,23 @@ def test_cache_latents_same_losses_and_reused(sd_run, assets, tmp_path_factory):
 
 # ------------------------------------------------------------------- slow: two processes, exact resume
 @pytest.fixture(scope="session")
-def ddp_runs(assets, shared_artifact) -> dict[str, Any]:
-    """2 processes, resolution-conditioned v-prediction SD (checkpoint at step 2), and a run resumed from it.
+def ddp_runs(assets, shared_artifact, ddp_batch) -> dict[str, Any]:
+    """2 processes, resolution-conditioned v-prediction SD (checkpoint at step 2; run in the shared 2-process batch,
+    tests/_train_fixtures.py), and a run resumed from it in a new 2-process launch (a real restart).
     Shared (tests/conftest.py): test_portable_outputs.py loads ``full`` as its resolution-conditioned output."""
-    def build(root: Path) -> dict[str, Any]:
-        full, resumed = root / "ddp_full", root / "ddp_resumed"
-        base = ["--pretrained_model_name_or_path", assets["sd"], "--train_data_dir", assets["images"], *COMMON,
-                "--random_flip", "--resolution_conditioning", "--resolution_embed_dim", "16",
-                "--prediction_type", "v_prediction", "--snr_gamma", "5", "--gradient_accumulation_steps", "2",
-                "--max_train_steps", "4", "--checkpointing_steps", "2"]
-        stats_full = run_script(base + ["--output_dir", str(full)], nproc=2)
-        shutil.copytree(full / "checkpoint-2", resumed / "checkpoint-2")
-        stats_resumed = run_script(base + ["--output_dir", str(resumed), "--resume_from_checkpoint", "latest"],
-                                   nproc=2)
-        return {"full": str(full), "resumed": str(resumed), "stats_full": stats_full, "stats_resumed": stats_resumed}
+    from _train_fixtures import batch_result, conditioned_argv
 
-    runs = shared_artifact("train-ddp-runs", build)
-    return {**runs, "full": Path(runs["full"]), "resumed": Path(runs["resumed"])}
+    full = batch_result(ddp_batch, "sd-conditioned")
+
+    def build(root: Path) -> dict[str, Any]:
+        resumed = root / "ddp_resumed"
+        shutil.copytree(full["out"] / "checkpoint-2", resumed / "checkpoint-2")
+        stats_resumed = run_script([*conditioned_argv(assets), "--output_dir", str(resumed),
+                                    "--resume_from_checkpoint", "latest"], nproc=2)
+        return {"resumed": str(resumed), "stats_resumed": stats_resumed}
+
+    runs = shared_artifact("train-ddp-resumed", build)
+    return {**runs, "full": full["out"], "stats_full": full["stats"], "resumed": Path(runs["resumed"])}
 
 
 @pytest.mark.slow

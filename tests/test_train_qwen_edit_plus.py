@@ -6,14 +6,13 @@ Plus pipeline and edits from two images, and a 2-process full fine-tune that res
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
+from _stock import job_result
 from test_train import read_trace
 from test_train_qwen_edit import STOCK
 
@@ -92,10 +91,7 @@ def test_plus_lora_trains_on_two_reference_columns_at_their_own_buckets(plus_lor
 def test_plus_lora_edits_from_two_images_in_stock_diffusers(plus_assets, plus_lora) -> None:
     script = (STOCK.replace("QwenImageEditPipeline", "QwenImageEditPlusPipeline")
               .replace("pipe(image=image,", "pipe(image=[image, image.rotate(90, expand=True)],"))
-    proc = subprocess.run([sys.executable, "-c", script, plus_assets["model"], str(plus_lora["dir"])],
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads(proc.stdout.split("RESULT", 1)[1])
+    result = job_result(script, [plus_assets["model"], str(plus_lora["dir"])])  # tests/_stock.py: hf_arb blocked
     assert result["shape"] == [1, 48, 80, 3] and result["finite"] and result["changed"] > 0
 
 
