@@ -290,7 +290,7 @@ def run_idioms(args, ids: np.ndarray) -> dict:
     return out
 
 
-PHASES = ("full", "resume", "elastic", "plain", "idioms")
+PHASES = ("full", "resume", "elastic", "plain", "idioms", "tiered_idioms")
 
 
 def run_phase(phase: str, args, ids: np.ndarray) -> dict:
@@ -300,6 +300,12 @@ def run_phase(phase: str, args, ids: np.ndarray) -> dict:
         return {"elastic": run_elastic(args, ids)}
     if phase == "idioms":
         return run_idioms(args, ids)
+    if phase == "tiered_idioms":  # the idiom table on a TieredBatchSampler (TIER_SCHEDULE), in the same launch
+        kind, SAMPLER["kind"] = SAMPLER["kind"], "tiered"
+        try:
+            return run_idioms(argparse.Namespace(**{**vars(args), "idiom_workers": args.tiered_idiom_workers}), ids)
+        finally:
+            SAMPLER["kind"] = kind
     run = run_full if phase == "full" else run_resume
     return {mode: run(mode, args, ids) for mode in (*MODES, *(PIXEL_MODES if args.pixel else ()))}
 
@@ -319,6 +325,8 @@ def main() -> None:
     p.add_argument("--pixel", action="store_true", help="also run the variable-batch (pixel budget) modes")
     p.add_argument("--idiom-workers", type=int, nargs="+", default=list(IDIOM_WORKERS),
                    help="--phase idioms: the DataLoader worker counts to run")
+    p.add_argument("--tiered-idiom-workers", type=int, nargs="+", default=[0],
+                   help="--phases tiered_idioms: the DataLoader worker counts to run")
     p.add_argument("--sampler", choices=["bucket", "tiered"], default="bucket",
                    help="tiered: the same phases on a TieredBatchSampler (2 tiers, TIER_SCHEDULE)")
     args = p.parse_args()

@@ -52,14 +52,15 @@ def _saves() -> tuple[int, int]:
 
 def _launch2(out: Path) -> dict[str, Any]:
     return {"dir": str(out), **_torchrun(
-        2, out, "plain,full,idioms", "--batch-size", str(BATCH2), "--plain-batch-size", "4", "--save-at",
+        2, out, "plain,full,idioms,tiered_idioms", "--batch-size", str(BATCH2), "--plain-batch-size", "4", "--save-at",
         *map(str, _saves()), "--save-elastic", str(out / "elastic.json"), "--pixel", "--idiom-workers", "0", "2",
         timeout=480)}
 
 
 @pytest.fixture(scope="session")
 def launch2(shared_artifact) -> dict[str, Any]:
-    """``{"dir", "plain", "full", "idioms"}``: each phase's per-rank records of the first 2-process launch."""
+    """``{"dir", "plain", "full", "idioms", "tiered_idioms"}``: each phase's per-rank records of the first 2-process
+    launch."""
     return shared_artifact("sampler-launch-2", _launch2)
 
 
@@ -206,19 +207,33 @@ def test_docs_recipe_runs_and_resumes(tmp_path: Path) -> None:
     assert (tmp_path / "checkpoints" / "last" / "custom_checkpoint_0.pkl").exists()
 
 
-def idiom_table(results: list[dict]) -> dict[tuple[str, str], str]:
-    """Check every cell of the idiom launch (tests/_sampler_worker.py ``--phase idioms``) and return its outcome:
+def idiom_table(results: list[dict], tiered: bool = False) -> dict[tuple[str, str], str]:
+    """Check every cell of the idiom launch (tests/_sampler_worker.py ``--phases idioms``) and return its outcome:
     ``{(mode/workers, idiom): "exact" | "refused"}``. A cell is exact when every rank trains the uninterrupted run's
     batches after the checkpoint (= the plan), batch for batch, in both epochs; refused when every rank raised
-    the documented error before serving a batch. Anything else fails."""
+    the documented error before serving a batch. Anything else fails.
+
+    ``tiered`` (``--phases tiered_idioms``: a TieredBatchSampler whose curriculum switches tiers after the
+    checkpoint): the plan is the default mode's uninterrupted run, which every other mode must equal, with one
+    (tier, bucket) on every rank at each step; a row may train in both tiers within an epoch, so the per-epoch
+    repeat count is not checked."""
     from _sampler_worker import EPOCHS, IDIOM_BATCH, IDIOM_SAVE, IDIOMS, SEED, idiom_ids
 
     ids, world = idiom_ids(), len(results)
-    plans = [plan_epoch(ids, IDIOM_BATCH, world, seed=SEED, epoch=e, leftover="fill") for e in range(EPOCHS)]
-    exp_rows = np.concatenate(plans)  # (steps, world, batch)
-    exp_epochs = np.concatenate([np.full(len(p), e) for e, p in enumerate(plans)])
-    steps = len(plans[0])
-    assert len(plans[1]) == steps and 0 < IDIOM_SAVE < steps
+    if tiered:
+        exp_rows, exp_epochs = _steps([{"x": r["default/w0"]["full"]} for r in results], "x")
+        buckets = [[tuple(r["default/w0"]["full"]["record"][s]["buckets"]) for r in results]
+                   for s in range(len(exp_rows))]  # (steps, world): the (tier, bucket) ids each rank trained
+        assert all(len(set(b)) == 1 and len(b[0]) == 1 for b in buckets), "ranks in different (tier, bucket)s"
+        tiers = np.array([b[0][0] // 1000 for b in buckets])  # (steps,)
+        assert (tiers[:IDIOM_SAVE] == 0).all() and (tiers[IDIOM_SAVE:] == 1).any()  # resumes cross the switch
+        steps = int(np.count_nonzero(exp_epochs == 0))
+    else:
+        plans = [plan_epoch(ids, IDIOM_BATCH, world, seed=SEED, epoch=e, leftover="fill") for e in range(EPOCHS)]
+        exp_rows = np.concatenate(plans)  # (steps, world, batch)
+        exp_epochs = np.concatenate([np.full(len(p), e) for e, p in enumerate(plans)])
+        steps = len(plans[0])
+    assert int(np.count_nonzero(exp_epochs == 1)) == steps and 0 < IDIOM_SAVE < steps
     table: dict[tuple[str, str], str] = {}
     for cell in results[0]:
         where = f"{cell}, {world} processes"
@@ -229,8 +244,8 @@ def idiom_table(results: list[dict]) -> dict[tuple[str, str], str]:
         np.testing.assert_array_equal(epochs, exp_epochs, err_msg=where)
         assert full["len_loader"] == full["len_before"] == full["steps_per_epoch"] == steps, where
         assert full["len_sampler"] == steps * (1 if split else world), where
-        for e in range(EPOCHS):  # the report counts every repeat (leftover="fill" completes the last batches)
-            flat = rows[exp_epochs == e].reshape(-1)
+        for e in range(EPOCHS if not tiered else 0):  # the report counts every repeat (leftover="fill" completes
+            flat = rows[exp_epochs == e].reshape(-1)  # the last batches)
             assert flat.size - np.unique(flat).size == full["repeated_per_epoch"], where
         for idiom in IDIOMS:
             if idiom not in results[0][cell]:
@@ -282,6 +297,26 @@ def test_resume_idioms_every_mode_with_and_without_workers(request, world: int, 
     table = idiom_table(results)
     cells = {(f"{m}/w{w}", i) for m in IDIOM_MODES for w in workers for i in IDIOMS if m != "stateful"}
     cells |= {(f"stateful/w{w}", "reiterate") for w in workers}
+    assert set(table) == cells
+    for (cell, idiom), outcome in table.items():
+        want = "refused" if idiom == "reiterate" and not cell.startswith("stateful") else "exact"
+        assert outcome == want, (cell, idiom, outcome)
+
+
+@pytest.mark.slow
+@GROUP
+def test_tiered_sampler_resume_idioms_on_two_processes(launch2) -> None:
+    """Issue 27: the same idiom table on a TieredBatchSampler (2 tiers, a curriculum switching at step 30, after the
+    checkpoint at step 25) in the first 2-process launch, DataLoader workers 0: accelerate's ``skip_first_batches``
+    after ``load_state`` and ``hf_arb.resume_dataloader`` continue exactly across the switch in every accelerate
+    mode but split_batches (batch sizes vary by tier), the stateful loader restores itself, and iterating the
+    prepared loader again after a mid-epoch restore is refused before its first batch."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from _sampler_worker import IDIOM_MODES, IDIOMS
+
+    table = idiom_table(launch2["tiered_idioms"], tiered=True)
+    modes = [m for m, (_, split) in IDIOM_MODES.items() if not split]
+    cells = {(f"{m}/w0", i) for m in modes for i in IDIOMS if m != "stateful"} | {("stateful/w0", "reiterate")}
     assert set(table) == cells
     for (cell, idiom), outcome in table.items():
         want = "refused" if idiom == "reiterate" and not cell.startswith("stateful") else "exact"
