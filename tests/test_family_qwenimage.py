@@ -221,3 +221,33 @@ def test_two_processes_train_the_same_bucket_per_step_and_resume_exactly(qwen_dd
         assert [(t["step"], t["rows"]) for t in read_trace(resumed, rank)] == tail
     a, b = transformer_weights(full), transformer_weights(resumed)
     assert a.keys() == b.keys() and max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-6
+
+
+def test_qwen_image_page_numbers_are_real(tmp_path, capsys) -> None:
+    """docs/qwen_image.md: the folder it describes (the bundled photos, captions in metadata.jsonl) annotated with its
+    command prints every line of the page's ``hf-arb stats`` output (the bucket lines with rows), and the stats it
+    quotes in prose hold."""
+    import shutil
+
+    from _photos import PHOTOS, SKIMAGE_DATA
+
+    from hf_arb.cli.app import main
+
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    with open(folder / "metadata.jsonl", "w") as f:
+        for name in PHOTOS:
+            shutil.copy(SKIMAGE_DATA / name, folder / name)
+            f.write(json.dumps({"file_name": name, "text": "a photo of " + name.split(".")[0]}) + "\n")
+    page = (Path(__file__).resolve().parents[1] / "docs" / "qwen_image.md").read_text()
+    assert "hf-arb annotate photos --output-dir photos-arb --resolution 512 --step 16" in page
+    assert main(["annotate", str(folder), "--output-dir", str(tmp_path / "photos-arb"), "--resolution", "512",
+                 "--step", "16"]) == 0
+    capsys.readouterr()
+    assert main(["stats", str(tmp_path / "photos-arb")]) == 0
+    out = capsys.readouterr().out
+    block = page.split("Its output on the eight photos", 1)[1].split("```text\n", 1)[1].split("```", 1)[0]
+    lines = [line for line in block.splitlines() if line.strip()]
+    assert len(lines) == 7 and all(line in out for line in lines), out
+    for name, (w, h) in PHOTOS.items():  # the folder listing's sizes are the files'
+        assert f"{name} " in page and f"{w} x {h}" in page
