@@ -389,6 +389,29 @@ def test_flux_packing_on_two_tiers_draws_a_tier_per_image_and_resumes(flow_asset
     assert transformer_diff(full, resumed) < 1e-6
 
 
+@pytest.mark.slow
+def test_flux_packing_on_a_curriculum_packs_one_tier_per_step_and_resumes(flow_assets, tmp_path):
+    """``--packing`` with ``--resolution_schedule curriculum:0-2:32,2-:64``: one pack stream per tier, so every
+    step's pack holds images of the schedule's tier only (each capped at (32/16)² = 4 tokens before the switch,
+    some above 4 after it), and a run resumed from the checkpoint at step 2, the switch, reaches the same weights."""
+    from _train_fixtures import FLOW
+
+    base = ["--pretrained_model_name_or_path", flow_assets["flux"], "--train_data_dir", flow_assets["images"], *FLOW,
+            "--full_finetune", "--learning_rate", "1e-3", *TIERS, "--resolution_schedule", "curriculum:0-2:32,2-:64",
+            "--packing", "--max_tokens", "40", "--max_train_steps", "4", "--checkpointing_steps", "2"]
+    full, resumed = tmp_path / "full", tmp_path / "resumed"
+    run_script([*base, "--output_dir", str(full)])
+    resumed.mkdir()
+    shutil.copytree(full / "checkpoint-2", resumed / "checkpoint-2")
+    run_script([*base, "--output_dir", str(resumed), "--resume_from_checkpoint", "latest"])
+    trace = read_trace(full, 0)
+    tokens = [[(h // 16) * (w // 16) for _, h, w in t["shape"]] for t in trace]  # (steps, images in the pack)
+    assert [t["step"] for t in trace] == [0, 1, 2, 3] and all(sum(p) <= 40 for p in tokens)
+    assert all(max(p) <= 4 for p in tokens[:2]) and any(max(p) > 4 for p in tokens[2:])
+    assert [t["rows"] for t in read_trace(resumed, 0)] == [t["rows"] for t in trace[2:]]
+    assert transformer_diff(full, resumed) < 1e-6
+
+
 # ------------------------------------------------------------------------------------ slow: 2 processes (the batch)
 def check_ddp_tier_runs(batch, name: str = "tiers-sd", diff=max_weight_diff) -> None:
     """Both ranks train the same (tier, bucket) at every step with disjoint rows; the curriculum switches at step 3
