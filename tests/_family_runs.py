@@ -42,6 +42,28 @@ def family_ddp_result(batch: dict[str, Any], name: str) -> dict[str, Any]:
                    "stats": batch_result(batch, f"{name}-{kind}")["stats"]} for kind in ("full", "resumed")}
 
 
+def check_edit_ddp_resume(batch: dict[str, Any], name: str, base_model: str) -> Path:
+    """An edit model's 2-process full fine-tune in the shared batch (4 steps, checkpoint at 2, ``--bucket_leftover
+    fill``): both ranks train one composite bucket per step, a non-square one among them; the run resumed from
+    checkpoint-2 in a new folder replays each rank's steps, rows and losses and ends on the same transformer weights
+    (max abs diff < 1e-6), which differ from the base model's. Returns the full run's folder."""
+    from test_train import read_trace
+
+    run = family_ddp_result(batch, name)
+    full, resumed = Path(run["full"]["dir"]), Path(run["resumed"]["dir"])
+    r0, r1 = read_trace(full, 0), read_trace(full, 1)
+    assert run["full"]["stats"]["num_processes"] == 2 and [t["step"] for t in r0] == [0, 1, 2, 3]
+    assert [t["bucket"] for t in r0] == [t["bucket"] for t in r1] and any(t["shape"][2] != t["shape"][3] for t in r0)
+    for rank in (0, 1):
+        tail = [(t["step"], t["rows"], t["loss"]) for t in read_trace(full, rank) if t["step"] >= 2]
+        assert [(t["step"], t["rows"], t["loss"]) for t in read_trace(resumed, rank)] == tail
+    a, b = transformer_weights(full), transformer_weights(resumed)
+    assert a.keys() == b.keys() and max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-6
+    base = transformer_weights(Path(base_model))
+    assert max(float((a[k] - base[k].to(a[k].dtype)).abs().max()) for k in a) > 0  # it trained
+    return full
+
+
 def transformer_weights(folder: Path) -> dict[str, Any]:
     from safetensors.torch import load_file
 

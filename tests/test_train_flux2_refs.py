@@ -4,7 +4,6 @@ LoRA loads in the stock pipeline and edits a non-square image, with ``--cache_la
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -109,17 +108,6 @@ def test_flux2_with_references_on_two_processes_resumes_exactly(ddp_batch, refs_
     """Full fine-tune on two reference columns, 2 processes (the shared batch): both ranks train one composite
     bucket per step (3 rows a shape, --bucket_leftover fill), and a resume from checkpoint-2 in a new folder ends
     on the same weights."""
-    from _family_runs import family_ddp_result, transformer_weights
+    from _family_runs import check_edit_ddp_resume
 
-    run = family_ddp_result(ddp_batch, "family-flux2-refs")
-    full, resumed = Path(run["full"]["dir"]), Path(run["resumed"]["dir"])
-    r0, r1 = read_trace(full, 0), read_trace(full, 1)
-    assert run["full"]["stats"]["num_processes"] == 2 and [t["step"] for t in r0] == [0, 1, 2, 3]
-    assert [t["bucket"] for t in r0] == [t["bucket"] for t in r1] and any(t["shape"][2] != t["shape"][3] for t in r0)
-    for rank in (0, 1):
-        tail = [(t["step"], t["rows"], t["loss"]) for t in read_trace(full, rank) if t["step"] >= 2]
-        assert [(t["step"], t["rows"], t["loss"]) for t in read_trace(resumed, rank)] == tail
-    a, b = transformer_weights(full), transformer_weights(resumed)
-    assert a.keys() == b.keys() and max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-6
-    base = transformer_weights(Path(refs_assets["model"]))
-    assert max(float((a[k] - base[k].to(a[k].dtype)).abs().max()) for k in a) > 0  # it trained
+    check_edit_ddp_resume(ddp_batch, "family-flux2-refs", refs_assets["model"])

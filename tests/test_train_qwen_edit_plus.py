@@ -6,7 +6,6 @@ Plus pipeline and edits from two images, and a 2-process full fine-tune that res
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -101,20 +100,9 @@ def test_plus_full_finetune_on_two_processes_resumes_exactly(ddp_batch, plus_ass
     bucket per step (3 rows a shape, --bucket_leftover fill), and a resume from checkpoint-2 in a new folder ends
     on the same weights;
     the saved pipeline names the stock processor class."""
-    from _family_runs import family_ddp_result, transformer_weights
+    from _family_runs import check_edit_ddp_resume
 
-    run = family_ddp_result(ddp_batch, "family-qwen-edit-plus")
-    full, resumed = Path(run["full"]["dir"]), Path(run["resumed"]["dir"])
-    r0, r1 = read_trace(full, 0), read_trace(full, 1)
-    assert run["full"]["stats"]["num_processes"] == 2 and [t["step"] for t in r0] == [0, 1, 2, 3]
-    assert [t["bucket"] for t in r0] == [t["bucket"] for t in r1] and any(t["shape"][2] != t["shape"][3] for t in r0)
-    for rank in (0, 1):
-        tail = [(t["step"], t["rows"], t["loss"]) for t in read_trace(full, rank) if t["step"] >= 2]
-        assert [(t["step"], t["rows"], t["loss"]) for t in read_trace(resumed, rank)] == tail
-    a, b = transformer_weights(full), transformer_weights(resumed)
-    assert a.keys() == b.keys() and max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-6
-    base = transformer_weights(Path(plus_assets["model"]))
-    assert max(float((a[k] - base[k].to(a[k].dtype)).abs().max()) for k in a) > 0  # it trained
+    full = check_edit_ddp_resume(ddp_batch, "family-qwen-edit-plus", plus_assets["model"])
     index = json.loads((full / "model_index.json").read_text())
     assert index["_class_name"] == "QwenImageEditPlusPipeline"
     assert index["processor"] == ["transformers", "Qwen2VLProcessor"]
