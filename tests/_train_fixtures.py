@@ -175,6 +175,11 @@ def batch_runs(root: Path, train: dict[str, str], flow: dict[str, str], stream: 
                families: dict[str, str]) -> list[dict]:
     """Every run of the batch: ``{"name", "out", "argv"[, "copy"]}``; the comment names the test file reading it."""
     runs: list[dict[str, Any]] = []
+    # test_pack_distributed.py: PackBatchSampler and PackedFlowModel under DDP (tests/_pack_worker.py); first, while
+    # no earlier run has started any thread pool (its "workers" mode forks DataLoader workers)
+    pack = root / "pack-dist"
+    pack.mkdir()
+    runs.append({"name": "pack-dist", "out": str(pack), "worker": "_pack_worker", "argv": ["--out", str(pack)]})
     for family in ("qwen", "zimage"):  # test_family_qwenimage.py / test_family_zimage.py: 4 steps, checkpoint at 2
         runs += _pair(root, f"family-{family}", [
             "--pretrained_model_name_or_path", families[family], "--train_data_dir", families["images"], *FLOW,
