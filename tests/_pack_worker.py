@@ -1,4 +1,5 @@
-"""Worker for tests/test_pack_distributed.py, launched with ``torchrun --nproc_per_node 2`` (CPU, gloo).
+"""Worker for tests/test_pack_distributed.py, run on 2 processes (CPU, gloo) as the ``pack-dist`` run of the shared
+2-process batch (tests/_train_batch_worker.py calls ``main(argv)``; ``torchrun --nproc_per_node 2`` also works).
 
 1. Data: a ``PackBatchSampler`` in a plain ``accelerator.prepare(DataLoader(...))`` (default, worker and
    ``even_batches=False`` modes): each rank records the rows of every pack it gets in two epochs, and the rest of
@@ -103,10 +104,10 @@ def model_records(rank: int, world: int) -> dict:
     return {"reference": reference, "ddp": synced, "losses": losses, "wrapped": type(ddp).__name__}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     from accelerate import Accelerator
 
     state = Accelerator()  # reads ACCELERATE_USE_CPU (a bare PartialState() does not)

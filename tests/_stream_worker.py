@@ -1,6 +1,7 @@
 """torchrun worker for tests/test_stream_distributed.py: BucketedStream over local parquet shards through a plain
 ``accelerator.prepare``, per-rank reading (``dispatch_batches=False``), resume at several points, and accelerate's
-default dispatch mode. Each rank writes what it got to ``--out/result_rank{r}.json``."""
+default dispatch mode. Each rank writes what it got to ``--out/result_rank{r}.json``. ``main(argv)`` is also run by
+tests/_train_batch_worker.py (the 2-process case, inside the shared 2-process batch)."""
 
 from __future__ import annotations
 
@@ -30,12 +31,12 @@ def record(batch: dict[str, torch.Tensor]) -> list[int]:
     return batch["key"].tolist() + b
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--data", required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--batch", type=int, default=3)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     files = sorted(str(p) for p in Path(args.data).glob("*.parquet"))
     counts = json.loads((Path(args.data) / "counts.json").read_text())
     ds = load_dataset("parquet", data_files=files, split="train", streaming=True)

@@ -6,14 +6,17 @@ and process. Between runs the script's ``end_training`` has destroyed the defaul
 with ``torch.distributed.init_process_group`` (public API; a file store per run, so no key of the previous group's
 TCP store can pair the wrong ranks; accelerate's state keeps the same ranks). A run may copy
 a checkpoint folder before it starts (rank 0 copies, every rank waits), which is how a "resumed" run gets the full
-run's checkpoint. Each rank's output of a run goes to ``logs/<name>.rank<r>.log`` (file descriptors 1 and 2, so
-tqdm and logging land there too); ``status.rank<r>.json`` says which runs failed, with their tracebacks.
+run's checkpoint. A run with ``"worker": "<module>"`` calls that module's ``main(argv)`` (a test worker of tests/, e.g.
+``_stream_worker``) instead of the script's. Each rank's output of a run goes to ``logs/<name>.rank<r>.log`` (file
+descriptors 1 and 2, so tqdm and logging land there too); ``status.rank<r>.json`` says which runs failed, with their
+tracebacks.
 
 Usage: ``torchrun --nproc_per_node 2 tests/_train_batch_worker.py <root>/runs.json <root>``
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import shutil
@@ -65,7 +68,7 @@ def main() -> None:
             dist.barrier()
         saved = _redirect(root / "logs" / f"{run['name']}.rank{rank}.log")
         try:
-            script.main(run["argv"])
+            (importlib.import_module(run["worker"]) if run.get("worker") else script).main(run["argv"])
             status[run["name"]] = ""
         except Exception:  # noqa: BLE001 - recorded for the test reading this run; the next runs still go (an exception on one
             # rank only leaves the other waiting in a collective: the launcher's timeout then fails every test)

@@ -124,6 +124,27 @@ def stream_argv(assets: dict[str, Any], *extra: str) -> list[str]:
             "--full_finetune", "--streaming", "--stream_key_column", "id", *extra]
 
 
+def write_stream_shards(folder: Path, n: int, shards: int) -> list[int]:
+    """``n`` rows (``key``, ``bucket`` in -1..4, ``bucket_width``, ``bucket_height``) in ``shards`` parquet files and
+    ``counts.json`` (rows per bucket); returns the rows' bucket ids (tests/_stream_worker.py reads them)."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng(5)
+    ids = rng.choice([-1, 0, 1, 2, 3, 4], size=n, p=[.04, .4, .3, .15, .1, .01]).astype(np.int32)
+    size = np.maximum(ids + 1, 1) * 4
+    table = pa.table({"key": np.arange(n), "bucket": ids, "bucket_width": size, "bucket_height": 8 + 0 * size})
+    for i, part in enumerate(np.array_split(np.arange(n), shards)):
+        pq.write_table(table.take(part), folder / f"part-{i:03d}.parquet")
+    (folder / "counts.json").write_text(json.dumps(np.bincount(ids[ids >= 0], minlength=5).tolist()))
+    return ids.tolist()
+
+
+#: tests/test_stream_distributed.py: rows, batch size; 2 ranks read STREAM_DIST_SHARDS[2] files (in the batch)
+STREAM_DIST_ROWS, STREAM_DIST_BATCH, STREAM_DIST_SHARDS = 600, 3, {2: 5, 3: 6}
+
+
 def broken_imagefolder(root: Path) -> tuple[str, list[str]]:
     """20 tiny photos (one global batch of 4 per bucket) with 3 cut after their header (interrupted downloads)."""
     from hf_arb.testing.tiny import save_tiny_imagefolder
@@ -154,6 +175,11 @@ def batch_runs(root: Path, train: dict[str, str], flow: dict[str, str], stream: 
                families: dict[str, str]) -> list[dict]:
     """Every run of the batch: ``{"name", "out", "argv"[, "copy"]}``; the comment names the test file reading it."""
     runs: list[dict[str, Any]] = []
+    # test_pack_distributed.py: PackBatchSampler and PackedFlowModel under DDP (tests/_pack_worker.py); first, while
+    # no earlier run has started any thread pool (its "workers" mode forks DataLoader workers)
+    pack = root / "pack-dist"
+    pack.mkdir()
+    runs.append({"name": "pack-dist", "out": str(pack), "worker": "_pack_worker", "argv": ["--out", str(pack)]})
     for family in ("qwen", "zimage"):  # test_family_qwenimage.py / test_family_zimage.py: 4 steps, checkpoint at 2
         runs += _pair(root, f"family-{family}", [
             "--pretrained_model_name_or_path", families[family], "--train_data_dir", families["images"], *FLOW,
@@ -216,6 +242,12 @@ def batch_runs(root: Path, train: dict[str, str], flow: dict[str, str], stream: 
                                                     "--checkpointing_steps", "2"), "checkpoint-2")  # and streamed
     runs += _pair(root, "tiers-stream-random", stream_argv(stream, "--resolution", "32,64", "--max_train_steps", "3",
                                                            "--checkpointing_steps", "2"), "checkpoint-2")  # random
+    # test_stream_distributed.py: BucketedStream through accelerator.prepare on 2 ranks (tests/_stream_worker.py)
+    data = root / "stream-dist"
+    data.mkdir()
+    ids = write_stream_shards(data, STREAM_DIST_ROWS, STREAM_DIST_SHARDS[2])
+    runs.append({"name": "stream-dist", "out": str(data / "out"), "worker": "_stream_worker", "ids": ids, "argv": [
+        "--data", str(data), "--out", str(data / "out"), "--batch", str(STREAM_DIST_BATCH)]})
     # test_train.py: SDXL on a dataset annotated beforehand (save_to_disk) with its own buckets; cached latents.
     # No bucket-table flag (--resolution 64 --bucket_step 16 would re-assign the rows to that table: issue 24, 3)
     import datasets
@@ -261,7 +293,7 @@ def run_batch(root: Path, runs: list[dict[str, Any]], nproc: int = 2, timeout: i
         log = "".join((root / "logs" / f"{name}.rank{r}.log").read_text() for r in range(nproc))
         error = next((s[name] for s in status if s.get(name)), "")
         stats = json.loads((out / "hf_arb_run.json").read_text()) if (out / "hf_arb_run.json").exists() else {}
-        extra = {k: v for k, v in run.items() if k not in ("argv", "copy")}
+        extra = {k: v for k, v in run.items() if k not in ("argv", "copy", "worker")}
         results[name] = {**extra, "stats": {**stats, "log": log}, "error": error}
     return results
 

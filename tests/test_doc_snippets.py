@@ -3,7 +3,8 @@
 The marker convention, the substitution table and the starting files are documented in tests/_doc_snippets.py
 (and summarised in README.md, "Development"). Runnable blocks of all pages run in one process, once per test run
 (``shared_artifact``); each page is reported by its own test. Training commands (``runnable: slow``) run in the
-slow test.
+slow test: when it is selected, the same process then runs each page that has some again from its start, in a
+workdir and a namespace of its own (one interpreter's imports for both, not two).
 """
 
 from __future__ import annotations
@@ -147,11 +148,24 @@ def _workdir(root: Path, page: str, assets: dict[str, str]) -> Path:
     return d
 
 
-def _run(root: Path, page_names: list[str], assets: dict[str, str], *, slow: bool) -> dict[str, Any]:
-    plan = [{"page": page, "workdir": str(_workdir(root, page, assets)),
-             "blocks": [{"id": b.id, "lang": b.lang, "source": substitute(b.source, assets)}
+#: the result keys of the slow pass's blocks: ``SLOW + block id`` (the runnable blocks also run in the fast pass)
+SLOW = "slow:"
+
+
+def _plan(root: Path, page_names: list[str], assets: dict[str, str], *, slow: bool) -> list[dict[str, Any]]:
+    """One entry per page, run from its start: its runnable blocks, and its slow ones too when ``slow`` (then the
+    block ids carry :data:`SLOW` and the workdirs are under ``root/slow``)."""
+    key, base = (SLOW, root / "slow") if slow else ("", root)
+    return [{"page": page, "workdir": str(_workdir(base, page, assets)),
+             "blocks": [{"id": key + b.id, "lang": b.lang, "source": substitute(b.source, assets)}
                         for b in CODE_BLOCKS if b.page == page and (b.runnable or (slow and b.slow))]}
             for page in page_names]
+
+
+def _run(root: Path, page_names: list[str], assets: dict[str, str], *, slow_pages: list[str]) -> dict[str, Any]:
+    """The runnable blocks of ``page_names``, then every block (runnable and slow) of ``slow_pages``, each page
+    from its start, in one driver process."""
+    plan = _plan(root, page_names, assets, slow=False) + _plan(root, slow_pages, assets, slow=True)
     (root / "plan.json").write_text(json.dumps(plan, indent=1))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")]),
            "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "MPLBACKEND": "Agg", "ACCELERATE_USE_CPU": "1",
@@ -170,15 +184,19 @@ def doc_assets(shared_artifact) -> dict[str, str]:
 
 
 @pytest.fixture(scope="session")
-def doc_results(shared_artifact, doc_assets: dict[str, str]) -> dict[str, Any]:
-    """Every runnable block of every page, run once per test run (all xdist workers share the results)."""
-    return shared_artifact("doc-snippet-run", lambda root: _run(root, RUN_PAGES, doc_assets, slow=False))
+def doc_results(request: pytest.FixtureRequest, shared_artifact, doc_assets: dict[str, str]) -> dict[str, Any]:
+    """Every runnable block of every page, run once per test run (all xdist workers share the results); and the
+    slow pages' blocks (runnable and slow) when the slow test is selected (``-m "not slow"`` skips them)."""
+    slow = any(item.name == "test_training_commands_run_as_written" for item in request.session.items)
+    name = "doc-snippet-run-with-slow" if slow else "doc-snippet-run"
+    return shared_artifact(name, lambda root: _run(root, RUN_PAGES, doc_assets, slow_pages=SLOW_PAGES if slow else []))
 
 
 def _assert_page_ok(results: dict[str, Any], page: str, slow: bool = False) -> None:
     assert "__driver__" not in results, results.get("__driver__")
     blocks = [b for b in CODE_BLOCKS if b.page == page and (b.runnable or (slow and b.slow))]
-    failed = [f"{b.id}:\n{results[b.id]['error']}" for b in blocks if not results[b.id]["ok"]]
+    key = SLOW if slow else ""
+    failed = [f"{b.id}:\n{results[key + b.id]['error']}" for b in blocks if not results[key + b.id]["ok"]]
     assert not failed, "\n\n".join(failed) + f"\n(output of the run: {results.get('__log__')})"
 
 
@@ -189,8 +207,9 @@ def test_page_runs_as_written(page: str, doc_results: dict[str, Any]) -> None:
 
 
 @pytest.mark.slow
-def test_training_commands_run_as_written(tmp_path: Path, doc_assets: dict[str, str]) -> None:
-    """The ``runnable: slow`` blocks (training commands), each page from its start."""
-    results = _run(tmp_path, SLOW_PAGES, doc_assets, slow=True)
+@pytest.mark.xdist_group("doc-snippets")
+def test_training_commands_run_as_written(doc_results: dict[str, Any]) -> None:
+    """The ``runnable: slow`` blocks (training commands), each page from its start (in the shared run's process,
+    after the runnable pass, in workdirs of their own)."""
     for page in SLOW_PAGES:
-        _assert_page_ok(results, page, slow=True)
+        _assert_page_ok(doc_results, page, slow=True)

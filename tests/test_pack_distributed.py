@@ -1,6 +1,7 @@
 """Packing on 2 real processes (torchrun, CPU gloo): PackBatchSampler through a plain ``accelerator.prepare``
 deals each rank exactly its planned packs (variable-size batches) and resumes mid-epoch; PackedFlowModel under
-DDP averages the ranks' packed-loss gradients like the same losses computed without DDP."""
+DDP averages the ranks' packed-loss gradients like the same losses computed without DDP. The 2 processes are those
+of the shared 2-process batch (its ``pack-dist`` run, tests/_train_fixtures.py): no torchrun launch of its own."""
 
 from __future__ import annotations
 
@@ -15,19 +16,15 @@ from hf_arb.packing.plan import fit_sizes, plan_packs
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _pack_worker import MAX_TOKENS, MODES, SEED, sizes
-from test_train import torchrun
+from _train_fixtures import GROUP, batch_result
 
-WORKER = Path(__file__).resolve().parent / "_pack_worker.py"
-ROOT = WORKER.parent.parent
+pytestmark = pytest.mark.xdist_group(GROUP)
 
 
 @pytest.fixture(scope="module")
-def results(shared_artifact):
-    def build(folder: Path) -> list[dict]:
-        torchrun(WORKER, ["--out", str(folder)], 2, timeout=400)
-        return [json.loads((folder / f"rank{r}.json").read_text()) for r in range(2)]
-
-    return shared_artifact("pack_distributed_2proc", build)
+def results(ddp_batch) -> list[dict]:
+    out = batch_result(ddp_batch, "pack-dist")["out"]
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
 
 
 @pytest.mark.slow

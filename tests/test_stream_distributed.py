@@ -1,8 +1,9 @@
 """Real ``torchrun`` runs of BucketedStream over local parquet shards (2 and 3 processes on CPU, gloo).
 
-One launch per world size; the worker (tests/_stream_worker.py) trains through a plain ``accelerator.prepare``,
-resumes at several points and repeats the epoch in accelerate's dispatch mode. 2 ranks read 5 shards (datasets
-then splits rows, not files), 3 ranks read 6 shards (whole files per rank).
+The worker (tests/_stream_worker.py) trains through a plain ``accelerator.prepare``, resumes at several points and
+repeats the epoch in accelerate's dispatch mode. 2 ranks read 5 shards (datasets then splits rows, not files): that
+run is one of the shared 2-process batch (``ddp_batch``, tests/_train_fixtures.py), so it costs no launch of its
+own; 3 ranks read 6 shards (whole files per rank) in a launch of their own.
 """
 
 from __future__ import annotations
@@ -11,34 +12,36 @@ import json
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
+from _train_fixtures import (GROUP, STREAM_DIST_BATCH, STREAM_DIST_ROWS, STREAM_DIST_SHARDS, batch_result,
+                             write_stream_shards)
 from test_train import torchrun
 
 WORKER = Path(__file__).resolve().parent / "_stream_worker.py"
 ROOT = WORKER.parent.parent
 
 
-def _write_shards(folder: Path, n: int, shards: int) -> np.ndarray:
-    rng = np.random.default_rng(5)
-    ids = rng.choice([-1, 0, 1, 2, 3, 4], size=n, p=[.04, .4, .3, .15, .1, .01]).astype(np.int32)
-    size = np.maximum(ids + 1, 1) * 4
-    table = pa.table({"key": np.arange(n), "bucket": ids, "bucket_width": size, "bucket_height": 8 + 0 * size})
-    for i, part in enumerate(np.array_split(np.arange(n), shards)):
-        pq.write_table(table.take(part), folder / f"part-{i:03d}.parquet")
-    (folder / "counts.json").write_text(json.dumps(np.bincount(ids[ids >= 0], minlength=5).tolist()))
-    return ids
+@pytest.mark.slow
+@pytest.mark.parametrize(("world", "shards"), [(3, STREAM_DIST_SHARDS[3])])
+def test_torchrun_stream(tmp_path, world, shards):
+    ids = np.asarray(write_stream_shards(tmp_path, STREAM_DIST_ROWS, shards))
+    torchrun(WORKER, ["--data", str(tmp_path), "--out", str(tmp_path / "out"), "--batch", str(STREAM_DIST_BATCH)],
+             world)
+    _check([json.loads((tmp_path / "out" / f"result_rank{r}.json").read_text()) for r in range(world)], ids, world)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("world", "shards"), [(2, 5), (3, 6)])
-def test_torchrun_stream(tmp_path, world, shards):
-    n, batch = 600, 3
-    ids = _write_shards(tmp_path, n, shards)
-    torchrun(WORKER, ["--data", str(tmp_path), "--out", str(tmp_path / "out"), "--batch", str(batch)], world)
-    res = [json.loads((tmp_path / "out" / f"result_rank{r}.json").read_text()) for r in range(world)]
+@pytest.mark.xdist_group(GROUP)
+def test_two_ranks_stream_in_the_shared_batch(ddp_batch):
+    """2 ranks, 5 shards: the ``stream-dist`` run of the shared 2-process batch."""
+    run = batch_result(ddp_batch, "stream-dist")
+    _check([json.loads((run["out"] / f"result_rank{r}.json").read_text()) for r in range(2)], np.asarray(run["ids"]),
+           2)
 
+
+def _check(res: list[dict], ids: np.ndarray, world: int) -> None:
+    """Each rank's result (tests/_stream_worker.py) against the rows' bucket ids ``(n,)``."""
+    n, batch = STREAM_DIST_ROWS, STREAM_DIST_BATCH
     steps = res[0]["steps"]
     counts = np.bincount(ids[ids >= 0], minlength=5)
     assert steps == int((counts // (world * batch)).sum()) > 0
