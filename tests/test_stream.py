@@ -360,3 +360,31 @@ def test_streamed_bad_image_is_replaced_counted_and_logged_or_raises(tmp_path):
         StreamImageCollate("id", on_bad_image="error")(rows)
     with pytest.raises(ValueError, match="Every image of this streamed batch"):
         collate([rows[1]])
+
+
+def test_shuffle_shards_reads_one_shard_at_a_time_in_a_seeded_order(tmp_path) -> None:
+    """``shuffle_shards``: parquet shards come whole, one after the other (no row buffer, no interleaving of open
+    shards, whose reader datasets closes with a 5 s sleep), in a shard order that depends on the seed and only on
+    it; every row once."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from hf_arb.sampling import shuffle_shards
+
+    for shard in range(6):
+        pq.write_table(pa.table({"shard": [shard] * 7, "row": list(range(shard * 7, shard * 7 + 7))}),
+                       tmp_path / f"part-{shard}.parquet")
+    ds = datasets.load_dataset("parquet", data_files=sorted(str(p) for p in tmp_path.glob("*.parquet")),
+                               split="train", streaming=True)
+    assert ds.num_shards == 6
+
+    def order(seed: int) -> tuple[list[int], list[int]]:
+        rows = list(shuffle_shards(ds, seed))
+        return [r["shard"] for r in rows], [r["row"] for r in rows]
+
+    shards, rows = order(0)
+    assert sorted(rows) == list(range(42))
+    runs = [s for i, s in enumerate(shards) if i == 0 or s != shards[i - 1]]
+    assert sorted(runs) == list(range(6))  # each shard one contiguous run: never interleaved
+    assert rows == [r for s in runs for r in range(s * 7, s * 7 + 7)]  # a shard's rows in file order
+    assert order(0) == (shards, rows) and {tuple(order(seed)[0]) for seed in range(1, 6)} != {tuple(shards)}

@@ -39,7 +39,7 @@ from .ragged import RaggedPlan, plan_epoch_ragged
 from .report import PlanReport
 from .rank import RankBatchSampler
 from .sampler import BucketBatchSampler
-from .stream import BucketedStream, BufferOverflowError, build_stream_loader
+from .stream import BucketedStream, BufferOverflowError, build_stream_loader, shuffle_shards
 from .stream_collate import StreamImageCollate
 from .stream_plan import StreamReport, stream_schedule
 from .tier_plan import Tiers, tier_bucket_ids
@@ -55,8 +55,8 @@ __all__ = ["BucketBatchSampler", "BucketedStream", "BufferOverflowError", "PackB
            "plan_epoch", "plan_epoch_ragged",
            "prepare_dataloader", "resume_dataloader", "stream_schedule",
            "TierReport", "TierSchedule", "TieredBatchSampler", "TieredStream", "Tiers", "curriculum_schedule", "mix_schedule",
-           "parse_resolution_schedule", "progressive_schedule", "random_schedule", "tier_bucket_ids",
-           "tier_stream_counts"]
+           "parse_resolution_schedule", "progressive_schedule", "random_schedule", "shuffle_shards",
+           "tier_bucket_ids", "tier_stream_counts"]
 
 
 def __getattr__(name: str) -> Any:

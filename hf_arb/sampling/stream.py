@@ -30,7 +30,7 @@ import torch
 from .stream_buffer import COUNTERS, BufferOverflowError, RankBuffer
 from .stream_plan import StreamReport, as_counts, stream_schedule
 
-__all__ = ["BucketedStream", "BufferOverflowError", "build_stream_loader"]
+__all__ = ["BucketedStream", "BufferOverflowError", "build_stream_loader", "shuffle_shards"]
 #: 2: the source is read in chunks of ``snapshot_every`` rows (``IterableDataset.iter``), so the source snapshots
 #: in a state are those of a chunked read; version 1 snapshots were taken reading row by row.
 STATE_VERSION = 2
@@ -69,14 +69,35 @@ def check_stream_state(state: Any) -> Mapping[str, Any]:
     return state
 
 
+def shuffle_shards(dataset: Any, seed: int) -> Any:
+    """Shuffle a streaming dataset's shard order only, reading one shard at a time.
+
+    ``dataset.shuffle(seed=seed, buffer_size=1, max_buffer_input_shards=1)``: no row buffer (datasets does not
+    restore its shuffle buffer on resume; the stream's own buffer mixes the rows), and no interleaving of shards
+    (with several shards open at once, datasets reads them through a thread pool and sleeps 5 s, pyarrow issue
+    45214, each time that reader closes, i.e. at the end of every pass of every rank). A datasets release without
+    ``max_buffer_input_shards`` gets the first two arguments only.
+
+    Args:
+        dataset: a ``datasets.IterableDataset`` (several shards: many files, or ``to_iterable_dataset(num_shards=...)``).
+        seed: the run's seed (``set_epoch`` on the dataset reshuffles per epoch, as datasets does).
+    """
+    import inspect
+
+    kwargs: dict[str, Any] = {"seed": seed, "buffer_size": 1}
+    if "max_buffer_input_shards" in inspect.signature(dataset.shuffle).parameters:
+        kwargs["max_buffer_input_shards"] = 1
+    return dataset.shuffle(**kwargs)
+
+
 class BucketedStream(torch.utils.data.IterableDataset):
     """Full one-bucket batches from a streaming dataset, the same bucket on every rank at every step.
 
     Args:
         dataset: an annotated ``datasets.IterableDataset`` (its ``bucket_column``; see ``add_bucket_columns``).
             Use a source with several shards (``to_iterable_dataset(num_shards=...)``, many parquet files), and
-            shuffle shard order with ``ds.shuffle(seed=..., buffer_size=1)`` rather than datasets' row buffer:
-            datasets does not restore its shuffle buffer on resume.
+            shuffle shard order with :func:`shuffle_shards` rather than datasets' row buffer: datasets does not
+            restore its shuffle buffer on resume.
         batch_size: rows per batch per rank.
         counts: rows per bucket over the whole split (array, ``{id: rows}``, an annotation summary or the card's
             stats, see :func:`~hf_arb.sampling.stream_plan.as_counts`); they fix the schedule.

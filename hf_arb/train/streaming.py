@@ -36,13 +36,14 @@ def streaming_dataset(args: argparse.Namespace) -> tuple[Any, Any, np.ndarray]:
     import datasets
 
     from hf_arb import BucketSet
+    from hf_arb.sampling.stream import shuffle_shards
     from hf_arb.sampling.stream_plan import as_counts
 
     files = stream_files(args) if args.dataset_name is None else None
     ds = datasets.load_dataset(args.dataset_name or "parquet", args.dataset_config_name, data_files=files,
                                data_dir=args.train_data_dir if args.dataset_name else None, split="train",
                                streaming=True, cache_dir=args.cache_dir)
-    ds = ds.shuffle(seed=args.seed, buffer_size=1)  # shard order only: the stream's buffer mixes the rows
+    ds = shuffle_shards(ds, args.seed)  # shard order only, one shard at a time: the stream's buffer mixes the rows
     columns = ds.column_names or list(ds.features or [])
     if "bucket" not in columns:
         raise UsageError(f"--streaming needs a dataset with bucket columns; {args.dataset_name or args.train_data_dir} "
