@@ -95,6 +95,8 @@ class Family:
     class_prefixes: tuple[str, ...] = ()
     #: substrings of a Hub id's name that mean this family (used only when the path is not a local folder)
     hub_name_hints: tuple[str, ...] = ()
+    #: words that rule a Hub id out even when a hint matches (e.g. ``("edit",)``: Qwen-Image is not its edit models)
+    hub_name_excludes: tuple[str, ...] = ()
     #: upstream defaults: (``--resolution``, ``--validation_epochs``, ``--num_validation_images``) for a full
     #: fine-tune and for LoRA, as diffusers' text-to-image scripts of this family set them
     full_defaults: tuple[int, int, int] = (512, 5, 1)
@@ -118,7 +120,8 @@ class Family:
     def detect(cls, path: str) -> bool:
         """Whether ``path`` (a local diffusers folder or a Hub id) holds this family. Default: the folder's
         ``model_index.json`` (or ``transformer/config.json``) class name starts with one of
-        :attr:`class_prefixes`; a Hub id's name contains one of :attr:`hub_name_hints`."""
+        :attr:`class_prefixes`; a Hub id's name contains one of :attr:`hub_name_hints` and none of
+        :attr:`hub_name_excludes`."""
         root = Path(path)
         if root.is_dir():
             for config in (root / "model_index.json", root / "transformer" / "config.json"):
@@ -127,7 +130,8 @@ class Family:
                     return name.startswith(cls.class_prefixes) if cls.class_prefixes else False
             return False
         lowered = root.name.lower()
-        return any(hint in lowered for hint in cls.hub_name_hints)
+        return (any(hint in lowered for hint in cls.hub_name_hints)
+                and not any(word in lowered for word in cls.hub_name_excludes))
 
     # ------------------------------------------------------------------------------------------ flags
     def defaults(self, lora: bool) -> dict[str, Any]:

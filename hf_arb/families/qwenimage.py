@@ -120,6 +120,7 @@ class QwenImageFamily(FlowFamily):
     name = "qwenimage"
     class_prefixes = ("QwenImagePipeline", "QwenImageTransformer2DModel")  # not the edit pipelines
     hub_name_hints = ("qwen-image",)
+    hub_name_excludes = ("edit",)  # the edit models are families of their own
     card_tags = ("qwen-image", "qwen-image-diffusers")
     pipeline_class_name = "QwenImagePipeline"
     transformer_class_name = "QwenImageTransformer2DModel"
@@ -133,15 +134,6 @@ class QwenImageFamily(FlowFamily):
     @property
     def title(self) -> str:  # type: ignore[override]
         return "Qwen-Image"
-
-    @classmethod
-    def detect(cls, path: str) -> bool:
-        """``QwenImagePipeline`` folders and Hub names with ``qwen-image`` (not the ``-edit`` models)."""
-        from pathlib import Path
-
-        if not Path(path).is_dir() and "edit" in Path(path).name.lower():
-            return False
-        return super().detect(path)
 
     def check_flags(self, args: argparse.Namespace) -> None:
         super().check_flags(args)

@@ -177,7 +177,8 @@ class QwenImageEditFamily(QwenImageFamily):
 
     name = "qwenimage-edit"
     class_prefixes = ("QwenImageEditPipeline",)  # not Plus / inpaint: their prompts differ
-    hub_name_hints = ("qwen-image-edit",)
+    hub_name_hints = ("qwen-image-edit",)  # the dated Plus releases are asked first (qwenimage_edit_plus)
+    hub_name_excludes = ()
     card_tags = ("qwen-image", "qwen-image-edit", "qwen-image-diffusers", "image-editing")
     pipeline_class_name = "QwenImageEditPipeline"
     #: the training script's ``--reference_image_column`` applies
@@ -191,12 +192,6 @@ class QwenImageEditFamily(QwenImageFamily):
     @property
     def title(self) -> str:  # type: ignore[override]
         return "Qwen-Image-Edit"
-
-    @classmethod
-    def detect(cls, path: str) -> bool:
-        """``QwenImageEditPipeline`` folders and Hub names with ``qwen-image-edit`` (the dated Plus releases are
-        asked first: :mod:`hf_arb.families.qwenimage_edit_plus`)."""
-        return super(QwenImageFamily, cls).detect(path)
 
     def check_flags(self, args: argparse.Namespace) -> None:
         super().check_flags(args)

@@ -68,6 +68,7 @@ class ZImageFamily(FlowFamily):
     name = "zimage"
     class_prefixes = ("ZImagePipeline", "ZImageTransformer2DModel")
     hub_name_hints = ("z-image",)
+    hub_name_excludes = ("edit",)  # the edit models are families of their own
     card_tags = ("z-image", "z-image-diffusers")
     pipeline_class_name = "ZImagePipeline"
     transformer_class_name = "ZImageTransformer2DModel"
@@ -81,15 +82,6 @@ class ZImageFamily(FlowFamily):
     @property
     def title(self) -> str:  # type: ignore[override]
         return "Z-Image"
-
-    @classmethod
-    def detect(cls, path: str) -> bool:
-        """``ZImagePipeline`` folders and Hub names with ``z-image`` (not edit models)."""
-        from pathlib import Path
-
-        if not Path(path).is_dir() and "edit" in Path(path).name.lower():
-            return False
-        return super().detect(path)
 
     def check_flags(self, args: argparse.Namespace) -> None:
         super().check_flags(args)
