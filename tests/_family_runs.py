@@ -106,3 +106,88 @@ def stock_generate(folders: dict[str, Path]) -> dict[str, Any]:
     codes = {name: card_code(folder) for name, folder in folders.items()}
     assert all("hf_arb" not in c for c in codes.values())
     return job_result(STOCK, [json.dumps(codes)])
+
+
+# ------------------------------------------------------------------------------------------- shared checks
+# What the per-family files (test_family_qwenimage.py, test_family_zimage.py) assert on their ``family_runs`` and
+# ``family_ddp_result`` runs: the same properties for every family, with the family's name, pipeline class and
+# start-up shift line.
+def check_full_resume(runs: dict[str, Any], family: str, pipeline_class: str, shift_line: str) -> None:
+    """The 1-process full fine-tune trains a non-square bucket; its resume from checkpoint-2 replays steps 2-3 (rows
+    and losses) to the same weights (max abs diff < 1e-6), which steps 3-4 changed; the log names the family and
+    its shift, and the saved pipeline is ``pipeline_class``."""
+    import numpy as np
+    import torch
+    from test_train import read_trace
+
+    full, resumed = Path(runs["full"]["dir"]), Path(runs["resumed"]["dir"])
+    trace = read_trace(full, 0)
+    assert [t["step"] for t in trace] == [0, 1, 2, 3]
+    assert any(t["shape"][2] != t["shape"][3] for t in trace)  # a non-square bucket was trained
+    again = read_trace(resumed, 0)
+    assert [(t["step"], t["rows"]) for t in again] == [(t["step"], t["rows"]) for t in trace if t["step"] >= 2]
+    np.testing.assert_allclose([t["loss"] for t in again], [t["loss"] for t in trace[2:]], rtol=1e-6)
+    a, b, ckpt = transformer_weights(full), transformer_weights(resumed), transformer_weights(full / "checkpoint-2")
+    assert a.keys() == b.keys()
+    assert max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-6
+    assert any(not torch.equal(ckpt[k], a[k]) for k in a)  # steps 3-4 changed the weights
+    stats = runs["full"]["stats"]
+    assert stats["family"] == family and shift_line in stats["log"]
+    assert json.loads((full / "model_index.json").read_text())["_class_name"] == pipeline_class
+
+
+def check_cached_lora(runs: dict[str, Any]) -> None:
+    """The LoRA from cached prompt embeddings and latents trains the on-the-fly LoRA's rows, its losses within the
+    float16 latent cache's tolerance."""
+    import numpy as np
+    from test_train import read_trace
+
+    fly, cached = runs["lora"], runs["lora_cached"]
+    assert cached["stats"]["latents_encoded"] == 20
+    assert [t["rows"] for t in read_trace(Path(cached["dir"]), 0)] == [t["rows"] for t in
+                                                                       read_trace(Path(fly["dir"]), 0)]
+    np.testing.assert_allclose(cached["stats"]["losses"], fly["stats"]["losses"], rtol=2e-3)  # float16 latent cache
+
+
+def check_lora_targets_and_validation(runs: dict[str, Any]) -> None:
+    """The LoRA adapts the transformer's attention projections, and validation drew its three buckets."""
+    from PIL import Image
+    from safetensors.torch import load_file
+
+    weights = load_file(str(Path(runs["lora"]["dir"]) / "pytorch_lora_weights.safetensors"))
+    assert weights and all(k.startswith("transformer.") and ".lora_" in k for k in weights)
+    assert {k.split(".lora_")[0].rsplit(".", 1)[-1] for k in weights} >= {"to_q", "to_k", "to_v"}
+    grid = Path(runs["lora"]["dir"]) / "validation" / "final-000003.png"
+    assert Image.open(grid).size == (48 + 64 + 80, 80)  # portrait, square, landscape buckets side by side
+
+
+def check_stock_outputs(runs: dict[str, Any], pipeline_class: str) -> None:
+    """The full fine-tune and the LoRA, trained at 80x48 among others, load with their cards' code where hf_arb
+    cannot be imported and generate an 80 x 48 image; the LoRA changes the output."""
+    from test_train import read_trace
+
+    folders = {"full": Path(runs["full"]["dir"]), "lora": Path(runs["lora"]["dir"])}
+    assert "80x48" in {t["label"] for t in read_trace(folders["full"], 0) + read_trace(folders["lora"], 0)}
+    results = stock_generate(folders)
+    for name, r in results.items():
+        assert r["cls"] == pipeline_class and r["shape"] == [1, 48, 80, 3] and r["finite"], name
+    assert results["lora"]["lora_changes_output"] > 0
+
+
+def check_ddp_resume(ddp: dict[str, Any]) -> None:
+    """The 2-process full run: both ranks train the same bucket at every step with disjoint rows (a non-square one
+    among them); the resume from checkpoint-2 replays each rank's rows to the same weights (max abs diff < 1e-6)."""
+    from test_train import read_trace
+
+    full, resumed = Path(ddp["full"]["dir"]), Path(ddp["resumed"]["dir"])
+    r0, r1 = read_trace(full, 0), read_trace(full, 1)
+    assert [t["step"] for t in r0] == [t["step"] for t in r1] == [0, 1, 2, 3]
+    assert [t["label"] for t in r0] == [t["label"] for t in r1]
+    assert any(t["shape"][2] != t["shape"][3] for t in r0)
+    assert all(not set(a["rows"]) & set(b["rows"]) for a, b in zip(r0, r1))
+    assert ddp["full"]["stats"]["num_processes"] == 2
+    for rank in (0, 1):
+        tail = [(t["step"], t["rows"]) for t in read_trace(full, rank) if t["step"] >= 2]
+        assert [(t["step"], t["rows"]) for t in read_trace(resumed, rank)] == tail
+    a, b = transformer_weights(full), transformer_weights(resumed)
+    assert a.keys() == b.keys() and max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-6

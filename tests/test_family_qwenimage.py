@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 import test_train
 import torch
-from _family_runs import family_ddp_result, family_runs, stock_generate, transformer_weights
+from _family_runs import (check_cached_lora, check_ddp_resume, check_full_resume, check_lora_targets_and_validation,
+                          check_stock_outputs, family_ddp_result, family_runs)
 from _train_fixtures import FLOW
-from test_train import read_trace
 
 import train_text_to_image_arb as script
 from hf_arb.families import detect_family, detect_flow_family, get_family
@@ -154,51 +154,22 @@ def qwen_runs(qwen_assets, shared_artifact) -> dict[str, Any]:
 
 @pytest.mark.slow
 def test_full_fine_tune_trains_non_square_buckets_and_resumes_exactly(qwen_runs):
-    full, resumed = Path(qwen_runs["full"]["dir"]), Path(qwen_runs["resumed"]["dir"])
-    trace = read_trace(full, 0)
-    assert [t["step"] for t in trace] == [0, 1, 2, 3]
-    assert any(t["shape"][2] != t["shape"][3] for t in trace)  # a non-square bucket was trained
-    again = read_trace(resumed, 0)
-    assert [(t["step"], t["rows"]) for t in again] == [(t["step"], t["rows"]) for t in trace if t["step"] >= 2]
-    np.testing.assert_allclose([t["loss"] for t in again], [t["loss"] for t in trace[2:]], rtol=1e-6)
-    a, b, ckpt = transformer_weights(full), transformer_weights(resumed), transformer_weights(full / "checkpoint-2")
-    assert a.keys() == b.keys()
-    assert max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-6
-    assert any(not torch.equal(ckpt[k], a[k]) for k in a)  # steps 3-4 changed the weights
-    stats = qwen_runs["full"]["stats"]
-    assert stats["family"] == "qwenimage" and "Resolution shift: per bucket" in stats["log"]
-    assert json.loads((full / "model_index.json").read_text())["_class_name"] == "QwenImagePipeline"
+    check_full_resume(qwen_runs, "qwenimage", "QwenImagePipeline", "Resolution shift: per bucket")
 
 
 @pytest.mark.slow
 def test_cached_prompt_embeddings_and_latents_match_the_on_the_fly_lora_run(qwen_runs):
-    fly, cached = qwen_runs["lora"], qwen_runs["lora_cached"]
-    assert cached["stats"]["latents_encoded"] == 20
-    assert [t["rows"] for t in read_trace(Path(cached["dir"]), 0)] == [t["rows"] for t in
-                                                                       read_trace(Path(fly["dir"]), 0)]
-    np.testing.assert_allclose(cached["stats"]["losses"], fly["stats"]["losses"], rtol=2e-3)  # float16 latent cache
+    check_cached_lora(qwen_runs)
 
 
 @pytest.mark.slow
 def test_lora_adapts_the_attention_projections_and_validates_at_three_shapes(qwen_runs):
-    from PIL import Image
-    from safetensors.torch import load_file
-
-    weights = load_file(str(Path(qwen_runs["lora"]["dir"]) / "pytorch_lora_weights.safetensors"))
-    assert weights and all(k.startswith("transformer.") and ".lora_" in k for k in weights)
-    assert {k.split(".lora_")[0].rsplit(".", 1)[-1] for k in weights} >= {"to_q", "to_k", "to_v"}
-    grid = Path(qwen_runs["lora"]["dir"]) / "validation" / "final-000003.png"
-    assert Image.open(grid).size == (48 + 64 + 80, 80)  # portrait, square, landscape buckets side by side
+    check_lora_targets_and_validation(qwen_runs)
 
 
 @pytest.mark.slow
 def test_outputs_load_in_stock_diffusers_without_hf_arb_and_generate_at_a_trained_bucket(qwen_runs):
-    folders = {"full": Path(qwen_runs["full"]["dir"]), "lora": Path(qwen_runs["lora"]["dir"])}
-    assert "80x48" in {t["label"] for t in read_trace(folders["full"], 0) + read_trace(folders["lora"], 0)}
-    results = stock_generate(folders)
-    for name, r in results.items():
-        assert r["cls"] == "QwenImagePipeline" and r["shape"] == [1, 48, 80, 3] and r["finite"], name
-    assert results["lora"]["lora_changes_output"] > 0
+    check_stock_outputs(qwen_runs, "QwenImagePipeline")
 
 
 @pytest.fixture(scope="module")
@@ -209,18 +180,7 @@ def qwen_ddp(ddp_batch) -> dict[str, Any]:
 
 @pytest.mark.slow
 def test_two_processes_train_the_same_bucket_per_step_and_resume_exactly(qwen_ddp):
-    full, resumed = Path(qwen_ddp["full"]["dir"]), Path(qwen_ddp["resumed"]["dir"])
-    r0, r1 = read_trace(full, 0), read_trace(full, 1)
-    assert [t["step"] for t in r0] == [t["step"] for t in r1] == [0, 1, 2, 3]
-    assert [t["label"] for t in r0] == [t["label"] for t in r1]
-    assert any(t["shape"][2] != t["shape"][3] for t in r0)
-    assert all(not set(a["rows"]) & set(b["rows"]) for a, b in zip(r0, r1))
-    assert qwen_ddp["full"]["stats"]["num_processes"] == 2
-    for rank in (0, 1):
-        tail = [(t["step"], t["rows"]) for t in read_trace(full, rank) if t["step"] >= 2]
-        assert [(t["step"], t["rows"]) for t in read_trace(resumed, rank)] == tail
-    a, b = transformer_weights(full), transformer_weights(resumed)
-    assert a.keys() == b.keys() and max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-6
+    check_ddp_resume(qwen_ddp)
 
 
 def test_qwen_image_page_numbers_are_real(tmp_path, capsys) -> None:
