@@ -191,3 +191,28 @@ def check_ddp_resume(ddp: dict[str, Any]) -> None:
         assert [(t["step"], t["rows"]) for t in read_trace(resumed, rank)] == tail
     a, b = transformer_weights(full), transformer_weights(resumed)
     assert a.keys() == b.keys() and max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-6
+
+
+def check_cached_edit_runs(module: Any, encoder: str, argv: list[str], fly: dict[str, Any], out: Path) -> None:
+    """An edit model's ``--cache_latents`` run (``argv``, writing to ``out / "cached"``) against its on-the-fly LoRA
+    ``fly`` (``{"dir", "stats"}``): the loss never encodes a reference (``module.encoder`` fails the test if called),
+    the batches (rows, bucket) are the on-the-fly run's and the losses within the float16 cache's tolerance; a second
+    run on the same cache (``out / "again"``) encodes nothing, calls no VAE and repeats the losses."""
+    import numpy as np
+    import pytest
+    from test_train import read_trace, run_script
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(module, encoder, lambda *a, **k: pytest.fail("encoded a reference"))
+        first = run_script(argv)
+    assert first["latents_encoded"] > 0 and first["latents_reused"] == 0
+    keys = ["rows", "bucket"]
+    assert [[t[k] for k in keys] for t in read_trace(out / "cached", 0)] == [
+        [t[k] for k in keys] for t in read_trace(Path(fly["dir"]), 0)]
+    np.testing.assert_allclose(first["losses"], fly["stats"]["losses"], rtol=2e-3)  # float16 cache
+    argv = list(argv)
+    argv[argv.index("--output_dir") + 1] = str(out / "again")
+    second = run_script(argv)
+    assert second["latents_encoded"] == 0 and second["latents_reused"] == first["latents_encoded"]
+    assert second["vae_encode_calls"] == 0  # neither target nor reference was encoded again
+    np.testing.assert_allclose(second["losses"], first["losses"], rtol=1e-6)

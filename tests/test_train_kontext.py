@@ -220,20 +220,9 @@ def test_kontext_cached_latents_match_the_on_the_fly_run(kontext_assets, kontext
             "--reference_image_column", "before", *FLOW, "--rank", "4", "--learning_rate", "2e-2",
             "--max_train_steps", "4", "--checkpointing_steps", "2", "--bucket_leftover", "fill", "--cache_latents",
             "--latent_cache_dir", str(tmp_path / "cache"), "--output_dir", str(tmp_path / "cached")]
-    with pytest.MonkeyPatch.context() as mp:  # the loss never encodes a reference: it reads the cache
-        mp.setattr(kontext, "reference_tokens", lambda *a, **k: pytest.fail("encoded a reference"))
-        first = run_script(argv)
-    fly = kontext_lora["stats"]
-    assert first["latents_encoded"] > 0 and first["latents_reused"] == 0
-    keys = ["rows", "bucket"]
-    assert [[t[k] for k in keys] for t in read_trace(tmp_path / "cached", 0)] == [
-        [t[k] for k in keys] for t in read_trace(kontext_lora["dir"], 0)]
-    np.testing.assert_allclose(first["losses"], fly["losses"], rtol=2e-3)  # float16 cache
-    argv[argv.index("--output_dir") + 1] = str(tmp_path / "again")
-    second = run_script(argv)
-    assert second["latents_encoded"] == 0 and second["latents_reused"] == first["latents_encoded"]
-    assert second["vae_encode_calls"] == 0  # neither target nor reference was encoded again
-    np.testing.assert_allclose(second["losses"], first["losses"], rtol=1e-6)
+    from _family_runs import check_cached_edit_runs
+
+    check_cached_edit_runs(kontext, "reference_tokens", argv, kontext_lora, tmp_path)  # the loss reads the cache
 
 
 @pytest.mark.slow

@@ -283,19 +283,9 @@ def test_qwen_edit_cached_latents_match_the_on_the_fly_run(edit_assets, edit_lor
     argv = ["--pretrained_model_name_or_path", edit_assets["model"], "--dataset_name", edit_assets["pairs"],
             *EDIT_ARGS, "--cache_latents", "--latent_cache_dir", str(tmp_path / "cache"), "--output_dir",
             str(tmp_path / "cached")]
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(edit, "reference_latent_tokens", lambda *a, **k: pytest.fail("encoded a reference"))
-        first = run_script(argv)
-    assert first["latents_encoded"] > 0 and first["latents_reused"] == 0
-    keys = ["rows", "bucket"]
-    assert [[t[k] for k in keys] for t in read_trace(tmp_path / "cached", 0)] == [
-        [t[k] for k in keys] for t in read_trace(edit_lora["dir"], 0)]
-    np.testing.assert_allclose(first["losses"], edit_lora["stats"]["losses"], rtol=2e-3)  # float16 cache
-    argv[argv.index("--output_dir") + 1] = str(tmp_path / "again")
-    second = run_script(argv)
-    assert second["latents_encoded"] == 0 and second["latents_reused"] == first["latents_encoded"]
-    assert second["vae_encode_calls"] == 0  # neither target nor reference was encoded again
-    np.testing.assert_allclose(second["losses"], first["losses"], rtol=1e-6)
+    from _family_runs import check_cached_edit_runs
+
+    check_cached_edit_runs(edit, "reference_latent_tokens", argv, edit_lora, tmp_path)
 
 
 @pytest.mark.slow
