@@ -103,6 +103,40 @@ def flow_matching_loss(pred: torch.Tensor, latents: torch.Tensor, noise: torch.T
     return (weighting * (pred - target) ** 2).reshape(latents.shape[0], -1).mean(dim=1).mean()
 
 
+def noise_latents(latents: torch.Tensor, options: Any, generator: torch.Generator,
+                  sigmas_of: Callable[[torch.Tensor, tuple[int, int]], torch.Tensor] | None = None,
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One flow-matching draw for ``latents`` ``(B, C, h, w)``: the noise, then ``u`` (``options.weighting_scheme``'s
+    density), in that order from ``generator``; sigmas shifted for the batch's resolution (``sigmas_of(t, (h, w))``,
+    default :func:`batch_sigmas` with ``options.token_patch`` / ``options.shift``).
+
+    Returns:
+        ``noise`` ``(B, C, h, w)``, ``sigmas`` ``(B,)`` and ``noisy = (1 - sigma) * latents + sigma * noise``.
+    """
+    from diffusers.training_utils import compute_density_for_timestep_sampling
+
+    device = generator.device
+    noise = torch.randn(latents.shape, generator=generator, device=device)
+    u = compute_density_for_timestep_sampling(options.weighting_scheme, latents.shape[0], logit_mean=options.logit_mean,
+                                              logit_std=options.logit_std, mode_scale=options.mode_scale,
+                                              device=device, generator=generator)
+    t = unshifted_times(u, options.num_train_timesteps)
+    size = tuple(latents.shape[-2:])
+    sigmas = (sigmas_of(t, size) if sigmas_of else batch_sigmas(t, size, options.token_patch, options.shift)).to(device)
+    s = sigmas.view(-1, 1, 1, 1)
+    return noise, sigmas, (1.0 - s) * latents + s * noise
+
+
+def drop_captions(captions: Any, proportion: float, generator: torch.Generator) -> list[str]:
+    """``--proportion_empty_prompts``: each caption replaced by ``""`` with probability ``proportion`` (one draw per
+    caption from ``generator``; no draw when it is 0)."""
+    captions = list(captions)
+    if proportion:
+        drop = torch.rand(len(captions), generator=generator, device=generator.device) < proportion
+        captions = ["" if d else c for c, d in zip(captions, drop.tolist())]
+    return captions
+
+
 def flow_loss(family: Any, options: Any, transformer: Any, batch: Mapping[str, Any],
               vae: Any, encode: Callable[[list[str]], tuple[torch.Tensor, torch.Tensor]], generator: torch.Generator,
               dtype: torch.dtype, proportion_empty_prompts: float = 0.0) -> torch.Tensor:
@@ -114,25 +148,10 @@ def flow_loss(family: Any, options: Any, transformer: Any, batch: Mapping[str, A
         encode: captions → ``(prompt_embeds, pooled)`` (memoised or not).
         generator: the micro-batch's generator: posterior sample, noise, ``u`` and prompt dropout, in that order.
     """
-    from diffusers.training_utils import compute_density_for_timestep_sampling
-
-    device = generator.device
-    mean, std = posterior(batch, vae, device)
+    mean, std = posterior(batch, vae, generator.device)
     latents = sample_latents(mean, std, vae.config, generator)
-    bsz = latents.shape[0]
-    noise = torch.randn(latents.shape, generator=generator, device=device)
-    u = compute_density_for_timestep_sampling(options.weighting_scheme, bsz, logit_mean=options.logit_mean,
-                                              logit_std=options.logit_std, mode_scale=options.mode_scale,
-                                              device=device, generator=generator)
-    t = unshifted_times(u, options.num_train_timesteps)
-    sigmas = batch_sigmas(t, tuple(latents.shape[-2:]), options.token_patch, options.shift).to(device)
-    s = sigmas.view(-1, 1, 1, 1)
-    noisy = (1.0 - s) * latents + s * noise
-    captions = list(batch["captions"])
-    if proportion_empty_prompts:
-        drop = torch.rand(bsz, generator=generator, device=device) < proportion_empty_prompts
-        captions = ["" if d else c for c, d in zip(captions, drop.tolist())]
-    prompt_embeds, pooled = encode(captions)
+    noise, sigmas, noisy = noise_latents(latents, options, generator)
+    prompt_embeds, pooled = encode(drop_captions(batch["captions"], proportion_empty_prompts, generator))
     pred = family.predict(transformer, noisy.to(dtype), sigmas, prompt_embeds, pooled, options)
     return flow_matching_loss(pred, latents, noise, noisy, sigmas, options.weighting_scheme,
                               options.precondition_outputs)

@@ -274,27 +274,14 @@ class Flux2Family(FlowFamily):
         """One micro-batch: the posterior mode (as diffusers' script) → patchify → batch-norm normalise → noise,
         ``u``, the bucket's shifted sigmas → transformer → the weighted MSE against ``noise - x``. Draws from
         ``generator`` in this order: noise, ``u``, prompt dropout."""
-        from diffusers.training_utils import compute_density_for_timestep_sampling
-
-        from .flow import flow_matching_loss, posterior, unshifted_times
+        from .flow import drop_captions, flow_matching_loss, noise_latents, posterior
 
         options, device = models.options, generator.device
         mean, _ = posterior(batch, models.vae, device)
         latents = normalize_latents(patchify(mean), models.vae)
-        bsz = latents.shape[0]
-        noise = torch.randn(latents.shape, generator=generator, device=device)
-        u = compute_density_for_timestep_sampling(options.weighting_scheme, bsz, logit_mean=options.logit_mean,
-                                                  logit_std=options.logit_std, mode_scale=options.mode_scale,
-                                                  device=device, generator=generator)
-        t = unshifted_times(u, options.num_train_timesteps)
-        sigmas = self.batch_sigmas(t, tuple(latents.shape[-2:]), options).to(device)
-        s = sigmas.view(-1, 1, 1, 1)
-        noisy = (1.0 - s) * latents + s * noise
-        captions = list(batch["captions"])
-        if args.proportion_empty_prompts:
-            drop = torch.rand(bsz, generator=generator, device=device) < args.proportion_empty_prompts
-            captions = ["" if d else c for c, d in zip(captions, drop.tolist())]
-        prompt_embeds, _ = text(captions)
+        noise, sigmas, noisy = noise_latents(latents, options, generator,
+                                             lambda t, size: self.batch_sigmas(t, size, options))
+        prompt_embeds, _ = text(drop_captions(batch["captions"], args.proportion_empty_prompts, generator))
         from .flux2_refs import batch_references
 
         pred = self.predict(denoiser, noisy.to(dtype), sigmas, prompt_embeds.to(dtype), None, options,

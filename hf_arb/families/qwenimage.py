@@ -209,9 +209,7 @@ class QwenImageFamily(FlowFamily):
                       text: Any, generator: Any, dtype: Any) -> Any:
         """Flow matching on per-channel normalised latents ``(z - latents_mean) / latents_std`` (the pipeline's
         inverse), with the batch's resolution shift; draws: posterior sample, noise, ``u``, prompt dropout."""
-        from diffusers.training_utils import compute_density_for_timestep_sampling
-
-        from .flow import batch_sigmas, flow_matching_loss, posterior, unshifted_times
+        from .flow import drop_captions, flow_matching_loss, noise_latents, posterior
 
         options, device = models.options, generator.device
         mean, std = posterior(batch, models.vae, device)
@@ -220,19 +218,8 @@ class QwenImageFamily(FlowFamily):
         lmean = torch.tensor(cfg.latents_mean, device=device, dtype=torch.float32).view(view)
         lstd = torch.tensor(cfg.latents_std, device=device, dtype=torch.float32).view(view)
         latents = (mean + std * torch.randn(mean.shape, generator=generator, device=device) - lmean) / lstd
-        bsz = latents.shape[0]
-        noise = torch.randn(latents.shape, generator=generator, device=device)
-        u = compute_density_for_timestep_sampling(options.weighting_scheme, bsz, logit_mean=options.logit_mean,
-                                                  logit_std=options.logit_std, mode_scale=options.mode_scale,
-                                                  device=device, generator=generator)
-        sigmas = batch_sigmas(unshifted_times(u, options.num_train_timesteps), tuple(latents.shape[-2:]),
-                              options.token_patch, options.shift).to(device)
-        s = sigmas.view(-1, 1, 1, 1)
-        noisy = (1.0 - s) * latents + s * noise
-        captions = list(batch["captions"])
-        if args.proportion_empty_prompts:
-            drop = torch.rand(bsz, generator=generator, device=device) < args.proportion_empty_prompts
-            captions = ["" if d else c for c, d in zip(captions, drop.tolist())]
+        noise, sigmas, noisy = noise_latents(latents, options, generator)
+        captions = drop_captions(batch["captions"], args.proportion_empty_prompts, generator)
         pred = self.conditioned_predict(models, denoiser, batch, noisy.to(dtype), sigmas, captions, text, dtype)
         return flow_matching_loss(pred, latents, noise, noisy, sigmas, options.weighting_scheme,
                                   options.precondition_outputs)

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from hf_arb.checks import UsageError
 
 from .conditioning import sdxl_time_ids
-from .flow import posterior, sample_latents
+from .flow import drop_captions, posterior, sample_latents
 
 #: ``forward(noisy, timesteps, hidden, pooled, time_ids) -> prediction``: one UNet call with the family's conditioning
 Forward = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, Any, torch.Tensor], torch.Tensor]
@@ -56,11 +56,7 @@ def unet_loss(args: argparse.Namespace, scheduler: Any, vae: Any, batch: dict[st
         noisy = sched.add_noise(latents, perturbed, timesteps)
     else:
         noisy = sched.add_noise(latents, noise, timesteps)
-    captions = list(batch["captions"])
-    if args.proportion_empty_prompts:
-        drop = torch.rand(bsz, generator=gen, device=device) < args.proportion_empty_prompts
-        captions = ["" if d else c for c, d in zip(captions, drop.tolist())]
-    hidden, pooled = text(captions)
+    hidden, pooled = text(drop_captions(batch["captions"], args.proportion_empty_prompts, gen))
     time_ids = sdxl_time_ids(batch["original_sizes"], batch["crop_top_lefts"], batch["target_sizes"], device=device)
     if sched.config.prediction_type == "epsilon":
         target = noise
