@@ -54,7 +54,7 @@ def test_distributed_sampler_idiom_is_one_ranks_share_or_refused(n, k, batch, wo
 def _stream():
     import datasets
 
-    from hf_arb.sampling.stream import BucketedStream
+    from hf_arb.sampling.streaming.stream import BucketedStream
 
     ids = np.zeros(40, dtype=int)
     ds = datasets.Dataset.from_dict({"key": np.arange(ids.size), "bucket": ids}).to_iterable_dataset(num_shards=2)
