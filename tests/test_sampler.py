@@ -726,7 +726,7 @@ def test_index_file_is_built_once_and_mapped(tmp_path: Path) -> None:
     mtime = files[0].stat().st_mtime_ns
     b = BucketBatchSampler(ids, 4, num_replicas=2, seed=1, leftover="catch_all", catch_all_bucket=0,
                            index_dir=tmp_path)
-    assert isinstance(b._index.low, np.memmap) and not b._index.low.flags.writeable
+    assert isinstance(b._plan.index.low, np.memmap) and not b._plan.index.low.flags.writeable
     assert files[0].stat().st_mtime_ns == mtime, "an existing index must be mapped, not rebuilt"
     np.testing.assert_array_equal(a.plan(2), ref.plan(2))
     np.testing.assert_array_equal(b.plan(2), ref.plan(2))

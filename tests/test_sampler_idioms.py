@@ -102,7 +102,7 @@ def _rank_loader(sampler: BucketBatchSampler, rank: int | None):
 
     shard = rank is not None and sampler.num_replicas > 1  # one process: accelerate leaves the batch sampler as is
     bs = BatchSamplerShard(sampler, sampler.num_replicas, rank, split_batches=sampler.split_batches) if shard else sampler
-    return DataLoaderShard(list(range(sampler._rows_total)), batch_sampler=bs, collate_fn=lambda b: b)
+    return DataLoaderShard(list(range(sampler._plan.rows_total)), batch_sampler=bs, collate_fn=lambda b: b)
 
 
 def _restored(ids, batch, world, seed, state, split=False) -> BucketBatchSampler:

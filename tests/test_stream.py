@@ -125,7 +125,7 @@ def test_simulated_ranks(weights, unassigned, n, world, batch, buffer_mult, shar
 
 @pytest.mark.parametrize("reopen_rows", [0, 1024])  # 0: restore a snapshot for every buffered row's group
 def test_resume_at_several_points_and_report_survives(monkeypatch, reopen_rows):
-    from hf_arb.sampling import stream_buffer
+    from hf_arb.sampling.streaming import buffer as stream_buffer
 
     monkeypatch.setattr(stream_buffer, "REOPEN_ROWS", reopen_rows)
     ids = np.random.default_rng(0).choice([-1, 0, 1, 2, 3], size=900, p=[.05, .5, .3, .14, .01])
@@ -227,7 +227,7 @@ def test_formatted_sources_give_the_same_batches(fmt):
 
 def test_numpy_fill_equals_row_by_row_fill_and_states(monkeypatch):
     """The vectorised fill and the per-row path give the same batches, states and report."""
-    from hf_arb.sampling import stream_buffer
+    from hf_arb.sampling.streaming import buffer as stream_buffer
 
     ids = np.random.default_rng(3).choice([-1, 0, 1, 2, 3], size=700, p=[.05, .5, .3, .14, .01])
     ds = _stream_ds(ids, 3)

@@ -9,6 +9,10 @@ rank its planned batch, with the same bucket on every rank at every step. ``len(
 With ``split_batches=True`` (accelerate's option of the same name) the sampler yields one global batch of
 ``W × batch`` rows per step and accelerate splits it. Without accelerate, ``sampler.shard(rank)`` yields one rank's
 batches.
+
+The module is one class over pure functions: :func:`prepare_plan` turns the inputs into a :class:`BucketPlan` once,
+the epoch's layout is :func:`~hf_arb.sampling.planning.plan.make_layout` of it, and the position is the
+:class:`~hf_arb.sampling.resume.cursor.StepCursor` every resumable sampler holds.
 """
 
 from __future__ import annotations
@@ -73,9 +77,9 @@ class BucketPlan:
 
 def bucket_batch_sizes(batch_size: int | Mapping[Any, int] | None, max_pixels_per_batch: int | None,
                        resolutions: np.ndarray | None, needed: np.ndarray) -> tuple[np.ndarray | None, int]:
-    """``(rows per rank of every bucket's batches, the largest)`` from a mapping or a pixel budget
-    (:mod:`~hf_arb.sampling.planning.batch_sizes`); the sizes are None when one size serves every ``needed`` bucket
-    (the fixed-batch plan)."""
+    """Rows per rank of every bucket's batches and the largest of them, from a mapping or a pixel budget
+    (:mod:`~hf_arb.sampling.planning.batch_sizes`): ``(sizes, largest)``, the sizes None when one size serves every
+    ``needed`` bucket (the fixed-batch plan)."""
     sizes = resolve_batch_sizes(batch_size, max_pixels_per_batch=max_pixels_per_batch, resolutions=resolutions,
                                 needed=needed)
     used = sizes[: needed.size][needed]
