@@ -1,6 +1,6 @@
-"""What a restored sampler (:class:`~hf_arb.sampling.sampler.BucketBatchSampler`,
-:class:`~hf_arb.sampling.tiered.sampler.TieredBatchSampler`: :class:`~hf_arb.sampling.resume.cursor.StepCursor`) does on its next
-accelerate pass.
+"""What a restored sampler (its :class:`~hf_arb.sampling.resume.cursor.StepCursor`:
+:class:`~hf_arb.sampling.sampler.BucketBatchSampler`, :class:`~hf_arb.sampling.tiered.sampler.TieredBatchSampler`,
+:class:`~hf_arb.packing.PackBatchSampler`) does on its next accelerate pass.
 
 A sampler restored by ``accelerator.load_state`` (``register_for_checkpointing``) holds the position its iterator
 had reached, which runs *ahead* of the training loop: accelerate's loader reads one step ahead and a ``DataLoader``
