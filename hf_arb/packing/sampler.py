@@ -166,7 +166,7 @@ class PackBatchSampler(ResumableBatchSampler):
     def plan(self, epoch: int | None = None) -> PackPlan:
         """The :class:`~hf_arb.packing.PackPlan` of ``epoch`` (default: current), equal to ``plan_packs`` of
         ``self.sizes.tokens`` with this sampler's arguments."""
-        e = self.cursor.epoch if epoch is None else check_nonneg("epoch", epoch)
+        e = self.epoch if epoch is None else check_nonneg("epoch", epoch)
         if e not in self._plans:
             if len(self._plans) >= 2:
                 self._plans.pop(next(iter(self._plans)))
@@ -185,7 +185,7 @@ class PackBatchSampler(ResumableBatchSampler):
     @property
     def steps_per_epoch(self) -> int:
         """Steps per rank of the current epoch (``len(prepared_loader)``)."""
-        return self.steps_in(self.cursor.epoch)
+        return self.steps_in(self.epoch)
 
     def __len__(self) -> int:
         """Packs one pass yields: ``steps × num_replicas``."""
@@ -230,8 +230,8 @@ class PackBatchSampler(ResumableBatchSampler):
     def state_dict(self) -> dict[str, Any]:
         """Small JSON-serialisable state: position (epoch, steps handed out) and the plan's inputs."""
         return {
-            "format": PACK_STATE_FORMAT, "kind": "packs", "epoch": self.cursor.epoch,
-            "batches_consumed": self.cursor.consumed, "steps_per_epoch": self.steps_per_epoch, "seed": self.seed,
+            "format": PACK_STATE_FORMAT, "kind": "packs", "epoch": self.epoch,
+            "batches_consumed": self.batches_consumed, "steps_per_epoch": self.steps_per_epoch, "seed": self.seed,
             "max_tokens": self.max_tokens, "num_replicas": self.num_replicas,
             "options": {"shuffle": self.shuffle, "leftover": self.leftover, "window": self.window,
                         "vae_scale_factor": self.vae_scale_factor, "patch_size": self.patch_size,
@@ -277,6 +277,6 @@ class PackBatchSampler(ResumableBatchSampler):
 
     def __repr__(self) -> str:
         return (f"PackBatchSampler(rows={self.sizes.tokens.size}, max_tokens={self.max_tokens}, "
-                f"num_replicas={self.num_replicas}, seed={self.seed}, epoch={self.cursor.epoch}, "
-                f"batches_consumed={self.cursor.consumed}, steps_per_epoch={self.steps_per_epoch}, "
+                f"num_replicas={self.num_replicas}, seed={self.seed}, epoch={self.epoch}, "
+                f"batches_consumed={self.batches_consumed}, steps_per_epoch={self.steps_per_epoch}, "
                 f"leftover={self.leftover!r})")

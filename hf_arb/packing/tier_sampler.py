@@ -204,7 +204,7 @@ class TieredPackBatchSampler(PackBatchSampler):
     def tier_rows(self, epoch: int | None = None) -> list[int]:
         """Rows that draw each tier in ``epoch`` (default: current), ``(T,)`` (step schedules: distinct rows trained
         at each tier)."""
-        e = self.cursor.epoch if epoch is None else epoch
+        e = self.epoch if epoch is None else epoch
         if not self.tier_schedule.per_row:
             tier, row = np.divmod(np.unique(self.plan(e).rows), self._n)
             return np.bincount(tier, minlength=self.tiers.num_tiers).tolist()
@@ -214,7 +214,7 @@ class TieredPackBatchSampler(PackBatchSampler):
     # ---------------------------------------------------------------- the parent's hooks
     def plan(self, epoch: int | None = None) -> PackPlan:
         """The epoch's :class:`~hf_arb.packing.PackPlan` over the rows' drawn sizes."""
-        e = self.cursor.epoch if epoch is None else int(epoch)
+        e = self.epoch if epoch is None else int(epoch)
         if e not in self._plans:
             if len(self._plans) >= 2:
                 self._plans.pop(next(iter(self._plans)))
@@ -244,11 +244,11 @@ class TieredPackBatchSampler(PackBatchSampler):
 
     def mean_crop_fraction(self) -> float:
         """Mean share cropped to the patch grid over the rows packable in the current epoch."""
-        s = self.epoch_sizes(self.cursor.epoch)
+        s = self.epoch_sizes(self.epoch)
         ok = s.tokens > 0
         return float(s.crop_fraction[ok].mean()) if ok.any() else 0.0
 
     def __repr__(self) -> str:
         return (f"TieredPackBatchSampler(rows={self._n}, tiers={list(self.tiers.resolutions)}, "
                 f"max_tokens={self.max_tokens}, num_replicas={self.num_replicas}, seed={self.seed}, "
-                f"epoch={self.cursor.epoch}, batches_consumed={self.cursor.consumed}, steps_per_epoch={self.steps_per_epoch})")
+                f"epoch={self.epoch}, batches_consumed={self.batches_consumed}, steps_per_epoch={self.steps_per_epoch})")

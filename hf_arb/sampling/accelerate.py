@@ -11,8 +11,8 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-from .sampler import BucketBatchSampler, RankBatchSampler
 from .resume.state import ResumableBatchSampler
+from .sampler import BucketBatchSampler, RankBatchSampler
 from .tiered.sampler import TierRankSampler
 
 

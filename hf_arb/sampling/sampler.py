@@ -175,8 +175,8 @@ class BucketBatchSampler(ResumableBatchSampler):
         log_report: log :meth:`report` once when iteration first starts.
         max_pixels_per_batch: a pixel budget per batch on one rank: bucket ``b`` gets
             ``floor(max_pixels_per_batch / (w_b × h_b))`` rows, capped at ``batch_size``
-            (:func:`~hf_arb.sampling.planning.batch_sizes.batch_sizes_for_pixels`; needs resolutions). With batch sizes that
-            differ by bucket, every rank still trains the same bucket (so the same batch size) at every step, a
+            (:func:`~hf_arb.sampling.planning.batch_sizes.batch_sizes_for_pixels`; needs resolutions). With batch
+            sizes that differ by bucket, every rank still trains the same bucket (so the same batch size) at every step, a
             bucket's steps are its rows over its global batch (weighting by size in rows), ``batch_size`` is None
             (accelerate's convention for batches of varying length) and :meth:`step_batch_sizes` gives each step's.
             Needs ``sync_buckets=True`` and ``split_batches=False``.
@@ -229,14 +229,15 @@ class BucketBatchSampler(ResumableBatchSampler):
         self.leftover = leftover_from(drop_last, leftover)
         self.drop_last = self.leftover == "drop"
         self.log_report = bool(log_report)
-        self._plan = prepare_plan(ids, self.resolutions, batch_size=batch_size, max_pixels_per_batch=max_pixels_per_batch,
-                                  per_rank_batch_size=self.per_rank_batch_size, num_replicas=self.num_replicas,
-                                  sync_buckets=self.sync_buckets, leftover=self.leftover,
-                                  catch_all_bucket=catch_all_bucket, merge_small=merge_small, index_dir=index_dir)
+        self._plan = prepare_plan(
+            ids, self.resolutions, batch_size=batch_size, max_pixels_per_batch=max_pixels_per_batch,
+            per_rank_batch_size=self.per_rank_batch_size, num_replicas=self.num_replicas,
+            sync_buckets=self.sync_buckets, leftover=self.leftover, catch_all_bucket=catch_all_bucket,
+            merge_small=merge_small, index_dir=index_dir)
         self.catch_all_bucket = self._plan.catch_all_bucket
-        if per_bucket:  # batch_size None: accelerate's batches of varying length
+        if per_bucket:  # sizes differ by bucket: batch_size None, accelerate's batches of varying length
             self.per_rank_batch_size = self._plan.per_rank_batch_size
-            self.batch_size = None if self._plan.sizes is not None else self.per_rank_batch_size  # type: ignore[assignment]
+            self.batch_size = None if self._plan.sizes is not None else self.per_rank_batch_size  # type: ignore
         self.cursor = StepCursor(self, self._steps_in)  # epoch, position, where passes start (resume/cursor.py)
         self._logged = False
         self._layout_cache: tuple[int, Any] | None = None
@@ -275,7 +276,7 @@ class BucketBatchSampler(ResumableBatchSampler):
     def steps_per_epoch(self) -> int:
         """Batches per rank in the current epoch (``len(prepared_loader)``). With ``sync_buckets=False`` it can
         vary a little from epoch to epoch (the shortest rank sets it)."""
-        return self._steps_in(self.cursor.epoch)
+        return self._steps_in(self.epoch)
 
     def _steps_in(self, epoch: int) -> int:
         return self._steps0 if self.sync_buckets else self._layout(epoch).num_steps
@@ -297,7 +298,7 @@ class BucketBatchSampler(ResumableBatchSampler):
         return self._layout_cache[1]
 
     def _epoch_layout(self, epoch: int | None) -> Any:
-        return self._layout(self.cursor.epoch if epoch is None else check_nonneg("epoch", epoch))
+        return self._layout(self.epoch if epoch is None else check_nonneg("epoch", epoch))
 
     def step_batch_sizes(self, epoch: int | None = None) -> np.ndarray:
         """Rows per rank of every step of ``epoch`` (default: current), int64 ``(steps,)`` (for the loss weights
@@ -310,7 +311,8 @@ class BucketBatchSampler(ResumableBatchSampler):
     def plan(self, epoch: int | None = None) -> np.ndarray | RaggedPlan:
         """The whole plan of ``epoch`` (default: current): int64 ``(steps, num_replicas, batch)``, equal to
         :func:`~hf_arb.plan_epoch` with this sampler's arguments; with batch sizes per bucket the
-        :class:`~hf_arb.sampling.planning.ragged.RaggedPlan` of :func:`~hf_arb.sampling.planning.ragged.plan_epoch_ragged`."""
+        :class:`~hf_arb.sampling.planning.ragged.RaggedPlan` of
+        :func:`~hf_arb.sampling.planning.ragged.plan_epoch_ragged`."""
         lay = self._epoch_layout(epoch)
         return lay.rows(0, lay.num_steps) if self._plan.sizes is None else materialise(lay)
 
@@ -329,7 +331,7 @@ class BucketBatchSampler(ResumableBatchSampler):
 
     def report(self, epoch: int | None = None) -> PlanReport:
         """Rows used, dropped, repeated, merged and served in catch-all batches in ``epoch`` (default: current)."""
-        e = self.cursor.epoch if epoch is None else check_nonneg("epoch", epoch)
+        e = self.epoch if epoch is None else check_nonneg("epoch", epoch)
         plan = self._plan
         return build_report(self._layout(e), epoch=e, counts=plan.counts, rows_total=plan.rows_total,
                             merge_map=plan.merge_map, leftover=self.leftover, sync_buckets=self.sync_buckets)

@@ -7,7 +7,8 @@
 - :mod:`~hf_arb.sampling.tiered.files` — the node-shared files (tier columns, row groups);
 - :mod:`~hf_arb.sampling.tiered.sampler` — :class:`TieredBatchSampler` (its cursor:
   :mod:`~hf_arb.sampling.resume.cursor`);
-- :mod:`~hf_arb.sampling.tiered.state` — its resume state; :mod:`~hf_arb.sampling.tiered.report` — :class:`TierReport`;
+- :mod:`~hf_arb.sampling.tiered.state` — its resume state;
+- :mod:`~hf_arb.sampling.tiered.report` — :class:`TierReport`, what an epoch trains per tier and bucket;
 - :mod:`~hf_arb.sampling.tiered.stream` — :class:`TieredStream`, the same from a streaming dataset;
 - :mod:`~hf_arb.sampling.tiered.stream_draw` — the ``random`` schedule from a stream.
 

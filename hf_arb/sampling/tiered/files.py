@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 
 from ..planning.index import build_index, count_blocks, open_index
-from .plan import Tiers, tier_bucket_ids
 from .draw import GroupColumn, RowGroups, find_groups
+from .plan import Tiers, tier_bucket_ids
 
 
 def shared_tier_columns(widths: np.ndarray, heights: np.ndarray, tiers: Tiers, path: Path) -> np.ndarray:

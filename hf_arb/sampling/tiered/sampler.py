@@ -31,16 +31,16 @@ from typing import Any
 import numpy as np
 
 from hf_arb.checks import check_nonneg, check_positive
-from ..resume.cursor import StepCursor, locate
-from ..planning.index import CHUNK, RowIndex, build_index, count_blocks, open_index
 from ..inputs import check_world, default_world
+from ..planning.index import CHUNK, RowIndex, build_index, count_blocks, open_index
 from ..planning.plan import check_leftover
-from ..sampler import INDEX_IN_MEMORY_ROWS
-from ..resume.state import ResumableBatchSampler, as_state_mapping
 from ..planning.sync import SyncLayout
+from ..resume.cursor import StepCursor, locate
+from ..resume.state import ResumableBatchSampler, as_state_mapping
+from ..sampler import INDEX_IN_MEMORY_ROWS
+from .draw import RandomEpochIndex
 from .files import random_groups, shared_tier_columns
 from .plan import Tiers, sizes_fingerprint, tier_batch_sizes, tier_bucket_ids
-from .draw import RandomEpochIndex
 from .report import TierReport, bucket_table
 from .schedule import TierSchedule, parse_resolution_schedule, stream_positions
 from .state import check_tier_state, tier_state
@@ -200,7 +200,7 @@ class TieredBatchSampler(ResumableBatchSampler):
     @property
     def steps_per_epoch(self) -> int:
         """Steps per rank of the current epoch (``len(prepared_loader)``)."""
-        return self.steps_in(self.cursor.epoch)
+        return self.steps_in(self.epoch)
 
     def steps_in(self, epoch: int) -> int:
         """Steps per rank of ``epoch`` (``random``: that epoch's draw)."""
@@ -251,7 +251,7 @@ class TieredBatchSampler(ResumableBatchSampler):
 
     def step_tiers(self, epoch: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """``(tier, bucket)`` of every step of ``epoch`` (default: current): int64 ``(steps,)`` each (``O(steps)``)."""
-        e = self.cursor.epoch if epoch is None else check_nonneg("epoch", epoch)
+        e = self.epoch if epoch is None else check_nonneg("epoch", epoch)
         items = [it for s0 in range(0, self.steps_in(e), MAX_CHUNK)
                  for it in self.step_items(e, s0, min(self.steps_in(e), s0 + MAX_CHUNK), rows=False)]
         return (np.array([t for t, _, _ in items], np.int64), np.array([b for _, b, _ in items], np.int64))
@@ -303,7 +303,7 @@ class TieredBatchSampler(ResumableBatchSampler):
     # ---------------------------------------------------------------- state and report
     def state_dict(self) -> dict[str, Any]:
         """Small JSON-serialisable state: position, schedule, tiers, global batches, options, fingerprint."""
-        return tier_state(self, self.cursor.epoch, self.cursor.consumed)
+        return tier_state(self, self.epoch, self.batches_consumed)
 
     def load_state_dict(self, state: Any) -> None:
         """Restore the position (``O(1)`` for step schedules; ``random`` redraws that epoch, ``O(groups)``).
@@ -314,7 +314,7 @@ class TieredBatchSampler(ResumableBatchSampler):
 
     def report(self, epoch: int | None = None) -> TierReport:
         """Rows, batches, repeats and drops per tier and bucket in ``epoch`` (default: current; ``O(steps)``)."""
-        e = self.cursor.epoch if epoch is None else check_nonneg("epoch", epoch)
+        e = self.epoch if epoch is None else check_nonneg("epoch", epoch)
         tiers, _ = self.step_tiers(e)
         T, rows = self.tiers.num_tiers, []
         if self.schedule.per_row:

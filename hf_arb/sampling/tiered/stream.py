@@ -33,8 +33,8 @@ import numpy as np
 import torch
 
 from hf_arb.checks import check_nonneg, check_positive
-from ..streaming.stream import BucketedStream
 from ..streaming.plan import stream_schedule
+from ..streaming.stream import BucketedStream
 from .plan import Tiers, tier_bucket_ids
 from .schedule import TierSchedule, parse_resolution_schedule, stream_positions
 

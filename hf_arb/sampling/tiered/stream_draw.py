@@ -41,8 +41,8 @@ import numpy as np
 
 from ..planning.feistel import FeistelPermutation
 from ..streaming.stream import BucketedStream
-from .plan import Tiers, tier_bucket_ids
 from .draw import TIER_GROUP_ORDER, RandomEpochIndex, RowGroups, find_groups, key_radix, row_keys
+from .plan import Tiers, tier_bucket_ids
 
 SIZE_COLUMNS = ("original_width", "original_height")
 
