@@ -15,7 +15,7 @@ Budget utilisation and steps per epoch are exact counts over the 10⁶ rows. Thr
 first 24 steps, and the same images cut into batches of the fixed size; every latent side is divided by 4 (so
 1024² is a 32×32 latent); images/s and pixels/s count full-scale images. The two runs alternate five times and
 each keeps its best time. Plan
-time: :func:`~hf_arb.sampling.plan.plan_epoch` vs :func:`~hf_arb.sampling.ragged.plan_epoch_ragged` for the whole
+time: :func:`~hf_arb.sampling.planning.plan.plan_epoch` vs :func:`~hf_arb.sampling.planning.ragged.plan_epoch_ragged` for the whole
 epoch of 10⁶ rows on 8 ranks.
 
 Usage: ``python benchmarks/bench_pixel_budget.py [--quick]``
@@ -33,9 +33,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _util import row, save_result, timeit  # noqa: E402
 
 from hf_arb.buckets.presets import budget_table  # noqa: E402
-from hf_arb.sampling.batch_sizes import batch_sizes_for_pixels  # noqa: E402
-from hf_arb.sampling.plan import plan_epoch  # noqa: E402
-from hf_arb.sampling.ragged import plan_epoch_ragged  # noqa: E402
+from hf_arb.sampling.planning.batch_sizes import batch_sizes_for_pixels  # noqa: E402
+from hf_arb.sampling.planning.plan import plan_epoch  # noqa: E402
+from hf_arb.sampling.planning.ragged import plan_epoch_ragged  # noqa: E402
 
 TIERS = (512, 768, 1024)
 BUDGET = 4 * 1024 * 1024  # pixels per batch and device: four 1024² images

@@ -38,7 +38,7 @@ from _util import row, save_result  # noqa: E402
 from bench_sampler import NOVELAI_ENTRIES, NOVELAI_SKIPPED, novelai_ids  # noqa: E402
 
 from hf_arb import BucketBatchSampler  # noqa: E402
-from hf_arb.sampling.layout import bucket_counts  # noqa: E402
+from hf_arb.sampling.planning.layout import bucket_counts  # noqa: E402
 
 WORLD, BATCH = 8, 8
 KW = dict(num_replicas=WORLD, rank=0, seed=0, leftover="catch_all", catch_all_bucket=3, log_report=False)

@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _util import row, save_result  # noqa: E402
 from bench_sampler import novelai_ids  # noqa: E402
 
-from hf_arb.sampling.stream import BucketedStream  # noqa: E402
+from hf_arb.sampling.streaming.stream import BucketedStream  # noqa: E402
 
 WORLD, BATCH, BUFFER, FILES = 2, 8, 4096, 16
 

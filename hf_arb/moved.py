@@ -1,4 +1,5 @@
-"""Module paths of release 0.1 that moved into the stage folders, kept working for one release.
+"""Module paths of release 0.1 that moved into the stage folders (and, in 0.2, the flat ``hf_arb.sampling`` modules
+that moved into its concept subfolders), kept working for one release.
 
 ``import hf_arb.tiny`` (and ``from hf_arb.tiny import save_tiny_sd``) still works: a finder on ``sys.meta_path``
 answers each old path in :data:`MOVED` with the module at its new path — the very same module object, so
@@ -62,6 +63,32 @@ MOVED: dict[str, str] = {
     "hf_arb.tiny": "hf_arb.testing.tiny",
     "hf_arb.tiny_flow": "hf_arb.testing.tiny_flow",
     "hf_arb.tiny_text": "hf_arb.testing.tiny_text",
+    # release 0.2: sampling/ split into concept subfolders (planning/, tiered/, streaming/, resume/)
+    "hf_arb.sampling.plan": "hf_arb.sampling.planning.plan",
+    "hf_arb.sampling.layout": "hf_arb.sampling.planning.layout",
+    "hf_arb.sampling.sync": "hf_arb.sampling.planning.sync",
+    "hf_arb.sampling.ragged": "hf_arb.sampling.planning.ragged",
+    "hf_arb.sampling.feistel": "hf_arb.sampling.planning.feistel",
+    "hf_arb.sampling.index": "hf_arb.sampling.planning.index",
+    "hf_arb.sampling.report": "hf_arb.sampling.planning.report",
+    "hf_arb.sampling.batch_sizes": "hf_arb.sampling.planning.batch_sizes",
+    "hf_arb.sampling.tiers": "hf_arb.sampling.tiered.sampler",
+    "hf_arb.sampling.tier_plan": "hf_arb.sampling.tiered.plan",
+    "hf_arb.sampling.tier_random": "hf_arb.sampling.tiered.draw",
+    "hf_arb.sampling.tier_files": "hf_arb.sampling.tiered.files",
+    "hf_arb.sampling.tier_report": "hf_arb.sampling.tiered.report",
+    "hf_arb.sampling.tier_schedule": "hf_arb.sampling.tiered.schedule",
+    "hf_arb.sampling.tier_state": "hf_arb.sampling.tiered.state",
+    "hf_arb.sampling.tier_stream": "hf_arb.sampling.tiered.stream",
+    "hf_arb.sampling.tier_stream_random": "hf_arb.sampling.tiered.stream_draw",
+    "hf_arb.sampling.stream": "hf_arb.sampling.streaming.stream",
+    "hf_arb.sampling.stream_buffer": "hf_arb.sampling.streaming.buffer",
+    "hf_arb.sampling.stream_collate": "hf_arb.sampling.streaming.collate",
+    "hf_arb.sampling.stream_plan": "hf_arb.sampling.streaming.plan",
+    "hf_arb.sampling.cursor": "hf_arb.sampling.resume.cursor",
+    "hf_arb.sampling.restore": "hf_arb.sampling.resume.restore",
+    "hf_arb.sampling.state": "hf_arb.sampling.resume.state",
+    "hf_arb.sampling.plan_views": "hf_arb.sampling.sampler",
 }
 
 

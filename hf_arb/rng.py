@@ -21,7 +21,7 @@ PLAN_SHARD = 3  #: sharding of rows to ranks (independent per-rank plans)
 PLAN_RANK = 4  #: batch order of one rank (independent per-rank plans; extra: rank)
 PLAN_PACK = 5  #: row order before packing (hf_arb.packing)
 PLAN_PACK_ORDER = 6  #: order of the packs of an epoch (hf_arb.packing)
-STREAM_ORDER = 20  #: bucket schedule of a streaming epoch (hf_arb.sampling.stream)
+STREAM_ORDER = 20  #: bucket schedule of a streaming epoch (hf_arb.sampling.streaming.stream)
 STREAM_PICK = 21  #: rows picked from a rank's buffer (extra: rank, block of 1024 steps)
 
 # --- one dataset row: entropy (seed, epoch, row, tag) -------------------------------------------------------

@@ -14,7 +14,7 @@ from accelerate import Accelerator
 from accelerate.utils import DataLoaderConfiguration
 from datasets import load_dataset
 
-from hf_arb.sampling.stream import build_stream_loader
+from hf_arb.sampling.streaming.stream import build_stream_loader
 
 
 def collate(rows: list[dict]) -> dict[str, torch.Tensor]:

@@ -226,7 +226,7 @@ def _tier_lines(text: str) -> dict[int, dict[str, int]]:
 def test_stats_rows_per_tier_and_bucket_match_the_sampler_and_draw_the_chart(
         image_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from hf_arb.sampling import TieredBatchSampler
-    from hf_arb.sampling.tier_plan import Tiers
+    from hf_arb.sampling.tiered.plan import Tiers
 
     out = tmp_path / "annotated"
     assert main(["annotate", str(image_dir), "--output-dir", str(out)]) == 0

@@ -234,3 +234,41 @@ def test_a_bad_image_is_replaced_by_a_row_of_the_same_fitted_size(photo_paths, t
     sample = data[(8, int(fit.width[8]), int(fit.height[8]), 0)]
     assert sample["row"] == 0 and sample["pixel_values"].shape[1:] == (fit.height[8], fit.width[8])
     assert data.bad_images.count == 1
+
+
+def test_a_restored_pack_sampler_resumes_like_the_bucket_sampler():
+    """PackBatchSampler holds the same StepCursor as BucketBatchSampler: after a restore taken mid-epoch with the
+    sampler a few steps ahead of the loop (accelerate's read-ahead), accelerate's ``skip_first_batches(loader, k)``
+    serves exactly the rest of each rank's packs, the prepared loader iterated again without ``set_epoch`` is
+    refused before its first pack (it would silently restart the epoch), and ``set_epoch`` pins an epoch for every
+    pass until the next one."""
+    from accelerate.data_loader import BatchSamplerShard, DataLoaderShard, skip_first_batches
+
+    from hf_arb.sampling.resume.cursor import StepCursor
+
+    w, h = _sizes(300, seed=6)
+    world, k, ahead = 2, 3, 2
+
+    def restored(state):
+        s = PackBatchSampler((w, h), max_tokens=2048, num_replicas=world, seed=2, log_report=False,
+                             return_keys=False)
+        if state is not None:
+            s.load_state_dict(state)
+        return s
+
+    ref = restored(None)
+    assert isinstance(ref.cursor, StepCursor)
+    plan, epoch = ref.plan(1), 1
+    state = {**ref.state_dict(), "epoch": epoch, "batches_consumed": k + ahead}
+    for r in range(world):
+        s = restored(state)
+        loader = DataLoaderShard(list(range(300)), batch_sampler=BatchSamplerShard(s, world, r), collate_fn=list)
+        assert list(skip_first_batches(loader, k)) == [p.tolist() for p in plan.iter_rank(r, start_step=k)]
+        s = restored(state)
+        loader = DataLoaderShard(list(range(300)), batch_sampler=BatchSamplerShard(s, world, r), collate_fn=list)
+        with pytest.raises(RuntimeError, match="resume_dataloader|set_epoch"):
+            next(iter(loader))
+    s = restored(None)
+    s.set_epoch(1)
+    assert _drain(s) == _drain(s)  # set_epoch pins the epoch for every pass, as for the other samplers
+    assert s.epoch == 1

@@ -17,7 +17,7 @@ from hf_arb.packing.dataset import PackedImageDataset
 from hf_arb.packing.layout import fit_sizes
 from hf_arb.packing.tier_sampler import TieredPackBatchSampler, tier_token_caps
 from hf_arb.sampling import TieredBatchSampler
-from hf_arb.sampling.tier_plan import Tiers, tier_bucket_ids
+from hf_arb.sampling.tiered.plan import Tiers, tier_bucket_ids
 
 TIERS = Tiers.preset("budget", [256, 512])
 

@@ -14,8 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hf_arb import BucketBatchSampler, plan_epoch
-from hf_arb.sampling.batch_sizes import accumulation_weights, batch_sizes_for_pixels, batch_sizes_from_mapping
-from hf_arb.sampling.ragged import plan_epoch_ragged
+from hf_arb.sampling.planning.batch_sizes import accumulation_weights, batch_sizes_for_pixels, batch_sizes_from_mapping
+from hf_arb.sampling.planning.ragged import plan_epoch_ragged
 
 RES = np.array([(512, 512), (1024, 1024), (768, 512), (512, 768), (1024, 576)])  # (k, 2) as (width, height)
 MP = 1024 * 1024

@@ -610,7 +610,7 @@ def test_sampler_built_for_another_world_is_refused() -> None:
 
 @pytest.mark.parametrize("n", [0, 1, 2, 10, 255, 256, 257, 1000, 70_001])
 def test_feistel_is_a_deterministic_bijection(n: int) -> None:
-    from hf_arb.sampling.feistel import FeistelPermutation
+    from hf_arb.sampling.planning.feistel import FeistelPermutation
 
     p = FeistelPermutation(n, (3, 2, 1, 7))
     y = p(np.arange(n))
@@ -627,16 +627,16 @@ def test_feistel_is_a_deterministic_bijection(n: int) -> None:
 
 def test_feistel_small_table_equals_cycle_walking(monkeypatch: pytest.MonkeyPatch) -> None:
     """Small domains are tabulated once; the table is the same permutation as walking by re-encryption."""
-    from hf_arb.sampling.feistel import FeistelPermutation
+    from hf_arb.sampling.planning.feistel import FeistelPermutation
 
     tabulated = FeistelPermutation(1000, (4, 5))(np.arange(1000))
-    monkeypatch.setattr("hf_arb.sampling.feistel._TABLE_MAX", 0)
+    monkeypatch.setattr("hf_arb.sampling.planning.feistel._TABLE_MAX", 0)
     np.testing.assert_array_equal(FeistelPermutation(1000, (4, 5))(np.arange(1000)), tabulated)
 
 
 def test_feistel_beyond_32_bits() -> None:
     """Domains past 2^32 (a bucket of 10^10 rows) use 64-bit arithmetic and stay inside and injective."""
-    from hf_arb.sampling.feistel import FeistelPermutation
+    from hf_arb.sampling.planning.feistel import FeistelPermutation
 
     n = 3 * 2**33 + 5
     x = np.concatenate([np.arange(20_000), n - 1 - np.arange(20_000)])
@@ -649,7 +649,7 @@ def test_feistel_beyond_32_bits() -> None:
 def test_feistel_positions_are_uniform_over_keys(n: int) -> None:
     """Over many keys every value lands at every position equally often (χ²/dof ≈ 1, within 5 sd) and a pair
     keeps its order half the time: the statistics of a uniform shuffle."""
-    from hf_arb.sampling.feistel import FeistelPermutation
+    from hf_arb.sampling.planning.feistel import FeistelPermutation
 
     keys = 3000
     hits = np.zeros((n, n))
@@ -668,8 +668,8 @@ def test_feistel_positions_are_uniform_over_keys(n: int) -> None:
 def test_row_index_recovers_high_bits_of_row_ids() -> None:
     """The index keeps only the low bits of a row id; the high bits come from per-block counts. With 3 low bits
     (blocks of 8 rows) every row id >= 8 exercises it; the plan is the same as with 32 bits."""
-    from hf_arb.sampling.index import build_index, count_blocks
-    from hf_arb.sampling.sync import SyncLayout
+    from hf_arb.sampling.planning.index import build_index, count_blocks
+    from hf_arb.sampling.planning.sync import SyncLayout
 
     ids = make_ids(500, k=4, seed=12)
     mm = np.array([0, 1, 1, 3])  # bucket 2 merged into 1
@@ -691,8 +691,8 @@ def test_epoch_state_is_o_buckets_at_web_scale() -> None:
     its last step's positions come straight from the permutations, nothing of size n is allocated."""
     import tracemalloc
 
-    from hf_arb.sampling.index import RowIndex
-    from hf_arb.sampling.sync import SyncLayout
+    from hf_arb.sampling.planning.index import RowIndex
+    from hf_arb.sampling.planning.sync import SyncLayout
 
     count = np.array([6 * 10**9, 3 * 10**9 + 17, 10**9 + 5], dtype=np.int64)
     index = RowIndex(low=np.empty(0, np.uint32), start=np.concatenate([[0], np.cumsum(count)[:-1]]), count=count,
@@ -726,7 +726,7 @@ def test_index_file_is_built_once_and_mapped(tmp_path: Path) -> None:
     mtime = files[0].stat().st_mtime_ns
     b = BucketBatchSampler(ids, 4, num_replicas=2, seed=1, leftover="catch_all", catch_all_bucket=0,
                            index_dir=tmp_path)
-    assert isinstance(b._index.low, np.memmap) and not b._index.low.flags.writeable
+    assert isinstance(b._plan.index.low, np.memmap) and not b._plan.index.low.flags.writeable
     assert files[0].stat().st_mtime_ns == mtime, "an existing index must be mapped, not rebuilt"
     np.testing.assert_array_equal(a.plan(2), ref.plan(2))
     np.testing.assert_array_equal(b.plan(2), ref.plan(2))

@@ -22,7 +22,7 @@ import pytest
 from test_train import torchrun
 
 from hf_arb import plan_epoch
-from hf_arb.sampling.ragged import plan_epoch_ragged
+from hf_arb.sampling.planning.ragged import plan_epoch_ragged
 
 WORKER = Path(__file__).resolve().parent / "_sampler_worker.py"
 ROOT = WORKER.parent.parent
@@ -151,7 +151,7 @@ def check_pixel_modes(full: list[dict], resumed: list[dict], saves: tuple[int, .
     its planned batch of every step, of the step's bucket and that bucket's size, and resumes exactly."""
     from _sampler_worker import EPOCHS, PIXEL_BUDGET, PIXEL_MODES, PIXEL_RES, SEED, bucket_ids
 
-    from hf_arb.sampling.batch_sizes import batch_sizes_for_pixels
+    from hf_arb.sampling.planning.batch_sizes import batch_sizes_for_pixels
 
     ids, world = bucket_ids(), len(full)
     sizes = batch_sizes_for_pixels(PIXEL_RES, PIXEL_BUDGET)

@@ -54,7 +54,7 @@ def test_distributed_sampler_idiom_is_one_ranks_share_or_refused(n, k, batch, wo
 def _stream():
     import datasets
 
-    from hf_arb.sampling.stream import BucketedStream
+    from hf_arb.sampling.streaming.stream import BucketedStream
 
     ids = np.zeros(40, dtype=int)
     ds = datasets.Dataset.from_dict({"key": np.arange(ids.size), "bucket": ids}).to_iterable_dataset(num_shards=2)
@@ -102,7 +102,7 @@ def _rank_loader(sampler: BucketBatchSampler, rank: int | None):
 
     shard = rank is not None and sampler.num_replicas > 1  # one process: accelerate leaves the batch sampler as is
     bs = BatchSamplerShard(sampler, sampler.num_replicas, rank, split_batches=sampler.split_batches) if shard else sampler
-    return DataLoaderShard(list(range(sampler._rows_total)), batch_sampler=bs, collate_fn=lambda b: b)
+    return DataLoaderShard(list(range(sampler._plan.rows_total)), batch_sampler=bs, collate_fn=lambda b: b)
 
 
 def _restored(ids, batch, world, seed, state, split=False) -> BucketBatchSampler:

@@ -13,8 +13,8 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 import hf_arb
-from hf_arb.sampling.stream import BucketedStream, BufferOverflowError, build_stream_loader
-from hf_arb.sampling.stream_plan import as_counts, stream_schedule
+from hf_arb.sampling.streaming.stream import BucketedStream, BufferOverflowError, build_stream_loader
+from hf_arb.sampling.streaming.plan import as_counts, stream_schedule
 
 
 def _stream_ds(bucket_ids: np.ndarray, num_shards: int) -> datasets.IterableDataset:
@@ -125,7 +125,7 @@ def test_simulated_ranks(weights, unassigned, n, world, batch, buffer_mult, shar
 
 @pytest.mark.parametrize("reopen_rows", [0, 1024])  # 0: restore a snapshot for every buffered row's group
 def test_resume_at_several_points_and_report_survives(monkeypatch, reopen_rows):
-    from hf_arb.sampling import stream_buffer
+    from hf_arb.sampling.streaming import buffer as stream_buffer
 
     monkeypatch.setattr(stream_buffer, "REOPEN_ROWS", reopen_rows)
     ids = np.random.default_rng(0).choice([-1, 0, 1, 2, 3], size=900, p=[.05, .5, .3, .14, .01])
@@ -205,7 +205,7 @@ def test_bad_inputs():
 @given(ids=st.lists(st.integers(-1, 5), min_size=1, max_size=60), room=st.lists(st.integers(-2, 6), min_size=5,
        max_size=5), scheduled=st.lists(st.integers(0, 2), min_size=5, max_size=5))
 def test_accepted_rows_decides_as_row_by_row(ids, room, scheduled):
-    from hf_arb.sampling.stream_buffer import accepted_rows
+    from hf_arb.sampling.streaming.buffer import accepted_rows
 
     ok, acc = accepted_rows(np.array(ids), np.array(scheduled), np.array(room))
     left = list(room)
@@ -227,7 +227,7 @@ def test_formatted_sources_give_the_same_batches(fmt):
 
 def test_numpy_fill_equals_row_by_row_fill_and_states(monkeypatch):
     """The vectorised fill and the per-row path give the same batches, states and report."""
-    from hf_arb.sampling import stream_buffer
+    from hf_arb.sampling.streaming import buffer as stream_buffer
 
     ids = np.random.default_rng(3).choice([-1, 0, 1, 2, 3], size=700, p=[.05, .5, .3, .14, .01])
     ds = _stream_ds(ids, 3)
@@ -266,7 +266,7 @@ def test_counts_from_card():
     import yaml
     from huggingface_hub import DatasetCard
 
-    from hf_arb.sampling.stream_plan import counts_from_card
+    from hf_arb.sampling.streaming.plan import counts_from_card
 
     buckets = hf_arb.BucketSet([(64, 64), (96, 48), (48, 96)])
     meta = {"hf_arb": {"buckets": buckets.to_dict(), "stats": {"train": {"counts": {"48x96": 4, "64x64": 9}}}}}
@@ -281,7 +281,7 @@ def test_stream_image_collate_fits_rows_to_their_bucket():
 
     from PIL import Image
 
-    from hf_arb.sampling.stream_collate import StreamImageCollate
+    from hf_arb.sampling.streaming.collate import StreamImageCollate
 
     sizes = {0: (32, 32), 1: (48, 16)}
     rng = np.random.default_rng(0)
@@ -343,7 +343,7 @@ def test_streamed_bad_image_is_replaced_counted_and_logged_or_raises(tmp_path):
     """--on_bad_image replace under --streaming: a body-truncated image trains the batch's next good row instead, is
     counted and listed in skipped_rows.jsonl once; "error" raises (#24 audit: the flag was not read by the stream)."""
     from hf_arb.images.bad_images import read_bad_rows
-    from hf_arb.sampling.stream_collate import StreamImageCollate
+    from hf_arb.sampling.streaming.collate import StreamImageCollate
 
     good, other = _jpeg(40, 30, (200, 10, 10)), _jpeg(40, 30, (10, 200, 10))
     rows = [{"id": i, "image": {"bytes": b, "path": None}, "text": f"r{i}", "bucket": 0, "bucket_width": 32,

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from test_tiers import SCHEDULES, TIERS, sizes
 
 from hf_arb import resume_dataloader
-from hf_arb.sampling.tiers import TieredBatchSampler
+from hf_arb.sampling.tiered.sampler import TieredBatchSampler
 
 
 def _sampler(kind: str, world: int, state=None) -> TieredBatchSampler:

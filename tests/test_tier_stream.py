@@ -12,9 +12,9 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from hf_arb.sampling.tier_plan import Tiers, tier_bucket_ids
-from hf_arb.sampling.stream import BucketedStream
-from hf_arb.sampling.tier_stream import TierColumns, TieredStream, combined_counts, tier_stream_counts
+from hf_arb.sampling.tiered.plan import Tiers, tier_bucket_ids
+from hf_arb.sampling.streaming.stream import BucketedStream
+from hf_arb.sampling.tiered.stream import TierColumns, TieredStream, combined_counts, tier_stream_counts
 
 TIERS = Tiers.preset("budget", [256, 512])
 SCHEDULES = {"mix": "mix:256:1,512:2", "curriculum": "0-5:512,5-13:256,13-:512", "progressive": "progressive:9"}

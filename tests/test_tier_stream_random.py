@@ -13,10 +13,10 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from hf_arb.sampling.tier_plan import Tiers, tier_bucket_ids
-from hf_arb.sampling.tier_random import RandomEpochIndex
-from hf_arb.sampling.tier_stream import TieredStream, tier_stream_counts
-from hf_arb.sampling.tier_stream_random import RandomTierStream, TierAssigner, stream_groups
+from hf_arb.sampling.tiered.plan import Tiers, tier_bucket_ids
+from hf_arb.sampling.tiered.draw import RandomEpochIndex
+from hf_arb.sampling.tiered.stream import TieredStream, tier_stream_counts
+from hf_arb.sampling.tiered.stream_draw import RandomTierStream, TierAssigner, stream_groups
 
 TIERS = Tiers.preset("budget", [256, 512])
 N = 160

@@ -12,8 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hf_arb import BucketBatchSampler, BucketSet
-from hf_arb.sampling.tier_plan import Tiers, random_tier_ids, tier_bucket_ids
-from hf_arb.sampling.tier_schedule import (
+from hf_arb.sampling.tiered.plan import Tiers, random_tier_ids, tier_bucket_ids
+from hf_arb.sampling.tiered.schedule import (
     MIX_BLOCK,
     curriculum_schedule,
     mix_counts,
@@ -23,7 +23,7 @@ from hf_arb.sampling.tier_schedule import (
     random_schedule,
     stream_positions,
 )
-from hf_arb.sampling.tiers import TieredBatchSampler
+from hf_arb.sampling.tiered.sampler import TieredBatchSampler
 
 TIERS = Tiers.preset("budget", [256, 512])
 SCHEDULES = {"random": random_schedule(), "mix": mix_schedule([1, 2]),

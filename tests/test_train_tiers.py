@@ -104,7 +104,7 @@ def tiered_images(train_assets):
     import datasets
 
     from hf_arb import add_bucket_columns
-    from hf_arb.sampling.tier_plan import tier_bucket_ids
+    from hf_arb.sampling.tiered.plan import tier_bucket_ids
     from hf_arb.train.data import image_dataset
 
     args = parse(*TIERS, "--output_dir", "unused", "--seed", "0")
@@ -146,7 +146,7 @@ def test_flow_shift_mu_is_the_pipelines_for_each_tiers_bucket():
 
     from hf_arb.families.flow import batch_sigmas
     from hf_arb.families.shift import ShiftConfig, shift_sigmas
-    from hf_arb.sampling.tier_plan import Tiers
+    from hf_arb.sampling.tiered.plan import Tiers
 
     config = ShiftConfig(use_dynamic_shifting=True)  # Flux.1's scheduler: 256 → 0.5, 4096 → 1.15
     table = TierTable(Tiers.preset("budget", [512, 1024], 64), "random")
@@ -180,8 +180,8 @@ def test_tiered_sampler_resumes_through_resume_dataloader():
 
     from hf_arb import resume_dataloader
     from hf_arb.sampling.accelerate import find_sampler
-    from hf_arb.sampling.tier_plan import Tiers
-    from hf_arb.sampling.tiers import TieredBatchSampler
+    from hf_arb.sampling.tiered.plan import Tiers
+    from hf_arb.sampling.tiered.sampler import TieredBatchSampler
 
     rng = np.random.default_rng(0)
     w, h = rng.integers(64, 300, 200), rng.integers(64, 300, 200)
@@ -212,7 +212,7 @@ def test_random_epochs_of_their_own_length_resume_consistently(tiered_images):
     (pack_schedule) and the checkpoint check adds up the updates of each epoch, not epoch x the current length."""
     import argparse
 
-    from hf_arb.sampling.tiers import TieredBatchSampler
+    from hf_arb.sampling.tiered.sampler import TieredBatchSampler
     from hf_arb.train.progress import Progress, check_resumed_step
     from hf_arb.train.schedule import pack_schedule
 

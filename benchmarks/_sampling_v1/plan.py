@@ -8,7 +8,7 @@ How a synchronised plan is built:
 
 1. Rows are grouped by (effective) bucket once: ``O(n)``.
 2. Each bucket's rows are shuffled with their own random stream (``seed, epoch, bucket``; block by block, see
-   :class:`~hf_arb.sampling.layout.BucketPermutation`) and cut into *global* batches of ``world × batch`` rows.
+   :class:`~hf_arb.sampling.planning.layout.BucketPermutation`) and cut into *global* batches of ``world × batch`` rows.
    What does not fill a last global batch is the bucket's leftover: dropped (a different random subset each
    epoch), completed with repeats from the same bucket (``"fill"``), or pooled into catch-all batches served at a
    base bucket (``"catch_all"``).
@@ -126,7 +126,7 @@ def effective_ids(ids: np.ndarray, merge_map: Any | None) -> tuple[np.ndarray, i
 def make_layout(eff_ids: np.ndarray, k: int, *, batch_size: int, world_size: int, seed: int, epoch: int,
                 shuffle: bool, sync_buckets: bool, leftover: str, catch_all_bucket: int | None,
                 grouping: Any | None = None) -> SyncLayout | IndependentLayout:
-    """The layout of one epoch (see :mod:`hf_arb.sampling.layout`); ``grouping`` reuses a precomputed grouping."""
+    """The layout of one epoch (see :mod:`hf_arb.sampling.planning.layout`); ``grouping`` reuses a precomputed grouping."""
     if sync_buckets:
         g = grouping if grouping is not None else group_rows(eff_ids, k)
         return SyncLayout(g, world_size, batch_size, seed, epoch, shuffle, leftover, catch_all_bucket)

@@ -67,7 +67,7 @@ def build_report(layout: Any, *, epoch: int, counts: np.ndarray, rows_total: int
     """The report of one epoch's layout.
 
     Args:
-        layout: a :class:`~hf_arb.sampling.layout.SyncLayout` or ``IndependentLayout``.
+        layout: a :class:`~hf_arb.sampling.planning.layout.SyncLayout` or ``IndependentLayout``.
         epoch: the epoch it plans.
         counts: rows per original bucket, shape ``(k,)``.
         rows_total: rows of the dataset, assigned or not.

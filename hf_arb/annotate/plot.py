@@ -121,9 +121,9 @@ def plot_tier_chart(
     title gives the tier's resolution and its eligible rows. A row counts in every tier it is eligible for.
 
     Args:
-        tiers: the :class:`~hf_arb.sampling.tier_plan.Tiers` (a BucketSet per tier).
+        tiers: the :class:`~hf_arb.sampling.tiered.plan.Tiers` (a BucketSet per tier).
         counts: rows per bucket of each tier, a sequence of ``T`` int arrays ``(k_t,)``
-            (:func:`~hf_arb.sampling.tier_report.tier_row_counts`).
+            (:func:`~hf_arb.sampling.tiered.report.tier_row_counts`).
         path: where to write the PNG.
         rows_total: the dataset's rows (for the default title).
         title: figure title (default: rows per tier).

@@ -54,7 +54,7 @@ class Sample:
 
 @dataclass
 class DatasetReport:
-    """Everything the page shows. ``plan`` is the sampler's own :class:`~hf_arb.sampling.report.PlanReport`, or None
+    """Everything the page shows. ``plan`` is the sampler's own :class:`~hf_arb.sampling.planning.report.PlanReport`, or None
     when the sampler refuses the configuration (``plan_error`` says why, e.g. no bucket holds one global batch)."""
 
     title: str

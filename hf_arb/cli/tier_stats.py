@@ -3,8 +3,8 @@
 The tiers are the ones the training script builds from the same flags (``--resolution 512,1024`` with
 ``--preset`` / ``--step`` / ``--metric`` / ``--max-aspect-error`` at every resolution, ``--max-upscale``); each row's
 bucket in every tier comes vectorised from the stored ``original_width`` / ``original_height``
-(:func:`~hf_arb.sampling.tier_plan.tier_bucket_ids`), exactly as the
-:class:`~hf_arb.sampling.tiers.TieredBatchSampler` derives it. ``--chart PATH`` draws the tier chart
+(:func:`~hf_arb.sampling.tiered.plan.tier_bucket_ids`), exactly as the
+:class:`~hf_arb.sampling.tiered.sampler.TieredBatchSampler` derives it. ``--chart PATH`` draws the tier chart
 (:func:`~hf_arb.annotate.plot.plot_tier_chart`).
 """
 
@@ -63,10 +63,10 @@ def add_tier_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def tiers_from_stats_args(args: argparse.Namespace) -> Any:
-    """The :class:`~hf_arb.sampling.tier_plan.Tiers` the flags describe; None without ``--resolution`` (then the
+    """The :class:`~hf_arb.sampling.tiered.plan.Tiers` the flags describe; None without ``--resolution`` (then the
     other tier flags are refused, naming the flag)."""
     from hf_arb.buckets.resolve import resolve_buckets
-    from hf_arb.sampling.tier_plan import Tiers
+    from hf_arb.sampling.tiered.plan import Tiers
 
     if args.resolution is None:
         for name in TIER_FLAGS:
@@ -112,8 +112,8 @@ def format_tier_counts(tiers: Any, counts: list[np.ndarray], no_tier: int, rows:
 
 def run_tier_stats(args: argparse.Namespace, splits: list[tuple[str, Any]], tiers: Any) -> int:
     """Print rows per (tier, bucket) of every split and, with ``--chart``/``--plot``, draw them over all splits."""
-    from hf_arb.sampling.tier_plan import tier_bucket_ids
-    from hf_arb.sampling.tier_report import tier_row_counts
+    from hf_arb.sampling.tiered.plan import tier_bucket_ids
+    from hf_arb.sampling.tiered.report import tier_row_counts
 
     print(f"tiers {','.join(map(str, tiers.resolutions))}: "
           + "; ".join(f"{r}: {b!r}" for r, b in zip(tiers.resolutions, tiers.bucket_sets)))

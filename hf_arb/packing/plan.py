@@ -9,7 +9,7 @@ own image (:mod:`hf_arb.packing.model` runs SD3 and Flux that way). The pure, nu
 * :func:`fit_sizes` — each image's own training size: scaled down (never up, unless asked) so its token count fits,
   then floored to the latent patch grid; the only crop is the remainder below one patch (< 16 px a side).
 * :func:`plan_packs` — the epoch plan of packs, a pure function of ``(token counts, max_tokens, world size, seed,
-  epoch)`` like :func:`~hf_arb.sampling.plan.plan_epoch`: one pack per rank per step, all ranks the same number of
+  epoch)`` like :func:`~hf_arb.sampling.planning.plan.plan_epoch`: one pack per rank per step, all ranks the same number of
   steps, every row once per epoch or reported (:class:`PackReport`). Resume = recompute and start at ``step``.
 * :func:`pack_meta` — what a model needs for one pack (:class:`PackMeta`): ``seq_lens``, ``cu_seqlens``,
   ``document_id``, latent grids, per-image ``mu`` and shifted sigmas (:mod:`hf_arb.families.shift`), text layout, loss mask.

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -38,7 +37,8 @@ from .layout import FittedSizes, fit_sizes
 from .plan import DEFAULT_WINDOW, PackLeftover, PackPlan, PackReport, plan_packs
 from hf_arb.buckets.schema import read_original_sizes
 from hf_arb.sampling.inputs import default_world, runtime_world
-from hf_arb.sampling.state import ResumableBatchSampler, as_state_mapping
+from hf_arb.sampling.resume.cursor import StepCursor, locate
+from hf_arb.sampling.resume.state import ResumableBatchSampler, as_state_mapping
 
 __all__ = ["PACK_STATE_FORMAT", "PackBatchSampler", "pack_sizes"]
 
@@ -142,7 +142,9 @@ class PackBatchSampler(ResumableBatchSampler):
         self._fingerprint = self._make_fingerprint()
         self._plans: dict[int, PackPlan] = {}
         self._steps_cache: dict[int, int] = {}
-        self._epoch, self._consumed, self._restored_epoch, self._logged = 0, 0, None, False
+        # epoch, position, where passes start: the cursor every resumable sampler shares (sampling/resume/cursor.py)
+        self.cursor = StepCursor(self, self.steps_in, state_name="Pack sampler")
+        self._logged = False
         if self.steps_in(0) == 0:
             rep = self.report(0)
             n = rep.rows_total - rep.rows_skipped
@@ -161,16 +163,10 @@ class PackBatchSampler(ResumableBatchSampler):
         return h.hexdigest()[:16]
 
     # ---------------------------------------------------------------- plans
-    @property
-    def sampler(self) -> PackBatchSampler:
-        """This sampler: accelerate looks for ``set_epoch`` on ``batch_sampler.sampler`` (behind its
-        ``BatchSamplerShard`` too), so ``prepared_loader.set_epoch(e)`` reaches it."""
-        return self
-
     def plan(self, epoch: int | None = None) -> PackPlan:
         """The :class:`~hf_arb.packing.PackPlan` of ``epoch`` (default: current), equal to ``plan_packs`` of
         ``self.sizes.tokens`` with this sampler's arguments."""
-        e = self._epoch if epoch is None else check_nonneg("epoch", epoch)
+        e = self.epoch if epoch is None else check_nonneg("epoch", epoch)
         if e not in self._plans:
             if len(self._plans) >= 2:
                 self._plans.pop(next(iter(self._plans)))
@@ -187,19 +183,9 @@ class PackBatchSampler(ResumableBatchSampler):
         return self._steps_cache[e]
 
     @property
-    def epoch(self) -> int:
-        """The epoch the next pack comes from."""
-        return self._epoch
-
-    @property
-    def batches_consumed(self) -> int:
-        """Steps of the current epoch the sampler's iterator has handed out."""
-        return self._consumed
-
-    @property
     def steps_per_epoch(self) -> int:
         """Steps per rank of the current epoch (``len(prepared_loader)``)."""
-        return self.steps_in(self._epoch)
+        return self.steps_in(self.epoch)
 
     def __len__(self) -> int:
         """Packs one pass yields: ``steps × num_replicas``."""
@@ -211,23 +197,9 @@ class PackBatchSampler(ResumableBatchSampler):
 
     def locate(self, steps_done: int) -> tuple[int, int]:
         """``(epoch, step in that epoch)`` after ``steps_done`` steps per rank since epoch 0 (resume)."""
-        left, e = check_nonneg("steps_done", steps_done), 0
-        while left >= self.steps_in(e):
-            left -= self.steps_in(e)
-            e += 1
-        return e, left
+        return locate(steps_done, self.steps_in)
 
     # ---------------------------------------------------------------- iteration
-    def set_epoch(self, epoch: int) -> None:
-        """Start ``epoch`` from its first pack (accelerate calls this through the prepared loader)."""
-        epoch = check_nonneg("epoch", epoch)
-        if self._restored_epoch is not None and epoch != self._restored_epoch:
-            warnings.warn(f"set_epoch({epoch}) after the sampler was restored at epoch {self._restored_epoch}: the "
-                          f"loader starts epoch {epoch}. Call `train_dataloader.set_epoch(epoch)` with your loop's "
-                          "epoch before iterating.", UserWarning, stacklevel=2)
-        self._restored_epoch = None
-        self._epoch, self._consumed = epoch, 0
-
     def keys(self, rows: np.ndarray, epoch: int) -> list:
         """The batch yielded for a pack's ``rows``: ``(row, width, height, epoch)`` keys or row indices."""
         if not self.return_keys:
@@ -245,23 +217,21 @@ class PackBatchSampler(ResumableBatchSampler):
         if self.log_report and not self._logged:
             self._logged = True
             logger.info("hf_arb PackBatchSampler: %s", self.report().text())
-        self._restored_epoch = None
-        if self._consumed >= self.steps_in(self._epoch):  # the last pass finished: this one is the next epoch
-            self._epoch, self._consumed = self._epoch + 1, 0
-        e = self._epoch
+        skip = self.cursor.pass_skip(self.num_replicas)  # after a restore: where an accelerate pass starts
+        e, first, start_id = self.cursor.begin()
         plan = self.plan(e)
-        for s in range(self._consumed, plan.num_steps):
-            if self._epoch == e:
-                self._consumed = s + 1
-            for r in range(self.num_replicas):
+        for s in range(first, plan.num_steps):
+            self.cursor.handed_out(e, s, plan.num_steps, start_id)
+            for r in range(skip, self.num_replicas):
                 yield self.keys(plan.pack(s, r), e)
+            skip = 0
 
     # ---------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:
         """Small JSON-serialisable state: position (epoch, steps handed out) and the plan's inputs."""
         return {
-            "format": PACK_STATE_FORMAT, "kind": "packs", "epoch": self._epoch,
-            "batches_consumed": self._consumed, "steps_per_epoch": self.steps_per_epoch, "seed": self.seed,
+            "format": PACK_STATE_FORMAT, "kind": "packs", "epoch": self.epoch,
+            "batches_consumed": self.batches_consumed, "steps_per_epoch": self.steps_per_epoch, "seed": self.seed,
             "max_tokens": self.max_tokens, "num_replicas": self.num_replicas,
             "options": {"shuffle": self.shuffle, "leftover": self.leftover, "window": self.window,
                         "vae_scale_factor": self.vae_scale_factor, "patch_size": self.patch_size,
@@ -292,14 +262,8 @@ class PackBatchSampler(ResumableBatchSampler):
             if got != value:
                 raise ValueError(f"Pack sampler state field `options.{name}` does not match: saved {got!r}, this "
                                  f"sampler has {value!r}. Build the sampler with {name}={got!r}.")
-        epoch = check_nonneg("epoch", state.get("epoch"))
-        consumed = check_nonneg("batches_consumed", state.get("batches_consumed"))
-        if consumed > self.steps_in(epoch):
-            raise ValueError(f"Pack sampler state field `batches_consumed` is {consumed}, more than the "
-                             f"{self.steps_in(epoch)} steps of epoch {epoch}: the state is corrupt.")
-        if consumed == self.steps_in(epoch):
-            epoch, consumed = epoch + 1, 0
-        self._epoch, self._consumed, self._restored_epoch = epoch, consumed, epoch
+        self.cursor.restore(check_nonneg("epoch", state.get("epoch")),
+                            check_nonneg("batches_consumed", state.get("batches_consumed")))
 
     # ---------------------------------------------------------------- report
     def report(self, epoch: int | None = None) -> PackReport:
@@ -313,6 +277,6 @@ class PackBatchSampler(ResumableBatchSampler):
 
     def __repr__(self) -> str:
         return (f"PackBatchSampler(rows={self.sizes.tokens.size}, max_tokens={self.max_tokens}, "
-                f"num_replicas={self.num_replicas}, seed={self.seed}, epoch={self._epoch}, "
-                f"batches_consumed={self._consumed}, steps_per_epoch={self.steps_per_epoch}, "
+                f"num_replicas={self.num_replicas}, seed={self.seed}, epoch={self.epoch}, "
+                f"batches_consumed={self.batches_consumed}, steps_per_epoch={self.steps_per_epoch}, "
                 f"leftover={self.leftover!r})")

@@ -3,20 +3,20 @@
 A pack already holds every image at its own size; a tier there is a **size cap**: at tier ``R`` an image trains at
 its own aspect with at most ``(R / (vae_scale_factor × patch_size))²`` latent tokens (what ``--packing`` gives one
 ``--resolution``), never upscaled. Which tiers a row may train at is decided exactly as for bucketed tiers
-(:func:`~hf_arb.sampling.tier_plan.tier_bucket_ids`: it has a bucket in the tier's set and covers it within
+(:func:`~hf_arb.sampling.tiered.plan.tier_bucket_ids`: it has a bucket in the tier's set and covers it within
 ``max_upscale``), so ``hf-arb stats --resolution ...`` counts the same rows.
 
 Two designs, by schedule:
 
 * ``random`` (OneTrainer's rule): every epoch each row draws one of its eligible tiers with the counter-based hash
-  of ``(seed, epoch, row)`` (:func:`~hf_arb.sampling.tier_plan.random_tier_ids`), takes that tier's fitted size,
+  of ``(seed, epoch, row)`` (:func:`~hf_arb.sampling.tiered.plan.random_tier_ids`), takes that tier's fitted size,
   and the epoch is planned by :func:`~hf_arb.packing.plan_packs` over those token counts: **a pack mixes tiers**,
   every row trains once per epoch at one tier.
 * step schedules (``mix``, ``curriculum``, ``progressive``: the schedule gives every step a tier): **one pack
   stream per tier**, as the bucketed step schedules keep one stream of passes per tier. Pass ``q`` of tier ``t`` is
   ``plan_packs`` over the rows eligible there at that tier's sizes (epoch key ``q·(T+1)+t``); global step ``g``
   trains the tier the schedule gives it at the next step of that tier's stream
-  (:func:`~hf_arb.sampling.tier_schedule.stream_positions`). So **every pack of a step, on every rank, is of one
+  (:func:`~hf_arb.sampling.tiered.schedule.stream_positions`). So **every pack of a step, on every rank, is of one
   tier** (a pack does not mix tiers), and a tier that comes back continues where it stopped. A sampler epoch is
   ``steps_per_epoch`` global steps (default: the first pass of the longest tier). Finding the pass of a stream
   position plans that tier's earlier passes once (their lengths differ a little), then keeps their lengths.
@@ -33,8 +33,8 @@ from typing import Any
 
 import numpy as np
 
-from hf_arb.sampling.tier_plan import Tiers, random_tier_ids, tier_bucket_ids
-from hf_arb.sampling.tier_schedule import TierSchedule, parse_resolution_schedule, stream_positions
+from hf_arb.sampling.tiered.plan import Tiers, random_tier_ids, tier_bucket_ids
+from hf_arb.sampling.tiered.schedule import TierSchedule, parse_resolution_schedule, stream_positions
 from .layout import FittedSizes
 from .plan import PackPlan, PackReport, plan_packs
 from .sampler import PackBatchSampler, pack_sizes
@@ -55,9 +55,9 @@ class TieredPackBatchSampler(PackBatchSampler):
     Args:
         source: an annotated ``datasets.Dataset`` (its ``original_width`` / ``original_height``) or
             ``(widths, heights)`` arrays ``(n,)`` (NaN or ``<= 0``: no size, eligible nowhere).
-        tiers: the :class:`~hf_arb.sampling.tier_plan.Tiers` (which tiers a row may draw; ``max_upscale``).
+        tiers: the :class:`~hf_arb.sampling.tiered.plan.Tiers` (which tiers a row may draw; ``max_upscale``).
         max_tokens: latent tokens per pack; every tier's cap is at most this.
-        schedule: ``"random"``, or a step schedule (a :class:`~hf_arb.sampling.tier_schedule.TierSchedule` or its
+        schedule: ``"random"``, or a step schedule (a :class:`~hf_arb.sampling.tiered.schedule.TierSchedule` or its
             ``--resolution_schedule`` text, e.g. ``"0-2000:512,2000-:1024"``): see the module docstring.
         steps_per_epoch: step schedules: global steps per sampler epoch (default: the longest first pass of a tier
             in use); ``random`` sets it by the draw.
@@ -204,7 +204,7 @@ class TieredPackBatchSampler(PackBatchSampler):
     def tier_rows(self, epoch: int | None = None) -> list[int]:
         """Rows that draw each tier in ``epoch`` (default: current), ``(T,)`` (step schedules: distinct rows trained
         at each tier)."""
-        e = self._epoch if epoch is None else epoch
+        e = self.epoch if epoch is None else epoch
         if not self.tier_schedule.per_row:
             tier, row = np.divmod(np.unique(self.plan(e).rows), self._n)
             return np.bincount(tier, minlength=self.tiers.num_tiers).tolist()
@@ -214,7 +214,7 @@ class TieredPackBatchSampler(PackBatchSampler):
     # ---------------------------------------------------------------- the parent's hooks
     def plan(self, epoch: int | None = None) -> PackPlan:
         """The epoch's :class:`~hf_arb.packing.PackPlan` over the rows' drawn sizes."""
-        e = self._epoch if epoch is None else int(epoch)
+        e = self.epoch if epoch is None else int(epoch)
         if e not in self._plans:
             if len(self._plans) >= 2:
                 self._plans.pop(next(iter(self._plans)))
@@ -244,11 +244,11 @@ class TieredPackBatchSampler(PackBatchSampler):
 
     def mean_crop_fraction(self) -> float:
         """Mean share cropped to the patch grid over the rows packable in the current epoch."""
-        s = self.epoch_sizes(self._epoch)
+        s = self.epoch_sizes(self.epoch)
         ok = s.tokens > 0
         return float(s.crop_fraction[ok].mean()) if ok.any() else 0.0
 
     def __repr__(self) -> str:
         return (f"TieredPackBatchSampler(rows={self._n}, tiers={list(self.tiers.resolutions)}, "
                 f"max_tokens={self.max_tokens}, num_replicas={self.num_replicas}, seed={self.seed}, "
-                f"epoch={self._epoch}, batches_consumed={self._consumed}, steps_per_epoch={self.steps_per_epoch})")
+                f"epoch={self.epoch}, batches_consumed={self.batches_consumed}, steps_per_epoch={self.steps_per_epoch})")

@@ -1,29 +1,26 @@
-"""Epoch planning and batch sampling, one concern per module.
+"""Epoch planning and batch sampling, one concept per folder.
 
-- :mod:`~hf_arb.sampling.plan` — :func:`plan_epoch`, the pure function (and input validation, merging);
-- :mod:`~hf_arb.sampling.layout` — the epoch layouts (synchronised and independent) behind one interface;
-- :mod:`~hf_arb.sampling.sync` — the synchronised layout, every step computed directly (``O(buckets)`` state);
-- :mod:`~hf_arb.sampling.batch_sizes` — a batch size per bucket (pixel budget, mapping) and the loss weights;
-  :mod:`~hf_arb.sampling.ragged` — the plan with them (:func:`plan_epoch_ragged`);
-- :mod:`~hf_arb.sampling.feistel` — counter-based keyed permutations of ``[0, n)``;
-- :mod:`~hf_arb.sampling.index` — the bucket-grouped row index (4 bytes per row, shareable memory-mapped file);
-- :mod:`~hf_arb.sampling.report` — :class:`PlanReport`;
+Subfolders (each ``__init__`` lists its modules):
+
+- :mod:`~hf_arb.sampling.planning` — the epoch plan as pure functions (:func:`plan_epoch`, the layouts, batch sizes
+  per bucket, the row index, :class:`PlanReport`);
+- :mod:`~hf_arb.sampling.resume` — the one step cursor every resumable sampler holds, the first pass after a restore,
+  and the resume state;
+- :mod:`~hf_arb.sampling.streaming` — :class:`BucketedStream`, bucketed batches from a streaming dataset;
+- :mod:`~hf_arb.sampling.tiered` — :class:`TieredBatchSampler` and :class:`TieredStream`, several resolution tiers in
+  one resumable plan.
+
+Modules here:
+
+- :mod:`~hf_arb.sampling.sampler` — :class:`BucketBatchSampler`, one class around the plan and its cursor;
+- :mod:`~hf_arb.sampling.inputs` — what the sampler is given (bucket ids, resolutions, world) read and checked;
+- :mod:`~hf_arb.sampling.world` — the sampler's processes and batch sizes;
+- :mod:`~hf_arb.sampling.rank` — :class:`RankBatchSampler`, one rank's view (``sampler.shard(rank)``);
 - :mod:`~hf_arb.sampling.composite` — the sampler over the composite (target, reference buckets…) key;
-- :mod:`~hf_arb.sampling.state` — the resume state and its validation;
-- :mod:`~hf_arb.sampling.sampler` — :class:`BucketBatchSampler`, a thin class around the plan
-  (:mod:`~hf_arb.sampling.plan_views` its read-only views of the plan, :mod:`~hf_arb.sampling.world` its processes
-  and batch sizes, :mod:`~hf_arb.sampling.restore` what its first accelerate pass after a restore does);
-- :mod:`~hf_arb.sampling.accelerate` — optional conveniences around ``accelerator.prepare``;
-- :mod:`~hf_arb.sampling.stream` — :class:`BucketedStream`, bucketed batches from a streaming dataset;
-  :mod:`~hf_arb.sampling.stream_collate` fits streamed image rows to their bucket
-  (:mod:`~hf_arb.sampling.stream_plan` its pure schedule, :mod:`~hf_arb.sampling.stream_buffer` one rank's buffer);
-- :mod:`~hf_arb.sampling.tiers` — :class:`TieredBatchSampler`, several resolution tiers in one resumable plan
-  (:mod:`~hf_arb.sampling.tier_plan` the tier columns, :mod:`~hf_arb.sampling.tier_schedule` the schedules,
-  :mod:`~hf_arb.sampling.tier_random` the ``random`` schedule's per-group draw, :mod:`~hf_arb.sampling.tier_state`
-  its state, :mod:`~hf_arb.sampling.tier_report` :class:`TierReport`;
-  :mod:`~hf_arb.sampling.tier_stream` :class:`TieredStream`, the same from a streaming dataset;
-  :mod:`~hf_arb.sampling.cursor` the position and restore rules both samplers share).
+- :mod:`~hf_arb.sampling.accelerate` — optional conveniences around ``accelerator.prepare`` and the resume recipe.
 
+The flat modules of release 0.1 (``hf_arb.sampling.tier_plan``, ``hf_arb.sampling.stream``…) still import, with a
+``DeprecationWarning`` naming the new path (:mod:`hf_arb.moved`; docs/api.md, "Moved paths").
 ``hf_arb.sampling.PackBatchSampler`` (release 0.1) is :class:`hf_arb.packing.PackBatchSampler`, imported on first
 use: packing is built on sampling, so sampling never imports it at import time.
 
@@ -33,21 +30,21 @@ May import: the ground floor, :mod:`hf_arb.buckets` and :mod:`hf_arb.images`.
 from typing import Any
 
 from .accelerate import prepare_dataloader, resume_dataloader
-from .batch_sizes import accumulation_weights, batch_sizes_for_pixels, batch_sizes_from_mapping
-from .plan import merge_small_buckets, plan_epoch
-from .ragged import RaggedPlan, plan_epoch_ragged
-from .report import PlanReport
+from .planning.batch_sizes import accumulation_weights, batch_sizes_for_pixels, batch_sizes_from_mapping
+from .planning.plan import merge_small_buckets, plan_epoch
+from .planning.ragged import RaggedPlan, plan_epoch_ragged
+from .planning.report import PlanReport
 from .rank import RankBatchSampler
 from .sampler import BucketBatchSampler
-from .stream import BucketedStream, BufferOverflowError, build_stream_loader, shuffle_shards
-from .stream_collate import StreamImageCollate
-from .stream_plan import StreamReport, stream_schedule
-from .tier_plan import Tiers, tier_bucket_ids
-from .tier_report import TierReport
-from .tier_schedule import (TierSchedule, curriculum_schedule, mix_schedule, parse_resolution_schedule,
-                            progressive_schedule, random_schedule)
-from .tier_stream import TieredStream, tier_stream_counts
-from .tiers import TieredBatchSampler
+from .streaming.collate import StreamImageCollate
+from .streaming.plan import StreamReport, stream_schedule
+from .streaming.stream import BucketedStream, BufferOverflowError, build_stream_loader, shuffle_shards
+from .tiered.plan import Tiers, tier_bucket_ids
+from .tiered.report import TierReport
+from .tiered.sampler import TieredBatchSampler
+from .tiered.schedule import (TierSchedule, curriculum_schedule, mix_schedule, parse_resolution_schedule,
+                              progressive_schedule, random_schedule)
+from .tiered.stream import TieredStream, tier_stream_counts
 
 __all__ = ["BucketBatchSampler", "BucketedStream", "BufferOverflowError", "PackBatchSampler", "PlanReport",
            "RaggedPlan", "RankBatchSampler", "StreamImageCollate", "StreamReport", "accumulation_weights",

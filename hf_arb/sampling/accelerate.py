@@ -11,14 +11,13 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-from .cursor import StepCursor
+from .resume.state import ResumableBatchSampler
 from .sampler import BucketBatchSampler, RankBatchSampler
-from .state import ResumableBatchSampler
-from .tiers import TierRankSampler
+from .tiered.sampler import TierRankSampler
 
 
 def find_sampler(dataloader: Any) -> ResumableBatchSampler:
-    """The :class:`BucketBatchSampler` (or :class:`~hf_arb.sampling.tiers.TieredBatchSampler`,
+    """The :class:`BucketBatchSampler` (or :class:`~hf_arb.sampling.tiered.sampler.TieredBatchSampler`,
     :class:`~hf_arb.packing.sampler.PackBatchSampler`) behind a (prepared
     or plain) ``DataLoader``."""
     bs = getattr(dataloader, "batch_sampler", None)
@@ -93,8 +92,7 @@ def resume_dataloader(accelerator: Any, dataloader: Any, steps_done: int) -> tup
         # is not the forgotten `set_epoch` that BucketBatchSampler warns about
         warnings.filterwarnings("ignore", message=r"set_epoch\(\d+\) after the sampler was restored",
                                 category=UserWarning)
-        if isinstance(sampler, StepCursor):  # the counter, not the restored position, places the passes
-            sampler.drop_restored_position()
+        sampler.drop_restored_position()  # the counter, not the restored position, places the passes
         dataloader.set_epoch(epoch)
     if not step:
         return dataloader, epoch

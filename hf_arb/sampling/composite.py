@@ -7,7 +7,7 @@ resume, report, per-rank view), so every batch on every rank has one target shap
 ``BucketedReferenceDataset`` turns a ``(row, composite id, epoch)`` key back into the target and reference buckets.
 
 Streaming: :func:`composite_stream` adds the composite id as a column of a ``datasets.IterableDataset`` (a fixed
-table, looked up row by row with :func:`composite_lookup`) and runs :class:`~hf_arb.sampling.stream.BucketedStream`
+table, looked up row by row with :func:`composite_lookup`) and runs :class:`~hf_arb.sampling.streaming.stream.BucketedStream`
 over that column, so streamed batches never mix reference shapes either, on any number of ranks.
 """
 
@@ -116,7 +116,7 @@ def add_composite_column(ds: Any, table: Any, reference_columns: Sequence[str] |
 
 def composite_stream(dataset: Any, batch_size: int, *, table: Any, counts: Any,
                      reference_columns: Sequence[str] | None = None, **stream_kwargs: Any) -> Any:
-    """A :class:`~hf_arb.sampling.stream.BucketedStream` over the composite key of an annotated streaming edit
+    """A :class:`~hf_arb.sampling.streaming.stream.BucketedStream` over the composite key of an annotated streaming edit
     dataset: every rank's batch at every step holds one composite bucket (one target shape, one shape per
     reference), and all ranks serve the same composite bucket at each step.
 
@@ -127,14 +127,14 @@ def composite_stream(dataset: Any, batch_size: int, *, table: Any, counts: Any,
             from :func:`composite_bucket_ids` over the whole split (e.g. ``read_composite`` of the map-style
             copy, or one pass over the stream's bucket columns). Rows whose tuple is not in ``table`` are skipped.
         reference_columns: default every reference column stored in the dataset.
-        **stream_kwargs: the other :class:`~hf_arb.sampling.stream.BucketedStream` arguments (``num_replicas``,
+        **stream_kwargs: the other :class:`~hf_arb.sampling.streaming.stream.BucketedStream` arguments (``num_replicas``,
             ``rank``, ``seed``, ``buffer_size``, ``collate_fn``…). Its ``state_dict``/``load_state_dict`` resume
             exactly, and its ``report().batches_per_bucket`` is keyed by composite id.
 
     Returns:
         The stream; each row carries its composite id in :data:`COMPOSITE_COLUMN`.
     """
-    from .stream import BucketedStream
+    from .streaming.stream import BucketedStream
 
     tab = np.asarray(table, dtype=np.int64)
     n = np.asarray(counts, dtype=np.int64).reshape(-1)

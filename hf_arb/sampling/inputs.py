@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 
 from hf_arb.buckets.schema import buckets_from_features, read_bucket_ids, read_resolutions
-from .index import CHUNK
-from .plan import as_bucket_ids, check_leftover, check_nonneg
+from .planning.index import CHUNK
+from .planning.plan import as_bucket_ids, check_leftover, check_nonneg
 
 
 def runtime_world() -> tuple[int, int] | None:

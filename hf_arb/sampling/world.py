@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from .inputs import default_world
-from .plan import check_nonneg, check_positive
+from .planning.plan import check_nonneg, check_positive
 
 
 class World(NamedTuple):

@@ -102,7 +102,7 @@ def image_loss_weights(args: argparse.Namespace, sampler: Any) -> Any:
     varied = getattr(sampler, "batch_sizes", None) is not None or hasattr(sampler, "step_tiers")  # tiers: per tier
     if args.max_pixels_per_batch is None or not varied:
         return lambda micro: 1.0
-    from hf_arb.sampling.batch_sizes import accumulation_weights
+    from hf_arb.sampling.planning.batch_sizes import accumulation_weights
 
     cache: dict[int, np.ndarray] = {}
 

@@ -36,8 +36,8 @@ def streaming_dataset(args: argparse.Namespace) -> tuple[Any, Any, np.ndarray]:
     import datasets
 
     from hf_arb import BucketSet
-    from hf_arb.sampling.stream import shuffle_shards
-    from hf_arb.sampling.stream_plan import as_counts
+    from hf_arb.sampling.streaming.stream import shuffle_shards
+    from hf_arb.sampling.streaming.plan import as_counts
 
     files = stream_files(args) if args.dataset_name is None else None
     ds = datasets.load_dataset(args.dataset_name or "parquet", args.dataset_config_name, data_files=files,
@@ -76,7 +76,7 @@ def streaming_dataset(args: argparse.Namespace) -> tuple[Any, Any, np.ndarray]:
 def tiered_counts(args: argparse.Namespace, ds: Any, files: list[str] | None) -> tuple[Any, np.ndarray]:
     """``(TierTable, rows per combined (tier, bucket) id)`` from the stored sizes: local shards read the two size
     columns vectorised, a hub dataset streams them once (docs/tiers.md, "With streaming")."""
-    from hf_arb.sampling.tier_stream import combined_counts, tier_stream_counts
+    from hf_arb.sampling.tiered.stream import combined_counts, tier_stream_counts
 
     from .tiers import tier_table
 
@@ -109,7 +109,7 @@ def stored_sizes(ds: Any, files: list[str] | None) -> tuple[np.ndarray, np.ndarr
 
 def hub_counts(args: argparse.Namespace, ds: Any, buckets: Any) -> np.ndarray:
     """Rows per bucket from the dataset card (``hf_arb.push_to_hub``), else one pass over the bucket column."""
-    from hf_arb.sampling.stream_plan import counts_from_card
+    from hf_arb.sampling.streaming.plan import counts_from_card
 
     try:
         from huggingface_hub import DatasetCard
@@ -134,14 +134,14 @@ def build_stream_dataloader(args: argparse.Namespace, accelerator: Any, ds: Any,
                                  center_crop=args.center_crop, random_flip=args.random_flip,
                                  on_bad_image=args.on_bad_image, bad_image_log=Path(args.output_dir) / SKIPPED_ROWS_FILE)
     if len(args.resolutions) > 1:  # one stream per tier, the schedule picks the tier of every step
-        from hf_arb.sampling.tier_stream import build_tiered_stream_loader
+        from hf_arb.sampling.tiered.stream import build_tiered_stream_loader
 
         from .tiers import tier_table
 
         tiers = tier_table(args).tiers
         try:
             if args.resolution_schedule == "random":  # a tier per image and epoch: one stream over every (tier, bucket)
-                from hf_arb.sampling.tier_stream_random import build_random_stream_loader, stream_groups
+                from hf_arb.sampling.tiered.stream_draw import build_random_stream_loader, stream_groups
 
                 groups = stream_groups(*stored_sizes(ds, stream_files(args) if args.dataset_name is None else None),
                                        tiers)

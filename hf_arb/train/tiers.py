@@ -84,7 +84,7 @@ def check_tier_flags(args: argparse.Namespace) -> None:
         if PRESET_INFO[args.bucket_preset].default_resolution is None:
             raise UsageError(f"--bucket_preset {args.bucket_preset} is a fixed table: it cannot be scaled to each "
                              f"tier of --resolution {res}. Use a preset that follows --resolution (e.g. budget).")
-    from hf_arb.sampling.tier_schedule import parse_resolution_schedule
+    from hf_arb.sampling.tiered.schedule import parse_resolution_schedule
 
     args.resolution_schedule = args.resolution_schedule or "random"
     try:
@@ -102,7 +102,7 @@ def tiers_from_args(args: argparse.Namespace) -> Any:
     ``--bucket_preset`` / ``--bucket_step`` / ``--bucket_metric`` / ``--max_aspect_error`` build there (the first
     one is the table the dataset is annotated with), and ``--max_upscale`` (default 1: never upscale)."""
     from hf_arb.buckets.resolve import resolve_buckets
-    from hf_arb.sampling.tier_plan import Tiers
+    from hf_arb.sampling.tiered.plan import Tiers
 
     sides = {k: v for k in ("min_side", "max_side") if (v := getattr(args, f"bucket_{k}", None)) is not None}
     sets = [resolve_buckets(args.bucket_preset, None, resolution=r, step=args.bucket_step, metric=args.bucket_metric,
@@ -189,7 +189,7 @@ def make_tier_pack_sampler(args: argparse.Namespace, ds: Any, table: TierTable, 
 def make_tier_sampler(args: argparse.Namespace, ds: Any, table: TierTable, accelerator: Any) -> Any:
     """The tiered global plan from the annotated dataset's stored sizes, prepared by accelerate as the
     single-tier sampler is (no ``rank=``: ``accelerator.prepare`` deals the plan)."""
-    from hf_arb.sampling.tiers import TieredBatchSampler
+    from hf_arb.sampling.tiered.sampler import TieredBatchSampler
 
     try:
         return TieredBatchSampler.from_dataset(
@@ -230,7 +230,7 @@ class TieredImages:
 def tier_pairs(ds: Any, table: TierTable) -> set[tuple[int, int]]:
     """``(row, combined id)`` of every (tier, bucket) a row is eligible for: what ``--cache_latents`` encodes (each
     image once per tier it can train at; the schedule picks among them)."""
-    from hf_arb.sampling.tier_plan import tier_bucket_ids
+    from hf_arb.sampling.tiered.plan import tier_bucket_ids
 
     t = ds.select_columns(["original_width", "original_height"]).with_format("arrow")[:]
     w, h = (t.column(c).to_numpy(zero_copy_only=False).astype(np.float64)

@@ -12,15 +12,45 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from .plan import check_nonneg
+from hf_arb.checks import check_nonneg
+from .cursor import StepCursor
 
 
 class ResumableBatchSampler:
     """What every hf_arb batch sampler is: a ``batch_sampler`` with ``set_epoch``, ``state_dict`` /
-    ``load_state_dict`` (torchdata's protocol) and ``report()``. :class:`~hf_arb.sampling.BucketBatchSampler`,
-    :class:`~hf_arb.sampling.tiers.TieredBatchSampler` and :class:`~hf_arb.packing.PackBatchSampler` derive from it,
-    so :func:`~hf_arb.sampling.accelerate.find_sampler` finds any of them behind a prepared ``DataLoader`` without
-    importing the packing floor."""
+    ``load_state_dict`` (torchdata's protocol) and ``report()``, whose position is one
+    :class:`~hf_arb.sampling.resume.cursor.StepCursor` (``self.cursor``, set by the subclass's ``__init__``).
+    :class:`~hf_arb.sampling.BucketBatchSampler`, :class:`~hf_arb.sampling.tiered.sampler.TieredBatchSampler` and
+    :class:`~hf_arb.packing.PackBatchSampler` derive from it, so :func:`~hf_arb.sampling.accelerate.find_sampler`
+    finds any of them behind a prepared ``DataLoader`` without importing the packing floor."""
+
+    cursor: StepCursor
+
+    @property
+    def sampler(self) -> ResumableBatchSampler:
+        """This sampler: accelerate looks for ``set_epoch`` on ``batch_sampler.sampler`` (also behind its
+        ``BatchSamplerShard``), so ``prepared_loader.set_epoch(e)`` reaches the cursor."""
+        return self
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next batch comes from."""
+        return self.cursor.epoch
+
+    @property
+    def batches_consumed(self) -> int:
+        """Steps of the current epoch the sampler's iterator has handed out (its resume position)."""
+        return self.cursor.consumed
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start epoch ``epoch`` from its first batch (:meth:`~hf_arb.sampling.resume.cursor.StepCursor.set_epoch`:
+        every pass yields it until the next ``set_epoch``; after a restore another epoch warns)."""
+        self.cursor.set_epoch(epoch)
+
+    def drop_restored_position(self) -> None:
+        """The loop's step counter, not the restored position, places the next pass (resume_dataloader calls it)."""
+        self.cursor.drop_restored_position()
+
 
 STATE_FORMAT = 1
 PLAN_VERSION = 2  # 2: counter-based (Feistel) permutations, O(buckets) state; bump whenever the same inputs would give a different plan: old states are then refused

@@ -5,7 +5,7 @@ one of four kinds:
 
 * ``random`` — OneTrainer's rule: every epoch, every image trains at one tier drawn uniformly among the tiers it
   is eligible for (its size needs no more than the allowed upscale there). Per row, per epoch, drawn in
-  ``O(groups)`` per epoch for groups of rows with the same buckets (:mod:`~hf_arb.sampling.tier_random`).
+  ``O(groups)`` per epoch for groups of rows with the same buckets (:mod:`~hf_arb.sampling.tiered.draw`).
 * ``mix`` — weights per tier: tier ``t`` trains a ``w_t / Σw`` share of the steps, exactly within every block of
   :data:`MIX_BLOCK` steps (stratified: the block's multiset of tiers is fixed, its order a keyed permutation). This
   is Open-Sora's per-resolution keep probabilities expressed as shares of the steps, with ``O(tiers)`` state.
@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from .feistel import FeistelPermutation
+from ..planning.feistel import FeistelPermutation
 
 SCHEDULES = ("random", "mix", "curriculum", "progressive")
 MIX_BLOCK = 1000  #: steps per block of the ``mix`` schedule: each tier's share is exact within every block

@@ -1,14 +1,14 @@
 """``TieredBatchSampler``: multi-resolution training in one resumable plan, every rank in the same (tier, bucket).
 
-The rows of each tier (:mod:`~hf_arb.sampling.tier_plan`) are planned by the synchronised layout of the single-tier
-sampler (:class:`~hf_arb.sampling.sync.SyncLayout`): global batches of ``world × batch`` rows of one bucket, a batch
-size per (tier, bucket) from one pixel budget. The schedule (:mod:`~hf_arb.sampling.tier_schedule`) decides the tier:
+The rows of each tier (:mod:`~hf_arb.sampling.tiered.plan`) are planned by the synchronised layout of the single-tier
+sampler (:class:`~hf_arb.sampling.planning.sync.SyncLayout`): global batches of ``world × batch`` rows of one bucket, a batch
+size per (tier, bucket) from one pixel budget. The schedule (:mod:`~hf_arb.sampling.tiered.schedule`) decides the tier:
 
 * step schedules (``mix``, ``curriculum``, ``progressive``): sampler epoch ``e`` is global steps
   ``[e·L, (e+1)·L)`` (``L = steps_per_epoch``); global step ``g`` trains tier ``t`` at position ``i`` of that tier's
   stream, i.e. step ``i mod S_t`` of the tier's pass ``i // S_t`` (``S_t``: steps of one pass over its rows).
   Every quantity is computed from ``(seed, epoch, step)``: state ``O(buckets × tiers)``, any step in ``O(batch)``.
-* ``random``: each epoch draws a tier per row (OneTrainer) in ``O(groups)`` (:mod:`~hf_arb.sampling.tier_random`:
+* ``random``: each epoch draws a tier per row (OneTrainer) in ``O(groups)`` (:mod:`~hf_arb.sampling.tiered.draw`:
   per group of rows with the same buckets, multinomial counts per tier and a keyed permutation) and plans one
   synchronised epoch over all (tier, bucket) pairs, so a pair is drawn in proportion to its remaining batches.
 
@@ -31,31 +31,31 @@ from typing import Any
 import numpy as np
 
 from hf_arb.checks import check_nonneg, check_positive
-from .cursor import StepCursor
-from .index import CHUNK, RowIndex, build_index, count_blocks, open_index
-from .inputs import check_world, default_world
-from .plan import check_leftover
-from .sampler import INDEX_IN_MEMORY_ROWS
-from .state import ResumableBatchSampler, as_state_mapping
-from .sync import SyncLayout
-from .tier_files import random_groups, shared_tier_columns
-from .tier_plan import Tiers, sizes_fingerprint, tier_batch_sizes, tier_bucket_ids
-from .tier_random import RandomEpochIndex
-from .tier_report import TierReport, bucket_table
-from .tier_schedule import TierSchedule, parse_resolution_schedule, stream_positions
-from .tier_state import check_tier_state, tier_state
+from ..inputs import check_world, default_world
+from ..planning.index import CHUNK, RowIndex, build_index, count_blocks, open_index
+from ..planning.plan import check_leftover
+from ..planning.sync import SyncLayout
+from ..resume.cursor import StepCursor, locate
+from ..resume.state import ResumableBatchSampler, as_state_mapping
+from ..sampler import INDEX_IN_MEMORY_ROWS
+from .draw import RandomEpochIndex
+from .files import random_groups, shared_tier_columns
+from .plan import Tiers, sizes_fingerprint, tier_batch_sizes, tier_bucket_ids
+from .report import TierReport, bucket_table
+from .schedule import TierSchedule, parse_resolution_schedule, stream_positions
+from .state import check_tier_state, tier_state
 
 MAX_CHUNK = 4096  # steps materialised at a time while iterating
 
 
-class TieredBatchSampler(StepCursor, ResumableBatchSampler):
+class TieredBatchSampler(ResumableBatchSampler):
     """Batch sampler over several resolution tiers; at every step all ranks train the same (tier, bucket).
 
     Args:
         widths, heights: every row's stored size, shape ``(n,)`` (``original_width`` / ``original_height``);
             :meth:`from_dataset` reads them from an annotated dataset.
-        tiers: the :class:`~hf_arb.sampling.tier_plan.Tiers` (bucket set per resolution, ``max_upscale``).
-        schedule: a :class:`~hf_arb.sampling.tier_schedule.TierSchedule` or its ``--resolution_schedule`` string.
+        tiers: the :class:`~hf_arb.sampling.tiered.plan.Tiers` (bucket set per resolution, ``max_upscale``).
+        schedule: a :class:`~hf_arb.sampling.tiered.schedule.TierSchedule` or its ``--resolution_schedule`` string.
         batch_size: rows per rank of a batch: an int, one per tier (int or ``(k_t,)``), or with
             ``max_pixels_per_batch`` the cap on every batch.
         max_pixels_per_batch: one pixel budget per rank and step for every (tier, bucket).
@@ -131,7 +131,7 @@ class TieredBatchSampler(StepCursor, ResumableBatchSampler):
                         f"leftover='fill', a larger `max_upscale`, or a schedule without this tier.")
             self._L = check_positive("steps_per_epoch", steps_per_epoch) if steps_per_epoch is not None else \
                 max(self._steps[t] for t in self._used)
-        self._init_cursor()  # epoch, position, where passes start; restores under accelerate (cursor.py)
+        self.cursor = StepCursor(self, self.steps_in)  # epoch, position, where passes start (resume/cursor.py)
 
     @classmethod
     def from_dataset(cls, ds: Any, tiers: Tiers, schedule: TierSchedule | str = "random",
@@ -162,11 +162,6 @@ class TieredBatchSampler(StepCursor, ResumableBatchSampler):
         return lay
 
     # ---------------------------------------------------------------- properties
-    @property
-    def sampler(self) -> TieredBatchSampler:
-        """This sampler (accelerate's ``set_epoch`` reaches ``batch_sampler.sampler``)."""
-        return self
-
     #: one batch per rank per step (accelerate's ``split_batches=True`` is not supported: batch sizes vary)
     split_batches = False
 
@@ -205,13 +200,11 @@ class TieredBatchSampler(StepCursor, ResumableBatchSampler):
     @property
     def steps_per_epoch(self) -> int:
         """Steps per rank of the current epoch (``len(prepared_loader)``)."""
-        return self.steps_in(self._epoch)
+        return self.steps_in(self.epoch)
 
     def steps_in(self, epoch: int) -> int:
         """Steps per rank of ``epoch`` (``random``: that epoch's draw)."""
         return self._L if self._L is not None else self._layout(self.tiers.num_tiers, epoch).num_steps
-
-    _steps_in = steps_in  # what the cursor asks (cursor.StepCursor)
 
     def __len__(self) -> int:
         """Batches one pass yields: steps × num_replicas."""
@@ -220,14 +213,7 @@ class TieredBatchSampler(StepCursor, ResumableBatchSampler):
     def locate(self, steps_done: int) -> tuple[int, int]:
         """``(epoch, step)`` after ``steps_done`` steps per rank since epoch 0 (``random``: walks the epochs, each
         an ``O(groups)`` draw)."""
-        steps_done = check_nonneg("steps_done", steps_done)
-        if self._L is not None:
-            return divmod(steps_done, self._L)
-        e = 0
-        while steps_done >= self.steps_in(e):
-            steps_done -= self.steps_in(e)
-            e += 1
-        return e, steps_done
+        return locate(steps_done, self.steps_in, self._L)
 
     # ---------------------------------------------------------------- the plan
     def step_items(self, epoch: int, s0: int, s1: int, rank: int | None = None,
@@ -265,14 +251,14 @@ class TieredBatchSampler(StepCursor, ResumableBatchSampler):
 
     def step_tiers(self, epoch: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """``(tier, bucket)`` of every step of ``epoch`` (default: current): int64 ``(steps,)`` each (``O(steps)``)."""
-        e = self._epoch if epoch is None else check_nonneg("epoch", epoch)
+        e = self.epoch if epoch is None else check_nonneg("epoch", epoch)
         items = [it for s0 in range(0, self.steps_in(e), MAX_CHUNK)
                  for it in self.step_items(e, s0, min(self.steps_in(e), s0 + MAX_CHUNK), rows=False)]
         return (np.array([t for t, _, _ in items], np.int64), np.array([b for _, b, _ in items], np.int64))
 
     def step_batch_sizes(self, epoch: int | None = None) -> np.ndarray:
         """Rows per rank of every step of ``epoch``: int64 ``(steps,)`` (for
-        :func:`~hf_arb.sampling.batch_sizes.accumulation_weights`)."""
+        :func:`~hf_arb.sampling.planning.batch_sizes.accumulation_weights`)."""
         tiers, buckets = self.step_tiers(epoch)
         return np.array([self._sizes[t][b] for t, b in zip(tiers.tolist(), buckets.tolist())], np.int64)
 
@@ -280,13 +266,13 @@ class TieredBatchSampler(StepCursor, ResumableBatchSampler):
     def _iter_steps(self, rank: int | None = None) -> Iterator[tuple[int, int, int, np.ndarray]]:
         """Yield ``(epoch, tier, bucket, rows)`` for the remaining steps of the epoch, moving the cursor."""
         check_world(self.num_replicas)
-        e, s0, start_id = self._begin_steps()
+        e, s0, start_id = self.cursor.begin()
         steps, size = self.steps_in(e), 1
         while s0 < steps:
             s1 = min(steps, s0 + size)
             size = min(size * 8, MAX_CHUNK)
             for i, (t, b, rows) in enumerate(self.step_items(e, s0, s1, rank)):
-                self._handed_out(e, s0 + i, steps, start_id)
+                self.cursor.handed_out(e, s0 + i, steps, start_id)
                 yield e, t, b, rows
             s0 = s1
 
@@ -298,13 +284,13 @@ class TieredBatchSampler(StepCursor, ResumableBatchSampler):
         """The remaining global plan of the epoch: at each step rank 0's batch, rank 1's, … (what accelerate deals
         out). A sampler built with ``rank=`` for several ranks is refused here: that is the plain-DDP habit, which
         would give this rank every rank's batches; it wants :meth:`shard`. After a restore, an accelerate pass
-        starts as :class:`~hf_arb.sampling.cursor.StepCursor` says (``skip_first_batches`` exact, a plain pass
+        starts as :class:`~hf_arb.sampling.resume.cursor.StepCursor` says (``skip_first_batches`` exact, a plain pass
         mid-epoch refused)."""
         if self._rank_given and self.num_replicas > 1:
             raise RuntimeError(f"TieredBatchSampler(num_replicas={self.num_replicas}, rank={self.rank}) iterated "
                                f"directly serves every rank's batches: for plain DDP use `sampler.shard()`; under "
                                f"accelerator.prepare build the sampler without `rank=`.")
-        skip = self._pass_skip(self.num_replicas)
+        skip = self.cursor.pass_skip(self.num_replicas)
         for e, t, b, rows in self._iter_steps():
             for r in range(skip, self.num_replicas):
                 yield self._keys(rows[r], t, b, e)
@@ -317,18 +303,18 @@ class TieredBatchSampler(StepCursor, ResumableBatchSampler):
     # ---------------------------------------------------------------- state and report
     def state_dict(self) -> dict[str, Any]:
         """Small JSON-serialisable state: position, schedule, tiers, global batches, options, fingerprint."""
-        return tier_state(self, self._epoch, self._consumed)
+        return tier_state(self, self.epoch, self.batches_consumed)
 
     def load_state_dict(self, state: Any) -> None:
         """Restore the position (``O(1)`` for step schedules; ``random`` redraws that epoch, ``O(groups)``).
         Refuses a state of another plan, naming the field; a different ``num_replicas`` with the same global
         batches continues the same global sequence (elastic). The next accelerate pass is placed as for
-        :class:`~hf_arb.sampling.sampler.BucketBatchSampler` (:mod:`~hf_arb.sampling.restore`)."""
-        self._restore_position(*check_tier_state(as_state_mapping(state), tier_state(self, 0, 0)))
+        :class:`~hf_arb.sampling.sampler.BucketBatchSampler` (:mod:`~hf_arb.sampling.resume.restore`)."""
+        self.cursor.restore(*check_tier_state(as_state_mapping(state), tier_state(self, 0, 0)))
 
     def report(self, epoch: int | None = None) -> TierReport:
         """Rows, batches, repeats and drops per tier and bucket in ``epoch`` (default: current; ``O(steps)``)."""
-        e = self._epoch if epoch is None else check_nonneg("epoch", epoch)
+        e = self.epoch if epoch is None else check_nonneg("epoch", epoch)
         tiers, _ = self.step_tiers(e)
         T, rows = self.tiers.num_tiers, []
         if self.schedule.per_row:

@@ -6,12 +6,12 @@ the same preset rule (:meth:`Tiers.preset`). The annotation stores every row's s
 ``-1`` where the row is not eligible there: no bucket (pruned by the set's rule), or the row would need more than
 ``max_upscale`` to cover its bucket (``max(bucket_w / w, bucket_h / h)``). Nothing of the dataset is copied per
 tier: a tier is a column of small ints (``int16``), which the sampler turns into one bucket-grouped row index per
-tier (:mod:`~hf_arb.sampling.index`, 4 bytes per eligible row, shareable as a memory-mapped file).
+tier (:mod:`~hf_arb.sampling.planning.index`, 4 bytes per eligible row, shareable as a memory-mapped file).
 
 OneTrainer's rule (a tier per row and epoch, uniform among the eligible ones) row by row: :func:`random_tier_ids`
 combines the tier columns into one id per row over all (tier, bucket) pairs, with a counter-based hash of
 ``(seed, epoch, row)``, so that any process computes the same draw for any chunk of rows (the packing sampler's
-draw; the bucketed ``random`` schedule draws the same law per row group, :mod:`~hf_arb.sampling.tier_random`).
+draw; the bucketed ``random`` schedule draws the same law per row group, :mod:`~hf_arb.sampling.tiered.draw`).
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from typing import Any
 import numpy as np
 
 from hf_arb.buckets.sets import BucketSet
-from .batch_sizes import batch_sizes_for_pixels
-from .index import CHUNK
+from ..planning.batch_sizes import batch_sizes_for_pixels
+from ..planning.index import CHUNK
 
 TIER_RANDOM = 31  #: stream tag of the ``random`` schedule's per-row draw (hf_arb.rng's tags are < 30)
 _M1, _M2, _GAMMA = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB), np.uint64(0x9E3779B97F4A7C15)
@@ -92,7 +92,7 @@ def tier_bucket_ids(widths: Any, heights: Any, tiers: Tiers, *, out: np.ndarray 
         tiers: the :class:`Tiers` (bucket sets and ``max_upscale``).
         out: optional int16 array ``(T, n)`` to fill (e.g. a memory-mapped ``.npy`` shared by a node's ranks).
 
-    Computed in chunks of :data:`~hf_arb.sampling.index.CHUNK` rows (temporaries of a few MB whatever ``n``).
+    Computed in chunks of :data:`~hf_arb.sampling.planning.index.CHUNK` rows (temporaries of a few MB whatever ``n``).
     """
     w_all, h_all = np.asarray(widths), np.asarray(heights)
     if w_all.shape != h_all.shape or w_all.ndim != 1:
@@ -131,7 +131,7 @@ def tier_batch_sizes(tiers: Tiers, *, batch_size: Any = None, max_pixels_per_bat
         batch_size: with ``max_pixels_per_batch``: a cap on every batch (None: no cap). Without: one int for every
             bucket, or one entry per tier (an int, or ints of shape ``(k_t,)``).
         max_pixels_per_batch: one pixel budget for every tier: bucket ``b`` of tier ``t`` gets
-            ``floor(budget / (w × h))`` rows (:func:`~hf_arb.sampling.batch_sizes.batch_sizes_for_pixels`), so a
+            ``floor(budget / (w × h))`` rows (:func:`~hf_arb.sampling.planning.batch_sizes.batch_sizes_for_pixels`), so a
             512² step holds four times the images of a 1024² one.
         needed: optional bool masks ``(k_t,)`` of the buckets that must hold one image (those with rows).
     """

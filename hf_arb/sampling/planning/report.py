@@ -80,7 +80,7 @@ def build_report(layout: Any, *, epoch: int, counts: np.ndarray, rows_total: int
     """The report of one epoch's layout.
 
     Args:
-        layout: a :class:`~hf_arb.sampling.sync.SyncLayout` or ``IndependentLayout`` (closed-form counts: no
+        layout: a :class:`~hf_arb.sampling.planning.sync.SyncLayout` or ``IndependentLayout`` (closed-form counts: no
             pass over the epoch's steps).
         epoch: the epoch it plans.
         counts: rows per original bucket, shape ``(k,)``.

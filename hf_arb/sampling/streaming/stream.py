@@ -2,7 +2,7 @@
 :func:`build_stream_loader`.
 
 Each rank reads its own split of the source (``datasets.distributed.split_dataset_by_node``) into one buffer
-per bucket; a global bucket schedule, the same on every rank (:func:`~hf_arb.sampling.stream_plan.stream_schedule`),
+per bucket; a global bucket schedule, the same on every rank (:func:`~hf_arb.sampling.streaming.plan.stream_schedule`),
 says which bucket every rank serves at each step. Like :class:`~hf_arb.BucketBatchSampler`, the stream yields
 the global sequence step-major, rank-minor — ``W`` items per step, item ``r`` is rank ``r``'s batch — so a plain
 ``accelerator.prepare`` hands each rank its own batch:
@@ -27,8 +27,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from .stream_buffer import COUNTERS, BufferOverflowError, RankBuffer
-from .stream_plan import StreamReport, as_counts, stream_schedule
+from .buffer import COUNTERS, BufferOverflowError, RankBuffer
+from .plan import StreamReport, as_counts, stream_schedule
 
 __all__ = ["BucketedStream", "BufferOverflowError", "build_stream_loader", "shuffle_shards"]
 #: 2: the source is read in chunks of ``snapshot_every`` rows (``IterableDataset.iter``), so the source snapshots
@@ -100,7 +100,7 @@ class BucketedStream(torch.utils.data.IterableDataset):
             restore its shuffle buffer on resume.
         batch_size: rows per batch per rank.
         counts: rows per bucket over the whole split (array, ``{id: rows}``, an annotation summary or the card's
-            stats, see :func:`~hf_arb.sampling.stream_plan.as_counts`); they fix the schedule.
+            stats, see :func:`~hf_arb.sampling.streaming.plan.as_counts`); they fix the schedule.
         buckets: the BucketSet, only for counts keyed by ``"WxH"``.
         num_replicas: ranks (``accelerator.num_processes``).
         rank: the rank whose split this process reads, or None to read every rank's split here (single-process
@@ -119,7 +119,7 @@ class BucketedStream(torch.utils.data.IterableDataset):
             source is read in chunks of this many rows (``dataset.iter(batch_size=snapshot_every)``), which is
             much faster than row by row: keep it at 64 or more unless resume replay must be tiny.
         history: steps back that :meth:`state_dict` can describe (the loader runs ahead of training by 1–2 steps).
-        schedule: the order of the buckets' batches, see :func:`~hf_arb.sampling.stream_plan.stream_schedule`:
+        schedule: the order of the buckets' batches, see :func:`~hf_arb.sampling.streaming.plan.stream_schedule`:
             ``"arrival"`` (each bucket's batches spread evenly, placed after their rows can have arrived) or
             ``"shuffle"`` (uniform, as the map-style plan; needs a much larger buffer for rare buckets).
         pick_window: a batch is drawn uniformly from its bucket's ``pick_window`` oldest buffered rows (default

@@ -82,8 +82,8 @@ def tier_row_counts(tier_ids: np.ndarray, num_buckets: Any) -> tuple[list[np.nda
     """Rows per (tier, bucket) of the tier columns, and the rows eligible in no tier.
 
     Args:
-        tier_ids: :func:`~hf_arb.sampling.tier_plan.tier_bucket_ids`, int ``(T, n)``, ``-1``: not eligible there.
-        num_buckets: buckets per tier, int ``(T,)`` (:attr:`~hf_arb.sampling.tier_plan.Tiers.num_buckets`).
+        tier_ids: :func:`~hf_arb.sampling.tiered.plan.tier_bucket_ids`, int ``(T, n)``, ``-1``: not eligible there.
+        num_buckets: buckets per tier, int ``(T,)`` (:attr:`~hf_arb.sampling.tiered.plan.Tiers.num_buckets`).
 
     Returns:
         ``(counts, no_tier)``: ``counts[t]`` int64 ``(k_t,)``, the rows whose bucket in tier ``t`` is ``b`` (a row

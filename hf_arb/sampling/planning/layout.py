@@ -10,8 +10,8 @@ A layout answers three questions about an epoch of ``steps`` steps on ``world`` 
 * ``layout.batches_per_target()`` and ``layout.usage()`` — ``{target: batches}`` and
   ``(rows_used, rows_repeated, rows_catch_all)`` for the epoch's report.
 
-:class:`~hf_arb.sampling.sync.SyncLayout` plans global batches of one bucket (every rank in the same bucket at
-each step) with ``O(buckets)`` state (module :mod:`~hf_arb.sampling.sync`). :class:`IndependentLayout` reproduces
+:class:`~hf_arb.sampling.planning.sync.SyncLayout` plans global batches of one bucket (every rank in the same bucket at
+each step) with ``O(buckets)`` state (module :mod:`~hf_arb.sampling.planning.sync`). :class:`IndependentLayout` reproduces
 NovelAI's independent per-rank draws, for comparison; it materialises its epoch (``O(n)``).
 """
 

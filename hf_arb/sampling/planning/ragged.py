@@ -1,9 +1,9 @@
 """The epoch plan with a batch size per bucket: a ragged plan, still one pure function of its inputs.
 
-With one batch size, :func:`~hf_arb.sampling.plan.plan_epoch` returns a dense ``(steps, world, batch)`` array. With a
-batch size per bucket (a pixel budget, :mod:`~hf_arb.sampling.batch_sizes`) the steps have different widths, so
+With one batch size, :func:`~hf_arb.sampling.planning.plan.plan_epoch` returns a dense ``(steps, world, batch)`` array. With a
+batch size per bucket (a pixel budget, :mod:`~hf_arb.sampling.planning.batch_sizes`) the steps have different widths, so
 :func:`plan_epoch_ragged` returns a :class:`RaggedPlan`: one flat row array cut by per-step offsets, with the
-bucket and batch size of every step. The layout is the synchronised one (:mod:`~hf_arb.sampling.sync`) with a
+bucket and batch size of every step. The layout is the synchronised one (:mod:`~hf_arb.sampling.planning.sync`) with a
 global batch ``G_b = world × b_b`` per bucket ``b``: every rank trains the same bucket, hence the same batch
 size, at every step; every rank has the same number of steps; a bucket's leftover is what does not fill its own
 last global batch (dropped, filled or pooled, as with one batch size, and reported); and since a bucket's steps are
@@ -95,10 +95,10 @@ def plan_epoch_ragged(
     Args:
         bucket_ids: bucket id per row, shape ``(n,)``; ``-1`` rows are never sampled.
         batch_sizes: rows per rank of a batch of each bucket, int64 ``(k,)`` (from
-            :func:`~hf_arb.sampling.batch_sizes.batch_sizes_for_pixels`), or one int (then the plan's rows equal
-            :func:`~hf_arb.sampling.plan.plan_epoch`'s, flattened).
+            :func:`~hf_arb.sampling.planning.batch_sizes.batch_sizes_for_pixels`), or one int (then the plan's rows equal
+            :func:`~hf_arb.sampling.planning.plan.plan_epoch`'s, flattened).
         world_size, seed, epoch, shuffle, leftover, catch_all_bucket, merge_map: as in
-            :func:`~hf_arb.sampling.plan.plan_epoch`. Catch-all batches take ``catch_all_bucket``'s batch size.
+            :func:`~hf_arb.sampling.planning.plan.plan_epoch`. Catch-all batches take ``catch_all_bucket``'s batch size.
 
     Returns:
         A :class:`RaggedPlan` (``rows (R,)``, ``offsets (steps + 1,)``, ``buckets (steps,)``, ``batch (steps,)``).

@@ -2,15 +2,15 @@
 one tier per epoch, drawn uniformly among the tiers it is eligible for) with every rank in the same (tier, bucket).
 
 A stream cannot look a row up by index, but the ``O(groups)`` random plan of
-:mod:`~hf_arb.sampling.tier_random` does not need to: it fixes, per epoch, how many rows of each *group* (rows with
+:mod:`~hf_arb.sampling.tiered.draw` does not need to: it fixes, per epoch, how many rows of each *group* (rows with
 the same bucket in every tier) train at each tier, from the group sizes alone, and which *positions* of a keyed
 permutation ``φ_g`` of the group take each tier. The stream reuses that plan as it is:
 
 * **Counts before reading.** The group sizes come from the stored sizes (:func:`stream_groups`, the same read of
   the ``original_width``/``original_height`` columns that the step schedules' counts take). Epoch ``e``'s rows per
-  (tier, bucket) are :class:`~hf_arb.sampling.tier_random.RandomEpochIndex`'s ``count``, exact, so the epoch's
+  (tier, bucket) are :class:`~hf_arb.sampling.tiered.draw.RandomEpochIndex`'s ``count``, exact, so the epoch's
   global bucket schedule is the single-tier stream's over the combined ids
-  (:func:`~hf_arb.sampling.stream_plan.stream_schedule`): the same on every rank, a pure function of (sizes, seed,
+  (:func:`~hf_arb.sampling.streaming.plan.stream_schedule`): the same on every rank, a pure function of (sizes, seed,
   epoch), and each step's (tier, bucket) follows (:meth:`RandomTierStream.step_tiers`).
 * **A row's tier on arrival.** Rank ``r`` of ``W`` reads its split in a deterministic order (the source's own
   order for the epoch; a resume replays it from the source's snapshots). The ``j``-th row of group ``g`` that rank
@@ -24,10 +24,10 @@ permutation ``φ_g`` of the group take each tier. The stream reuses that plan as
 * **State.** The per-group arrival counters of each rank (``O(groups)`` ints) travel with every source snapshot,
   so a resumed stream re-reads and re-assigns its buffered rows exactly and continues the counters where they were.
 
-What it is not: the per-row hash :func:`~hf_arb.sampling.tier_plan.random_tier_ids` (the packing sampler's), nor
+What it is not: the per-row hash :func:`~hf_arb.sampling.tiered.plan.random_tier_ids` (the packing sampler's), nor
 the map-style plan's draw of *which* rows take a tier (here the arrival order picks the row for a slot; the law of
 a row's tier is the same, uniform over its eligible tiers given ``φ_g``). A stream state is for the same world
-size (as :class:`~hf_arb.sampling.stream.BucketedStream`'s).
+size (as :class:`~hf_arb.sampling.streaming.stream.BucketedStream`'s).
 """
 
 from __future__ import annotations
@@ -39,24 +39,24 @@ from typing import Any
 
 import numpy as np
 
-from .feistel import FeistelPermutation
-from .stream import BucketedStream
-from .tier_plan import Tiers, tier_bucket_ids
-from .tier_random import TIER_GROUP_ORDER, RandomEpochIndex, RowGroups, find_groups, key_radix, row_keys
+from ..planning.feistel import FeistelPermutation
+from ..streaming.stream import BucketedStream
+from .draw import TIER_GROUP_ORDER, RandomEpochIndex, RowGroups, find_groups, key_radix, row_keys
+from .plan import Tiers, tier_bucket_ids
 
 SIZE_COLUMNS = ("original_width", "original_height")
 
 
 @dataclass(frozen=True)
 class GroupSizes:
-    """The part of a :class:`~hf_arb.sampling.index.RowIndex` the epoch's counts read: ``count``, rows per group,
+    """The part of a :class:`~hf_arb.sampling.planning.index.RowIndex` the epoch's counts read: ``count``, rows per group,
     int64 ``(G,)`` (a stream never looks a row up by index)."""
 
     count: np.ndarray
 
 
 def stream_groups(widths: Any, heights: Any, tiers: Tiers) -> RowGroups:
-    """The :class:`~hf_arb.sampling.tier_random.RowGroups` of a stream from its stored sizes (``(n,)`` each), with
+    """The :class:`~hf_arb.sampling.tiered.draw.RowGroups` of a stream from its stored sizes (``(n,)`` each), with
     only the group sizes as index (:class:`GroupSizes`).
 
     Raises:
@@ -73,7 +73,7 @@ def stream_groups(widths: Any, heights: Any, tiers: Tiers) -> RowGroups:
 
 
 def group_of(ids: np.ndarray, buckets: np.ndarray, tiers: Tiers) -> np.ndarray:
-    """Group of every row: ``ids`` int ``(T, m)`` (:func:`~hf_arb.sampling.tier_plan.tier_bucket_ids`), ``buckets``
+    """Group of every row: ``ids`` int ``(T, m)`` (:func:`~hf_arb.sampling.tiered.plan.tier_bucket_ids`), ``buckets``
     int ``(G, T)`` → int64 ``(m,)``, ``-1`` for rows eligible nowhere or in no group of the plan."""
     radix = key_radix(tiers.num_buckets)
     keys = row_keys(buckets.T, radix)  # (G,) ascending (find_groups sorts by key)
@@ -135,7 +135,7 @@ class TierAssigner:
 
 
 class AssignedSource:
-    """A rank's split with its :class:`TierAssigner`: what :class:`~hf_arb.sampling.stream_buffer.RankBuffer`
+    """A rank's split with its :class:`TierAssigner`: what :class:`~hf_arb.sampling.streaming.buffer.RankBuffer`
     reads (``iter(batch_size=...)``, ``state_dict()``); the state is the split's and the arrival counters."""
 
     def __init__(self, source: Any, assigner: TierAssigner) -> None:
@@ -152,17 +152,17 @@ class AssignedSource:
 class RandomTierStream(BucketedStream):
     """Full one-bucket batches of several tiers from a streaming dataset under the ``random`` schedule: each row
     at one tier per epoch, drawn uniformly among its eligible tiers, every rank in the same (tier, bucket) at every
-    step (module docstring). Yields, resumes and reports like :class:`~hf_arb.sampling.stream.BucketedStream` over
+    step (module docstring). Yields, resumes and reports like :class:`~hf_arb.sampling.streaming.stream.BucketedStream` over
     the combined (tier, bucket) ids; rows carry ``tier`` and ``tier_bucket``. Epochs differ in length a little
     (:meth:`steps_in`).
 
     Args:
         dataset: a ``datasets.IterableDataset`` with the stored sizes and a ``bucket`` column (rewritten).
-        tiers: the :class:`~hf_arb.sampling.tier_plan.Tiers`.
+        tiers: the :class:`~hf_arb.sampling.tiered.plan.Tiers`.
         batch_size: rows per batch per rank.
         groups: :func:`stream_groups` of the dataset's stored sizes (in any order).
         size_columns: the stored size columns.
-        **stream_kwargs: the :class:`~hf_arb.sampling.stream.BucketedStream` arguments (``num_replicas``,
+        **stream_kwargs: the :class:`~hf_arb.sampling.streaming.stream.BucketedStream` arguments (``num_replicas``,
             ``rank``, ``seed``, ``buffer_size``, ``collate_fn``, …).
     """
 
@@ -198,13 +198,13 @@ class RandomTierStream(BucketedStream):
 
     def schedule_of(self, epoch: int) -> np.ndarray:
         """The combined id of every step of ``epoch``, int ``(steps_in(epoch),)``."""
-        from .stream_plan import stream_schedule
+        from ..streaming.plan import stream_schedule
 
         return stream_schedule(self.epoch_plan(epoch).count, self.global_batch_size, self.seed, epoch,
                                order=self.schedule_order, batch_size=self.batch_size)
 
     def report(self) -> Any:
-        """:meth:`BucketedStream.report <hf_arb.sampling.stream.BucketedStream.report>` over the combined ids; with
+        """:meth:`BucketedStream.report <hf_arb.sampling.streaming.stream.BucketedStream.report>` over the combined ids; with
         several ranks ``rows_unread`` is None (a group's rows beyond a rank's share are in ``rows_skipped_unassigned``)."""
         rep = super().report()
         return rep if self.num_replicas == 1 else replace(rep, rows_unread=None)
@@ -232,7 +232,7 @@ class RandomTierStream(BucketedStream):
 
 def build_random_stream_loader(dataset: Any, tiers: Tiers, batch_size: int, *, groups: RowGroups,
                                accelerator: Any = None, **stream_kwargs: Any) -> tuple[Any, RandomTierStream]:
-    """:func:`~hf_arb.sampling.tier_stream.build_tiered_stream_loader` for the ``random`` schedule: a
+    """:func:`~hf_arb.sampling.tiered.stream.build_tiered_stream_loader` for the ``random`` schedule: a
     ``DataLoader`` over a :class:`RandomTierStream` set up for ``accelerator``.
 
     Raises:
@@ -240,7 +240,7 @@ def build_random_stream_loader(dataset: Any, tiers: Tiers, batch_size: int, *, g
     """
     import torch
 
-    from .tier_stream import first_item, stream_ranks
+    from .stream import first_item, stream_ranks
 
     world, rank = stream_ranks(accelerator)
     stream = RandomTierStream(dataset, tiers, batch_size, groups=groups, num_replicas=world, rank=rank,

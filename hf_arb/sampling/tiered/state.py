@@ -22,7 +22,7 @@ _KIND = "tiered"
 
 
 def tier_state(sampler: Any, epoch: int, consumed: int) -> dict[str, Any]:
-    """A :class:`~hf_arb.sampling.tiers.TieredBatchSampler`'s state at ``(epoch, consumed)``."""
+    """A :class:`~hf_arb.sampling.tiered.sampler.TieredBatchSampler`'s state at ``(epoch, consumed)``."""
     return {
         "format": TIER_STATE_FORMAT,
         "kind": _KIND,

@@ -48,7 +48,7 @@ class RankBuffer:
         open_source: ``open_source(state_or_None)`` returns a fresh ``datasets.IterableDataset`` of this rank's
             split for the epoch, positioned at ``state`` (a ``state_dict()`` of it) when given.
         schedule: the epoch's global bucket schedule, shape ``(steps,)``.
-        rank, batch_size, buffer_size, fill, seed, epoch: see :class:`~hf_arb.sampling.stream.BucketedStream`.
+        rank, batch_size, buffer_size, fill, seed, epoch: see :class:`~hf_arb.sampling.streaming.stream.BucketedStream`.
         on_overflow: ``"error"`` or ``"evict"``.
         bucket_column: the column with the bucket id.
         snapshot_every: rows between two source snapshots.

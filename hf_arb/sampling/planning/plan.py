@@ -4,12 +4,12 @@
 ``r`` trains on at step ``s``. Every rank computes the same array from the same inputs, so all ranks agree on the
 number of steps and, with ``sync_buckets=True``, on the bucket of every step.
 
-How a synchronised plan is built (:mod:`~hf_arb.sampling.sync` has the details):
+How a synchronised plan is built (:mod:`~hf_arb.sampling.planning.sync` has the details):
 
-1. Rows are grouped by (effective) bucket once: a 4-byte-per-row index (:mod:`~hf_arb.sampling.index`), which
+1. Rows are grouped by (effective) bucket once: a 4-byte-per-row index (:mod:`~hf_arb.sampling.planning.index`), which
    the sampler can share between the ranks of a node as a memory-mapped file.
 2. Each bucket's rows are put in a pseudo-random order by a keyed Feistel permutation (``seed, epoch, bucket``;
-   :mod:`~hf_arb.sampling.feistel`) and cut into *global* batches of ``world × batch`` rows. What does not fill
+   :mod:`~hf_arb.sampling.planning.feistel`) and cut into *global* batches of ``world × batch`` rows. What does not fill
    a last global batch is the bucket's leftover: dropped (a different random subset each epoch), completed with
    repeats from the same bucket (``"fill"``), or pooled into catch-all batches served at a base bucket
    (``"catch_all"``).
@@ -140,7 +140,7 @@ def effective_ids(ids: np.ndarray, merge_map: Any | None) -> tuple[np.ndarray, i
 def make_layout(eff_ids: np.ndarray | None, k: int, *, batch_size: int, world_size: int, seed: int, epoch: int,
                 shuffle: bool, sync_buckets: bool, leftover: str, catch_all_bucket: int | None,
                 index: RowIndex | None = None) -> SyncLayout | IndependentLayout:
-    """The layout of one epoch (see :mod:`hf_arb.sampling.layout`). A synchronised layout reads the grouped rows
+    """The layout of one epoch (see :mod:`hf_arb.sampling.planning.layout`). A synchronised layout reads the grouped rows
     ``index`` (built from ``eff_ids`` when None); an independent one reads ``eff_ids``."""
     if sync_buckets:
         if index is None:

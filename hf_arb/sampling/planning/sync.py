@@ -1,9 +1,9 @@
 """The synchronised epoch layout, computed step by step: ``O(buckets)`` state, any step's batch in ``O(batch)``.
 
 Let ``G = world × batch`` (the global batch) and ``n_b`` the rows of (effective) bucket ``b``. With a batch size
-per bucket (a pixel budget, :mod:`~hf_arb.sampling.batch_sizes`) every ``G`` below is that bucket's own
+per bucket (a pixel budget, :mod:`~hf_arb.sampling.planning.batch_sizes`) every ``G`` below is that bucket's own
 ``G_b = world × batch_b`` (the pool's is its target bucket's); nothing else changes. One epoch of seed
-``s`` and epoch ``e`` is defined by three kinds of keyed permutations (:class:`~hf_arb.sampling.feistel.
+``s`` and epoch ``e`` is defined by three kinds of keyed permutations (:class:`~hf_arb.sampling.planning.feistel.
 FeistelPermutation`), none of them materialised:
 
 * ``π_b`` over ``[0, n_b)`` (key ``s, e, PLAN_BUCKET, b``): bucket ``b``'s row order. Its positions
@@ -43,7 +43,7 @@ class SyncLayout:
     """One epoch of a synchronised plan: every step is one global batch of ``world × batch`` rows of one bucket.
 
     Args:
-        index: the bucket-grouped rows (:class:`~hf_arb.sampling.index.RowIndex`), shared by every epoch.
+        index: the bucket-grouped rows (:class:`~hf_arb.sampling.planning.index.RowIndex`), shared by every epoch.
         world, batch: ranks and rows per rank (only their product enters the plan).
         seed, epoch: key of the epoch's permutations.
         shuffle: ``False``: every permutation is the identity (buckets in id order, rows ascending).

@@ -1,15 +1,15 @@
 """Several resolution tiers from a streaming dataset: :class:`TieredStream`, every rank in the same (tier, bucket).
 
-The map-style :class:`~hf_arb.sampling.tiers.TieredBatchSampler` runs, for a step schedule (``mix``,
+The map-style :class:`~hf_arb.sampling.tiered.sampler.TieredBatchSampler` runs, for a step schedule (``mix``,
 ``curriculum``, ``progressive``), one *stream* of passes per tier and lets the schedule say which tier's stream the
-next step comes from. A stream does the same with one :class:`~hf_arb.sampling.stream.BucketedStream` per tier:
+next step comes from. A stream does the same with one :class:`~hf_arb.sampling.streaming.stream.BucketedStream` per tier:
 
 * tier ``t``'s stream reads the source with the row's bucket **in tier t** (``bucket`` rewritten to the combined id
-  ``offsets[t] + b`` of :attr:`~hf_arb.sampling.tier_plan.Tiers.offsets`, ``bucket_width``/``bucket_height`` to that
-  bucket's size, from the stored size with :func:`~hf_arb.sampling.tier_plan.tier_bucket_ids`; ``tier`` and
+  ``offsets[t] + b`` of :attr:`~hf_arb.sampling.tiered.plan.Tiers.offsets`, ``bucket_width``/``bucket_height`` to that
+  bucket's size, from the stored size with :func:`~hf_arb.sampling.tiered.plan.tier_bucket_ids`; ``tier`` and
   ``tier_bucket`` added; rows not eligible there are skipped), with the rows per bucket of that tier as its counts,
-  so its global bucket schedule is the single-tier one (:func:`~hf_arb.sampling.stream_plan.stream_schedule`);
-* global step ``g`` trains tier ``t`` at position ``i`` of its stream (:func:`~hf_arb.sampling.tier_schedule.
+  so its global bucket schedule is the single-tier one (:func:`~hf_arb.sampling.streaming.plan.stream_schedule`);
+* global step ``g`` trains tier ``t`` at position ``i`` of its stream (:func:`~hf_arb.sampling.tiered.schedule.
   stream_positions`), i.e. step ``i mod S_t`` of the tier's pass ``i // S_t``: every rank computes the same (tier,
   bucket) for every step, and a tier that comes back continues where it stopped;
 * an epoch of the tiered stream is ``steps_per_epoch`` global steps (default: the longest pass of a tier in use),
@@ -19,7 +19,7 @@ Resume: the state holds the global position and, per tier, its stream's state at
 reads ahead; each tier's stream keeps the history to describe an earlier step, its previous pass included).
 
 ``random`` (a tier per row and epoch) is not a step schedule: it streams with
-:class:`~hf_arb.sampling.tier_stream_random.RandomTierStream` (one stream over every (tier, bucket), the epoch's
+:class:`~hf_arb.sampling.tiered.stream_draw.RandomTierStream` (one stream over every (tier, bucket), the epoch's
 counts from the ``O(groups)`` random plan); :class:`TieredStream` refuses it, naming that class.
 """
 
@@ -33,10 +33,10 @@ import numpy as np
 import torch
 
 from hf_arb.checks import check_nonneg, check_positive
-from .stream import BucketedStream
-from .stream_plan import stream_schedule
-from .tier_plan import Tiers, tier_bucket_ids
-from .tier_schedule import TierSchedule, parse_resolution_schedule, stream_positions
+from ..streaming.plan import stream_schedule
+from ..streaming.stream import BucketedStream
+from .plan import Tiers, tier_bucket_ids
+from .schedule import TierSchedule, parse_resolution_schedule, stream_positions
 
 STATE_VERSION = 1
 #: the columns a tier's stream rewrites from the stored size (and the ``tier``, ``tier_bucket`` it adds)
@@ -71,7 +71,7 @@ def combined_counts(counts: Sequence[Any], tiers: Tiers) -> np.ndarray:
 
 @dataclass(frozen=True)
 class TieredStreamReport:
-    """Position of a :class:`TieredStream` and each used tier's :class:`~hf_arb.sampling.stream_plan.StreamReport`
+    """Position of a :class:`TieredStream` and each used tier's :class:`~hf_arb.sampling.streaming.plan.StreamReport`
     (of its current pass), keyed by resolution."""
 
     epoch: int
@@ -99,20 +99,20 @@ def tier_stream_counts(widths: Any, heights: Any, tiers: Tiers) -> list[np.ndarr
 
 class TieredStream(torch.utils.data.IterableDataset):
     """Full one-bucket batches of several resolution tiers from a streaming dataset, the same (tier, bucket) on
-    every rank at every step, under a step schedule; yields like :class:`~hf_arb.sampling.stream.BucketedStream`
+    every rank at every step, under a step schedule; yields like :class:`~hf_arb.sampling.streaming.stream.BucketedStream`
     (per step one item per rank, ``None`` for ranks this process does not read).
 
     Args:
         dataset: a ``datasets.IterableDataset`` with the stored sizes (``original_width``, ``original_height``).
-        tiers: the :class:`~hf_arb.sampling.tier_plan.Tiers`.
+        tiers: the :class:`~hf_arb.sampling.tiered.plan.Tiers`.
         schedule: a step schedule (``mix``, ``curriculum``, ``progressive``) or its ``--resolution_schedule`` text.
         batch_size: rows per batch per rank (one size for every tier: a stream takes no pixel budget).
         counts: rows per bucket of every tier (:func:`tier_stream_counts`), one ``(k_t,)`` array per tier, or
             one ``(K,)`` array over the combined ids.
-        num_replicas, rank, seed: as :class:`~hf_arb.sampling.stream.BucketedStream`.
+        num_replicas, rank, seed: as :class:`~hf_arb.sampling.streaming.stream.BucketedStream`.
         steps_per_epoch: global steps per epoch (default: the longest pass of a tier in use).
         size_columns: the stored size columns.
-        **stream_kwargs: the other :class:`~hf_arb.sampling.stream.BucketedStream` arguments (``buffer_size``,
+        **stream_kwargs: the other :class:`~hf_arb.sampling.streaming.stream.BucketedStream` arguments (``buffer_size``,
             ``collate_fn``, ``history``, …), the same for every tier.
     """
 
@@ -125,7 +125,7 @@ class TieredStream(torch.utils.data.IterableDataset):
         self.tiers, self.schedule = tiers, schedule.validate(tiers.num_tiers)
         if self.schedule.per_row:
             raise ValueError("TieredStream takes a step schedule (mix, curriculum, progressive): `random` draws a "
-                             "tier per row and epoch; stream it with hf_arb.sampling.tier_stream_random."
+                             "tier per row and epoch; stream it with hf_arb.sampling.tiered.stream_draw."
                              "RandomTierStream (groups=stream_groups(widths, heights, tiers)).")
         flat = not len(counts) or np.isscalar(counts[0]) or np.ndim(counts[0]) == 0
         if flat and len(counts) == int(tiers.offsets[-1]):  # one array over the combined ids
@@ -311,7 +311,7 @@ def pass_schedule(stream: BucketedStream, q: int) -> np.ndarray:
 def build_tiered_stream_loader(dataset: Any, tiers: Tiers, schedule: TierSchedule | str, batch_size: int, *,
                                 counts: Any, accelerator: Any = None,
                                 **stream_kwargs: Any) -> tuple[torch.utils.data.DataLoader, TieredStream]:
-    """:func:`~hf_arb.sampling.stream.build_stream_loader` for several tiers: a ``DataLoader`` over a
+    """:func:`~hf_arb.sampling.streaming.stream.build_stream_loader` for several tiers: a ``DataLoader`` over a
     :class:`TieredStream` set up for ``accelerator`` (each process reads its own split with
     ``dispatch_batches=False``, else the main process reads every split).
 

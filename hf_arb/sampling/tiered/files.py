@@ -15,13 +15,13 @@ from pathlib import Path
 
 import numpy as np
 
-from .index import build_index, count_blocks, open_index
-from .tier_plan import Tiers, tier_bucket_ids
-from .tier_random import GroupColumn, RowGroups, find_groups
+from ..planning.index import build_index, count_blocks, open_index
+from .draw import GroupColumn, RowGroups, find_groups
+from .plan import Tiers, tier_bucket_ids
 
 
 def shared_tier_columns(widths: np.ndarray, heights: np.ndarray, tiers: Tiers, path: Path) -> np.ndarray:
-    """:func:`~hf_arb.sampling.tier_plan.tier_bucket_ids` as a read-only memory-mapped int16 ``(T, n)`` array at
+    """:func:`~hf_arb.sampling.tiered.plan.tier_bucket_ids` as a read-only memory-mapped int16 ``(T, n)`` array at
     ``path``, computed (in chunks, straight into the file) only when no such file exists."""
     shape = (tiers.num_tiers, int(np.asarray(widths).size))
     if path.exists():
@@ -42,7 +42,7 @@ def shared_tier_columns(widths: np.ndarray, heights: np.ndarray, tiers: Tiers, p
 
 
 def random_groups(tier_ids: np.ndarray, tiers: Tiers, folder: Path | None, fingerprint: str) -> RowGroups:
-    """The ``random`` schedule's row groups (:mod:`~hf_arb.sampling.tier_random`): built once, in chunks.
+    """The ``random`` schedule's row groups (:mod:`~hf_arb.sampling.tiered.draw`): built once, in chunks.
 
     ``folder`` None: in memory (the group index, 4 bytes per eligible row). Else the group index is a shared file
     ``random-groups-<fingerprint>.npy`` with the groups' buckets and per-block counts beside it (``.meta.npz``);

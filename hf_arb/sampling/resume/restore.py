@@ -1,6 +1,6 @@
-"""What a restored sampler (:class:`~hf_arb.sampling.sampler.BucketBatchSampler`,
-:class:`~hf_arb.sampling.tiers.TieredBatchSampler`: :class:`~hf_arb.sampling.cursor.StepCursor`) does on its next
-accelerate pass.
+"""What a restored sampler (its :class:`~hf_arb.sampling.resume.cursor.StepCursor`:
+:class:`~hf_arb.sampling.sampler.BucketBatchSampler`, :class:`~hf_arb.sampling.tiered.sampler.TieredBatchSampler`,
+:class:`~hf_arb.packing.PackBatchSampler`) does on its next accelerate pass.
 
 A sampler restored by ``accelerator.load_state`` (``register_for_checkpointing``) holds the position its iterator
 had reached, which runs *ahead* of the training loop: accelerate's loader reads one step ahead and a ``DataLoader``
@@ -18,7 +18,7 @@ with workers ``prefetch_factor × num_workers`` batches more. Only the loop's st
   ``skip_first_batches``; a restore at an epoch's start passes when the loader's epoch is the restored one;
 - **the stateful loader**: torchdata restores the position itself, nothing changes;
 - **``hf_arb.resume_dataloader``** sets the epoch from the counter and tells the sampler
-  (:meth:`~hf_arb.sampling.cursor.StepCursor.drop_restored_position`): nothing changes.
+  (:meth:`~hf_arb.sampling.resume.cursor.StepCursor.drop_restored_position`): nothing changes.
 
 The pass is identified through accelerate's public objects only: ``GradientState().active_dataloader`` (the loader
 being iterated; documented attribute), its ``batch_sampler`` chain (``SkipBatchSampler.skip_batches``,

@@ -6,15 +6,15 @@ Such a class is a *group*: ``G`` of them, a few hundred in practice (a row's buc
 its aspect ratio, so ``G`` is about the number of aspect intervals that the tiers' bucket bounds cut, times the
 eligibility patterns; 87 for the ``budget`` preset at 512/768/1024 on 10⁸ sizes uniform in [256, 2048]). The
 groups are found once, at construction, with the rows of each group in a
-:class:`~hf_arb.sampling.index.RowIndex` keyed by group (4 bytes per row, built in chunks, shareable as a node
-file: :func:`~hf_arb.sampling.tier_files.random_groups`).
+:class:`~hf_arb.sampling.planning.index.RowIndex` keyed by group (4 bytes per row, built in chunks, shareable as a node
+file: :func:`~hf_arb.sampling.tiered.files.random_groups`).
 
 **One epoch** (seed ``s``, epoch ``e``), for every group ``g`` of ``n_g`` rows and ``m_g`` eligible tiers:
 
 1. the counts per eligible tier ``(c_{g,t})`` are one multinomial draw ``Mult(n_g; 1/m_g, ..., 1/m_g)``, all groups
    from one generator keyed ``(s, e, TIER_GROUP_COUNTS)`` (:func:`draw_tier_counts`, ``O(G × T)``);
 2. the group's rows are put in a keyed pseudo-random order ``φ_g`` (a
-   :class:`~hf_arb.sampling.feistel.FeistelPermutation` of ``[0, n_g)``, key ``(s, e, TIER_GROUP_ORDER, g)``);
+   :class:`~hf_arb.sampling.planning.feistel.FeistelPermutation` of ``[0, n_g)``, key ``(s, e, TIER_GROUP_ORDER, g)``);
    positions ``[0, c_0)`` of that order train at its first eligible tier, the next ``c_1`` at the second, and so on.
 
 **What holds.** Drawing each row's tier independently and uniformly among its ``m_g`` eligible tiers gives, per
@@ -24,13 +24,13 @@ groups; step 2 makes the assignment given the counts the one of a uniformly rand
 ``φ_g`` is indistinguishable from one (the premise of the whole plan, tested in ``tests/test_sampler.py``). So the
 epoch's assignment is the independent per-row draw in law, up to ``φ_g`` being pseudo-random: each row is uniform
 over its eligible tiers, rows are independent, epochs are independent (new keys). It is *not* the same draw as the
-per-row hash :func:`~hf_arb.sampling.tier_plan.random_tier_ids` (the packing sampler's).
+per-row hash :func:`~hf_arb.sampling.tiered.plan.random_tier_ids` (the packing sampler's).
 
 **The rows of a (tier, bucket).** Tier ``t``'s bucket ``b`` (combined id ``c = offsets[t] + b``) receives the slice
 ``[start_{g,t}, start_{g,t} + c_{g,t})`` of ``φ_g`` of every group ``g`` whose bucket at ``t`` is ``b``
 (``start_{g,t}``: the counts of ``g``'s earlier tiers). :class:`RandomEpochIndex` lists these *parts*, in group
 order, as one virtual row list per ``c`` and answers ``rows(c, q)`` — the interface of a
-:class:`~hf_arb.sampling.index.RowIndex` that :class:`~hf_arb.sampling.sync.SyncLayout` plans over — with one
+:class:`~hf_arb.sampling.planning.index.RowIndex` that :class:`~hf_arb.sampling.planning.sync.SyncLayout` plans over — with one
 ``searchsorted`` over the ``P <= G × T`` parts, the group's permutation and the group index. An epoch's plan is
 ``O(G × T)`` numbers; any step's rows ``O(batch)`` (plus one permutation key per group it touches).
 
@@ -45,8 +45,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from hf_arb.rng import generator
-from .feistel import FeistelPermutation
-from .index import CHUNK, RowIndex
+from ..planning.feistel import FeistelPermutation
+from ..planning.index import CHUNK, RowIndex
 
 TIER_GROUP_COUNTS = 32  #: stream tag of the per-group tier counts (hf_arb.rng's tags are < 30; tiers use 30+)
 TIER_GROUP_ORDER = 33  #: stream tag of a group's row order (extra: group)
@@ -70,7 +70,7 @@ def row_keys(ids: np.ndarray, radix: np.ndarray) -> np.ndarray:
 
 def find_groups(tier_ids: np.ndarray, num_buckets: np.ndarray) -> np.ndarray:
     """The distinct bucket tuples of the rows eligible somewhere: int16 ``(G, T)``, sorted by key, ``-1`` where the
-    group is not eligible. ``tier_ids``: int16 ``(T, n)`` (:func:`~hf_arb.sampling.tier_plan.tier_bucket_ids`),
+    group is not eligible. ``tier_ids``: int16 ``(T, n)`` (:func:`~hf_arb.sampling.tiered.plan.tier_bucket_ids`),
     read in chunks."""
     radix = key_radix(num_buckets)
     space = int(radix[-1] * (int(num_buckets[-1]) + 1))
@@ -94,7 +94,7 @@ def find_groups(tier_ids: np.ndarray, num_buckets: np.ndarray) -> np.ndarray:
 class GroupColumn:
     """Every row's group id as a read-only column computed per slice from the tier columns (no ``O(n)`` array):
     ``column[c0:c1]`` is int16 ``(c1 - c0,)``, ``-1`` for rows eligible nowhere. What
-    :func:`~hf_arb.sampling.index.build_index` and :func:`~hf_arb.sampling.index.count_blocks` read in chunks.
+    :func:`~hf_arb.sampling.planning.index.build_index` and :func:`~hf_arb.sampling.planning.index.count_blocks` read in chunks.
 
     Args:
         tier_ids: int16 ``(T, n)``.
@@ -165,8 +165,8 @@ def draw_tier_counts(sizes: np.ndarray, eligible: np.ndarray, seed: int, epoch: 
 
 
 class RandomEpochIndex:
-    """The rows drawn for every (tier, bucket) in one epoch, as a virtual :class:`~hf_arb.sampling.index.RowIndex`
-    over the ``K`` combined ids (``count`` and ``rows``: what :class:`~hf_arb.sampling.sync.SyncLayout` reads).
+    """The rows drawn for every (tier, bucket) in one epoch, as a virtual :class:`~hf_arb.sampling.planning.index.RowIndex`
+    over the ``K`` combined ids (``count`` and ``rows``: what :class:`~hf_arb.sampling.planning.sync.SyncLayout` reads).
 
     Args:
         groups: the :class:`RowGroups`.
