@@ -14,6 +14,7 @@ import pytest
 from _train_fixtures import SD_BASE
 from test_train import run_script, script
 
+import hf_arb.families as families
 from hf_arb.families import FLOW_FAMILIES, Family, detect_family, family_names, get_family, register_family
 from hf_arb.families.base import unregister_family
 from hf_arb.families.sd import SDFamily
@@ -29,6 +30,28 @@ def test_builtin_families_are_detected_from_their_files_and_hub_names(train_asse
     assert detect_family("black-forest-labs/FLUX.1-schnell") == "flux"
     assert detect_family("some-org/unknown-model") == "sd"
     assert {get_family(n).denoiser_name for n in FLOW_FAMILIES} == {"transformer"}
+
+
+def test_flow_families_are_the_registered_flow_adapters():
+    """FLOW_FAMILIES is derived from the registry (each adapter's objective), not kept by hand: it holds every
+    flow-matching adapter (the edit models too), a plugin's as soon as it registers, and no UNet family."""
+    from hf_arb.families import flow_families
+    from hf_arb.families.flow_family import FlowFamily
+    from hf_arb.families.sd3 import SD3Family
+
+    flow = {n for n in family_names() if isinstance(get_family(n), FlowFamily)}
+    assert set(FLOW_FAMILIES) == flow >= {"qwenimage-edit", "qwenimage-edit-plus", "flux-kontext", "sd3"}
+    assert {get_family(n).objective for n in family_names()} == {"flow", "noise"}
+
+    class PluginFlow(SD3Family):
+        name = "sd3-plugin"
+
+    register_family(PluginFlow)
+    try:
+        assert "sd3-plugin" in flow_families() and "sd3-plugin" in families.FLOW_FAMILIES
+    finally:
+        unregister_family("sd3-plugin")
+    assert "sd3-plugin" not in flow_families()
 
 
 def test_detection_and_flag_defaults_do_not_import_torch(train_assets):

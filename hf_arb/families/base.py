@@ -109,6 +109,9 @@ class Family:
     refused_flags_for: str = ""
     #: the end of that refusal: "." or a pointer to what the family trains with instead
     refusal_note: str = "."
+    #: the training objective: ``"flow"`` (flow matching) or ``"noise"`` (epsilon / v-prediction); the flow families
+    #: (:func:`hf_arb.families.flow_families`) are the registered adapters whose objective is ``"flow"``
+    objective: str = ""
     #: ``--packing`` (several images at their own size in one token sequence) applies
     supports_packing: bool = False
     #: model card front matter

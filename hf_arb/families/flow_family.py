@@ -185,6 +185,7 @@ class FlowFamily(Family):
 
 
     # ------------------------------------------------------------------ the training script's questions
+    objective = "flow"
     denoiser_name = "transformer"
     denoiser_title = "transformer"
     full_defaults = (1024, 1, 4)  # SD3 / Flux take SDXL's (1024-pixel) defaults
