@@ -14,6 +14,10 @@ MAX_LINES = 400
 FLOORS = ("ground", "buckets", "images", "sampling", "annotate", "families", "packing", "train", "cli", "testing")
 #: imports that run inside a function and point "up", each with its reason
 ALLOWED_LAZY = {("hf_arb.sampling", "hf_arb.packing.sampler")}  # hf_arb.sampling.PackBatchSampler, a 0.1 path
+#: what ``testing/`` may import besides the ground floor, each with its reason (docs/code_map.md): a tiny Qwen-Image
+#: edit model is built and saved with the processor and the saver a trained one is (the Qwen2-VL processor without
+#: torchvision, the Hub layout stock diffusers loads), not with copies of them
+TESTING_MAY_IMPORT = {"hf_arb.families.qwenimage_edit"}
 
 
 def _module_name(path: Path) -> str:
@@ -125,6 +129,16 @@ def test_lower_floors_never_import_upper_ones() -> None:
 def test_floor_check_sees_an_upward_import() -> None:
     assert floor("hf_arb.buckets.sets") < floor("hf_arb.images.fitting") < floor("hf_arb.train.latents")
     assert floor("hf_arb.rng") == 0 and floor("hf_arb.cli") == FLOORS.index("cli")
+
+
+def test_testing_imports_only_the_ground_floor_and_its_listed_exceptions() -> None:
+    """``testing/`` sits outside the house (tests, docs and demos use it): it imports the ground floor and only the
+    modules :data:`TESTING_MAY_IMPORT` names with their reason."""
+    graph = _graph()
+    used = {b for a, targets in graph.items() if a.startswith("hf_arb.testing") for b in targets
+            if floor(b) != 0 and not b.startswith("hf_arb.testing")}
+    assert used <= TESTING_MAY_IMPORT, sorted(used - TESTING_MAY_IMPORT)
+    assert TESTING_MAY_IMPORT <= used, "drop the exceptions testing/ no longer needs"
 
 
 def test_every_stage_folder_says_what_it_owns_and_may_import() -> None:
