@@ -171,6 +171,11 @@ class Family:
     def prepare_denoiser(self, args: argparse.Namespace, models: Models, denoiser: Any) -> None:
         """After ``accelerator.prepare``: record what the loss needs from the unwrapped denoiser in ``models.extra``."""
 
+    def guidance(self, options: Any, count: int, device: Any) -> Any:
+        """The denoiser's guidance input for ``count`` images (``(count,)`` float32 on ``device``), or None where the
+        denoiser takes none; ``options``: :attr:`Models.options`. The loss, ``--packing``'s included, asks this."""
+        return None
+
     # ------------------------------------------------------------------------------------------ training
     def encode_text(self, models: Models, encoders: list[Any], captions: list[str], device: Any) -> tuple[Any, Any]:
         """Required. Captions → ``(hidden states (B, S, D), pooled (B, P) or None)`` as the family's pipeline builds
