@@ -20,7 +20,7 @@ submodules, not its ``forward``, and DDP synchronises gradients only for work do
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
@@ -89,14 +89,14 @@ class PackedArchitecture:
 
     name: str
     transformer_class: str
-    tokens: Callable[[Any, torch.Tensor], torch.Tensor]
-    forward: Callable[..., Any]
+    tokens: Callable[[Any, torch.Tensor], torch.Tensor] = field(repr=False)
+    forward: Callable[..., Any] = field(repr=False)
 
 
 #: The transformers ``--packing`` has a packed forward for.
 PACKED_ARCHITECTURES: tuple[PackedArchitecture, ...] = (
     PackedArchitecture("sd3", "SD3Transformer2DModel", lambda t, x: patchify(x, t.config.patch_size), _sd3_forward),
-    PackedArchitecture("flux", "FluxTransformer2DModel", lambda t, x: flux_pack_latent(x), _flux_forward),
+    PackedArchitecture("flux", "FluxTransformer2DModel", lambda _t, x: flux_pack_latent(x), _flux_forward),
 )
 
 
