@@ -147,6 +147,36 @@ def test_every_stage_folder_says_what_it_owns_and_may_import() -> None:
         assert doc and ("May import" in doc or "Imports no other floor" in doc), name
 
 
+def _listed(doc: str, package: str, name: str) -> bool:
+    """Whether a folder's docstring names its module or subfolder ``name``: the dotted name (as ``:mod:`~a.b.c```
+    writes it) or ````name```` (``name.py``, ``name/``) in double backquotes."""
+    return bool(re.search(rf"\b{re.escape(package)}\.{name}\b", doc) or re.search(rf"``{name}(\.py|/)?``", doc))
+
+
+def test_every_module_is_listed_in_its_folders_docstring() -> None:
+    """Each folder's ``__init__`` docstring says what it owns: it names every module and subfolder directly in it,
+    at any depth (the package root's are drawn in docs/code_map.md)."""
+    missing = []
+    for init in sorted(PKG.rglob("__init__.py")):
+        folder, package = init.parent, _module_name(init)
+        members = sorted([p.stem for p in folder.glob("*.py") if not p.stem.startswith("__")]
+                         + [d.name for d in folder.iterdir() if (d / "__init__.py").is_file()])
+        if folder == PKG:
+            code_map = (PKG.parent / "docs" / "code_map.md").read_text()
+            missing += [f"docs/code_map.md: {m}" for m in members if not re.search(rf"\b{m}(\.py|/)", code_map)]
+            continue
+        doc = ast.get_docstring(ast.parse(init.read_text())) or ""
+        missing += [f"{package}.{m}" for m in members if not _listed(doc, package, m)]
+    assert not missing, f"name these in their folder's __init__ docstring: {missing}"
+
+
+def test_module_listing_check_sees_a_missing_module() -> None:
+    assert _listed("- :mod:`~hf_arb.train.args` — flags", "hf_arb.train", "args")
+    assert _listed("(+ ``latent_dataset``)", "hf_arb.train", "latent_dataset")
+    assert not _listed("- :mod:`~hf_arb.train.args_extra`; the ``args`` of main", "hf_arb.train", "arg")
+    assert not _listed("hf_arb.sampling.args", "hf_arb.train", "args")
+
+
 def test_top_level_holds_at_most_ten_files() -> None:
     files = sorted(p.name for p in PKG.glob("*.py"))
     assert len(files) <= 10, files

@@ -1,5 +1,6 @@
 """Floor 5, ``families/``: one adapter per model family — everything that differs between SD 1.x/2.x, SDXL,
-SD3/3.5, Flux.1 and Flux.2, behind one interface the training script asks (:class:`~hf_arb.families.base.Family`).
+SD3/3.5, Flux.1, Flux.2, Qwen-Image, Z-Image and the edit models, behind one interface the training script asks
+(:class:`~hf_arb.families.base.Family`).
 
 - :mod:`~hf_arb.families.base` — :class:`Family`, :class:`Models` and the registry (:func:`detect_family`,
   :func:`get_family`, :func:`register_family`);
@@ -11,7 +12,15 @@ SD3/3.5, Flux.1 and Flux.2, behind one interface the training script asks (:clas
   flow-matching families, on
   :mod:`~hf_arb.families.flow_family` (the adapter) and :mod:`~hf_arb.families.flow` (the shared step);
   :mod:`~hf_arb.families.shift` (each bucket's resolution shift ``mu``, as the pipelines compute it);
-  :mod:`~hf_arb.families.flux_kontext` — Flux.1 Kontext, Flux with reference-image tokens (edit models).
+  :mod:`~hf_arb.families.flux_kontext` — Flux.1 Kontext, Flux with reference-image tokens (edit models);
+  :mod:`~hf_arb.families.flux2_refs` — Flux.2's reference-image tokens;
+- :mod:`~hf_arb.families.qwenimage` — Qwen-Image; :mod:`~hf_arb.families.qwenimage_edit` — Qwen-Image-Edit (one
+  reference image) and :mod:`~hf_arb.families.qwenimage_edit_plus` — Qwen-Image-Edit-2509/2511 (several), with
+  :mod:`~hf_arb.families.qwen_processor` (their Qwen2-VL processor, images only);
+- :mod:`~hf_arb.families.zimage` — Z-Image.
+
+The flow-matching families are :data:`FLOW_FAMILIES` (:func:`flow_families`): the registered adapters whose
+``objective`` is ``"flow"``.
 
 Detection and the adapters' flag checks do not import torch.
 

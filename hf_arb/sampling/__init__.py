@@ -7,6 +7,7 @@
   :mod:`~hf_arb.sampling.ragged` — the plan with them (:func:`plan_epoch_ragged`);
 - :mod:`~hf_arb.sampling.feistel` — counter-based keyed permutations of ``[0, n)``;
 - :mod:`~hf_arb.sampling.index` — the bucket-grouped row index (4 bytes per row, shareable memory-mapped file);
+- :mod:`~hf_arb.sampling.inputs` — what the sampler is built from (bucket ids, the world, the plan's fingerprint);
 - :mod:`~hf_arb.sampling.report` — :class:`PlanReport`;
 - :mod:`~hf_arb.sampling.composite` — the sampler over the composite (target, reference buckets…) key;
 - :mod:`~hf_arb.sampling.state` — the resume state and its validation;
@@ -14,6 +15,7 @@
   (:mod:`~hf_arb.sampling.plan_views` its read-only views of the plan, :mod:`~hf_arb.sampling.world` its processes
   and batch sizes, :mod:`~hf_arb.sampling.restore` what its first accelerate pass after a restore does);
 - :mod:`~hf_arb.sampling.accelerate` — optional conveniences around ``accelerator.prepare``;
+  :mod:`~hf_arb.sampling.rank` — one rank's view of the plan, for plain DDP without accelerate;
 - :mod:`~hf_arb.sampling.stream` — :class:`BucketedStream`, bucketed batches from a streaming dataset;
   :mod:`~hf_arb.sampling.stream_collate` fits streamed image rows to their bucket
   (:mod:`~hf_arb.sampling.stream_plan` its pure schedule, :mod:`~hf_arb.sampling.stream_buffer` one rank's buffer);
@@ -21,7 +23,9 @@
   (:mod:`~hf_arb.sampling.tier_plan` the tier columns, :mod:`~hf_arb.sampling.tier_schedule` the schedules,
   :mod:`~hf_arb.sampling.tier_random` the ``random`` schedule's per-group draw, :mod:`~hf_arb.sampling.tier_state`
   its state, :mod:`~hf_arb.sampling.tier_report` :class:`TierReport`;
-  :mod:`~hf_arb.sampling.tier_stream` :class:`TieredStream`, the same from a streaming dataset;
+  :mod:`~hf_arb.sampling.tier_files` its node-shared files;
+  :mod:`~hf_arb.sampling.tier_stream` :class:`TieredStream`, the same from a streaming dataset, and
+  :mod:`~hf_arb.sampling.tier_stream_random` its ``random`` schedule;
   :mod:`~hf_arb.sampling.cursor` the position and restore rules both samplers share).
 
 ``hf_arb.sampling.PackBatchSampler`` (release 0.1) is :class:`hf_arb.packing.PackBatchSampler`, imported on first
