@@ -1,4 +1,4 @@
-"""Worker for tests/_ddp_batch.py: several runs of train_text_to_image_arb.py in one ``torchrun`` launch.
+"""Worker for the shared 2-process batch (tests/_train_fixtures.py ``run_batch``): several runs of train_text_to_image_arb.py in one ``torchrun`` launch.
 
 Each rank imports the script once and calls ``main(argv)`` for every run of ``runs.json`` in order, so the
 imports (about 7 s of CPU per process, most of a tiny run's cost) are paid once for all runs instead of once per run
@@ -79,8 +79,8 @@ def main() -> None:
     (root / f"status.rank{rank}.json").write_text(json.dumps(status))
     if dist.is_initialized():
         dist.destroy_process_group()
-    # Everything the tests read is written. Leave without the interpreter's shutdown: after 36 runs in one process
-    # it once hung there (threads of the runs' readers still alive), and the launcher's timeout then failed every
+    # Everything the tests read is written. Leave without the interpreter's shutdown: after all the batch's runs in
+    # one process it once hung there (threads of the runs' readers still alive), and the launcher's timeout then failed every
     # test reading the batch.
     sys.stdout.flush()
     sys.stderr.flush()
