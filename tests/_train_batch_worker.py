@@ -80,8 +80,8 @@ def main() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()
     # Everything the tests read is written. Leave without the interpreter's shutdown: after all the batch's runs in
-    # one process it once hung there (threads of the runs' readers still alive), and the launcher's timeout then failed every
-    # test reading the batch.
+    # one process it once hung there (threads of the runs' readers still alive), and the launcher's timeout then
+    # failed every test reading the batch.
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
