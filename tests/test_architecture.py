@@ -238,3 +238,20 @@ def test_every_moved_path_imports_the_same_module_with_a_deprecation_warning() -
         from hf_arb.tiny import save_tiny_sd
     assert save_tiny_sd is new_save and PackBatchSampler is new_packs
     assert len(MOVED) >= 40
+
+
+def test_the_xdist_group_override_is_isolated_and_still_applies() -> None:
+    """tests/conftest.py's one override of a private method of another library (xdist's ``_split_scope``) lives in
+    tests/_xdist_groups.py alone, with its reason, and the xdist installed still has the method it overrides."""
+    import sys
+
+    tests = PKG.parent / "tests"
+    sys.path.insert(0, str(tests))
+    try:
+        import _xdist_groups
+    finally:
+        sys.path.remove(str(tests))
+    users = sorted(p.name for p in tests.glob("*.py") if _xdist_groups.SPLIT_SCOPE in p.read_text()
+                   and p.name not in ("_xdist_groups.py", "test_architecture.py"))
+    assert not users, users
+    _xdist_groups.check()
