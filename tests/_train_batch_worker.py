@@ -27,9 +27,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import torch.distributed as dist
+import torch.distributed as dist  # noqa: E402 (after the sys.path line)
 
-import train_text_to_image_arb as script
+import train_text_to_image_arb as script  # noqa: E402
 
 
 def _redirect(path: Path) -> tuple[int, int]:
