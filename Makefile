@@ -6,10 +6,11 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: help venv test test-fast demo bench docs clean
+.PHONY: help venv lint test test-fast demo bench docs clean
 
 help:
 	@echo "make test   - create .venv (torch CPU/GPU wheel, project + test extra) and run the whole suite"
+	@echo "make lint   - ruff check . (pyproject.toml [tool.ruff]); .ci/run runs it before make test"
 	@echo "make demo   - annotate, train a tiny SD pipeline on 2 processes, write pictures (offline)"
 	@echo "make bench  - run every benchmark side by side with its baseline, write docs/benchmarks.md"
 	@echo "make docs   - build the documentation site into site/ (offline, strict: a broken link fails)"
@@ -26,6 +27,9 @@ $(STAMP): pyproject.toml constraints.txt
 	command -v java >/dev/null || { apt-get update -qq && apt-get install -y -qq default-jre-headless; }
 	command -v chromium >/dev/null || { apt-get update -qq && apt-get install -y -qq chromium; }
 	touch $(STAMP)
+
+lint: venv
+	$(PY) -m ruff check .
 
 test: venv
 	$(PY) -m pytest -n 2 --dist loadgroup $(PYTEST_ARGS)

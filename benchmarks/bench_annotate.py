@@ -148,7 +148,8 @@ def main() -> None:
     # Hub layout: the encoded bytes embedded in the Arrow table (what load_dataset gives for a pushed dataset)
     emb = datasets.Dataset.from_dict({"image": [{"bytes": Path(q).read_bytes(), "path": Path(q).name} for q in paths]},
                                      features=datasets.Features({"image": datasets.Image()}))
-    emb_s, emb_out = timeit(lambda: add_bucket_columns(emb, bs, show_summary=False, load_from_cache_file=False),
+    emb_s, emb_out = timeit(lambda: add_bucket_columns(emb, bs, show_summary=False,  # noqa: F821 (del below)
+                                                       load_from_cache_file=False),
                             repeat=3)
     t0 = time.perf_counter()
     emb_base = emb.map(decode_sizes, batched=True, batch_size=100, remove_columns=["image"],

@@ -27,7 +27,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
-from _util import row, run_worker, save_result, training_bench_args
+from _util import row, run_worker, save_result, training_bench_args  # noqa: E402 (after the sys.path lines)
 
 
 def worker(config: dict) -> dict:

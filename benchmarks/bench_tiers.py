@@ -75,7 +75,7 @@ def measure(make, positions, epochs=(4, 5, 6), resume_epoch=7) -> dict:
         resume(s, 1, int(c) % s.steps_per_epoch)
     plan_peak, held = tracemalloc.get_traced_memory()[1], tracemalloc.get_traced_memory()[0]
     tracemalloc.stop()
-    plan = [timed(lambda e=e: (s.set_epoch(e), next(iter(s))))[:2] for e in epochs]
+    plan = [timed(lambda e=e: (s.set_epoch(e), next(iter(s))))[:2] for e in epochs]  # noqa: F821 (del below)
     res = [resume(s, resume_epoch, int(c) % s.steps_per_epoch) for c in positions]
     steps = s.steps_per_epoch
     del s
@@ -135,9 +135,11 @@ def main() -> None:
                                     positions)
             print(name, {k: v for k, v in out[name].items() if not k.startswith("resume")}, flush=True)
         ids1024 = np.asarray(np.load(folder / next(f.name for f in folder.glob("tiers-*.npy")), mmap_mode="r")[2])
-        base_first = timed(lambda: BucketBatchSampler(ids1024, None, buckets=tiers.bucket_sets[2], index_dir=folder,
+        base_first = timed(lambda: BucketBatchSampler(ids1024, None,  # noqa: F821 (del below)
+                                                      buckets=tiers.bucket_sets[2], index_dir=folder,
                                                       log_report=False, **KW))[0]
-        base = measure(lambda: BucketBatchSampler(ids1024, None, buckets=tiers.bucket_sets[2], index_dir=folder,
+        base = measure(lambda: BucketBatchSampler(ids1024, None,  # noqa: F821 (del below)
+                                                  buckets=tiers.bucket_sets[2], index_dir=folder,
                                                   log_report=False, **KW), rng.integers(0, steps[2], 11))
         print("baseline", {k: v for k, v in base.items() if not k.startswith("resume")}, flush=True)
         del ids1024

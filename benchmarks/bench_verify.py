@@ -80,7 +80,7 @@ def main() -> None:
     jpegs, _, jpeg_bytes = make_images(Path(args.cache), n_jpeg, 0.5, 2.0 if args.quick else 12.0, os.cpu_count() or 1)
     pngs = make_pngs(Path(args.cache), n_png)
     bs = BucketSet.sdxl()
-    rows, notes = [], []
+    rows = []
     for kind, paths in (("JPEG", jpegs), ("PNG", pngs)):
         for path in paths:
             Path(path).read_bytes()  # page cache

@@ -57,4 +57,4 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
-    from hf_arb.buckets.sets import AssignmentSummary, BucketSet
+    from hf_arb.buckets.sets import AssignmentSummary, BucketSet  # noqa: F401 (re-exported lazily, __getattr__)

@@ -1,4 +1,4 @@
-"""Worker for tests/_ddp_batch.py: several runs of train_text_to_image_arb.py in one ``torchrun`` launch.
+"""Worker for the shared 2-process batch (tests/_train_fixtures.py ``run_batch``): several runs of train_text_to_image_arb.py in one ``torchrun`` launch.
 
 Each rank imports the script once and calls ``main(argv)`` for every run of ``runs.json`` in order, so the
 imports (about 7 s of CPU per process, most of a tiny run's cost) are paid once for all runs instead of once per run
@@ -27,9 +27,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import torch.distributed as dist
+import torch.distributed as dist  # noqa: E402 (after the sys.path line)
 
-import train_text_to_image_arb as script
+import train_text_to_image_arb as script  # noqa: E402
 
 
 def _redirect(path: Path) -> tuple[int, int]:
@@ -79,9 +79,9 @@ def main() -> None:
     (root / f"status.rank{rank}.json").write_text(json.dumps(status))
     if dist.is_initialized():
         dist.destroy_process_group()
-    # Everything the tests read is written. Leave without the interpreter's shutdown: after 36 runs in one process
-    # it once hung there (threads of the runs' readers still alive), and the launcher's timeout then failed every
-    # test reading the batch.
+    # Everything the tests read is written. Leave without the interpreter's shutdown: after all the batch's runs in
+    # one process it once hung there (threads of the runs' readers still alive), and the launcher's timeout then
+    # failed every test reading the batch.
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)

@@ -21,6 +21,10 @@ MODULE_CAP_PENDING = {"train": "issue 33 item 1 moves the modes into data-source
 FLOORS = ("ground", "buckets", "images", "sampling", "annotate", "families", "packing", "train", "cli", "testing")
 #: imports that run inside a function and point "up", each with its reason
 ALLOWED_LAZY = {("hf_arb.sampling", "hf_arb.packing.sampler")}  # hf_arb.sampling.PackBatchSampler, a 0.1 path
+#: what ``testing/`` may import besides the ground floor, each with its reason (docs/code_map.md): a tiny Qwen-Image
+#: edit model is built and saved with the processor and the saver a trained one is (the Qwen2-VL processor without
+#: torchvision, the Hub layout stock diffusers loads), not with copies of them
+TESTING_MAY_IMPORT = {"hf_arb.families.qwenimage_edit"}
 
 
 def _module_name(path: Path) -> str:
@@ -163,10 +167,50 @@ def test_floor_check_sees_an_upward_import() -> None:
     assert floor("hf_arb.rng") == 0 and floor("hf_arb.cli") == FLOORS.index("cli")
 
 
+def test_testing_imports_only_the_ground_floor_and_its_listed_exceptions() -> None:
+    """``testing/`` sits outside the house (tests, docs and demos use it): it imports the ground floor and only the
+    modules :data:`TESTING_MAY_IMPORT` names with their reason."""
+    graph = _graph()
+    used = {b for a, targets in graph.items() if a.startswith("hf_arb.testing") for b in targets
+            if floor(b) != 0 and not b.startswith("hf_arb.testing")}
+    assert used <= TESTING_MAY_IMPORT, sorted(used - TESTING_MAY_IMPORT)
+    assert TESTING_MAY_IMPORT <= used, "drop the exceptions testing/ no longer needs"
+
+
 def test_every_stage_folder_says_what_it_owns_and_may_import() -> None:
     for name in FLOORS[1:]:
         doc = ast.get_docstring(ast.parse((PKG / name / "__init__.py").read_text())) or ""
         assert doc and ("May import" in doc or "Imports no other floor" in doc), name
+
+
+def _listed(doc: str, package: str, name: str) -> bool:
+    """Whether a folder's docstring names its module or subfolder ``name``: the dotted name (as ``:mod:`~a.b.c```
+    writes it) or ````name```` (``name.py``, ``name/``) in double backquotes."""
+    return bool(re.search(rf"\b{re.escape(package)}\.{name}\b", doc) or re.search(rf"``{name}(\.py|/)?``", doc))
+
+
+def test_every_module_is_listed_in_its_folders_docstring() -> None:
+    """Each folder's ``__init__`` docstring says what it owns: it names every module and subfolder directly in it,
+    at any depth (the package root's are drawn in docs/code_map.md)."""
+    missing = []
+    for init in sorted(PKG.rglob("__init__.py")):
+        folder, package = init.parent, _module_name(init)
+        members = sorted([p.stem for p in folder.glob("*.py") if not p.stem.startswith("__")]
+                         + [d.name for d in folder.iterdir() if (d / "__init__.py").is_file()])
+        if folder == PKG:
+            code_map = (PKG.parent / "docs" / "code_map.md").read_text()
+            missing += [f"docs/code_map.md: {m}" for m in members if not re.search(rf"\b{m}(\.py|/)", code_map)]
+            continue
+        doc = ast.get_docstring(ast.parse(init.read_text())) or ""
+        missing += [f"{package}.{m}" for m in members if not _listed(doc, package, m)]
+    assert not missing, f"name these in their folder's __init__ docstring: {missing}"
+
+
+def test_module_listing_check_sees_a_missing_module() -> None:
+    assert _listed("- :mod:`~hf_arb.train.args` — flags", "hf_arb.train", "args")
+    assert _listed("(+ ``latent_dataset``)", "hf_arb.train", "latent_dataset")
+    assert not _listed("- :mod:`~hf_arb.train.args_extra`; the ``args`` of main", "hf_arb.train", "arg")
+    assert not _listed("hf_arb.sampling.args", "hf_arb.train", "args")
 
 
 def test_top_level_holds_at_most_ten_files() -> None:
@@ -267,3 +311,20 @@ def test_every_flat_sampling_path_of_0_1_imports_its_new_module_with_a_warning()
     from hf_arb.sampling import BucketedStream as new_stream, Tiers as new_tiers
     from hf_arb.sampling.resume.cursor import StepCursor as new_cursor
     assert Tiers is new_tiers and BucketedStream is new_stream and StepCursor is new_cursor
+
+
+def test_the_xdist_group_override_is_isolated_and_still_applies() -> None:
+    """tests/conftest.py's one override of a private method of another library (xdist's ``_split_scope``) lives in
+    tests/_xdist_groups.py alone, with its reason, and the xdist installed still has the method it overrides."""
+    import sys
+
+    tests = PKG.parent / "tests"
+    sys.path.insert(0, str(tests))
+    try:
+        import _xdist_groups
+    finally:
+        sys.path.remove(str(tests))
+    users = sorted(p.name for p in tests.glob("*.py") if _xdist_groups.SPLIT_SCOPE in p.read_text()
+                   and p.name not in ("_xdist_groups.py", "test_architecture.py"))
+    assert not users, users
+    _xdist_groups.check()

@@ -3,7 +3,9 @@ from this test module that trains through the unchanged script (issue #25: addin
 
 from __future__ import annotations
 
+import importlib
 import json
+import pkgutil
 import shutil
 import subprocess
 import sys
@@ -14,6 +16,7 @@ import pytest
 from _train_fixtures import SD_BASE
 from test_train import run_script, script
 
+import hf_arb.families as families
 from hf_arb.families import FLOW_FAMILIES, Family, detect_family, family_names, get_family, register_family
 from hf_arb.families.base import unregister_family
 from hf_arb.families.sd import SDFamily
@@ -29,6 +32,79 @@ def test_builtin_families_are_detected_from_their_files_and_hub_names(train_asse
     assert detect_family("black-forest-labs/FLUX.1-schnell") == "flux"
     assert detect_family("some-org/unknown-model") == "sd"
     assert {get_family(n).denoiser_name for n in FLOW_FAMILIES} == {"transformer"}
+
+
+def test_flow_families_are_the_registered_flow_adapters():
+    """FLOW_FAMILIES is derived from the registry (each adapter's objective), not kept by hand: it holds every
+    flow-matching adapter (the edit models too), a plugin's as soon as it registers, and no UNet family."""
+    from hf_arb.families import flow_families
+    from hf_arb.families.flow_family import FlowFamily
+    from hf_arb.families.sd3 import SD3Family
+
+    flow = {n for n in family_names() if isinstance(get_family(n), FlowFamily)}
+    assert set(FLOW_FAMILIES) == flow >= {"qwenimage-edit", "qwenimage-edit-plus", "flux-kontext", "sd3"}
+    assert {get_family(n).objective for n in family_names()} == {"flow", "noise"}
+
+    class PluginFlow(SD3Family):
+        name = "sd3-plugin"
+
+    register_family(PluginFlow)
+    try:
+        assert "sd3-plugin" in flow_families() and "sd3-plugin" in families.FLOW_FAMILIES
+    finally:
+        unregister_family("sd3-plugin")
+    assert "sd3-plugin" not in flow_families()
+
+
+#: each tiny builder of hf_arb.testing (name, keyword arguments), the fixture and key of its saved model, and its family
+BUILDERS = [("save_tiny_sd", {}, "train_assets", "sd", "sd"), ("save_tiny_sdxl", {}, "train_assets", "sdxl", "sdxl"),
+            ("save_tiny_sd3", {}, "flow_assets", "sd3", "sd3"), ("save_tiny_flux", {}, "flow_assets", "flux", "flux"),
+            ("save_tiny_flux_kontext", {}, "family_assets", "kontext", "flux-kontext"),
+            ("save_tiny_flux2", {}, "family_assets", "flux2", "flux2"),
+            ("save_tiny_flux2", {"klein": True}, "family_assets", "flux2_klein", "flux2_klein"),
+            ("save_tiny_qwenimage", {}, "family_assets", "qwen", "qwenimage"),
+            ("save_tiny_qwenimage_edit", {}, "family_assets", "qwen_edit", "qwenimage-edit"),
+            ("save_tiny_qwenimage_edit", {"plus": True}, "family_assets", "qwen_edit_plus", "qwenimage-edit-plus"),
+            ("save_tiny_zimage", {}, "family_assets", "zimage", "zimage")]
+#: Hub ids and the family each means
+HUB_IDS = {"stabilityai/stable-diffusion-xl-base-1.0": "sdxl", "runwayml/stable-diffusion-v1-5": "sd",
+           "stabilityai/stable-diffusion-3.5-large": "sd3", "black-forest-labs/FLUX.1-dev": "flux",
+           "black-forest-labs/FLUX.1-Kontext-dev": "flux-kontext", "black-forest-labs/FLUX.2-dev": "flux2",
+           "black-forest-labs/FLUX.2-klein-4B": "flux2_klein", "Qwen/Qwen-Image": "qwenimage",
+           "Qwen/Qwen-Image-Edit": "qwenimage-edit", "Qwen/Qwen-Image-Edit-2509": "qwenimage-edit-plus",
+           "Qwen/Qwen-Image-Edit-2511": "qwenimage-edit-plus", "Tongyi-MAI/Z-Image-Turbo": "zimage"}
+
+
+def test_every_builder_is_detected_as_exactly_its_family_whatever_the_order(request, monkeypatch):
+    """Detection does not depend on BUILTIN_MODULES' order: for the saved model of every tiny builder in
+    hf_arb.testing and for the Hub ids, exactly one built-in family (or none, for the SD fallback) claims it."""
+    import inspect
+
+    import hf_arb.testing as testing
+    from hf_arb.families import base
+    from hf_arb.families.base import claiming_families
+
+    builders = {name for info in pkgutil.iter_modules(testing.__path__)
+                for name, fn in inspect.getmembers(importlib.import_module(f"hf_arb.testing.{info.name}"),
+                                                   inspect.isfunction)
+                if name.startswith("save_tiny_") and name != "save_tiny_imagefolder"}
+    assert builders == {b[0] for b in BUILDERS}, "add the new builder to BUILDERS"
+    fallback = family_names()[-1]
+    seen = set()
+    for builder, kwargs, fixture, key, family in BUILDERS:
+        path = request.getfixturevalue(fixture)[key]
+        assert claiming_families(path) == ([] if family == fallback else [family]), (builder, kwargs)
+        assert detect_family(path) == family
+        seen.add(family)
+    for hub_id, family in HUB_IDS.items():
+        assert claiming_families(hub_id) == ([] if family == fallback else [family]), hub_id
+        assert detect_family(hub_id) == family
+    assert seen == set(family_names()) == set(HUB_IDS.values())  # every built-in family has a builder
+    order = base.BUILTIN_MODULES
+    monkeypatch.setattr(base, "BUILTIN_MODULES", (*order[-2::-1], order[-1]))  # reversed, the fallback still last
+    assert family_names() != list(reversed(family_names()))
+    assert [detect_family(request.getfixturevalue(b[2])[b[3]]) for b in BUILDERS] == [b[4] for b in BUILDERS]
+    assert [detect_family(hub_id) for hub_id in HUB_IDS] == list(HUB_IDS.values())
 
 
 def test_detection_and_flag_defaults_do_not_import_torch(train_assets):

@@ -175,3 +175,28 @@ def test_a_one_image_pack_trains_exactly_like_a_one_image_batch(family):
                         encode, torch.Generator().manual_seed(7), torch.float32, proportion_empty_prompts=0.5)
     assert model.last_meta.padding_fraction == pytest.approx(1 - 15 / 20)
     torch.testing.assert_close(packed, ref, rtol=1e-5, atol=1e-6)
+
+
+# ------------------------------------------------------------------------------ packing asks the adapter
+def test_packing_asks_the_adapter_and_the_transformer_not_a_family_name():
+    """packing/ never compares a family's name: the packed forward is chosen by the transformer's class
+    (PACKED_ARCHITECTURES), which covers every family whose adapter says --packing applies, and the guidance input
+    comes from the adapter (Family.guidance)."""
+    import re
+    from pathlib import Path
+
+    import hf_arb.packing
+    from hf_arb.families import family_names, get_family
+    from hf_arb.packing.loss import PACKED_ARCHITECTURES
+
+    names = "|".join(re.escape(n) for n in family_names())
+    branch = re.compile(rf"""(==|!=|\bin)\s*\(?\s*["']({names})["']|["']({names})["']\s*(==|!=)""")
+    hits = [f"{p.name}:{i}" for p in Path(hf_arb.packing.__file__).parent.rglob("*.py")
+            for i, line in enumerate(p.read_text().splitlines(), 1) if branch.search(line)]
+    assert not hits, hits
+    packable = [get_family(n) for n in family_names() if get_family(n).supports_packing]
+    assert {f.name for f in packable} >= {"sd3", "flux"}
+    assert {f.transformer_class_name for f in packable} <= {a.transformer_class for a in PACKED_ARCHITECTURES}
+    options = get_family("flux").options({}, type("T", (), {"config": {"guidance_embeds": True}})(), guidance_scale=2.5)
+    assert get_family("flux").guidance(options, 3, "cpu").tolist() == [2.5] * 3
+    assert get_family("sd3").guidance(options.__class__(**{**vars(options), "guidance_embeds": False}), 3, "cpu") is None

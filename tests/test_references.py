@@ -97,7 +97,7 @@ def test_every_engine_path_gives_the_same_columns(edit_ds) -> None:
 
 
 def test_reference_core_is_vectorised_and_skips_like_a_target() -> None:
-    w = np.array([512, 512, 300, np.nan]); h = np.array([512, 256, 600, 200])
+    w, h = np.array([512, 512, 300, np.nan]), np.array([512, 256, 600, 200])
     target = annotate_sizes(w, h, TARGET)
     refs = {"a": (np.array([100, np.nan, 300, 50]), np.array([100, 80, 600, 50]), [None, None, None, None])}
     out = annotate_references(target, refs, TARGET, policy="strict")
@@ -118,7 +118,7 @@ def test_bad_policy_and_reference_buckets_under_strict_are_refused(edit_ds) -> N
 
 # ----------------------------------------------------------------------------------- composite key
 def test_composite_ids_group_equal_tuples_only() -> None:
-    t = np.array([0, 0, 1, 1, -1, 0]); r = np.array([2, 3, 2, 2, 0, 2])
+    t, r = np.array([0, 0, 1, 1, -1, 0]), np.array([2, 3, 2, 2, 0, 2])
     ids, table = composite_bucket_ids(t, [r])
     assert ids[4] == -1
     assert table.tolist() == [[0, 2], [0, 3], [1, 2]]
@@ -163,7 +163,7 @@ def test_composite_sampler_on_annotated_pairs(policy, world) -> None:
     ann = add_bucket_columns(ds, TARGET, reference_columns=["before"], reference_policy=policy, show_summary=False,
                              **kw)
     sampler, table = composite_sampler(ann, 4, num_replicas=world, seed=1, log_report=False)
-    target = np.asarray(ann["bucket"]); ref = np.asarray(ann["before_bucket"])[:, None]
+    target, ref = np.asarray(ann["bucket"]), np.asarray(ann["before_bucket"])[:, None]
     ids, _ = read_composite(ann)
     _check_stacks(ids, table, target, ref, world, 4, 1, leftover="drop")
     _check_stacks(ids, table, target, ref, world, 4, 1, leftover="fill")
@@ -317,7 +317,7 @@ def tiled(edit_ds) -> dict:
 
 def test_composite_lookup_equals_composite_ids() -> None:
     rng = np.random.default_rng(0)
-    t = rng.integers(-1, 5, 500); r = rng.integers(0, 7, (500, 2))
+    t, r = rng.integers(-1, 5, 500), rng.integers(0, 7, (500, 2))
     ids, table = composite_bucket_ids(t, list(r.T))
     from hf_arb.sampling.composite import composite_lookup
 

@@ -29,7 +29,7 @@ def test_summary_names_each_skipped_row_and_file(tmp_path: Path) -> None:
     ds = _dataset(tmp_path, 6, broken={1, 4})
     text = str(summarize_annotation(ds))
     for r in (1, 4):
-        line = next(l for l in text.splitlines() if l.strip().startswith(f"row {r} "))
+        line = next(ln for ln in text.splitlines() if ln.strip().startswith(f"row {r} "))
         assert f"{r:02d}.jpg" in line and "unreadable" in line, line
     assert "more:" not in text  # all shown: no "and N more"
 

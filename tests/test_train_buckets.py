@@ -1,3 +1,4 @@
+# ruff: noqa: E402 (its imports follow the sys.path line)
 """train_text_to_image_arb.py's bucket-table flags: every preset, --aspect_ratio_buckets, --bucket_metric, the
 kohya side flags, and the start-up note of presets that ignore --resolution.
 
@@ -20,10 +21,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import train_text_to_image_arb as script  # noqa: I001 (after the sys.path line)
-from hf_arb.train import args as train_args  # noqa: E402
-from hf_arb.train import data as train_data  # noqa: E402
-from hf_arb.train import files as train_files  # noqa: E402
+import train_text_to_image_arb as script
+from hf_arb.train import args as train_args
+from hf_arb.train import data as train_data
+from hf_arb.train import files as train_files
 from test_train import COMMON, run_script
 from test_train import assets as _assets  # the shared tiny models and photos (a session fixture)
 

@@ -114,8 +114,8 @@ from diffusers import FluxKontextPipeline
 pipe = FluxKontextPipeline.from_pretrained(sys.argv[1])
 image = Image.fromarray((np.random.default_rng(0).random((48, 80, 3)) * 255).astype("uint8"))
 def edit():
-    return pipe(image=image, prompt="make it colourful", height=48, width=80, num_inference_steps=2,
-                output_type="np", max_area=48 * 80, _auto_resize=False, generator=torch.Generator().manual_seed(0)).images
+    return pipe(image=image, prompt="make it colourful", height=48, width=80, num_inference_steps=2, output_type="np",
+                max_area=48 * 80, _auto_resize=False, generator=torch.Generator().manual_seed(0)).images
 a = edit()
 pipe.load_lora_weights(sys.argv[2])
 b = edit()

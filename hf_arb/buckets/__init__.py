@@ -2,7 +2,8 @@
 
 - :mod:`~hf_arb.buckets.sets` — :class:`BucketSet`, the immutable table and its vectorised ``assign``;
 - :mod:`~hf_arb.buckets.presets` — every named table (ours and each model family's own), exactly;
-  :mod:`~hf_arb.buckets.preset_sources` where each comes from;
+  :mod:`~hf_arb.buckets.preset_sources` where each comes from; :mod:`~hf_arb.buckets.family_tables` the tables
+  model families and trainers publish; :mod:`~hf_arb.buckets.resolve` the BucketSet a command line describes;
 - :mod:`~hf_arb.buckets.matching` — nearest-aspect lookup without an ``(images, buckets)`` matrix;
 - :mod:`~hf_arb.buckets.assignment` — validated size arrays and :class:`AssignmentSummary`;
 - :mod:`~hf_arb.buckets.fit` — bucket tables fitted to a dataset's sizes (``BucketSet.fit``);

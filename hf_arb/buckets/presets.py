@@ -154,7 +154,8 @@ def preset_notes(name: str, resolution: int | None = None) -> list[str]:
     Example:
         ```py
         >>> preset_notes("sdxl", resolution=768)
-        ["preset 'sdxl' ignores resolution=768: its table is fixed (the SDXL report's multi-aspect table, both orientations)."]
+        ["preset 'sdxl' ignores resolution=768: its table is fixed (the SDXL report's multi-aspect table, both
+        orientations)."]
         ```
     """
     info = PRESET_INFO.get(name)

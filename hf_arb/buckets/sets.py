@@ -101,15 +101,8 @@ class BucketSet:
 
     # ----------------------------------------------------------------------------- constructors
     @classmethod
-    def novelai(
-        cls,
-        max_area: int = 512 * 768,
-        max_side: int = 1024,
-        step: int = 64,
-        min_side: int = 256,
-        extra: Iterable[Sequence[int]] = ((512, 512),),
-        **kwargs: Any,
-    ) -> BucketSet:
+    def novelai(cls, max_area: int = 512 * 768, max_side: int = 1024, step: int = 64, min_side: int = 256,
+                extra: Iterable[Sequence[int]] = ((512, 512),), **kwargs: Any) -> BucketSet:
         """NovelAI's published bucket algorithm (blog post "NovelAI Improvements on Stable Diffusion").
 
         For every width from ``min_side`` to ``max_side`` in ``step`` increments, take the largest height
@@ -120,14 +113,8 @@ class BucketSet:
         return cls(novelai_table(max_area, max_side, step, min_side, extra).tolist(), **kwargs)
 
     @classmethod
-    def from_budget(
-        cls,
-        resolution: int = 1024,
-        aspects: Iterable[float] | None = None,
-        step: int = 64,
-        min_area_ratio: float = 0.75,
-        **kwargs: Any,
-    ) -> BucketSet:
+    def from_budget(cls, resolution: int = 1024, aspects: Iterable[float] | None = None, step: int = 64,
+                    min_area_ratio: float = 0.75, **kwargs: Any) -> BucketSet:
         """A pixel-budget ladder: each aspect ratio scaled to about ``resolution²`` pixels.
 
         Every side is a multiple of ``step`` and no bucket exceeds ``resolution²`` pixels. For each aspect

@@ -1,5 +1,6 @@
 """Floor 5, ``families/``: one adapter per model family — everything that differs between SD 1.x/2.x, SDXL,
-SD3/3.5, Flux.1 and Flux.2, behind one interface the training script asks (:class:`~hf_arb.families.base.Family`).
+SD3/3.5, Flux.1, Flux.2, Qwen-Image, Z-Image and the edit models, behind one interface the training script asks
+(:class:`~hf_arb.families.base.Family`).
 
 - :mod:`~hf_arb.families.base` — :class:`Family`, :class:`Models` and the registry (:func:`detect_family`,
   :func:`get_family`, :func:`register_family`);
@@ -11,7 +12,15 @@ SD3/3.5, Flux.1 and Flux.2, behind one interface the training script asks (:clas
   flow-matching families, on
   :mod:`~hf_arb.families.flow_family` (the adapter) and :mod:`~hf_arb.families.flow` (the shared step);
   :mod:`~hf_arb.families.shift` (each bucket's resolution shift ``mu``, as the pipelines compute it);
-  :mod:`~hf_arb.families.flux_kontext` — Flux.1 Kontext, Flux with reference-image tokens (edit models).
+  :mod:`~hf_arb.families.flux_kontext` — Flux.1 Kontext, Flux with reference-image tokens (edit models);
+  :mod:`~hf_arb.families.flux2_refs` — Flux.2's reference-image tokens;
+- :mod:`~hf_arb.families.qwenimage` — Qwen-Image; :mod:`~hf_arb.families.qwenimage_edit` — Qwen-Image-Edit (one
+  reference image) and :mod:`~hf_arb.families.qwenimage_edit_plus` — Qwen-Image-Edit-2509/2511 (several), with
+  :mod:`~hf_arb.families.qwen_processor` (their Qwen2-VL processor, images only);
+- :mod:`~hf_arb.families.zimage` — Z-Image.
+
+The flow-matching families are :data:`FLOW_FAMILIES` (:func:`flow_families`): the registered adapters whose
+``objective`` is ``"flow"``.
 
 Detection and the adapters' flag checks do not import torch.
 
@@ -29,6 +38,8 @@ Example:
 
 from __future__ import annotations
 
+from typing import Any
+
 from .base import (
     BUILTIN_MODULES,
     Family,
@@ -41,14 +52,25 @@ from .base import (
 )
 
 __all__ = ["BUILTIN_MODULES", "FLOW_FAMILIES", "Family", "Models", "detect_family", "detect_flow_family",
-           "family_names", "get_family", "register_family", "unregister_family"]
+           "family_names", "flow_families", "get_family", "register_family", "unregister_family"]
 
-#: The built-in families trained with the flow-matching objective.
-FLOW_FAMILIES: tuple[str, ...] = ("sd3", "flux", "flux2", "flux2_klein", "qwenimage", "zimage", "flux-kontext")
+
+def flow_families() -> tuple[str, ...]:
+    """The families trained with the flow-matching objective: every registered adapter (built-in or plugin) whose
+    :attr:`~hf_arb.families.base.Family.objective` is ``"flow"``, in :func:`family_names` order."""
+    return tuple(name for name in family_names() if get_family(name).objective == "flow")
+
+
+def __getattr__(name: str) -> Any:
+    """``FLOW_FAMILIES``: :func:`flow_families`, asked of the registry on each read (the 0.1 name of a list once kept
+    by hand)."""
+    if name == "FLOW_FAMILIES":
+        return flow_families()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def detect_flow_family(model: str) -> str | None:
-    """The family of a flow-matching checkpoint (one of :data:`FLOW_FAMILIES`), else ``None`` (:func:`detect_family`
+    """The family of a flow-matching checkpoint (one of :func:`flow_families`), else ``None`` (:func:`detect_family`
     for any family)."""
     family = detect_family(model)
-    return family if family in FLOW_FAMILIES else None
+    return family if get_family(family).objective == "flow" else None

@@ -31,11 +31,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["BUILTIN_MODULES", "Family", "Models", "builtin_family", "detect_family", "family_names", "get_family",
-           "read_class_name", "register_family", "unregister_family"]
+__all__ = ["BUILTIN_MODULES", "Family", "Models", "builtin_family", "claiming_families", "detect_family",
+           "family_names", "get_family", "read_class_name", "register_family", "unregister_family"]
 
-#: Modules of the built-in families, asked in this order by :func:`detect_family` (the last is the fallback).
-#: Flux.2 comes before Flux.1: both names start with "Flux", and a Flux.2 checkpoint must never be read as Flux.1.
+#: Modules of the built-in families (loaded on first use; :func:`family_names` lists them in this order). Detection
+#: does not depend on the order but on specificity (:func:`claiming_families`: a subclass's claim beats its base's,
+#: as Flux.1 Kontext's beats Flux.1's; tested unambiguous for every tiny builder of :mod:`hf_arb.testing` and known
+#: Hub names); the last, SD 1.x/2.x, is the fallback when no family claims a checkpoint.
 BUILTIN_MODULES: tuple[str, ...] = ("hf_arb.families.sd3", "hf_arb.families.flux2", "hf_arb.families.flux_kontext",
                                     "hf_arb.families.flux",
                                     "hf_arb.families.qwenimage_edit_plus", "hf_arb.families.qwenimage_edit",
@@ -109,6 +111,9 @@ class Family:
     refused_flags_for: str = ""
     #: the end of that refusal: "." or a pointer to what the family trains with instead
     refusal_note: str = "."
+    #: the training objective: ``"flow"`` (flow matching) or ``"noise"`` (epsilon / v-prediction); the flow families
+    #: (:func:`hf_arb.families.flow_families`) are the registered adapters whose objective is ``"flow"``
+    objective: str = ""
     #: ``--packing`` (several images at their own size in one token sequence) applies
     supports_packing: bool = False
     #: model card front matter
@@ -165,6 +170,11 @@ class Family:
 
     def prepare_denoiser(self, args: argparse.Namespace, models: Models, denoiser: Any) -> None:
         """After ``accelerator.prepare``: record what the loss needs from the unwrapped denoiser in ``models.extra``."""
+
+    def guidance(self, options: Any, count: int, device: Any) -> Any:
+        """The denoiser's guidance input for ``count`` images (``(count,)`` float32 on ``device``), or None where the
+        denoiser takes none; ``options``: :attr:`Models.options`. The loss, ``--packing``'s included, asks this."""
+        return None
 
     # ------------------------------------------------------------------------------------------ training
     def encode_text(self, models: Models, encoders: list[Any], captions: list[str], device: Any) -> tuple[Any, Any]:
@@ -273,11 +283,22 @@ def get_family(name: str) -> Family:
     return cls()
 
 
+def claiming_families(path: str) -> list[str]:
+    """The most specific built-in families whose :meth:`Family.detect` says yes for ``path``: of a family and its
+    subclass (Flux.1 and Flux.1 Kontext) only the subclass; the fallback, which claims everything, left out. One,
+    or none for the fallback: two would make detection depend on the order of :data:`BUILTIN_MODULES`, which the
+    tests rule out."""
+    *specific, _fallback = [c for n, c in _builtins().items() if n not in _REGISTERED]
+    claims = [cls for cls in specific if cls.detect(path)]
+    return [c.name for c in claims if not any(o is not c and issubclass(o, c) for o in claims)]
+
+
 def detect_family(path: str) -> str:
-    """The family of a local diffusers folder or a Hub id: the first registered, then built-in, family whose
-    :meth:`Family.detect` says yes; the last built-in (SD 1.x/2.x) when none does."""
-    candidates = [*_REGISTERED.values(), *(c for n, c in _builtins().items() if n not in _REGISTERED)]
-    for cls in candidates:
+    """The family of a local diffusers folder or a Hub id: the first registered family whose :meth:`Family.detect`
+    says yes, else the built-in one that claims it (:func:`claiming_families`), else the fallback, the last
+    built-in (SD 1.x/2.x)."""
+    for cls in _REGISTERED.values():
         if cls.detect(path):
             return cls.name
-    return candidates[-1].name
+    claims = claiming_families(path)
+    return claims[0] if claims else [n for n in _builtins() if n not in _REGISTERED][-1]

@@ -165,6 +165,15 @@ class FlowFamily(Family):
             guidance_embeds=bool(transformer.config.get("guidance_embeds", False)),
         )
 
+    def guidance(self, options: FlowOptions, count: int, device: Any) -> torch.Tensor | None:
+        """``guidance_scale`` for each image where the transformer is guidance-distilled (``guidance_embeds``:
+        Flux.1-dev, Flux.2 [dev]), else None (SD3, Flux.1-schnell, klein: no guidance input)."""
+        if not options.guidance_embeds:
+            return None
+        import torch
+
+        return torch.full((count,), float(options.guidance_scale), device=device, dtype=torch.float32)
+
     def load(self, path: str, revision: str | None = None, variant: str | None = None) -> FlowParts:
         """Load scheduler, tokenizers, text encoders, VAE and transformer from a diffusers folder or Hub id."""
         raise NotImplementedError
@@ -185,6 +194,7 @@ class FlowFamily(Family):
 
 
     # ------------------------------------------------------------------ the training script's questions
+    objective = "flow"
     denoiser_name = "transformer"
     denoiser_title = "transformer"
     full_defaults = (1024, 1, 4)  # SD3 / Flux take SDXL's (1024-pixel) defaults

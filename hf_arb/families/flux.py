@@ -144,9 +144,7 @@ class FluxFamily(FlowFamily):
         """Pack, call the transformer (timestep ``sigma``, guidance where the model takes it), unpack."""
         b, _, h, w = noisy.shape
         device = noisy.device
-        guidance = None
-        if options.guidance_embeds:
-            guidance = torch.full((b,), float(options.guidance_scale), device=device, dtype=torch.float32)
+        guidance = self.guidance(options, b, device)
         timesteps = sigmas.to(device, torch.float32) * options.num_train_timesteps
         out = transformer(hidden_states=pack_latents(noisy), timestep=timesteps / options.num_train_timesteps,
                           guidance=guidance, pooled_projections=pooled, encoder_hidden_states=prompt_embeds,

@@ -257,9 +257,7 @@ class Flux2Family(FlowFamily):
         timestep ``sigma``, guidance where the transformer takes it."""
         b, _, h, w = noisy.shape
         device = noisy.device
-        guidance = None
-        if options.guidance_embeds:
-            guidance = torch.full((b,), float(options.guidance_scale), device=device, dtype=torch.float32)
+        guidance = self.guidance(options, b, device)
         timesteps = sigmas.to(device, torch.float32) * options.num_train_timesteps
         tokens, ids = pack(noisy), latent_ids(b, h, w, device)
         if references is not None:

@@ -105,9 +105,7 @@ class FluxKontextFamily(FluxFamily):
         b, _, h, w = noisy.shape
         device = noisy.device
         target = pack_latents(noisy)  # (B, T, 4C)
-        guidance = None
-        if options.guidance_embeds:
-            guidance = torch.full((b,), float(options.guidance_scale), device=device, dtype=torch.float32)
+        guidance = self.guidance(options, b, device)
         timesteps = sigmas.to(device, torch.float32) * options.num_train_timesteps  # as FluxFamily.predict
         out = transformer(hidden_states=torch.cat([target, ref_tokens.to(target.dtype)], dim=1),
                           timestep=timesteps / options.num_train_timesteps, guidance=guidance, pooled_projections=pooled,

@@ -177,7 +177,7 @@ class QwenImageEditFamily(QwenImageFamily):
 
     name = "qwenimage-edit"
     class_prefixes = ("QwenImageEditPipeline",)  # not Plus / inpaint: their prompts differ
-    hub_name_hints = ("qwen-image-edit",)  # the dated Plus releases are asked first (qwenimage_edit_plus)
+    hub_name_hints = ("qwen-image-edit",)  # the dated Plus releases too: their subclass's claim wins
     hub_name_excludes = ()
     card_tags = ("qwen-image", "qwen-image-edit", "qwen-image-diffusers", "image-editing")
     pipeline_class_name = "QwenImageEditPipeline"

@@ -19,7 +19,6 @@ from __future__ import annotations
 from typing import Any
 
 from .base import builtin_family
-from .qwenimage import QwenImageFamily
 from .qwenimage_edit import QwenImageEditFamily, to_uint8_images
 
 __all__ = ["QwenImageEditPlusFamily", "condition_images", "plus_prompt_template", "plus_texts"]
@@ -65,11 +64,6 @@ class QwenImageEditPlusFamily(QwenImageEditFamily):
     @property
     def title(self) -> str:  # type: ignore[override]
         return "Qwen-Image-Edit-Plus"
-
-    @classmethod
-    def detect(cls, path: str) -> bool:
-        """``QwenImageEditPlusPipeline`` folders and the dated Hub names (``Qwen-Image-Edit-2509``, ``-2511``)."""
-        return super(QwenImageFamily, cls).detect(path)  # the class-name / Hub-name test (not Qwen-Image's)
 
     def prompt_inputs(self, captions: list[str], refs: list[Any]) -> tuple[list[str], list[Any]]:
         """Picture prefixes per reference; the images sample by sample, each at the condition size."""

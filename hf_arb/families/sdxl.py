@@ -1,7 +1,8 @@
 """Stable Diffusion XL (``StableDiffusionXLPipeline``): two CLIP text encoders (penultimate hidden states
 concatenated, the second's pooled embedding) and micro-conditioning time ids ``(original h, original w, crop top,
-crop left, bucket h, bucket w)`` per sample, from each row's own fit (:func:`hf_arb.families.conditioning.sdxl_time_ids`).
-Detected by ``addition_embed_type == "text_time"`` in ``unet/config.json`` (a Hub id by ``xl`` in its name).
+crop left, bucket h, bucket w)`` per sample, from each row's own fit
+(:func:`hf_arb.families.conditioning.sdxl_time_ids`). Detected by ``addition_embed_type == "text_time"`` in
+``unet/config.json`` (a Hub id by ``xl`` in its name).
 """
 
 from __future__ import annotations

@@ -29,6 +29,7 @@ UNET_TARGET_MODULES: tuple[str, ...] = ("to_k", "to_q", "to_v", "to_out.0")
 class UNetFamily(Family):
     """SD 1.x/2.x and SDXL: a UNet trained with epsilon or v-prediction, as diffusers' text-to-image scripts."""
 
+    objective = "noise"
     denoiser_name = "unet"
     refused_flags = FLOW_ONLY_FLAGS
     refused_flags_for = "SD3 / Flux (flow matching)"

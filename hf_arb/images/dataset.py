@@ -127,26 +127,12 @@ class BucketedImageDataset(torch.utils.data.Dataset):
         ```
     """
 
-    def __init__(
-        self,
-        ds: Any,
-        buckets: BucketSet | Sequence[Sequence[int]] | np.ndarray | None = None,
-        *,
-        image_column: str = "image",
-        caption_column: str | None = "text",
-        tokenizer: Any = None,
-        seed: int = 0,
-        center_crop: bool = False,
-        random_flip: bool = False,
-        resample: str = "lanczos",
-        background: Sequence[int] = (255, 255, 255),
-        draft: bool = True,
-        draft_gap: float | None = None,
-        bucket_column: str = "bucket",
-        check_sizes: bool = True,
-        on_bad_image: str = "replace",
-        bad_image_log: str | Any | None = None,
-    ) -> None:
+    def __init__(self, ds: Any, buckets: BucketSet | Sequence[Sequence[int]] | np.ndarray | None = None, *,
+                 image_column: str = "image", caption_column: str | None = "text", tokenizer: Any = None,
+                 seed: int = 0, center_crop: bool = False, random_flip: bool = False, resample: str = "lanczos",
+                 background: Sequence[int] = (255, 255, 255), draft: bool = True, draft_gap: float | None = None,
+                 bucket_column: str = "bucket", check_sizes: bool = True, on_bad_image: str = "replace",
+                 bad_image_log: str | Any | None = None) -> None:
         import datasets
 
         if on_bad_image not in BAD_IMAGE_POLICIES:

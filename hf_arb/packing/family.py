@@ -66,9 +66,7 @@ def packed_flow_step(family: FlowFamily, options: FlowOptions, model: Any, batch
     meta = pack_meta(grids, max_tokens, text_lens=[prompt_embeds.shape[1]] * m,
                      t=t.double().cpu().numpy(), shift_config=options.shift)
     sigmas = torch.as_tensor(meta.sigmas, dtype=torch.float32, device=device)
-    guidance = None
-    if family.name == "flux" and options.guidance_embeds:
-        guidance = torch.full((m,), float(options.guidance_scale), device=device)
+    guidance = family.guidance(options, m, device)
     loss, _ = model(latents, noise, list(prompt_embeds), pooled, sigmas, guidance=guidance, meta=meta,
                     weighting_scheme=options.weighting_scheme, precondition_outputs=options.precondition_outputs,
                     num_train_timesteps=options.num_train_timesteps, dtype=dtype)

@@ -19,8 +19,8 @@ submodules, not its ``forward``, and DDP synchronises gradients only for work do
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
@@ -35,8 +35,8 @@ from .model import (
     patchify,
 )
 
-__all__ = ["PackedFlowModel", "PackedLoss", "denoiser", "flow_family", "flux_pack_latent", "flux_unpack_latent",
-           "packed_flow_loss"]
+__all__ = ["PACKED_ARCHITECTURES", "PackedArchitecture", "PackedFlowModel", "PackedLoss", "denoiser", "flow_family",
+           "flux_pack_latent", "flux_unpack_latent", "packed_architecture", "packed_flow_loss"]
 
 Reduction = Literal["image", "token"]
 
@@ -56,17 +56,70 @@ def flux_unpack_latent(tokens: torch.Tensor, grid: Sequence[int]) -> torch.Tenso
     return unpack_latents(tokens[None], 2 * int(grid[0]), 2 * int(grid[1]))[0]
 
 
-def flow_family(transformer: Any) -> str:
-    """``"sd3"`` or ``"flux"`` for diffusers' ``SD3Transformer2DModel`` / ``FluxTransformer2DModel``."""
-    from diffusers import FluxTransformer2DModel, SD3Transformer2DModel
+def _sd3_forward(transformer: Any, noisy: list[torch.Tensor], text: list[torch.Tensor], pooled: torch.Tensor,
+                 sig: torch.Tensor, guidance: torch.Tensor | None, num_train_timesteps: int, dtype: torch.dtype,
+                 **kw: Any) -> Any:
+    """SD3's packed forward: latents as they are, timestep ``sigma × num_train_timesteps`` (as the pipeline)."""
+    return packed_sd3_forward(transformer, [x.to(dtype) for x in noisy], text, pooled,
+                              (sig * num_train_timesteps).to(dtype), **kw)
 
-    if isinstance(transformer, SD3Transformer2DModel):
-        return "sd3"
-    if isinstance(transformer, FluxTransformer2DModel):
-        return "flux"
-    raise TypeError(f"Packing trains SD3Transformer2DModel or FluxTransformer2DModel, got {type(transformer).__name__}"
-                    ". UNet models (SD 1.x/2.x, SDXL) have no token sequence: use buckets (and "
-                    "`--max_pixels_per_batch` for a per-bucket batch size).")
+
+def _flux_forward(transformer: Any, noisy: list[torch.Tensor], text: list[torch.Tensor], pooled: torch.Tensor,
+                  sig: torch.Tensor, guidance: torch.Tensor | None, num_train_timesteps: int, dtype: torch.dtype,
+                  **kw: Any) -> Any:
+    """Flux's packed forward: 2×2-packed latent tokens, timestep ``sigma``, guidance where the model takes it."""
+    grids = [(x.shape[-2] // 2, x.shape[-1] // 2) for x in noisy]
+    return packed_flux_forward(transformer, [flux_pack_latent(x).to(dtype) for x in noisy], grids, text, pooled,
+                               sig.to(dtype), None if guidance is None else guidance.to(dtype), **kw)
+
+
+@dataclass(frozen=True)
+class PackedArchitecture:
+    """How ``--packing`` runs one diffusers transformer class: the packed forward is written against the class's
+    submodules (:mod:`hf_arb.packing.model`), so it is chosen by the transformer, not by a family's name (Flux.1
+    Kontext has Flux.1's transformer; its adapter says whether packing applies: ``Family.supports_packing``).
+
+    Attributes:
+        name: the architecture (:func:`flow_family` reports it).
+        transformer_class: the diffusers class name (a family's ``transformer_class_name``).
+        tokens: ``(transformer, latent (C, H, W))`` → its ``(n, D)`` tokens, in the order of the forward's output.
+        forward: ``(transformer, noisy latents, texts, pooled, sigmas, guidance, num_train_timesteps, dtype,
+            **pack layout)`` → :class:`~hf_arb.packing.model.PackedOutput`.
+    """
+
+    name: str
+    transformer_class: str
+    tokens: Callable[[Any, torch.Tensor], torch.Tensor] = field(repr=False)
+    forward: Callable[..., Any] = field(repr=False)
+
+
+#: The transformers ``--packing`` has a packed forward for.
+PACKED_ARCHITECTURES: tuple[PackedArchitecture, ...] = (
+    PackedArchitecture("sd3", "SD3Transformer2DModel", lambda t, x: patchify(x, t.config.patch_size), _sd3_forward),
+    PackedArchitecture("flux", "FluxTransformer2DModel", lambda _t, x: flux_pack_latent(x), _flux_forward),
+)
+
+
+def packed_architecture(transformer: Any) -> PackedArchitecture:
+    """The :class:`PackedArchitecture` of ``transformer`` (an instance of one of its diffusers classes).
+
+    Raises:
+        TypeError: a model packing has no forward for (a UNet, or another transformer).
+    """
+    import diffusers
+
+    for arch in PACKED_ARCHITECTURES:
+        if isinstance(transformer, getattr(diffusers, arch.transformer_class)):
+            return arch
+    raise TypeError(f"Packing trains {' or '.join(a.transformer_class for a in PACKED_ARCHITECTURES)}, got "
+                    f"{type(transformer).__name__}. UNet models (SD 1.x/2.x, SDXL) have no token sequence: use buckets "
+                    "(and `--max_pixels_per_batch` for a per-bucket batch size).")
+
+
+def flow_family(transformer: Any) -> str:
+    """``"sd3"`` or ``"flux"`` for diffusers' ``SD3Transformer2DModel`` / ``FluxTransformer2DModel``: the name of
+    its :func:`packed_architecture`."""
+    return packed_architecture(transformer).name
 
 
 @dataclass
@@ -122,7 +175,7 @@ def packed_flow_loss(transformer: Any, latents: Sequence[torch.Tensor], noise: S
                          f"noises, {len(prompt_embeds)} texts.")
     if reduction not in ("image", "token"):
         raise ValueError(f"`reduction` must be 'image' or 'token', got {reduction!r}.")
-    family = flow_family(transformer)
+    arch = packed_architecture(transformer)
     dev = latents[0].device
     dtype = latents[0].dtype if dtype is None else dtype
     sig = torch.as_tensor(sigmas, dtype=torch.float32, device=dev).reshape(-1)
@@ -131,19 +184,11 @@ def packed_flow_loss(transformer: Any, latents: Sequence[torch.Tensor], noise: S
     noisy = [(1 - s) * x.float() + s * n.float() for s, x, n in zip(sig, latents, noise)]
     text = [e.to(dtype) for e in prompt_embeds]
     pooled = pooled_projections.to(dtype)
-    if family == "sd3":
-        p = transformer.config.patch_size
-        to_tokens = lambda x: patchify(x, p)
-        out = packed_sd3_forward(transformer, [x.to(dtype) for x in noisy], text, pooled,
-                                 (sig * num_train_timesteps).to(dtype), max_tokens=max_tokens,
-                                 max_text_tokens=max_text_tokens, meta=meta, backend=backend)
-    else:
-        to_tokens = flux_pack_latent
-        grids = [(x.shape[-2] // 2, x.shape[-1] // 2) for x in latents]
-        out = packed_flux_forward(transformer, [to_tokens(x).to(dtype) for x in noisy], grids, text, pooled,
-                                  sig.to(dtype), None if guidance is None else guidance.to(dtype),
-                                  max_tokens=max_tokens, max_text_tokens=max_text_tokens, meta=meta,
-                                  backend=backend)
+    out = arch.forward(transformer, noisy, text, pooled, sig, guidance, num_train_timesteps, dtype,
+                       max_tokens=max_tokens, max_text_tokens=max_text_tokens, meta=meta, backend=backend)
+
+    def to_tokens(x: torch.Tensor) -> torch.Tensor:
+        return arch.tokens(transformer, x)
     meta = out.meta
     length = int(meta.document_id.size)
     doc = torch.as_tensor(meta.document_id, device=dev).long()
@@ -174,7 +219,7 @@ class PackedFlowModel(torch.nn.Module):
 
     def __init__(self, transformer: Any, backend: Backend = "auto") -> None:
         super().__init__()
-        self.family = flow_family(transformer)
+        self.family = packed_architecture(transformer).name
         enable_packed_attention(transformer)
         self.transformer = transformer
         self.backend = backend
