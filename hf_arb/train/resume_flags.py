@@ -130,6 +130,8 @@ def flag_differences(saved: dict[str, Any], now: dict[str, Any]) -> list[str]:
     for flag in SHAPING_FLAGS:
         if flag not in saved or saved[flag] == now[flag] or (mode_differs and flag in LORA_FLAGS):
             continue
+        if flag == "lora_alpha" and saved[flag] == saved.get("rank") and now[flag] == now["rank"]:
+            continue  # both alphas are their rank's default: the rank's line says it
         lines.append(f"it was saved with {as_flag(flag, saved[flag])}, this run has {as_flag(flag, now[flag])}: "
                      f"{_fix(flag, saved[flag])}")
     return lines
