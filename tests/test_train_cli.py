@@ -148,6 +148,9 @@ BAD_ARGS = [
     # issue 24: a mistyped Hub id fails before the dataset is read (offline here: no retries for 46 s)
     (["--pretrained_model_name_or_path", "stabilityai/stable-diffusion-xl-bse-1.0"],
      "error: --pretrained_model_name_or_path stabilityai/stable-diffusion-xl-bse-1.0: "),
+    # issue 34: a mistyped local dataset path, at once (offline here; online: one metadata request, no retries)
+    (["--dataset_name", "my_photoz-arb"], "error: --dataset_name my_photoz-arb: no such folder "),
+    (["--dataset_name", "./my_photoz-arb"], "error: --dataset_name ./my_photoz-arb: no such folder "),
     # issue 24: a pixel count as --resolution, before any work; a side far above the images, before any model
     (["--resolution", "1048576"], "error: --resolution 1048576 looks like a pixel count (1024²); pass the side"),
     (["--resolution", "8000", "--train_batch_size", "1"],

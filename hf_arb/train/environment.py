@@ -49,9 +49,11 @@ def check_environment(args: argparse.Namespace) -> None:
     folder_flag = "instance_data_dir" if args.instance_data_dir is not None else "train_data_dir"
     if args.dataset_name is None and not Path(getattr(args, folder_flag)).is_dir():
         raise UsageFileError(f"--{folder_flag} {getattr(args, folder_flag)}: no such folder.")
-    if args.dataset_name and args.dataset_name.startswith(("/", "./", "../", "~")) and not Path(
-            args.dataset_name).expanduser().exists():
-        raise UsageFileError(f"--dataset_name {args.dataset_name}: no such local dataset.")
+    if args.dataset_name:  # a mistyped path or id is said now, not after load_dataset's retries and traceback
+        from hf_arb.annotate.hub import hub_dataset_problem
+
+        if problem := hub_dataset_problem(args.dataset_name):
+            raise UsageFileError(f"--dataset_name {args.dataset_name}: {problem}")
     reports = [r.strip() for r in str(args.report_to).split(",")]
     for r in list(reports):
         needs = TRACKERS.get(r, ())
