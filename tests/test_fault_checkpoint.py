@@ -212,8 +212,8 @@ def test_each_flag_that_shapes_the_checkpoint_is_checked_before_any_model(tmp_pa
     lines = _refusal(tmp_path, "--rank", "8", "--use_dora", "--lora_alpha", "16", "--resume_from_checkpoint",
                      "latest").splitlines()
     ckpt = tmp_path / "out" / "checkpoint-4"
-    assert lines == [f"Checkpoint {ckpt}: it was saved with --rank 4, this run has --rank 8: pass --rank 4 to resume it "
-                     "(or start a new run in another --output_dir).",
+    assert lines == [f"Checkpoint {ckpt}: it was saved with --rank 4, this run has --rank 8: pass --rank 4 to resume "
+                     "it (or start a new run in another --output_dir).",
                      f"Checkpoint {ckpt}: it was saved with --lora_alpha 4, this run has --lora_alpha 16: pass "
                      "--lora_alpha 4 to resume it (or start a new run in another --output_dir).",
                      f"Checkpoint {ckpt}: it was saved with no --use_dora, this run has --use_dora: drop --use_dora to "

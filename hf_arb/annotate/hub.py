@@ -272,8 +272,8 @@ def hub_model_problem(repo_id: str, revision: str | None = None, timeout: float 
 
 def hub_dataset_problem(name: str, timeout: float = 10.0) -> str | None:
     """Why ``name`` (where a local dataset folder or a Hub dataset id may stand) names neither, in one sentence, or
-    ``None`` when it is a local path, a packaged ``datasets`` builder (``imagefolder``, ``parquet``, …) or a Hub dataset
-    that is (or may be) there.
+    ``None`` when it is a local path, a packaged ``datasets`` builder (``imagefolder``, ``parquet``, …) or a Hub
+    dataset that is (or may be) there.
 
     A string that cannot be a Hub repo id (``./photos``, ``~/photos``, ``a/b/c``, ``photos/``), or that looks like a
     path whose parent folder exists (``data/photoz`` where ``data/`` does), fails at once. Otherwise a dataset in the
@@ -305,7 +305,8 @@ def hub_dataset_problem(name: str, timeout: float = 10.0) -> str | None:
         return None
     if is_offline_mode():
         return (f"no such folder {path.absolute()}, and no Hub dataset {name!r} in the local Hugging Face cache while "
-                f"HF_HUB_OFFLINE is set: check the path, or download it first (hf download {name} --repo-type dataset).")
+                f"HF_HUB_OFFLINE is set: check the path, or download it first (hf download {name} --repo-type "
+                "dataset).")
     try:
         HfApi().repo_info(name, repo_type="dataset", timeout=timeout)
     except GatedRepoError:

@@ -24,12 +24,17 @@ from hf_arb.checks import UsageError
 RECORD = "flags"
 
 
+def _lora(read: Callable[[argparse.Namespace], Any]) -> Callable[[argparse.Namespace], Any]:
+    """A LoRA setting: recorded as None in a full fine-tune (where its flag is refused)."""
+    return lambda a: read(a) if getattr(a, "lora", False) else None
+
+
 def _tiers(read: Callable[[argparse.Namespace], Any]) -> Callable[[argparse.Namespace], Any]:
     """A tier setting: recorded as None with one tier (where its flag is refused)."""
     return lambda a: read(a) if len(getattr(a, "resolutions", None) or []) > 1 else None
 
 
-#: the LoRA settings (recorded as None in a full fine-tune, where their flags are refused); rank None: a full fine-tune
+#: the LoRA settings (rank None: a full fine-tune)
 LORA_FLAGS: dict[str, Callable[[argparse.Namespace], Any]] = {
     "rank": lambda a: a.rank,
     "lora_alpha": lambda a: float(a.rank if a.lora_alpha is None else a.lora_alpha),
@@ -40,8 +45,7 @@ LORA_FLAGS: dict[str, Callable[[argparse.Namespace], Any]] = {
 }
 #: flag -> its value as this run uses it (defaults filled), for every flag that shapes the saved state
 SHAPING_FLAGS: dict[str, Callable[[argparse.Namespace], Any]] = {
-    **{flag: (lambda read: lambda a: read(a) if getattr(a, "lora", False) else None)(read)
-       for flag, read in LORA_FLAGS.items()},
+    **{flag: _lora(read) for flag, read in LORA_FLAGS.items()},
     "use_ema": lambda a: bool(getattr(a, "use_ema", False)),
     "resolution_conditioning": lambda a: bool(getattr(a, "resolution_conditioning", False)),
     "resolution": lambda a: ",".join(map(str, getattr(a, "resolutions", None) or [a.resolution])),
