@@ -1,13 +1,16 @@
-"""An argparse parser whose "unrecognized arguments" error suggests the flag's twin.
+"""An argparse parser whose "unrecognized arguments" error suggests the flag's twin or its nearest spelling.
 
 The same option is spelled differently by ``hf-arb`` (``--preset``, ``--step``, dashes) and by
 ``train_text_to_image_arb.py`` (``--bucket_preset``, ``--bucket_step``, underscores, as diffusers' scripts). A user
-moving a flag from one to the other gets argparse's error plus one sentence naming the spelling this command takes.
+moving a flag from one to the other gets argparse's error plus one sentence naming the spelling this command takes;
+a mistyped flag (``--train_batch_szie``) gets the nearest one this command takes (difflib). A parser with many flags
+prints a one-line usage on errors (the training script's full usage is ~130 lines): ``--help`` lists them.
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
 import re
 from collections.abc import Iterable
 from typing import Any, NoReturn
@@ -33,6 +36,10 @@ def twin(flag: str, known: Iterable[str]) -> str | None:
     return None
 
 
+#: a usage longer than this many lines is said in one line on errors (``--help`` still prints it in full)
+SHORT_USAGE_LINES = 6
+
+
 class FlagParser(argparse.ArgumentParser):
     """``argparse.ArgumentParser`` that remembers its option strings and, on unrecognized arguments, names the twin
     of each one it knows (``--preset: this command spells it --bucket_preset``)."""
@@ -50,13 +57,30 @@ class FlagParser(argparse.ArgumentParser):
         """One hint per unknown option whose twin this parser takes."""
         return [f"{u.partition('=')[0]}: this command spells it {t}" for u in unknown if (t := twin(u, self.flags))]
 
+    def nearest_hints(self, unknown: Iterable[str]) -> list[str]:
+        """One hint per unknown option without a twin whose spelling is close to one this parser takes."""
+        hints = []
+        for u in unknown:
+            name = u.partition("=")[0]
+            if not name.startswith("--") or twin(u, self.flags):
+                continue
+            norm = {f.replace("-", "_"): f for f in self.flags if f.startswith("--")}  # dashes or underscores alike
+            close = difflib.get_close_matches(name.replace("-", "_"), list(norm), n=1, cutoff=0.75)
+            if close:
+                hints.append(f"{name}: did you mean {norm[close[0]]}?")
+        return hints
+
     def error(self, message: str) -> NoReturn:
         prefix = "unrecognized arguments: "
         if message.startswith(prefix):
-            hints = self.twin_hints(message[len(prefix):].split())
+            unknown = message[len(prefix):].split()
+            hints = self.twin_hints(unknown) + self.nearest_hints(unknown)
             if hints:
                 message = f"{message} ({'; '.join(hints)})"
-        super().error(message)
+        usage = self.format_usage()
+        if usage.count("\n") > SHORT_USAGE_LINES:  # a wall of flags hides the one line that matters
+            usage = f"usage: {self.prog} [options] (--help lists them)\n"
+        self.exit(2, f"{usage}{self.prog}: error: {message}\n")
 
 
 #: Python parameter names (BucketSet, add_bucket_columns) → the flags that set them, for messages phrased in flags

@@ -110,7 +110,7 @@ def test_annotate_streaming_to_disk(image_dir: Path, tmp_path: Path) -> None:
 def test_cli_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exc:
         main(["annotate", str(tmp_path / "nope"), "--output-dir", str(tmp_path / "o")])
-    assert exc.value.code == 2 and "does not exist" in capsys.readouterr().err
+    assert exc.value.code == 2 and "no such folder" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["annotate", str(tmp_path)])  # neither --output-dir nor --push-to-hub
 

@@ -121,3 +121,117 @@ def test_lora_checkpoint_is_checked_by_its_adapter_file(tmp_path) -> None:
     (ckpt / files[0]).write_bytes(b"\0" * 8)
     problems = checkpoint_problems(ckpt, "state.json", (), files)
     assert not any("unet" in p or "lora_weights.safetensors: missing" in p for p in problems)
+
+
+# ------------------------------------------------------------------------ issue 34: the flags a checkpoint records
+def _args(root: Path, *extra: str):
+    """Parsed script arguments for a tiny-model folder (only its unet/config.json is read) and an image folder."""
+    from test_train_cli import fake_model
+
+    import train_text_to_image_arb as script
+
+    (root / "images").mkdir(parents=True, exist_ok=True)
+    return script.parse_args(["--pretrained_model_name_or_path", fake_model(root, "sd"), "--train_data_dir",
+                              str(root / "images"), "--output_dir", str(root / "out"), "--report_to", "none",
+                              "--bucket_step", "16", *extra])
+
+
+class _Accelerator:
+    """One process; save_state writes what accelerate would, in real formats (torch Zip, safetensors)."""
+    is_main_process, num_processes = True, 1
+
+    def __init__(self, lora: bool) -> None:
+        self.lora = lora
+
+    def wait_for_everyone(self) -> None:
+        pass
+
+    def save_state(self, folder: str) -> None:
+        path = Path(folder)
+        path.mkdir(parents=True)
+        for name in ("optimizer.bin", "scheduler.bin", "random_states_0.pkl", "custom_checkpoint_0.pkl"):
+            torch.save({"step": 2}, path / name)
+        if self.lora:  # the adapter of rank 4 (down: rank x in)
+            save_file({"unet.down.attn.to_q.lora_A.weight": torch.zeros(4, 8),
+                       "unet.down.attn.to_q.lora_B.weight": torch.zeros(8, 4)},
+                      str(path / "pytorch_lora_weights.safetensors"))
+        else:
+            (path / "unet").mkdir()
+            (path / "unet" / "config.json").write_text("{}")
+            save_file({"w": torch.zeros(2)}, str(path / "unet" / "diffusion_pytorch_model.safetensors"))
+
+
+def _save_run(root: Path, *flags: str, steps=(2, 4)) -> None:
+    """Checkpoints of a run with ``flags``, written by the script's own save_checkpoint."""
+    from hf_arb.train.progress import Progress, save_checkpoint
+
+    args = _args(root, *flags)
+    for step in steps:
+        save_checkpoint(args, _Accelerator(args.lora), Progress(global_step=step, seed=0, micro_step=step))
+
+
+def _refusal(root: Path, *flags: str) -> str:
+    from hf_arb.checks import UsageError
+    from hf_arb.train.environment import check_environment
+
+    with pytest.raises(UsageError) as err:
+        check_environment(_args(root, *flags))
+    return str(err.value)
+
+
+@pytest.mark.parametrize("legacy", [False, True], ids=["recorded", "saved-before-the-record"])
+def test_a_lora_run_resumed_without_rank_names_the_mode_not_damage(tmp_path, legacy):
+    """Issue 34, item 1: every healthy LoRA checkpoint was called "incomplete or damaged … unet/config.json: missing",
+    then "no checkpoint can be resumed". Now one line names the mode and the flag, from what the state file records
+    (a checkpoint saved before the record: from its adapter file's header)."""
+    _save_run(tmp_path, "--rank", "4", "--learning_rate", "1e-4")
+    if legacy:
+        for ckpt in list_checkpoints(tmp_path / "out"):
+            state = json.loads((ckpt / STATE).read_text())
+            (ckpt / STATE).write_text(json.dumps({k: v for k, v in state.items() if k != "flags"}))
+    message = _refusal(tmp_path, "--learning_rate", "1e-5", "--resume_from_checkpoint", "latest")
+    assert "\n" not in message and "damaged" not in message and "unet" not in message, message
+    assert "checkpoint-4: it trained LoRA adapters (--rank 4), and this run is a full fine-tune: pass --rank 4 to " \
+           "resume it" in message
+    # and the other way round, a full fine-tune's checkpoint resumed as LoRA
+    _save_run(tmp_path / "full", "--full_finetune")
+    message = _refusal(tmp_path / "full", "--rank", "4", "--resume_from_checkpoint", "checkpoint-2")
+    assert "\n" not in message and "it is a full fine-tune, and this run trains LoRA (--rank 4): drop --rank" in message
+
+
+def test_each_flag_that_shapes_the_checkpoint_is_checked_before_any_model(tmp_path):
+    """Issue 34, item 2: --rank 8 on a rank-4 checkpoint printed ~100 lines of `size mismatch` after the models
+    loaded. Now one line per recorded flag that differs, naming both values and the flag to pass; the same flags (or a
+    state file saved before the record) resume."""
+    from hf_arb.train.environment import check_environment
+    from hf_arb.train.resume_flags import SHAPING_FLAGS
+
+    _save_run(tmp_path, "--rank", "4", "--learning_rate", "1e-4")
+    state = json.loads((tmp_path / "out" / "checkpoint-4" / STATE).read_text())
+    assert set(state["flags"]) == set(SHAPING_FLAGS) and state["flags"]["rank"] == 4  # recorded, from one list
+    lines = _refusal(tmp_path, "--rank", "8", "--use_dora", "--lora_alpha", "16", "--resume_from_checkpoint",
+                     "latest").splitlines()
+    ckpt = tmp_path / "out" / "checkpoint-4"
+    assert lines == [f"Checkpoint {ckpt}: it was saved with --rank 4, this run has --rank 8: pass --rank 4 to resume "
+                     "it (or start a new run in another --output_dir).",
+                     f"Checkpoint {ckpt}: it was saved with --lora_alpha 4, this run has --lora_alpha 16: pass "
+                     "--lora_alpha 4 to resume it (or start a new run in another --output_dir).",
+                     f"Checkpoint {ckpt}: it was saved with no --use_dora, this run has --use_dora: drop --use_dora to "
+                     "resume it (or start a new run in another --output_dir)."]
+    args = _args(tmp_path, "--rank", "4", "--resume_from_checkpoint", "latest")
+    check_environment(args)  # the same flags pass (alpha: the rank's default, said or not)
+    check_environment(_args(tmp_path, "--rank", "4", "--lora_alpha", "4", "--resume_from_checkpoint", "latest"))
+    state.pop("flags")  # a checkpoint saved before the record still resumes
+    (ckpt / STATE).write_text(json.dumps(state))
+    check_environment(_args(tmp_path, "--rank", "4", "--resume_from_checkpoint", "checkpoint-4"))
+
+
+def test_another_resolution_schedule_is_refused_before_any_model_with_the_checkpoints_own(tmp_path):
+    """Issue 34, item 3: another --resolution_schedule was a sampler ValueError traceback after the models loaded."""
+    _save_run(tmp_path, "--full_finetune", "--resolution", "32,64", "--resolution_schedule", "mix:32:1,64:3")
+    message = _refusal(tmp_path, "--full_finetune", "--resolution", "32,64", "--resume_from_checkpoint", "latest")
+    assert "\n" not in message and ("it was saved with --resolution_schedule mix:32:1,64:3, this run has "
+                                    "--resolution_schedule random: pass --resolution_schedule mix:32:1,64:3") in message
+    message = _refusal(tmp_path, "--full_finetune", "--resolution", "32,48", "--resolution_schedule", "mix:32:1,48:3",
+                       "--resume_from_checkpoint", "latest")
+    assert "pass --resolution 32,64" in message

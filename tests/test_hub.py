@@ -201,3 +201,40 @@ def test_push_streaming_dataset(annotated: datasets.Dataset, tmp_path: Path, mon
     meta = _front_matter((repo / "README.md").read_text())
     assert BucketSet.from_dict(meta[CARD_KEY]["buckets"]) == CONFIG == BucketSet.from_dataset(back)
     assert meta[CARD_KEY]["stats"] == {}  # a stream is not read twice just to count
+
+
+def test_a_mistyped_dataset_path_fails_at_once_and_a_hub_id_costs_one_request(tmp_path: Path,
+                                                                              monkeypatch: pytest.MonkeyPatch,
+                                                                              capsys: pytest.CaptureFixture) -> None:
+    """Issue 34, item 5: `--dataset_name my_photoz-arb` / `hf-arb annotate my_photoz` were tried as Hub ids, with
+    26-32 s of retries and a traceback. A name that cannot be a Hub id, or a path whose parent exists, fails with no
+    request; a possible Hub id costs one metadata request (none offline, none when cached), as model ids do."""
+    import huggingface_hub.constants
+
+    from hf_arb.annotate.hub import hub_dataset_problem
+    from hf_arb.cli.app import main as hf_arb_main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data").mkdir()
+    (tmp_path / "photos").mkdir()
+    hub = FakeHub(tmp_path / "hub").install(monkeypatch)
+    hub.heads["me/photos"] = "0" * 40
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    for name in ("./my_photoz", "~/no/such/photoz", "data/my_photoz", "a/b/c", "photoz/", "my--photoz"):
+        assert hub_dataset_problem(name).endswith("; not a Hub id either."), name
+        assert "no such folder" in hub_dataset_problem(name)
+    assert hub.calls == []  # not one request for any of them
+    for fine in ("photos", "imagefolder", "parquet", "me/photos"):  # a folder, packaged builders, a Hub dataset
+        assert hub_dataset_problem(fine) is None, fine
+    assert hub.calls == ["repo_info"]
+    problem = hub_dataset_problem("me/photoz")
+    assert "no such folder" in problem and "no such dataset on the Hub" in problem and hub.calls == ["repo_info"] * 2
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    assert "HF_HUB_OFFLINE is set" in hub_dataset_problem("my_photoz-arb") and len(hub.calls) == 2
+    # hf-arb annotate: the same sentence as its one error line, before any dataset is loaded
+    with pytest.raises(SystemExit) as exit_:
+        hf_arb_main(["annotate", "data/my_photoz", "--output-dir", str(tmp_path / "out")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_.value.code == 2 and "Traceback" not in "\n".join(err)
+    assert err[-1] == (f"hf-arb annotate: error: data/my_photoz: no such folder {tmp_path / 'data' / 'my_photoz'}; "
+                       "not a Hub id either.")

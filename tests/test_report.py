@@ -134,7 +134,7 @@ def test_cli_report_from_folder_parquet_and_saved_dataset(folder, annotated, tmp
         assert f"fingerprint {BUCKETS.fingerprint}" in (tmp_path / "s.html").read_text()
     with pytest.raises(SystemExit):
         cli_main(["report", str(tmp_path / "nope"), "--out", str(out)])
-    assert "does not exist" in capsys.readouterr().err
+    assert "no such folder" in capsys.readouterr().err
 
 
 def test_push_to_hub_puts_the_report_next_to_the_card(annotated, tmp_path, monkeypatch):

@@ -269,6 +269,20 @@ def test_garbage_state_is_refused_naming_the_field():
         s.load_state_dict(single.state_dict())
 
 
+@pytest.mark.parametrize("other, field, fix", [
+    (Tiers.preset("budget", [256, 768]), "`tiers`", "checkpoint's tiers"),
+    (Tiers(TIERS.resolutions, TIERS.bucket_sets, 2.0), "`max_upscale`", "checkpoint's max_upscale")])
+def test_a_state_of_other_tiers_is_refused_for_its_tiers_not_the_rows(other, field, fix):
+    """The same rows under another tier list or max_upscale (issue 34, item 3): the message names that field and
+    its fix; the rows' fingerprint (which covers the tiers) must not speak first and blame the dataset."""
+    w, h = sizes()
+    saved = TieredBatchSampler(w, h, other, SCHEDULES["mix"], batch_size=[3, 2], num_replicas=1, rank=0,
+                               steps_per_epoch=23).state_dict()
+    with pytest.raises(ValueError) as e:
+        make("mix").load_state_dict(saved)
+    assert field in str(e.value) and fix in str(e.value) and "rows' sizes" not in str(e.value), str(e.value)
+
+
 def test_index_dir_gives_the_same_plan_as_memory(tmp_path):
     for kind in ("random", "progressive"):
         mem = global_steps(kind, 2, 2, seed=5)

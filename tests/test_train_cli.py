@@ -148,6 +148,9 @@ BAD_ARGS = [
     # issue 24: a mistyped Hub id fails before the dataset is read (offline here: no retries for 46 s)
     (["--pretrained_model_name_or_path", "stabilityai/stable-diffusion-xl-bse-1.0"],
      "error: --pretrained_model_name_or_path stabilityai/stable-diffusion-xl-bse-1.0: "),
+    # issue 34: a mistyped local dataset path, at once (offline here; online: one metadata request, no retries)
+    (["--dataset_name", "my_photoz-arb"], "error: --dataset_name my_photoz-arb: no such folder "),
+    (["--dataset_name", "./my_photoz-arb"], "error: --dataset_name ./my_photoz-arb: no such folder "),
     # issue 24: a pixel count as --resolution, before any work; a side far above the images, before any model
     (["--resolution", "1048576"], "error: --resolution 1048576 looks like a pixel count (1024²); pass the side"),
     (["--resolution", "8000", "--train_batch_size", "1"],
@@ -272,6 +275,27 @@ def test_unknown_flag_names_its_script_twin(flag, twin, capsys):
     with pytest.raises(SystemExit):
         script.parse_args(["--pretrained_model_name_or_path", "m", "--train_data_dir", "d", "--no_such_flag", "1"])
     assert "spells it" not in capsys.readouterr().err  # no twin: argparse's error alone
+
+
+def test_mistyped_flag_names_the_nearest_in_one_line_under_a_one_line_usage(capsys):
+    """--train_batch_szie (issue 34, item 9): one error line naming the nearest flag, after a one-line usage instead
+    of the ~130 lines of every flag; the same in the hf-arb CLI's sub-commands."""
+    from hf_arb.cli.app import main as hf_arb_main
+
+    with pytest.raises(SystemExit) as exit_:
+        script.parse_args(["--pretrained_model_name_or_path", "m", "--train_data_dir", "d", "--train_batch_szie", "4"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_.value.code == 2 and len(err) == 2, err
+    assert err[0].startswith("usage: ") and "--help" in err[0]
+    assert err[1].endswith("unrecognized arguments: --train_batch_szie 4 (--train_batch_szie: did you mean "
+                           "--train_batch_size?)")
+    with pytest.raises(SystemExit):
+        hf_arb_main(["buckets", "--resolutoin", "512"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and err[1].endswith("(--resolutoin: did you mean --resolution?)"), err
+    with pytest.raises(SystemExit):
+        script.parse_args(["--pretrained_model_name_or_path", "m", "--train_data_dir", "d", "--zzz", "1"])
+    assert "did you mean" not in capsys.readouterr().err  # nothing close: argparse's error alone
 
 
 def test_model_card_states_the_real_precision_and_a_trained_shape(tmp_path):

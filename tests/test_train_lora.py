@@ -175,6 +175,31 @@ def test_sd_lora_resume_is_bit_identical(sd_lora):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("train_lora")
+def test_sd_lora_checkpoint_records_its_flags_and_a_resume_without_rank_is_one_line(sd_lora, assets, tmp_path):
+    """Issue 34, items 1-2, on a real checkpoint: its state file records the LoRA flags; resumed without --rank (a
+    full fine-tune) or with another rank, one line says so before anything loads, even for a checkpoint saved before
+    the record (the rank is then read from the adapter file's header)."""
+    from hf_arb.checks import UsageError
+    from hf_arb.train.environment import check_environment
+
+    out = tmp_path / "out"
+    shutil.copytree(sd_lora["out"] / "checkpoint-2", out / "checkpoint-2")
+    state_file = out / "checkpoint-2" / "hf_arb_state.json"
+    state = json.loads(state_file.read_text())
+    assert state["flags"]["rank"] == 4 and state["flags"]["lora_alpha"] == 4 and state["flags"]["resolution"] == "64"
+    command = [*sd_readme_command(assets, out), "--resume_from_checkpoint", "latest"]
+    for legacy in (False, True):
+        if legacy:
+            state_file.write_text(json.dumps({k: v for k, v in state.items() if k != "flags"}))
+        for mode, fix in (([], "this run is a full fine-tune: pass --rank 4"), (["--rank", "8"], "pass --rank 4")):
+            with pytest.raises(UsageError) as err:
+                check_environment(script.parse_args([*command, *mode]))
+            assert fix in str(err.value) and "\n" not in str(err.value) and "damaged" not in str(err.value)
+        check_environment(script.parse_args(["--lora", *command]))  # the run's own flags resume
+
+
+@pytest.mark.slow
 @pytest.mark.xdist_group(GROUP)
 def test_sdxl_text_encoder_lora_resume_two_processes_is_bit_identical(ddp_batch):
     """2 processes (gloo DDP), SDXL, adapters on the UNet and both text encoders, gradient accumulation 2

@@ -98,6 +98,35 @@ def test_resolution_values_are_checked_by_argparse(capsys):
         assert "argument --resolution" in capsys.readouterr().err
 
 
+def test_tiers_on_a_dataset_annotated_at_another_resolution_get_one_fix_that_works(tmp_path, caplog):
+    """Issue 34, item 7: a 2-tier run on a dataset annotated at another first resolution got a warning to add
+    --bucket_preset budget, then an error to pass the table flags it was annotated with or train on raw images. Now
+    one error line, before any model, with one fix; and that fix runs (rows re-assigned at every tier, no image)."""
+    import datasets
+
+    from hf_arb import BucketSet, add_bucket_columns
+    from hf_arb.testing.tiny import save_tiny_imagefolder
+    from hf_arb.train.data import dataset_with_buckets
+
+    images = save_tiny_imagefolder(tmp_path / "images", per_size=1)
+    ds = datasets.load_dataset("imagefolder", data_dir=str(images), split="train")
+    add_bucket_columns(ds, BucketSet.preset("budget", resolution=512), show_summary=False).save_to_disk(
+        str(tmp_path / "annotated"))  # (hf-arb annotate's table at --resolution 512)
+    run = ["--pretrained_model_name_or_path", MODEL, "--dataset_name", str(tmp_path / "annotated"), "--full_finetune",
+           "--resolution", "256,512", "--output_dir", str(tmp_path / "out"), "--seed", "0"]
+    with caplog.at_level("WARNING"), pytest.raises(UsageError) as err:
+        dataset_with_buckets(train_args.parse_args(run), None)
+    message = str(err.value)
+    assert "\n" not in message and message.endswith(": add --bucket_preset budget to re-assign its rows at every tier "
+                                                     "from their stored sizes (no image is opened).")
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]  # no second, different advice before it
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        ds, table = dataset_with_buckets(train_args.parse_args([*run, "--bucket_preset", "budget"]), None)
+    assert isinstance(table, TierTable) and table.tiers.resolutions == (256, 512)
+    assert not any("Drop those flags" in r.getMessage() for r in caplog.records)  # (dropping them is the error)
+
+
 # ------------------------------------------------------------------------------------ fit, time ids, cache keys
 @pytest.fixture(scope="module")
 def tiered_images(train_assets):

@@ -268,3 +268,53 @@ def hub_model_problem(repo_id: str, revision: str | None = None, timeout: float 
         return (f"the Hub cannot be reached ({type(e).__name__}) and the model is not in the local cache: pass a local "
                 "folder, or download it where the Hub is reachable (hf download) and set HF_HUB_OFFLINE=1.")
     return None
+
+
+def hub_dataset_problem(name: str, timeout: float = 10.0) -> str | None:
+    """Why ``name`` (where a local dataset folder or a Hub dataset id may stand) names neither, in one sentence, or
+    ``None`` when it is a local path, a packaged ``datasets`` builder (``imagefolder``, ``parquet``, …) or a Hub
+    dataset that is (or may be) there.
+
+    A string that cannot be a Hub repo id (``./photos``, ``~/photos``, ``a/b/c``, ``photos/``), or that looks like a
+    path whose parent folder exists (``data/photoz`` where ``data/`` does), fails at once. Otherwise a dataset in the
+    local Hugging Face cache passes, and one metadata request (``timeout`` seconds, no retries) tells a mistyped name
+    or an unreachable Hub apart, as :func:`hub_model_problem` does for models: ``load_dataset`` would retry for half a
+    minute and end in a traceback.
+    """
+    import pkgutil
+
+    from huggingface_hub import constants, is_offline_mode
+    from huggingface_hub.errors import GatedRepoError, HFValidationError, RepositoryNotFoundError
+    from huggingface_hub.utils import validate_repo_id
+
+    path = Path(name).expanduser()
+    if path.exists():
+        return None
+    import datasets.packaged_modules
+
+    if name in {m.name for m in pkgutil.iter_modules(datasets.packaged_modules.__path__)}:
+        return None  # load_dataset("imagefolder", data_dir=...), as diffusers' scripts allow
+    try:
+        validate_repo_id(name)
+        hub_id = name.count("/") <= 1 and not name.startswith(("/", ".", "~")) and not name.endswith("/")
+    except HFValidationError:
+        hub_id = False
+    if not hub_id or (path.parent != Path(".") and path.parent.is_dir()):
+        return f"no such folder {path.absolute()}; not a Hub id either."
+    if (Path(constants.HF_HUB_CACHE) / f"datasets--{name.replace('/', '--')}").is_dir():
+        return None
+    if is_offline_mode():
+        return (f"no such folder {path.absolute()}, and no Hub dataset {name!r} in the local Hugging Face cache while "
+                f"HF_HUB_OFFLINE is set: check the path, or download it first (hf download {name} --repo-type "
+                "dataset).")
+    try:
+        HfApi().repo_info(name, repo_type="dataset", timeout=timeout)
+    except GatedRepoError:
+        return None  # load_dataset explains the login it needs
+    except RepositoryNotFoundError:
+        return (f"no such folder {path.absolute()}, and no such dataset on the Hub (check the spelling; a private "
+                "dataset needs `hf auth login`).")
+    except Exception as e:  # noqa: BLE001 - any transport failure means the same thing here: no Hub, no cached copy
+        return (f"no such folder {path.absolute()}, and the Hub cannot be reached ({type(e).__name__}) to look for a "
+                "dataset of that name: check the path, or pass a local folder.")
+    return None

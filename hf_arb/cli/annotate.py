@@ -49,8 +49,10 @@ def load_source(source: str, split: str | None = None, streaming: bool = False) 
         return datasets.load_dataset(builder, data_files=str(path), split=split, streaming=streaming)
     if path.is_dir():
         return datasets.load_dataset(str(path), split=split, streaming=streaming)  # imagefolder, parquet folder, …
-    if source.startswith((".", "/", "~")) or source.count("/") > 1:
-        raise FileNotFoundError(f"{source} does not exist (and is not a Hub dataset id like 'user/name').")
+    from hf_arb.annotate.hub import hub_dataset_problem
+
+    if problem := hub_dataset_problem(source):  # a mistyped path: said now, not after load_dataset's retries
+        raise FileNotFoundError(f"{source}: {problem}")
     return datasets.load_dataset(source, split=split, streaming=streaming)  # a Hub dataset id
 
 

@@ -148,7 +148,7 @@ def annotated_dataset_buckets(args: argparse.Namespace, ds: Any, own: Any, main:
         logger.info("Dataset already carries bucket columns: using its %d buckets as they are.", len(own))
         return ds, own
     if given == ["--resolution"]:  # no table flag: the dataset's own table wins, and the user hears it
-        if main:
+        if main and len(getattr(args, "resolutions", None) or [0]) == 1:  # (tiers: dataset_with_buckets says the fix)
             logger.warning("--resolution %s is not applied: the dataset carries bucket columns (%d buckets, %s, ...) "
                            "and this run trains on them. To re-assign its rows at --resolution %s, also pass the "
                            "table, e.g. --bucket_preset budget.", args.resolution, len(own),
@@ -163,9 +163,10 @@ def annotated_dataset_buckets(args: argparse.Namespace, ds: Any, own: Any, main:
     if main:
         kept = int((np.asarray(new.with_format("numpy")["bucket"]) >= 0).sum())
         logger.warning("The dataset's bucket columns (%d buckets) are not the table of %s (%d buckets): re-assigned "
-                       "its %d rows from original_width/original_height (no image opened; %d kept). Drop those "
-                       "flags to train on the dataset's own buckets.", len(own),
-                       " ".join(f"{f} {getattr(args, f[2:])}" for f in given), len(wanted), len(ds), kept)
+                       "its %d rows from original_width/original_height (no image opened; %d kept).%s", len(own),
+                       " ".join(f"{f} {getattr(args, f[2:])}" for f in given), len(wanted), len(ds), kept,
+                       "" if len(getattr(args, "resolutions", None) or [0]) > 1  # tiers: each tier needs its table
+                       else " Drop those flags to train on the dataset's own buckets.")
     return ds, wanted
 
 
@@ -240,8 +241,9 @@ def dataset_with_buckets(args: argparse.Namespace, accelerator: Any) -> tuple[An
     table = tier_table(args)
     if table is not None and table.bucket_sets[0] != buckets:
         raise UsageError(f"The dataset's bucket columns ({len(buckets)} buckets) are not the first tier's table "
-                         f"(--resolution {args.resolution}, {len(table.bucket_sets[0])} buckets): pass the table "
-                         "flags it was annotated with (--bucket_preset, --bucket_step), or train on the raw images.")
+                         f"(--resolution {args.resolution}, {len(table.bucket_sets[0])} buckets): add --bucket_preset "
+                         f"{args.bucket_preset} to re-assign its rows at every tier from their stored sizes (no image "
+                         "is opened).")
     return ds, buckets if table is None else table
 
 

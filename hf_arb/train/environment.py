@@ -49,9 +49,11 @@ def check_environment(args: argparse.Namespace) -> None:
     folder_flag = "instance_data_dir" if args.instance_data_dir is not None else "train_data_dir"
     if args.dataset_name is None and not Path(getattr(args, folder_flag)).is_dir():
         raise UsageFileError(f"--{folder_flag} {getattr(args, folder_flag)}: no such folder.")
-    if args.dataset_name and args.dataset_name.startswith(("/", "./", "../", "~")) and not Path(
-            args.dataset_name).expanduser().exists():
-        raise UsageFileError(f"--dataset_name {args.dataset_name}: no such local dataset.")
+    if args.dataset_name:  # a mistyped path or id is said now, not after load_dataset's retries and traceback
+        from hf_arb.annotate.hub import hub_dataset_problem
+
+        if problem := hub_dataset_problem(args.dataset_name):
+            raise UsageFileError(f"--dataset_name {args.dataset_name}: {problem}")
     reports = [r.strip() for r in str(args.report_to).split(",")]
     for r in list(reports):
         needs = TRACKERS.get(r, ())
@@ -87,6 +89,7 @@ def resolve_resume_dir(args: argparse.Namespace) -> Path | None:
     start). ``latest`` skips incomplete or damaged checkpoints (with a warning naming them) for the newest complete one.
     """
     from hf_arb.train.checkpointing import REQUIRED, checkpoint_problems, find_resumable, list_checkpoints
+    from hf_arb.train.resume_flags import check_saved_flags, newest_with_state  # issue 34: the flags it records
 
     if not args.resume_from_checkpoint:
         return None  # (also called by check_environment: a missing checkpoint fails before anything loads)
@@ -99,6 +102,7 @@ def resolve_resume_dir(args: argparse.Namespace) -> Path | None:
     if getattr(args, "streaming", False):  # no sampler state; the stream's per-rank files instead
         required = tuple(f for f in REQUIRED if not f.startswith("custom_checkpoint")) + ("stream_rank0.json",)
     if args.resume_from_checkpoint == "latest":
+        check_saved_flags(args, newest_with_state(out, STATE_FILE), STATE_FILE)  # (a LoRA run's without --rank)
         path, skipped = find_resumable(out, STATE_FILE, model_dirs, model_files, required)
         if skipped:
             logger.warning("--resume_from_checkpoint latest: skipping incomplete or damaged checkpoint(s): %s",
@@ -118,6 +122,7 @@ def resolve_resume_dir(args: argparse.Namespace) -> Path | None:
             f"--resume_from_checkpoint {args.resume_from_checkpoint!r}: {path} is not a checkpoint of this script "
             f"(missing folder or {STATE_FILE}). Available: {[d.name for d in list_checkpoints(out)] or 'none'}."
         )
+    check_saved_flags(args, path, STATE_FILE)
     problems = checkpoint_problems(path, STATE_FILE, model_dirs, model_files, required)
     if problems:
         raise UsageError(

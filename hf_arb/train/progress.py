@@ -19,6 +19,7 @@ from hf_arb.lazy import LazyModule
 
 from .environment import RESUME_FLAGS
 from .files import STATE_FILE
+from .resume_flags import RECORD, shaping_flags
 from .streaming import locate_micro, stream_state_path
 
 torch: Any = LazyModule("torch")  # loaded when a function needs it: --help and flag errors answer before torch
@@ -91,7 +92,8 @@ def save_checkpoint(args: argparse.Namespace, accelerator: Any, progress: Progre
     if accelerator.is_main_process:
         flags = {f: getattr(args, f) for f in RESUME_FLAGS}  # read back by check_resume_flags
         (tmp / STATE_FILE).write_text(json.dumps({**progress.__dict__, **flags,
-                                                  "num_processes": accelerator.num_processes}, indent=1))
+                                                  "num_processes": accelerator.num_processes,
+                                                  RECORD: shaping_flags(args)}, indent=1))  # see check_saved_flags
     if stream_state is not None:  # --streaming: each rank's buffer and position (not accelerate's to save)
         stream_state_path(tmp, accelerator).write_text(json.dumps(stream_state))
     accelerator.wait_for_everyone()

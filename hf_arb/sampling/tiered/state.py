@@ -48,10 +48,11 @@ def plan_version(kind: str) -> int:
 
 _FIXES = {
     "kind": "This is not a TieredBatchSampler state (a BucketBatchSampler's?): load it into the sampler that saved it.",
-    "fingerprint": "The rows' sizes differ from the checkpointed run: resume on the same dataset (same rows, same "
-                   "order).",
     "tiers": "Build the sampler with the checkpoint's tiers (same resolutions, same preset and bucket sets).",
     "max_upscale": "Build the Tiers with the checkpoint's max_upscale.",
+    # after the tiers and max_upscale, which it covers (it names the tier files): their own messages come first
+    "fingerprint": "The rows' sizes differ from the checkpointed run: resume on the same dataset (same rows, same "
+                   "order).",
     "schedule": "Build the sampler with the checkpoint's resolution schedule.",
     "plan_version": "The state comes from an hf_arb version that plans tiers differently (the `random` schedule's "
                     "plan is version 2 since its draw became per row group); resume with that version, or start "
