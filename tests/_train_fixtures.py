@@ -274,8 +274,8 @@ def batch_runs(root: Path, train: dict[str, str], flow: dict[str, str], stream: 
     # test_fault_train.py: SIGTERM reaches rank 1 only, during update 2 (tests/_signal_worker.py; issue 34, item 4)
     out = root / "signal-one-rank"
     runs.append({"name": "signal-one-rank", "out": str(out), "worker": "_signal_worker", "argv": [
-        "--signal", "SIGTERM", "--update", "2", "--rank", "1", "--pretrained_model_name_or_path", train["sd"],
-        "--train_data_dir", train["images"], "--output_dir", str(out), *SD_BASE, "--full_finetune",
+        "--send_signal", "SIGTERM", "--at_update", "2", "--on_rank", "1", "--pretrained_model_name_or_path",
+        train["sd"], "--train_data_dir", train["images"], "--output_dir", str(out), *SD_BASE, "--full_finetune",
         "--max_train_steps", "4", "--checkpointing_steps", "100"]})
     return runs
 

@@ -360,8 +360,8 @@ def _signalled(assets: dict[str, str], out: Path, sig: str, *extra: str) -> subp
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
     env = {k: v for k, v in env.items() if k not in ("ACCELERATE_DYNAMO_BACKEND", "TORCHELASTIC_RUN_ID")}
     argv = _argv(assets, out, "--max_train_steps", "4", "--checkpointing_steps", "2", *extra)
-    return subprocess.run([sys.executable, str(ROOT / "tests" / "_signal_worker.py"), "--signal", sig, "--update", "3",
-                           *argv], env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    return subprocess.run([sys.executable, str(ROOT / "tests" / "_signal_worker.py"), "--send_signal", sig,
+                           "--at_update", "3", *argv], env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
 
 
 def _stop_line(proc: subprocess.CompletedProcess) -> str:

@@ -170,8 +170,8 @@ def finish_stopped(args: Any, accelerator: Any, stopped: TrainingStopped, argv: 
     command = None if last is None else resume_command(script, sys.argv[1:] if argv is None else argv, last,
                                                        dict(os.environ))
     line = stop_line(stopped, last, command)
-    if accelerator.is_main_process:
-        print(line, flush=True)
+    if accelerator.is_main_process:  # on a line of its own: the progress bar above it was left without a newline
+        print(f"\n{line}", flush=True)
     return line
 
 
