@@ -292,9 +292,9 @@ def run_idioms(args, ids: np.ndarray) -> dict:
 
 
 #: issue 34, item 11: dispatch_batches with accelerate's skip_first_batches(loader, k) after load_state, each k resumed
-#: DISPATCH_REPEATS times while a busy process loads the CPU: k = IDIOM_SAVE + these offsets (the loop's counter, the
-#: count rank 0 had handed out with its one-step read-ahead, one past it, the epoch's last step)
-DISPATCH_K_OFFSETS, DISPATCH_REPEATS = (0, 1, 2, None), 3
+#: DISPATCH_REPEATS times while a busy process loads the CPU: k = IDIOM_SAVE + these offsets (the count rank 0 had
+#: handed out with its one-step read-ahead, one past it, the epoch's last step; k = IDIOM_SAVE is the idiom table's)
+DISPATCH_K_OFFSETS, DISPATCH_REPEATS = (1, 2, None), 2
 
 
 def run_dispatch_k(args, ids: np.ndarray) -> dict:
