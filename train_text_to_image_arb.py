@@ -104,6 +104,7 @@ from hf_arb.train.outputs import (
     save_final_lora,
     startup_report,
 )
+from hf_arb.train.signals import StopOnSignal, TrainingStopped, finish_stopped
 from hf_arb.train.schedule import Schedule, compute_schedule, image_loss_weights, micro_step_generator, pack_schedule
 from hf_arb.train.progress import Progress, check_resumed_step, restore, save_checkpoint
 from hf_arb.train.streaming import (build_stream_dataloader, epoch_start, restore_stream, stream_print,
@@ -230,8 +231,15 @@ def main(argv: list[str] | argparse.Namespace | None = None) -> dict[str, Any]:
                        "are saved as the final output (diffusers' scripts would train one more step).", resume_dir.name,
                        progress.global_step, schedule.max_train_steps)
     family.prepare_denoiser(args, models, accelerator.unwrap_model(unet))  # e.g. SD's resolution conditioning
-    stats = train_loop(args, accelerator, models, unet, optimizer, lr_scheduler, dataloader, sampler, buckets,
-                       schedule, progress, weight_dtype, tqdm)
+    stopper = StopOnSignal(args.checkpoint_on_signal)
+    try:
+        with stopper:  # Ctrl-C / SIGTERM: every rank stops after the same update (hf_arb.train.signals)
+            stats = train_loop(args, accelerator, models, unet, optimizer, lr_scheduler, dataloader, sampler, buckets,
+                               schedule, progress, weight_dtype, tqdm, stopper)
+    except TrainingStopped as stopped:  # one line: the last checkpoint and the command that resumes from it
+        finish_stopped(args, accelerator, stopped, argv if isinstance(argv, list) else None)
+        accelerator.end_training()
+        return {"global_step": progress.global_step, "stopped_by_signal": stopped.stop.signum}
     stats.update(vae_encode_calls=encode_calls[0], latents_encoded=index.encoded if index else None,
                  latents_reused=index.reused if index else None,
                  latents_repaired=index.repaired if index else None,
@@ -255,7 +263,8 @@ def main(argv: list[str] | argparse.Namespace | None = None) -> dict[str, Any]:
 
 def train_loop(args: argparse.Namespace, accelerator: Any, models: Models, unet: Any, optimizer: Any,
                lr_scheduler: Any, dataloader: Any, sampler: Any, buckets: Any, schedule: Schedule,
-               progress: Progress, weight_dtype: torch.dtype, tqdm: Any) -> dict[str, Any]:
+               progress: Progress, weight_dtype: torch.dtype, tqdm: Any,
+               stopper: StopOnSignal | None = None) -> dict[str, Any]:
     """Epochs of bucketed batches; checkpoints mid-epoch resume with the same batches, crops and noise."""
     text = TextEncoder(models, accelerator.device, weight_dtype, cache=args.cache_text_embeddings)
     trained = [unet, *(models.trained_text_encoders or [])]
@@ -347,10 +356,13 @@ def train_loop(args: argparse.Namespace, accelerator: Any, models: Models, unet:
             accelerator.log(logs, step=progress.global_step)
             bar.set_postfix(loss=f"{train_loss:.4f}", bucket=labels[bucket])
             train_loss, bucket_losses = 0.0, {}
-            if progress.global_step % args.checkpointing_steps == 0:
+            halt = stopper.agree(accelerator) if stopper else None  # every rank, every update: a signal any rank got
+            if progress.global_step % args.checkpointing_steps == 0 or (halt and halt.checkpoint):
                 in_epoch = progress.micro_step - epoch_start(sampler, epoch)  # micro-batches trained this epoch
                 save_checkpoint(args, accelerator, progress,
                                 None if stream is None else stream.state_dict(step=in_epoch))
+            if halt:
+                raise TrainingStopped(halt, progress.global_step)
             if progress.global_step >= schedule.max_train_steps:
                 break
         stream_print(accelerator, stream, f"epoch {epoch} end")
@@ -376,7 +388,9 @@ def train_loop(args: argparse.Namespace, accelerator: Any, models: Models, unet:
 if __name__ == "__main__":
     CLI_ARGS = cli_parse(sys.argv[1:])  # --help and argument errors: torch is not imported yet
     try:
-        main(CLI_ARGS)
+        RESULT = main(CLI_ARGS)
+        if RESULT.get("stopped_by_signal"):  # the shell's convention for a run ended by a signal: 128 + its number
+            sys.exit(128 + RESULT["stopped_by_signal"])
     except UsageError as err:  # mistakes in the command or its data: one line; anything else keeps its traceback
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)

@@ -106,6 +106,7 @@ MODULES: dict[str, str] = {
     "hf_arb.train.models": "training.md",
     "hf_arb.train.progress": "training.md",
     "hf_arb.train.resume_flags": "training.md",
+    "hf_arb.train.signals": "training.md#stopping-ctrl-c-and-sigterm",
     "hf_arb.train.outputs": "training.md",
     "hf_arb.train.files": "training.md",
     "hf_arb.train.tiers": "tiers.md",

@@ -6,7 +6,8 @@ arithmetic, ``accelerator.register_for_checkpointing``, ``save_state`` at a step
 state in a fresh process. One process runs every accelerate mode in turn (``--phase full`` records every batch
 and saves a checkpoint at each of the ``--save-at`` step counts per mode; ``--phase resume`` loads each checkpoint
 and records the rest; ``--phase elastic`` continues a sampler state saved on another number of processes; ``plain``
-uses torch.distributed without accelerate; ``idioms`` runs issue 23's table). ``--phases a,b,...`` runs several
+uses torch.distributed without accelerate; ``idioms`` runs issue 23's table; ``dispatch_k`` resumes its dispatch_batches
+checkpoint at several k under a loaded CPU, issue 34). ``--phases a,b,...`` runs several
 phases in one launch, in that order (a launch costs each process ~6 s of imports; a resume must stay a launch of
 its own, since it is the real restart). Each rank writes what it saw to ``result_{phase}_rank{r}.json``; the test
 asserts on those records.
@@ -290,7 +291,45 @@ def run_idioms(args, ids: np.ndarray) -> dict:
     return out
 
 
-PHASES = ("full", "resume", "elastic", "plain", "idioms", "tiered_idioms")
+#: issue 34, item 11: dispatch_batches with accelerate's skip_first_batches(loader, k) after load_state, each k resumed
+#: DISPATCH_REPEATS times while a busy process loads the CPU: k = IDIOM_SAVE + these offsets (the count rank 0 had
+#: handed out with its one-step read-ahead, one past it, the epoch's last step; k = IDIOM_SAVE is the idiom table's)
+DISPATCH_K_OFFSETS, DISPATCH_REPEATS = (1, 2, None), 2
+
+
+def run_dispatch_k(args, ids: np.ndarray) -> dict:
+    """``{str(k): [{"consumed", "events", "record"} per repeat]}``: the idioms phase's dispatch_batches checkpoint
+    (after IDIOM_SAVE steps) resumed with ``skip_first_batches(loader, k)``, then the next epoch after ``set_epoch``.
+    Rank 0 starts a busy process for the phase (a loaded CPU: the ranks reach each collective at other times)."""
+    import subprocess
+    import sys
+
+    ids = idiom_ids()
+    spec = ({"dispatch_batches": True}, False, 0)
+    ckpt = Path(args.out) / f"idiom_dispatch_batches_w0_{IDIOM_SAVE}"
+    busy = "import time\nend = time.time() + 120\nwhile time.time() < end: pass"  # bounded, should this rank be killed
+    hog = subprocess.Popen([sys.executable, "-c", busy]) if int(os.environ.get("RANK", "0")) == 0 else None
+    out: dict = {}
+    try:
+        for _ in range(DISPATCH_REPEATS):
+            for offset in DISPATCH_K_OFFSETS:
+                accelerator, model, opt, sampler, dl, _ = setup("", ids, IDIOM_BATCH, spec)
+                accelerator.load_state(str(ckpt))
+                k = len(dl) - 1 if offset is None else IDIOM_SAVE + offset
+                run = {"consumed": sampler.batches_consumed, "record": []}
+                first = accelerator.skip_first_batches(dl, k)  # accelerate's checkpointing guide, as written
+                run["events"] = [_passes(accelerator, model, opt, first, 0, run["record"])]
+                dl.set_epoch(1)
+                run["events"].append(_passes(accelerator, model, opt, dl, 1, run["record"]))
+                out.setdefault(str(k), []).append(run)
+    finally:
+        if hog is not None:
+            hog.kill()
+            hog.wait()
+    return out
+
+
+PHASES = ("full", "resume", "elastic", "plain", "idioms", "tiered_idioms", "dispatch_k")
 
 
 def run_phase(phase: str, args, ids: np.ndarray) -> dict:
@@ -300,6 +339,8 @@ def run_phase(phase: str, args, ids: np.ndarray) -> dict:
         return {"elastic": run_elastic(args, ids)}
     if phase == "idioms":
         return run_idioms(args, ids)
+    if phase == "dispatch_k":  # after idioms, in the same launch: it resumes that phase's dispatch checkpoint
+        return run_dispatch_k(args, ids)
     if phase == "tiered_idioms":  # the idiom table on a TieredBatchSampler (TIER_SCHEDULE), in the same launch
         kind, SAMPLER["kind"] = SAMPLER["kind"], "tiered"
         try:

@@ -271,6 +271,12 @@ def batch_runs(root: Path, train: dict[str, str], flow: dict[str, str], stream: 
     runs.append({"name": "broken-ddp", "out": str(out), "damaged": damaged, "argv": [
         "--pretrained_model_name_or_path", train["sd"], "--train_data_dir", images, "--output_dir", str(out),
         *SD_BASE, "--full_finetune", "--num_train_epochs", "1", "--checkpointing_steps", "100"]})
+    # test_fault_train.py: SIGTERM reaches rank 1 only, during update 2 (tests/_signal_worker.py; issue 34, item 4)
+    out = root / "signal-one-rank"
+    runs.append({"name": "signal-one-rank", "out": str(out), "worker": "_signal_worker", "argv": [
+        "--send_signal", "SIGTERM", "--at_update", "2", "--on_rank", "1", "--pretrained_model_name_or_path",
+        train["sd"], "--train_data_dir", train["images"], "--output_dir", str(out), *SD_BASE, "--full_finetune",
+        "--max_train_steps", "4", "--checkpointing_steps", "100"]})
     return runs
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -350,3 +351,76 @@ def test_two_ranks_print_each_block_once(ddp_batch) -> None:
     for block in ("rows: 20  kept:", "***** Running training", f"Saved to {run['out']}"):
         assert log.count(block) == 1, (block, log[-3000:])
     assert "UserWarning" not in log and "accelerate sees" not in log
+
+
+# ----------------------------------------------------------------------------- Ctrl-C and SIGTERM (issue 34, item 4)
+def _signalled(assets: dict[str, str], out: Path, sig: str, *extra: str) -> subprocess.CompletedProcess:
+    """``python train_text_to_image_arb.py`` (4 updates, a checkpoint every 2) in a subprocess that receives ``sig``
+    during update 3 (tests/_signal_worker.py: a real signal, from inside the optimizer step)."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
+    env = {k: v for k, v in env.items() if k not in ("ACCELERATE_DYNAMO_BACKEND", "TORCHELASTIC_RUN_ID")}
+    argv = _argv(assets, out, "--max_train_steps", "4", "--checkpointing_steps", "2", *extra)
+    return subprocess.run([sys.executable, str(ROOT / "tests" / "_signal_worker.py"), "--send_signal", sig,
+                           "--at_update", "3", *argv], env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+
+
+def _stop_line(proc: subprocess.CompletedProcess) -> str:
+    lines = [line for line in (proc.stdout + proc.stderr).splitlines() if line.startswith("Stopped by")]
+    assert len(lines) == 1, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr and "KeyboardInterrupt" not in proc.stderr, proc.stderr[-3000:]
+    return lines[0]
+
+
+@pytest.mark.xdist_group("fault_ckpt")
+def test_sigterm_mid_run_saves_and_the_printed_command_resumes_exactly(ckpt_run, assets, tmp_path) -> None:
+    """SIGTERM during update 3 (the default --checkpoint_on_signal sigterm): the update finishes, checkpoint-3 is
+    saved, the exit status is 128 + 15, and one line (no traceback) names it and the command that resumes; that
+    command, run as printed, reaches the uninterrupted run's weights."""
+    out = tmp_path / "term"
+    proc = _signalled(assets, out, "SIGTERM")
+    assert proc.returncode == 143, proc.stderr[-3000:]
+    line = _stop_line(proc)
+    ckpt = out / "checkpoint-3"
+    assert line.startswith(f"Stopped by SIGTERM after update 3; saved {ckpt}. Resume with: python "), line
+    assert sorted(p.name for p in out.glob("*checkpoint-*")) == ["checkpoint-2", "checkpoint-3"]
+    assert json.loads((ckpt / STATE_FILE).read_text())["global_step"] == 3
+    cmd = shlex.split(line.split("Resume with: ", 1)[1])
+    assert cmd[:2] == ["python", str(ROOT / "train_text_to_image_arb.py")]
+    assert cmd[2:] == [*_argv(assets, out, "--max_train_steps", "4", "--checkpointing_steps", "2"),
+                       "--resume_from_checkpoint", str(ckpt)]
+    stats = run_script(cmd[2:])  # in this process (its imports are paid): the same arguments
+    assert stats["global_step"] == 4 and read_trace(out, 0)[-1]["step"] == 3  # trained update 4 only
+    assert max_weight_diff(ckpt_run, out) < 1e-6
+
+
+@pytest.mark.xdist_group("fault_ckpt")
+def test_ctrl_c_mid_run_stops_after_the_update_and_names_the_last_checkpoint(assets, tmp_path) -> None:
+    """Ctrl-C (SIGINT) during update 3: the update finishes, no checkpoint is written for it (the default), the exit
+    status is 128 + 2, and one line, without a KeyboardInterrupt traceback, names checkpoint-2 and the command."""
+    out = tmp_path / "int"
+    proc = _signalled(assets, out, "SIGINT")
+    assert proc.returncode == 130, proc.stderr[-3000:]
+    line = _stop_line(proc)
+    ckpt = out / "checkpoint-2"
+    assert line.startswith(f"Stopped by SIGINT after update 3 (no checkpoint on SIGINT: see --checkpoint_on_signal); "
+                           f"last checkpoint {ckpt}. Resume with: python "), line
+    assert line.endswith(f"--resume_from_checkpoint {ckpt}"), line
+    assert sorted(p.name for p in out.glob("*checkpoint-*")) == ["checkpoint-2"]
+    assert [t["step"] for t in read_trace(out, 0)] == [0, 1, 2]  # update 3 finished, update 4 never began
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group(GROUP)
+def test_sigterm_on_one_rank_stops_both_after_the_same_update(ddp_batch) -> None:
+    """Under DDP (2 processes, in the suite's 2-process batch) SIGTERM reaches rank 1 only, during update 2: both
+    ranks finish update 2 and stop there (the per-update agreement), checkpoint-2 is saved by both, and the main
+    process prints the one line with the torchrun command that resumes."""
+    run = batch_result(ddp_batch, "signal-one-rank")
+    out, log = Path(run["out"]), run["stats"]["log"]
+    assert not run["error"], run["error"]
+    assert [t["step"] for t in read_trace(out, 0)] == [t["step"] for t in read_trace(out, 1)] == [0, 1]
+    assert sorted(p.name for p in out.glob("*checkpoint-*")) == ["checkpoint-2"]
+    lines = [line for line in log.splitlines() if line.startswith("Stopped by")]
+    assert lines == [f"Stopped by SIGTERM after update 2; saved {out / 'checkpoint-2'}. Resume with: torchrun "
+                     f"--nproc_per_node 2 train_text_to_image_arb.py {lines[0].split('.py ', 1)[1]}"], log[-3000:]
+    assert lines[0].endswith(f"--resume_from_checkpoint {out / 'checkpoint-2'}") and "Traceback" not in log

@@ -74,11 +74,12 @@ def resumed2(shared_artifact, launch2) -> list[dict]:
 
 @pytest.fixture(scope="session")
 def launch3(shared_artifact, launch2) -> dict[str, list[dict]]:
-    """``{"elastic", "idioms"}``: 3 processes continue the 2-process elastic state, then run the idiom table."""
+    """``{"elastic", "idioms", "dispatch_k"}``: 3 processes continue the 2-process elastic state, run the idiom table,
+    then resume its dispatch_batches checkpoint at several k under a loaded CPU."""
     elastic = Path(launch2["dir"]) / "elastic.json"
     return shared_artifact("sampler-launch-3", lambda out: _torchrun(
-        3, out, "elastic,idioms", "--batch-size", str(BATCH3), "--load-elastic", str(elastic), "--idiom-workers", "0",
-        timeout=300))
+        3, out, "elastic,idioms,dispatch_k", "--batch-size", str(BATCH3), "--load-elastic", str(elastic),
+        "--idiom-workers", "0", timeout=420))  # a limit, not the cost: the dispatch_k phase runs beside a busy process
 
 
 def _steps(results: list[dict], mode: str) -> tuple[np.ndarray, np.ndarray]:
@@ -301,6 +302,35 @@ def test_resume_idioms_every_mode_with_and_without_workers(request, world: int, 
     for (cell, idiom), outcome in table.items():
         want = "refused" if idiom == "reiterate" and not cell.startswith("stateful") else "exact"
         assert outcome == want, (cell, idiom, outcome)
+
+
+@pytest.mark.slow
+@GROUP
+def test_dispatch_skip_first_batches_is_the_same_on_every_rank_and_run(launch3) -> None:
+    """Issue 34, item 11: 3 processes, ``dispatch_batches=True``, accelerate's ``skip_first_batches(loader, k)`` after
+    ``load_state`` (613 rows, batch 4, checkpoint after IDIOM_SAVE steps), each k resumed twice in a row while a busy
+    process loads the CPU. Only rank 0 reads the sampler under dispatch, so a k past the count rank 0 had handed out
+    (its read-ahead) used to be refused on rank 0 alone, inside accelerate's fetch: the other ranks waited in the
+    broadcast (a hang, or gloo's SIGABRT). Now the pass starts at step k on every rank and every run, whatever rank 0
+    had read ahead: the uninterrupted run's batches from step k, then the next epoch after ``set_epoch``."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from _sampler_worker import DISPATCH_REPEATS, IDIOM_SAVE
+
+    results = launch3["dispatch_k"]
+    full = [r["dispatch_batches/w0"]["full"]["record"] for r in launch3["idioms"]]  # checked by the idiom table
+    steps = launch3["idioms"][0]["dispatch_batches/w0"]["full"]["len_loader"]
+    consumed = {run["consumed"] for r in results for runs in r.values() for run in runs}
+    assert consumed == {IDIOM_SAVE + 1}  # rank 0's one-step read-ahead, loaded by every rank
+    ks = sorted(map(int, results[0]))
+    assert ks == [IDIOM_SAVE + 1, IDIOM_SAVE + 2, steps - 1]  # the last two past what rank 0 had handed out
+    for k in ks:
+        for rank, r in enumerate(results):
+            runs = r[str(k)]
+            assert len(runs) == DISPATCH_REPEATS
+            want = [(step["epoch"], step["rows"]) for step in full[rank][k:]]  # rest of epoch 0, then epoch 1
+            for i, run in enumerate(runs):
+                assert [ev["error"] for ev in run["events"]] == ["", ""], (k, rank, i, run["events"])
+                assert [(step["epoch"], step["rows"]) for step in run["record"]] == want, (k, rank, i)
 
 
 @pytest.mark.slow

@@ -279,6 +279,11 @@ def build_parser() -> argparse.ArgumentParser:
     a("--seed", type=int, default=None, help="A seed for reproducible training.")
     a("--checkpointing_steps", type=int, default=500, help="Save the training state every X updates.")
     a("--checkpoints_total_limit", type=int, default=None, help="Max number of checkpoints to store.")
+    a("--checkpoint_on_signal", choices=("sigterm", "any", "none"), default="sigterm",
+      help="Ctrl-C (SIGINT) or SIGTERM stops every process after the same update and prints the last checkpoint and "
+           "the command that resumes from it. This says which signals save a checkpoint first. Default 'sigterm': "
+           "what schedulers send before a kill (SLURM, Kubernetes, spot instances), where the work since the last "
+           "checkpoint would be lost; Ctrl-C is someone at the terminal who wants the prompt back now.")
     a("--on_bad_image", choices=("replace", "error"), default="replace",
       help="An image that fails to decode while training: 'replace' trains a deterministic row of the same bucket "
            "instead (logged once, listed in <output_dir>/skipped_rows.jsonl); 'error' stops the run.")

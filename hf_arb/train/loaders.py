@@ -155,8 +155,11 @@ def build_dataloader(args: argparse.Namespace, accelerator: Any, ds: Any, bucket
         else:
             dataset = image_dataset(args, ds, buckets)
         collate = dataset.collate
+    from hf_arb.train.signals import ignore_stop_signals_in_worker  # the main process decides when to stop
+
     loader = torch.utils.data.DataLoader(dataset, batch_sampler=sampler, collate_fn=collate,
-                                         num_workers=args.dataloader_num_workers)
+                                         num_workers=args.dataloader_num_workers,
+                                         worker_init_fn=ignore_stop_signals_in_worker)
     return loader, index
 
 

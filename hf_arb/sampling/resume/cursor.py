@@ -76,12 +76,15 @@ class StepCursor:
         next epoch by itself after a finished pass. A pass begun and abandoned (torchdata's ``StatefulDataLoader``
         builds and drops one when it restores a state saved at the end of a pass) thus never shifts the next one.
 
-        After a restore, an epoch other than the restored one warns (the loop probably forgot
+        After a restore, an epoch other than the restored one or the next warns (the loop probably forgot
         ``train_dataloader.set_epoch(epoch)``); a prepared loader's pass may be refused (:mod:`.restore`)."""
         epoch = check_nonneg("epoch", epoch)
         ctx = loader_pass(self.sampler)  # the accelerate pass calling, if any: it may be refused (restore.py)
         self.guard = after_set_epoch(self.guard, epoch, ctx)
-        if self.restored_epoch is not None and epoch != self.restored_epoch and not (ctx and ctx.skipped):
+        # the next epoch is what a loop sets after serving the rest of the restored one through skip_first_batches
+        # (under dispatch_batches only rank 0 sees that pass: no rank may warn where another does not)
+        if (self.restored_epoch is not None and epoch not in (self.restored_epoch, self.restored_epoch + 1)
+                and not (ctx and ctx.skipped)):
             warnings.warn(f"set_epoch({epoch}) after the sampler was restored at epoch {self.restored_epoch}: the "
                           f"loader starts epoch {epoch}. If that is not what you want, call `train_dataloader.set_epoch("
                           "epoch)` with your loop's epoch before iterating (accelerate otherwise counts passes from 0 "

@@ -12,7 +12,10 @@ with workers ``prefetch_factor × num_workers`` batches more. Only the loop's st
   ``set_epoch``), so accelerate's skip of ``k`` lands exactly on step ``k``; with ``dispatch_batches=True``, where
   accelerate's skip counts the sampler's batches (``W`` per step) rather than steps, the pass starts ``k × (W-1)``
   batches in, so the skip of ``k`` again lands on step ``k``. A ``k`` beyond what the restored sampler had handed out
-  is refused (the counter is not the epoch's);
+  is refused (the counter is not the epoch's), except with ``dispatch_batches=True``: there only rank 0 iterates the
+  sampler, so a refusal would stop rank 0 alone (the other ranks hang in accelerate's broadcast, or gloo aborts), and
+  the count rank 0 saved depends on its read-ahead; the pass starts at step ``k`` on every rank and run, and the
+  restore stays unresolved on every rank, so the next pass is decided in ``set_epoch``, which every rank runs;
 - **a plain pass of the prepared loader** (no skip, no stateful loader) would restart the epoch (accelerate calls
   ``set_epoch`` first): refused before its first batch, naming ``hf_arb.resume_dataloader`` and
   ``skip_first_batches``; a restore at an epoch's start passes when the loader's epoch is the restored one;
@@ -45,6 +48,8 @@ class LoaderPass:
         skipped: accelerate skips batches at the start of this pass (``skip_first_batches``).
         skip: how many (``SkipBatchSampler.skip_batches``, plus the loader's own ``skip_batches``).
         skip_counts_steps: the skip counts per-rank steps (behind ``BatchSamplerShard``), not the sampler's batches.
+        dispatched: accelerate's ``DataLoaderDispatcher`` (``dispatch_batches=True``): only rank 0 reads the sampler,
+            so nothing may be decided in this pass that the other ranks, which never see it, do not decide too.
         loader: the loader itself (a refused pass is ended with its public ``end()``, as accelerate ends a pass, so
             that it no longer counts as the active loader).
     """
@@ -54,6 +59,7 @@ class LoaderPass:
     skip: int
     skip_counts_steps: bool
     loader: Any = None
+    dispatched: bool = False
 
     def refuse(self, error: RuntimeError) -> RuntimeError:
         """End the refused pass (accelerate's ``begin()`` registered it) and return ``error`` to raise."""
@@ -95,7 +101,7 @@ def loader_pass(sampler: Any) -> LoaderPass | None:
     """The accelerate loader iterating ``sampler`` now, or None (no accelerate loader over it is being iterated)."""
     if "accelerate" not in sys.modules:
         return None
-    from accelerate.data_loader import BatchSamplerShard, SkipBatchSampler
+    from accelerate.data_loader import BatchSamplerShard, DataLoaderDispatcher, SkipBatchSampler
     from accelerate.state import GradientState
 
     loader = GradientState().active_dataloader
@@ -111,7 +117,8 @@ def loader_pass(sampler: Any) -> LoaderPass | None:
     own = int(getattr(loader, "skip_batches", 0) or 0)
     return LoaderPass(stateful=bool(getattr(loader, "use_stateful_dataloader", False)),
                       skipped=bool(skippers) or own > 0, skip=sum(int(n.skip_batches) for n in skippers) + own,
-                      skip_counts_steps=any(isinstance(n, BatchSamplerShard) for n in chain), loader=loader)
+                      skip_counts_steps=any(isinstance(n, BatchSamplerShard) for n in chain), loader=loader,
+                      dispatched=isinstance(loader, DataLoaderDispatcher))
 
 
 def after_set_epoch(guard: Guard, epoch: int, ctx: LoaderPass | None) -> Guard:
@@ -214,7 +221,12 @@ def skip_pass_start(guard: Guard, ctx: LoaderPass, *, batches_per_step: int) -> 
         epoch = guard.explicit
     else:
         epoch = guard.epoch if k > 0 else guard.normalised()[0]
-        if epoch == guard.epoch and k > guard.consumed:
+        # dispatch_batches: rank 0 alone iterates the sampler, inside accelerate's fetch and before its broadcast, so a
+        # refusal here would stop rank 0 only (the others wait in the broadcast: a hang, or gloo's abort on the next
+        # mismatched collective), and the count it compares with is rank 0's read-ahead. The pass starts where k says,
+        # a pure function of (state, k), the same on every run and rank (k past the epoch: an empty pass, which
+        # accelerate refuses on every rank)
+        if epoch == guard.epoch and k > guard.consumed and not ctx.dispatched:
             raise RuntimeError(
                 f"accelerator.skip_first_batches(loader, {k}) after the sampler was restored at epoch {guard.epoch} "
                 f"with {guard.consumed} steps handed out: your loop cannot have trained more steps of that epoch "
@@ -223,4 +235,6 @@ def skip_pass_start(guard: Guard, ctx: LoaderPass, *, batches_per_step: int) -> 
     # accelerate skips k of the sampler's batches when it iterates the sampler directly (dispatch_batches=True):
     # start k*(W-1) batches in so that the skip ends at step k (k*W batches); behind BatchSamplerShard k is steps
     offset = 0 if ctx.skip_counts_steps else k * (batches_per_step - 1)
-    return Expect(epoch + 1, guard.who), (epoch, offset)
+    # dispatched: the other ranks keep the restored guard (their sampler never sees this pass), so rank 0 keeps it too
+    # and every later decision (in set_epoch, which accelerate calls on every rank) is the same on all of them
+    return (guard if ctx.dispatched else Expect(epoch + 1, guard.who)), (epoch, offset)
