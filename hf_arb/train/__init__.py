@@ -14,6 +14,8 @@
   prompt embeddings);
 - :mod:`~hf_arb.train.checkpointing` — accelerate checkpoint folders and our small JSON state beside them;
   :mod:`~hf_arb.train.progress` — the run's counters and ``hf_arb_state.json``;
+  :mod:`~hf_arb.train.resume_flags` — the flags that shape a checkpoint, recorded and checked on resume;
+  :mod:`~hf_arb.train.signals` — Ctrl-C and SIGTERM: one agreed stop, an optional checkpoint, one line;
 - :mod:`~hf_arb.train.outputs` — validation grids, the saved pipeline or LoRA, the card, the startup report;
   :mod:`~hf_arb.train.files` — the files a run writes beside accelerate's, by name.
 
