@@ -30,7 +30,7 @@ from .plan import Leftover, check_nonneg, effective_ids, iter_chunks, make_layou
 from .plan_views import PlanViews
 from .ragged import iter_ragged
 from .rank import RankBatchSampler, refuse_rank_idiom
-from .report import warn_if_dropping, zero_batches_message
+from .report import warn_if_dropping, warn_if_repeating, zero_batches_message
 from .state import ResumableBatchSampler, as_state_mapping, check_state, sampler_state
 from .world import resolve_world
 
@@ -142,6 +142,7 @@ class BucketBatchSampler(StepCursor, PlanViews, ResumableBatchSampler):
         if self._steps0 == 0:
             raise ValueError(zero_batches_message(self))
         warn_if_dropping(self)
+        warn_if_repeating(self)
 
     # ---------------------------------------------------------------- construction steps
     def _prepare_plan(self, ids: np.ndarray, catch_all_bucket: int | None, merge_small: bool) -> None:

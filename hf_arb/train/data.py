@@ -265,6 +265,9 @@ def check_plan(args: argparse.Namespace, ds: Any, num_processes: int) -> None:
 
 #: the sampler's advice (hf_arb.sampling.report.remedies) in the script's flags
 SAMPLER_FLAG_NAMES = {"BucketBatchSampler drops": "The epoch plan drops",
+                      "BucketBatchSampler repeats": "The epoch plan repeats",
+                      'with leftover="fill". Remedies': "with --bucket_leftover fill. Remedies",
+                      "`leftover=\"drop\"` or `\"catch_all\"`": "--bucket_leftover drop (or catch_all)",
                       "`leftover=\"fill\"` or `\"catch_all\"`": "--bucket_leftover fill (or catch_all)",
                       "`leftover=\"fill\"`": "--bucket_leftover fill",
                       "a smaller `batch_size`": "a smaller --train_batch_size",
