@@ -136,10 +136,14 @@ def test_summary_warns_about_outliers_and_the_flags_skip_them(outlier_dir: Path,
                                                              capsys: pytest.CaptureFixture[str]) -> None:
     out = _annotate([str(outlier_dir), "--output-dir", str(tmp_path / "a"), "--preset", "novelai"], capsys)
     assert "rows: 5  kept: 5  skipped: 0" in out
-    assert "warning: 1 kept row(s) have an aspect error above 0.25 (worst 1.609)" in out
+    assert "warning: 1 kept row has an aspect error above 0.25 (worst 1.609): cropped far from its shape" in out
     assert "2000x100 -> bucket 1024x256 (aspect error 1.609)" in out and "--max-aspect-error 0.25" in out
-    assert "warning: 2 kept row(s) must be upscaled more than 2x to cover their bucket (worst 16.0x)" in out
+    assert "warning: 2 kept rows must be upscaled more than 2x to cover their bucket (worst 16.0x)" in out
     assert "32x48 -> bucket 512x768 (16.0x)" in out and "--max-upscale 2 or --min-size" in out
+    # issue 34: the examples name the files, not only row numbers
+    examples = {line.split(": ")[1]: line for line in out.splitlines() if line.startswith("  e.g. row ")}
+    assert "banner.jpg" in examples["2000x100 -> bucket 1024x256 (aspect error 1.609)"], examples
+    assert "thumb.jpg" in examples["32x48 -> bucket 512x768 (16.0x)"], examples
 
     out = _annotate([str(outlier_dir), "--output-dir", str(tmp_path / "b"), "--preset", "novelai",
                      "--max-aspect-error", "0.25", "--max-upscale", "2"], capsys)

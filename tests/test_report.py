@@ -220,3 +220,22 @@ def test_pixel_budget_batches_are_the_samplers(annotated):
     assert "--max_pixels_per_batch" in page
     for b, size in plan.batch_size_per_bucket.items():
         assert re.search(rf"<tr data-bucket='{b}'>.*?<td data-field='batch'>{size}</td>", page)
+
+
+def test_a_truncated_jpeg_is_a_problem_with_the_verify_hint(tmp_path, capsys):
+    """issue 34: a JPEG cut short (its header reads, so annotation keeps it) was listed only under "thumbnails that
+    could not be drawn": it is a problem, named on the page and in the console, with the --verify hint."""
+    d = tmp_path / "photos"
+    save_photo(d / "good.jpg", "coffee.png", "JPEG", quality=85)
+    save_photo(d / "cut.jpg", "chelsea.png", "JPEG", quality=85)
+    data = (d / "cut.jpg").read_bytes()
+    (d / "cut.jpg").write_bytes(data[: len(data) // 3])  # an interrupted download
+    out = tmp_path / "r.html"
+    assert cli_main(["report", str(d), "--out", str(out), "-k", "2"]) == 0
+    said = capsys.readouterr().out
+    problem = [line for line in said.splitlines() if line.startswith("problem:")]
+    assert len(problem) == 1 and "1 kept image could not be decoded (cut.jpg)" in problem[0], said
+    assert "--verify" in problem[0]
+    page = out.read_text()
+    section = page[page.index("<h2 id='problems'>Problems</h2>"):page.index("<h2>Buckets</h2>")]
+    assert "cut.jpg" in section and "--verify" in section and "good.jpg" not in section

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from hf_arb.flag_parser import in_flags
+from hf_arb.wording import percent
 
 from .buckets import UsageError, add_bucket_arguments, buckets_from_args, positive_int
 
@@ -117,8 +118,8 @@ def fit_from_args(args: argparse.Namespace) -> Any:
     crop, scale = cover_crop(w, h, bs.resolutions[ids, 0], bs.resolutions[ids, 1])
     print(f"fitted to {w.size:,} sizes from {args.fit}" + (f" ({missing:,} rows skipped or without a size left out)"
                                                             if missing else "")
-          + f": {len(bs)} buckets, mean crop {100 * crop.mean():.2f}%, worst {100 * crop.max():.1f}%, "
-          f"{100 * (scale > 1).mean():.1f}% of rows upscaled")
+          + f": {len(bs)} buckets, mean crop {percent(crop.mean(), 2)}, worst {percent(crop.max())}, "
+          f"{percent((scale > 1).mean())} of rows upscaled")
     spec = ";".join(f"{bh},{bw}" for bw, bh in bs)
     print(f"use it: --aspect_ratio_buckets \"{spec}\" (training; --bucket_metric log) or hf-arb annotate "
           f"--aspect-ratio-buckets \"{spec}\"")
@@ -157,6 +158,7 @@ def _add_report_arguments(p: argparse.ArgumentParser) -> None:
 
 def _run_report(args: argparse.Namespace) -> int:
     from hf_arb.annotate.report import build_report, render_html
+    from hf_arb.annotate.report_html import decode_problems
 
     ds = load_split(args.dataset, args.split)
     explicit = args.preset is not None or args.aspect_ratio_buckets
@@ -181,7 +183,9 @@ def _run_report(args: argparse.Namespace) -> int:
     out.write_text(render_html(rep), encoding="utf-8")
     print(rep.plan if rep.plan is not None else f"no training plan: {rep.plan_error}")
     print(f"report: {out} ({len(rep.buckets)} buckets, {rep.decoded} thumbnails, mean crop "
-          f"{100 * rep.mean_crop:.2f}%)")
+          f"{percent(rep.mean_crop, 2)})")
+    if (problems := decode_problems(rep)) is not None:
+        print(problems)
     return 0
 
 
