@@ -65,9 +65,6 @@ def add_tier_arguments(p: argparse.ArgumentParser) -> None:
 def tiers_from_stats_args(args: argparse.Namespace) -> Any:
     """The :class:`~hf_arb.sampling.tier_plan.Tiers` the flags describe; None without ``--resolution`` (then the
     other tier flags are refused, naming the flag)."""
-    from hf_arb.buckets.resolve import resolve_buckets
-    from hf_arb.sampling.tier_plan import Tiers
-
     if args.resolution is None:
         for name in TIER_FLAGS:
             if getattr(args, name) is not None:
@@ -75,6 +72,9 @@ def tiers_from_stats_args(args: argparse.Namespace) -> Any:
                 raise UsageError(f"{flag} describes the tiers, but no --resolution is given: add the tiers (e.g. "
                                  f"--resolution 512,1024) or drop {flag}.")
         return None
+    from hf_arb.buckets.resolve import resolve_buckets
+    from hf_arb.sampling.tier_plan import Tiers  # imports hf_arb.sampling, hence torch: only for tiers
+
     preset = args.preset or "budget"
     if PRESET_INFO[preset].default_resolution is None:
         raise UsageError(f"--preset {preset} is a fixed table: it cannot be scaled to each tier of --resolution "
