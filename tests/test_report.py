@@ -239,3 +239,20 @@ def test_a_truncated_jpeg_is_a_problem_with_the_verify_hint(tmp_path, capsys):
     page = out.read_text()
     section = page[page.index("<h2 id='problems'>Problems</h2>"):page.index("<h2>Buckets</h2>")]
     assert "cut.jpg" in section and "--verify" in section and "good.jpg" not in section
+
+
+def test_an_exact_fit_crops_zero_not_minus_zero(tmp_path):
+    """issue 34: a photo of its bucket's exact shape showed "crop -0.0%" (1 - 1.0000000000000002); and a bucket
+    with one row said "1 rows"."""
+    from hf_arb.wording import count, percent
+
+    assert cover_crop(np.array([70.0]), np.array([70.0]), np.array([512.0]), np.array([512.0]))[0][0] == 0.0
+    assert percent(-2.220446049250313e-16) == "0.0%" and percent(-0.0, 2) == "0.00%" and percent(-0.05) == "-5.0%"
+    assert count(1, "row") == "1 row" and count(1200, "row") == "1,200 rows" and count(0, "row") == "0 rows"
+    d = tmp_path / "photos"
+    save_photo(d / "square.jpg", "coffee.png", "JPEG", size=(70, 70))  # 512x512 at the budget table: exact
+    save_photo(d / "wide.jpg", "rocket.jpg", "JPEG", size=(640, 400))
+    page = render_html(build_report(datasets.load_dataset("imagefolder", data_dir=str(d), split="train"), BUCKETS,
+                                    k=1, max_upscale=10.0))
+    assert "crop 0.0%" in page and "-0.0" not in page
+    assert re.search(r"<h3>\d+x\d+ — 1 row</h3>", page) and "1 rows" not in page

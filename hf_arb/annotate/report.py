@@ -87,11 +87,12 @@ class DatasetReport:
 # ----------------------------------------------------------------------------------- numbers
 def cover_crop(w: np.ndarray, h: np.ndarray, bw: np.ndarray, bh: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``(crop fraction, cover scale)`` of images ``(w, h)`` in buckets ``(bw, bh)``, float64 ``(n,)`` each: the
-    share of the scaled image's area cut off and ``max(bw / w, bh / h)`` (above 1: upscaled)."""
+    share of the scaled image's area cut off (never below 0: an exact fit's rounding, ``-2e-16``, is 0) and
+    ``max(bw / w, bh / h)`` (above 1: upscaled)."""
     w, h = np.asarray(w, np.float64), np.asarray(h, np.float64)
     bw, bh = np.asarray(bw, np.float64), np.asarray(bh, np.float64)
     scale = np.maximum(bw / w, bh / h)
-    return 1.0 - (bw * bh) / (scale * scale * w * h), scale
+    return np.maximum(1.0 - (bw * bh) / (scale * scale * w * h), 0.0), scale
 
 
 def _annotated(ds: Any, buckets: BucketSet | None, image_column: str | None, annotate_kwargs: dict[str, Any]

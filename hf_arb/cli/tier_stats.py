@@ -19,6 +19,7 @@ import numpy as np
 
 from hf_arb.buckets.matching import METRICS
 from hf_arb.buckets.presets import PRESET_INFO, PRESETS
+from hf_arb.wording import count
 
 from .buckets import UsageError, non_negative_float, positive_int
 
@@ -102,7 +103,8 @@ def format_tier_counts(tiers: Any, counts: list[np.ndarray], no_tier: int, rows:
              f"{float(tiers.max_upscale):g}x); a row counts in every tier it can train at"]
     for res, bs, c in zip(tiers.resolutions, tiers.bucket_sets, counts):
         share = f" ({c.sum() / rows:.0%})" if rows else ""
-        lines.append(f"tier {res}: {int(c.sum()):,} rows{share} in {int((c > 0).sum())} of {len(bs)} buckets")
+        lines.append(f"tier {res}: {count(int(c.sum()), 'row')}{share} in {int((c > 0).sum())} of "
+                     f"{count(len(bs), 'bucket')}")
         labels = bs.labels()
         for b in bs.portrait_to_landscape().tolist():
             if c[b]:

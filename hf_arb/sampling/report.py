@@ -9,6 +9,8 @@ import warnings
 
 import numpy as np
 
+from hf_arb.wording import count
+
 
 @dataclass(frozen=True)
 class PlanReport:
@@ -67,7 +69,7 @@ class PlanReport:
         batch = (f"batch per bucket {self.batch_size_per_bucket}" if self.batch_size_per_bucket
                  else f"batch {self.batch_size}")
         return (
-            f"epoch {self.epoch}: {self.steps:,} steps/rank × {self.num_replicas} ranks × {batch}; "
+            f"epoch {self.epoch}: {self.steps:,} steps/rank × {count(self.num_replicas, 'rank')} × {batch}; "
             f"rows: {self.rows_total:,} total, {self.rows_used:,} used, {self.rows_dropped:,} dropped "
             f"({100 * self.dropped_fraction:.1f}%), {self.rows_repeated:,} repeated, {self.rows_merged:,} merged, "
             f"{self.rows_catch_all:,} in catch-all batches, {self.rows_unassigned:,} unassigned (bucket -1); "
