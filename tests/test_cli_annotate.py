@@ -240,6 +240,9 @@ def test_stats_rows_per_tier_and_bucket_match_the_sampler_and_draw_the_chart(
     assert main(["stats", str(out), "--resolution", "256,512", "--chart", str(chart)]) == 0
     printed = capsys.readouterr().out
     assert "rows: 8  in no tier: 1" in printed  # the broken JPEG has no size: eligible nowhere
+    # issue 34: the rows in no tier are named by file, not only counted
+    named = [line for line in printed.splitlines() if line.startswith("  row ")]
+    assert len(named) == 1 and named[0].endswith("broken.jpg): no size (skipped at annotation)"), named
     table = _tier_lines(printed)
     assert sorted(table) == [256, 512]
     train = datasets.load_from_disk(str(out))["train"]
@@ -297,3 +300,20 @@ def test_stats_imports_no_torch(image_dir: Path, tmp_path: Path) -> None:
     res = subprocess.run([sys.executable, "-c", code, str(out)], capture_output=True, text=True, env=env, cwd=root)
     assert res.returncode == 0, res.stderr[-2000:]
     assert "rows: 8  kept: 7" in res.stdout and "torch imported: False" in res.stdout, res.stdout[-1000:]
+
+
+def test_rows_in_no_tier_are_named_with_why() -> None:
+    """The lines under "in no tier": a row too small for every tier (its size) and one without a size."""
+    from hf_arb.cli.tier_stats import format_tier_counts, no_tier_examples, stored_sizes
+    from hf_arb.sampling.tier_plan import Tiers, tier_bucket_ids
+    from hf_arb.sampling.tier_report import tier_row_counts
+
+    ds = datasets.Dataset.from_dict({"original_width": [40, 600, None], "original_height": [30, 400, None]})
+    tiers = Tiers.preset("budget", [256, 512])
+    ids = tier_bucket_ids(*stored_sizes(ds), tiers)
+    examples = no_tier_examples(ds, ids)
+    assert examples == ("row 0: 40x30, too small for every tier", "row 2: no size (skipped at annotation)")
+    counts, no_tier = tier_row_counts(ids, tiers.num_buckets)
+    text = format_tier_counts(tiers, counts, no_tier, 3, examples[:1])
+    assert "in no tier: 2" in text and "  row 0: 40x30" in text and "  ... and 1 more" in text
+    assert "tier 256: 1 row (33%)" in text  # not "1 rows"
