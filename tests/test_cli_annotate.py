@@ -317,3 +317,16 @@ def test_rows_in_no_tier_are_named_with_why() -> None:
     text = format_tier_counts(tiers, counts, no_tier, 3, examples[:1])
     assert "in no tier: 2" in text and "  row 0: 40x30" in text and "  ... and 1 more" in text
     assert "tier 256: 1 row (33%)" in text  # not "1 rows"
+
+
+def test_training_annotation_note_names_outlier_files_in_its_image_column(outlier_dir: Path) -> None:
+    """The training script's annotation note (a raw dataset annotated at start-up) names the outliers' files from
+    --image_column, whatever its name."""
+    from hf_arb import add_bucket_columns
+    from hf_arb.train.data import annotation_note
+
+    ds = datasets.load_dataset("imagefolder", data_dir=str(outlier_dir), split="train").rename_column("image", "photo")
+    bs = BucketSet.novelai()
+    note = annotation_note(add_bucket_columns(ds, bs, image_column="photo", show_summary=False), bs, "photo")
+    thumb = [line for line in note.splitlines() if "32x48 -> bucket 512x768" in line]
+    assert len(thumb) == 1 and "thumb.jpg" in thumb[0] and "--max-upscale 2" in note, note
