@@ -220,7 +220,7 @@ def _tier_lines(text: str) -> dict[int, dict[str, int]]:
     """``{resolution: {"WxH": rows}}`` from the printed tier table (one split)."""
     out: dict[int, dict[str, int]] = {}
     for line in text.splitlines():
-        if line.startswith("tier ") and " rows" in line:
+        if line.startswith("tier ") and " row" in line:
             current = out.setdefault(int(line.split()[1].rstrip(":")), {})
         elif line.startswith("  ") and "x" in line and out:
             label, rows = line.split()

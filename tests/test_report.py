@@ -154,7 +154,7 @@ def test_cli_buckets_fit(folder, annotated, tmp_path, capsys):
     out = capsys.readouterr().out
     bs = BucketSet.from_json(saved.read_text())
     assert 1 <= len(bs) <= 3 and (bs.resolutions % 32 == 0).all() and (bs.areas <= 512 * 512).all()
-    assert "1 rows skipped or without a size left out" in out and "--aspect_ratio_buckets" in out
+    assert "1 row skipped or without a size left out" in out and "--aspect_ratio_buckets" in out
     # the string it prints trains/annotates with exactly this table
     spec = re.search(r'--aspect_ratio_buckets "([^"]+)"', out).group(1)
     assert BucketSet.from_string(spec, metric="log") == bs
