@@ -24,13 +24,13 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q torch==2.13.0 -c constraints.txt
-	$(PY) -m pip install -q -e ".[test,plot,tensorboard,ray,spark]" -c constraints.txt
+	$(PY) -m pip install -q -e ".[test,plot,tensorboard,ray,spark,demo]" -c constraints.txt
 	command -v java >/dev/null || { apt-get update -qq && apt-get install -y -qq default-jre-headless; }
 	command -v chromium >/dev/null || { apt-get update -qq && apt-get install -y -qq chromium; }
 	touch $(STAMP) $(DEMO_STAMP)
 
-# The demo's light install: the full one above includes it (the test extra has the demo's packages), so a venv
-# made by `make test` is reused as is.
+# The demo's light install: the full one above includes its extra (and touches its stamp), so a venv made by
+# `make test` is reused as is.
 demo-venv: $(DEMO_STAMP)
 
 $(DEMO_STAMP): pyproject.toml constraints.txt
