@@ -4,14 +4,16 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+DEMO_STAMP := $(VENV)/.installed-demo
 PYTEST_ARGS ?=
 
-.PHONY: help venv lint test test-fast demo bench docs clean
+.PHONY: help venv demo-venv lint test test-fast demo bench docs clean
 
 help:
 	@echo "make test   - create .venv (torch CPU/GPU wheel, project + test extra) and run the whole suite"
 	@echo "make lint   - ruff check . (pyproject.toml [tool.ruff]); .ci/run runs it before make test"
-	@echo "make demo   - annotate, train a tiny SD pipeline on 2 processes, write pictures (offline)"
+	@echo "make demo   - annotate, train tiny SD and Flux pipelines on 2 processes, write pictures (offline); its own"
+	@echo "             light install (torch, the project and its demo extra: no ray, spark, JRE or Chromium)"
 	@echo "make bench  - run every benchmark side by side with its baseline, write docs/benchmarks.md"
 	@echo "make docs   - build the documentation site into site/ (offline, strict: a broken link fails)"
 	@echo "             (the venv has the ray and spark extras; a JRE and Chromium, for the report's browser test, are"
@@ -23,10 +25,20 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q torch==2.13.0 -c constraints.txt
-	$(PY) -m pip install -q -e ".[test,plot,tensorboard,ray,spark]" -c constraints.txt
+	$(PY) -m pip install -q -e ".[test,plot,tensorboard,ray,spark,demo]" -c constraints.txt
 	command -v java >/dev/null || { apt-get update -qq && apt-get install -y -qq default-jre-headless; }
 	command -v chromium >/dev/null || { apt-get update -qq && apt-get install -y -qq chromium; }
-	touch $(STAMP)
+	touch $(STAMP) $(DEMO_STAMP)
+
+# The demo's light install: the full one above includes its extra (and touches its stamp), so a venv made by
+# `make test` is reused as is.
+demo-venv: $(DEMO_STAMP)
+
+$(DEMO_STAMP): pyproject.toml constraints.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q torch==2.13.0 -c constraints.txt
+	$(PY) -m pip install -q -e ".[demo]" -c constraints.txt
+	touch $(DEMO_STAMP)
 
 lint: venv
 	$(PY) -m ruff check .
@@ -37,7 +49,7 @@ test: venv
 test-fast: venv
 	$(PY) -m pytest -n 2 --dist loadgroup -m "not slow" $(PYTEST_ARGS)
 
-demo: venv
+demo: demo-venv
 	$(PY) scripts/demo.py
 
 bench: venv

@@ -116,6 +116,7 @@ MODULES: dict[str, str] = {
     "hf_arb.train.lora": "training.md",
     "hf_arb.moved": "api.md#moved-paths",
     "hf_arb.logs": "training.md",
+    "hf_arb.wording": "code_map.md",
     "hf_arb.lazy": "code_map.md",
     "hf_arb.families": "code_map.md#where-to-add-things",
     "hf_arb.families.base": "code_map.md#where-to-add-things",

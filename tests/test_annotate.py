@@ -228,7 +228,7 @@ def test_summary_outliers_vectorised() -> None:
     assert up.count == int((scale > 2).sum()) == 3 and up.examples[0][:5] == (2, 32, 48, 512, 768)
     assert up.worst == pytest.approx(16.0)
     text = str(s)
-    assert "2 kept row(s) have an aspect error above 0.25" in text and "--max-aspect-error 0.25" in text
+    assert "2 kept rows have an aspect error above 0.25" in text and "--max-aspect-error 0.25" in text
     assert "e.g. row 2: 32x48 -> bucket 512x768 (16.0x)" in text and "--max-upscale 2" in text
     assert "--min-size" in text
     quiet = summarize_columns(*cols, bs, sizes=sizes, warn_aspect_error=None, warn_upscale=None)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -136,10 +137,14 @@ def test_summary_warns_about_outliers_and_the_flags_skip_them(outlier_dir: Path,
                                                              capsys: pytest.CaptureFixture[str]) -> None:
     out = _annotate([str(outlier_dir), "--output-dir", str(tmp_path / "a"), "--preset", "novelai"], capsys)
     assert "rows: 5  kept: 5  skipped: 0" in out
-    assert "warning: 1 kept row(s) have an aspect error above 0.25 (worst 1.609)" in out
+    assert "warning: 1 kept row has an aspect error above 0.25 (worst 1.609): cropped far from its shape" in out
     assert "2000x100 -> bucket 1024x256 (aspect error 1.609)" in out and "--max-aspect-error 0.25" in out
-    assert "warning: 2 kept row(s) must be upscaled more than 2x to cover their bucket (worst 16.0x)" in out
+    assert "warning: 2 kept rows must be upscaled more than 2x to cover their bucket (worst 16.0x)" in out
     assert "32x48 -> bucket 512x768 (16.0x)" in out and "--max-upscale 2 or --min-size" in out
+    # issue 34: the examples name the files, not only row numbers
+    examples = {line.split(": ")[1]: line for line in out.splitlines() if line.startswith("  e.g. row ")}
+    assert "banner.jpg" in examples["2000x100 -> bucket 1024x256 (aspect error 1.609)"], examples
+    assert "thumb.jpg" in examples["32x48 -> bucket 512x768 (16.0x)"], examples
 
     out = _annotate([str(outlier_dir), "--output-dir", str(tmp_path / "b"), "--preset", "novelai",
                      "--max-aspect-error", "0.25", "--max-upscale", "2"], capsys)
@@ -215,7 +220,7 @@ def _tier_lines(text: str) -> dict[int, dict[str, int]]:
     """``{resolution: {"WxH": rows}}`` from the printed tier table (one split)."""
     out: dict[int, dict[str, int]] = {}
     for line in text.splitlines():
-        if line.startswith("tier ") and " rows" in line:
+        if line.startswith("tier ") and " row" in line:
             current = out.setdefault(int(line.split()[1].rstrip(":")), {})
         elif line.startswith("  ") and "x" in line and out:
             label, rows = line.split()
@@ -235,6 +240,9 @@ def test_stats_rows_per_tier_and_bucket_match_the_sampler_and_draw_the_chart(
     assert main(["stats", str(out), "--resolution", "256,512", "--chart", str(chart)]) == 0
     printed = capsys.readouterr().out
     assert "rows: 8  in no tier: 1" in printed  # the broken JPEG has no size: eligible nowhere
+    # issue 34: the rows in no tier are named by file, not only counted
+    named = [line for line in printed.splitlines() if line.startswith("  row ")]
+    assert len(named) == 1 and named[0].endswith("broken.jpg): no size (skipped at annotation)"), named
     table = _tier_lines(printed)
     assert sorted(table) == [256, 512]
     train = datasets.load_from_disk(str(out))["train"]
@@ -278,3 +286,47 @@ def test_stats_tier_flags_are_refused_in_flags(image_dir: Path, extra: list[str]
         main(["stats", str(image_dir), *extra])
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert exc.value.code == 2 and message in last, last
+
+
+def test_stats_imports_no_torch(image_dir: Path, tmp_path: Path) -> None:
+    """issue 34: `hf-arb stats` on 40 rows took 8-10 s, about 4 s of it importing torch, which it never uses (the tier
+    table imported hf_arb.sampling before it knew there were tiers). A fresh interpreter runs it and reports."""
+    out = tmp_path / "annotated"
+    assert main(["annotate", str(image_dir), "--output-dir", str(out)]) == 0
+    code = ("import sys\nfrom hf_arb.cli.app import main\nrc = main(['stats', sys.argv[1]])\n"
+            "print('torch imported:', 'torch' in sys.modules)\nsys.exit(rc)")
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+    res = subprocess.run([sys.executable, "-c", code, str(out)], capture_output=True, text=True, env=env, cwd=root)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "rows: 8  kept: 7" in res.stdout and "torch imported: False" in res.stdout, res.stdout[-1000:]
+
+
+def test_rows_in_no_tier_are_named_with_why() -> None:
+    """The lines under "in no tier": a row too small for every tier (its size) and one without a size."""
+    from hf_arb.cli.tier_stats import format_tier_counts, no_tier_examples, stored_sizes
+    from hf_arb.sampling.tier_plan import Tiers, tier_bucket_ids
+    from hf_arb.sampling.tier_report import tier_row_counts
+
+    ds = datasets.Dataset.from_dict({"original_width": [40, 600, None], "original_height": [30, 400, None]})
+    tiers = Tiers.preset("budget", [256, 512])
+    ids = tier_bucket_ids(*stored_sizes(ds), tiers)
+    examples = no_tier_examples(ds, ids)
+    assert examples == ("row 0: 40x30, too small for every tier", "row 2: no size (skipped at annotation)")
+    counts, no_tier = tier_row_counts(ids, tiers.num_buckets)
+    text = format_tier_counts(tiers, counts, no_tier, 3, examples[:1])
+    assert "in no tier: 2" in text and "  row 0: 40x30" in text and "  ... and 1 more" in text
+    assert "tier 256: 1 row (33%)" in text  # not "1 rows"
+
+
+def test_training_annotation_note_names_outlier_files_in_its_image_column(outlier_dir: Path) -> None:
+    """The training script's annotation note (a raw dataset annotated at start-up) names the outliers' files from
+    --image_column, whatever its name."""
+    from hf_arb import add_bucket_columns
+    from hf_arb.train.data import annotation_note
+
+    ds = datasets.load_dataset("imagefolder", data_dir=str(outlier_dir), split="train").rename_column("image", "photo")
+    bs = BucketSet.novelai()
+    note = annotation_note(add_bucket_columns(ds, bs, image_column="photo", show_summary=False), bs, "photo")
+    thumb = [line for line in note.splitlines() if "32x48 -> bucket 512x768" in line]
+    assert len(thumb) == 1 and "thumb.jpg" in thumb[0] and "--max-upscale 2" in note, note

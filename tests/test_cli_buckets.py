@@ -44,3 +44,16 @@ def test_unknown_flag_names_its_cli_twin(command, flag, twin, capsys):
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert exit_.value.code == 2 and err.startswith(f"hf-arb {command[0]}: error: unrecognized arguments")
     assert err.endswith(f"({flag}: this command spells it {twin})")
+
+
+def test_fit_with_fewer_buckets_than_asked_says_why(tmp_path, capsys) -> None:
+    """issue 34: `hf-arb buckets --fit --n-buckets 2` on photos of one shape printed 1 bucket and no reason."""
+    import datasets
+
+    data = tmp_path / "sizes.parquet"
+    datasets.Dataset.from_dict({"w": [4000] * 6, "h": [3000] * 6}).to_parquet(str(data))
+    assert main(["buckets", "--fit", str(data), "--width-column", "w", "--height-column", "h", "--n-buckets", "2"]) == 0
+    out = capsys.readouterr().out
+    assert ": 1 bucket, mean crop" in out, out
+    assert "1 bucket, not 2: more buckets would not lower the mean crop (all 6 sizes have one aspect ratio, 1.333 " \
+        "w/h)." in out, out

@@ -108,3 +108,15 @@ def test_fit_takes_rows_columns_or_an_annotated_dataset():
         BucketSet.fit(ds, 3)
     with pytest.raises(ValueError, match=r"too many .* larger `step`"):
         BucketSet.fit(rows, 3, step=8, max_pixels=1024 ** 4)
+
+
+def test_a_fit_with_fewer_buckets_than_asked_says_why():
+    """issue 34: `--fit --n-buckets 2` returned 1 bucket without saying why; FitResult.fewer says it."""
+    one_shape = fit_table(np.full(40, 4000), np.full(40, 3000), 2)
+    assert len(one_shape.table) == 1
+    assert one_shape.fewer == ("1 bucket, not 2: more buckets would not lower the mean crop (all 40 sizes have one "
+                               "aspect ratio, 1.333 w/h).")
+    few = fit_table(np.array([4000, 3000, 1000]), np.array([3000, 4000, 4000]), 50, step=256, max_pixels=512 * 512)
+    assert few.fewer.startswith(f"{len(few.table)} bucket") and f"only {few.candidates} step-aligned shapes fit " \
+        "(step 256, max_pixels=262144, sides 256 to 1024)" in few.fewer, few.fewer
+    assert fit_table(np.array([4000, 3000]), np.array([3000, 4000]), 2).fewer == ""  # both asked for: nothing to say

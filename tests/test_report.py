@@ -154,7 +154,7 @@ def test_cli_buckets_fit(folder, annotated, tmp_path, capsys):
     out = capsys.readouterr().out
     bs = BucketSet.from_json(saved.read_text())
     assert 1 <= len(bs) <= 3 and (bs.resolutions % 32 == 0).all() and (bs.areas <= 512 * 512).all()
-    assert "1 rows skipped or without a size left out" in out and "--aspect_ratio_buckets" in out
+    assert "1 row skipped or without a size left out" in out and "--aspect_ratio_buckets" in out
     # the string it prints trains/annotates with exactly this table
     spec = re.search(r'--aspect_ratio_buckets "([^"]+)"', out).group(1)
     assert BucketSet.from_string(spec, metric="log") == bs
@@ -220,3 +220,39 @@ def test_pixel_budget_batches_are_the_samplers(annotated):
     assert "--max_pixels_per_batch" in page
     for b, size in plan.batch_size_per_bucket.items():
         assert re.search(rf"<tr data-bucket='{b}'>.*?<td data-field='batch'>{size}</td>", page)
+
+
+def test_a_truncated_jpeg_is_a_problem_with_the_verify_hint(tmp_path, capsys):
+    """issue 34: a JPEG cut short (its header reads, so annotation keeps it) was listed only under "thumbnails that
+    could not be drawn": it is a problem, named on the page and in the console, with the --verify hint."""
+    d = tmp_path / "photos"
+    save_photo(d / "good.jpg", "coffee.png", "JPEG", quality=85)
+    save_photo(d / "cut.jpg", "chelsea.png", "JPEG", quality=85)
+    data = (d / "cut.jpg").read_bytes()
+    (d / "cut.jpg").write_bytes(data[: len(data) // 3])  # an interrupted download
+    out = tmp_path / "r.html"
+    assert cli_main(["report", str(d), "--out", str(out), "-k", "2"]) == 0
+    said = capsys.readouterr().out
+    problem = [line for line in said.splitlines() if line.startswith("problem:")]
+    assert len(problem) == 1 and "1 kept image could not be decoded (cut.jpg)" in problem[0], said
+    assert "--verify" in problem[0]
+    page = out.read_text()
+    section = page[page.index("<h2 id='problems'>Problems</h2>"):page.index("<h2>Buckets</h2>")]
+    assert "cut.jpg" in section and "--verify" in section and "good.jpg" not in section
+
+
+def test_an_exact_fit_crops_zero_not_minus_zero(tmp_path):
+    """issue 34: a photo of its bucket's exact shape showed "crop -0.0%" (1 - 1.0000000000000002); and a bucket
+    with one row said "1 rows"."""
+    from hf_arb.wording import count, percent
+
+    assert cover_crop(np.array([70.0]), np.array([70.0]), np.array([512.0]), np.array([512.0]))[0][0] == 0.0
+    assert percent(-2.220446049250313e-16) == "0.0%" and percent(-0.0, 2) == "0.00%" and percent(-0.05) == "-5.0%"
+    assert count(1, "row") == "1 row" and count(1200, "row") == "1,200 rows" and count(0, "row") == "0 rows"
+    d = tmp_path / "photos"
+    save_photo(d / "square.jpg", "coffee.png", "JPEG", size=(70, 70))  # 512x512 at the budget table: exact
+    save_photo(d / "wide.jpg", "rocket.jpg", "JPEG", size=(640, 400))
+    page = render_html(build_report(datasets.load_dataset("imagefolder", data_dir=str(d), split="train"), BUCKETS,
+                                    k=1, max_upscale=10.0))
+    assert "crop 0.0%" in page and "-0.0" not in page
+    assert re.search(r"<h3>\d+x\d+ — 1 row</h3>", page) and "1 rows" not in page

@@ -819,3 +819,21 @@ def test_deepspeed_auto_micro_batch_is_filled_from_the_sampler() -> None:
         fill_deepspeed_micro_batch(acc, s)
         assert acc.state.deepspeed_plugin.deepspeed_config["train_micro_batch_size_per_gpu"] == expected
     fill_deepspeed_micro_batch(SimpleNamespace(state=SimpleNamespace(deepspeed_plugin=None)), s)  # no DeepSpeed
+
+
+def test_warns_when_fill_repeats_more_than_half_the_rows() -> None:
+    """issue 34: `--bucket_leftover fill` at batch 64 on 39 rows in 10 buckets repeated 601 rows in silence (drop
+    warns): the warning gives the count and the remedies; a few copies completing the last batches stay silent."""
+    ids = np.repeat(np.arange(10), [4] * 9 + [3])  # 39 rows in 10 buckets
+    with pytest.warns(UserWarning, match=r"repeats 601 rows per epoch \(39 assigned rows, 1541% > 50%\)") as w:
+        s = BucketBatchSampler(ids, 64, num_replicas=1, rank=0, leftover="fill")
+    assert s.report().rows_repeated == 601 and 'leftover="drop"' in str(w[0].message)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        BucketBatchSampler(np.repeat(np.arange(3), [20, 15, 15]), 4, num_replicas=2, rank=0, leftover="fill")
+    from hf_arb.flag_parser import in_flags
+    from hf_arb.train.data import SAMPLER_FLAG_NAMES
+
+    said = in_flags(str(w[0].message), SAMPLER_FLAG_NAMES)  # what the training script logs
+    assert said.startswith("The epoch plan repeats 601 rows") and "`" not in said, said
+    assert "with --bucket_leftover fill" in said and "--bucket_leftover drop (or catch_all)" in said, said

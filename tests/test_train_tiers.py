@@ -514,3 +514,22 @@ def test_streamed_random_tiers_on_two_processes_agree_and_resume_exactly(ddp_bat
     for r in (0, 1):
         assert [t["rows"] for t in read_trace(resumed, r)] == [t["rows"] for t in traces[r][2:]]
     assert max_weight_diff(full, resumed) < 1e-6
+
+
+def test_the_startup_report_shows_tier_batch_sizes_readably():
+    """issue 34: a tiered run printed its batch sizes as a one-line dict of every (tier, bucket), 24 entries; now one
+    line when they are all equal, else a line per tier grouping the buckets by batch size."""
+    table = tier_table(parse("--resolution", "32,64"))
+    same = [np.full(len(b), 4) for b in table.bucket_sets]
+    assert table.batch_size_lines(same) == ["Batch size per device = 4 (every bucket of every tier)"]
+    budget = [np.full(len(b), 8) for b in table.bucket_sets]
+    budget[1][:] = 2
+    labels = table.bucket_sets[1].labels()
+    square = labels.index("64x64")
+    budget[1][square] = 3
+    lines = table.batch_size_lines(budget)
+    assert lines[0] == "Batch size per device, by tier and bucket:" and len(lines) == 3
+    assert lines[1] == "  tier 32: 8 in " + ", ".join(
+        [table.bucket_sets[0].labels()[i] for i in table.bucket_sets[0].portrait_to_landscape()[:4]]) + \
+        f" and {len(table.bucket_sets[0]) - 4} more"
+    assert lines[2].startswith("  tier 64: 3 in 64x64; 2 in ") and "{" not in "".join(lines)

@@ -34,6 +34,7 @@ import pyarrow.compute as pc
 from hf_arb.buckets.sets import BucketSet
 from .report_html import render_html
 from hf_arb.buckets.schema import BUCKET_COLUMNS
+from hf_arb.wording import percent
 
 _OUTLIERS = 5
 #: long side of the thumbnails, pixels
@@ -86,11 +87,12 @@ class DatasetReport:
 # ----------------------------------------------------------------------------------- numbers
 def cover_crop(w: np.ndarray, h: np.ndarray, bw: np.ndarray, bh: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``(crop fraction, cover scale)`` of images ``(w, h)`` in buckets ``(bw, bh)``, float64 ``(n,)`` each: the
-    share of the scaled image's area cut off and ``max(bw / w, bh / h)`` (above 1: upscaled)."""
+    share of the scaled image's area cut off (never below 0: an exact fit's rounding, ``-2e-16``, is 0) and
+    ``max(bw / w, bh / h)`` (above 1: upscaled)."""
     w, h = np.asarray(w, np.float64), np.asarray(h, np.float64)
     bw, bh = np.asarray(bw, np.float64), np.asarray(bh, np.float64)
     scale = np.maximum(bw / w, bh / h)
-    return 1.0 - (bw * bh) / (scale * scale * w * h), scale
+    return np.maximum(1.0 - (bw * bh) / (scale * scale * w * h), 0.0), scale
 
 
 def _annotated(ds: Any, buckets: BucketSet | None, image_column: str | None, annotate_kwargs: dict[str, Any]
@@ -212,12 +214,13 @@ def build_report(ds: Any, buckets: BucketSet | None = None, *, k: int = 4, batch
     if kr.size:
         logw = np.abs(np.log(w[kr] / h[kr]))
         for kind, values, fmt in (("largest upscale", scale, "{:.2f}x"), ("most extreme aspect", logw, None),
-                                  ("most cropped", crop, "{:.1%}")):
+                                  ("most cropped", crop, None)):
             m = min(_OUTLIERS, values.size)
             part = np.argpartition(-values, m - 1)[:m]  # the m largest, O(n)
             part = part[np.lexsort((part, -values[part]))]  # largest first, ties by row
             top, vals = kr[part], values[part]
-            shown = [fmt.format(v) if fmt else f"{w[r]}:{h[r]} ({w[r] / h[r]:.2f} w/h)" for r, v in zip(top, vals)]
+            shown = [fmt.format(v) if fmt else percent(v) if kind == "most cropped"
+                     else f"{w[r]}:{h[r]} ({w[r] / h[r]:.2f} w/h)" for r, v in zip(top, vals)]
             picks[kind] = (top, shown)
             names_needed.update({int(r): "" for r in top})
     reasons = t.column("skip_reason")

@@ -8,6 +8,8 @@ from typing import Any
 
 import numpy as np
 
+from hf_arb.wording import count, percent
+
 #: the flag (training script, then ``hf-arb annotate``) that changes what the leftover policy does
 LEFTOVER_FLAGS = {
     "drop": "--bucket_leftover fill (repeat rows to complete the last batch) or catch_all (pool leftovers)",
@@ -25,6 +27,39 @@ SKIP_FLAGS = {
     "truncated": "the file is cut short (an interrupted download): fetch it again",
     "undecodable": "the image data is broken: re-encode or remove it",
 }
+#: what finds every image that annotation kept from its header but that does not decode (a truncated JPEG)
+VERIFY_HINT = ("hf-arb annotate DATASET --output-dir DIR --verify decodes every image and skips these (skip_reason "
+               "'truncated' / 'undecodable'), so training never meets them; or fix or remove the files")
+
+
+def decode_problems(rep: Any) -> str | None:
+    """One line, for the console, on the kept images that could not be decoded for a thumbnail (a truncated JPEG
+    whose header reads), with the ``--verify`` hint; ``None`` when every drawn image decoded. Only the thumbnails'
+    images are decoded here, so there may be more: the hint finds them all."""
+    bad = rep.failed_thumbnails
+    if not bad:
+        return None
+    names = ", ".join(n for n, _ in bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
+    return (f"problem: {len(bad)} kept {'image' if len(bad) == 1 else 'images'} could not be decoded ({names}): "
+            f"{VERIFY_HINT}")
+
+
+def _problems_html(rep: Any, e: Any) -> list[str]:
+    """The page's Problems section: kept images that do not decode, named, with the ``--verify`` hint."""
+    if not rep.failed_thumbnails:
+        return []
+    n = len(rep.failed_thumbnails)
+    return ["<h2 id='problems'>Problems</h2>",
+            f"<p class='error'><b>{n} kept {'image' if n == 1 else 'images'} could not be decoded</b> (the header "
+            f"reads, so annotation kept {'it' if n == 1 else 'them'}; training would fail on or replace "
+            f"{'it' if n == 1 else 'them'}). Only the thumbnails' images were decoded here: there may be more. "
+            f"<code>{e(VERIFY_HINT)}</code>.</p>",
+            "<table id='problems-table'><tr><th class='l'>file</th><th class='l'>error</th></tr>",
+            *[f"<tr><td class='l'>{e(name)}</td><td class='l'>{e(why)}</td></tr>" for name, why in
+              rep.failed_thumbnails],
+            "</table>"]
+
+
 def _svg_bars(values: list[float], labels: list[str], *, title: str, xlabel: str, width: int = 720,
               height: int = 220, color: str = "#4C72B0") -> str:
     """A bar chart as inline SVG (no script): one bar per value, each with a <title> tooltip."""
@@ -111,11 +146,12 @@ def render_html(rep: Any) -> str:
                f"{p.rows_catch_all:,}</td></tr>"]),
            f"<tr><th class='l'>leftover policy</th><td data-field='leftover'>{e(rep.leftover)}</td></tr>",
            f"<tr><th class='l'>mean crop (kept rows)</th><td data-field='mean_crop'>"
-           f"{100 * rep.mean_crop:.2f}%</td></tr></table>",
+           f"{percent(rep.mean_crop, 2)}</td></tr></table>",
            f"<p class='note'>Leftover policy <b>{e(rep.leftover)}</b>: change it with "
            f"<code>{e(LEFTOVER_FLAGS[rep.leftover])}</code>. {e(leftover_note)}</p>",
            *([] if p is not None else [f"<p class='error' id='plan-error'><b>No training plan:</b> {e(rep.plan_error)}"
                                        "</p>"]),
+           *_problems_html(rep, e),
            "<h2>Buckets</h2><table id='buckets'><tr><th>id</th><th>bucket</th><th>aspect</th><th>rows</th>"
            "<th>share</th><th>batch</th><th>steps / epoch</th><th>dropped</th><th>repeated</th></tr>"]
     def batch_of(b: int) -> str:
@@ -141,17 +177,17 @@ def render_html(rep: Any) -> str:
                + _hist_svg(rep.error_hist, f"aspect error ({bs.metric})", "aspect error", False) + "</div>")
     out.append("<h2>Samples</h2>")
     if rep.failed_thumbnails:
-        out.append("<p>Thumbnails that could not be drawn: " + ", ".join(
-            f"<code>{e(n)}</code> ({e(why)})" for n, why in rep.failed_thumbnails) + "</p>")
+        out.append("<p>Thumbnails that could not be drawn (see Problems above): " + ", ".join(
+            f"<code>{e(n)}</code>" for n, _ in rep.failed_thumbnails) + "</p>")
     for b in order:
         samples = rep.samples.get(b, [])
         if not samples:
             continue
         w, h = bs[b]
-        out.append(f"<h3>{w}x{h} — {int(rep.counts[b]):,} rows</h3><div class='thumbs'>")
+        out.append(f"<h3>{w}x{h} — {count(int(rep.counts[b]), 'row')}</h3><div class='thumbs'>")
         for s in samples:
             out.append(f"<figure><img src='{s.uri}' alt='{e(s.name)}' data-row='{s.row}'><figcaption>"
-                       f"{e(s.name)}<br>{s.size[0]}x{s.size[1]}, crop {100 * s.crop_fraction:.1f}%</figcaption>"
+                       f"{e(s.name)}<br>{s.size[0]}x{s.size[1]}, crop {percent(s.crop_fraction)}</figcaption>"
                        "</figure>")
         out.append("</div>")
     out.append("<h2>Outliers</h2>")
@@ -180,4 +216,4 @@ def render_html(rep: Any) -> str:
     return "\n".join(out)
 
 
-__all__ = ["LEFTOVER_FLAGS", "OUTLIER_FLAGS", "SKIP_FLAGS", "render_html"]
+__all__ = ["LEFTOVER_FLAGS", "OUTLIER_FLAGS", "SKIP_FLAGS", "VERIFY_HINT", "decode_problems", "render_html"]

@@ -18,6 +18,7 @@ import pyarrow.compute as pc
 
 from hf_arb.buckets.sets import AssignmentSummary, BucketSet
 from hf_arb.buckets.schema import require_columns
+from hf_arb.wording import count
 
 
 #: default threshold of the aspect-error warning, in the BucketSet's metric units (``log``: 0.25 crops ~22 %)
@@ -37,6 +38,8 @@ class Outliers:
         count: kept rows above it.
         worst: the largest value among them.
         examples: up to 3 of the worst, as ``(row, width, height, bucket_width, bucket_height, value)``.
+        paths: the examples' image file names where the dataset records them (an imagefolder does), else empty or
+            ``None`` per example; the printout names the file before the row.
     """
 
     kind: str
@@ -44,22 +47,32 @@ class Outliers:
     count: int
     worst: float
     examples: tuple[tuple[int, int, int, int, int, float], ...]
+    paths: tuple[str | None, ...] = ()
 
     def __str__(self) -> str:
         t = f"{self.threshold:g}"
         if self.kind == "aspect_error":
-            head = (f"warning: {self.count:,} kept row(s) have an aspect error above {t} (worst {self.worst:.3f}): "
-                    "cropped far from their shape")
+            head = (f"warning: {count(self.count, 'kept row')} {'has' if self.count == 1 else 'have'} an aspect error "
+                    f"above {t} (worst {self.worst:.3f}): cropped far from {'its' if self.count == 1 else 'their'} "
+                    "shape")
             fix = f"  skip them with --max-aspect-error {t} (Python: max_aspect_error={t} in the BucketSet)"
             fmt = "aspect error {:.3f}"
         else:
-            head = (f"warning: {self.count:,} kept row(s) must be upscaled more than {t}x to cover their bucket "
-                    f"(worst {self.worst:.1f}x)")
+            head = (f"warning: {count(self.count, 'kept row')} must be upscaled more than {t}x to cover "
+                    f"{'its' if self.count == 1 else 'their'} bucket (worst {self.worst:.1f}x)")
             fix = (f"  skip them with --max-upscale {t} or --min-size PX (Python: add_bucket_columns(..., "
                    f"max_upscale={t}, min_size=PX))")
             fmt = "{:.1f}x"
-        rows = [f"  e.g. row {r}: {w}x{h} -> bucket {bw}x{bh} ({fmt.format(v)})" for r, w, h, bw, bh, v in self.examples]
+        paths = self.paths or (None,) * len(self.examples)
+        rows = [f"  e.g. {row_label(r, p)}: {w}x{h} -> bucket {bw}x{bh} ({fmt.format(v)})"
+                for (r, w, h, bw, bh, v), p in zip(self.examples, paths)]
         return "\n".join([head, *rows, fix])
+
+
+def row_label(row: int, path: str | None) -> str:
+    """How a printout names a row: with its file (``row 3 (photos/IMG_0042.jpg)``) where the dataset records one,
+    else ``row 3``."""
+    return f"row {row} ({path})" if path else f"row {row}"
 
 
 @dataclass(frozen=True)
@@ -109,7 +122,7 @@ class AnnotationSummary:
         if self.skipped_by_reason:
             lines.append("skipped by reason: " + ", ".join(f"{k} {v:,}" for k, v in sorted(self.skipped_by_reason.items())))
         for row, path, reason in self.skipped_files:
-            lines.append(f"  row {row}{f' ({path})' if path else ''}: {reason}")
+            lines.append(f"  {row_label(row, path)}: {reason}")
         if self.skipped > len(self.skipped_files) and self.skipped_files:
             lines.append(f"  ... and {self.skipped - len(self.skipped_files):,} more: "
                          "hf_arb.annotate.summary.skipped_files(ds) lists every one")
@@ -242,7 +255,9 @@ def summarize_annotation(ds: Any, buckets: BucketSet | None = None, *,
         sizes = (t.column(3), t.column(4)) if len(size_cols) == 2 else None
         summary = summarize_columns(t.column(0), t.column(1), t.column(2), buckets, sizes=sizes, **warn)
         shown = skipped_files(ds, image_column, limit=SKIPPED_SHOWN) if summary.skipped else []
-        return dataclasses.replace(summary, skipped_files=tuple(shown))
+        outliers = tuple(dataclasses.replace(o, paths=tuple(row_paths(ds, image_column, [e[0] for e in o.examples])))
+                         for o in summary.outliers)
+        return dataclasses.replace(summary, skipped_files=tuple(shown), outliers=outliers)
     if isinstance(ds, datasets.IterableDataset):
         parts: dict[str, list[Any]] = {c: [] for c in cols + size_cols}
         for batch in ds.select_columns(cols + size_cols).iter(batch_size=10_000):
@@ -267,17 +282,23 @@ def skipped_files(ds: Any, image_column: str = "image", limit: int | None = None
     skipped rows only, the reason and the image's path field (``ds.filter(lambda r: r["bucket"] < 0)`` would decode
     every image, including the broken ones it is looking for).
     """
-    import datasets
-
     require_columns(ds, ["bucket", "skip_reason"], "Listing the skipped files")
     ids = pc.cast(_chunked(ds.select_columns(["bucket"]).with_format("arrow")[:].column(0)), pa.int64()).to_numpy()
     rows = np.flatnonzero(ids < 0)[:limit]  # (s,) row indices, ascending
     if rows.size == 0:
         return []
     reasons = ds.select_columns(["skip_reason"]).with_format("arrow")[rows.tolist()].column(0).to_pylist()
-    paths: list[str | None] = [None] * rows.size
-    feature = ds.features.get(image_column)
-    if isinstance(feature, datasets.Image):  # stored as {bytes, path}: read the path field only
-        raw = ds.select_columns([image_column]).with_format("arrow")[rows.tolist()].column(0).combine_chunks()
-        paths = raw.field("path").to_pylist()
+    paths = row_paths(ds, image_column, rows.tolist())
     return [(int(r), p, reason or "unknown") for r, p, reason in zip(rows.tolist(), paths, reasons)]
+
+
+def row_paths(ds: Any, image_column: str, rows: list[int]) -> list[str | None]:
+    """The image file names of ``rows`` of a ``datasets.Dataset`` where ``image_column`` is an ``Image`` column that
+    records one (an imagefolder does; only the path field is read, nothing is decoded), else ``None`` each."""
+    import datasets
+
+    feature = getattr(ds, "features", {}).get(image_column)
+    if not rows or not isinstance(feature, datasets.Image):  # stored as {bytes, path}: read the path field only
+        return [None] * len(rows)
+    raw = ds.select_columns([image_column]).with_format("arrow")[list(rows)].column(0).combine_chunks()
+    return raw.field("path").to_pylist()

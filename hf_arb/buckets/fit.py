@@ -57,12 +57,15 @@ class FitResult:
         mean_crop: mean share of area cropped over the sizes (exact, from the real sizes).
         worst_crop: the largest share cropped.
         candidates: how many step-aligned shapes were considered.
+        fewer: why the table has fewer than the ``n_buckets`` asked for (too few candidate shapes, more buckets
+            would not lower the mean crop, or chosen shapes got no row), one sentence; empty when it has them all.
     """
 
     table: np.ndarray
     mean_crop: float
     worst_crop: float
     candidates: int
+    fewer: str = ""
 
 
 def split_sizes(sizes: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -278,7 +281,35 @@ def fit_table(widths: Any, heights: Any, n_buckets: int, *, step: int = 64, max_
     worst = float(crop.max())
     if max_crop is not None and worst > max_crop + 1e-9:  # pragma: no cover - the program's bound is conservative
         raise AssertionError(f"fit_table broke its own worst-crop bound: {worst} > {max_crop}")
-    return FitResult(table=table[used], mean_crop=float(crop.mean()), worst_crop=worst, candidates=int(C))
+    fewer = fewer_reason(x, n_buckets, best_k, int(used.sum()), C, f"step {step}, max_pixels={max_pixels}, sides "
+                         f"{min_side} to {max_side}")
+    return FitResult(table=table[used], mean_crop=float(crop.mean()), worst_crop=worst, candidates=int(C),
+                     fewer=fewer)
 
 
-__all__ = ["BIN_WIDTH", "CANDIDATE_SPACING", "FIT_PARAMS", "FitResult", "candidate_shapes", "fit_table", "split_sizes"]
+def fewer_reason(x: np.ndarray, n_buckets: int, chosen: int, used: int, candidates: int, limits: str) -> str:
+    """Why a fitted table has fewer than ``n_buckets`` buckets, one sentence (empty when it has them all).
+
+    Args:
+        x: the sizes' log aspects, ``(n,)``.
+        n_buckets: buckets asked for; chosen: buckets the fit chose; used: those of them that got a row.
+        candidates: step-aligned shapes there were to choose from; limits: the shape limits, as words.
+    """
+    if used >= n_buckets:
+        return ""
+    why = []
+    if candidates < n_buckets:
+        why.append(f"only {candidates} step-aligned {'shape fits' if candidates == 1 else 'shapes fit'} ({limits})")
+    if chosen < min(n_buckets, candidates):
+        aspects = np.unique(np.round(np.exp(x), 3))  # distinct w/h, to the printed precision
+        spread = (f"all {x.size:,} sizes have one aspect ratio, {aspects[0]:.3f} w/h" if aspects.size == 1 else
+                  f"the {x.size:,} sizes have {aspects.size:,} distinct aspect ratios, {aspects[0]:.3f} to "
+                  f"{aspects[-1]:.3f} w/h")
+        why.append(f"more buckets would not lower the mean crop ({spread})")
+    if used < chosen:
+        why.append(f"{chosen - used} of the {chosen} chosen shapes would get no row")
+    return f"{used} {'bucket' if used == 1 else 'buckets'}, not {n_buckets}: " + "; ".join(why) + "."
+
+
+__all__ = ["BIN_WIDTH", "CANDIDATE_SPACING", "FIT_PARAMS", "FitResult", "candidate_shapes", "fewer_reason", "fit_table",
+           "split_sizes"]

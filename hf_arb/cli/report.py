@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from hf_arb.flag_parser import in_flags
+from hf_arb.wording import count, percent
 
 from .buckets import UsageError, add_bucket_arguments, buckets_from_args, positive_int
 
@@ -100,7 +101,7 @@ def fit_from_args(args: argparse.Namespace) -> Any:
                          "--aspect-ratio-buckets \"<the printed string>\" --scheduler PATH")
     w, h, missing = dataset_sizes(args)
     if w.size == 0:
-        raise UsageError(f"--fit {args.fit}: no row has a readable size ({missing} rows without one)")
+        raise UsageError(f"--fit {args.fit}: no row has a readable size ({count(missing, 'row')} without one)")
     resolution, step = args.resolution or 1024, args.step or 64
     try:
         bs = BucketSet.fit((w, h), args.n_buckets, step=step, max_pixels=resolution * resolution,
@@ -115,10 +116,14 @@ def fit_from_args(args: argparse.Namespace) -> Any:
 
     ids, _ = bs.assign(w, h)
     crop, scale = cover_crop(w, h, bs.resolutions[ids, 0], bs.resolutions[ids, 1])
-    print(f"fitted to {w.size:,} sizes from {args.fit}" + (f" ({missing:,} rows skipped or without a size left out)"
-                                                            if missing else "")
-          + f": {len(bs)} buckets, mean crop {100 * crop.mean():.2f}%, worst {100 * crop.max():.1f}%, "
-          f"{100 * (scale > 1).mean():.1f}% of rows upscaled")
+    left_out = f" ({count(missing, 'row')} skipped or without a size left out)" if missing else ""
+    print(f"fitted to {w.size:,} sizes from {args.fit}{left_out}: {count(len(bs), 'bucket')}, mean crop "
+          f"{percent(crop.mean(), 2)}, worst {percent(crop.max())}, {percent((scale > 1).mean())} of rows upscaled")
+    if len(bs) < args.n_buckets:  # say why (the fit again, for its reason: cheap next to reading the sizes)
+        from hf_arb.buckets.fit import fit_table
+
+        print(fit_table(w, h, args.n_buckets, step=step, max_pixels=resolution * resolution, max_crop=args.max_crop,
+                        min_side=args.min_side, max_side=args.max_side).fewer)
     spec = ";".join(f"{bh},{bw}" for bw, bh in bs)
     print(f"use it: --aspect_ratio_buckets \"{spec}\" (training; --bucket_metric log) or hf-arb annotate "
           f"--aspect-ratio-buckets \"{spec}\"")
@@ -157,6 +162,7 @@ def _add_report_arguments(p: argparse.ArgumentParser) -> None:
 
 def _run_report(args: argparse.Namespace) -> int:
     from hf_arb.annotate.report import build_report, render_html
+    from hf_arb.annotate.report_html import decode_problems
 
     ds = load_split(args.dataset, args.split)
     explicit = args.preset is not None or args.aspect_ratio_buckets
@@ -180,8 +186,10 @@ def _run_report(args: argparse.Namespace) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(render_html(rep), encoding="utf-8")
     print(rep.plan if rep.plan is not None else f"no training plan: {rep.plan_error}")
-    print(f"report: {out} ({len(rep.buckets)} buckets, {rep.decoded} thumbnails, mean crop "
-          f"{100 * rep.mean_crop:.2f}%)")
+    print(f"report: {out} ({count(len(rep.buckets), 'bucket')}, {count(rep.decoded, 'thumbnail')}, mean crop "
+          f"{percent(rep.mean_crop, 2)})")
+    if (problems := decode_problems(rep)) is not None:
+        print(problems)
     return 0
 
 

@@ -19,6 +19,7 @@ import numpy as np
 
 from hf_arb.buckets.matching import METRICS
 from hf_arb.buckets.presets import PRESET_INFO, PRESETS
+from hf_arb.wording import count
 
 from .buckets import UsageError, non_negative_float, positive_int
 
@@ -65,9 +66,6 @@ def add_tier_arguments(p: argparse.ArgumentParser) -> None:
 def tiers_from_stats_args(args: argparse.Namespace) -> Any:
     """The :class:`~hf_arb.sampling.tiered.plan.Tiers` the flags describe; None without ``--resolution`` (then the
     other tier flags are refused, naming the flag)."""
-    from hf_arb.buckets.resolve import resolve_buckets
-    from hf_arb.sampling.tiered.plan import Tiers
-
     if args.resolution is None:
         for name in TIER_FLAGS:
             if getattr(args, name) is not None:
@@ -75,6 +73,9 @@ def tiers_from_stats_args(args: argparse.Namespace) -> Any:
                 raise UsageError(f"{flag} describes the tiers, but no --resolution is given: add the tiers (e.g. "
                                  f"--resolution 512,1024) or drop {flag}.")
         return None
+    from hf_arb.buckets.resolve import resolve_buckets
+    from hf_arb.sampling.tiered.plan import Tiers  # imports hf_arb.sampling, hence torch: only for tiers
+
     preset = args.preset or "budget"
     if PRESET_INFO[preset].default_resolution is None:
         raise UsageError(f"--preset {preset} is a fixed table: it cannot be scaled to each tier of --resolution "
@@ -96,18 +97,46 @@ def stored_sizes(part: Any) -> tuple[np.ndarray, np.ndarray]:
                  for c in ("original_width", "original_height"))
 
 
-def format_tier_counts(tiers: Any, counts: list[np.ndarray], no_tier: int, rows: int) -> str:
-    """The printed table: per tier its eligible rows and buckets, then rows per bucket (portrait → landscape)."""
+def format_tier_counts(tiers: Any, counts: list[np.ndarray], no_tier: int, rows: int,
+                       no_tier_examples: tuple[str, ...] = ()) -> str:
+    """The printed table: per tier its eligible rows and buckets, then rows per bucket (portrait → landscape);
+    ``no_tier_examples``: lines naming some of the rows in no tier (:func:`no_tier_examples`)."""
     lines = [f"rows: {rows:,}  in no tier: {no_tier:,} (no bucket, or too small for every tier under max upscale "
-             f"{float(tiers.max_upscale):g}x); a row counts in every tier it can train at"]
+             f"{float(tiers.max_upscale):g}x); a row counts in every tier it can train at",
+             *(f"  {line}" for line in no_tier_examples)]
+    if no_tier > len(no_tier_examples) > 0:
+        lines.append(f"  ... and {no_tier - len(no_tier_examples):,} more")
     for res, bs, c in zip(tiers.resolutions, tiers.bucket_sets, counts):
         share = f" ({c.sum() / rows:.0%})" if rows else ""
-        lines.append(f"tier {res}: {int(c.sum()):,} rows{share} in {int((c > 0).sum())} of {len(bs)} buckets")
+        lines.append(f"tier {res}: {count(int(c.sum()), 'row')}{share} in {int((c > 0).sum())} of "
+                     f"{count(len(bs), 'bucket')}")
         labels = bs.labels()
         for b in bs.portrait_to_landscape().tolist():
             if c[b]:
                 lines.append(f"  {labels[b]:>11}  {int(c[b]):>8,}")
     return "\n".join(lines)
+
+
+#: rows in no tier the tier table names
+NO_TIER_SHOWN = 5
+
+
+def no_tier_examples(part: Any, ids: np.ndarray, image_column: str = "image",
+                     limit: int = NO_TIER_SHOWN) -> tuple[str, ...]:
+    """The first ``limit`` rows of ``part`` that are in no tier (``ids`` ``(T, n)``: ``-1`` in every tier), each as
+    ``row 3 (photos/a.jpg): 40x30, too small for every tier`` (the file where the dataset records one) or
+    ``...: no size``."""
+    from hf_arb.annotate.summary import row_label, row_paths
+
+    rows = np.flatnonzero((ids < 0).all(axis=0))[:limit].tolist()
+    if not rows:
+        return ()
+    w, h = stored_sizes(part)
+    paths = row_paths(part, image_column, rows) if image_column in part.column_names else [None] * len(rows)
+    return tuple(f"{row_label(r, p)}: " + (f"{int(w[r])}x{int(h[r])}, too small for every tier"
+                                             if np.isfinite(w[r]) and np.isfinite(h[r]) and w[r] > 0 and h[r] > 0
+                                             else "no size (skipped at annotation)")
+                 for r, p in zip(rows, paths))
 
 
 def run_tier_stats(args: argparse.Namespace, splits: list[tuple[str, Any]], tiers: Any) -> int:
@@ -123,7 +152,8 @@ def run_tier_stats(args: argparse.Namespace, splits: list[tuple[str, Any]], tier
         ids = tier_bucket_ids(*stored_sizes(part), tiers)  # (T, n) int16
         counts, no_tier = tier_row_counts(ids, tiers.num_buckets)
         print(f"== {split} ==")
-        print(format_tier_counts(tiers, counts, no_tier, ids.shape[1]))
+        examples = no_tier_examples(part, ids, getattr(args, "image_column", None) or "image")
+        print(format_tier_counts(tiers, counts, no_tier, ids.shape[1], examples))
         total = [a + c for a, c in zip(total, counts)]
         rows += ids.shape[1]
     if args.plot:
@@ -140,5 +170,5 @@ def run_tier_stats(args: argparse.Namespace, splits: list[tuple[str, Any]], tier
     return 0
 
 
-__all__ = ["TIER_FLAGS", "add_tier_arguments", "format_tier_counts", "run_tier_stats", "stored_sizes", "tier_sides",
-           "tiers_from_stats_args"]
+__all__ = ["NO_TIER_SHOWN", "TIER_FLAGS", "add_tier_arguments", "format_tier_counts", "no_tier_examples",
+           "run_tier_stats", "stored_sizes", "tier_sides", "tiers_from_stats_args"]

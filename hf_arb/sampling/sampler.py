@@ -32,7 +32,7 @@ from .planning.batch_sizes import resolve_batch_sizes
 from .planning.index import LOW_BITS, build_index, count_blocks, open_index
 from .planning.plan import Leftover, check_nonneg, effective_ids, iter_chunks, make_layout, merge_small_buckets
 from .planning.ragged import RaggedPlan, iter_ragged, materialise
-from .planning.report import PlanReport, build_report, warn_if_dropping, zero_batches_message
+from .planning.report import PlanReport, build_report, warn_if_dropping, warn_if_repeating, zero_batches_message
 from .rank import RankBatchSampler, refuse_rank_idiom
 from .resume.cursor import StepCursor, locate
 from .resume.state import ResumableBatchSampler, as_state_mapping, check_state, sampler_state
@@ -245,6 +245,7 @@ class BucketBatchSampler(ResumableBatchSampler):
         if self._steps0 == 0:
             raise ValueError(zero_batches_message(self))
         warn_if_dropping(self)
+        warn_if_repeating(self)
 
     # ---------------------------------------------------------------- properties
     @property

@@ -170,12 +170,12 @@ def annotated_dataset_buckets(args: argparse.Namespace, ds: Any, own: Any, main:
     return ds, wanted
 
 
-def annotation_note(ds: Any, buckets: Any) -> str:
+def annotation_note(ds: Any, buckets: Any, image_column: str = "image") -> str:
     """The annotation summary without its bucket table (the start-up report prints that, with the plan), its advice
-    in this script's flags."""
+    in this script's flags; rows named with their files from ``image_column`` where it records them."""
     from hf_arb.annotate.map import summarize_annotation
 
-    summary = summarize_annotation(ds, buckets)
+    summary = summarize_annotation(ds, buckets, image_column=image_column)
     lines = [str(summary).split("\nrows per bucket", 1)[0]]
     for o in summary.outliers:
         t = f"{o.threshold:g}"
@@ -226,7 +226,7 @@ def dataset_with_buckets(args: argparse.Namespace, accelerator: Any) -> tuple[An
                                     reference_columns=refs or None,
                                     reference_policy=getattr(args, "reference_policy", "strict"))
             if accelerator is None or accelerator.is_main_process:  # once; startup_report prints the table
-                print(annotation_note(ds, buckets), flush=True)
+                print(annotation_note(ds, buckets, args.image_column), flush=True)
     ids = np.asarray(ds.with_format("numpy")["bucket"])
     if len(ds) == 0 or not (ids >= 0).any():
         reasons = {}
@@ -267,6 +267,9 @@ def check_plan(args: argparse.Namespace, ds: Any, num_processes: int) -> None:
 
 #: the sampler's advice (hf_arb.sampling.report.remedies) in the script's flags
 SAMPLER_FLAG_NAMES = {"BucketBatchSampler drops": "The epoch plan drops",
+                      "BucketBatchSampler repeats": "The epoch plan repeats",
+                      'with leftover="fill". Remedies': "with --bucket_leftover fill. Remedies",
+                      "`leftover=\"drop\"` or `\"catch_all\"`": "--bucket_leftover drop (or catch_all)",
                       "`leftover=\"fill\"` or `\"catch_all\"`": "--bucket_leftover fill (or catch_all)",
                       "`leftover=\"fill\"`": "--bucket_leftover fill",
                       "a smaller `batch_size`": "a smaller --train_batch_size",

@@ -257,14 +257,13 @@ def startup_report(accelerator: Any, ds: Any, buckets: Any, sampler: Any, schedu
         return
     if hasattr(sampler, "step_tiers"):  # several tiers: rows, batches and steps per tier
         report = sampler.report()
-        sizes = {f"tier {r}": dict(zip(b.labels(), s.tolist())) for r, b, s in
-                 zip(buckets.tiers.resolutions, buckets.bucket_sets, sampler.tier_batch_sizes)}
+        sizes = "\n  ".join(buckets.batch_size_lines(sampler.tier_batch_sizes))
         if getattr(args, "family_report", None):
             print(args.family_report, flush=True)
-        print(f"{report}\n***** Running training ({models.family.title}, {len(sizes)} resolution tiers, "
+        print(f"{report}\n***** Running training ({models.family.title}, {len(buckets.bucket_sets)} resolution tiers, "
               f"--resolution_schedule {args.resolution_schedule}) *****\n"
               f"  Num examples = {report.rows_total - report.rows_no_tier}\n  Num Epochs = {schedule.num_train_epochs}"
-              f"\n  Batch size per device and bucket = {sizes}\n"
+              f"\n  {sizes}\n"
               f"  Gradient Accumulation steps = {args.gradient_accumulation_steps}\n"
               f"  Total optimization steps = {schedule.max_train_steps}", flush=True)
         return

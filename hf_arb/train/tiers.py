@@ -152,6 +152,28 @@ class TierTable:
                 "tiers": [{"resolution": r, "buckets": b.to_dict()}
                           for r, b in zip(self.tiers.resolutions, self.bucket_sets)]}
 
+    def batch_size_lines(self, sizes: list[np.ndarray], shown: int = 4) -> list[str]:
+        """The startup report's batch sizes, readable: one line when every bucket of every tier has the same one,
+        else a line per tier grouping its buckets by batch size, largest first (``shown`` bucket labels per group).
+
+        Args:
+            sizes: per-rank batch size of every (tier, bucket), one ``(k_t,)`` int array per tier (the sampler's
+                ``tier_batch_sizes``).
+        """
+        distinct = np.unique(np.concatenate([np.asarray(s).ravel() for s in sizes]))
+        if distinct.size == 1:
+            return [f"Batch size per device = {int(distinct[0])} (every bucket of every tier)"]
+        lines = ["Batch size per device, by tier and bucket:"]
+        for r, b, s in zip(self.tiers.resolutions, self.bucket_sets, sizes):
+            labels, order = b.labels(), b.portrait_to_landscape().tolist()
+            groups = []
+            for size in sorted({int(s[i]) for i in order}, reverse=True):
+                names = [labels[i] for i in order if int(s[i]) == size]
+                more = f" and {len(names) - shown} more" if len(names) > shown else ""
+                groups.append(f"{size} in {', '.join(names[:shown])}{more}")
+            lines.append(f"  tier {r}: " + "; ".join(groups))
+        return lines
+
     def card_lines(self) -> list[str]:
         """The model card's lines on the tiers and the schedule."""
         lines = [f"* resolution tiers: {', '.join(map(str, self.tiers.resolutions))} "

@@ -9,6 +9,8 @@ import warnings
 
 import numpy as np
 
+from hf_arb.wording import count
+
 
 @dataclass(frozen=True)
 class PlanReport:
@@ -67,7 +69,7 @@ class PlanReport:
         batch = (f"batch per bucket {self.batch_size_per_bucket}" if self.batch_size_per_bucket
                  else f"batch {self.batch_size}")
         return (
-            f"epoch {self.epoch}: {self.steps:,} steps/rank × {self.num_replicas} ranks × {batch}; "
+            f"epoch {self.epoch}: {self.steps:,} steps/rank × {count(self.num_replicas, 'rank')} × {batch}; "
             f"rows: {self.rows_total:,} total, {self.rows_used:,} used, {self.rows_dropped:,} dropped "
             f"({100 * self.dropped_fraction:.1f}%), {self.rows_repeated:,} repeated, {self.rows_merged:,} merged, "
             f"{self.rows_catch_all:,} in catch-all batches, {self.rows_unassigned:,} unassigned (bucket -1); "
@@ -105,6 +107,15 @@ def build_report(layout: Any, *, epoch: int, counts: np.ndarray, rows_total: int
     )
 
 
+def repeat_remedies(sampler: Any) -> list[str]:
+    """What a user can change when ``leftover="fill"`` repeats many rows to complete batches."""
+    out = ["a smaller `batch_size`" if sampler.batch_size is not None else "a smaller batch per bucket",
+           "fewer buckets", '`leftover="drop"` or `"catch_all"` (no repeats)']
+    if not sampler.merge_small:
+        out.append("`merge_small=True` (merge small buckets)")
+    return out
+
+
 def remedies(sampler: Any) -> list[str]:
     """What a user can change when the plan drops too much or has no batch."""
     out = ["a smaller `batch_size`" if sampler.batch_size is not None else "a smaller batch per bucket",
@@ -136,5 +147,22 @@ def warn_if_dropping(sampler: Any) -> None:
             f"BucketBatchSampler drops {rep.rows_dropped:,} of {rep.rows_total - rep.rows_unassigned:,} assigned "
             f"rows ({100 * rep.dropped_fraction:.1f}% > 10%) per epoch with global batch "
             f"{sampler.global_batch_size}. Remedies: " + ", ".join(remedies(sampler)) + ".",
+            UserWarning, stacklevel=3,
+        )
+
+
+def warn_if_repeating(sampler: Any) -> None:
+    """A UserWarning when ``leftover="fill"`` repeats more than half as many samples as there are assigned rows per
+    epoch: a batch far larger than the buckets (39 rows in 10 buckets at global batch 64 train 640 samples, 601 of
+    them repeats), where a few rows weigh many times the others. Completing each bucket's last batch with a few
+    copies (under 50 %) is what ``"fill"`` is for, and stays silent."""
+    rep = sampler.report()
+    assigned = rep.rows_total - rep.rows_unassigned
+    if assigned and rep.rows_repeated > 0.5 * assigned:
+        warnings.warn(
+            f"BucketBatchSampler repeats {rep.rows_repeated:,} rows per epoch ({assigned:,} assigned "
+            f"{'row' if assigned == 1 else 'rows'}, {100 * rep.rows_repeated / assigned:.0f}% > 50%) to complete "
+            f'batches of global batch {sampler.global_batch_size} with leftover="fill". Remedies: '
+            + ", ".join(repeat_remedies(sampler)) + ".",
             UserWarning, stacklevel=3,
         )

@@ -7,6 +7,8 @@ from typing import Any
 
 import numpy as np
 
+from hf_arb.wording import count
+
 
 @dataclass(frozen=True)
 class TierReport:
@@ -52,14 +54,16 @@ class TierReport:
         return d
 
     def __str__(self) -> str:
-        lines = [f"epoch {self.epoch} ({self.schedule}): {self.steps:,} steps/rank × {self.num_replicas} ranks; "
+        lines = [f"epoch {self.epoch} ({self.schedule}): {self.steps:,} steps/rank × "
+                 f"{count(self.num_replicas, 'rank')}; "
                  f"rows: {self.rows_total:,} total, {self.rows_no_tier:,} in no tier; per pass "
                  f"{self.rows_dropped:,} dropped, {self.rows_repeated:,} repeated (leftover={self.leftover!r})"]
         for t in self.tiers:
             b = t["buckets"]
-            lines.append(f"  tier {t['tier']} ({t['resolution']}): {t['rows']:,} rows, {t['steps']:,} steps "
+            lines.append(f"  tier {t['tier']} ({t['resolution']}): {count(t['rows'], 'row')}, "
+                         f"{count(t['steps'], 'step')} "
                          f"({t['passes']:.2f} passes), {sum(v['batches'] for v in b.values()):,} batches/pass in "
-                         f"{len(b)} buckets, {sum(v['drops'] for v in b.values()):,} dropped, "
+                         f"{count(len(b), 'bucket')}, {sum(v['drops'] for v in b.values()):,} dropped, "
                          f"{sum(v['repeats'] for v in b.values()):,} repeated")
         return "\n".join(lines)
 
