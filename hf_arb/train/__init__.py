@@ -1,8 +1,19 @@
 """Floor 7, ``train/``: what the training script needs beyond the model family.
 
-- :mod:`~hf_arb.train.latents` (+ ``latent_dataset``) — the content-addressed latent cache and its dataset;
+- :mod:`~hf_arb.train.sources` — the run's data, one source object per mode (map-style, stream, packed, tiered, with
+  references), built once from the flags: the loader, the batch's bucket, checkpoint state, reports, the schedule;
+- :mod:`~hf_arb.train.args` (+ :mod:`~hf_arb.train.arg_checks`) — the command line and its checks, in flags;
+- :mod:`~hf_arb.train.environment` — the launch: resume folder, seed, processes, the Accelerator, logging;
+- :mod:`~hf_arb.train.models` — the models through the family adapter, the optimizer, LoRA setup and hooks;
+- :mod:`~hf_arb.train.schedule` — diffusers' step arithmetic, each micro-batch's generator and loss weight;
+- :mod:`~hf_arb.train.progress` — the run's counters (``hf_arb_state.json``), restoring and saving checkpoints;
 - :mod:`~hf_arb.train.checkpointing` — accelerate checkpoint folders and our small JSON state beside them;
-- :mod:`~hf_arb.train.lora` — LoRA helpers (targets, saved metadata, portable weights).
+- :mod:`~hf_arb.train.caches` — the latent cache's filling and the prompt-embedding memo;
+- :mod:`~hf_arb.train.latents` (+ :mod:`~hf_arb.train.latent_dataset`) — the content-addressed latent cache and its
+  dataset; :mod:`~hf_arb.train.cache_keys` — its entry keys;
+- :mod:`~hf_arb.train.outputs` — validation grids, the saved pipeline or LoRA, the model card, the push;
+- :mod:`~hf_arb.train.lora` — LoRA helpers (targets, saved metadata, portable weights);
+- :mod:`~hf_arb.train.files` — the names of the files a run writes beside accelerate's.
 
 May import every floor below: the ground floor, ``buckets``, ``images``, ``sampling``, ``annotate``, ``families``,
 ``packing``.

@@ -15,7 +15,7 @@ import numpy as np
 from hf_arb.checks import UsageError
 from hf_arb.lazy import LazyModule
 
-from .files import SKIPPED_ROWS_FILE
+from ..files import SKIPPED_ROWS_FILE
 from .tiers import TierTable, TieredImages, tier_table
 
 torch: Any = LazyModule("torch")  # loaded when a function needs it: --help and flag errors answer before torch
@@ -190,7 +190,7 @@ def dataset_with_buckets(args: argparse.Namespace, accelerator: Any) -> tuple[An
 
     Returns ``(ds, buckets)``; ``ds`` keeps every row (``bucket == -1`` marks skipped ones, the sampler ignores
     them) so row indices stay those of the dataset. With several ``--resolution`` tiers ``buckets`` is the run's
-    :class:`~hf_arb.train.tiers.TierTable` (its first tier: the table ``ds`` is annotated with).
+    :class:`~hf_arb.train.sources.tiers.TierTable` (its first tier: the table ``ds`` is annotated with).
     """
     from hf_arb import BucketSet, add_bucket_columns
     from hf_arb.buckets.references import reference_info

@@ -15,10 +15,10 @@ from hf_arb.checks import UsageError
 from hf_arb.lazy import LazyModule
 from hf_arb.families import Models
 
-from .caches import build_latent_cache
-from .data import SAMPLER_FLAG_NAMES, image_dataset
-from .files import SKIPPED_ROWS_FILE
-from .schedule import Schedule
+from ..caches import build_latent_cache
+from .dataset import SAMPLER_FLAG_NAMES, image_dataset
+from ..files import SKIPPED_ROWS_FILE
+from ..schedule import Schedule
 from .tiers import TierTable, TieredImages, make_tier_pack_sampler, make_tier_sampler
 
 torch: Any = LazyModule("torch")  # loaded when a function needs it: --help and flag errors answer before torch
@@ -124,7 +124,7 @@ def build_dataloader(args: argparse.Namespace, accelerator: Any, ds: Any, bucket
         from hf_arb.train.latent_dataset import CachedLatentDataset
 
         cache, index, repair = build_latent_cache(args, accelerator, ds, buckets, models, sampler, schedule,
-                                                  weight_dtype)
+                                                  weight_dtype, references=getattr(args, "reference_image_column", None))
         captions = ds.select_columns([args.caption_column])[args.caption_column]
         # re-encoding in a loader worker needs the VAE there: fine on CPU, not for a CUDA VAE in a forked worker
         in_process = args.dataloader_num_workers == 0 or accelerator.device.type == "cpu"
