@@ -74,7 +74,7 @@ def build_latent_cache(args: argparse.Namespace, accelerator: Any, ds: Any, buck
         variants = 1  # every epoch fits an image the same way
     else:
         variants = args.latent_cache_variants or min(schedule.num_train_epochs, 8)
-    images = image_dataset(args, ds, buckets)
+    images = image_dataset(args, ds, buckets, refs)
     if tiered:  # the BucketedImageDataset over every tier's sizes, keyed (row, combined id, epoch)
         images = images.images
     target_of = (lambda b: int(table[b, 0])) if refs else (lambda b: b)

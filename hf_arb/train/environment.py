@@ -258,10 +258,9 @@ def updated(args: argparse.Namespace, **changes: Any) -> argparse.Namespace:
 
 
 def start_accelerator(args: argparse.Namespace) -> Any:
-    """The run's Accelerator, checked against the launcher's process count, with the datasets log set up."""
+    """The run's Accelerator, checked against the launcher's process count."""
     accelerator = make_accelerator(args)
     check_process_count(accelerator)
-    setup_logging(accelerator, ("datasets",))
     return accelerator
 
 

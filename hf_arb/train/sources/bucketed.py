@@ -19,6 +19,7 @@ class BucketedSource(Source):
     per step on every rank (:class:`~hf_arb.BucketBatchSampler`); checkpointed by accelerate with the loader."""
 
     ds: Any = None
+    references: tuple[str, ...] | list[str] = ()  # an edit model's reference columns (ReferenceSource)
 
     def load(self, accelerator: Any) -> None:
         self.ds, self.buckets = dataset_with_buckets(self.args, accelerator)
@@ -26,13 +27,13 @@ class BucketedSource(Source):
         check_upscale(self.args, self.ds, self.buckets)
 
     def start(self, accelerator: Any) -> None:
-        self.sampler = make_sampler(self.args, self.ds, self.buckets, accelerator)
+        self.sampler = make_sampler(self.args, self.ds, self.buckets, accelerator, references=self.references)
 
     def loader(self, accelerator: Any, models: Any, schedule: Schedule, weight_dtype: Any) -> Any:
         from hf_arb.sampling.accelerate import fill_deepspeed_micro_batch
 
         dataloader, self.cache_index = build_dataloader(self.args, accelerator, self.ds, self.buckets, models,
-                                                        self.sampler, schedule, weight_dtype)
+                                                        self.sampler, schedule, weight_dtype, references=self.references)
         fill_deepspeed_micro_batch(accelerator, self.sampler)  # DeepSpeed cannot read a batch sampler's batch size
         return dataloader
 
@@ -46,8 +47,11 @@ class BucketedSource(Source):
 class ReferenceSource(BucketedSource):
     """``--reference_image_column``: an edit model's target and reference images, each fitted to its own bucket;
     a batch stacks rows of one composite (target, reference buckets) key, and ``buckets`` carry the target's
-    (the sampler, the image dataset and the latent cache read the composite key: :mod:`~hf_arb.train.sources.loaders`).
-    """
+    (the sampler, the image dataset and the latent cache read the composite key of these columns)."""
+
+    def __init__(self, args: Any, accelerator: Any) -> None:
+        self.references = list(args.reference_image_column)
+        super().__init__(args, accelerator)
 
 
 class TieredSource(BucketedSource):
