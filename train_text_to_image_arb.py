@@ -64,6 +64,7 @@ import logging
 import os
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -71,19 +72,17 @@ from hf_arb.checks import UsageError
 from hf_arb.lazy import LazyModule
 from hf_arb.train.args import cli_parse, parse_args
 from hf_arb.train.caches import TextEncoder
-from hf_arb.train.data import check_plan, check_upscale, dataset_with_buckets
 from hf_arb.train.environment import (
     agree_on_seed,
     check_environment,
-    check_process_count,
     check_resume_flags,
-    make_accelerator,
+    one_process,
     resolve_resume_dir,
     setup_logging,
+    start_accelerator,
     updated,
 )
 from hf_arb.train.files import STATS_FILE
-from hf_arb.train.loaders import build_dataloader, make_sampler, packed_model
 from hf_arb.train.models import (
     Models,
     batch_loss,
@@ -96,19 +95,12 @@ from hf_arb.train.models import (
     setup_lora,
     weight_dtype_of,
 )
-from hf_arb.train.outputs import (
-    batch_captions,
-    log_validation,
-    report_bad_images,
-    save_final,
-    save_final_lora,
-    startup_report,
-)
+from hf_arb.train.outputs import batch_captions, log_validation, report_bad_images, save_final, save_final_lora
+from hf_arb.train.schedule import Schedule, micro_step_generator
 from hf_arb.train.signals import StopOnSignal, TrainingStopped, finish_stopped
-from hf_arb.train.schedule import Schedule, compute_schedule, image_loss_weights, micro_step_generator, pack_schedule
 from hf_arb.train.progress import Progress, check_resumed_step, restore, save_checkpoint
-from hf_arb.train.streaming import (build_stream_dataloader, epoch_start, restore_stream, stream_print,
-                                     stream_startup_report, streaming_dataset)
+from hf_arb.train.sources import build_source
+from hf_arb.train.sources.base import Source
 
 torch: Any = LazyModule("torch")  # --help and argument errors answer before torch is loaded
 logger = logging.getLogger("train_text_to_image_arb")
@@ -127,51 +119,27 @@ def main(argv: list[str] | argparse.Namespace | None = None) -> dict[str, Any]:
         check_environment(args)
     resume_dir = resolve_resume_dir(args)
     check_resume_flags(args, resume_dir)  # before the data and the models
-    single = int(os.environ.get("WORLD_SIZE", "1")) <= 1
-    if single:  # the data and the plan are checked before torch, accelerate or any model is loaded
-        setup_logging(None, ("datasets",))
-        args = updated(args, seed=agree_on_seed(args, None, resume_dir))
-        if not args.streaming:
-            ds, buckets = dataset_with_buckets(args, None)
-            check_plan(args, ds, 1)
-            check_upscale(args, ds, buckets)
+    accelerator = None if one_process() else start_accelerator(args)  # several: the main process reads data first
+    setup_logging(accelerator, ("datasets",))
+    args = updated(args, seed=agree_on_seed(args, accelerator, resume_dir))
+    # the data source of the run's mode (map-style, stream, packed, tiered, with references), its data loaded and
+    # its plan checked: in one process before torch, accelerate or any model is loaded
+    source = build_source(args, accelerator)
+    accelerator = accelerator or start_accelerator(args)
     from accelerate.utils import set_seed
     from tqdm.auto import tqdm
 
-    accelerator = make_accelerator(args)
-    check_process_count(accelerator)
-    setup_logging(accelerator, ("datasets",))
-    if not single:
-        args = updated(args, seed=agree_on_seed(args, accelerator, resume_dir))
     set_seed(args.seed)
     if accelerator.is_main_process:
         os.makedirs(args.output_dir, exist_ok=True)
-
-    stream = None
-    if args.streaming:  # a BucketedStream stands in for the sampler: steps per epoch, and where a resume is
-        ds, buckets, counts = streaming_dataset(args)
-        dataloader, stream = build_stream_dataloader(args, accelerator, ds, counts)
-        sampler = stream
-    else:
-        if not single:
-            ds, buckets = dataset_with_buckets(args, accelerator)
-        check_plan(args, ds, accelerator.num_processes)  # the plan is checked before any model is loaded
-        if not single:
-            check_upscale(args, ds, buckets)
-        sampler = make_sampler(args, ds, buckets, accelerator)
-    schedule = compute_schedule(sampler.steps_per_epoch, gradient_accumulation_steps=args.gradient_accumulation_steps,
-                                num_train_epochs=args.num_train_epochs, max_train_steps=args.max_train_steps,
-                                lr_warmup_steps=args.lr_warmup_steps, num_processes=accelerator.num_processes)
-    if args.packing or len(args.resolutions) > 1:  # epochs of their own length (packs; tiers' random draw)
-        schedule = pack_schedule(args, sampler, accelerator.num_processes)
+    source.start(accelerator)  # the global plan (or this rank's stream): steps per epoch, where a resume is
+    schedule = source.schedule(accelerator.num_processes)
     from diffusers.optimization import get_scheduler
 
     setup_logging(accelerator, ("transformers", "diffusers"))
     models = load_models(args)  # the family adapter loads them: the script never asks which family it is
     family = models.family
-    if not args.packing:  # bucket sizes the denoiser can take; the family's report (flow: each bucket's shift)
-        family.check_buckets(models, buckets)
-        args = updated(args, family_report=family.startup_lines(models, buckets))
+    args = updated(args, family_report=source.check_model(models))  # bucket sizes the denoiser takes; flow: shifts
     encode_calls = count_calls(models.vae, "encode")
     weight_dtype = weight_dtype_of(accelerator)
     if args.lora:
@@ -187,28 +155,20 @@ def main(argv: list[str] | argparse.Namespace | None = None) -> dict[str, Any]:
                        * args.train_batch_size * accelerator.num_processes)
     optimizer = make_optimizer(args, trainable)
 
-    if stream is None:
-        dataloader, index = build_dataloader(args, accelerator, ds, buckets, models, sampler, schedule, weight_dtype)
-    else:
-        index = None
+    dataloader = source.loader(accelerator, models, schedule, weight_dtype)  # --cache_latents: filled first
     lr_scheduler = get_scheduler(args.lr_scheduler, optimizer=optimizer,
                                  num_warmup_steps=schedule.scheduler_warmup_steps,
                                  num_training_steps=schedule.scheduler_training_steps,
                                  num_cycles=args.lr_num_cycles, power=args.lr_power)
     # as diffusers' scripts: one plain prepare call; the sampler's global plan is dealt to the ranks by accelerate
-    from hf_arb.sampling.accelerate import fill_deepspeed_micro_batch
-
-    if stream is None:
-        fill_deepspeed_micro_batch(accelerator, sampler)  # DeepSpeed cannot read a batch sampler's batch size
     if args.lora and args.train_text_encoder:
         unet, *encoders, optimizer, dataloader, lr_scheduler = accelerator.prepare(
-            packed_model(args, models), *family.lora_text_encoders(models), optimizer, dataloader, lr_scheduler)
+            source.model(models), *family.lora_text_encoders(models), optimizer, dataloader, lr_scheduler)
         models.trained_text_encoders = encoders
     else:
-        unet, optimizer, dataloader, lr_scheduler = accelerator.prepare(packed_model(args, models), optimizer,
+        unet, optimizer, dataloader, lr_scheduler = accelerator.prepare(source.model(models), optimizer,
                                                                         dataloader, lr_scheduler)
-    if stream is None:  # (the stream's state is per rank: save_checkpoint writes it beside accelerate's)
-        accelerator.register_for_checkpointing(sampler)  # its plan check refuses a checkpoint of another dataset/seed
+    source.register(accelerator)  # what accelerate checkpoints with the loader (a stream saves its own, per rank)
     if models.ema_unet is not None:
         models.ema_unet.to("cpu" if args.offload_ema else accelerator.device)
     for te in models.text_encoders[len(models.trained_text_encoders or []):]:  # the frozen ones
@@ -217,59 +177,67 @@ def main(argv: list[str] | argparse.Namespace | None = None) -> dict[str, Any]:
     if accelerator.is_main_process and accelerator.trackers == [] and args.report_to not in (None, "none", ""):
         config = {k: v for k, v in vars(args).items() if isinstance(v, (int, float, str, bool))}
         accelerator.init_trackers(args.tracker_project_name, config)
-    if stream is None:
-        startup_report(accelerator, ds, buckets, sampler, schedule, args, models)
-    else:
-        stream_startup_report(accelerator, buckets, counts, stream, schedule, args)
+    source.report(accelerator, schedule, models)
 
     progress = restore(accelerator, resume_dir, args.seed)
-    if stream is not None and resume_dir is not None:
-        restore_stream(accelerator, stream, resume_dir, progress)
-    check_resumed_step(args, accelerator, progress, sampler, optimizer, resume_dir)
+    source.restore(accelerator, resume_dir, progress)
+    check_resumed_step(args, accelerator, progress, source, optimizer, resume_dir)
     if resume_dir is not None and progress.global_step >= schedule.max_train_steps:
         logger.warning("%s is at step %d, at or past --max_train_steps %d: nothing is left to train, so its weights "
                        "are saved as the final output (diffusers' scripts would train one more step).", resume_dir.name,
                        progress.global_step, schedule.max_train_steps)
     family.prepare_denoiser(args, models, accelerator.unwrap_model(unet))  # e.g. SD's resolution conditioning
+    run = Run(args, accelerator, models, unet, optimizer, lr_scheduler, dataloader, source, schedule, progress,
+              weight_dtype)
     stopper = StopOnSignal(args.checkpoint_on_signal)
     try:
         with stopper:  # Ctrl-C / SIGTERM: every rank stops after the same update (hf_arb.train.signals)
-            stats = train_loop(args, accelerator, models, unet, optimizer, lr_scheduler, dataloader, sampler, buckets,
-                               schedule, progress, weight_dtype, tqdm, stopper)
+            stats = train_loop(run, tqdm, stopper)
     except TrainingStopped as stopped:  # one line: the last checkpoint and the command that resumes from it
         finish_stopped(args, accelerator, stopped, argv if isinstance(argv, list) else None)
         accelerator.end_training()
         return {"global_step": progress.global_step, "stopped_by_signal": stopped.stop.signum}
-    stats.update(vae_encode_calls=encode_calls[0], latents_encoded=index.encoded if index else None,
-                 latents_reused=index.reused if index else None,
-                 latents_repaired=index.repaired if index else None,
+    stats.update(vae_encode_calls=encode_calls[0], **source.stats(progress.micro_step),
                  bad_images=report_bad_images(args, accelerator), num_processes=accelerator.num_processes,
                  family=family.name, seed=args.seed, schedule=schedule.__dict__, lora=args.lora,
                  trainable_parameters=sum(p.numel() for g in trainable for p in (g["params"] if isinstance(g, dict)
                                                                                  else [g])),
                  mixed_precision=str(accelerator.mixed_precision))  # the real one (flag or accelerate config)
-    if stream is not None:
-        stats["stream_report"] = stream.report().to_dict()
-    if args.packing:
-        last_epoch = sampler.locate(max(progress.micro_step - 1, 0))[0]  # the epoch of the last trained pack
-        stats["pack_reports"] = {e: sampler.report(e).to_dict() for e in range(last_epoch + 1)}
     finish = save_final_lora if args.lora else save_final
-    finish(args, accelerator, models, unet, buckets, progress, stats.setdefault("validation_images", []), stats)
+    finish(args, accelerator, models, unet, source.buckets, progress, stats.setdefault("validation_images", []),
+           stats)
     if accelerator.is_main_process:
         (Path(args.output_dir) / STATS_FILE).write_text(json.dumps(stats, indent=1, default=str))
     accelerator.end_training()
     return stats
 
 
-def train_loop(args: argparse.Namespace, accelerator: Any, models: Models, unet: Any, optimizer: Any,
-               lr_scheduler: Any, dataloader: Any, sampler: Any, buckets: Any, schedule: Schedule,
-               progress: Progress, weight_dtype: torch.dtype, tqdm: Any,
-               stopper: StopOnSignal | None = None) -> dict[str, Any]:
+@dataclass
+class Run:
+    """What the training loop works with, prepared by :func:`main`."""
+
+    args: argparse.Namespace
+    accelerator: Any
+    models: Models
+    unet: Any  # the prepared denoiser (through accelerate's wrappers)
+    optimizer: Any
+    lr_scheduler: Any
+    dataloader: Any  # prepared
+    source: Source  # the run's data: its batches' buckets, checkpoint state, epochs and resume
+    schedule: Schedule
+    progress: Progress
+    weight_dtype: Any
+
+
+def train_loop(run: Run, tqdm: Any, stopper: StopOnSignal | None = None) -> dict[str, Any]:
     """Epochs of bucketed batches; checkpoints mid-epoch resume with the same batches, crops and noise."""
+    args, accelerator, models, unet, source = run.args, run.accelerator, run.models, run.unet, run.source
+    optimizer, lr_scheduler, schedule, progress, weight_dtype = (run.optimizer, run.lr_scheduler, run.schedule,
+                                                                 run.progress, run.weight_dtype)
     text = TextEncoder(models, accelerator.device, weight_dtype, cache=args.cache_text_embeddings)
     trained = [unet, *(models.trained_text_encoders or [])]
     params = [p for m in trained for p in m.parameters() if p.requires_grad]
-    labels = {**dict(enumerate(buckets.labels())), -1: "pack"}  # --packing: a pack is not one bucket
+    labels = {**dict(enumerate(source.buckets.labels())), -1: "pack"}  # --packing: a pack is not one bucket
     trace = None
     if args.log_batches:
         trace_path = Path(args.output_dir) / "batches" / f"rank{accelerator.process_index}.jsonl"
@@ -281,33 +249,23 @@ def train_loop(args: argparse.Namespace, accelerator: Any, models: Models, unet:
     losses: list[float] = []
     train_loss, bucket_losses = 0.0, {}
     images_seen, t_start = 0, time.perf_counter()
-    from hf_arb import resume_dataloader
-
-    stream = sampler if getattr(sampler, "locate", None) is None else None  # --streaming: a BucketedStream
-    loss_weight = image_loss_weights(args, sampler)
-    if stream is None:
-        first_loader, first_epoch = resume_dataloader(accelerator, dataloader, progress.micro_step)
-    else:  # the stream resumes itself (load_state_dict); set_epoch keeps its position within the same epoch
-        first_epoch = stream.epoch + (stream.step >= stream.steps_per_epoch)
-        dataloader.set_epoch(first_epoch)
-        first_loader = dataloader
+    loss_weight = source.loss_weights()
+    first_loader, first_epoch = source.resume(accelerator, run.dataloader, progress.micro_step)
     for epoch in range(first_epoch, schedule.num_train_epochs):  # a resumed run continues mid-epoch
         if progress.global_step >= schedule.max_train_steps:
             break
         if epoch == first_epoch:
             loader = first_loader
         else:
-            dataloader.set_epoch(epoch)
-            loader = dataloader
-        stream_print(accelerator, stream, f"epoch {epoch} start")
-        if args.packing and accelerator.is_main_process:  # each epoch packs differently: its padding and leftovers
-            print(f"epoch {epoch} {sampler.report(epoch).text()}", flush=True)
+            run.dataloader.set_epoch(epoch)
+            loader = run.dataloader
+        source.epoch_begins(accelerator, epoch)
         for batch in loader:
             micro = progress.micro_step  # this batch's index since the start of training (per rank)
             progress.micro_step += 1
             gen = micro_step_generator(args.seed, micro, accelerator.process_index, accelerator.device)
             batch = batch_captions(batch)
-            bucket = -1 if args.packing else int(batch["buckets"][0])
+            bucket = source.batch_bucket(batch)
             with accelerator.accumulate(*trained):
                 loss = batch_loss(args, models, unet, batch, text, gen, weight_dtype)
                 weight = loss_weight(micro)  # 1 but with a pixel budget
@@ -358,19 +316,17 @@ def train_loop(args: argparse.Namespace, accelerator: Any, models: Models, unet:
             train_loss, bucket_losses = 0.0, {}
             halt = stopper.agree(accelerator) if stopper else None  # every rank, every update: a signal any rank got
             if progress.global_step % args.checkpointing_steps == 0 or (halt and halt.checkpoint):
-                in_epoch = progress.micro_step - epoch_start(sampler, epoch)  # micro-batches trained this epoch
-                save_checkpoint(args, accelerator, progress,
-                                None if stream is None else stream.state_dict(step=in_epoch))
+                save_checkpoint(args, accelerator, progress, source.rank_files(accelerator, progress.micro_step, epoch))
             if halt:
                 raise TrainingStopped(halt, progress.global_step)
             if progress.global_step >= schedule.max_train_steps:
                 break
-        stream_print(accelerator, stream, f"epoch {epoch} end")
+        source.epoch_ends(accelerator, epoch)
         if args.validation_prompts and (epoch + 1) % args.validation_epochs == 0:
             if models.ema_unet is not None:
                 models.ema_unet.store(unet.parameters())
                 models.ema_unet.copy_to(unet.parameters())
-            path = log_validation(args, accelerator, models, unwrap(accelerator, unet), buckets,
+            path = log_validation(args, accelerator, models, unwrap(accelerator, unet), source.buckets,
                                   progress.global_step, weight_dtype)
             if path:
                 validation_images.append(str(path))

@@ -97,10 +97,16 @@ MODULES: dict[str, str] = {
     "hf_arb.train.args": "training.md",
     "hf_arb.train.arg_checks": "training.md",
     "hf_arb.train.environment": "training.md",
-    "hf_arb.train.data": "training.md",
-    "hf_arb.train.loaders": "training.md",
+    "hf_arb.train.sources": "code_map.md#the-data-sources",
+    "hf_arb.train.sources.base": "code_map.md#the-data-sources",
+    "hf_arb.train.sources.bucketed": "code_map.md#the-data-sources",
+    "hf_arb.train.sources.packed": "packing.md",
+    "hf_arb.train.sources.streamed": "sampler.md#streaming",
+    "hf_arb.train.sources.reports": "training.md",
+    "hf_arb.train.sources.dataset": "training.md",
+    "hf_arb.train.sources.loaders": "training.md",
     "hf_arb.train.schedule": "training.md",
-    "hf_arb.train.streaming": "training.md",
+    "hf_arb.train.sources.stream": "training.md",
     "hf_arb.train.caches": "training.md",
     "hf_arb.train.cache_keys": "training.md",
     "hf_arb.train.models": "training.md",
@@ -109,7 +115,7 @@ MODULES: dict[str, str] = {
     "hf_arb.train.signals": "training.md#stopping-ctrl-c-and-sigterm",
     "hf_arb.train.outputs": "training.md",
     "hf_arb.train.files": "training.md",
-    "hf_arb.train.tiers": "tiers.md",
+    "hf_arb.train.sources.tiers": "tiers.md",
     "hf_arb.images.bad_images": "training.md",
     "hf_arb.families.conditioning": "training.md",
     "hf_arb.families.shift": "flow.md",
@@ -203,8 +209,9 @@ def api_md() -> str:
            "Top-level names (`from hf_arb import ...`): " + ", ".join(f"`{n}`" for n in hf_arb.__all__ if n != "__version__") + ".", ""]
     from hf_arb.moved import MOVED
 
-    out += ["## Moved paths", "", "Release 0.2 moved the modules into stage folders ([the code map](code_map.md)), and split "
-            "`hf_arb.sampling` into concept subfolders (`planning/`, `tiered/`, `streaming/`, `resume/`). "
+    out += ["## Moved paths", "", "Release 0.2 moved the modules into stage folders ([the code map](code_map.md)), split "
+            "`hf_arb.sampling` into concept subfolders (`planning/`, `tiered/`, `streaming/`, `resume/`) and moved the "
+            "training data modules into the data sources, `hf_arb.train.sources`. "
             "Each old path below still imports — the same module object, with a `DeprecationWarning` naming the new "
             "path — for release 0.2 only (:mod:`hf_arb.moved`). **Deprecated**: import the new path.", "",
             "| old path (deprecated) | new path |", "|---|---|"]

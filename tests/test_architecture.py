@@ -16,7 +16,7 @@ MAX_MODULES = 15
 #: folders allowed more: families/ holds one module per model family by design
 MODULE_CAP_EXEMPT = {"families": "one module per model family"}
 #: folders over the cap while another change splits them (drop the entry when it lands)
-MODULE_CAP_PENDING = {"train": "issue 33 item 1 moves the modes into data-source classes (train/sources/)"}
+MODULE_CAP_PENDING: dict[str, str] = {}  # folders over the cap while a split is under way (none now)
 #: the floors, lowest first: a module may import its own floor and the ones below, never one above
 FLOORS = ("ground", "buckets", "images", "sampling", "annotate", "families", "packing", "train", "cli", "testing")
 #: imports that run inside a function and point "up", each with its reason
@@ -328,3 +328,56 @@ def test_the_xdist_group_override_is_isolated_and_still_applies() -> None:
                    and p.name not in ("_xdist_groups.py", "test_architecture.py"))
     assert not users, users
     _xdist_groups.check()
+
+
+#: tests of the run's mode (issue #33): outside the data sources (train/sources/, whose factory picks the mode)
+#: and argument validation, the script and train/ ask the source instead
+MODE_FLAG_TESTS = re.compile(r"args\.packing|args\.streaming|args\.resolution_schedule|reference_image_column"
+                             r"|stream is None|getattr\(\w+, \"(?:packing|streaming|resolutions|locate)\""
+                             r"|len\(args\.resolutions\)")
+#: where the mode flags may be read: the sources (their factory and constructors) and the argument parser/checks
+MODE_FLAG_OWNERS = ("hf_arb/train/sources/", "hf_arb/train/args.py", "hf_arb/train/arg_checks.py")
+
+
+def _mode_flag_tests(paths: list[Path]) -> list[str]:
+    hits = []
+    for p in paths:
+        name = p.relative_to(PKG.parent).as_posix() if p.is_relative_to(PKG.parent) else p.name
+        if not name.startswith(MODE_FLAG_OWNERS):
+            hits += [f"{name}:{i}: {line.strip()}" for i, line in enumerate(p.read_text().splitlines(), 1)
+                     if MODE_FLAG_TESTS.search(line)]
+    return hits
+
+
+def test_only_the_data_sources_test_the_mode_flags() -> None:
+    """The script and train/ never test --packing, --streaming, the tier schedule or reference columns (nor whether
+    a stream is running): they ask the run's data source (hf_arb.train.sources), built once from the flags."""
+    script = PKG.parent / "train_text_to_image_arb.py"
+    hits = _mode_flag_tests([script, *sorted((PKG / "train").rglob("*.py"))])
+    assert not hits, "mode flags tested outside hf_arb/train/sources/ and the argument checks:\n" + "\n".join(hits)
+    owners = [p for p in (PKG / "train" / "sources").glob("*.py") if MODE_FLAG_TESTS.search(p.read_text())]
+    assert owners, "the pattern no longer matches the sources' own flag reads"
+
+
+def test_mode_flag_check_finds_one(tmp_path: Path) -> None:
+    probe = tmp_path / "probe.py"
+    probe.write_text("if args.packing:\n    pass\nlocate = getattr(sampler, \"locate\", None)\nif stream is None: pass\n")
+    assert len(_mode_flag_tests([probe])) == 3
+
+
+def test_train_holds_at_most_fifteen_modules_and_its_docstrings_name_them() -> None:
+    """train/ stays readable: at most 15 modules directly (the data sources are a subpackage), and the __init__
+    docstrings of train/ and train/sources/ name every module of their folder."""
+    for folder, most in ((PKG / "train", 15), (PKG / "train" / "sources", 15)):
+        modules = sorted(p.stem for p in folder.glob("*.py") if p.stem != "__init__")
+        assert len(modules) + 1 <= most, (folder.name, modules)
+        doc = ast.get_docstring(ast.parse((folder / "__init__.py").read_text())) or ""
+        unnamed = [m for m in modules if f".{m}`" not in doc]
+        assert not unnamed, f"{folder.name}/__init__.py's docstring does not name {unnamed}"
+
+
+def test_train_loop_takes_at_most_five_parameters() -> None:
+    """The loop gets one prepared run (and few other things), not a dozen loose parameters."""
+    tree = ast.parse((PKG.parent / "train_text_to_image_arb.py").read_text())
+    loop = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "train_loop")
+    assert len(loop.args.args) + len(loop.args.kwonlyargs) <= 5, ast.unparse(loop.args)

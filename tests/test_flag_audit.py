@@ -17,6 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import train_text_to_image_arb as script  # noqa: E402
+from hf_arb.train.environment import make_accelerator  # noqa: E402
 from hf_arb.train import arg_checks  # noqa: E402
 from hf_arb.train import args as train_args  # noqa: E402
 
@@ -173,7 +174,7 @@ def test_multi_process_flags_warn_in_a_single_process(caplog, tmp_path, monkeypa
 
     try:
         with caplog.at_level(logging.WARNING, logger=script.logger.name):
-            accelerator = script.make_accelerator(args)
+            accelerator = make_accelerator(args)
         assert accelerator.num_processes == 1
     finally:
         reset_accelerate()  # accelerate's process-wide state, for the next test in this process

@@ -31,6 +31,8 @@ sys.path.insert(0, str(ROOT))
 from _train_fixtures import GROUP, SD_BASE, SDXL_OWN_BUCKETS, batch_result  # noqa: E402
 
 import train_text_to_image_arb as script  # noqa: E402
+from hf_arb.train.environment import make_accelerator  # noqa: E402
+from hf_arb.train.schedule import compute_schedule  # noqa: E402
 from hf_arb.families import get_family  # noqa: E402
 from hf_arb.train import files as train_files  # noqa: E402
 from hf_arb.train import outputs as train_outputs  # noqa: E402
@@ -182,8 +184,8 @@ def _diffusers_steps(len_dl: int, accum: int, epochs: int, max_steps: int | None
 @pytest.mark.parametrize("len_dl, accum, epochs, max_steps, procs",
                          [(10, 1, 3, None, 1), (10, 3, 5, None, 2), (7, 4, 100, 5, 8), (1, 1, 1, 50, 2)])
 def test_schedule_matches_diffusers(len_dl, accum, epochs, max_steps, procs):
-    s = script.compute_schedule(len_dl, gradient_accumulation_steps=accum, num_train_epochs=epochs,
-                                max_train_steps=max_steps, lr_warmup_steps=17, num_processes=procs)
+    s = compute_schedule(len_dl, gradient_accumulation_steps=accum, num_train_epochs=epochs,
+                         max_train_steps=max_steps, lr_warmup_steps=17, num_processes=procs)
     assert (s.max_train_steps, s.num_train_epochs) == _diffusers_steps(len_dl, accum, epochs, max_steps)
     # get_scheduler sees warmup and total steps x num_processes, as upstream (the prepared scheduler steps once
     # per process at each optimisation step).
@@ -192,8 +194,8 @@ def test_schedule_matches_diffusers(len_dl, accum, epochs, max_steps, procs):
 
 def test_schedule_error_when_no_batch():
     with pytest.raises(ValueError, match="no full batch"):
-        script.compute_schedule(0, gradient_accumulation_steps=1, num_train_epochs=1, max_train_steps=None,
-                                lr_warmup_steps=0, num_processes=1)
+        compute_schedule(0, gradient_accumulation_steps=1, num_train_epochs=1, max_train_steps=None,
+                         lr_warmup_steps=0, num_processes=1)
 
 
 def test_micro_step_generator_is_pure_and_distinct():
@@ -519,7 +521,7 @@ def test_ddp_comm_hook_reaches_accelerate(hook, tmp_path):
     args = script.parse_args(["--pretrained_model_name_or_path", "x", "--train_data_dir", "d", "--report_to", "none",
                               "--output_dir", str(tmp_path), "--ddp_comm_hook", hook, "--power_sgd_rank", "2",
                               "--full_finetune"])
-    handler = script.make_accelerator(args).ddp_handler
+    handler = make_accelerator(args).ddp_handler
     assert handler.comm_hook.value == hook
     assert handler.comm_state_option == ({"matrix_approximation_rank": 2} if hook == "power_sgd" else {})
 

@@ -21,10 +21,11 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import train_text_to_image_arb as script
-from hf_arb.train import args as train_args
-from hf_arb.train import data as train_data
-from hf_arb.train import files as train_files
+import train_text_to_image_arb as script  # noqa: I001 (after the sys.path line)
+from hf_arb.train import args as train_args  # noqa: E402
+from hf_arb.train.sources import dataset as train_data  # noqa: E402
+from hf_arb.train import files as train_files  # noqa: E402
+from hf_arb.train.sources.loaders import make_sampler  # noqa: E402
 from test_train import COMMON, run_script
 from test_train import assets as _assets  # the shared tiny models and photos (a session fixture)
 
@@ -148,7 +149,7 @@ def test_dataset_annotation_uses_bucket_metric(metric, sd_folder, five_images, c
                               "--full_finetune", "--aspect_ratio_buckets", "64,64;32,80", "--bucket_metric", metric])
     not_main = SimpleNamespace(is_main_process=False, main_process_first=contextlib.nullcontext)
     with caplog.at_level(logging.INFO, logger=script.logger.name):
-        ds, buckets = script.dataset_with_buckets(args, not_main)
+        ds, buckets = train_data.dataset_with_buckets(args, not_main)
     assert buckets.metric == metric and not [r for r in caplog.records if "--bucket_preset" in r.getMessage()]
     sizes = list(zip(ds["original_width"], ds["original_height"]))
     bucket_of = dict(zip(sizes, ds["bucket"]))
@@ -161,7 +162,7 @@ def test_dataset_annotation_logs_the_fixed_table_note_on_the_main_process(sd_fol
     args = script.parse_args(["--pretrained_model_name_or_path", sd_folder, "--train_data_dir", five_images,
                               "--full_finetune", "--bucket_preset", "hunyuan_dit", "--resolution", "1024"])
     with caplog.at_level(logging.INFO, logger=script.logger.name):
-        script.dataset_with_buckets(args, None)
+        train_data.dataset_with_buckets(args, None)
     notes = [r for r in caplog.records if "ignores resolution=1024" in r.getMessage()]
     assert len(notes) == 1 and notes[0].levelno == logging.WARNING
 
@@ -207,7 +208,7 @@ def annotated_args(sd_folder, folder, *extra):
 def test_explicit_bucket_flags_reassign_an_annotated_dataset(sd_folder, annotated_budget_1024, caplog):
     args = annotated_args(sd_folder, annotated_budget_1024, "--bucket_preset", "novelai", "--resolution", "512")
     with caplog.at_level(logging.INFO, logger=script.logger.name):
-        ds, buckets = script.dataset_with_buckets(args, None)
+        ds, buckets = train_data.dataset_with_buckets(args, None)
     wanted = BucketSet.novelai()
     assert buckets == wanted and BucketSet.from_dataset(ds) == wanted
     w, h = np.asarray(ds["original_width"]), np.asarray(ds["original_height"])
@@ -221,7 +222,7 @@ def test_annotated_dataset_without_table_flags_keeps_its_buckets_and_the_card_sa
                                                                                       annotated_budget_1024, caplog):
     args = annotated_args(sd_folder, annotated_budget_1024)  # family default --resolution 512: not a user's flag
     with caplog.at_level(logging.INFO, logger=script.logger.name):
-        ds, buckets = script.dataset_with_buckets(args, None)
+        ds, buckets = train_data.dataset_with_buckets(args, None)
     assert buckets == BucketSet.preset("budget", resolution=1024)
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
     origin = train_data.bucket_origin(args)
@@ -230,7 +231,7 @@ def test_annotated_dataset_without_table_flags_keeps_its_buckets_and_the_card_sa
     caplog.clear()
     args = annotated_args(sd_folder, annotated_budget_1024, "--resolution", "512")
     with caplog.at_level(logging.INFO, logger=script.logger.name):
-        _, buckets = script.dataset_with_buckets(args, None)
+        _, buckets = train_data.dataset_with_buckets(args, None)
     warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert buckets == BucketSet.preset("budget", resolution=1024)
     assert len(warned) == 1 and "--resolution 512 is not applied" in warned[0]
@@ -242,12 +243,12 @@ def test_sampler_advice_is_said_once_in_flags_from_the_main_process(sd_folder, f
 
     args = script.parse_args(["--pretrained_model_name_or_path", sd_folder, "--train_data_dir", five_images,
                               "--full_finetune", "--aspect_ratio_buckets", "64,64", "--train_batch_size", "2", "--seed", "0"])
-    ds, buckets = script.dataset_with_buckets(args, None)  # 5 rows, one bucket: batches of 2 drop 1 row (20 %)
+    ds, buckets = train_data.dataset_with_buckets(args, None)  # 5 rows, one bucket: batches of 2 drop 1 row (20 %)
     for main in (True, False):
         rank = SimpleNamespace(num_processes=1, process_index=0, is_main_process=main)
         with caplog.at_level(logging.INFO, logger=script.logger.name), warnings.catch_warnings(record=True) as w:
             warnings.simplefilter("always")
-            script.make_sampler(args, ds, buckets, rank)
+            make_sampler(args, ds, buckets, rank)
         said = [r.getMessage() for r in caplog.records if "drops" in r.getMessage()]
         assert not [x for x in w if issubclass(x.category, UserWarning)]  # no UserWarning with its source line
         if main:
@@ -284,9 +285,9 @@ def test_on_the_fly_annotation_summary_is_said_once_without_the_table_in_script_
     args = script.parse_args(["--pretrained_model_name_or_path", sd_folder, "--train_data_dir", five_images,
                               "--full_finetune", "--aspect_ratio_buckets", "64,64"])
     not_main = SimpleNamespace(is_main_process=False, main_process_first=contextlib.nullcontext)
-    script.dataset_with_buckets(args, not_main)
+    train_data.dataset_with_buckets(args, not_main)
     assert capsys.readouterr().out == ""  # other ranks print nothing
-    script.dataset_with_buckets(args, None)
+    train_data.dataset_with_buckets(args, None)
     out = capsys.readouterr().out
     assert out.count("rows: 5  kept: 5") == 1
     assert "rows per bucket" not in out and "64 x 64" not in out  # the table is the start-up report's

@@ -21,10 +21,11 @@ SCRIPT = ROOT / "train_text_to_image_arb.py"
 sys.path.insert(0, str(ROOT))
 
 import train_text_to_image_arb as script  # noqa: E402
+from hf_arb.train.environment import check_process_count  # noqa: E402
 from hf_arb.families import get_family  # noqa: E402
 from hf_arb.train import arg_checks as train_arg_checks  # noqa: E402
 from hf_arb.train import args as train_args  # noqa: E402
-from hf_arb.train import data as train_data  # noqa: E402
+from hf_arb.train.sources import dataset as train_data  # noqa: E402
 from hf_arb.train import outputs as train_outputs  # noqa: E402
 
 UPSTREAM = json.loads((ROOT / "tests" / "fixtures" / "upstream_flags.json").read_text())
@@ -188,13 +189,13 @@ def test_process_count_mismatch_names_the_cpu_launch(monkeypatch):
 
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(script.UsageError) as err:
-        script.check_process_count(SimpleNamespace(num_processes=1))
+        check_process_count(SimpleNamespace(num_processes=1))
     message = str(err.value)
     assert "2 processes were launched (WORLD_SIZE=2) but accelerate sees 1" in message and "\n" not in message
     assert "ACCELERATE_USE_CPU=1 torchrun --nproc_per_node 2" in message
-    script.check_process_count(SimpleNamespace(num_processes=2))  # agreeing counts pass
+    check_process_count(SimpleNamespace(num_processes=2))  # agreeing counts pass
     monkeypatch.setenv("WORLD_SIZE", "1")
-    script.check_process_count(SimpleNamespace(num_processes=1))
+    check_process_count(SimpleNamespace(num_processes=1))
 
 
 def test_main_checks_the_process_count_before_any_data(monkeypatch, tmp_path):

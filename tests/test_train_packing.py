@@ -18,6 +18,7 @@ from test_train import read_trace, run_script
 from test_train_flow import _jsonable, transformer_weights
 
 import train_text_to_image_arb as script
+from hf_arb.train.schedule import pack_schedule
 
 _clean_accelerate_state = test_train._clean_accelerate_state
 
@@ -56,7 +57,7 @@ def test_the_pack_schedule_follows_each_epochs_own_length(epochs, max_steps, acc
     assert len(set(lengths)) > 1  # the epochs really differ
     args = argparse.Namespace(gradient_accumulation_steps=accum, num_train_epochs=epochs or 100,
                               max_train_steps=max_steps, lr_warmup_steps=0)
-    sched = script.pack_schedule(args, sampler, num_processes=1)
+    sched = pack_schedule(args, sampler, num_processes=1)
     updates = [math.ceil(n / accum) for n in lengths]
     if max_steps is None:
         assert (sched.num_train_epochs, sched.max_train_steps) == (epochs, sum(updates[:epochs]))

@@ -18,6 +18,7 @@ from test_train import COMMON, read_trace, run_script
 
 import train_text_to_image_arb as script
 from hf_arb.train import files as train_files  # noqa: E402
+from hf_arb.train.schedule import image_loss_weights  # noqa: E402
 
 assets = test_train.assets  # the session's tiny models and images
 BUDGET = 12288
@@ -43,9 +44,9 @@ def test_flag_checks_and_loss_weights() -> None:
     ids = np.repeat(np.arange(3), 40)
     sampler = BucketBatchSampler(ids, None, buckets=[(64, 64), (32, 32), (64, 32)], max_pixels_per_batch=16384,
                                  seed=0, log_report=False)  # batch sizes 4, 16, 8
-    off = script.image_loss_weights(SimpleNamespace(max_pixels_per_batch=None, gradient_accumulation_steps=3), sampler)
+    off = image_loss_weights(SimpleNamespace(max_pixels_per_batch=None, gradient_accumulation_steps=3), sampler)
     assert off(5) == 1.0
-    on = script.image_loss_weights(SimpleNamespace(max_pixels_per_batch=16384, gradient_accumulation_steps=3), sampler)
+    on = image_loss_weights(SimpleNamespace(max_pixels_per_batch=16384, gradient_accumulation_steps=3), sampler)
     b = sampler.step_batch_sizes(0)
     for j in range(0, len(b) - 2, 3):  # Σ_s w_s / A · (mean of b_s images) = 1 / n per image
         n = b[j : j + 3].sum()

@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 from _train_fixtures import GROUP, batch_result, stream_argv
-from hf_arb.train.streaming import stream_state_path
+from hf_arb.train.progress import Progress
+from hf_arb.train.sources.stream import build_stream_dataloader, restore_stream, stream_state_path, streaming_dataset
 from test_train import (
     max_weight_diff,
     read_trace,
@@ -74,21 +75,21 @@ def test_unannotated_data_is_an_error(stream_assets, tmp_path):
 def test_non_integer_key_column_is_an_error(stream_assets, tmp_path):
     args = script.parse_args(_args(stream_assets, tmp_path, "--stream_key_column", "text"))
     with pytest.raises(script.UsageError, match="--stream_key_column text holds string, not integers"):
-        script.streaming_dataset(args)
+        streaming_dataset(args)
 
 
 def test_stream_counts_file_is_used(stream_assets, tmp_path):
     counts = tmp_path / "counts.json"
     counts.write_text('{"4": 8, "6": 12}')
     args = script.parse_args(_args(stream_assets, tmp_path, "--stream_counts", str(counts)))
-    assert script.streaming_dataset(args)[2].tolist() == [0, 0, 0, 0, 8, 0, 12]
+    assert streaming_dataset(args)[2].tolist() == [0, 0, 0, 0, 8, 0, 12]
 
 
 def test_stream_counts_come_from_the_shards(stream_assets):
     import numpy as np
 
     args = script.parse_args(_args(stream_assets, Path("unused")))
-    _, buckets, counts = script.streaming_dataset(args)
+    _, buckets, counts = streaming_dataset(args)
     assert counts.tolist()[: len(stream_assets["counts"])] == stream_assets["counts"]
     assert int(counts.sum()) == stream_assets["rows"] and len(counts) == len(buckets)
     assert np.count_nonzero(counts) == 5  # the five aspect ratios of the tiny photos
@@ -147,20 +148,20 @@ def test_restore_stream_at_an_epoch_end_and_a_wrong_counter(stream_assets, tmp_p
     import datasets
 
     args = script.parse_args(_args(stream_assets, tmp_path, "--train_batch_size", "6"))
-    parquet, _, counts = script.streaming_dataset(args)
+    parquet, _, counts = streaming_dataset(args)
     files = sorted(str(f) for f in Path(stream_assets["shards"]).glob("*.parquet"))
     ds = datasets.Dataset.from_parquet(files).to_iterable_dataset(num_shards=len(files))
     assert ds.features == parquet.features
-    loader, stream = script.build_stream_dataloader(args, None, ds, counts)
+    loader, stream = build_stream_dataloader(args, None, ds, counts)
     steps = stream.steps_per_epoch
     assert sum(1 for _ in loader) == steps
     rank0 = SimpleNamespace(process_index=0)
     stream_state_path(tmp_path, rank0).write_text(json.dumps(stream.state_dict(step=steps)))
-    _, again = script.build_stream_dataloader(args, None, ds, counts)
-    script.restore_stream(rank0, again, tmp_path, script.Progress(micro_step=steps))
+    _, again = build_stream_dataloader(args, None, ds, counts)
+    restore_stream(rank0, again, tmp_path, Progress(micro_step=steps))
     assert (again.epoch, again.step) == (0, steps)
-    _, wrong = script.build_stream_dataloader(args, None, ds, counts)
+    _, wrong = build_stream_dataloader(args, None, ds, counts)
     with pytest.raises(ValueError, match="micro_step"):
-        script.restore_stream(rank0, wrong, tmp_path, script.Progress(micro_step=steps - 1))
+        restore_stream(rank0, wrong, tmp_path, Progress(micro_step=steps - 1))
     with pytest.raises(script.UsageError, match="stream_rank0.json"):
-        script.restore_stream(rank0, wrong, tmp_path / "nowhere", script.Progress())
+        restore_stream(rank0, wrong, tmp_path / "nowhere", Progress())

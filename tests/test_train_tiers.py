@@ -19,7 +19,7 @@ from test_train import max_weight_diff, read_trace, reset_accelerate, run_script
 from hf_arb.checks import UsageError
 from hf_arb.train import args as train_args
 from hf_arb.train.outputs import validation_shapes
-from hf_arb.train.tiers import TierTable, tier_pairs, tier_table
+from hf_arb.train.sources.tiers import TierTable, tier_pairs, tier_table
 
 MODEL = "stable-diffusion-v1-5/stable-diffusion-v1-5"  # the family is read from the name: nothing is loaded
 TIERS = ["--resolution", "32,64", "--bucket_step", "16"]
@@ -134,7 +134,7 @@ def tiered_images(train_assets):
 
     from hf_arb import add_bucket_columns
     from hf_arb.sampling.tiered.plan import tier_bucket_ids
-    from hf_arb.train.data import image_dataset
+    from hf_arb.train.sources.dataset import image_dataset
 
     args = parse(*TIERS, "--output_dir", "unused", "--seed", "0")
     table = tier_table(args)

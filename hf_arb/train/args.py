@@ -16,15 +16,14 @@ from hf_arb.lazy import LazyModule
 from hf_arb.families import detect_family, get_family
 
 from .arg_checks import LR_SCHEDULERS, check_values
-from .data import BUCKET_TABLE_FLAGS
+from .sources.dataset import BUCKET_TABLE_FLAGS
 from .environment import check_environment
-from .tiers import check_tier_flags, parse_resolutions, split_resolution
+from .sources.tiers import check_tier_flags, parse_resolutions, split_resolution
 
 torch: Any = LazyModule("torch")  # loaded when a function needs it: --help and flag errors answer before torch
 logger = logging.getLogger("train_text_to_image_arb")
 
 
-#: diffusers.optimization.SchedulerType values (a test checks this list against diffusers).
 #: Without --lora / --rank / --full_finetune, a learning rate at or above this (LoRA's range) warns once.
 LORA_LR_THRESHOLD = 5e-5
 

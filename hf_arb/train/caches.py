@@ -14,18 +14,22 @@ import numpy as np
 from hf_arb.families import Models
 from hf_arb.lazy import LazyModule
 
-from .data import image_dataset
+from .sources.dataset import image_dataset
 from .models import place
 from .schedule import Schedule
-from .tiers import TierTable, tier_pairs
+from .sources.tiers import TierTable, tier_pairs
 
 torch: Any = LazyModule("torch")  # loaded when a function needs it: --help and flag errors answer before torch
 logger = logging.getLogger("train_text_to_image_arb")
 
 
 def build_latent_cache(args: argparse.Namespace, accelerator: Any, ds: Any, buckets: Any, models: Models,
-                       sampler: Any, schedule: Schedule, weight_dtype: torch.dtype) -> tuple[Any, Any, Any]:
-    """Encode this rank's share of the missing (image, bucket, crop, flip) entries; return (cache, index, repair)."""
+                       sampler: Any, schedule: Schedule, weight_dtype: torch.dtype,
+                       references: list[str] | None = None) -> tuple[Any, Any, Any]:
+    """Encode this rank's share of the missing (image, bucket, crop, flip) entries; return (cache, index, repair).
+
+    ``references``: an edit model's reference columns (the sampler's keys carry composite ids; each reference's
+    latents are cached too)."""
     from accelerate.utils import gather_object
 
     from hf_arb.train import latents as lat
@@ -35,7 +39,7 @@ def build_latent_cache(args: argparse.Namespace, accelerator: Any, ds: Any, buck
     vae_id = lat.vae_fingerprint(vae)
     if args.image_interpolation_mode != "lanczos":  # another resize filter makes other latents
         vae_id = f"{vae_id}|{args.image_interpolation_mode}"
-    refs = list(getattr(args, "reference_image_column", None) or [])
+    refs = list(references or [])
     if refs:  # an edit model: the sampler's keys carry composite (target, reference buckets) ids
         from hf_arb.buckets.references import read_composite
 
@@ -70,7 +74,7 @@ def build_latent_cache(args: argparse.Namespace, accelerator: Any, ds: Any, buck
         variants = 1  # every epoch fits an image the same way
     else:
         variants = args.latent_cache_variants or min(schedule.num_train_epochs, 8)
-    images = image_dataset(args, ds, buckets)
+    images = image_dataset(args, ds, buckets, refs)
     if tiered:  # the BucketedImageDataset over every tier's sizes, keyed (row, combined id, epoch)
         images = images.images
     target_of = (lambda b: int(table[b, 0])) if refs else (lambda b: b)
@@ -90,7 +94,7 @@ def build_latent_cache(args: argparse.Namespace, accelerator: Any, ds: Any, buck
                    load_batch=load_batch, encode=encode, batch_size=args.train_batch_size,
                    show_progress=accelerator.is_local_main_process)
     index.references = [reference_index(args, accelerator, ds, images, sorted(pairs), j, cache, load_batch, encode,
-                                        variants, vae_id) for j in range(len(refs))]
+                                        variants, vae_id, column=column) for j, column in enumerate(refs)]
     for ref in index.references:  # the run's counts cover the reference entries too
         index.encoded, index.reused, index.repaired = (index.encoded + ref.encoded, index.reused + ref.reused,
                                                        index.repaired + ref.repaired)
@@ -106,15 +110,15 @@ def build_latent_cache(args: argparse.Namespace, accelerator: Any, ds: Any, buck
 
 
 def reference_index(args: argparse.Namespace, accelerator: Any, ds: Any, images: Any, pairs: list[tuple[int, int]],
-                    j: int, cache: Any, load_batch: Any, encode: Any, variants: int, vae_id: str) -> Any:
-    """Cache the ``j``-th reference column's latents for every ``(row, composite id)`` pair and variant, keyed by the
+                    j: int, cache: Any, load_batch: Any, encode: Any, variants: int, vae_id: str, *,
+                    column: str) -> Any:
+    """Cache the ``j``-th reference column's (``column``) latents for every ``(row, composite id)`` pair and variant, keyed by the
     reference's content and its own fit plan (bucket, scaled size, crop, flip: :meth:`BucketedReferenceDataset.
     reference_plans`); returns their :class:`~hf_arb.train.latents.CacheIndex` (counts included in the run's)."""
     from accelerate.utils import gather_object
 
     from hf_arb.train import latents as lat
 
-    column = args.reference_image_column[j]
     rows = sorted({r for r, _ in pairs})
     share = [rows[i] for i in lat.plan_share(len(rows), accelerator.process_index, accelerator.num_processes)]
     mine = dict(zip(share, lat.content_hashes(ds, column, share)))

@@ -98,9 +98,9 @@ def resolve_resume_dir(args: argparse.Namespace) -> Path | None:
         model_dirs, model_files = (), ("pytorch_lora_weights.safetensors",)
     else:  # the family's trained model folders (unet/ and unet_ema/, or transformer/)
         model_dirs, model_files = get_family(args.family).checkpoint_dirs(args), ()
-    required = REQUIRED
-    if getattr(args, "streaming", False):  # no sampler state; the stream's per-rank files instead
-        required = tuple(f for f in REQUIRED if not f.startswith("custom_checkpoint")) + ("stream_rank0.json",)
+    from .sources import source_class
+
+    required = source_class(args).checkpoint_files(REQUIRED)  # a stream: its per-rank files, no sampler state
     if args.resume_from_checkpoint == "latest":
         check_saved_flags(args, newest_with_state(out, STATE_FILE), STATE_FILE)  # (a LoRA run's without --rank)
         path, skipped = find_resumable(out, STATE_FILE, model_dirs, model_files, required)
@@ -146,7 +146,9 @@ def check_resume_flags(args: argparse.Namespace, resume_dir: Path | None) -> Non
         raise UsageError(f"Checkpoint {resume_dir}: {STATE_FILE} says global_step {saved['global_step']}, but the "
                          f"folder is {resume_dir.name}; the file was edited or copied from another checkpoint. Resume "
                          "from another checkpoint (--resume_from_checkpoint latest takes the newest complete one).")
-    if args.max_pixels_per_batch is not None or args.packing or args.streaming:
+    from .sources import source_class
+
+    if args.max_pixels_per_batch is not None or not source_class(args).fixed_batches:
         return  # batch sizes come from the pixel budget / the packs; the stream checks its own state per rank
     procs = int(os.environ.get("WORLD_SIZE", "1"))
     was = {f: saved.get(f) for f in (*RESUME_FLAGS, "num_processes")}
@@ -171,6 +173,8 @@ def make_accelerator(args: argparse.Namespace) -> Any:
     from accelerate import Accelerator
     from accelerate.utils import DDPCommunicationHookType, DistributedDataParallelKwargs, ProjectConfiguration
 
+    from .sources import source_class
+
     kwargs_handlers = []
     ddp: dict[str, Any] = {}
     if args.ddp_comm_hook != "no":
@@ -188,7 +192,7 @@ def make_accelerator(args: argparse.Namespace) -> Any:
         log_with=report_to,
         project_config=project,
         kwargs_handlers=kwargs_handlers,
-        **stream_accelerator_kwargs(args),
+        **source_class(args).accelerator_kwargs(),  # --streaming: every rank reads its own split
     )
     multi = [f for f, on in (("--ddp_comm_hook " + args.ddp_comm_hook, args.ddp_comm_hook != "no"),
                              ("--no_bucket_sync", getattr(args, "no_bucket_sync", False))) if on]
@@ -212,15 +216,6 @@ def check_process_count(accelerator: Any) -> None:
             f"{accelerator.num_processes}, so each would train as the only one: on a machine without GPUs launch with "
             f"ACCELERATE_USE_CPU=1 torchrun --nproc_per_node {launched} train_text_to_image_arb.py ... "
             "(or accelerate launch --cpu ... for one process).")
-
-
-def stream_accelerator_kwargs(args: argparse.Namespace) -> dict[str, Any]:
-    """--streaming: every rank reads its own split (accelerate keeps item ``process_index`` of each step)."""
-    if not getattr(args, "streaming", False):
-        return {}
-    from accelerate.utils import DataLoaderConfiguration
-
-    return {"dataloader_config": DataLoaderConfiguration(dispatch_batches=False)}
 
 
 def setup_logging(accelerator: Any, libraries: tuple[str, ...] = ("datasets", "transformers", "diffusers")) -> None:
@@ -265,3 +260,15 @@ def updated(args: argparse.Namespace, **changes: Any) -> argparse.Namespace:
     """A copy of ``args`` with ``changes``: the parsed arguments are never mutated (the seed agreed on and the
     learning rate after ``--scale_lr`` live in the copy the run uses)."""
     return argparse.Namespace(**{**vars(args), **changes})
+
+
+def start_accelerator(args: argparse.Namespace) -> Any:
+    """The run's Accelerator, checked against the launcher's process count."""
+    accelerator = make_accelerator(args)
+    check_process_count(accelerator)
+    return accelerator
+
+
+def one_process() -> bool:
+    """Launched as one process (no WORLD_SIZE above 1): the data can be checked before accelerate starts."""
+    return int(os.environ.get("WORLD_SIZE", "1") or 1) <= 1

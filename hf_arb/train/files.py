@@ -2,17 +2,6 @@
 
 from __future__ import annotations
 
-import logging
-from typing import Any
-
-
-
-from hf_arb.lazy import LazyModule
-
-torch: Any = LazyModule("torch")  # loaded when a function needs it: --help and flag errors answer before torch
-logger = logging.getLogger("train_text_to_image_arb")
-
-
 STATE_FILE = "hf_arb_state.json"  # our part of a checkpoint: step counters and the seed
 
 

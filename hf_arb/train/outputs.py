@@ -1,5 +1,5 @@
-"""What a run leaves: validation grids, the saved pipeline or LoRA, the model card, the push, the startup report
-and the bad-image count."""
+"""What a run leaves: validation grids, the saved pipeline or LoRA, the model card, the push and the bad-image
+count (the start-up report is the data source's: :mod:`hf_arb.train.sources.reports`)."""
 
 from __future__ import annotations
 
@@ -15,12 +15,10 @@ import numpy as np
 from hf_arb.families import Family, Models
 from hf_arb.lazy import LazyModule
 
-from .data import bucket_origin
+from .sources.dataset import bucket_origin
 from .files import BUCKETS_FILE, SKIPPED_ROWS_FILE
-from .loaders import packable_rows, packing_report
 from .models import place, unwrap
 from .progress import Progress
-from .schedule import Schedule
 
 torch: Any = LazyModule("torch")  # loaded when a function needs it: --help and flag errors answer before torch
 logger = logging.getLogger("train_text_to_image_arb")
@@ -28,7 +26,7 @@ logger = logging.getLogger("train_text_to_image_arb")
 
 def validation_shapes(buckets: Any) -> list[tuple[int, int]]:
     """Portrait, square and landscape bucket ``(w, h)``: the buckets closest to 2:3, 1:1 and 3:2 in log aspect.
-    Several tiers (a :class:`~hf_arb.train.tiers.TierTable`): one bucket of every tier, its portrait one."""
+    Several tiers (a :class:`~hf_arb.train.sources.tiers.TierTable`): one bucket of every tier, its portrait one."""
     if getattr(buckets, "bucket_sets", None) is not None:
         return list(dict.fromkeys(validation_shapes(b)[0] for b in buckets.bucket_sets))
     res = np.asarray(buckets.resolutions)
@@ -238,57 +236,6 @@ def finish_outputs(args: argparse.Namespace, buckets: Any, models: Models, valid
         upload_folder(repo_id=repo_id, folder_path=args.output_dir, commit_message="End of training",
                       ignore_patterns=["step_*", "epoch_*", "checkpoint-*", "latent_cache/*", "batches/*"],
                       token=args.hub_token)
-
-
-def startup_report(accelerator: Any, ds: Any, buckets: Any, sampler: Any, schedule: Schedule,
-                   args: argparse.Namespace, models: Models) -> None:
-    """The table users look at first: buckets, rows per bucket, the sampler's report, the step arithmetic."""
-    if not accelerator.is_main_process:
-        return
-    ids = np.asarray(ds.with_format("numpy")["bucket"])
-    if args.packing:
-        print(packing_report(sampler), flush=True)
-        print(f"***** Running training ({models.family.title}, packed) *****\n"
-              f"  Num examples = {packable_rows(sampler)}\n  Num Epochs = {schedule.num_train_epochs}\n"
-              f"  One pack of <= {args.max_tokens} tokens per device and step "
-              f"({sampler.report().mean_images_per_pack:.2f} images on average)\n"
-              f"  Gradient Accumulation steps = {args.gradient_accumulation_steps}\n"
-              f"  Total optimization steps = {schedule.max_train_steps}", flush=True)
-        return
-    if hasattr(sampler, "step_tiers"):  # several tiers: rows, batches and steps per tier
-        report = sampler.report()
-        sizes = "\n  ".join(buckets.batch_size_lines(sampler.tier_batch_sizes))
-        if getattr(args, "family_report", None):
-            print(args.family_report, flush=True)
-        print(f"{report}\n***** Running training ({models.family.title}, {len(buckets.bucket_sets)} resolution tiers, "
-              f"--resolution_schedule {args.resolution_schedule}) *****\n"
-              f"  Num examples = {report.rows_total - report.rows_no_tier}\n  Num Epochs = {schedule.num_train_epochs}"
-              f"\n  {sizes}\n"
-              f"  Gradient Accumulation steps = {args.gradient_accumulation_steps}\n"
-              f"  Total optimization steps = {schedule.max_train_steps}", flush=True)
-        return
-    counts = np.bincount(ids[ids >= 0], minlength=len(buckets))
-    sizes = getattr(sampler, "batch_sizes", None)  # --max_pixels_per_batch: {bucket: batch size per device}
-    lines = [f"{'bucket':>11} {'aspect':>7} {'rows':>9}" + (f" {'batch':>6}" if sizes else "")]
-    for i in buckets.portrait_to_landscape():
-        w, h = buckets.resolutions[i]
-        lines.append(f"{w:>5} x {h:<5} {w / h:7.3f} {int(counts[i]):>9,}" + (f" {sizes.get(int(i), '-'):>6}" if sizes else ""))
-    lines.append(f"skipped: {int((ids < 0).sum()):,} of {len(ids):,} rows")
-    print("\n".join(lines), flush=True)
-    report = getattr(sampler, "report", None)
-    if callable(report):
-        print(report(), flush=True)
-    per_device = sampler.per_rank_batch_size if sizes else args.train_batch_size
-    total = per_device * accelerator.num_processes * args.gradient_accumulation_steps
-    if getattr(args, "family_report", None):  # the family's own lines (SD3 / Flux: each bucket's shift)
-        print(args.family_report, flush=True)
-    print(f"***** Running training ({models.family.title}) *****\n"
-          f"  Num examples = {int((ids >= 0).sum())}\n  Num Epochs = {schedule.num_train_epochs}\n"
-          f"  Instantaneous batch size per device = {per_device}"
-          f"{f' (at most; per bucket with --max_pixels_per_batch {args.max_pixels_per_batch})' if sizes else ''}\n"
-          f"  Total train batch size (w. parallel, distributed & accumulation) = {total}\n"
-          f"  Gradient Accumulation steps = {args.gradient_accumulation_steps}\n"
-          f"  Total optimization steps = {schedule.max_train_steps}", flush=True)
 
 
 def report_bad_images(args: argparse.Namespace, accelerator: Any) -> int:

@@ -20,7 +20,6 @@ from hf_arb.lazy import LazyModule
 from .environment import RESUME_FLAGS
 from .files import STATE_FILE
 from .resume_flags import RECORD, shaping_flags
-from .streaming import locate_micro, stream_state_path
 
 torch: Any = LazyModule("torch")  # loaded when a function needs it: --help and flag errors answer before torch
 logger = logging.getLogger("train_text_to_image_arb")
@@ -46,20 +45,17 @@ def restore(accelerator: Any, resume_dir: Path | None, seed: int) -> Progress:
     return Progress(**{f.name: saved[f.name] for f in dataclasses.fields(Progress) if f.name in saved})
 
 
-def check_resumed_step(args: argparse.Namespace, accelerator: Any, progress: Progress, sampler: Any, optimizer: Any,
+def check_resumed_step(args: argparse.Namespace, accelerator: Any, progress: Progress, source: Any, optimizer: Any,
                        resume_dir: Path | None) -> None:
-    """The checkpoint's global_step must agree with its micro-batch counter and the optimizer's step count."""
-    from hf_arb.train.checkpointing import expected_global_step
+    """The checkpoint's global_step must agree with its micro-batch counter and the optimizer's step count.
 
+    ``source``: what knows the epochs, with ``locate(micro_step)`` and ``steps_in(epoch)`` (the run's data source,
+    or a sampler with both): the updates of each epoch are added up, so epochs of their own length count right."""
     if resume_dir is None:
         return
-    epoch, position = locate_micro(sampler, progress.micro_step)  # a stream: by steps_per_epoch or steps_in
-    expected = expected_global_step({"steps_per_epoch": sampler.steps_per_epoch, "epoch": epoch,
-                                     "batches_consumed": position}, args.gradient_accumulation_steps)
-    steps_in = getattr(sampler, "steps_in", None)  # epochs of their own length (tiers' random draw, packs)
-    if steps_in is not None:
-        a = args.gradient_accumulation_steps
-        expected = sum(-(-steps_in(e) // a) for e in range(epoch)) + -(-position // a)
+    epoch, position = source.locate(progress.micro_step)
+    a = args.gradient_accumulation_steps  # an epoch's last update may hold fewer batches: hence the ceilings
+    expected = sum(-(-source.steps_in(e) // a) for e in range(epoch)) + -(-position // a)
     try:  # plain torch layout; wrappers (DeepSpeed, 8-bit) that differ are checked through the sampler only
         state = optimizer.state_dict().get("state", {})
         steps = {float(v["step"]) for v in state.values() if isinstance(v, dict) and "step" in v}
@@ -79,9 +75,12 @@ def check_resumed_step(args: argparse.Namespace, accelerator: Any, progress: Pro
 
 
 def save_checkpoint(args: argparse.Namespace, accelerator: Any, progress: Progress,
-                    stream_state: dict[str, Any] | None = None) -> Path:
+                    rank_files: dict[str, Any] | None = None) -> Path:
     """accelerate's state (UNet, optimizer, LR scheduler, sampler, RNG) + our counters, written to a temporary
-    folder, renamed into place once complete, and only then are old checkpoints pruned (see hf_arb.train.checkpointing)."""
+    folder, renamed into place once complete, and only then are old checkpoints pruned (see hf_arb.train.checkpointing).
+
+    ``rank_files``: ``{file name: JSON state}`` this rank writes beside them (a stream's state: not accelerate's to
+    save; :meth:`hf_arb.train.sources.base.Source.rank_files`)."""
     from hf_arb.train.checkpointing import publish_checkpoint, tmp_checkpoint_dir
 
     tmp = tmp_checkpoint_dir(args.output_dir, progress.global_step)
@@ -94,8 +93,8 @@ def save_checkpoint(args: argparse.Namespace, accelerator: Any, progress: Progre
         (tmp / STATE_FILE).write_text(json.dumps({**progress.__dict__, **flags,
                                                   "num_processes": accelerator.num_processes,
                                                   RECORD: shaping_flags(args)}, indent=1))  # see check_saved_flags
-    if stream_state is not None:  # --streaming: each rank's buffer and position (not accelerate's to save)
-        stream_state_path(tmp, accelerator).write_text(json.dumps(stream_state))
+    for name, state in (rank_files or {}).items():
+        (tmp / name).write_text(json.dumps(state))
     accelerator.wait_for_everyone()
     path = Path(args.output_dir) / f"checkpoint-{progress.global_step}"
     if accelerator.is_main_process:

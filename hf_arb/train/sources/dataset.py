@@ -15,7 +15,7 @@ import numpy as np
 from hf_arb.checks import UsageError
 from hf_arb.lazy import LazyModule
 
-from .files import SKIPPED_ROWS_FILE
+from ..files import SKIPPED_ROWS_FILE
 from .tiers import TierTable, TieredImages, tier_table
 
 torch: Any = LazyModule("torch")  # loaded when a function needs it: --help and flag errors answer before torch
@@ -191,7 +191,7 @@ def dataset_with_buckets(args: argparse.Namespace, accelerator: Any) -> tuple[An
 
     Returns ``(ds, buckets)``; ``ds`` keeps every row (``bucket == -1`` marks skipped ones, the sampler ignores
     them) so row indices stay those of the dataset. With several ``--resolution`` tiers ``buckets`` is the run's
-    :class:`~hf_arb.train.tiers.TierTable` (its first tier: the table ``ds`` is annotated with).
+    :class:`~hf_arb.train.sources.tiers.TierTable` (its first tier: the table ``ds`` is annotated with).
     """
     from hf_arb import BucketSet, add_bucket_columns
     from hf_arb.buckets.references import reference_info
@@ -305,21 +305,21 @@ def check_upscale(args: argparse.Namespace, ds: Any, buckets: Any) -> None:
             f"Pass a smaller --resolution, e.g. {side} (about their median side).")
 
 
-def image_dataset(args: argparse.Namespace, ds: Any, buckets: Any) -> Any:
-    """The images fitted to each batch's bucket (several tiers: to that bucket of the batch's tier)."""
+def image_dataset(args: argparse.Namespace, ds: Any, buckets: Any, references: list[str] | None = None) -> Any:
+    """The images fitted to each batch's bucket (several tiers: to that bucket of the batch's tier). ``references``:
+    an edit model's reference columns (the sampler's keys carry composite ids: each reference at its own bucket)."""
     from hf_arb import BucketedImageDataset
 
     if isinstance(buckets, TierTable):
         return TieredImages(image_dataset(args, ds, buckets.resolutions), buckets)
     cls: Any = BucketedImageDataset
     extra: dict[str, Any] = {}
-    if getattr(args, "reference_image_column", None):  # an edit model: keys carry composite ids (make_sampler)
+    if references:  # an edit model: keys carry composite ids (make_sampler)
         from hf_arb.buckets.references import read_composite
         from hf_arb.images.references import BucketedReferenceDataset
 
         cls = BucketedReferenceDataset
-        extra = dict(reference_columns=args.reference_image_column,
-                     composite=read_composite(ds, args.reference_image_column)[1])
+        extra = dict(reference_columns=list(references), composite=read_composite(ds, references)[1])
     return cls(ds, buckets, image_column=args.image_column, caption_column=args.caption_column, **extra,
                                 tokenizer=None, seed=args.seed, center_crop=args.center_crop,
                                 random_flip=args.random_flip, resample=args.image_interpolation_mode,

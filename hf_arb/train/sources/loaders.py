@@ -15,18 +15,20 @@ from hf_arb.checks import UsageError
 from hf_arb.lazy import LazyModule
 from hf_arb.families import Models
 
-from .caches import build_latent_cache
-from .data import SAMPLER_FLAG_NAMES, image_dataset
-from .files import SKIPPED_ROWS_FILE
-from .schedule import Schedule
+from ..caches import build_latent_cache
+from .dataset import SAMPLER_FLAG_NAMES, image_dataset
+from ..files import SKIPPED_ROWS_FILE
+from ..schedule import Schedule
 from .tiers import TierTable, TieredImages, make_tier_pack_sampler, make_tier_sampler
 
 torch: Any = LazyModule("torch")  # loaded when a function needs it: --help and flag errors answer before torch
 logger = logging.getLogger("train_text_to_image_arb")
 
 
-def make_sampler(args: argparse.Namespace, ds: Any, buckets: Any, accelerator: Any) -> Any:
-    """The global epoch plan over all ranks; a plain ``accelerator.prepare`` deals each rank its batches."""
+def make_sampler(args: argparse.Namespace, ds: Any, buckets: Any, accelerator: Any,
+                 references: list[str] | None = None) -> Any:
+    """The global epoch plan over all ranks; a plain ``accelerator.prepare`` deals each rank its batches.
+    ``references``: an edit model's reference columns (a batch stacks rows of one composite key)."""
     from hf_arb import BucketBatchSampler
 
     if args.packing and isinstance(buckets, TierTable):  # packs over tiers: a tier is a token cap per image
@@ -42,10 +44,10 @@ def make_sampler(args: argparse.Namespace, ds: Any, buckets: Any, accelerator: A
             warnings.simplefilter("always", UserWarning)
             ids: Any = ds
             table_buckets = buckets
-            if getattr(args, "reference_image_column", None):  # an edit model: the composite key stacks every batch
+            if references:  # an edit model: the composite key stacks every batch
                 from hf_arb.buckets.references import read_composite
 
-                ids, table = read_composite(ds, args.reference_image_column)
+                ids, table = read_composite(ds, references)
                 table_buckets = np.asarray(getattr(buckets, "resolutions", buckets))[table[:, 0]]  # (c, 2) targets
             sampler = BucketBatchSampler(
                 ids, args.train_batch_size, num_replicas=accelerator.num_processes,  # no rank=: prepare deals the plan
@@ -115,8 +117,9 @@ def packing_report(sampler: Any) -> str:
 
 
 def build_dataloader(args: argparse.Namespace, accelerator: Any, ds: Any, buckets: Any, models: Models, sampler: Any,
-                     schedule: Schedule, weight_dtype: torch.dtype) -> tuple[Any, Any]:
+                     schedule: Schedule, weight_dtype: torch.dtype, references: list[str] | None = None) -> tuple[Any, Any]:
     """DataLoader over images (fitted to the batch's bucket) or, with --cache_latents, over cached latents.
+    ``references``: an edit model's reference columns (composite keys; batches report the target bucket).
 
     Returns ``(dataloader, cache index or None)``; the loader still has to go through ``accelerator.prepare``.
     """
@@ -124,15 +127,15 @@ def build_dataloader(args: argparse.Namespace, accelerator: Any, ds: Any, bucket
         from hf_arb.train.latent_dataset import CachedLatentDataset
 
         cache, index, repair = build_latent_cache(args, accelerator, ds, buckets, models, sampler, schedule,
-                                                  weight_dtype)
+                                                  weight_dtype, references=references)
         captions = ds.select_columns([args.caption_column])[args.caption_column]
         # re-encoding in a loader worker needs the VAE there: fine on CPU, not for a CUDA VAE in a forked worker
         in_process = args.dataloader_num_workers == 0 or accelerator.device.type == "cpu"
         targets = None
-        if getattr(args, "reference_image_column", None):  # composite keys; batches report the target bucket
+        if references:  # composite keys; batches report the target bucket
             from hf_arb.buckets.references import read_composite
 
-            targets = read_composite(ds, args.reference_image_column)[1][:, 0]
+            targets = read_composite(ds, references)[1][:, 0]
         dataset: Any = CachedLatentDataset(cache, index, captions, seed=args.seed, repair=repair if in_process else None,
                                            target_buckets=targets)
         collate = CachedLatentDataset.collate
@@ -141,7 +144,8 @@ def build_dataloader(args: argparse.Namespace, accelerator: Any, ds: Any, bucket
         elif targets is not None and getattr(models.family, "reference_pixels_with_cache", False):
             from hf_arb.train.latent_dataset import CachedLatentsWithReferences
 
-            dataset = CachedLatentsWithReferences(dataset, image_dataset(args, ds, buckets))  # its encoder sees them
+            # its encoder sees them
+            dataset = CachedLatentsWithReferences(dataset, image_dataset(args, ds, buckets, references))
             collate = dataset.collate
     else:
         index = None
@@ -153,7 +157,7 @@ def build_dataloader(args: argparse.Namespace, accelerator: Any, ds: Any, bucket
                 center_crop=args.center_crop, random_flip=args.random_flip, resample=args.image_interpolation_mode,
                 on_bad_image=args.on_bad_image, bad_image_log=Path(args.output_dir) / SKIPPED_ROWS_FILE)
         else:
-            dataset = image_dataset(args, ds, buckets)
+            dataset = image_dataset(args, ds, buckets, references)
         collate = dataset.collate
     from hf_arb.train.signals import ignore_stop_signals_in_worker  # the main process decides when to stop
 

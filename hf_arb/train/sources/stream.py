@@ -14,8 +14,8 @@ import numpy as np
 from hf_arb.checks import UsageError
 from hf_arb.lazy import LazyModule
 
-from .files import SKIPPED_ROWS_FILE, STATE_FILE
-from .schedule import Schedule
+from ..files import SKIPPED_ROWS_FILE, STATE_FILE
+from ..schedule import Schedule
 
 torch: Any = LazyModule("torch")  # loaded when a function needs it: --help and flag errors answer before torch
 logger = logging.getLogger("train_text_to_image_arb")
@@ -195,18 +195,9 @@ def restore_stream(accelerator: Any, stream: Any, resume_dir: Path, progress: An
                          f"{STATE_FILE}'s micro_step {progress.micro_step} is at epoch {where[0]} step {where[1]}.")
 
 
-def epoch_start(sampler: Any, epoch: int) -> int:
-    """Micro-batches of a rank before ``epoch``: the sampler's ``steps_in`` per epoch (epochs of their own length),
-    else ``steps_per_epoch`` each."""
-    steps_in = getattr(sampler, "steps_in", None)
-    return sum(steps_in(e) for e in range(epoch)) if steps_in is not None else epoch * sampler.steps_per_epoch
-
-
 def locate_micro(sampler: Any, micro_step: int) -> tuple[int, int]:
-    """``(epoch, micro-batches into it)`` of a rank's ``micro_step``: the sampler's ``locate`` (map-style), its
-    ``steps_in`` per epoch (epochs of their own length: a random-tier stream), else ``steps_per_epoch`` each."""
-    if getattr(sampler, "locate", None) is not None:
-        return sampler.locate(micro_step)
+    """``(epoch, micro-batches into it)`` of a rank's ``micro_step`` in a stream: its ``steps_in`` per epoch (epochs
+    of their own length: tiered streams), else ``steps_per_epoch`` each."""
     steps_in = getattr(sampler, "steps_in", None)
     if steps_in is None:
         return divmod(int(micro_step), sampler.steps_per_epoch)

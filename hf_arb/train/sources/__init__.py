@@ -1,0 +1,58 @@
+"""``train/sources/``: the run's data, one *source* object per mode, built once by :func:`build_source` from the flags.
+
+A source answers the few questions the training loop asks of its data, the same way in every mode
+(:class:`~hf_arb.train.sources.base.Source`): the loader to prepare (and the object accelerate checkpoints with
+it), the batch's bucket, its state for checkpoints (a stream writes per-rank files beside accelerate's), its
+start-up report and run statistics, the step schedule (epochs of fixed or of their own length), where an epoch
+starts and how a resumed run continues. :func:`source_class` is the only place outside argument validation
+(``train/args.py``, ``train/arg_checks.py``) that reads the mode flags (``--streaming``, ``--packing``, several
+``--resolution`` tiers, ``--reference_image_column``); adding a mode adds a class here.
+
+Modules:
+
+- :mod:`~hf_arb.train.sources.base` — :class:`Source`, the questions and their shared answers;
+- :mod:`~hf_arb.train.sources.bucketed` — map-style sources: bucketed, with reference images, tiered;
+- :mod:`~hf_arb.train.sources.packed` — ``--packing``: packs of images at their own size (one tier or several);
+- :mod:`~hf_arb.train.sources.streamed` — ``--streaming``: a bucketed stream (one tier or several);
+- :mod:`~hf_arb.train.sources.reports` — the start-up tables of the map-style and packed sources;
+- :mod:`~hf_arb.train.sources.dataset` — the map-style dataset, its bucket columns and the pre-model checks;
+- :mod:`~hf_arb.train.sources.loaders` — samplers and DataLoaders of the map-style and packed sources;
+- :mod:`~hf_arb.train.sources.stream` — the streamed dataset, its counts, loader and per-rank resume files;
+- :mod:`~hf_arb.train.sources.tiers` — several ``--resolution`` tiers: flags, the combined bucket table, images.
+
+The path of one batch through a source: docs/code_map.md. Part of floor 7 (``train/``): imports the floors below
+and ``train/``'s own modules, never the script.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+
+def source_class(args: argparse.Namespace) -> type:
+    """The :class:`~hf_arb.train.sources.base.Source` subclass of the run's mode flags (the allowed combinations:
+    ``train/arg_checks.py`` refuses the others before this is asked)."""
+    tiered = len(getattr(args, "resolutions", None) or []) > 1
+    if getattr(args, "streaming", False):
+        from .streamed import StreamSource, TieredStreamSource
+
+        return TieredStreamSource if tiered else StreamSource
+    if getattr(args, "packing", False):
+        from .packed import PackedSource, TieredPackedSource
+
+        return TieredPackedSource if tiered else PackedSource
+    from .bucketed import BucketedSource, ReferenceSource, TieredSource
+
+    if tiered:
+        return TieredSource
+    return ReferenceSource if getattr(args, "reference_image_column", None) else BucketedSource
+
+
+def build_source(args: argparse.Namespace, accelerator: Any) -> Any:
+    """The run's data source: its data loaded and checked (the plan, the upscale). ``accelerator`` None: one
+    process, before torch, accelerate or any model is loaded (so data mistakes answer in seconds)."""
+    return source_class(args)(args, accelerator)
+
+
+__all__ = ["build_source", "source_class"]
