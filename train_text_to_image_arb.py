@@ -71,7 +71,7 @@ from typing import Any
 from hf_arb.checks import UsageError
 from hf_arb.lazy import LazyModule
 from hf_arb.train.args import cli_parse, parse_args
-from hf_arb.train.caches import TextEncoder
+from hf_arb.train.cache.caches import TextEncoder
 from hf_arb.train.environment import (
     agree_on_seed,
     check_environment,

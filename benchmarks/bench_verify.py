@@ -48,7 +48,7 @@ def _latent_check_row(n: int) -> dict:
 
     import numpy as np
 
-    from hf_arb.train.latents import LatentCache
+    from hf_arb.train.cache.latents import LatentCache
 
     with tempfile.TemporaryDirectory() as d:
         cache = LatentCache(d)

@@ -163,7 +163,7 @@ def test_lower_floors_never_import_upper_ones() -> None:
 
 
 def test_floor_check_sees_an_upward_import() -> None:
-    assert floor("hf_arb.buckets.sets") < floor("hf_arb.images.fitting") < floor("hf_arb.train.latents")
+    assert floor("hf_arb.buckets.sets") < floor("hf_arb.images.fitting") < floor("hf_arb.train.cache.latents")
     assert floor("hf_arb.rng") == 0 and floor("hf_arb.cli") == FLOORS.index("cli")
 
 
@@ -335,8 +335,10 @@ def test_the_xdist_group_override_is_isolated_and_still_applies() -> None:
 MODE_FLAG_TESTS = re.compile(r"args\.packing|args\.streaming|args\.resolution_schedule|reference_image_column"
                              r"|stream is None|getattr\(\w+, \"(?:packing|streaming|resolutions|locate)\""
                              r"|len\(args\.resolutions\)")
-#: where the mode flags may be read: the sources (their factory and constructors) and the argument parser/checks
-MODE_FLAG_OWNERS = ("hf_arb/train/sources/", "hf_arb/train/args.py", "hf_arb/train/arg_checks.py")
+#: where the mode flags may be read: the sources (their factory and constructors) and argument validation: the
+#: parser/checks, and resume_flags, which records the flags that shape a checkpoint and compares them on resume
+MODE_FLAG_OWNERS = ("hf_arb/train/sources/", "hf_arb/train/args.py", "hf_arb/train/arg_checks.py",
+                    "hf_arb/train/resume_flags.py")
 
 
 def _mode_flag_tests(paths: list[Path]) -> list[str]:

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from hf_arb.train import latents as lat
-from hf_arb.train.latent_dataset import CachedLatentDataset
+from hf_arb.train.cache import latents as lat
+from hf_arb.train.cache.latent_dataset import CachedLatentDataset
 
 
 class Pipe:

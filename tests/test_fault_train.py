@@ -159,7 +159,7 @@ def test_damaged_latent_cache_entries_are_reencoded(assets, tmp_path) -> None:
 
 def test_latent_entry_damaged_during_training_is_reencoded_in_place(assets, tmp_path, monkeypatch) -> None:
     """Entries that break after the start-up check (here: all of them, right after it) are re-encoded on read."""
-    from hf_arb.train import latents as lat
+    from hf_arb.train.cache import latents as lat
 
     out = tmp_path / "cached"
     argv = _argv(assets, out, "--center_crop", "--max_train_steps", "2", "--checkpointing_steps", "100",

@@ -1,4 +1,4 @@
-"""Latent cache (hf_arb.train.latents): keys, atomic float16 storage, per-rank shares, reuse and invalidation."""
+"""Latent cache (hf_arb.train.cache.latents): keys, atomic float16 storage, per-rank shares, reuse and invalidation."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 import torch
 from PIL import Image
 
-from hf_arb.train import latents as lat
-from hf_arb.train.latent_dataset import CachedLatentDataset
+from hf_arb.train.cache import latents as lat
+from hf_arb.train.cache.latent_dataset import CachedLatentDataset
 
 
 def _png(color: tuple[int, int, int], size: tuple[int, int] = (24, 16)) -> bytes:

@@ -409,8 +409,8 @@ def test_cached_latents_see_the_replacement_rows_references(tmp_path) -> None:
     import torch
 
     from hf_arb.images.references import BucketedReferenceDataset
-    from hf_arb.train.latent_dataset import CachedLatentDataset, CachedLatentsWithReferences
-    from hf_arb.train.latents import LatentCache, build_index, fill_cache
+    from hf_arb.train.cache.latent_dataset import CachedLatentDataset, CachedLatentsWithReferences
+    from hf_arb.train.cache.latents import LatentCache, build_index, fill_cache
 
     good = pairs(broken=None).cast_column("before", datasets.Image(decode=False))
     rows = good.to_dict()

@@ -147,7 +147,7 @@ def tiered_images(train_assets):
 
 def test_rows_are_fitted_to_their_bucket_in_the_batchs_tier(tiered_images):
     """SDXL's time ids (original size, crop, target size) come from this fit: the target is the tier's bucket."""
-    from hf_arb.train.cache_keys import entry_key
+    from hf_arb.train.cache.cache_keys import entry_key
 
     images, table, ids, ds = tiered_images
     pairs = tier_pairs(ds, table)  # what --cache_latents encodes: every (row, tier) the row is eligible for

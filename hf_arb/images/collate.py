@@ -1,6 +1,6 @@
 """What every bucketed batch holds, written once: the caption a row trains with, and the stacking of the
 fields that image batches (:class:`hf_arb.images.dataset.BucketedImageDataset`) and cached-latent batches
-(:class:`hf_arb.train.latent_dataset.CachedLatentDataset`) share.
+(:class:`hf_arb.train.cache.latent_dataset.CachedLatentDataset`) share.
 
 A batch dict has ``original_sizes``, ``crop_top_lefts``, ``target_sizes`` (``long (B, 2)``, as ``(h, w)`` /
 ``(y, x)``: what diffusers' SDXL pipeline computes), ``captions`` (``list[str]`` of length ``B``), ``rows`` and

@@ -10,9 +10,8 @@
   :mod:`~hf_arb.train.resume_flags` — the flags that shape a checkpoint, recorded and checked on resume;
   :mod:`~hf_arb.train.signals` — Ctrl-C and SIGTERM: one agreed stop, an optional checkpoint, one line;
 - :mod:`~hf_arb.train.checkpointing` — accelerate checkpoint folders and our small JSON state beside them;
-- :mod:`~hf_arb.train.caches` — the latent cache's filling and the prompt-embedding memo;
-- :mod:`~hf_arb.train.latents` (+ :mod:`~hf_arb.train.latent_dataset`) — the content-addressed latent cache and its
-  dataset; :mod:`~hf_arb.train.cache_keys` — its entry keys;
+- :mod:`~hf_arb.train.cache` — the content-addressed latent cache, its dataset and keys, and a run's two caches
+  (latents, prompt embeddings);
 - :mod:`~hf_arb.train.outputs` — validation grids, the saved pipeline or LoRA, the model card, the push;
 - :mod:`~hf_arb.train.lora` — LoRA helpers (targets, saved metadata, portable weights);
 - :mod:`~hf_arb.train.files` — the names of the files a run writes beside accelerate's.

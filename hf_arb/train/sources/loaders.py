@@ -15,7 +15,7 @@ from hf_arb.checks import UsageError
 from hf_arb.lazy import LazyModule
 from hf_arb.families import Models
 
-from ..caches import build_latent_cache
+from ..cache.caches import build_latent_cache
 from .dataset import SAMPLER_FLAG_NAMES, image_dataset
 from ..files import SKIPPED_ROWS_FILE
 from ..schedule import Schedule
@@ -124,7 +124,7 @@ def build_dataloader(args: argparse.Namespace, accelerator: Any, ds: Any, bucket
     Returns ``(dataloader, cache index or None)``; the loader still has to go through ``accelerator.prepare``.
     """
     if args.cache_latents:
-        from hf_arb.train.latent_dataset import CachedLatentDataset
+        from hf_arb.train.cache.latent_dataset import CachedLatentDataset
 
         cache, index, repair = build_latent_cache(args, accelerator, ds, buckets, models, sampler, schedule,
                                                   weight_dtype, references=references)
@@ -142,7 +142,7 @@ def build_dataloader(args: argparse.Namespace, accelerator: Any, ds: Any, bucket
         if isinstance(buckets, TierTable):  # the sampler's (row, tier, bucket, epoch) keys
             dataset = TieredImages(dataset, buckets)
         elif targets is not None and getattr(models.family, "reference_pixels_with_cache", False):
-            from hf_arb.train.latent_dataset import CachedLatentsWithReferences
+            from hf_arb.train.cache.latent_dataset import CachedLatentsWithReferences
 
             # its encoder sees them
             dataset = CachedLatentsWithReferences(dataset, image_dataset(args, ds, buckets, references))

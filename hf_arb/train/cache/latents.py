@@ -28,7 +28,7 @@ Layout of a cache directory (safe to share between runs, datasets and ranks)::
   from :meth:`LatentCache.read`'s metadata). Every read checks them and that the values are finite; a truncated,
   empty, wrong-shape, NaN-filled or otherwise damaged entry raises :class:`LatentCacheError` instead of training on
   it. :func:`fill_cache` re-encodes bad entries it would reuse (``CacheIndex.repaired``); the dataset over the cache
-  (:mod:`hf_arb.train.latent_dataset`) re-encodes through its ``repair`` callback. Non-finite latents are refused at write.
+  (:mod:`hf_arb.train.cache.latent_dataset`) re-encodes through its ``repair`` callback. Non-finite latents are refused at write.
 """
 
 from __future__ import annotations
@@ -229,7 +229,7 @@ class CacheIndex:
         encoded: entries this process encoded while building (0 when everything was reused), repaired ones included.
         reused: entries this process found already in the cache, intact.
         repaired: entries that existed but were damaged, and were encoded again (while building or, through
-            :class:`~hf_arb.train.latent_dataset.CachedLatentDataset`'s ``repair``, while training).
+            :class:`~hf_arb.train.cache.latent_dataset.CachedLatentDataset`'s ``repair``, while training).
         references: an edit model's reference columns: one index per column, keyed by the same
             ``(row, composite id)`` pairs (the reference's own content and fit plan in each key).
     """

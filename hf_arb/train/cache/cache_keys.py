@@ -1,4 +1,4 @@
-"""The keys of the latent cache (:mod:`hf_arb.train.latents`): what makes two encodings the same.
+"""The keys of the latent cache (:mod:`hf_arb.train.cache.latents`): what makes two encodings the same.
 
 An entry's key hashes the image *content* (:func:`content_hash`: SHA-256 of its encoded bytes), the exact fit plan
 (bucket ``(w, h)``, scaled size, crop offset, flip) and the VAE's identity (:func:`vae_fingerprint`: config and

@@ -1,4 +1,4 @@
-"""A map-style dataset over a built latent cache (:mod:`hf_arb.train.latents`): the cached-latents counterpart of
+"""A map-style dataset over a built latent cache (:mod:`hf_arb.train.cache.latents`): the cached-latents counterpart of
 :class:`hf_arb.images.dataset.BucketedImageDataset`, keyed and collated the same way."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The two caches of a run: VAE latents per (image, bucket, crop, flip) (:mod:`hf_arb.train.latents`) and
+"""The two caches of a run: VAE latents per (image, bucket, crop, flip) (:mod:`hf_arb.train.cache.latents`) and
 prompt embeddings per caption (the family encodes them)."""
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ import numpy as np
 from hf_arb.families import Models
 from hf_arb.lazy import LazyModule
 
-from .sources.dataset import image_dataset
-from .models import place
-from .schedule import Schedule
-from .sources.tiers import TierTable, tier_pairs
+from ..sources.dataset import image_dataset
+from ..models import place
+from ..schedule import Schedule
+from ..sources.tiers import TierTable, tier_pairs
 
 torch: Any = LazyModule("torch")  # loaded when a function needs it: --help and flag errors answer before torch
 logger = logging.getLogger("train_text_to_image_arb")
@@ -32,7 +32,7 @@ def build_latent_cache(args: argparse.Namespace, accelerator: Any, ds: Any, buck
     latents are cached too)."""
     from accelerate.utils import gather_object
 
-    from hf_arb.train import latents as lat
+    from hf_arb.train.cache import latents as lat
 
     cache = lat.LatentCache(args.latent_cache_dir or os.path.join(args.output_dir, "latent_cache"))
     vae = place(models.vae, accelerator.device, torch.float32)
@@ -114,10 +114,10 @@ def reference_index(args: argparse.Namespace, accelerator: Any, ds: Any, images:
                     column: str) -> Any:
     """Cache the ``j``-th reference column's (``column``) latents for every ``(row, composite id)`` pair and variant, keyed by the
     reference's content and its own fit plan (bucket, scaled size, crop, flip: :meth:`BucketedReferenceDataset.
-    reference_plans`); returns their :class:`~hf_arb.train.latents.CacheIndex` (counts included in the run's)."""
+    reference_plans`); returns their :class:`~hf_arb.train.cache.latents.CacheIndex` (counts included in the run's)."""
     from accelerate.utils import gather_object
 
-    from hf_arb.train import latents as lat
+    from hf_arb.train.cache import latents as lat
 
     rows = sorted({r for r, _ in pairs})
     share = [rows[i] for i in lat.plan_share(len(rows), accelerator.process_index, accelerator.num_processes)]
@@ -142,7 +142,7 @@ def reference_index(args: argparse.Namespace, accelerator: Any, ds: Any, images:
 
 
 def latent_repair(cache: Any, index: Any, load_batch: Any, vae: Any) -> Any:
-    """``(row, bucket, epoch)`` → encode that cache entry again (an entry damaged while training; see hf_arb.train.latents)."""
+    """``(row, bucket, epoch)`` → encode that cache entry again (an entry damaged while training; see hf_arb.train.cache.latents)."""
 
     @torch.no_grad()
     def repair(row: int, bucket: int, epoch: int) -> None:
