@@ -106,6 +106,8 @@ from hf_arb.train.outputs import (
 )
 from hf_arb.train.schedule import Schedule, compute_schedule, image_loss_weights, micro_step_generator, pack_schedule
 from hf_arb.train.progress import Progress, check_resumed_step, restore, save_checkpoint
+from hf_arb.train.upstream_flags import (final_validation_args, offload_frozen, restore_frozen,
+                                         validation_due)
 from hf_arb.train.streaming import (build_stream_dataloader, epoch_start, restore_stream, stream_print,
                                      stream_startup_report, streaming_dataset)
 
@@ -210,9 +212,11 @@ def main(argv: list[str] | argparse.Namespace | None = None) -> dict[str, Any]:
         accelerator.register_for_checkpointing(sampler)  # its plan check refuses a checkpoint of another dataset/seed
     if models.ema_unet is not None:
         models.ema_unet.to("cpu" if args.offload_ema else accelerator.device)
+    device = None if args.offload else accelerator.device  # --offload: they stay on the CPU (offload_frozen)
     for te in models.text_encoders[len(models.trained_text_encoders or []):]:  # the frozen ones
-        place(te, accelerator.device, weight_dtype)
-    place(models.vae, accelerator.device, family.vae_dtype(args, weight_dtype))
+        place(te, device, weight_dtype)
+    place(models.vae, device, family.vae_dtype(args, weight_dtype))
+    offload_frozen(args, models, accelerator.device)
     if accelerator.is_main_process and accelerator.trackers == [] and args.report_to not in (None, "none", ""):
         config = {k: v for k, v in vars(args).items() if isinstance(v, (int, float, str, bool))}
         accelerator.init_trackers(args.tracker_project_name, config)
@@ -245,8 +249,10 @@ def main(argv: list[str] | argparse.Namespace | None = None) -> dict[str, Any]:
     if args.packing:
         last_epoch = sampler.locate(max(progress.micro_step - 1, 0))[0]  # the epoch of the last trained pack
         stats["pack_reports"] = {e: sampler.report(e).to_dict() for e in range(last_epoch + 1)}
+    restore_frozen(args, models)  # --offload: the weights back in place, for the saved pipeline
     finish = save_final_lora if args.lora else save_final
-    finish(args, accelerator, models, unet, buckets, progress, stats.setdefault("validation_images", []), stats)
+    finish(final_validation_args(args), accelerator, models, unet, buckets, progress,  # --skip_final_inference ...
+           stats.setdefault("validation_images", []), stats)
     if accelerator.is_main_process:
         (Path(args.output_dir) / STATS_FILE).write_text(json.dumps(stats, indent=1, default=str))
     accelerator.end_training()
@@ -351,6 +357,10 @@ def train_loop(args: argparse.Namespace, accelerator: Any, models: Models, unet:
                 in_epoch = progress.micro_step - epoch_start(sampler, epoch)  # micro-batches trained this epoch
                 save_checkpoint(args, accelerator, progress,
                                 None if stream is None else stream.state_dict(step=in_epoch))
+            if validation_due(args, progress.global_step):  # --validation_steps (train_dreambooth.py)
+                path = log_validation(args, accelerator, models, unwrap(accelerator, unet), buckets,
+                                      progress.global_step, weight_dtype)
+                validation_images.extend([str(path)] if path else [])
             if progress.global_step >= schedule.max_train_steps:
                 break
         stream_print(accelerator, stream, f"epoch {epoch} end")
