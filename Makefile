@@ -6,11 +6,12 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: help venv test test-fast demo bench docs clean
+.PHONY: help venv test test-fast test-min demo bench docs clean
 
 help:
 	@echo "make test   - create .venv (torch CPU/GPU wheel, project + test extra) and run the whole suite"
 	@echo "make demo   - annotate, train a tiny SD pipeline on 2 processes, write pictures (offline)"
+	@echo "make test-min - the lowest supported versions (constraints-min.txt) in their own .venv-min, a quick subset"
 	@echo "make bench  - run every benchmark side by side with its baseline, write docs/benchmarks.md"
 	@echo "make docs   - build the documentation site into site/ (offline, strict: a broken link fails)"
 	@echo "             (the venv has the ray and spark extras; a JRE and Chromium, for the report's browser test, are"
@@ -33,6 +34,17 @@ test: venv
 test-fast: venv
 	$(PY) -m pytest -n 2 --dist loadgroup -m "not slow" $(PYTEST_ARGS)
 
+# The lowest set: pyproject's lower bounds pinned in constraints-min.txt, in a venv of its own, and the suite's fast
+# checks of the families and flags that set the floors (not in .ci/run: the venv build takes minutes).
+VENV_MIN ?= .venv-min
+MIN_TESTS ?= tests/test_versions.py tests/test_upstream_scripts.py tests/test_family_flux2.py \
+	tests/test_family_qwenimage.py tests/test_family_zimage.py tests/test_train_dreambooth.py
+test-min:
+	test -x $(VENV_MIN)/bin/python || $(PYTHON) -m venv $(VENV_MIN)
+	$(VENV_MIN)/bin/python -m pip install -q torch==2.13.0 -c constraints-min.txt
+	$(VENV_MIN)/bin/python -m pip install -q -e ".[test]" -c constraints-min.txt
+	$(VENV_MIN)/bin/python -m pytest -n 2 -m "not slow" -p no:cacheprovider $(MIN_TESTS) $(PYTEST_ARGS)
+
 demo: venv
 	$(PY) scripts/demo.py
 
@@ -43,4 +55,4 @@ docs: venv
 	$(PY) -m mkdocs build --strict -d site
 
 clean:
-	rm -rf $(VENV) build site *.egg-info .pytest_cache .hypothesis
+	rm -rf $(VENV) $(VENV_MIN) build site *.egg-info .pytest_cache .hypothesis
