@@ -111,33 +111,32 @@ def test_validation_flags_without_a_prompt_warn_once(caplog, monkeypatch):
 
 
 # ------------------------------------------------------------------------------------------ meanings
-def test_text_encoder_out_layers_are_the_layers_the_pipeline_stacks(tmp_path):
+def test_text_encoder_out_layers_are_the_layers_the_pipeline_stacks(family_assets):
     """--text_encoder_out_layers: the prompt embeddings training sees equal Flux2KleinPipeline.encode_prompt's
-    with the same text_encoder_out_layers (and the default the pipeline's own); a layer past the encoder: error."""
+    with the same text_encoder_out_layers (and, without the flag, the pipeline's default); a layer past the
+    encoder: error naming the flag; validation and the model card pass the layers on."""
     from diffusers import Flux2KleinPipeline
 
-    from hf_arb.testing.tiny_flux2 import save_tiny_flux2
-
-    model = save_tiny_flux2(tmp_path / "klein", klein=True)
-    pipe = Flux2KleinPipeline.from_pretrained(model)
-    captions = ["a red fox", "a cat on a sofa"]
     from hf_arb.families import get_family
 
+    model = family_assets["flux2_klein"]
+    pipe = Flux2KleinPipeline.from_pretrained(model)
+    captions, cpu = ["a red fox", "a cat on a sofa"], torch.device("cpu")
     family = get_family("flux2_klein")
-    embeds = {}
-    for layers in (None, (3, 6, 27)):
-        args = parse(model, "--max_sequence_length", "16", *(["--text_encoder_out_layers", *map(str, layers)]
-                                                              if layers else []))
-        models = family.load_models(args)
-        ours, _ = family.encode_text(models, models.text_encoders, captions, torch.device("cpu"))
-        theirs, _ = pipe.encode_prompt(captions, device=torch.device("cpu"), max_sequence_length=16,
-                                       **({"text_encoder_out_layers": layers} if layers else {}))
-        torch.testing.assert_close(ours, theirs)
-        embeds[layers] = ours
-    assert not torch.allclose(embeds[None], embeds[(3, 6, 27)])
+    args = parse(model, "--max_sequence_length", "16", "--text_encoder_out_layers", "3", "6", "27")
+    models = family.load_models(args)
+    assert models.options.text_layers == (3, 6, 27)
+    ours, _ = family.encode_text(models, models.text_encoders, captions, cpu)
+    theirs, _ = pipe.encode_prompt(captions, device=cpu, max_sequence_length=16, text_encoder_out_layers=(3, 6, 27))
+    torch.testing.assert_close(ours, theirs)
+    default, _ = family.encode_prompts(models.tokenizers, models.text_encoders, captions, cpu, 16)
+    torch.testing.assert_close(default, pipe.encode_prompt(captions, device=cpu, max_sequence_length=16)[0])
+    assert not torch.allclose(default, ours)
     assert upstream_flags.pipeline_call_kwargs(args) == {"text_encoder_out_layers": (3, 6, 27)}  # validation's call
+    assert "`text_encoder_out_layers=(3, 6, 27)`" in " ".join(family.card_lines(args))  # the model card says so
+    assert not any("text_encoder_out_layers" in line for line in family.card_lines(parse(model)))
     with pytest.raises(script.UsageError, match="--text_encoder_out_layers 3 28: .*has 27 layers"):
-        family.load_models(parse(model, "--text_encoder_out_layers", "3", "28"))
+        family.out_layers(parse(model, "--text_encoder_out_layers", "3", "28"), models.text_encoders[0])
 
 
 def test_vae_encode_mode_mode_trains_the_posterior_mean(tmp_path):

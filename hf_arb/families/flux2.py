@@ -311,9 +311,13 @@ class Flux2Family(FlowFamily):
                                   options.precondition_outputs)
 
     def card_lines(self, args: argparse.Namespace) -> list[str]:
+        layers = getattr(args, "text_encoder_out_layers", None)
+        encoder = [f"Trained with the text encoder's hidden layers {tuple(layers)} stacked into the prompt embeddings "
+                   f"(`--text_encoder_out_layers`): pass `text_encoder_out_layers={tuple(layers)}` to the pipeline "
+                   "call to prompt as training did.", ""] if layers else []
         if not getattr(args, "family_report", None):
-            return []
-        return [f"Per-bucket resolution shift (`mu` from each bucket's latent token count, as the {self.title} "
+            return encoder
+        return [*encoder, f"Per-bucket resolution shift (`mu` from each bucket's latent token count, as the {self.title} "
                 f"pipeline computes it at {self.mu_reference_steps} inference steps):", "", "```",
                 args.family_report, "```", ""]
 
