@@ -40,6 +40,7 @@ from typing import Any
 from hf_arb.checks import UsageError
 from hf_arb.lazy import LazyModule
 
+from . import flux2_text
 from .base import Models, builtin_family
 from .flow_family import FlowFamily, FlowOptions, FlowParts
 
@@ -206,12 +207,10 @@ class Flux2Family(FlowFamily):
         )
 
     def load_models(self, args: argparse.Namespace) -> Models:
-        """:meth:`FlowFamily.load_models`; a ``--pretrained_vae_model_name_or_path`` loads as ``AutoencoderKLFlux2``;
-        ``--text_encoder_out_layers`` replaces :attr:`hidden_layers` (checked against the loaded encoder's depth)."""
+        """:meth:`FlowFamily.load_models`; a VAE flag loads as ``AutoencoderKLFlux2``; the run's :meth:`out_layers`."""
         vae_path = args.pretrained_vae_model_name_or_path
         models = super().load_models(argparse.Namespace(**{**vars(args), "pretrained_vae_model_name_or_path": None}))
-        models.options = dataclasses.replace(models.options,
-                                             text_layers=self.out_layers(args, models.text_encoders[0]))
+        models.options = dataclasses.replace(models.options, text_layers=self.out_layers(args, models.text_encoders[0]))
         if vae_path:
             from diffusers import AutoencoderKLFlux2
 
@@ -220,15 +219,8 @@ class Flux2Family(FlowFamily):
         return models
 
     def out_layers(self, args: argparse.Namespace, encoder: Any) -> tuple[int, ...]:
-        """``--text_encoder_out_layers`` (upstream's flag) or the pipeline's default :attr:`hidden_layers`; a layer past
-        the encoder's ``num_hidden_layers`` (hidden state 0 is the embeddings) is a UsageError naming the flag."""
-        layers = tuple(getattr(args, "text_encoder_out_layers", None) or self.hidden_layers)
-        config = encoder.config.get_text_config() if hasattr(encoder.config, "get_text_config") else encoder.config
-        depth = int(config.num_hidden_layers)
-        if max(layers) > depth:
-            raise UsageError(f"--text_encoder_out_layers {' '.join(map(str, layers))}: {args.pretrained_model_name_or_path}"
-                             f"'s text encoder has {depth} layers (hidden states 0..{depth}).")
-        return layers
+        """The stacked layers: ``--text_encoder_out_layers`` or :attr:`hidden_layers` (:mod:`.flux2_text`)."""
+        return flux2_text.text_layers(args, encoder, self.hidden_layers)
 
     def encode_text(self, models: Models, encoders: list[Any], captions: list[str], device: Any) -> tuple[Any, Any]:
         return self.encode_prompts(models.tokenizers, encoders, captions, device, models.options.max_sequence_length,
@@ -311,13 +303,11 @@ class Flux2Family(FlowFamily):
                                   options.precondition_outputs)
 
     def card_lines(self, args: argparse.Namespace) -> list[str]:
-        layers = getattr(args, "text_encoder_out_layers", None)
-        encoder = [f"Trained with the text encoder's hidden layers {tuple(layers)} stacked into the prompt embeddings "
-                   f"(`--text_encoder_out_layers`): pass `text_encoder_out_layers={tuple(layers)}` to the pipeline "
-                   "call to prompt as training did.", ""] if layers else []
+        encoder = flux2_text.layers_card_lines(args)
         if not getattr(args, "family_report", None):
             return encoder
-        return [*encoder, f"Per-bucket resolution shift (`mu` from each bucket's latent token count, as the {self.title} "
+        return [*encoder, "Per-bucket resolution shift (`mu` from each bucket's latent token count, as the "
+                f"{self.title} "
                 f"pipeline computes it at {self.mu_reference_steps} inference steps):", "", "```",
                 args.family_report, "```", ""]
 

@@ -34,6 +34,8 @@ VALIDATION_SCHEDULERS = ("DPMSolverMultistepScheduler", "DDPMScheduler")
 #: ``--offset_noise``: train_dreambooth.py adds ``0.1 * randn(B, C, 1, 1)``, which is ``--noise_offset 0.1``
 OFFSET_NOISE = 0.1
 
+#: the Qwen-Image script's default of its unused HiDream flags
+LLAMA = "meta-llama/Meta-Llama-3.1-8B-Instruct"
 #: flag → (upstream's default, why it is refused and what to do). A flag unset or at upstream's default changes
 #: nothing: accepted.
 REFUSED: dict[str, tuple[Any, str]] = {
@@ -41,9 +43,11 @@ REFUSED: dict[str, tuple[Any, str]] = {
                                    "script runs offline with the model's own text encoder. Drop it (add "
                                    "--cache_text_embeddings to encode each caption once)"),
     "fsdp_text_encoder": (False, "the frozen text encoder is not sharded here (FSDP, if configured in accelerate, "
-                                 "wraps the trained model). Drop it; --cache_text_embeddings encodes each caption once"),
+                                 "wraps the trained model). Drop it; --cache_text_embeddings encodes each caption "
+                                 "once"),
     "validation_image": (None, "validation here generates from the prompt at bucket shapes, without a reference "
-                               "image. Drop it (the trained LoRA loads in the stock edit pipeline, which takes image=)"),
+                               "image. Drop it (the trained LoRA loads in the stock edit pipeline, which takes "
+                               "image=)"),
     "validation_images": (None, "they are the img2img / upscaler pipelines' validation inputs (DeepFloyd IF); "
                                 "validation here is text-to-image. Drop it"),
     "class_labels_conditioning": (None, "it feeds the timesteps as class labels to DeepFloyd IF's upscaler UNet, a "
@@ -58,10 +62,10 @@ REFUSED: dict[str, tuple[Any, str]] = {
     "skip_save_text_encoder": (False, "it drops a fully fine-tuned text encoder from the output; text encoders are "
                                       "never fully fine-tuned here, and the saved pipeline keeps the base encoder so "
                                       "that it loads as one folder. Drop it"),
-    "pretrained_text_encoder_4_name_or_path": ("meta-llama/Meta-Llama-3.1-8B-Instruct", "it is HiDream's fourth text encoder; Qwen-Image has one, and "
-                                                     "upstream's Qwen-Image script never reads the flag. Drop it"),
-    "pretrained_tokenizer_4_name_or_path": ("meta-llama/Meta-Llama-3.1-8B-Instruct", "it is HiDream's fourth tokenizer; Qwen-Image has one, and "
-                                                  "upstream's Qwen-Image script never reads the flag. Drop it"),
+    "pretrained_text_encoder_4_name_or_path": (LLAMA, "it is HiDream's fourth text encoder; Qwen-Image has one, and "
+                                                      "upstream's Qwen-Image script never reads the flag. Drop it"),
+    "pretrained_tokenizer_4_name_or_path": (LLAMA, "it is HiDream's fourth tokenizer; Qwen-Image has one, and "
+                                                   "upstream's Qwen-Image script never reads the flag. Drop it"),
 }
 #: CUDA-only flags: refused on a machine without CUDA, naming the device; with CUDA, refused as not yet implemented
 CUDA_ONLY = {
