@@ -360,8 +360,8 @@ def warn_unapplied_flags(args: argparse.Namespace) -> None:
     naming the flag, instead of a refusal."""
     defaults = getattr(args, "family_defaults", {})
     if not args.validation_prompts:
-        idle = [_shown(args, f) for f in ("validation_epochs", "num_validation_images",
-                                                 "validation_steps", "validation_scheduler")
+        idle = [_shown(args, f) for f in ("validation_epochs", "num_validation_images", "validation_steps",
+                                          "validation_scheduler")
                 if f not in defaults and getattr(args, f)] + [_shown(args, "num_validation_inference_steps")] * _given(
             args, "num_validation_inference_steps")
         if idle:
