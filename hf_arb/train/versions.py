@@ -27,7 +27,7 @@ logger = logging.getLogger("train_text_to_image_arb")
 TESTED: dict[str, tuple[str, str]] = {
     "torch": ("2.13.0", "2.13.0"),
     "diffusers": ("0.37.0", "0.42.1"),
-    "transformers": ("5.4.0", "5.23.0"),
+    "transformers": ("5.5.0", "5.23.0"),
     "peft": ("0.18.0", "0.21.2"),
     "accelerate": ("1.0.0", "1.15.0"),
     "datasets": ("3.0.0", "5.2.0"),
