@@ -7,11 +7,12 @@ STAMP := $(VENV)/.installed
 DEMO_STAMP := $(VENV)/.installed-demo
 PYTEST_ARGS ?=
 
-.PHONY: help venv demo-venv lint test test-fast demo bench docs clean
+.PHONY: help venv demo-venv lint test test-fast test-min demo bench docs clean
 
 help:
 	@echo "make test   - create .venv (torch CPU/GPU wheel, project + test extra) and run the whole suite"
 	@echo "make lint   - ruff check . (pyproject.toml [tool.ruff]); .ci/run runs it before make test"
+	@echo "make test-min - the lowest supported versions (constraints-min.txt) in their own .venv-min, a quick subset"
 	@echo "make demo   - annotate, train tiny SD and Flux pipelines on 2 processes, write pictures (offline); its own"
 	@echo "             light install (torch, the project and its demo extra: no ray, spark, JRE or Chromium)"
 	@echo "make bench  - run every benchmark side by side with its baseline, write docs/benchmarks.md"
@@ -49,6 +50,17 @@ test: venv
 test-fast: venv
 	$(PY) -m pytest -n 2 --dist loadgroup -m "not slow" $(PYTEST_ARGS)
 
+# The lowest set: pyproject's lower bounds pinned in constraints-min.txt, in a venv of its own, and the suite's fast
+# checks of the families and flags that set the floors (not in .ci/run: the venv build takes minutes).
+VENV_MIN ?= .venv-min
+MIN_TESTS ?= tests/test_versions.py tests/test_upstream_scripts.py tests/test_flag_audit.py tests/test_family_flux2.py \
+	tests/test_family_qwenimage.py tests/test_family_zimage.py tests/test_train_dreambooth.py
+test-min:
+	test -x $(VENV_MIN)/bin/python || $(PYTHON) -m venv $(VENV_MIN)
+	$(VENV_MIN)/bin/python -m pip install -q torch==2.13.0 -c constraints-min.txt
+	$(VENV_MIN)/bin/python -m pip install -q -e ".[test]" -c constraints-min.txt
+	$(VENV_MIN)/bin/python -m pytest -n 2 -m "not slow" -p no:cacheprovider $(MIN_TESTS) $(PYTEST_ARGS)
+
 demo: demo-venv
 	$(PY) scripts/demo.py
 
@@ -59,4 +71,4 @@ docs: venv
 	$(PY) -m mkdocs build --strict -d site
 
 clean:
-	rm -rf $(VENV) build site *.egg-info .pytest_cache .hypothesis
+	rm -rf $(VENV) $(VENV_MIN) build site *.egg-info .pytest_cache .hypothesis

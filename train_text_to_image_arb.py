@@ -101,6 +101,7 @@ from hf_arb.train.signals import StopOnSignal, TrainingStopped, finish_stopped
 from hf_arb.train.progress import Progress, check_resumed_step, restore, save_checkpoint
 from hf_arb.train.sources import build_source
 from hf_arb.train.sources.base import Source
+from hf_arb.train.upstream_flags import final_validation_args, offload_frozen, restore_frozen, validation_due
 
 torch: Any = LazyModule("torch")  # --help and argument errors answer before torch is loaded
 logger = logging.getLogger("train_text_to_image_arb")
@@ -171,9 +172,11 @@ def main(argv: list[str] | argparse.Namespace | None = None) -> dict[str, Any]:
     source.register(accelerator)  # what accelerate checkpoints with the loader (a stream saves its own, per rank)
     if models.ema_unet is not None:
         models.ema_unet.to("cpu" if args.offload_ema else accelerator.device)
+    device = None if args.offload else accelerator.device  # --offload: they stay on the CPU (offload_frozen)
     for te in models.text_encoders[len(models.trained_text_encoders or []):]:  # the frozen ones
-        place(te, accelerator.device, weight_dtype)
-    place(models.vae, accelerator.device, family.vae_dtype(args, weight_dtype))
+        place(te, device, weight_dtype)
+    place(models.vae, device, family.vae_dtype(args, weight_dtype))
+    offload_frozen(args, models, accelerator.device)
     if accelerator.is_main_process and accelerator.trackers == [] and args.report_to not in (None, "none", ""):
         config = {k: v for k, v in vars(args).items() if isinstance(v, (int, float, str, bool))}
         accelerator.init_trackers(args.tracker_project_name, config)
@@ -203,9 +206,10 @@ def main(argv: list[str] | argparse.Namespace | None = None) -> dict[str, Any]:
                  trainable_parameters=sum(p.numel() for g in trainable for p in (g["params"] if isinstance(g, dict)
                                                                                  else [g])),
                  mixed_precision=str(accelerator.mixed_precision))  # the real one (flag or accelerate config)
+    restore_frozen(args, models)  # --offload: the weights back in place, for the saved pipeline
     finish = save_final_lora if args.lora else save_final
-    finish(args, accelerator, models, unet, source.buckets, progress, stats.setdefault("validation_images", []),
-           stats)
+    finish(final_validation_args(args), accelerator, models, unet, source.buckets, progress,  # --skip_final_inference
+           stats.setdefault("validation_images", []), stats)
     if accelerator.is_main_process:
         (Path(args.output_dir) / STATS_FILE).write_text(json.dumps(stats, indent=1, default=str))
     accelerator.end_training()
@@ -319,6 +323,10 @@ def train_loop(run: Run, tqdm: Any, stopper: StopOnSignal | None = None) -> dict
                 save_checkpoint(args, accelerator, progress, source.rank_files(accelerator, progress.micro_step, epoch))
             if halt:
                 raise TrainingStopped(halt, progress.global_step)
+            if validation_due(args, progress.global_step):  # --validation_steps (train_dreambooth.py)
+                path = log_validation(args, accelerator, models, unwrap(accelerator, unet), source.buckets,
+                                      progress.global_step, weight_dtype)
+                validation_images.extend([str(path)] if path else [])
             if progress.global_step >= schedule.max_train_steps:
                 break
         source.epoch_ends(accelerator, epoch)

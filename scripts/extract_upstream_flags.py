@@ -1,5 +1,6 @@
 #!/usr/bin/env python
-"""Write tests/fixtures/upstream_flags.json: the argparse flags of diffusers' four text-to-image scripts.
+"""Write tests/fixtures/upstream_flags.json (diffusers' four text-to-image scripts) or, with --dreambooth,
+upstream_dreambooth_flags.json (every dreambooth script of the families we claim): their argparse flags.
 
 The training script promises the command line of diffusers' ``examples/text_to_image`` scripts. This reads the
 four scripts' ``parse_args`` *statically* (``ast``; the scripts import torchvision and are never executed) and
@@ -30,8 +31,16 @@ SCRIPTS = (
 )
 FOLDER = "examples/text_to_image"
 OUT = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "upstream_flags.json"
-#: --dreambooth: the dreambooth LoRA scripts whose flags the training script also takes (tests/test_train_dreambooth.py)
-DREAMBOOTH_SCRIPTS = ("train_dreambooth_lora_sd3.py", "train_dreambooth_lora_flux.py", "train_dreambooth_lora_sdxl.py")
+#: --dreambooth: every dreambooth script (full and LoRA) of a family the training script claims, whose flags it also
+#: takes (tests/test_train_dreambooth.py, tests/test_upstream_scripts.py). The img2img Flux.2 scripts are Flux.2's
+#: edit mode (--cond_image_column); HiDream, Lumina2, Sana, Krea2, Ideogram4 and Flax are families we do not claim.
+DREAMBOOTH_SCRIPTS = (
+    "train_dreambooth.py", "train_dreambooth_lora.py", "train_dreambooth_lora_sdxl.py",
+    "train_dreambooth_sd3.py", "train_dreambooth_lora_sd3.py", "train_dreambooth_flux.py", "train_dreambooth_lora_flux.py",
+    "train_dreambooth_lora_flux_kontext.py", "train_dreambooth_lora_flux2.py", "train_dreambooth_lora_flux2_klein.py",
+    "train_dreambooth_lora_flux2_img2img.py", "train_dreambooth_lora_flux2_klein_img2img.py",
+    "train_dreambooth_lora_qwen_image.py", "train_dreambooth_lora_z_image.py",
+)
 DREAMBOOTH_FOLDER = "examples/dreambooth"
 DREAMBOOTH_OUT = OUT.with_name("upstream_dreambooth_flags.json")
 

@@ -1,8 +1,9 @@
 """The flags of diffusers' dreambooth LoRA scripts, LoRA strength in stock diffusers, a missing tracker, and a resume
 at or past ``--max_train_steps`` (issue 22; tests/upstream/ runs diffusers' own tests of these scripts).
 
-``tests/fixtures/upstream_dreambooth_flags.json`` holds the argparse flags of diffusers'
-``train_dreambooth_lora_sd3.py``, ``_flux.py`` and ``_sdxl.py`` (huggingface/diffusers @ 58eb52c0), written by
+``tests/fixtures/upstream_dreambooth_flags.json`` holds the argparse flags of every diffusers dreambooth script of
+the families we claim (``scripts/extract_upstream_flags.py``'s ``DREAMBOOTH_SCRIPTS``: SD, SDXL, SD3, Flux.1, Kontext,
+Flux.2 dev / klein and their img2img, Qwen-Image, Z-Image; huggingface/diffusers @ 58eb52c0), written by
 ``python scripts/extract_upstream_flags.py --git_dir <diffusers.git> --dreambooth``.
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import sys
 from pathlib import Path
 
 import pytest
@@ -25,9 +27,21 @@ from hf_arb.train import args as train_args  # noqa: E402
 from hf_arb.train.sources import dataset as train_data  # noqa: E402
 
 UPSTREAM = json.loads((ROOT / "tests" / "fixtures" / "upstream_dreambooth_flags.json").read_text())
-FAMILY = {"train_dreambooth_lora_sd3.py": ("sd3", "StableDiffusion3Pipeline"),
-          "train_dreambooth_lora_flux.py": ("flux", "FluxPipeline"),
-          "train_dreambooth_lora_sdxl.py": ("sdxl", "StableDiffusionXLPipeline")}
+#: upstream script → (our family, the pipeline class its model_index.json names, LoRA)
+FAMILY = {"train_dreambooth.py": ("sd", "StableDiffusionPipeline", False),
+          "train_dreambooth_lora.py": ("sd", "StableDiffusionPipeline", True),
+          "train_dreambooth_lora_sdxl.py": ("sdxl", "StableDiffusionXLPipeline", True),
+          "train_dreambooth_sd3.py": ("sd3", "StableDiffusion3Pipeline", False),
+          "train_dreambooth_lora_sd3.py": ("sd3", "StableDiffusion3Pipeline", True),
+          "train_dreambooth_flux.py": ("flux", "FluxPipeline", False),
+          "train_dreambooth_lora_flux.py": ("flux", "FluxPipeline", True),
+          "train_dreambooth_lora_flux_kontext.py": ("flux-kontext", "FluxKontextPipeline", True),
+          "train_dreambooth_lora_flux2.py": ("flux2", "Flux2Pipeline", True),
+          "train_dreambooth_lora_flux2_klein.py": ("flux2_klein", "Flux2KleinPipeline", True),
+          "train_dreambooth_lora_flux2_img2img.py": ("flux2", "Flux2Pipeline", True),
+          "train_dreambooth_lora_flux2_klein_img2img.py": ("flux2_klein", "Flux2KleinPipeline", True),
+          "train_dreambooth_lora_qwen_image.py": ("qwenimage", "QwenImagePipeline", True),
+          "train_dreambooth_lora_z_image.py": ("zimage", "ZImagePipeline", True)}
 
 assets = test_train.assets  # the session's tiny SD / SDXL and photo folder
 _clean_accelerate_state = test_train._clean_accelerate_state
@@ -62,17 +76,28 @@ def fake_model(root: Path, family: str, pipeline: str) -> str:
 
 
 # ------------------------------------------------------------------------------------ fast: the flags
-@pytest.mark.parametrize("upstream", sorted(FAMILY))
+def test_the_fixture_is_every_script_the_extractor_names():
+    """The fixture holds every dreambooth script of scripts/extract_upstream_flags.py, and this test maps each one."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import extract_upstream_flags
+
+    assert list(UPSTREAM["scripts"]) == list(extract_upstream_flags.DREAMBOOTH_SCRIPTS)
+    assert set(FAMILY) == set(UPSTREAM["scripts"])
+
+
+@pytest.mark.parametrize("upstream", list(FAMILY))
 def test_every_dreambooth_flag_is_accepted_at_upstream_default(upstream, tmp_path, monkeypatch):
     """Every flag of the upstream script exists here, and a command passing each one at upstream's default parses
-    (the refused ones are refused only when they would change something: below)."""
+    in that script's family and mode (the refused ones are refused only when they would change something: below)."""
     monkeypatch.delenv("LOCAL_RANK", raising=False)
-    family, pipeline = FAMILY[upstream]
+    family, pipeline, lora = FAMILY[upstream]
     flags = UPSTREAM["scripts"][upstream]
     ours = {s[2:] for a in train_args.build_parser()._actions for s in a.option_strings if s.startswith("--")}
-    assert len(flags) > 60 and not sorted(set(flags) - ours)
+    assert len(flags) > 55 and not sorted(set(flags) - ours)
+    te = lora and "train_text_encoder" in flags and family not in ("flux2", "flux2_klein")
     argv = ["--pretrained_model_name_or_path", fake_model(tmp_path, family, pipeline), "--instance_data_dir",
-            str(tmp_path), "--instance_prompt", "photo of sks dog", "--rank", "4", "--train_text_encoder"]
+            str(tmp_path), "--instance_prompt", "photo of sks dog", *(["--rank", "4"] if lora else ["--full_finetune"]),
+            *(["--train_text_encoder"] if te else [])]
     given = {"pretrained_model_name_or_path", "instance_data_dir", "instance_prompt", "rank", "train_text_encoder"}
     for name, spec in flags.items():
         if name in given or spec["default"] is None or spec["action"] == "store_true" or isinstance(
@@ -81,8 +106,10 @@ def test_every_dreambooth_flag_is_accepted_at_upstream_default(upstream, tmp_pat
         values = spec["default"] if isinstance(spec["default"], list) else [spec["default"]]
         argv += [f"--{name}", *(str(v) for v in values)]
     args = script.parse_args(argv)
-    assert args.lora and args.family == family and args.instance_prompt == "photo of sks dog"
-    assert args.learning_rate == flags["learning_rate"]["default"] and args.text_encoder_lr == 5e-6
+    assert args.lora == lora and args.family == family and args.instance_prompt == "photo of sks dog"
+    assert args.learning_rate == flags["learning_rate"]["default"]
+    if te and "text_encoder_lr" in flags:
+        assert args.text_encoder_lr == flags["text_encoder_lr"]["default"]
 
 
 def _changed(flag: str, default: object) -> list[str]:

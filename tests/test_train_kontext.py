@@ -105,6 +105,17 @@ def test_kontext_lora_trains_on_pairs_with_stacked_references(kontext_lora) -> N
     assert weights and all(k.startswith("transformer.") and ".lora_" in k for k in weights)
 
 
+@pytest.mark.slow
+def test_cond_image_column_is_upstreams_name_for_the_reference_column(kontext_assets, kontext_lora, tmp_path) -> None:
+    """train_dreambooth_lora_flux_kontext.py's --cond_image_column trains exactly the --reference_image_column run
+    (issue 35): the same losses, step by step."""
+    stats = run_script(["--pretrained_model_name_or_path", kontext_assets["model"], "--dataset_name",
+                        kontext_assets["pairs"], "--cond_image_column", "before", *FLOW, "--rank", "4",
+                        "--learning_rate", "2e-2", "--max_train_steps", "4", "--checkpointing_steps", "2",
+                        "--bucket_leftover", "fill", "--output_dir", str(tmp_path / "cond")])
+    assert stats["losses"] == kontext_lora["stats"]["losses"] and len(stats["losses"]) == 4
+
+
 STOCK = r"""
 import json, sys
 sys.modules["hf_arb"] = None

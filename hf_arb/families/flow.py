@@ -139,7 +139,8 @@ def drop_captions(captions: Any, proportion: float, generator: torch.Generator) 
 
 def flow_loss(family: Any, options: Any, transformer: Any, batch: Mapping[str, Any],
               vae: Any, encode: Callable[[list[str]], tuple[torch.Tensor, torch.Tensor]], generator: torch.Generator,
-              dtype: torch.dtype, proportion_empty_prompts: float = 0.0) -> torch.Tensor:
+              dtype: torch.dtype, proportion_empty_prompts: float = 0.0, vae_encode_mode: str | None = None
+              ) -> torch.Tensor:
     """The loss of one micro-batch: latents → shifted sigmas → noisy latents → transformer → weighted MSE.
 
     Args:
@@ -147,9 +148,11 @@ def flow_loss(family: Any, options: Any, transformer: Any, batch: Mapping[str, A
             and ``captions``.
         encode: captions → ``(prompt_embeds, pooled)`` (memoised or not).
         generator: the micro-batch's generator: posterior sample, noise, ``u`` and prompt dropout, in that order.
+        vae_encode_mode: ``"mode"`` trains the posterior's mode (its mean; the sample's draw is still taken, so the
+            later draws do not move), ``"sample"`` or ``None`` a sample.
     """
     mean, std = posterior(batch, vae, generator.device)
-    latents = sample_latents(mean, std, vae.config, generator)
+    latents = sample_latents(mean, std * 0 if vae_encode_mode == "mode" else std, vae.config, generator)
     noise, sigmas, noisy = noise_latents(latents, options, generator)
     prompt_embeds, pooled = encode(drop_captions(batch["captions"], proportion_empty_prompts, generator))
     pred = family.predict(transformer, noisy.to(dtype), sigmas, prompt_embeds, pooled, options)

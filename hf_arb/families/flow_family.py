@@ -89,6 +89,8 @@ class FlowOptions:
         num_train_timesteps: the scheduler's training steps (the grid ``u`` is read on).
         token_patch: latent pixels per token side (:meth:`FlowFamily.token_patch`), for ``image_seq_len``.
         guidance_embeds: the transformer takes a guidance input (its config's ``guidance_embeds``).
+        text_layers: Flux.2: the text encoder's hidden layers stacked into the prompt embeddings
+            (``--text_encoder_out_layers``; ``None``: the family's default).
     """
 
     weighting_scheme: str = "none"
@@ -102,6 +104,7 @@ class FlowOptions:
     num_train_timesteps: int = 1000
     token_patch: int = 2
     guidance_embeds: bool = False
+    text_layers: tuple[int, ...] | None = None
 
     @property
     def by_resolution(self) -> bool:
@@ -204,6 +207,8 @@ class FlowFamily(Family):
     refusal_note = " (SD3/Flux train with --weighting_scheme and --shift_by_resolution instead)."
     supports_packing = True
     card_license = "other"
+    #: ``--vae_encode_mode``: the loss is :func:`hf_arb.families.flow.flow_loss` (SD3, Flux.1, Kontext)
+    supports_vae_encode_mode = True
 
     @property
     def output_dirs(self) -> tuple[str, str]:  # type: ignore[override]
@@ -278,7 +283,7 @@ class FlowFamily(Family):
         from .flow import flow_loss
 
         return flow_loss(self, models.options, denoiser, batch, models.vae, text, generator, dtype,
-                         args.proportion_empty_prompts)
+                         args.proportion_empty_prompts, getattr(args, "vae_encode_mode", None))
 
     def lora_targets(self, args: argparse.Namespace) -> list[str]:
         """diffusers' dreambooth_lora_sd3/flux targets, or ``--lora_layers``; ``--lora_blocks``: those blocks only."""

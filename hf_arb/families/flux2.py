@@ -32,6 +32,7 @@ Example:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import re
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,7 @@ from typing import Any
 from hf_arb.checks import UsageError
 from hf_arb.lazy import LazyModule
 
+from . import flux2_text
 from .base import Models, builtin_family
 from .flow_family import FlowFamily, FlowOptions, FlowParts
 
@@ -149,6 +151,7 @@ class Flux2Family(FlowFamily):
     default_max_sequence_length = 512
     lora_text_encoder_count = 0
     supports_packing = False
+    supports_vae_encode_mode = False  # its loss trains the posterior mean, as its scripts
     refusal_note = " (Flux.2 trains with --weighting_scheme and --shift_by_resolution instead)."
     #: the pipelines' default ``num_inference_steps``: the ``mu`` each bucket is trained with is theirs at this count
     mu_reference_steps: int = 50
@@ -204,15 +207,24 @@ class Flux2Family(FlowFamily):
         )
 
     def load_models(self, args: argparse.Namespace) -> Models:
-        """:meth:`FlowFamily.load_models`; a ``--pretrained_vae_model_name_or_path`` loads as ``AutoencoderKLFlux2``."""
+        """:meth:`FlowFamily.load_models`; a VAE flag loads as ``AutoencoderKLFlux2``; the run's :meth:`out_layers`."""
         vae_path = args.pretrained_vae_model_name_or_path
         models = super().load_models(argparse.Namespace(**{**vars(args), "pretrained_vae_model_name_or_path": None}))
+        models.options = dataclasses.replace(models.options, text_layers=self.out_layers(args, models.text_encoders[0]))
         if vae_path:
             from diffusers import AutoencoderKLFlux2
 
             models.vae = AutoencoderKLFlux2.from_pretrained(vae_path, revision=args.revision, variant=args.variant)
             models.vae.requires_grad_(False)
         return models
+
+    def out_layers(self, args: argparse.Namespace, encoder: Any) -> tuple[int, ...]:
+        """The stacked layers: ``--text_encoder_out_layers`` or :attr:`hidden_layers` (:mod:`.flux2_text`)."""
+        return flux2_text.text_layers(args, encoder, self.hidden_layers)
+
+    def encode_text(self, models: Models, encoders: list[Any], captions: list[str], device: Any) -> tuple[Any, Any]:
+        return self.encode_prompts(models.tokenizers, encoders, captions, device, models.options.max_sequence_length,
+                                   layers=models.options.text_layers)
 
     def token_patch(self, transformer: Any) -> int:
         """2: the pipeline patchifies 2×2 latent patches into one token."""
@@ -289,9 +301,11 @@ class Flux2Family(FlowFamily):
                                   options.precondition_outputs)
 
     def card_lines(self, args: argparse.Namespace) -> list[str]:
+        encoder = flux2_text.layers_card_lines(args)
         if not getattr(args, "family_report", None):
-            return []
-        return [f"Per-bucket resolution shift (`mu` from each bucket's latent token count, as the {self.title} "
+            return encoder
+        return [*encoder, "Per-bucket resolution shift (`mu` from each bucket's latent token count, as the "
+                f"{self.title} "
                 f"pipeline computes it at {self.mu_reference_steps} inference steps):", "", "```",
                 args.family_report, "```", ""]
 
@@ -322,7 +336,8 @@ class Flux2KleinFamily(Flux2Family):
                 Qwen3ForCausalLM.from_pretrained(path, subfolder="text_encoder", **kw))
 
     def encode_prompts(self, tokenizers: list[Any], text_encoders: list[Any], captions: list[str],
-                       device: torch.device, max_sequence_length: int) -> tuple[torch.Tensor, None]:
+                       device: torch.device, max_sequence_length: int,
+                       layers: tuple[int, ...] | None = None) -> tuple[torch.Tensor, None]:
         """Each caption as one user turn of Qwen-3's chat template (generation prompt, thinking off), padded to
         ``max_sequence_length``; layers 9/18/27 stacked: ``(B, max_sequence_length, 3 D)``, no pooled."""
         tok, encoder = tokenizers[0], text_encoders[0]
@@ -336,7 +351,7 @@ class Flux2KleinFamily(Flux2Family):
             masks.append(enc["attention_mask"])
         out = encoder(input_ids=torch.cat(ids).to(device), attention_mask=torch.cat(masks).to(device),
                       output_hidden_states=True, use_cache=False)
-        return stack_hidden_layers(out.hidden_states, self.hidden_layers).to(encoder.dtype), None
+        return stack_hidden_layers(out.hidden_states, layers or self.hidden_layers).to(encoder.dtype), None
 
 
 @builtin_family
@@ -366,7 +381,8 @@ class Flux2DevFamily(Flux2Family):
                 Mistral3ForConditionalGeneration.from_pretrained(path, subfolder="text_encoder", **kw))
 
     def encode_prompts(self, tokenizers: list[Any], text_encoders: list[Any], captions: list[str],
-                       device: torch.device, max_sequence_length: int) -> tuple[torch.Tensor, None]:
+                       device: torch.device, max_sequence_length: int,
+                       layers: tuple[int, ...] | None = None) -> tuple[torch.Tensor, None]:
         """The captions as chats (the pipeline's system message, then the user text), padded to
         ``max_sequence_length``; layers 10/20/30 stacked: ``(B, max_sequence_length, 3 D)``, no pooled."""
         from diffusers.pipelines.flux2.system_messages import SYSTEM_MESSAGE
@@ -379,4 +395,4 @@ class Flux2DevFamily(Flux2Family):
                                       max_length=max_sequence_length)
         out = encoder(input_ids=enc["input_ids"].to(device), attention_mask=enc["attention_mask"].to(device),
                       output_hidden_states=True, use_cache=False)
-        return stack_hidden_layers(out.hidden_states, self.hidden_layers).to(encoder.dtype), None
+        return stack_hidden_layers(out.hidden_states, layers or self.hidden_layers).to(encoder.dtype), None

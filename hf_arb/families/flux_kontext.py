@@ -130,4 +130,4 @@ class FluxKontextFamily(FluxFamily):
         else:
             tokens, ids = reference_tokens(models.vae, refs, generator.device, dtype)
         return flow_loss(_WithReferences(self, tokens, ids), models.options, denoiser, batch, models.vae, text,
-                         generator, dtype, args.proportion_empty_prompts)
+                         generator, dtype, args.proportion_empty_prompts, getattr(args, "vae_encode_mode", None))

@@ -130,6 +130,7 @@ class QwenImageFamily(FlowFamily):
     default_precondition_outputs = False
     default_max_sequence_length = 512
     supports_packing = False  # --packing's block-diagonal step is written for SD3 / Flux's transformers
+    supports_vae_encode_mode = False  # its own loss (not flow_loss): --vae_encode_mode is refused
 
     @property
     def title(self) -> str:  # type: ignore[override]

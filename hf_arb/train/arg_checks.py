@@ -150,6 +150,11 @@ UNSUPPORTED_DREAMBOOTH_FLAGS = {
 }
 
 
+#: the dreambooth scripts' defaults of the text encoders' optimizer flags: given without --train_text_encoder, upstream
+#: ignores them, and so does this script (any other value is refused: it would configure nothing)
+DREAMBOOTH_TEXT_ENCODER_DEFAULTS = {"text_encoder_lr": 5e-6, "adam_weight_decay_text_encoder": 1e-3}
+
+
 def check_dreambooth_flags(args: argparse.Namespace) -> None:
     """The dreambooth scripts' flags: a folder + one prompt, LoRA blocks and text-encoder options work; the rest
     (prior preservation, prodigy, EDM, kohya export) are refused in one line saying why."""
@@ -177,7 +182,8 @@ def check_dreambooth_flags(args: argparse.Namespace) -> None:
             raise UsageError(f"--lora_blocks {args.lora_blocks!r}: expected comma-separated block indices, "
                              "e.g. 0,12.") from None
     for flag in ("text_encoder_lr", "adam_weight_decay_text_encoder"):
-        if getattr(args, flag) is not None and not args.train_text_encoder:
+        at_default = getattr(args, flag) == DREAMBOOTH_TEXT_ENCODER_DEFAULTS[flag]  # changes nothing, as upstream
+        if getattr(args, flag) is not None and not args.train_text_encoder and not at_default:
             raise UsageError(f"--{flag} configures the text encoders' LoRA: add --train_text_encoder or drop --{flag}.")
 
 
@@ -354,7 +360,8 @@ def warn_unapplied_flags(args: argparse.Namespace) -> None:
     naming the flag, instead of a refusal."""
     defaults = getattr(args, "family_defaults", {})
     if not args.validation_prompts:
-        idle = [_shown(args, f) for f in ("validation_epochs", "num_validation_images")
+        idle = [_shown(args, f) for f in ("validation_epochs", "num_validation_images", "validation_steps",
+                                          "validation_scheduler")
                 if f not in defaults and getattr(args, f)] + [_shown(args, "num_validation_inference_steps")] * _given(
             args, "num_validation_inference_steps")
         if idle:

@@ -19,6 +19,7 @@ from .arg_checks import LR_SCHEDULERS, check_values
 from .sources.dataset import BUCKET_TABLE_FLAGS
 from .environment import check_environment
 from .sources.tiers import check_tier_flags, parse_resolutions, split_resolution
+from .upstream_flags import add_upstream_flags, check_upstream_flags, resolve_upstream_aliases
 
 torch: Any = LazyModule("torch")  # loaded when a function needs it: --help and flag errors answer before torch
 logger = logging.getLogger("train_text_to_image_arb")
@@ -194,6 +195,9 @@ def build_parser() -> argparse.ArgumentParser:
                                 ("prior_loss_weight", float, 1.0), ("num_class_images", int, 100),
                                 ("sample_batch_size", int, 4), ("prior_generation_precision", str, None)):
         a(f"--{flag}", type=kind, default=default, help="Refused: prior preservation is not supported.")
+    # --- the other dreambooth scripts' flags (issue 35): train_dreambooth{,_lora}.py, _flux2*, _kontext, _qwen_image,
+    # _z_image; hf_arb.train.upstream_flags resolves the aliases and refuses, in one line, what cannot work here
+    add_upstream_flags(a)
     # --- packing (SD3 / Flux): NaViT packs of images at their own size instead of buckets (docs/packing.md)
     a("--packing", action="store_true",
       help="SD3/Flux: train packs of images at their own size and aspect (no bucket crop) in one token sequence "
@@ -363,6 +367,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.non_ema_revision = args.revision
     if args.validation_prompt and not args.validation_prompts:
         args.validation_prompts = [args.validation_prompt]
+    resolve_upstream_aliases(args)  # --caption_dropout, --cond_image_column, --offset_noise, ... (issue 35)
     resolve_mode(args)
     args.family = detect_family(args.pretrained_model_name_or_path)
     args.family_defaults = {}
@@ -372,6 +377,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             args.family_defaults[name] = value
     if args.num_validation_images == 0:  # upstream's tests turn validation off this way
         args.validation_prompts = None
+    check_upstream_flags(args)  # the other dreambooth scripts' flags: family and device checks (issue 35)
     check_tier_flags(args)  # several tiers: what they do not support yet, named before the other flag checks
     check_values(args)
     return args

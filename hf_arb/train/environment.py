@@ -29,6 +29,10 @@ def check_environment(args: argparse.Namespace) -> None:
     """Checks that look at this machine (paths, installed packages, the device) — still before any model load."""
     import importlib.util
 
+    from .versions import check_versions
+
+    check_versions(args)  # a feature the installed versions break: refused; untested versions: one warning each
+
     hub_id = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
     for flag in ("pretrained_model_name_or_path", "pretrained_vae_model_name_or_path"):
         value = getattr(args, flag)

@@ -19,6 +19,7 @@ from .sources.dataset import bucket_origin
 from .files import BUCKETS_FILE, SKIPPED_ROWS_FILE
 from .models import place, unwrap
 from .progress import Progress
+from .upstream_flags import pipeline_call_kwargs, use_validation_scheduler
 
 torch: Any = LazyModule("torch")  # loaded when a function needs it: --help and flag errors answer before torch
 logger = logging.getLogger("train_text_to_image_arb")
@@ -69,7 +70,8 @@ def _generate(args: argparse.Namespace, accelerator: Any, pipe: Any, shapes: lis
                 bar.update()
                 g = torch.Generator(device=accelerator.device).manual_seed(args.seed + 1000 * i + j)
                 row.append(pipe(prompt=prompt, height=h, width=w,  # by name: Flux.2's first argument is an image
-                                num_inference_steps=args.num_validation_inference_steps, generator=g).images[0])
+                                num_inference_steps=args.num_validation_inference_steps, generator=g,
+                                **pipeline_call_kwargs(args)).images[0])
         rows.append(row)
     return rows
 
@@ -83,7 +85,10 @@ def log_validation(args: argparse.Namespace, accelerator: Any, models: Models, u
     """
     if not args.validation_prompts or not accelerator.is_main_process:
         return None
-    pipe = (pipe or models.family.build_pipeline(args, models, unet, dtype)).to(accelerator.device)
+    built, pipe = pipe is None, pipe or models.family.build_pipeline(args, models, unet, dtype)
+    if not (built and getattr(args, "offload", False)):  # --offload: its frozen parts stream to the device themselves
+        pipe = pipe.to(accelerator.device)
+    use_validation_scheduler(args, pipe)  # --validation_scheduler (train_dreambooth.py)
     pipe.set_progress_bar_config(disable=True)
     shapes = validation_shapes(buckets)
     from tqdm.auto import tqdm
