@@ -70,7 +70,7 @@ from typing import Any
 
 from hf_arb.checks import UsageError
 from hf_arb.lazy import LazyModule
-from hf_arb.train.args import cli_parse, parse_args
+from hf_arb.train.flags.args import cli_parse, parse_args
 from hf_arb.train.cache.caches import TextEncoder
 from hf_arb.train.environment import (
     agree_on_seed,
@@ -101,7 +101,7 @@ from hf_arb.train.signals import StopOnSignal, TrainingStopped, finish_stopped
 from hf_arb.train.progress import Progress, check_resumed_step, restore, save_checkpoint
 from hf_arb.train.sources import build_source
 from hf_arb.train.sources.base import Source
-from hf_arb.train.upstream_flags import final_validation_args, offload_frozen, restore_frozen, validation_due
+from hf_arb.train.flags.upstream_flags import final_validation_args, offload_frozen, restore_frozen, validation_due
 
 torch: Any = LazyModule("torch")  # --help and argument errors answer before torch is loaded
 logger = logging.getLogger("train_text_to_image_arb")

@@ -65,6 +65,8 @@ MOVED: dict[str, str] = {
     "hf_arb.train.latent_dataset": "hf_arb.train.cache.latent_dataset",
     "hf_arb.train.cache_keys": "hf_arb.train.cache.cache_keys",
     "hf_arb.train.caches": "hf_arb.train.cache.caches",
+    "hf_arb.train.args": "hf_arb.train.flags.args",
+    "hf_arb.train.arg_checks": "hf_arb.train.flags.arg_checks",
     "hf_arb.annotate_cli": "hf_arb.cli.annotate",
     "hf_arb.cli_buckets": "hf_arb.cli.buckets",
     "hf_arb.cli_report": "hf_arb.cli.report",

@@ -335,10 +335,9 @@ def test_the_xdist_group_override_is_isolated_and_still_applies() -> None:
 MODE_FLAG_TESTS = re.compile(r"args\.packing|args\.streaming|args\.resolution_schedule|reference_image_column"
                              r"|stream is None|getattr\(\w+, \"(?:packing|streaming|resolutions|locate)\""
                              r"|len\(args\.resolutions\)")
-#: where the mode flags may be read: the sources (their factory and constructors) and argument validation: the
-#: parser/checks, and resume_flags, which records the flags that shape a checkpoint and compares them on resume
-MODE_FLAG_OWNERS = ("hf_arb/train/sources/", "hf_arb/train/args.py", "hf_arb/train/arg_checks.py",
-                    "hf_arb/train/resume_flags.py")
+#: where the mode flags may be read: the sources (their factory and constructors) and argument validation (flags/: the
+#: parser and its checks, upstream's aliases, and the flags a checkpoint records and compares on resume)
+MODE_FLAG_OWNERS = ("hf_arb/train/sources/", "hf_arb/train/flags/")
 
 
 def _mode_flag_tests(paths: list[Path]) -> list[str]:

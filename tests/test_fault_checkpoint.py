@@ -204,7 +204,7 @@ def test_each_flag_that_shapes_the_checkpoint_is_checked_before_any_model(tmp_pa
     loaded. Now one line per recorded flag that differs, naming both values and the flag to pass; the same flags (or a
     state file saved before the record) resume."""
     from hf_arb.train.environment import check_environment
-    from hf_arb.train.resume_flags import SHAPING_FLAGS
+    from hf_arb.train.flags.resume_flags import SHAPING_FLAGS
 
     _save_run(tmp_path, "--rank", "4", "--learning_rate", "1e-4")
     state = json.loads((tmp_path / "out" / "checkpoint-4" / STATE).read_text())

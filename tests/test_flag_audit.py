@@ -18,8 +18,8 @@ sys.path.insert(0, str(ROOT))
 
 import train_text_to_image_arb as script  # noqa: E402
 from hf_arb.train.environment import make_accelerator  # noqa: E402
-from hf_arb.train import arg_checks  # noqa: E402
-from hf_arb.train import args as train_args  # noqa: E402
+from hf_arb.train.flags import arg_checks  # noqa: E402
+from hf_arb.train.flags import args as train_args  # noqa: E402
 
 SD, SD3, FLUX = "m", "org/stable-diffusion-3-medium", "black-forest-labs/FLUX.1-dev"
 STREAM = ["--streaming", "--stream_key_column", "id"]

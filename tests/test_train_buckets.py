@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import train_text_to_image_arb as script  # noqa: I001 (after the sys.path line)
-from hf_arb.train import args as train_args  # noqa: E402
+from hf_arb.train.flags import args as train_args  # noqa: E402
 from hf_arb.train.sources import dataset as train_data  # noqa: E402
 from hf_arb.train import files as train_files  # noqa: E402
 from hf_arb.train.sources.loaders import make_sampler  # noqa: E402

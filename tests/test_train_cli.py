@@ -23,8 +23,8 @@ sys.path.insert(0, str(ROOT))
 import train_text_to_image_arb as script  # noqa: E402
 from hf_arb.train.environment import check_process_count  # noqa: E402
 from hf_arb.families import get_family  # noqa: E402
-from hf_arb.train import arg_checks as train_arg_checks  # noqa: E402
-from hf_arb.train import args as train_args  # noqa: E402
+from hf_arb.train.flags import arg_checks as train_arg_checks  # noqa: E402
+from hf_arb.train.flags import args as train_args  # noqa: E402
 from hf_arb.train.sources import dataset as train_data  # noqa: E402
 from hf_arb.train import outputs as train_outputs  # noqa: E402
 

@@ -22,8 +22,8 @@ from test_train import ROOT, run_script
 
 import train_text_to_image_arb as script
 from hf_arb.families import Models, get_family  # noqa: E402
-from hf_arb.train import arg_checks as train_arg_checks  # noqa: E402
-from hf_arb.train import args as train_args  # noqa: E402
+from hf_arb.train.flags import arg_checks as train_arg_checks  # noqa: E402
+from hf_arb.train.flags import args as train_args  # noqa: E402
 from hf_arb.train.sources import dataset as train_data  # noqa: E402
 
 UPSTREAM = json.loads((ROOT / "tests" / "fixtures" / "upstream_dreambooth_flags.json").read_text())

@@ -15,7 +15,7 @@ sys.path.insert(0, str(ROOT))
 
 from _train_fixtures import SD_BASE, stream_argv  # noqa: E402
 
-from hf_arb.train import args as train_args  # noqa: E402
+from hf_arb.train.flags import args as train_args  # noqa: E402
 from hf_arb.train.sources import build_source, source_class  # noqa: E402
 from hf_arb.train.sources.base import Source  # noqa: E402
 from hf_arb.train.sources.bucketed import BucketedSource, ReferenceSource, TieredSource  # noqa: E402

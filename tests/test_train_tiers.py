@@ -17,7 +17,7 @@ from _train_fixtures import GROUP, SD_BASE, batch_result
 from test_train import max_weight_diff, read_trace, reset_accelerate, run_script
 
 from hf_arb.checks import UsageError
-from hf_arb.train import args as train_args
+from hf_arb.train.flags import args as train_args
 from hf_arb.train.outputs import validation_shapes
 from hf_arb.train.sources.tiers import TierTable, tier_pairs, tier_table
 

@@ -1,4 +1,4 @@
-"""The flags of diffusers' other dreambooth scripts (issue 35; hf_arb/train/upstream_flags.py): every one is
+"""The flags of diffusers' other dreambooth scripts (issue 35; hf_arb/train/flags/upstream_flags.py): every one is
 accepted with upstream's meaning (tested here), accepted because it changes nothing here (tested: the parsed run is
 the same), or refused in one line saying why and what to do. tests/test_train_dreambooth.py parses every flag of
 every script at upstream's defaults; docs/training.md's audit has a row for each (tests/test_flag_audit.py)."""
@@ -14,7 +14,7 @@ import torch
 from test_train import run_script
 
 import train_text_to_image_arb as script
-from hf_arb.train import upstream_flags
+from hf_arb.train.flags import upstream_flags
 
 SD, SD3, FLUX, KONTEXT = "m", "org/stable-diffusion-3-medium", "black-forest-labs/FLUX.1-dev", \
     "black-forest-labs/FLUX.1-Kontext-dev"

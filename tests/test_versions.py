@@ -1,5 +1,5 @@
 """Version ranges (issue 35): pyproject's lower bounds are constraints-min.txt's pins, the tested range at start-up
-(hf_arb.train.versions.TESTED) spans constraints-min.txt to constraints.txt, the broken transformers/peft pair is
+(hf_arb.train.flags.versions.TESTED) spans constraints-min.txt to constraints.txt, the broken transformers/peft pair is
 excluded, and a run refuses a feature the installed versions break (before any model loads, naming the version to
 install) and warns once for a package outside the tested range."""
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import train_text_to_image_arb as script
-from hf_arb.train import versions
+from hf_arb.train.flags import versions
 
 ROOT = Path(__file__).resolve().parents[1]
 

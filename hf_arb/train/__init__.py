@@ -2,12 +2,12 @@
 
 - :mod:`~hf_arb.train.sources` — the run's data, one source object per mode (map-style, stream, packed, tiered, with
   references), built once from the flags: the loader, the batch's bucket, checkpoint state, reports, the schedule;
-- :mod:`~hf_arb.train.args` (+ :mod:`~hf_arb.train.arg_checks`) — the command line and its checks, in flags;
+- :mod:`~hf_arb.train.flags` — the command line: the parser, its checks, upstream's aliases and refusals, the flags a
+  checkpoint records, the tested package versions;
 - :mod:`~hf_arb.train.environment` — the launch: resume folder, seed, processes, the Accelerator, logging;
 - :mod:`~hf_arb.train.models` — the models through the family adapter, the optimizer, LoRA setup and hooks;
 - :mod:`~hf_arb.train.schedule` — diffusers' step arithmetic, each micro-batch's generator and loss weight;
 - :mod:`~hf_arb.train.progress` — the run's counters (``hf_arb_state.json``), restoring and saving checkpoints;
-  :mod:`~hf_arb.train.resume_flags` — the flags that shape a checkpoint, recorded and checked on resume;
   :mod:`~hf_arb.train.signals` — Ctrl-C and SIGTERM: one agreed stop, an optional checkpoint, one line;
 - :mod:`~hf_arb.train.checkpointing` — accelerate checkpoint folders and our small JSON state beside them;
 - :mod:`~hf_arb.train.cache` — the content-addressed latent cache, its dataset and keys, and a run's two caches

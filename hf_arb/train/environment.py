@@ -18,7 +18,7 @@ from hf_arb.checks import UsageError, UsageFileError
 from hf_arb.families import get_family
 from hf_arb.lazy import LazyModule
 
-from .arg_checks import TRACKERS
+from .flags.arg_checks import TRACKERS
 from .files import STATE_FILE
 
 torch: Any = LazyModule("torch")  # loaded when a function needs it: --help and flag errors answer before torch
@@ -29,7 +29,7 @@ def check_environment(args: argparse.Namespace) -> None:
     """Checks that look at this machine (paths, installed packages, the device) — still before any model load."""
     import importlib.util
 
-    from .versions import check_versions
+    from .flags.versions import check_versions
 
     check_versions(args)  # a feature the installed versions break: refused; untested versions: one warning each
 
@@ -93,7 +93,7 @@ def resolve_resume_dir(args: argparse.Namespace) -> Path | None:
     start). ``latest`` skips incomplete or damaged checkpoints (with a warning naming them) for the newest complete one.
     """
     from hf_arb.train.checkpointing import REQUIRED, checkpoint_problems, find_resumable, list_checkpoints
-    from hf_arb.train.resume_flags import check_saved_flags, newest_with_state  # issue 34: the flags it records
+    from hf_arb.train.flags.resume_flags import check_saved_flags, newest_with_state  # issue 34: the flags it records
 
     if not args.resume_from_checkpoint:
         return None  # (also called by check_environment: a missing checkpoint fails before anything loads)

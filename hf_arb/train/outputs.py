@@ -19,7 +19,7 @@ from .sources.dataset import bucket_origin
 from .files import BUCKETS_FILE, SKIPPED_ROWS_FILE
 from .models import place, unwrap
 from .progress import Progress
-from .upstream_flags import pipeline_call_kwargs, use_validation_scheduler
+from .flags.upstream_flags import pipeline_call_kwargs, use_validation_scheduler
 
 torch: Any = LazyModule("torch")  # loaded when a function needs it: --help and flag errors answer before torch
 logger = logging.getLogger("train_text_to_image_arb")

@@ -19,7 +19,7 @@ from hf_arb.lazy import LazyModule
 
 from .environment import RESUME_FLAGS
 from .files import STATE_FILE
-from .resume_flags import RECORD, shaping_flags
+from .flags.resume_flags import RECORD, shaping_flags
 
 torch: Any = LazyModule("torch")  # loaded when a function needs it: --help and flag errors answer before torch
 logger = logging.getLogger("train_text_to_image_arb")

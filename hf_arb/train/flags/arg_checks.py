@@ -15,7 +15,7 @@ from hf_arb.checks import UsageError, UsageFileError
 from hf_arb.families import get_family
 from hf_arb.lazy import LazyModule
 
-from .sources.dataset import bucket_set_from_args
+from ..sources.dataset import bucket_set_from_args
 
 torch: Any = LazyModule("torch")  # loaded when a function needs it: --help and flag errors answer before torch
 logger = logging.getLogger("train_text_to_image_arb")

@@ -16,9 +16,9 @@ from hf_arb.lazy import LazyModule
 from hf_arb.families import detect_family, get_family
 
 from .arg_checks import LR_SCHEDULERS, check_values
-from .sources.dataset import BUCKET_TABLE_FLAGS
-from .environment import check_environment
-from .sources.tiers import check_tier_flags, parse_resolutions, split_resolution
+from ..sources.dataset import BUCKET_TABLE_FLAGS
+from ..environment import check_environment
+from ..sources.tiers import check_tier_flags, parse_resolutions, split_resolution
 from .upstream_flags import add_upstream_flags, check_upstream_flags, resolve_upstream_aliases
 
 torch: Any = LazyModule("torch")  # loaded when a function needs it: --help and flag errors answer before torch
@@ -196,7 +196,7 @@ def build_parser() -> argparse.ArgumentParser:
                                 ("sample_batch_size", int, 4), ("prior_generation_precision", str, None)):
         a(f"--{flag}", type=kind, default=default, help="Refused: prior preservation is not supported.")
     # --- the other dreambooth scripts' flags (issue 35): train_dreambooth{,_lora}.py, _flux2*, _kontext, _qwen_image,
-    # _z_image; hf_arb.train.upstream_flags resolves the aliases and refuses, in one line, what cannot work here
+    # _z_image; hf_arb.train.flags.upstream_flags resolves the aliases and refuses, in one line, what cannot work here
     add_upstream_flags(a)
     # --- packing (SD3 / Flux): NaViT packs of images at their own size instead of buckets (docs/packing.md)
     a("--packing", action="store_true",

@@ -1,0 +1,13 @@
+"""The training script's command line, ``train/flags/``: every flag parsed and checked before a model loads.
+
+- :mod:`~hf_arb.train.flags.args` — the parser (diffusers' flags plus the bucketing ones) and :func:`parse_args`;
+- :mod:`~hf_arb.train.flags.arg_checks` — the flag checks, each naming its fix;
+- :mod:`~hf_arb.train.flags.upstream_flags` — the flags of upstream's dreambooth scripts: aliases, no-ops, refusals;
+- :mod:`~hf_arb.train.flags.resume_flags` — the flags that shape a checkpoint, recorded in it and compared on resume;
+- :mod:`~hf_arb.train.flags.versions` — the tested package versions: a warning outside them, a refusal where a feature
+  cannot work.
+
+These modules, with the data sources (``train/sources/``), are the only ones that read the mode flags
+(``tests/test_architecture.py``). ``hf_arb.train.args`` and ``hf_arb.train.arg_checks`` (0.2) still import, with a
+``DeprecationWarning`` (:mod:`hf_arb.moved`).
+"""
