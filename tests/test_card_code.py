@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from _stock import job_result
 from _train_fixtures import GROUP, batch_result
-from test_family_flux2 import assets as flux2_assets  # noqa: F401  (the fixture behind `runs`)
+from test_family_flux2 import assets  # noqa: F401  (the fixture `runs` asks for, by this name)
 from test_family_flux2 import runs as flux2_runs  # noqa: F401
 
 from hf_arb.families import family_names, get_family
