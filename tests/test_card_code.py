@@ -53,14 +53,14 @@ def card_block(folder: Path) -> str:
 
 def saved_code(log: str, out: str) -> str:
     """The code of the run's last line ``Saved to OUT: load it with …``, as printed: the rest of the line, or the
-    lines after ``…load it with:`` up to the empty line that ends them."""
+    fenced block after ``…load it with:``."""
     head = f"Saved to {out}: load it with"
     assert log.count(head) == 1, f"{head!r} printed {log.count(head)} times"
     rest = log.split(head, 1)[1]
     if rest.startswith(" "):
         return rest[1:].split("\n", 1)[0]
-    assert rest.startswith(":\n"), rest[:200]
-    return rest[2:].split("\n\n", 1)[0]
+    assert rest.startswith(":\n```python\n"), rest[:200]
+    return rest[len(":\n```python\n"):].split("\n```", 1)[0]
 
 
 def requested_size(card: str) -> tuple[int, int]:
@@ -100,8 +100,7 @@ def test_card_code_is_one_python_program_that_asks_for_a_trained_bucket(name: st
     message = family.saved_message(args, "me/out")
     code = saved_code(message + "\n", "me/out")
     ast.parse(code)
-    assert [line for line in code.replace("; ", "\n").splitlines() if line.strip()] == [
-        line for line in load if line.strip()]
+    assert code.splitlines() == load or code.split("; ") == load
     call = CALL.search(card).group(1)
     if family.image_argument == "one":
         assert call.startswith('image=Image.open("before.jpg"), ')
@@ -122,7 +121,7 @@ def test_kontext_asks_for_its_max_area_and_qwen_edit_builds_its_processor() -> N
         assert "class ImageOnlyProcessor(Qwen2VLProcessor):" in load and "processor=processor" in load
         assert 'from_pretrained("org/base-model", subfolder="processor")' in load
         assert family.saved_message(fake_args(False, ["before"]), "me/out").startswith(
-            "Saved to me/out: load it with:\nfrom diffusers import ")
+            "Saved to me/out: load it with:\n```python\nfrom diffusers import ")
 
 
 # ------------------------------------------------------------------------------------------- slow: as printed

@@ -262,12 +262,12 @@ class Family:
     def saved_message(self, args: argparse.Namespace, output_dir: str) -> str:
         """What the run prints last: where the output is and the code that loads it (:meth:`load_code`). One line
         (statements joined by ``; ``) where every statement is simple; otherwise the code on the following lines,
-        as it must be typed, ended by an empty line."""
+        as the model card shows it, fenced like the card's block (```` ```python ```` … ```` ``` ````)."""
         code = self.load_code(args, output_dir)
         head = f"Saved to {output_dir}: load it with"
         if all(line.strip() and not line[0].isspace() and not line.rstrip().endswith(":") for line in code):
             return f"{head} " + "; ".join(code)
-        return f"{head}:\n" + "\n".join(line for line in code if line.strip()) + "\n"
+        return f"{head}:\n```python\n" + "\n".join(code) + "\n```"
 
 
 def read_class_name(config: Path) -> str | None:
