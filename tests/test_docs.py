@@ -128,3 +128,53 @@ def test_annotate_options_table_is_generated_from_the_parser():
     assert preset_row.split("`")[1] == "--preset " + "\\|".join(PRESETS) and len(PRESETS) == 10
     metric_row = next(r for r in table.splitlines() if r.startswith("| `--metric "))
     assert all(m in metric_row.split("`")[1].split("\\|") or m in metric_row for m in METRICS)
+
+
+def _heading_anchor(heading: str) -> str:
+    """The anchor mkdocs and GitHub give a heading: lower case, punctuation dropped, spaces as hyphens."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower().replace("`", ""))
+    return text.replace(" ", "-")
+
+
+CONTENTS_PAGES = sorted(p for p in (ROOT / "docs").glob("*.md") if "\nContents: " in p.read_text())
+
+
+@pytest.mark.parametrize("page", CONTENTS_PAGES, ids=lambda p: p.name)
+def test_contents_line_lists_every_section_once_in_order(page):
+    """A page's "Contents:" paragraph links each of its ``##`` sections exactly once, in the page's order (issue 34,
+    item 10: training.md's listed SDXL, resume, cached latents, ... twice and left Flux.2, LoRA, streaming out)."""
+    text = page.read_text()
+    links = re.findall(r"\]\(#([^)\s]+)\)", text.split("\nContents: ", 1)[1].split("\n\n", 1)[0])
+    twice = sorted({a for a in links if links.count(a) > 1})
+    assert not twice, f"{page.name}: the Contents line repeats {twice}"
+    headings = [_heading_anchor(h) for h in re.findall(r"^## (.+)$", re.sub(r"```.*?```", "", text, flags=re.S),
+                                                        re.M)]
+    assert links == headings, f"{page.name}: Contents {links} != sections {headings}"
+    assert len(CONTENTS_PAGES) >= 2
+
+
+def test_every_testing_builder_is_in_the_api_reference():
+    """Every public function of hf_arb.testing (the tiny models the docs and tests build) is in its module's
+    ``__all__`` and has an entry in docs/api.md (issue 34, item 10: save_tiny_flux_kontext had none)."""
+    import inspect
+    import pkgutil
+
+    import hf_arb.testing
+
+    api = (ROOT / "docs" / "api.md").read_text()
+    missing, unlisted = [], []
+    for info in pkgutil.iter_modules(hf_arb.testing.__path__):
+        if info.name.startswith("_"):
+            continue
+        module = importlib.import_module(f"hf_arb.testing.{info.name}")
+        assert module.__name__ in gen_reference.MODULES, module.__name__
+        public = set(gen_reference.public_names(module))
+        for name, obj in vars(module).items():
+            if name.startswith("_") or not inspect.isfunction(obj) or obj.__module__ != module.__name__:
+                continue
+            if name not in public:
+                unlisted.append(f"{module.__name__}.{name}")
+            if f"### `{name}`" not in api:
+                missing.append(f"{module.__name__}.{name}")
+    assert not unlisted, f"add to the module's __all__: {unlisted}"
+    assert not missing, f"missing from docs/api.md (run python docs/gen_reference.py): {missing}"

@@ -83,10 +83,12 @@ def outputs(ckpt_run, sd_lora, sd_lora_alpha, ddp_runs) -> dict[str, Path]:
 
 
 def card_code(folder: Path) -> str:
-    """The model card's Python block without its CUDA line and its 768x512 generation."""
+    """The model card's Python block without its device line and its generation (tests/test_card_code.py runs it
+    whole)."""
     card = (folder / "README.md").read_text()
     block = card.split("## Use", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
-    return "\n".join(line for line in block.splitlines() if '"cuda"' not in line and not line.startswith("image ="))
+    lines = block.splitlines()
+    return "\n".join(lines[:next(i for i, line in enumerate(lines) if line.startswith("device, dtype ="))])
 
 
 @pytest.mark.slow

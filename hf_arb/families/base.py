@@ -119,6 +119,11 @@ class Family:
     #: model card front matter
     card_tags: tuple[str, ...] = ()
     card_license: str = "other"
+    #: the dtype the model card's code runs the pipeline in on a GPU (float32 on CPU)
+    inference_dtype: str = "float16"
+    #: how the pipeline takes the input images of ``--reference_image_column``: ``""`` (it takes none: the card
+    #: shows no image), ``"one"`` (``image=PIL image``) or ``"list"`` (``image=[...]``, one per column)
+    image_argument: str = ""
 
     # ------------------------------------------------------------------------------------------ detection
     @classmethod
@@ -223,12 +228,56 @@ class Family:
         return []
 
     def usage(self, args: argparse.Namespace, repo_id: str) -> tuple[str, list[str]]:
-        """The model card's loading code: ``(import name, lines that load pipe)``, plain diffusers, no hf_arb."""
+        """The model card's loading code: ``(import name, lines that load pipe)``, plain diffusers, no hf_arb.
+        The lines may import more and define a helper (:meth:`load_code` runs them after the diffusers import)."""
         cls = self.pipeline_class_name
         if getattr(args, "lora", False):
             return cls, [f'pipe = {cls}.from_pretrained("{args.pretrained_model_name_or_path}")',
                          f'pipe.load_lora_weights("{repo_id}")']
         return cls, [f'pipe = {cls}.from_pretrained("{repo_id}")']
+
+    def generation_args(self, args: argparse.Namespace, shape: tuple[int, int]) -> list[str]:
+        """The keyword arguments of the model card's generation call at ``shape`` (width, height), as source text:
+        the input images of the run's reference columns (a file per column, ``before.jpg`` for ``before``; see
+        :attr:`image_argument`), the prompt, ``height`` and ``width``. Families whose pipeline rescales the output
+        add what keeps the requested size (Kontext: ``max_area``)."""
+        refs = [f"Image.open({json.dumps(column + '.jpg')})"
+                for column in getattr(args, "reference_image_column", None) or []]
+        image = []
+        if refs and self.image_argument == "one":
+            image = [f"image={refs[0]}"]
+        elif refs and self.image_argument == "list":
+            image = [f"image=[{', '.join(refs)}]"]
+        return [*image, 'prompt="a photo"', f"height={shape[1]}", f"width={shape[0]}"]
+
+    def load_code(self, args: argparse.Namespace, repo_id: str) -> list[str]:
+        """The lines that load the output in plain diffusers (no hf_arb): the diffusers import, then
+        :meth:`usage`'s lines. The run's last line prints them (:meth:`saved_message`)."""
+        cls, load = self.usage(args, repo_id)
+        return [f"from diffusers import {cls}", *load]
+
+    def card_code(self, args: argparse.Namespace, repo_id: str, shape: tuple[int, int]) -> list[str]:
+        """The model card's "Use" code, plain diffusers (no hf_arb), runnable as printed on a GPU or a CPU:
+        :meth:`load_code`, the device line (:attr:`inference_dtype` on a GPU, float32 on a CPU), and one generation
+        at ``shape`` (width, height; a trained bucket) with :meth:`generation_args`."""
+        call = self.generation_args(args, shape)
+        pil = ["from PIL import Image"] if any("Image.open(" in a for a in call) else []
+        load = self.load_code(args, repo_id)
+        return ["import torch", load[0], *pil, "", *load[1:],
+                f'device, dtype = ("cuda", torch.{self.inference_dtype}) if torch.cuda.is_available() '
+                'else ("cpu", torch.float32)',
+                "pipe = pipe.to(device, dtype)",
+                f"image = pipe({', '.join(call)}).images[0]  # a trained bucket shape"]
+
+    def saved_message(self, args: argparse.Namespace, output_dir: str) -> str:
+        """What the run prints last: where the output is and the code that loads it (:meth:`load_code`). One line
+        (statements joined by ``; ``) where every statement is simple; otherwise the code on the following lines,
+        as the model card shows it, fenced like the card's block (```` ```python ```` … ```` ``` ````)."""
+        code = self.load_code(args, output_dir)
+        head = f"Saved to {output_dir}: load it with"
+        if all(line.strip() and not line[0].isspace() and not line.rstrip().endswith(":") for line in code):
+            return f"{head} " + "; ".join(code)
+        return f"{head}:\n```python\n" + "\n".join(code) + "\n```"
 
 
 def read_class_name(config: Path) -> str | None:

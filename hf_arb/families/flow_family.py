@@ -129,6 +129,8 @@ class FlowFamily(Family):
     default_weighting_scheme: str = "none"
     default_precondition_outputs: bool = False
     default_max_sequence_length: int = 512
+    #: flow transformers run in bfloat16 on a GPU (their activations overflow float16)
+    inference_dtype: str = "bfloat16"
 
     def pipeline_class(self, args: argparse.Namespace | None = None) -> Any:
         """The stock diffusers pipeline class (``StableDiffusion3Pipeline`` / ``FluxPipeline``)."""

@@ -161,6 +161,7 @@ class Flux2Family(FlowFamily):
     display_name: str = "Flux.2"
     #: ``--reference_image_column`` (repeatable): the pipelines' ``image=[...]`` multi-reference conditioning
     supports_references = True
+    image_argument = "list"
 
     @property
     def title(self) -> str:  # type: ignore[override]

@@ -90,10 +90,16 @@ class FluxKontextFamily(FluxFamily):
     supports_packing = False
     #: the training script's ``--reference_image_column`` applies
     supports_references = True
+    image_argument = "one"
 
     @property
     def title(self) -> str:  # type: ignore[override]
         return "Flux.1 Kontext"
+
+    def generation_args(self, args: argparse.Namespace, shape: tuple[int, int]) -> list[str]:
+        """Also ``max_area=width*height``: stock ``FluxKontextPipeline`` rescales the output to ``max_area``
+        (default 1024²) at the requested aspect, so without it a trained bucket comes out at about a megapixel."""
+        return [*super().generation_args(args, shape), f"max_area={shape[0] * shape[1]}"]
 
     def predict(self, transformer: Any, noisy: Any, sigmas: Any, prompt_embeds: Any, pooled: Any,
                 options: FlowOptions, references: tuple[Any, Any] | None = None) -> Any:

@@ -42,7 +42,7 @@ torch: Any = LazyModule("torch")  # family detection must not import torch
 
 __all__ = ["QWEN_EDIT_TEMPLATE_DROP", "QwenImageEditFamily", "edit_prompt_inputs", "edit_prompt_template",
            "edit_texts", "encode_edit_prompts", "pack_reference_mean", "qwen2_vl_processor", "reference_latent_tokens",
-           "save_edit_pipeline", "to_uint8_images"]
+           "save_edit_pipeline", "stock_processor_code", "to_uint8_images"]
 
 #: ``QwenImageEditPipeline.prompt_template_encode_start_idx``: template tokens before the image and caption
 QWEN_EDIT_TEMPLATE_DROP = 64
@@ -122,6 +122,22 @@ def qwen2_vl_processor(tokenizer: Any, image_processor: Any) -> Any:
     return QwenImageOnlyProcessor(image_processor=image_processor, tokenizer=tokenizer)
 
 
+def stock_processor_code(folder: str) -> list[str]:
+    """Source lines that build ``processor``, the edit pipelines' ``Qwen2VLProcessor`` of ``folder`` (a local
+    pipeline folder or a Hub id), with public transformers APIs only (no hf_arb) and without torchvision: the
+    model card passes it to ``from_pretrained(..., processor=processor)``. It is :func:`qwen2_vl_processor`'s
+    class (:class:`~hf_arb.families.qwen_processor.QwenImageOnlyProcessor`) written out: transformers 5 builds a
+    ``Qwen2VLProcessor`` only with a video processor, which needs torchvision, although the pipelines pass images
+    only."""
+    return ["from transformers import AutoTokenizer, Qwen2VLImageProcessorPil, Qwen2VLProcessor", "",
+            "class ImageOnlyProcessor(Qwen2VLProcessor):  # no video processor: no torchvision needed",
+            "    def __init__(self, image_processor=None, tokenizer=None, chat_template=None):",
+            "        super().__init__(image_processor=image_processor, tokenizer=tokenizer, chat_template=chat_template)",
+            "",
+            f'processor = ImageOnlyProcessor(Qwen2VLImageProcessorPil.from_pretrained("{folder}", subfolder="processor"),',
+            f'                               AutoTokenizer.from_pretrained("{folder}", subfolder="processor"))']
+
+
 def save_edit_pipeline(pipe: Any, output_dir: Any) -> None:
     """``pipe.save_pretrained(output_dir)`` with the processor in the layout of the Hub checkpoints: its tokenizer
     and ``preprocessor_config.json`` in ``processor/`` and ``"processor": ["transformers", "Qwen2VLProcessor"]`` in
@@ -185,6 +201,7 @@ class QwenImageEditFamily(QwenImageFamily):
     supports_references = True
     #: how many reference columns the pipeline takes (None: any number)
     max_references: int | None = 1
+    image_argument = "one"
     #: with ``--cache_latents`` the batches still carry ``reference_pixel_values``: the text encoder's vision tower
     #: sees the reference pixels at every step (docs/edit.md, "Cached latents")
     reference_pixels_with_cache = True
@@ -266,6 +283,15 @@ class QwenImageEditFamily(QwenImageFamily):
     def prompt_inputs(self, captions: list[str], refs: list[Any]) -> tuple[list[str], list[Any]]:
         """The templated prompts and the images (reading order) the text encoder sees: the reference as is."""
         return edit_texts(captions), to_uint8_images(refs[0])
+
+    def usage(self, args: argparse.Namespace, repo_id: str) -> tuple[str, list[str]]:
+        """The pipeline loaded with :func:`stock_processor_code`'s processor (the stock load needs torchvision),
+        from the output folder, or from the base model with the LoRA."""
+        cls = self.pipeline_class_name
+        lora = getattr(args, "lora", False)
+        folder = args.pretrained_model_name_or_path if lora else repo_id
+        lines = [*stock_processor_code(folder), f'pipe = {cls}.from_pretrained("{folder}", processor=processor)']
+        return cls, lines + ([f'pipe.load_lora_weights("{repo_id}")'] if lora else [])
 
     def save_pipeline(self, args: argparse.Namespace, pipe: Any, output_dir: str) -> None:
         """:func:`save_edit_pipeline` (the processor saved even where transformers cannot save it)."""

@@ -60,6 +60,7 @@ class QwenImageEditPlusFamily(QwenImageEditFamily):
     hub_name_hints = ("qwen-image-edit-2509", "qwen-image-edit-2511", "qwen-image-edit-plus")
     pipeline_class_name = "QwenImageEditPlusPipeline"
     max_references = None
+    image_argument = "list"
 
     @property
     def title(self) -> str:  # type: ignore[override]

@@ -29,7 +29,8 @@ from typing import Any
 
 import torch
 
-__all__ = ["tiny_t5_tokenizer", "tiny_sd3_pipeline", "tiny_flux_pipeline", "save_tiny_sd3", "save_tiny_flux"]
+__all__ = ["tiny_t5_tokenizer", "tiny_sd3_pipeline", "tiny_flux_pipeline", "tiny_flux_kontext_pipeline",
+           "save_tiny_sd3", "save_tiny_flux", "save_tiny_flux_kontext"]
 
 _T5_DIM = 64  # T5 d_model = the transformers' joint_attention_dim; also 2 × the CLIP width (SD3 pads CLIP to it)
 _LATENT_CHANNELS = 16

@@ -30,8 +30,8 @@ from typing import Any
 import torch
 
 __all__ = ["QWEN_EDIT_TEMPLATE", "QWEN_TEMPLATE", "VISION_TOKENS", "save_tiny_qwenimage", "save_tiny_qwenimage_edit",
-           "tiny_qwen2_5_vl", "tiny_qwen2_tokenizer", "load_qwen2_vl_processor", "tiny_qwenimage_edit_pipeline",
-           "tiny_qwenimage_pipeline"]
+           "tiny_qwen2_5_vl", "tiny_qwen2_tokenizer", "tiny_qwen_vae", "load_qwen2_vl_processor",
+           "tiny_qwenimage_edit_pipeline", "tiny_qwenimage_pipeline"]
 
 #: ``QwenImagePipeline.prompt_template_encode`` (the tokenizer is trained on its words)
 QWEN_TEMPLATE = ("<|im_start|>system\nDescribe the image by detailing the color, shape, size, texture, quantity, "

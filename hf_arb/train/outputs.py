@@ -159,21 +159,15 @@ def save_model_card(args: argparse.Namespace, repo_id: str, buckets: Any, family
 
 def usage_snippet(args: argparse.Namespace, repo_id: str, family: Family,
                   shape: tuple[int, int] = (512, 768)) -> list[str]:
-    """The model card's "Use" code: plain diffusers, no hf_arb (:meth:`hf_arb.families.Family.usage`).
-
-    Always: imports, the lines that load ``pipe``, ``pipe = pipe.to("cuda", torch.float16)``, one generation (the
-    tests run everything but the device line in a process where ``import hf_arb`` fails).
-    """
-    cls, load = family.usage(args, repo_id)
-    return ["import torch", f"from diffusers import {cls}", "", *load, 'pipe = pipe.to("cuda", torch.float16)',
-            f'image = pipe(prompt="a photo", height={shape[1]}, width={shape[0]}).images[0]  # a trained bucket shape']
+    """The model card's "Use" code: plain diffusers, no hf_arb, runnable as printed
+    (:meth:`hf_arb.families.Family.card_code`; tests/test_card_code.py runs it where ``import hf_arb`` fails)."""
+    return family.card_code(args, repo_id, shape)
 
 
 def saved_line(args: argparse.Namespace, family: Family) -> str:
-    """The run's last line: where the output is and how stock diffusers loads it (the card's snippet, one line)."""
-    snippet = usage_snippet(args, args.output_dir, family)
-    load = snippet[1:snippet.index('pipe = pipe.to("cuda", torch.float16)')]
-    return f"Saved to {args.output_dir}: load it with " + "; ".join(line for line in load if line)
+    """The run's last line: where the output is and how stock diffusers loads it
+    (:meth:`hf_arb.families.Family.saved_message`: the card's loading code)."""
+    return family.saved_message(args, args.output_dir)
 
 
 def save_final(args: argparse.Namespace, accelerator: Any, models: Models, unet: Any, buckets: Any,
