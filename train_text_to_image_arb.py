@@ -3,8 +3,9 @@
 
 This script takes the command line of diffusers' four ``examples/text_to_image`` scripts
 (``train_text_to_image.py``, ``_sdxl.py``, ``_lora.py``, ``_lora_sdxl.py``: same flag names, defaults and
-meanings) and trains every image at close to its own aspect ratio instead of a centre-cropped square: ``--resolution`` becomes the *pixel budget* of the buckets (about ``resolution²`` pixels per image),
-every batch holds one bucket shape, and all processes take the same bucket at the same step.
+meanings) and trains every image at close to its own aspect ratio instead of a centre-cropped square: ``--resolution``
+becomes the *pixel budget* of the buckets (about ``resolution²`` pixels per image), every batch holds one bucket shape,
+and all processes take the same bucket at the same step.
 
 SD 1.x / 2.x and SDXL are detected from the UNet config (``addition_embed_type == "text_time"`` means SDXL):
 SDXL gets both text encoders, the pooled embedding and per-sample micro-conditioning time ids
@@ -70,7 +71,6 @@ from typing import Any
 
 from hf_arb.checks import UsageError
 from hf_arb.lazy import LazyModule
-from hf_arb.train.flags.args import cli_parse, parse_args
 from hf_arb.train.cache.caches import TextEncoder
 from hf_arb.train.environment import (
     agree_on_seed,
@@ -83,6 +83,8 @@ from hf_arb.train.environment import (
     updated,
 )
 from hf_arb.train.files import STATS_FILE
+from hf_arb.train.flags.args import cli_parse, parse_args
+from hf_arb.train.flags.upstream_flags import final_validation_args, offload_frozen, restore_frozen, validation_due
 from hf_arb.train.models import (
     Models,
     batch_loss,
@@ -91,17 +93,16 @@ from hf_arb.train.models import (
     make_optimizer,
     place,
     register_lora_checkpoint_hooks,
-    unwrap,
     setup_lora,
+    unwrap,
     weight_dtype_of,
 )
 from hf_arb.train.outputs import batch_captions, log_validation, report_bad_images, save_final, save_final_lora
+from hf_arb.train.progress import Progress, check_resumed_step, restore, save_checkpoint
 from hf_arb.train.schedule import Schedule, micro_step_generator
 from hf_arb.train.signals import StopOnSignal, TrainingStopped, finish_stopped
-from hf_arb.train.progress import Progress, check_resumed_step, restore, save_checkpoint
 from hf_arb.train.sources import build_source
 from hf_arb.train.sources.base import Source
-from hf_arb.train.flags.upstream_flags import final_validation_args, offload_frozen, restore_frozen, validation_due
 
 torch: Any = LazyModule("torch")  # --help and argument errors answer before torch is loaded
 logger = logging.getLogger("train_text_to_image_arb")

@@ -179,7 +179,8 @@ def main() -> None:
     rows = [
         row(f"annotate {n:,} JPEGs from headers (1 process)", n / ours_s, n / base_s, "images/s", higher_is_better=True,
             target="≥ 50× the decoding map",
-            note=f"ours {ours_s:.2f} s vs decoding datasets.map {base_s:.1f} s; images {mp.min():.2f}–{mp.max():.1f} MP "
+            note=f"ours {ours_s:.2f} s vs decoding datasets.map {base_s:.1f} s; images {mp.min():.2f}–{mp.max():.1f} "
+                 f"MP "
                  f"(mean {mp.mean():.1f} MP, {nbytes / 2**30:.2f} GiB); same sizes and buckets on every row"),
         row(f"annotate {n:,} JPEGs embedded as bytes (Hub layout, 1 process)", n / emb_s, n / emb_base_s, "images/s",
             higher_is_better=True, target="≥ 50× the decoding map",
@@ -194,7 +195,8 @@ def main() -> None:
         row(f"annotate {m:,} rows from width/height columns (1 core)", m / meta_s, m / loop_s, "rows/s",
             higher_is_better=True, target="≥ 1,000,000 rows/s",
             note=f"ours {meta_s:.2f} s; baseline: NovelAI's per-row argmin in a batched datasets.map, timed on "
-                 f"{k:,} rows and scaled ({loop_s:.1f} s); same bucket on {agree:.4%} of them (the rest are exact ties)"),
+                 f"{k:,} rows and scaled ({loop_s:.1f} s); same bucket on {agree:.4%} of them (the rest are exact "
+                 f"ties)"),
         row(f"generate the {n:,} test JPEGs (not a comparison)", gen_s, None, "s",
             note=f"once, when the cache was built ({os.cpu_count()} processes, JPEG quality 85); later runs reuse it"),
     ]

@@ -2,12 +2,13 @@
 
 Data: 10^7 LAION-like rows (``id``, ``WIDTH``, ``HEIGHT`` int64, ~1 % null/invalid) in 10 Parquet files of 10^6
 rows, written once under /tmp (not part of any figure). Every engine runs the same Arrow-batch function
-(:func:`hf_arb.annotate.arrow_batch.annotate_batch`) end to end, Parquet in -> annotated Parquet out (the BucketSet in the
-schema metadata), on the same machine in one process run:
+(:func:`hf_arb.annotate.arrow_batch.annotate_batch`) end to end, Parquet in -> annotated Parquet out (the BucketSet in
+the schema metadata), on the same machine in one process run:
 
 - ``datasets``: ``load_dataset("parquet")`` + ``hf_arb.add_bucket_columns`` + ``Dataset.to_parquet`` (one process);
 - ``datasets.map``: the same, but ``Dataset.map(annotate_batch, batched=True)`` over Arrow batches of 10^5 rows;
-- Ray Data: ``ray.init(num_cpus=N)``, ``read_parquet`` + ``hf_arb.annotate.engines.ray.add_bucket_columns`` + ``write_parquet``;
+- Ray Data: ``ray.init(num_cpus=N)``, ``read_parquet`` + ``hf_arb.annotate.engines.ray.add_bucket_columns`` +
+``write_parquet``;
 - Spark: ``local[N]``, ``read.parquet`` + ``hf_arb.annotate.engines.spark.add_bucket_columns`` + ``write_parquet``.
 
 Cluster start-up is excluded (reported separately); the summary (counts per bucket, skips by reason) aggregated on
@@ -70,8 +71,8 @@ def run_datasets(src: Path, out: Path, use_map: bool) -> tuple[float, float, int
     import datasets
 
     from hf_arb import add_bucket_columns
-    from hf_arb.annotate.map import summarize_annotation
     from hf_arb.annotate.arrow_batch import annotate_batch
+    from hf_arb.annotate.map import summarize_annotation
 
     datasets.disable_progress_bars()
     shutil.rmtree(out, ignore_errors=True)

@@ -27,8 +27,8 @@ from _util import peak_rss_mb, row, save_result, timeit  # noqa: E402
 from bench_preset_crop import _sizes, novelai_like_sizes, photo_sizes  # noqa: E402
 
 from hf_arb import BucketSet  # noqa: E402
-from hf_arb.buckets.presets import PRESET_INFO  # noqa: E402
 from hf_arb.annotate.report import cover_crop  # noqa: E402
+from hf_arb.buckets.presets import PRESET_INFO  # noqa: E402
 
 #: (label, width/height, share): a phone camera roll, mostly upright
 PHONE: tuple[tuple[str, float, float], ...] = (
@@ -87,7 +87,8 @@ def main() -> None:
     t_assign, _ = timeit(lambda: sdxl.assign(w, h), repeat=2 if quick else 3)
     t_fit_bound, _ = timeit(lambda: BucketSet.fit((w, h), 32, max_crop=0.2, max_side=4096, min_side=256), repeat=1)
 
-    lines = ["| distribution | bucket set | buckets | mean crop | worst crop | rows upscaled |", "|---|---|---|---|---|---|"]
+    lines = ["| distribution | bucket set | buckets | mean crop | worst crop | rows upscaled |",
+             "|---|---|---|---|---|---|"]
     for dist, res in tables.items():
         for name, m in res.items():
             label = f"**{name}**" if name.startswith("fit") else name

@@ -94,7 +94,8 @@ def best_time(fn: Any, repeat: int) -> float:
     return best
 
 
-def fit_benchmark(images: list[tuple[bytes, tuple[int, int]]], sets: dict[str, BucketSet], repeat: int) -> dict[str, Any]:
+def fit_benchmark(images: list[tuple[bytes, tuple[int, int]]], sets: dict[str, BucketSet],
+                  repeat: int) -> dict[str, Any]:
     """Per (image, bucket set): seconds for naive, ours, ours exact (no draft); PSNR ours vs naive."""
     records = []
     for data, (w, h) in images:
@@ -118,8 +119,12 @@ def fit_benchmark(images: list[tuple[bytes, tuple[int, int]]], sets: dict[str, B
                 "naive_s": t_naive, "ours_s": t_ours, "exact_s": t_exact, "draft_scale": ours.draft_scale,
                 "psnr": psnr(ours.image, naive_fit(data, bucket)),
             })
-            print(f"{w}x{h} -> {bucket} ({set_name}, {w / sw:.2f}x, draft 1/{ours.draft_scale}): naive {t_naive * 1e3:.0f} ms, "
-                  f"ours {t_ours * 1e3:.0f} ms, exact {t_exact * 1e3:.0f} ms, PSNR {records[-1]['psnr']:.1f} dB", flush=True)
+            print(
+                f"{w}x{h} -> {bucket} ({set_name}, {w / sw:.2f}x, draft 1/{ours.draft_scale}): naive "
+                f"{t_naive * 1e3:.0f} ms, "
+                f"ours {t_ours * 1e3:.0f} ms, exact {t_exact * 1e3:.0f} ms, PSNR {records[-1]['psnr']:.1f} dB",
+                flush=True,
+            )
     return {"records": records}
 
 
@@ -163,7 +168,10 @@ def torch_vs_pillow() -> dict[str, float]:
             worst["float_psnr"] = min(worst["float_psnr"], psnr(fa, ref))
             worst["float_maxdiff"] = max(worst["float_maxdiff"], float(d.max()))
             worst["float_meandiff"] = max(worst["float_meandiff"], float(d.mean()))
-            worst["uint8_maxdiff"] = max(worst["uint8_maxdiff"], float(np.abs(np.asarray(ua, dtype=np.int16) - np.asarray(ref, dtype=np.int16)).max()))
+            worst["uint8_maxdiff"] = max(
+                worst["uint8_maxdiff"],
+                float(np.abs(np.asarray(ua, dtype=np.int16) - np.asarray(ref, dtype=np.int16)).max()),
+            )
             worst["noaa_psnr"] = min(worst["noaa_psnr"], psnr(na, ref))
     print(f"torch vs Pillow bicubic: {worst}", flush=True)
     return worst
@@ -185,11 +193,13 @@ class NaiveDataset:
         plan = plan_fit(im.size, (bw, bh), crop="center")
         (sw, sh), (y, x) = plan.scaled_size, plan.crop_top_left
         out = im.resize((sw, sh), Image.LANCZOS).crop((x, y, x + bw, y + bh))
-        return {"pixel_values": to_tensor(out), "original_size": plan.original_size, "crop_top_left": plan.crop_top_left,
+        return {"pixel_values": to_tensor(out), "original_size": plan.original_size,
+                "crop_top_left": plan.crop_top_left,
                 "target_size": plan.target_size, "caption": "", "row": row, "bucket": bucket, "flipped": False}
 
 
-def loader_benchmark(files: list[str], buckets: BucketSet, workers: list[int], quick: bool) -> dict[str, dict[int, float]]:
+def loader_benchmark(files: list[str], buckets: BucketSet, workers: list[int],
+                     quick: bool) -> dict[str, dict[int, float]]:
     """Images per second through a DataLoader + BucketBatchSampler, ours vs naive, per worker count."""
     import datasets
     from torch.utils.data import DataLoader
@@ -200,7 +210,8 @@ def loader_benchmark(files: list[str], buckets: BucketSet, workers: list[int], q
     ds = datasets.Dataset.from_dict({"image": files, "text": [f"photo {i}" for i in range(len(files))]})
     ds = add_bucket_columns(ds.cast_column("image", datasets.Image()), buckets, show_summary=False)
     out: dict[str, dict[int, float]] = {"ours": {}, "naive": {}}
-    for name, data in (("ours", BucketedImageDataset(ds, buckets, center_crop=True)), ("naive", NaiveDataset(ds, buckets))):
+    for name, data in (("ours", BucketedImageDataset(ds, buckets, center_crop=True)),
+                       ("naive", NaiveDataset(ds, buckets))):
         for nw in workers:
             sampler = BucketBatchSampler(ds, 2, num_replicas=1, rank=0, seed=0, leftover="fill", return_keys=True,
                                          log_report=False)
@@ -215,7 +226,8 @@ def loader_benchmark(files: list[str], buckets: BucketSet, workers: list[int], q
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--quick", action="store_true", help="3 images, 1 repeat (seconds); figures are not the documented ones")
+    p.add_argument("--quick", action="store_true",
+                   help="3 images, 1 repeat (seconds); figures are not the documented ones")
     args = p.parse_args()
     sizes = SIZES_QUICK if args.quick else SIZES_FULL
     repeat = 1 if args.quick else 5
@@ -258,7 +270,8 @@ def main() -> None:
     tvp = torch_vs_pillow()
     rows.append(row("torch interpolate(bicubic, antialias=True), float input, vs Pillow BICUBIC: worst PSNR",
                     tvp["float_psnr"], None, "dB", higher_is_better=True,
-                    note=f"max |diff| {tvp['float_maxdiff']:.0f}, worst mean |diff| {tvp['float_meandiff']:.2f} (8-bit steps); "
+                    note=f"max |diff| {tvp['float_maxdiff']:.0f}, worst mean |diff| {tvp['float_meandiff']:.2f} (8-bit "
+                         f"steps); "
                     f"uint8 input (CPU kernel): max |diff| {tvp['uint8_maxdiff']:.0f}; antialias=False: worst PSNR "
                     f"{tvp['noaa_psnr']:.1f} dB. Photos: astronaut, coffee, retina at 3× and 1.7× downscales"))
 
@@ -286,7 +299,8 @@ def main() -> None:
             "resizes only the cropped region in one Pillow LANCZOS pass. The machine is shared (2 cores): loader "
             "figures are indicative."
         ),
-        extra={"fit_records": recs, "draft_gap_sweep": sweep, "torch_vs_pillow": tvp, "loader": {k: {str(n): v for n, v in d.items()} for k, d in loader.items()}},
+        extra={"fit_records": recs, "draft_gap_sweep": sweep, "torch_vs_pillow": tvp,
+               "loader": {k: {str(n): v for n, v in d.items()} for k, d in loader.items()}},
     )
 
 

@@ -1,7 +1,7 @@
 """LoRA vs full fine-tune: step time and peak memory of ``train_text_to_image_arb.py`` on the tiny models.
 
-Both sides run the same command (tiny SD and tiny SDXL of :mod:`hf_arb.testing.tiny`, CPU, one torch thread, batch 4 at a
-64² pixel budget, cached latents so that the step is UNet + optimizer, not image decoding), once with
+Both sides run the same command (tiny SD and tiny SDXL of :mod:`hf_arb.testing.tiny`, CPU, one torch thread, batch 4 at
+a 64² pixel budget, cached latents so that the step is UNet + optimizer, not image decoding), once with
 ``--full_finetune`` and once with ``--rank 4``. Each run is its own process, so its peak resident memory is its
 own:
 

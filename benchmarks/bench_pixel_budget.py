@@ -1,7 +1,7 @@
 """A pixel budget per batch (``max_pixels_per_batch``) vs one fixed batch size, for UNets on a multi-resolution table.
 
-Table: the 512², 768² and 1024² pixel-budget ladders (:func:`hf_arb.buckets.presets.budget_table`, 64 px steps) together,
-the multi-resolution table of a run that trains every image at the largest tier it has the pixels for (no
+Table: the 512², 768² and 1024² pixel-budget ladders (:func:`hf_arb.buckets.presets.budget_table`, 64 px steps)
+together, the multi-resolution table of a run that trains every image at the largest tier it has the pixels for (no
 upscaling, as kohya's ``bucket_no_upscale`` or Open-Sora's ``bucket_config``). Rows: 10⁶ photo-like native sizes,
 0.2–1.6 MP log-uniform over common aspect ratios, each in the largest tier whose area it covers, at the nearest
 log aspect.
@@ -15,8 +15,8 @@ Budget utilisation and steps per epoch are exact counts over the 10⁶ rows. Thr
 first 24 steps, and the same images cut into batches of the fixed size; every latent side is divided by 4 (so
 1024² is a 32×32 latent); images/s and pixels/s count full-scale images. The two runs alternate five times and
 each keeps its best time. Plan
-time: :func:`~hf_arb.sampling.planning.plan.plan_epoch` vs :func:`~hf_arb.sampling.planning.ragged.plan_epoch_ragged` for the whole
-epoch of 10⁶ rows on 8 ranks.
+time: :func:`~hf_arb.sampling.planning.plan.plan_epoch` vs :func:`~hf_arb.sampling.planning.ragged.plan_epoch_ragged`
+for the whole epoch of 10⁶ rows on 8 ranks.
 
 Usage: ``python benchmarks/bench_pixel_budget.py [--quick]``
 """
@@ -142,7 +142,8 @@ def main() -> None:
     (fix_ips, fix_pps), (pix_ips, pix_pps) = speed["fixed"], speed["pixel"]
 
     rows = [
-        row("images per second (tiny UNet, fwd+bwd, CPU, best of 5 alternating runs)", pix_ips, fix_ips, "img/s", higher_is_better=True),
+        row("images per second (tiny UNet, fwd+bwd, CPU, best of 5 alternating runs)", pix_ips, fix_ips, "img/s",
+            higher_is_better=True),
         row("full-scale pixels per second (tiny UNet)", pix_pps / 1e6, fix_pps / 1e6, "MP/s", higher_is_better=True),
         row("budget used per step (mean pixels / budget)", c_pix["utilisation"], c_fix["utilisation"], "fraction",
             higher_is_better=True),

@@ -193,7 +193,8 @@ def main() -> None:
         row(f"cold restart ({big}; construct with the index on disk + resume)", med(ours["cold_s"]),
             med(base["cold_s"]), "ms",
             note=f"median of 3 (baseline: 1); CPU time ours {med(ours['cold_cpu_s']):,.0f} ms, baseline "
-                 f"{med(base['cold_cpu_s']):,.0f} ms; ours: count the ids, fingerprint them, map the index file; the baseline groups "
+                 f"{med(base['cold_cpu_s']):,.0f} ms; ours: count the ids, fingerprint them, map the index file; the "
+                 f"baseline groups "
                  "every row again"),
         row(f"peak extra memory per rank ({big})", ours["peak_mb"], base["peak_mb"], "MB", target="≤ 64 MB",
             note=f"tracemalloc peak over construction, 2 epochs' first batches and 3 resumes; the caller's id array "

@@ -123,7 +123,8 @@ def main() -> None:
         label = name if res is None else f"{name} {res}"
         rows.append(row(f"mean crop, {label} ({len(log_bs)} buckets)", 100 * c_log.mean(), 100 * square.mean(),
                         "% of area",
-                        note=f"native rule ({native_bs.metric}) {100 * c_nat.mean():.2f}%; p95 {100 * np.quantile(c_log, 0.95):.1f}%; "
+                        note=f"native rule ({native_bs.metric}) {100 * c_nat.mean():.2f}%; p95 "
+                             f"{100 * np.quantile(c_log, 0.95):.1f}%; "
                              f"{100 * (c_log > 0.1).mean():.1f}% of images lose > 10%; NovelAI-like illustrations "
                              f"{100 * c_nai_log.mean():.2f}% (native {100 * c_nai_nat.mean():.2f}%, square crop "
                              f"{100 * extra['square_crop']['novelai']:.1f}%)"))
@@ -145,7 +146,8 @@ def main() -> None:
             f"{RECROP_SHARE:.0%} of all images re-cropped by their owner (w/h × exp(N(0, {RECROP_SIGMA}))); long "
             "side 1024–6000 px. Note column, *NovelAI-like illustrations*: NovelAI's published rows per bucket "
             "(5.31 M Danbooru images), each bucket's rows spread uniformly over the w/h interval NovelAI's "
-            f"linear rule gives it. Assigning and measuring {n:,} sizes with the log rule took {t_all:.2f} s for all presets."),
+            f"linear rule gives it. Assigning and measuring {n:,} sizes with the log rule took {t_all:.2f} s for all "
+            f"presets."),
         extra=extra,
     )
 

@@ -31,7 +31,6 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(ROOT))
 from _util import row, save_result  # noqa: E402
 
-
 #: the last commit before the stage-folder refactor
 BASELINE = "486401b"
 

@@ -2,7 +2,8 @@
 
 An annotated dataset of 10⁶ rows whose ``image`` column holds paths to 300 real JPEG files (crops of scikit-image's
 photos at sizes drawn from the photo mixture of ``bench_preset_crop``; each row's ``original_width/height`` is its
-file's), annotated to the ``budget`` preset from the size columns. Measured: :func:`hf_arb.annotate.report.build_report` +
+file's), annotated to the ``budget`` preset from the size columns. Measured: :func:`hf_arb.annotate.report.build_report`
++
 :func:`~hf_arb.annotate.report.render_html` with ``k = 4``, next to its baseline, the two parts it cannot avoid measured
 alone: the metadata pass (:func:`hf_arb.summarize_annotation`, the annotate summary over the same columns) plus
 decoding the same ``k × buckets`` files to thumbnails.
@@ -48,8 +49,8 @@ def main() -> None:
     import datasets
 
     from hf_arb import BucketSet, add_bucket_columns
-    from hf_arb.annotate.summary import summarize_annotation
     from hf_arb.annotate.report import THUMBNAIL_SIZE, build_report, render_html
+    from hf_arb.annotate.summary import summarize_annotation
 
     quick = "--quick" in sys.argv
     n = 100_000 if quick else 1_000_000

@@ -178,7 +178,8 @@ def main() -> None:
                  f"{row_bytes:.0f} B/row on disk); bound {bound:,} rows ≈ {bound * mem_row / 1e6:.1f} MB, plus the "
                  f"chunk being read (snapshot_every = 256 rows ≈ {256 * mem_row / 1e6:.2f} MB)"),
         row("resume mid-epoch (load_state_dict + first batch, both ranks)", resume_s, None, "s",
-            note=f"{resume_cpu:.2f} s CPU; state {len(json.dumps(state)) / 1e3:.0f} kB JSON (read indices, counters, source snapshots); "
+            note=f"{resume_cpu:.2f} s CPU; state {len(json.dumps(state)) / 1e3:.0f} kB JSON (read indices, counters, "
+                 f"source snapshots); "
                  "replays at most snapshot_every=256 rows per snapshot it restores"),
     ]
     details = (f"{n:,} rows, {FILES} parquet files, {size_mb:.0f} MB (metadata + a 16×16 PNG per row, not decoded); "

@@ -86,7 +86,8 @@ def measure(make, positions, epochs=(4, 5, 6), resume_epoch=7) -> dict:
         fresh.append(resume(s, resume_epoch, int(c) % s.steps_per_epoch))
         del s
         gc.collect()
-    return {"fresh_resume_s": [f[0] for f in fresh], "fresh_resume_cpu_s": [f[1] for f in fresh],"build_s": build_s, "build_cpu_s": build_cpu, "plan_s": [p[0] for p in plan],
+    return {"fresh_resume_s": [f[0] for f in fresh], "fresh_resume_cpu_s": [f[1] for f in fresh],"build_s": build_s,
+            "build_cpu_s": build_cpu, "plan_s": [p[0] for p in plan],
             "plan_cpu_s": [p[1] for p in plan], "resume_s": [r[0] for r in res], "resume_cpu_s": [r[1] for r in res],
             "steps": steps, "peak_mb": max(build_peak, plan_peak) / 1e6,
             "build_peak_mb": build_peak / 1e6,

@@ -169,8 +169,12 @@ def main() -> None:
         quiet = int(np.argmax(totals))
         best = {k: v[quiet] for k, v in results.items()}
         ratios = {
-            "cached/fly": [c["images_per_second"] / f["images_per_second"] for c, f in zip(results["cached"], results["fly"])],
-            "fly/square": [f["images_per_second"] / q["images_per_second"] for f, q in zip(results["fly"], results["square"])],
+            "cached/fly": [
+                c["images_per_second"] / f["images_per_second"] for c, f in zip(results["cached"], results["fly"])
+            ],
+            "fly/square": [
+                f["images_per_second"] / q["images_per_second"] for f, q in zip(results["fly"], results["square"])
+            ],
         }
         assert all(r["latents_encoded"] == 0 for r in results["cached"]), "the cache was not reused"
 
@@ -200,7 +204,8 @@ def main() -> None:
         command="python benchmarks/bench_train.py",
         baseline="on-the-fly VAE encoding (same script); diffusers-style square pipeline at the same pixel budget",
         details=(
-            "Tiny SD 1.x architecture built offline (hf_arb.testing.tiny), CPU only: **no GPU was lent to this task**, so the "
+            "Tiny SD 1.x architecture built offline (hf_arb.testing.tiny), CPU only: **no GPU was lent to this task**, "
+            "so the "
             "real SD 1.5 / SDXL UNet and VAE were not measured. Source images are JPEGs of 0.1 MP with five aspect "
             f"ratios; training at resolution {args.resolution} (bucket step 32). With models this small the step is "
             "dominated by the data path, which is what caching removes; with real models the VAE encode is a larger "
@@ -209,7 +214,8 @@ def main() -> None:
             "with other jobs (load changed up to 20x between rounds), so the sides run interleaved in rounds and the "
             "table shows the quietest round."
         ),
-        extra={"quiet_round": quiet, "ratios": ratios, "images": n_images, "steps": steps, "batch": args.batch, "resolution": args.resolution,
+        extra={"quiet_round": quiet, "ratios": ratios, "images": n_images, "steps": steps, "batch": args.batch,
+               "resolution": args.resolution,
                "runs": {k: [r["images_per_second"] for r in v] for k, v in results.items()}},
     )
 

@@ -19,7 +19,8 @@ HERE = Path(__file__).resolve().parent
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--quick", action="store_true", help="small sizes (seconds each); figures then are not the documented ones")
+    p.add_argument("--quick", action="store_true",
+                   help="small sizes (seconds each); figures then are not the documented ones")
     p.add_argument("--only", default="", help="comma-separated benchmark names (bench_<name>.py)")
     args = p.parse_args()
     scripts = sorted(HERE.glob("bench_*.py"))

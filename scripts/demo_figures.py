@@ -113,7 +113,8 @@ def bucket_loss_figure(runs: dict[str, Path], path: Path) -> Path:
             loss = np.array([np.mean(by_step[s]) for s in sorted(by_step)], dtype=np.float64)
             k = max(1, min(15, loss.size // 4))
             smooth = np.convolve(loss, np.ones(k) / k, mode="valid")
-            ax.plot(steps[k - 1:], smooth, marker="." if smooth.size < 20 else None, label=f"{label} ({loss.size} steps)")
+            ax.plot(steps[k - 1:], smooth, marker="." if smooth.size < 20 else None,
+                    label=f"{label} ({loss.size} steps)")
         ax.set_xlabel("optimizer step")
         ax.set_ylabel("training loss (moving mean)")
         ax.set_title(f"{name}: loss per bucket shape, portrait → landscape")

@@ -21,7 +21,8 @@ CROP = 64  # pixels a side of the VAE's training crops
 
 
 def _crops(photos: list[Image.Image], n: int, g: torch.Generator) -> torch.Tensor:
-    """``n`` random ``CROP``² crops of ``photos`` (random photo, position, mirror), ``(n, 3, CROP, CROP)`` in [-1, 1]."""
+    """``n`` random ``CROP``² crops of ``photos`` (random photo, position, mirror), ``(n, 3, CROP, CROP)`` in [-1,
+    1]."""
     out = []
     for _ in range(n):
         im = photos[int(torch.randint(len(photos), (1,), generator=g))]

@@ -36,7 +36,8 @@ OUT = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "upstream_fla
 #: edit mode (--cond_image_column); HiDream, Lumina2, Sana, Krea2, Ideogram4 and Flax are families we do not claim.
 DREAMBOOTH_SCRIPTS = (
     "train_dreambooth.py", "train_dreambooth_lora.py", "train_dreambooth_lora_sdxl.py",
-    "train_dreambooth_sd3.py", "train_dreambooth_lora_sd3.py", "train_dreambooth_flux.py", "train_dreambooth_lora_flux.py",
+    "train_dreambooth_sd3.py", "train_dreambooth_lora_sd3.py", "train_dreambooth_flux.py",
+    "train_dreambooth_lora_flux.py",
     "train_dreambooth_lora_flux_kontext.py", "train_dreambooth_lora_flux2.py", "train_dreambooth_lora_flux2_klein.py",
     "train_dreambooth_lora_flux2_img2img.py", "train_dreambooth_lora_flux2_klein_img2img.py",
     "train_dreambooth_lora_qwen_image.py", "train_dreambooth_lora_z_image.py",

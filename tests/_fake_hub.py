@@ -31,9 +31,9 @@ from huggingface_hub.errors import RemoteEntryNotFoundError, RepositoryNotFoundE
 
 def _not_found(cls: type, message: str, url: str) -> Exception:
     """A huggingface_hub HTTP error with a real 404 response object, as the client raises it."""
-    from huggingface_hub.errors import Response  # the HTTP library huggingface_hub is built on
-
     import importlib
+
+    from huggingface_hub.errors import Response  # the HTTP library huggingface_hub is built on
 
     http = importlib.import_module(Response.__module__.split(".")[0])
     return cls(message, response=http.Response(404, request=http.Request("GET", url)))

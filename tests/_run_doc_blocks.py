@@ -117,7 +117,8 @@ def _run_bash(source: str) -> None:
     commands = _hf_arb_commands(source)
     if commands is None:
         env = {**os.environ, "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")}
-        proc = subprocess.run(["bash", "-euo", "pipefail", "-c", source], env=env, capture_output=True, text=True, check=False)
+        proc = subprocess.run(["bash", "-euo", "pipefail", "-c", source], env=env, capture_output=True, text=True,
+                              check=False)
         sys.stdout.write(proc.stdout[-3000:])
         if proc.returncode != 0:
             raise RuntimeError(f"bash exited with {proc.returncode}:\n{proc.stderr[-4000:]}")

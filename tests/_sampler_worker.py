@@ -73,7 +73,7 @@ class RowDataset(Dataset):
 
 def tiered_sampler(ids: np.ndarray, per_step: int):
     """``--sampler tiered``: sizes drawn per row (none for bucket -1), 2 tiers, :data:`TIER_SCHEDULE`."""
-    from hf_arb.sampling import Tiers, TieredBatchSampler
+    from hf_arb.sampling import TieredBatchSampler, Tiers
 
     rng = np.random.default_rng(5)
     w, h = rng.integers(300, 1400, ids.size).astype(float), rng.integers(300, 1400, ids.size).astype(float)

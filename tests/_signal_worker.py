@@ -4,8 +4,8 @@ item 4: Ctrl-C / SIGTERM mid-run).
 ``python tests/_signal_worker.py --send_signal SIGTERM --at_update 3 [--on_rank R] <the script's arguments>`` (the
 script run through its ``__main__`` block): the process of rank ``R`` (default 0) sends itself ``--send_signal``
 (``os.kill``, a real signal, handled by whatever handler the script installed) from inside the optimizer step of
-update ``--at_update`` (torch's public global step hook), then the script goes on as it would; the other ranks get no signal. Also a ``"worker"`` of the 2-process batch
-(tests/_train_batch_worker.py calls ``main(argv)``).
+update ``--at_update`` (torch's public global step hook), then the script goes on as it would; the other ranks get no
+signal. Also a ``"worker"`` of the 2-process batch (tests/_train_batch_worker.py calls ``main(argv)``).
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Worker for the shared 2-process batch (tests/_train_fixtures.py ``run_batch``): several runs of train_text_to_image_arb.py in one ``torchrun`` launch.
+"""Worker for the shared 2-process batch (tests/_train_fixtures.py ``run_batch``): several runs of
+train_text_to_image_arb.py in one ``torchrun`` launch.
 
 Each rank imports the script once and calls ``main(argv)`` for every run of ``runs.json`` in order, so the
 imports (about 7 s of CPU per process, most of a tiny run's cost) are paid once for all runs instead of once per run

@@ -9,11 +9,11 @@ Every 2-process training run that a test file only reads (:func:`batch_runs` lis
 SD3 packing, SDXL LoRA with both text encoders, SDXL on a pre-annotated dataset, streaming, broken images under DDP,
 runs on resolution tiers, the families' 2-process resumes, ...) runs in **one** ``torchrun --nproc_per_node 2``
 launch (tests/_train_batch_worker.py): the imports cost each process about 7 s of CPU and a tiny run about 1 s, so
-``n`` runs in one launch cost about ``7 + n`` seconds per process instead of ``8 n``. A "resumed" run is a new ``main()`` call in the same processes
-that loads the full run's checkpoint from disk. That a checkpoint also resumes in a *new* process is tested once on
-2 processes (``ddp_runs`` in tests/test_train.py, two launches) and once on 1 (tests/test_fault_train.py kills a run
-with SIGKILL and resumes it). Tests that read the batch share the ``xdist_group`` :data:`GROUP`, so one worker runs
-them while the other goes on with the rest of the suite.
+``n`` runs in one launch cost about ``7 + n`` seconds per process instead of ``8 n``. A "resumed" run is a new
+``main()`` call in the same processes that loads the full run's checkpoint from disk. That a checkpoint also resumes in
+a *new* process is tested once on 2 processes (``ddp_runs`` in tests/test_train.py, two launches) and once on 1
+(tests/test_fault_train.py kills a run with SIGKILL and resumes it). Tests that read the batch share the ``xdist_group``
+:data:`GROUP`, so one worker runs them while the other goes on with the rest of the suite.
 """
 
 from __future__ import annotations

@@ -117,7 +117,9 @@ def _crowded_folders(root: Path) -> dict[str, int]:
 
 
 def test_no_folder_holds_more_than_fifteen_modules() -> None:
-    crowded = {d: n for d, n in _crowded_folders(PKG).items() if d not in MODULE_CAP_EXEMPT and d not in MODULE_CAP_PENDING}
+    crowded = {
+        d: n for d, n in _crowded_folders(PKG).items() if d not in MODULE_CAP_EXEMPT and d not in MODULE_CAP_PENDING
+    }
     assert not crowded, f"folders with more than {MAX_MODULES} modules (split them into concept subfolders): {crowded}"
 
 
@@ -157,8 +159,13 @@ def floor(module: str) -> int:
 
 
 def test_lower_floors_never_import_upper_ones() -> None:
-    upward = sorted(f"{a} (floor {FLOORS[floor(a)]}) imports {b} (floor {FLOORS[floor(b)]})"
-                    for a, targets in _graph().items() if a != "hf_arb.__main__" for b in targets if floor(b) > floor(a))
+    upward = sorted(
+        f"{a} (floor {FLOORS[floor(a)]}) imports {b} (floor {FLOORS[floor(b)]})"
+        for a, targets in _graph().items()
+        if a != "hf_arb.__main__"
+        for b in targets
+        if floor(b) > floor(a)
+    )
     assert not upward, upward
 
 
@@ -305,10 +312,11 @@ def test_every_flat_sampling_path_of_0_1_imports_its_new_module_with_a_warning()
         assert [w for w in caught if issubclass(w.category, DeprecationWarning) and new in str(w.message)], old
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
-        from hf_arb.sampling.tier_plan import Tiers
-        from hf_arb.sampling.stream import BucketedStream
         from hf_arb.sampling.cursor import StepCursor
-    from hf_arb.sampling import BucketedStream as new_stream, Tiers as new_tiers
+        from hf_arb.sampling.stream import BucketedStream
+        from hf_arb.sampling.tier_plan import Tiers
+    from hf_arb.sampling import BucketedStream as new_stream
+    from hf_arb.sampling import Tiers as new_tiers
     from hf_arb.sampling.resume.cursor import StepCursor as new_cursor
     assert Tiers is new_tiers and BucketedStream is new_stream and StepCursor is new_cursor
 
@@ -362,7 +370,7 @@ def test_only_the_data_sources_test_the_mode_flags() -> None:
 
 def test_mode_flag_check_finds_one(tmp_path: Path) -> None:
     probe = tmp_path / "probe.py"
-    probe.write_text("if args.packing:\n    pass\nlocate = getattr(sampler, \"locate\", None)\nif stream is None: pass\n")
+    probe.write_text('if args.packing:\n    pass\nlocate = getattr(sampler, "locate", None)\nif stream is None: pass\n')
     assert len(_mode_flag_tests([probe])) == 3
 
 

@@ -178,7 +178,8 @@ def test_every_familys_card_and_last_line_run_as_printed_without_hf_arb(outputs,
         card = card_block(out)
         folder = tmp_path / name
         folder.mkdir()
-        for i, file in enumerate(input_files(card)):  # the user's photos, not at the bucket's size (Flux.2 takes >= 64 px)
+        # the user's photos, not at the bucket's size (Flux.2 takes >= 64 px)
+        for i, file in enumerate(input_files(card)):
             photo(list(PHOTOS)[i], (120, 88)).convert("RGB").save(folder / file)
         jobs[name] = {"card": card, "saved": saved_code(run["log"], str(out)), "inputs": str(folder)}
         size = requested_size(card)

@@ -98,7 +98,8 @@ def test_resolution_pipeline_generates_non_square(sd, tmp_path):
     loaded = StableDiffusionResolutionPipeline.from_pretrained(tmp_path)
     assert has_resolution_conditioning(loaded.unet)
     seen = []
-    hook = loaded.unet.register_forward_hook(lambda m, a, kw, out: seen.append(kw.get("class_labels")), with_kwargs=True)
+    hook = loaded.unet.register_forward_hook(lambda m, a, kw, out: seen.append(kw.get("class_labels")),
+                                             with_kwargs=True)
     out = loaded("a cat", height=48, width=80, num_inference_steps=2, output_type="np",
                  generator=torch.Generator().manual_seed(0))
     hook.remove()

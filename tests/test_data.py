@@ -13,14 +13,15 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader
 
-from hf_arb import BucketBatchSampler, BucketSet, BucketedImageDataset, add_bucket_columns
+from hf_arb import BucketBatchSampler, BucketedImageDataset, BucketSet, add_bucket_columns
 from hf_arb.images.collate import collate_buckets
 from hf_arb.images.dataset import ImageDecodeError
 from hf_arb.images.fitting import EXIF_TRANSPOSE, fit_to_bucket
 
 skimage = pytest.importorskip("skimage")
 DATA = Path(os.path.dirname(skimage.__file__)) / "data"
-PHOTOS = ["astronaut.png", "chelsea.png", "coffee.png", "rocket.jpg", "motorcycle_left.png", "hubble_deep_field.jpg", "retina.jpg"]
+PHOTOS = ["astronaut.png", "chelsea.png", "coffee.png", "rocket.jpg", "motorcycle_left.png", "hubble_deep_field.jpg",
+          "retina.jpg"]
 BUCKETS = BucketSet([(64, 64), (96, 64), (64, 96), (128, 64), (64, 128)])
 # displayed (width, height) of the rows: squares, landscapes, portraits, panoramas
 SIZES = [(200, 200), (180, 120), (120, 180), (240, 120), (120, 240), (150, 150), (210, 140), (140, 210),
@@ -94,7 +95,12 @@ def test_pixels_match_fit_to_bucket_on_the_upright_image(annotated: datasets.Dat
         # by hand, and within Pillow's inter-pass 8-bit rounding/clipping of transposing first.
         stored = Image.open(raw[row]["image"]["path"]).convert("RGB")
         by_hand = stored.resize(ref.scaled_size[::-1], Image.LANCZOS).transpose(EXIF_TRANSPOSE[6])
-        assert torch.equal(s["pixel_values"], _to_t(by_hand)), (row, (s["pixel_values"] - _to_t(by_hand)).abs().max() * 127.5, data.draft, stored.size)
+        assert torch.equal(s["pixel_values"], _to_t(by_hand)), (
+            row,
+            (s["pixel_values"] - _to_t(by_hand)).abs().max() * 127.5,
+            data.draft,
+            stored.size,
+        )
         mse = ((s["pixel_values"] - _to_t(ref.image)) * 127.5).pow(2).mean().item()
         assert 10 * np.log10(255**2 / max(mse, 1e-12)) > 40
 
@@ -132,7 +138,8 @@ def test_fit_row_predicts_getitem_without_pixels(annotated: datasets.Dataset) ->
             for bucket in (int(data.bucket_ids[row]), 0):
                 plan = data.fit_row(row, bucket, epoch)
                 s = data[(row, bucket, epoch)]
-                assert (plan.crop_top_left, plan.flipped, plan.original_size) == (s["crop_top_left"], s["flipped"], s["original_size"])
+                assert (plan.crop_top_left, plan.flipped,
+                        plan.original_size) == (s["crop_top_left"], s["flipped"], s["original_size"])
                 flips.append(plan.flipped)
     assert 0.25 < np.mean(flips) < 0.75  # random_flip is a coin, not a constant
     # The cache key covers everything that decides the pixels besides the image content.
@@ -170,7 +177,8 @@ def test_captions_tokenizer_and_collate(annotated: datasets.Dataset) -> None:
     assert batch["rows"].tolist() == rows and batch["buckets"].tolist() == [0] * b
     assert batch["input_ids"].shape == (b, 16) and batch["input_ids_2"].shape == (b, 16)
     assert batch["captions"] == [annotated[r]["text"] for r in rows]
-    expected = tok(batch["captions"], max_length=16, padding="max_length", truncation=True, return_tensors="pt").input_ids
+    expected = tok(batch["captions"], max_length=16, padding="max_length", truncation=True,
+                   return_tensors="pt").input_ids
     assert torch.equal(batch["input_ids"], expected)
     assert batch["original_sizes"].tolist() == [[SIZES[r][1], SIZES[r][0]] for r in rows]
     with pytest.raises(ValueError, match="one bucket size"):
@@ -319,8 +327,10 @@ def test_catch_all_batches_use_the_target_bucket(annotated: datasets.Dataset) ->
 @pytest.mark.slow
 def test_workers_reproduce_single_process(annotated: datasets.Dataset) -> None:
     data = BucketedImageDataset(annotated, seed=4, random_flip=True)
-    a = _run_epoch(data, BucketBatchSampler(annotated, 2, num_replicas=1, rank=0, seed=4, return_keys=True, log_report=False), 0)
-    b = _run_epoch(data, BucketBatchSampler(annotated, 2, num_replicas=1, rank=0, seed=4, return_keys=True, log_report=False), 2)
+    a = _run_epoch(data, BucketBatchSampler(annotated, 2, num_replicas=1, rank=0, seed=4, return_keys=True,
+                                            log_report=False), 0)
+    b = _run_epoch(data, BucketBatchSampler(annotated, 2, num_replicas=1, rank=0, seed=4, return_keys=True,
+                                            log_report=False), 2)
     assert _same(a, b)
 
 

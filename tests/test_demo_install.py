@@ -8,10 +8,10 @@ import re
 import shutil
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
 HEAVY = ("ray", "spark", "apt-get", "chromium", "jre", "java")

@@ -92,7 +92,8 @@ def test_runner_reports_every_kind_of_failure(tmp_path: Path, capsys: pytest.Cap
     blocks = {"ok.py": ("python", "x = 2\n"), "uses-x.py": ("python", ">>> x + 1\n3\n"),
               "bad-doctest": ("python", ">>> x + 1\n4\n"), "raises": ("python", "1 / 0\n"),
               "cli-error": ("bash", "hf-arb buckets --preset novelai\nhf-arb buckets --resolution 0\n"),
-              "shell-error": ("bash", "echo fine\nfalse\n"), "cli-ok": ("bash", "hf-arb buckets --preset sdxl  # a comment\n")}
+              "shell-error": ("bash", "echo fine\nfalse\n"), "cli-ok": ("bash",
+                                                                        "hf-arb buckets --preset sdxl  # a comment\n")}
     plan = [{"page": name, "workdir": str(tmp_path), "blocks": [{"id": name, "lang": lang, "source": src}]}
             for name, (lang, src) in blocks.items()]
     plan[1]["blocks"].insert(0, plan.pop(0)["blocks"][0])  # x is defined by the page's earlier block
@@ -180,11 +181,13 @@ def _run(root: Path, page_names: list[str], assets: dict[str, str], *, slow_page
     from its start, in one driver process."""
     plan = _plan(root, page_names, assets, slow=False) + _plan(root, slow_pages, assets, slow=True)
     (root / "plan.json").write_text(json.dumps(plan, indent=1))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")]),
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests"),
+                                                        os.environ.get("PYTHONPATH", "")]),
            "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "MPLBACKEND": "Agg", "ACCELERATE_USE_CPU": "1",
            "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "WANDB_MODE": "disabled"}
     proc = subprocess.run([sys.executable, str(ROOT / "tests" / "_run_doc_blocks.py"), str(root / "plan.json"),
-                           str(root / "results.json")], env=env, capture_output=True, text=True, timeout=900, check=False)
+                           str(root / "results.json")], env=env, capture_output=True, text=True, timeout=900,
+                          check=False)
     (root / "log.txt").write_text(proc.stderr)
     if proc.returncode != 0:
         return {"__driver__": {"ok": False, "error": proc.stderr[-6000:]}}

@@ -54,7 +54,9 @@ def test_presets_table_in_buckets_md_is_current():
     from hf_arb import PRESETS
 
     doc = (ROOT / "docs" / "buckets.md").read_text()
-    assert gen_reference.buckets_md(doc) == doc, "docs/buckets.md presets table is stale: run python docs/gen_reference.py"
+    assert gen_reference.buckets_md(doc) == doc, (
+        "docs/buckets.md presets table is stale: run python docs/gen_reference.py"
+    )
     table = doc[doc.index(gen_reference.PRESETS_BEGIN):doc.index(gen_reference.PRESETS_END)]
     assert {row.split("|")[1].strip() for row in table.splitlines()[3:]} == set(PRESETS)  # every preset has a row
 
@@ -122,7 +124,9 @@ def test_annotate_options_table_is_generated_from_the_parser():
     from hf_arb.buckets.matching import METRICS
 
     doc = (ROOT / "docs" / "annotate.md").read_text()
-    assert gen_reference.annotate_md(doc) == doc, "docs/annotate.md options table is stale: run python docs/gen_reference.py"
+    assert gen_reference.annotate_md(doc) == doc, (
+        "docs/annotate.md options table is stale: run python docs/gen_reference.py"
+    )
     table = doc[doc.index(gen_reference.OPTIONS_BEGIN):doc.index(gen_reference.OPTIONS_END)]
     preset_row = next(r for r in table.splitlines() if r.startswith("| `--preset "))
     assert preset_row.split("`")[1] == "--preset " + "\\|".join(PRESETS) and len(PRESETS) == 10

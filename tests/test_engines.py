@@ -19,7 +19,6 @@ import pytest
 from _photos import PHOTOS, encode, photo
 
 from hf_arb import BucketBatchSampler, BucketSet, add_bucket_columns
-from hf_arb.annotate.map import summarize_annotation, summarize_columns
 from hf_arb.annotate.arrow_batch import (
     ERROR_BIN,
     BatchAnnotator,
@@ -28,6 +27,7 @@ from hf_arb.annotate.arrow_batch import (
     summary_from_groups,
     summary_partials,
 )
+from hf_arb.annotate.map import summarize_annotation, summarize_columns
 from hf_arb.buckets.schema import BUCKET_COLUMNS, CONFIG_ID_PREFIX, buckets_from_card
 
 BUCKETS = BucketSet.sdxl().replace(max_aspect_error=0.12)
@@ -177,7 +177,8 @@ def test_pickled_annotator_runs_without_importing_datasets(tmp_path: Path) -> No
     code = ("import pickle, sys, pyarrow.parquet as pq; fn = pickle.load(open(sys.argv[1], 'rb')); "
             "pq.write_table(fn(pq.read_table(sys.argv[2])), sys.argv[3]); assert 'datasets' not in sys.modules")
     subprocess.run([sys.executable, "-c", code, str(tmp_path / "fn.pkl"), str(tmp_path / "in.parquet"),
-                    str(tmp_path / "out.parquet")], check=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+                    str(tmp_path / "out.parquet")], check=True, env={**os.environ,
+                                                                     "PYTHONPATH": os.pathsep.join(sys.path)})
     loaded = datasets.load_dataset("parquet", data_files=str(tmp_path / "out.parquet"), split="train")
     assert BucketSet.from_dataset(loaded) == BUCKETS
     assert loaded.features["id"] == datasets.Value("int64")  # left to datasets to infer
@@ -264,7 +265,8 @@ def _check_cli(engine: str, images_parquet: Path, tmp_path: Path, capsys: pytest
     from hf_arb.cli.app import main
 
     want = _reference(images_parquet)
-    assert {"unreadable", "missing", "too_small", "upscale"} <= set(summarize_annotation(want, BUCKETS).skipped_by_reason)
+    assert {"unreadable", "missing", "too_small",
+            "upscale"} <= set(summarize_annotation(want, BUCKETS).skipped_by_reason)
     out = tmp_path / "out"
     rc = main(["annotate", str(images_parquet), "--engine", engine, "--output-dir", str(out), "--preset", "sdxl",
                "--max-aspect-error", "0.12", "--max-upscale", "2", "--min-size", "64"])

@@ -118,7 +118,9 @@ def test_detection_and_flag_defaults_do_not_import_torch(train_assets):
 
 
 def test_unknown_family_and_bad_registration_are_refused():
-    known = "sd3, flux2_klein, flux2, flux-kontext, flux, qwenimage-edit-plus, qwenimage-edit, qwenimage, zimage, sdxl, sd"
+    known = (
+        "sd3, flux2_klein, flux2, flux-kontext, flux, qwenimage-edit-plus, qwenimage-edit, qwenimage, zimage, sdxl, sd"
+    )
     with pytest.raises(ValueError, match=f"Unknown model family 'nope'; known: {known}\\."):
         get_family("nope")
     with pytest.raises(TypeError, match="Family subclass with a `name`"):
@@ -207,7 +209,8 @@ def test_guidance_scale_on_a_transformer_without_guidance_is_refused(flow_assets
     """SD3 (and Flux.1-schnell) take no guidance input: --guidance_scale there would be silently ignored (#24)."""
     base = ["--train_data_dir", str(tmp_path), "--output_dir", str(tmp_path / "out"), "--report_to", "none"]
     args = script.parse_args(["--pretrained_model_name_or_path", flow_assets["sd3"], *base, "--guidance_scale", "2"])
-    with pytest.raises(script.UsageError, match="--guidance_scale 2.0: .* takes no guidance input .* Drop --guidance_scale"):
+    with pytest.raises(script.UsageError,
+                       match="--guidance_scale 2.0: .* takes no guidance input .* Drop --guidance_scale"):
         get_family(args.family).load_models(args)
     args = script.parse_args(["--pretrained_model_name_or_path", flow_assets["flux"], *base, "--guidance_scale", "2"])
     assert get_family(args.family).load_models(args).options.guidance_scale == 2.0  # Flux.1-dev's tiny twin takes it
@@ -220,7 +223,8 @@ def test_validation_under_bf16_mixed_precision_generates(flow_assets, tmp_path):
     from _train_fixtures import FLOW
 
     out = tmp_path / "out"
-    stats = run_script(["--pretrained_model_name_or_path", flow_assets["flux"], "--train_data_dir", flow_assets["images"],
+    stats = run_script(["--pretrained_model_name_or_path", flow_assets["flux"], "--train_data_dir",
+                        flow_assets["images"],
                         "--output_dir", str(out), *FLOW, "--max_train_steps", "1", "--full_finetune",
                         "--mixed_precision", "bf16", "--validation_prompts", "a cat",
                         "--num_validation_inference_steps", "1"])

@@ -1,8 +1,8 @@
 """Flux.2 (dev: Flux2Pipeline, klein: Flux2KleinPipeline) through train_text_to_image_arb.py: detection apart from
 Flux.1 (both directions), prompt encoding and latents equal to the stock pipelines', each bucket's ``mu`` equal
 bit for bit to the pipeline's, the bucket step of the latent packing, and (slow) tiny runs: full fine-tune and
-LoRA, an exact resume, cached prompt embeddings, validation images, and every output loaded and sampled at a non-square trained bucket
-by stock diffusers without hf_arb.
+LoRA, an exact resume, cached prompt embeddings, validation images, and every output loaded and sampled at a non-square
+trained bucket by stock diffusers without hf_arb.
 """
 
 from __future__ import annotations

@@ -14,8 +14,15 @@ import numpy as np
 import pytest
 import test_train
 import torch
-from _family_runs import (check_cached_lora, check_ddp_resume, check_full_resume, check_lora_targets_and_validation,
-                          check_stock_outputs, family_ddp_result, family_runs)
+from _family_runs import (
+    check_cached_lora,
+    check_ddp_resume,
+    check_full_resume,
+    check_lora_targets_and_validation,
+    check_stock_outputs,
+    family_ddp_result,
+    family_runs,
+)
 from _train_fixtures import FLOW
 
 import train_text_to_image_arb as script

@@ -73,7 +73,9 @@ def test_damaged_entry_is_reencoded_at_build_and_never_read(damage: str, tmp_pat
     DAMAGE[damage](npy, js)
     with pytest.raises(lat.LatentCacheError, match=str(key)) as err:  # the message names the file
         cache.read(key)
-    assert str(err.value).startswith(f"Latent cache entry {npy if damage not in ('json_deleted', 'json_garbage', 'no_checksum') else js}")
+    assert str(err.value).startswith(
+        f"Latent cache entry {npy if damage not in ('json_deleted', 'json_garbage', 'no_checksum') else js}"
+    )
     assert cache.check(key) is not None and cache.check(index.key(1, 1, 0)) is None
     pipe = Pipe()
     again = lat.fill_cache(cache, lat.build_index([(i, i % 2) for i in range(4)], [f"h{i}" for i in range(4)],
@@ -96,7 +98,8 @@ def test_entry_damaged_while_training_is_repaired_by_the_dataset(damage: str, tm
 
     def repair(row: int, bucket: int, epoch: int) -> None:
         batch = pipe.load_batch([(row, bucket, epoch)])
-        cache.write(index.key(row, bucket, epoch), Pipe.encode(batch["pixel_values"])[0].numpy(), {"original_size": [16, 24], "crop_top_left": [0, 0], "target_size": [16, 16]})
+        cache.write(index.key(row, bucket, epoch), Pipe.encode(batch["pixel_values"])[0].numpy(),
+                    {"original_size": [16, 24], "crop_top_left": [0, 0], "target_size": [16, 16]})
 
     data = CachedLatentDataset(cache, index, ["a"] * 4, repair=repair)
     item = data[(3, 1, 0)]

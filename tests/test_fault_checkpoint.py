@@ -1,4 +1,5 @@
-"""hf_arb.train.checkpointing: damaged files are named, `latest` falls back, publishing never leaves zero checkpoints."""
+"""hf_arb.train.checkpointing: damaged files are named, `latest` falls back, publishing never leaves zero
+checkpoints."""
 
 from __future__ import annotations
 
@@ -117,7 +118,9 @@ def test_lora_checkpoint_is_checked_by_its_adapter_file(tmp_path) -> None:
     for name in REQUIRED:
         (ckpt / name).write_bytes(b"\0" * 8)
     files = ("pytorch_lora_weights.safetensors",)
-    assert any("pytorch_lora_weights.safetensors: missing" in p for p in checkpoint_problems(ckpt, "state.json", (), files))
+    assert any(
+        "pytorch_lora_weights.safetensors: missing" in p for p in checkpoint_problems(ckpt, "state.json", (), files)
+    )
     (ckpt / files[0]).write_bytes(b"\0" * 8)
     problems = checkpoint_problems(ckpt, "state.json", (), files)
     assert not any("unet" in p or "lora_weights.safetensors: missing" in p for p in problems)

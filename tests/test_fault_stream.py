@@ -10,13 +10,15 @@ from hf_arb import BucketSet, add_bucket_columns, fit_to_bucket
 
 GOOD = encode(photo("coffee.png", (120, 80)), "JPEG")
 VALUES = [{"bytes": GOOD, "path": "a.jpg"}, {"bytes": b"garbage!" * 10, "path": "b.jpg"},
-          {"bytes": GOOD[: len(GOOD) // 2], "path": "c.jpg"}, None, {"bytes": encode(photo("chelsea.png"), "PNG"), "path": "d.png"}]
+          {"bytes": GOOD[: len(GOOD) // 2], "path": "c.jpg"}, None, {"bytes": encode(photo("chelsea.png"), "PNG"),
+                                                                     "path": "d.png"}]
 
 
 @pytest.mark.parametrize("verify", [False, True])
 def test_stream_iterates_past_broken_images(verify: bool) -> None:
     ds = datasets.Dataset.from_dict({"image": VALUES, "i": list(range(len(VALUES)))},
-                                    features=datasets.Features({"image": datasets.Image(), "i": datasets.Value("int32")}))
+                                    features=datasets.Features({"image": datasets.Image(),
+                                                                "i": datasets.Value("int32")}))
     it = add_bucket_columns(ds.to_iterable_dataset(num_shards=2), BucketSet.from_budget(128, step=32), verify=verify,
                             batch_size=2)
     rows = list(it)  # would raise UnidentifiedImageError at row 1 if the stream decoded its images

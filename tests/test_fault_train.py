@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from hf_arb.train.files import STATE_FILE
 import pytest
 from _train_fixtures import GROUP, batch_result, cut_after_header
 from test_train import (
@@ -28,6 +27,8 @@ from test_train import (
     script,
     warns_in_log,
 )
+
+from hf_arb.train.files import STATE_FILE
 
 # No xdist group: the runs several tests read are shared artifacts (tests/conftest.py), built once per test run
 # by whichever worker needs them first, so the tests spread over both workers.
@@ -249,7 +250,8 @@ def _no_data(*_: object) -> None:
 @pytest.mark.parametrize("world, extra, message", [
     ("1", ["--train_batch_size", "1"], "was trained with --train_batch_size 2 on 1 process "
                                        "(--gradient_accumulation_steps 1); this run has --train_batch_size 1 on 1 "
-                                       "process (--gradient_accumulation_steps 1). Pass --train_batch_size 2 to resume"),
+                                       "process (--gradient_accumulation_steps 1). Pass --train_batch_size 2 to "
+                                       "resume"),
     ("1", ["--gradient_accumulation_steps", "2"], "Pass --gradient_accumulation_steps 1 to resume it."),
     # elastic: 2 processes may continue a 1-process run at the same global batch
     ("2", [], "this run has --train_batch_size 2 on 2 processes (--gradient_accumulation_steps 1). Pass "

@@ -54,7 +54,8 @@ def _ds(folder: Path, embed: bool) -> datasets.Dataset:
     names = sorted(FILES)
     image = [{"bytes": FILES[n][0], "path": n} if embed else str(folder / n) for n in names]
     return datasets.Dataset.from_dict({"image": image, "name": names},
-                                      features=datasets.Features({"image": datasets.Image(), "name": datasets.Value("string")}))
+                                      features=datasets.Features({"image": datasets.Image(),
+                                                                  "name": datasets.Value("string")}))
 
 
 @pytest.mark.parametrize("route", ["paths", "bytes", "bytes_num_proc_2", "streaming"])
@@ -94,8 +95,11 @@ def test_cli_verify(folder: Path, tmp_path: Path, capsys: pytest.CaptureFixture[
     printed = capsys.readouterr().out
     n_bad = sum(1 for _, e in FILES.values() if e)
     assert f"skipped: {n_bad}" in printed and "truncated 5" in printed and "undecodable 2" in printed
-    named = [line for line in printed.splitlines() if line.startswith("  row ") and ": truncated: OSError: image file is "
-                                                                                    "truncated" in line]
+    named = [
+        line
+        for line in printed.splitlines()
+        if line.startswith("  row ") and ": truncated: OSError: image file is truncated" in line
+    ]
     assert len(named) == 5 and all(f"({folder}{os.sep}cut." in line for line in named), printed  # the files, named
     back = datasets.load_from_disk(str(out))["train"]
     assert back.num_rows == len(FILES) and back["bucket"].count(-1) == n_bad

@@ -65,7 +65,8 @@ def test_unset_values_are_the_parser_defaults():
     (SD, ["--timestep_bias_strategy", "later", "--timestep_bias_begin", "10"], "range, not later"),
     (SD, ["--timestep_bias_strategy", "later", "--timestep_bias_end", "900"], "range, not later"),
     (SD, ["--timestep_bias_strategy", "range", "--timestep_bias_portion", "0.5"], "earlier/later, not range"),
-    (SD, ["--stream_buffer_size", "10"], "--stream_buffer_size 10 has no effect in this run: it configures --streaming"),
+    (SD, ["--stream_buffer_size", "10"],
+     "--stream_buffer_size 10 has no effect in this run: it configures --streaming"),
     (SD, ["--stream_on_overflow", "evict"], "it configures --streaming"),
     (FLUX, ["--lora_layers", "to_q"], "this is a full fine-tune: add --rank N"),
     (SD3, ["--lora_blocks", "0"], "this is a full fine-tune: add --rank N"),
@@ -130,7 +131,8 @@ def warnings_of(caplog, model: str, *extra: str) -> list[str]:
     (SD, ["--validation_epochs", "3", "--num_validation_inference_steps", "5"],
      "--validation_epochs 3, --num_validation_inference_steps 5: no effect, there is no --validation_prompt"),
     (SD, ["--lr_warmup_steps", "100"], "--lr_warmup_steps 100: no effect with --lr_scheduler constant"),
-    (SD, ["--lr_num_cycles", "3", "--lr_scheduler", "cosine"], "--lr_num_cycles 3: no effect with --lr_scheduler cosine"),
+    (SD, ["--lr_num_cycles", "3", "--lr_scheduler", "cosine"],
+     "--lr_num_cycles 3: no effect with --lr_scheduler cosine"),
     (SD, ["--lr_power", "2"], "--lr_power 2.0: no effect with --lr_scheduler constant (only polynomial reads it)"),
     (SD, ["--instance_prompt", "sks", "--caption_column", "text"], "--instance_prompt 'sks' is not a caption here"),
     (SD, [*STREAM, "--resolution", "64", "--bucket_step", "16"],
@@ -140,7 +142,8 @@ def warnings_of(caplog, model: str, *extra: str) -> list[str]:
     (FLUX, ["--logit_mean", "0.5"], "--logit_mean 0.5: no effect with --weighting_scheme none"),
     (SD3, ["--mode_scale", "1.5"], "--mode_scale 1.5: no effect with --weighting_scheme logit_normal"),
     (FLUX, ["--packing", "--train_batch_size", "2"], "--train_batch_size 2: not applied, --packing sizes each step"),
-    (SD, ["--ddp_comm_hook", "fp16", "--power_sgd_rank", "2"], "--power_sgd_rank 2: no effect with --ddp_comm_hook fp16"),
+    (SD, ["--ddp_comm_hook", "fp16", "--power_sgd_rank", "2"],
+     "--power_sgd_rank 2: no effect with --ddp_comm_hook fp16"),
 ])
 def test_an_upstream_flag_upstream_also_ignores_warns_once(caplog, monkeypatch, model, extra, message):
     monkeypatch.delenv("RANK", raising=False)

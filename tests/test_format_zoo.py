@@ -13,7 +13,7 @@ from pathlib import Path
 import datasets
 import pytest
 from _photos import encode, photo
-from PIL import Image, ImageOps, features
+from PIL import Image, features
 
 from hf_arb import BucketSet, add_bucket_columns, read_image_size
 from hf_arb.annotate.map import BUCKET_COLUMNS

@@ -19,11 +19,9 @@ import hf_arb
 import hf_arb.annotate.hub
 import hf_arb.annotate.plot
 from hf_arb import BucketSet, add_bucket_columns
-from hf_arb.annotate.map import BUCKET_COLUMNS
 from hf_arb.annotate.hub import CARD_KEY, CHART_PATH_IN_REPO
-from hf_arb.buckets.schema import buckets_from_columns
-from hf_arb.buckets.schema import buckets_from_card
-from hf_arb.buckets.schema import bucket_table_from_columns
+from hf_arb.annotate.map import BUCKET_COLUMNS
+from hf_arb.buckets.schema import bucket_table_from_columns, buckets_from_card, buckets_from_columns
 
 # A configuration with every field set, so a lost field would show.
 CONFIG = BucketSet.novelai(metric="linear", max_aspect_error=0.4, aspect_range=(0.3, 3.5))

@@ -19,7 +19,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image, ImageOps
 
-from hf_arb.images.geometry import cover_size
 from hf_arb.images.fitting import (
     EXIF_TRANSPOSE,
     FitPlan,
@@ -28,10 +27,12 @@ from hf_arb.images.fitting import (
     to_rgb,
     to_tensor,
 )
+from hf_arb.images.geometry import cover_size
 
 skimage = pytest.importorskip("skimage")
 DATA = Path(os.path.dirname(skimage.__file__)) / "data"
-PHOTOS = ["astronaut.png", "chelsea.png", "coffee.png", "rocket.jpg", "motorcycle_left.png", "hubble_deep_field.jpg", "retina.jpg"]
+PHOTOS = ["astronaut.png", "chelsea.png", "coffee.png", "rocket.jpg", "motorcycle_left.png", "hubble_deep_field.jpg",
+          "retina.jpg"]
 
 
 def photo(name: str) -> Image.Image:
@@ -112,7 +113,8 @@ def test_random_crop_reaches_every_offset() -> None:
 
 
 @settings(max_examples=25, deadline=None)
-@given(w=st.integers(3, 400), h=st.integers(3, 400), bw=st.integers(8, 300), bh=st.integers(8, 300), seed=st.integers(0, 1000))
+@given(w=st.integers(3, 400), h=st.integers(3, 400), bw=st.integers(8, 300), bh=st.integers(8, 300),
+       seed=st.integers(0, 1000))
 def test_fit_output_size_on_pixels(w: int, h: int, bw: int, bh: int, seed: int) -> None:
     im = Image.new("RGB", (w, h), (10, 20, 30))
     res = fit_to_bucket(im, (bw, bh), rng=np.random.default_rng(seed))
@@ -182,7 +184,9 @@ def test_determinism_and_no_global_rng() -> None:
     crops = {fit_to_bucket(im, (256, 320), rng=np.random.default_rng(s)).crop_top_left for s in range(20)}
     assert len(crops) > 5  # the rng really drives the crop
     assert random.getstate() == py_state
-    assert all(np.array_equal(x, y) if isinstance(x, np.ndarray) else x == y for x, y in zip(np.random.get_state(), np_state))
+    assert all(
+        np.array_equal(x, y) if isinstance(x, np.ndarray) else x == y for x, y in zip(np.random.get_state(), np_state)
+    )
     assert torch.equal(torch.random.get_rng_state(), torch_state)
 
 
@@ -282,7 +286,8 @@ def _rgba_photo() -> Image.Image:
     return rgba
 
 
-@pytest.mark.parametrize("mode", ["1", "L", "LA", "La", "P", "PA", "P+transparency", "RGBA", "RGBa", "CMYK", "I;16", "I", "F", "YCbCr", "RGB"])
+@pytest.mark.parametrize("mode", ["1", "L", "LA", "La", "P", "PA", "P+transparency", "RGBA", "RGBa", "CMYK", "I;16",
+                                  "I", "F", "YCbCr", "RGB"])
 def test_every_colour_mode_becomes_rgb(mode: str) -> None:
     base = photo("astronaut.png").resize((300, 200))
     bg = (0, 255, 0)
@@ -310,14 +315,16 @@ def test_every_colour_mode_becomes_rgb(mode: str) -> None:
     assert res.image.mode == "RGB" and res.image.size == (150, 100)
     transparent = mode in ("LA", "La", "PA", "RGBA", "RGBa", "P+transparency")
     if transparent:
-        np.testing.assert_array_equal(out[:, :45], np.broadcast_to(np.array(bg), out[:, :45].shape))  # background, not black
+        # background, not black
+        np.testing.assert_array_equal(out[:, :45], np.broadcast_to(np.array(bg), out[:, :45].shape))
         assert out[:, 60:].std() > 10  # the photo is still there
     elif mode in ("I;16", "I", "F"):
         # 16-bit ranges [0, 65535] and float [0, 1] land on the same 8-bit grey as the L image
         ref = np.asarray(fit_to_bucket(base.convert("L"), (150, 100), crop="center").image, dtype=np.int16)
         assert np.abs(out - ref).max() <= 1
     elif mode != "1":
-        ref = np.asarray(fit_to_bucket(base.convert(mode).convert("RGB"), (150, 100), crop="center").image, dtype=np.int16)
+        ref = np.asarray(fit_to_bucket(base.convert(mode).convert("RGB"), (150, 100), crop="center").image,
+                         dtype=np.int16)
         np.testing.assert_array_equal(out, ref)
 
 

@@ -40,7 +40,8 @@ class Recorder:
         n = len(keys)
         px = torch.tensor([[r, b, v] for r, b, v in keys], dtype=torch.float32)  # stands in for pixels
         return {"pixel_values": px, "original_sizes": torch.tensor([[16, 24]] * n),
-                "crop_top_lefts": torch.tensor([[0, v] for _, _, v in keys]), "target_sizes": torch.tensor([[16, 16]] * n)}
+                "crop_top_lefts": torch.tensor([[0, v] for _, _, v in keys]),
+                "target_sizes": torch.tensor([[16, 16]] * n)}
 
     @staticmethod
     def encode(px: torch.Tensor) -> torch.Tensor:

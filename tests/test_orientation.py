@@ -71,7 +71,8 @@ def test_tiff_rotated_dataset_passes_size_check(tmp_path) -> None:  # noqa: ANN0
 
     values = [{"bytes": _encoded("TIFF", o), "path": f"o{o}.tif"} for o in range(1, 9)]
     ds = datasets.Dataset.from_dict({"image": values, "text": ["x"] * 8},
-                                    features=datasets.Features({"image": datasets.Image(), "text": datasets.Value("string")}))
+                                    features=datasets.Features({"image": datasets.Image(),
+                                                                "text": datasets.Value("string")}))
     ds = add_bucket_columns(ds, BucketSet.from_budget(128, step=32), show_summary=False)
     assert ds["skip_reason"] == [None] * 8
     data = BucketedImageDataset(ds, center_crop=True, seed=0)

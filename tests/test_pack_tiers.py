@@ -8,10 +8,10 @@ from __future__ import annotations
 import datasets
 import numpy as np
 import pytest
+from _photos import PHOTOS, SKIMAGE_DATA
 from PIL import Image
 from torch.utils.data import DataLoader
 
-from _photos import PHOTOS, SKIMAGE_DATA
 from hf_arb import add_bucket_columns
 from hf_arb.packing.dataset import PackedImageDataset
 from hf_arb.packing.layout import fit_sizes

@@ -8,7 +8,6 @@ import pytest
 import torch
 from diffusers.training_utils import compute_loss_weighting_for_sd3
 
-from hf_arb.packing.model import enable_packed_attention
 from hf_arb.packing.loss import (
     PackedFlowModel,
     flow_family,
@@ -16,6 +15,7 @@ from hf_arb.packing.loss import (
     flux_unpack_latent,
     packed_flow_loss,
 )
+from hf_arb.packing.model import enable_packed_attention
 
 LATENTS = [(8, 12), (12, 6), (10, 10)]  # (H, W) of 16-channel latents: SD3 grids 4x6, 6x3, 5x5 (Flux the same)
 TEXT = (5, 7, 4)
@@ -56,7 +56,8 @@ def _per_image_losses(model, x, scheme, precondition):
         s = x["sigmas"][i]
         noisy = (1 - s) * lat + s * n
         if family == "sd3":
-            pred = model(hidden_states=noisy[None], encoder_hidden_states=e[None], pooled_projections=x["pooled"][i:i + 1],
+            pred = model(hidden_states=noisy[None], encoder_hidden_states=e[None],
+                         pooled_projections=x["pooled"][i:i + 1],
                          timestep=(1000 * s)[None]).sample[0]
         else:
             h, w = lat.shape[1] // 2, lat.shape[2] // 2
@@ -199,4 +200,5 @@ def test_packing_asks_the_adapter_and_the_transformer_not_a_family_name():
     assert {f.transformer_class_name for f in packable} <= {a.transformer_class for a in PACKED_ARCHITECTURES}
     options = get_family("flux").options({}, type("T", (), {"config": {"guidance_embeds": True}})(), guidance_scale=2.5)
     assert get_family("flux").guidance(options, 3, "cpu").tolist() == [2.5] * 3
-    assert get_family("sd3").guidance(options.__class__(**{**vars(options), "guidance_embeds": False}), 3, "cpu") is None
+    assert get_family("sd3").guidance(options.__class__(**{**vars(options), "guidance_embeds": False}), 3,
+                                      "cpu") is None

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hf_arb.packing.plan import first_fit_decreasing, fit_sizes, pack_meta, plan_packs
 from hf_arb.families.shift import ShiftConfig, calculate_mu, shift_sigmas
+from hf_arb.packing.plan import first_fit_decreasing, fit_sizes, pack_meta, plan_packs
 
 token_lists = st.lists(st.integers(-2, 300), min_size=0, max_size=120)
 

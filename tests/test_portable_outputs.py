@@ -9,12 +9,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
-from _stock import run_job
 import test_fault_train
 import test_train
 import test_train_dreambooth
 import test_train_lora
+import torch
+from _stock import run_job
 
 from hf_arb.families.conditioning import resolution_class_labels, sdxl_time_ids
 from hf_arb.families.sd_pipeline import conditioning_dim, embed_time_ids

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from hf_arb import BucketSet
-from hf_arb.cli.app import main as cli_main
 from hf_arb.buckets.presets import PRESET_INFO, PRESETS, preset_notes
+from hf_arb.cli.app import main as cli_main
 
 # OneTrainer: Nerogar/mgds src/mgds/pipelineModules/AspectBucketing.py @ 3a6994ad18a490acc4f3876658167525b7d88da7,
 # AspectBucketing.__create_automatic_buckets(target_resolution, quantization), as (width, height).

@@ -9,19 +9,23 @@ from pathlib import Path
 import datasets
 import numpy as np
 import pytest
+from _photos import PHOTOS, encode, photo
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from _photos import PHOTOS, encode, photo
-from hf_arb import BucketSet
+from hf_arb import BucketBatchSampler, BucketSet
 from hf_arb.annotate.arrow_batch import BatchAnnotator
+from hf_arb.annotate.core import annotate_sizes
 from hf_arb.annotate.map import add_bucket_columns
 from hf_arb.annotate.references import annotate_references
-from hf_arb.annotate.core import annotate_sizes
-from hf_arb.buckets.references import (composite_bucket_ids, composite_summary, read_composite, reference_info,
-                                       stored_reference_columns)
+from hf_arb.buckets.references import (
+    composite_bucket_ids,
+    composite_summary,
+    read_composite,
+    reference_info,
+    stored_reference_columns,
+)
 from hf_arb.sampling.composite import composite_sampler
-from hf_arb import BucketBatchSampler
 
 TARGET = BucketSet.from_budget(256)
 SMALL = BucketSet.from_budget(128)

@@ -15,9 +15,9 @@ from _photos import save_photo
 import hf_arb
 import hf_arb.images.fitting
 from hf_arb import BucketBatchSampler, BucketedImageDataset, BucketSet, add_bucket_columns
+from hf_arb.annotate.report import build_report, cover_crop, render_html
 from hf_arb.cli.app import main as cli_main
 from hf_arb.images.geometry import plan_fit
-from hf_arb.annotate.report import build_report, cover_crop, render_html
 
 # real photos: landscape, portrait (EXIF-rotated), a banner, a thumbnail, a broken file
 SPECS = [("coffee.png", None, 1), ("chelsea.png", None, 6), ("rocket.jpg", None, 1), ("coffee.png", (1000, 120), 1),

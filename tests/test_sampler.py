@@ -527,8 +527,8 @@ def _loader(ids: np.ndarray, sampler: BucketBatchSampler, **kw):
 def test_stateful_dataloader_with_workers_resumes_exactly() -> None:
     """torchdata's StatefulDataLoader reads the sampler's state_dict in step with the batches it returns, so a
     loader with workers reading ahead still resumes at the next batch the loop has not seen."""
-    from torchdata.stateful_dataloader import StatefulDataLoader
     import torch
+    from torchdata.stateful_dataloader import StatefulDataLoader
 
     ids = make_ids(400, seed=6)
     s = BucketBatchSampler(ids, 4, num_replicas=1, seed=2)

@@ -18,7 +18,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-
 from test_train import torchrun
 
 from hf_arb import plan_epoch

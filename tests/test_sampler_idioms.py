@@ -83,7 +83,8 @@ def test_every_resumable_refuses_garbage_state_naming_what_it_expected(name) -> 
         with pytest.raises((TypeError, ValueError)) as err:
             obj.load_state_dict(garbage)
         msg = str(err.value)
-        assert "state" in msg and any(w in msg for w in ("expected", "should be", "this sampler has", "this version reads")), (garbage, msg)
+        assert "state" in msg and any(w in msg for w in ("expected", "should be", "this sampler has",
+                                                         "this version reads")), (garbage, msg)
         assert not isinstance(err.value, (KeyError, AttributeError))
     obj.load_state_dict(good)  # the real state still loads after the refusals
     if name == "BucketedStream":  # a state with a field of the wrong kind names the field
@@ -101,7 +102,8 @@ def _rank_loader(sampler: BucketBatchSampler, rank: int | None):
     from accelerate.data_loader import BatchSamplerShard, DataLoaderShard
 
     shard = rank is not None and sampler.num_replicas > 1  # one process: accelerate leaves the batch sampler as is
-    bs = BatchSamplerShard(sampler, sampler.num_replicas, rank, split_batches=sampler.split_batches) if shard else sampler
+    bs = BatchSamplerShard(sampler, sampler.num_replicas, rank,
+                           split_batches=sampler.split_batches) if shard else sampler
     return DataLoaderShard(list(range(sampler._plan.rows_total)), batch_sampler=bs, collate_fn=lambda b: b)
 
 

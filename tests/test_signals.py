@@ -11,8 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from hf_arb.train.signals import (Stop, StopOnSignal, TrainingStopped, resume_command, stop_line,
-                                  wants_checkpoint)
+from hf_arb.train.signals import Stop, StopOnSignal, TrainingStopped, resume_command, stop_line, wants_checkpoint
 
 
 def test_the_resume_command_replaces_any_resume_flag_and_names_the_launcher() -> None:

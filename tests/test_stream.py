@@ -13,8 +13,8 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 import hf_arb
-from hf_arb.sampling.streaming.stream import BucketedStream, BufferOverflowError, build_stream_loader
 from hf_arb.sampling.streaming.plan import as_counts, stream_schedule
+from hf_arb.sampling.streaming.stream import BucketedStream, BufferOverflowError, build_stream_loader
 
 
 def _stream_ds(bucket_ids: np.ndarray, num_shards: int) -> datasets.IterableDataset:

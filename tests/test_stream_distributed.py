@@ -13,8 +13,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from _train_fixtures import (GROUP, STREAM_DIST_BATCH, STREAM_DIST_ROWS, STREAM_DIST_SHARDS, batch_result,
-                             write_stream_shards)
+from _train_fixtures import (
+    GROUP,
+    STREAM_DIST_BATCH,
+    STREAM_DIST_ROWS,
+    STREAM_DIST_SHARDS,
+    batch_result,
+    write_stream_shards,
+)
 from test_train import torchrun
 
 WORKER = Path(__file__).resolve().parent / "_stream_worker.py"

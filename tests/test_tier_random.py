@@ -12,11 +12,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hf_arb.sampling.tiered import draw as tier_random
 from hf_arb.sampling.planning.feistel import FeistelPermutation
 from hf_arb.sampling.planning.index import build_index, count_blocks
-from hf_arb.sampling.tiered.plan import Tiers, tier_bucket_ids
+from hf_arb.sampling.tiered import draw as tier_random
 from hf_arb.sampling.tiered.draw import GroupColumn, RandomEpochIndex, RowGroups, draw_tier_counts, find_groups
+from hf_arb.sampling.tiered.plan import Tiers, tier_bucket_ids
 from hf_arb.sampling.tiered.sampler import TieredBatchSampler
 
 TIERS = Tiers.preset("budget", [256, 512])

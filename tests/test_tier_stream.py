@@ -12,8 +12,8 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from hf_arb.sampling.tiered.plan import Tiers, tier_bucket_ids
 from hf_arb.sampling.streaming.stream import BucketedStream
+from hf_arb.sampling.tiered.plan import Tiers, tier_bucket_ids
 from hf_arb.sampling.tiered.stream import TierColumns, TieredStream, combined_counts, tier_stream_counts
 
 TIERS = Tiers.preset("budget", [256, 512])

@@ -13,8 +13,8 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from hf_arb.sampling.tiered.plan import Tiers, tier_bucket_ids
 from hf_arb.sampling.tiered.draw import RandomEpochIndex
+from hf_arb.sampling.tiered.plan import Tiers, tier_bucket_ids
 from hf_arb.sampling.tiered.stream import TieredStream, tier_stream_counts
 from hf_arb.sampling.tiered.stream_draw import RandomTierStream, TierAssigner, stream_groups
 

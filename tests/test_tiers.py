@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from hf_arb import BucketBatchSampler, BucketSet
 from hf_arb.sampling.tiered.plan import Tiers, random_tier_ids, tier_bucket_ids
+from hf_arb.sampling.tiered.sampler import TieredBatchSampler
 from hf_arb.sampling.tiered.schedule import (
     MIX_BLOCK,
     curriculum_schedule,
@@ -23,7 +24,6 @@ from hf_arb.sampling.tiered.schedule import (
     random_schedule,
     stream_positions,
 )
-from hf_arb.sampling.tiered.sampler import TieredBatchSampler
 
 TIERS = Tiers.preset("budget", [256, 512])
 SCHEDULES = {"random": random_schedule(), "mix": mix_schedule([1, 2]),

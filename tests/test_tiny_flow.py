@@ -58,7 +58,9 @@ def test_tiny_t5_tokenizer_works_offline():
 def test_stock_pipelines_load_generate_non_square_and_shift_per_bucket(tmp_path):
     sd3, flux = save_tiny_sd3(tmp_path / "sd3"), save_tiny_flux(tmp_path / "flux")
     result = job_result(_STOCK, [sd3, flux, json.dumps(SIZES), str(STEPS)])  # tests/_stock.py: hf_arb blocked
-    assert not json.loads((tmp_path / "sd3" / "scheduler" / "scheduler_config.json").read_text())["use_dynamic_shifting"]
+    assert not json.loads((tmp_path / "sd3" / "scheduler" / "scheduler_config.json").read_text())[
+        "use_dynamic_shifting"
+    ]
     buckets = BucketSet(SIZES)
     for name, got in result.items():
         cfg = ShiftConfig.from_scheduler_config(got["scheduler"])

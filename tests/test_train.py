@@ -31,11 +31,11 @@ sys.path.insert(0, str(ROOT))
 from _train_fixtures import GROUP, SD_BASE, SDXL_OWN_BUCKETS, batch_result  # noqa: E402
 
 import train_text_to_image_arb as script  # noqa: E402
-from hf_arb.train.environment import make_accelerator  # noqa: E402
-from hf_arb.train.schedule import compute_schedule  # noqa: E402
 from hf_arb.families import get_family  # noqa: E402
 from hf_arb.train import files as train_files  # noqa: E402
 from hf_arb.train import outputs as train_outputs  # noqa: E402
+from hf_arb.train.environment import make_accelerator  # noqa: E402
+from hf_arb.train.schedule import compute_schedule  # noqa: E402
 
 COMMON = [*SD_BASE, "--full_finetune"]
 
@@ -160,7 +160,8 @@ def test_cli_has_every_diffusers_flag_with_its_default(monkeypatch):
         assert name in parsed, f"missing upstream flag --{name}"
         assert parsed[name] == default, f"--{name}: default {parsed[name]!r}, upstream {default!r}"
     # Bucket flags and their documented defaults.
-    assert (args.bucket_preset, args.bucket_step, args.bucket_leftover, args.no_bucket_sync) == ("budget", 64, "drop", False)
+    assert (args.bucket_preset, args.bucket_step, args.bucket_leftover,
+            args.no_bucket_sync) == ("budget", 64, "drop", False)
     assert args.ddp_comm_hook == "no"
 
 
@@ -361,7 +362,9 @@ def test_checkpoint_limit_and_validation_grid(sd_run):
     grid = Image.open(out / "validation" / "step-000004.png")
     from hf_arb import BucketSet
 
-    shapes = train_outputs.validation_shapes(BucketSet.from_dict(json.loads((out / train_files.BUCKETS_FILE).read_text())))
+    shapes = train_outputs.validation_shapes(
+        BucketSet.from_dict(json.loads((out / train_files.BUCKETS_FILE).read_text()))
+    )
     assert shapes == [(48, 80), (64, 64), (80, 48)]  # the 2:3, 1:1 and 3:2 buckets of the 64-px budget
     # one row (one prompt), one column per shape
     assert grid.size == (sum(w for w, _ in shapes), max(h for _, h in shapes))

@@ -173,7 +173,8 @@ def test_dataset_annotation_logs_the_fixed_table_note_on_the_main_process(sd_fol
 def test_training_on_a_bucket_string_with_linear_metric(tmp_path, assets):
     table = "64,64;48,96;96,48"  # not the 64/16 budget table the other tiny runs use
     stats = run_script(["--pretrained_model_name_or_path", assets["sd"], "--train_data_dir", assets["images"],
-                        "--output_dir", str(tmp_path), *[a for i, a in enumerate(COMMON) if "--bucket_step" not in COMMON[max(i - 1, 0):i + 1]],
+                        "--output_dir", str(tmp_path),
+                        *[a for i, a in enumerate(COMMON) if "--bucket_step" not in COMMON[max(i - 1, 0):i + 1]],
                         "--max_train_steps", "1", "--aspect_ratio_buckets", table, "--bucket_metric", "linear"])
     assert stats["global_step"] == 1
     saved = json.loads((tmp_path / train_files.BUCKETS_FILE).read_text())
@@ -191,6 +192,7 @@ def test_training_on_a_bucket_string_with_linear_metric(tmp_path, assets):
 def annotated_budget_1024(five_images, tmp_path_factory) -> str:
     """five_images annotated as `hf-arb annotate --preset budget --resolution 1024` would, saved to disk."""
     import datasets
+
     from hf_arb import add_bucket_columns
 
     ds = datasets.load_dataset("imagefolder", data_dir=five_images, split="train")
@@ -242,7 +244,8 @@ def test_sampler_advice_is_said_once_in_flags_from_the_main_process(sd_folder, f
     import warnings
 
     args = script.parse_args(["--pretrained_model_name_or_path", sd_folder, "--train_data_dir", five_images,
-                              "--full_finetune", "--aspect_ratio_buckets", "64,64", "--train_batch_size", "2", "--seed", "0"])
+                              "--full_finetune", "--aspect_ratio_buckets", "64,64", "--train_batch_size", "2", "--seed",
+                              "0"])
     ds, buckets = train_data.dataset_with_buckets(args, None)  # 5 rows, one bucket: batches of 2 drop 1 row (20 %)
     for main in (True, False):
         rank = SimpleNamespace(num_processes=1, process_index=0, is_main_process=main)

@@ -21,12 +21,12 @@ SCRIPT = ROOT / "train_text_to_image_arb.py"
 sys.path.insert(0, str(ROOT))
 
 import train_text_to_image_arb as script  # noqa: E402
-from hf_arb.train.environment import check_process_count  # noqa: E402
 from hf_arb.families import get_family  # noqa: E402
+from hf_arb.train import outputs as train_outputs  # noqa: E402
+from hf_arb.train.environment import check_process_count  # noqa: E402
 from hf_arb.train.flags import arg_checks as train_arg_checks  # noqa: E402
 from hf_arb.train.flags import args as train_args  # noqa: E402
 from hf_arb.train.sources import dataset as train_data  # noqa: E402
-from hf_arb.train import outputs as train_outputs  # noqa: E402
 
 UPSTREAM = json.loads((ROOT / "tests" / "fixtures" / "upstream_flags.json").read_text())
 #: (model family, LoRA) each upstream script stands for; our one script picks its defaults from these.
@@ -225,7 +225,8 @@ def test_run_ends_with_one_line_saying_where_and_how_to_load(mode, tmp_path, cap
     out.mkdir()
     args = script.parse_args(["--pretrained_model_name_or_path", model, "--train_data_dir", str(tmp_path),
                               "--output_dir", str(out), "--report_to", "none", *mode])
-    train_outputs.finish_outputs(args, train_data.bucket_set_from_args(args), SimpleNamespace(family=get_family("sd")), [],
+    train_outputs.finish_outputs(args, train_data.bucket_set_from_args(args), SimpleNamespace(family=get_family("sd")),
+                                 [],
                           {"global_step": 1})
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("Saved to")]
     load = (f'pipe.load_lora_weights("{out}")' if args.lora
@@ -265,7 +266,8 @@ def test_validation_shows_a_progress_bar_of_its_images(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("flag, twin", [("--preset", "--bucket_preset"), ("--step", "--bucket_step"),
-                                        ("--image-column", "--image_column"), ("--train-batch-size", "--train_batch_size")])
+                                        ("--image-column", "--image_column"), ("--train-batch-size",
+                                                                               "--train_batch_size")])
 def test_unknown_flag_names_its_script_twin(flag, twin, capsys):
     """A flag spelled as hf-arb spells it (or with dashes) is refused naming this script's spelling (issue 24, 7)."""
     with pytest.raises(SystemExit) as exit_:

@@ -16,9 +16,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-from _family_runs import stock_generate
 import test_train
 import torch
+from _family_runs import stock_generate
 from _train_fixtures import FLOW, GROUP, batch_result
 from test_train import read_trace, run_script
 

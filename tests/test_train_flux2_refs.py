@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from _train_fixtures import two_reference_pairs
 from _stock import job_result
+from _train_fixtures import two_reference_pairs
 from test_family_flux2 import ARGS
 from test_train import read_trace, run_script
 

@@ -21,6 +21,7 @@ from hf_arb.families import detect_family, get_family
 from hf_arb.families.flux import latent_image_ids
 from hf_arb.families.flux_kontext import reference_tokens
 
+
 @pytest.fixture(scope="module")
 def kontext_assets(family_assets) -> dict[str, str]:
     """The tiny Kontext pipeline and its before/after pairs (tests/conftest.py ``family_assets``, built once)."""
@@ -242,7 +243,8 @@ def test_kontext_cached_latents_on_two_processes(ddp_batch) -> None:
     shared 2-process batch, tests/_train_fixtures.py)."""
     from _train_fixtures import batch_result
 
-    run, again = batch_result(ddp_batch, "family-kontext-cached"), batch_result(ddp_batch, "family-kontext-cached-again")
+    run, again = batch_result(ddp_batch, "family-kontext-cached"), batch_result(ddp_batch,
+                                                                                "family-kontext-cached-again")
     first, second = run["stats"], again["stats"]
     r0, r1 = read_trace(Path(run["out"]), 0), read_trace(Path(run["out"]), 1)
     assert first["global_step"] == 3 and [t["bucket"] for t in r0] == [t["bucket"] for t in r1]

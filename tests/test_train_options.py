@@ -6,9 +6,10 @@ from __future__ import annotations
 import argparse
 import json
 import math
+
 import pytest
-import torch
 import test_train
+import torch
 from test_train import COMMON, run_script
 
 import train_text_to_image_arb as script

@@ -12,14 +12,15 @@ from typing import Any
 
 import pytest
 from _train_fixtures import GROUP, batch_result, stream_argv
-from hf_arb.train.progress import Progress
-from hf_arb.train.sources.stream import build_stream_dataloader, restore_stream, stream_state_path, streaming_dataset
 from test_train import (
     max_weight_diff,
     read_trace,
     reset_accelerate,
     script,
 )
+
+from hf_arb.train.progress import Progress
+from hf_arb.train.sources.stream import build_stream_dataloader, restore_stream, stream_state_path, streaming_dataset
 
 
 def _args(assets: dict[str, Any], out: Path, *extra: str) -> list[str]:

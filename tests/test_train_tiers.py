@@ -12,7 +12,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from _train_fixtures import GROUP, SD_BASE, batch_result
 from test_train import max_weight_diff, read_trace, reset_accelerate, run_script
 

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from hf_arb.buckets.schema import buckets_from_features, read_bucket_ids, read_resolutions
+
 from .plan import as_bucket_ids, check_leftover, check_nonneg
 
 

@@ -126,7 +126,8 @@ def effective_ids(ids: np.ndarray, merge_map: Any | None) -> tuple[np.ndarray, i
 def make_layout(eff_ids: np.ndarray, k: int, *, batch_size: int, world_size: int, seed: int, epoch: int,
                 shuffle: bool, sync_buckets: bool, leftover: str, catch_all_bucket: int | None,
                 grouping: Any | None = None) -> SyncLayout | IndependentLayout:
-    """The layout of one epoch (see :mod:`hf_arb.sampling.planning.layout`); ``grouping`` reuses a precomputed grouping."""
+    """The layout of one epoch (see :mod:`hf_arb.sampling.planning.layout`); ``grouping`` reuses a precomputed
+    grouping."""
     if sync_buckets:
         g = grouping if grouping is not None else group_rows(eff_ids, k)
         return SyncLayout(g, world_size, batch_size, seed, epoch, shuffle, leftover, catch_all_bucket)

@@ -139,8 +139,10 @@ class BucketBatchSampler:
         self._merge_map = None
         if merge_small:
             if self.resolutions is None:
-                raise ValueError("`merge_small=True` needs bucket resolutions to find the nearest bucket in log aspect: "
-                                 "pass `buckets=BucketSet(...)` (or an annotated dataset).")
+                raise ValueError(
+                    "`merge_small=True` needs bucket resolutions to find the nearest bucket in log aspect: "
+                    "pass `buckets=BucketSet(...)` (or an annotated dataset)."
+                )
             min_rows = self.global_batch_size if self.sync_buckets else self.per_rank_batch_size
             self._merge_map = merge_small_buckets(self._counts, aspects(self.resolutions)[:k], min_rows)
         self.catch_all_bucket = choose_catch_all(self.leftover, catch_all_bucket, self.resolutions, self._counts)

@@ -1,10 +1,11 @@
 """One pure Arrow-batch function for bucketing, shared by ``datasets.map``, Ray Data and Spark.
 
-:func:`bucket_columns` turns one ``pyarrow.RecordBatch``/``Table`` into the :data:`~hf_arb.buckets.schema.BUCKET_COLUMNS`
-(from width/height columns, or from image bytes/paths by reading headers); :func:`annotate_batch` appends them to the
-batch and stamps the schema with the ``datasets`` features (the BucketSet rides in the ``bucket`` feature), so a
-Parquet file written from the result loads with ``datasets.load_dataset("parquet", ...)`` and
-``BucketSet.from_dataset`` returns the exact set. :class:`BatchAnnotator` is the picklable callable the engines map.
+:func:`bucket_columns` turns one ``pyarrow.RecordBatch``/``Table`` into the
+:data:`~hf_arb.buckets.schema.BUCKET_COLUMNS` (from width/height columns, or from image bytes/paths by reading headers);
+:func:`annotate_batch` appends them to the batch and stamps the schema with the ``datasets`` features (the BucketSet
+rides in the ``bucket`` feature), so a Parquet file written from the result loads with
+``datasets.load_dataset("parquet", ...)`` and ``BucketSet.from_dataset`` returns the exact set. :class:`BatchAnnotator`
+is the picklable callable the engines map.
 
 The engine summary is also Arrow-only: :func:`summary_partials` groups each batch (map-side) and the engine merges
 the partials with its own ``groupby``, and :func:`summary_from_groups` turns the grouped rows into an
@@ -24,12 +25,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from hf_arb.buckets.sets import BucketSet
-from .core import size_column, annotate_sizes
-from .references import annotate_references
 from hf_arb.buckets.references import check_policy, check_reference_columns, reference_features
-from hf_arb.images.values import arrow_values, sizes_of
 from hf_arb.buckets.schema import BUCKET_COLUMNS, arrow_schema, bucket_features
+from hf_arb.buckets.sets import BucketSet
+from hf_arb.images.values import arrow_values, sizes_of
+
+from .core import annotate_sizes, size_column
+from .references import annotate_references
 
 #: Width of the aspect-error histogram bins used for the engine summary's median (the median is exact to this).
 ERROR_BIN = 2.0 ** -14
@@ -73,9 +75,10 @@ def bucket_columns(batch: pa.RecordBatch | pa.Table, buckets: BucketSet, *, imag
             target's) and how they are bucketed; see :func:`hf_arb.annotate.references.annotate_references`.
 
     Returns:
-        A ``pyarrow.Table`` with the :data:`~hf_arb.buckets.schema.BUCKET_COLUMNS` (schema :func:`~hf_arb.buckets.schema.arrow_schema`),
-        one row per input row, in order, then the reference columns (:mod:`hf_arb.buckets.references`) when
-        ``reference_columns`` is given. Skipped rows have ``bucket = -1`` and a ``skip_reason``.
+        A ``pyarrow.Table`` with the :data:`~hf_arb.buckets.schema.BUCKET_COLUMNS` (schema
+        :func:`~hf_arb.buckets.schema.arrow_schema`), one row per input row, in order, then the reference columns
+        (:mod:`hf_arb.buckets.references`) when ``reference_columns`` is given. Skipped rows have ``bucket = -1`` and a
+        ``skip_reason``.
     """
     target = _target_columns(batch, buckets, image_column=image_column, width_column=width_column,
                              height_column=height_column, max_upscale=max_upscale, min_size=min_size, verify=verify)
@@ -101,7 +104,9 @@ def _target_columns(batch: pa.RecordBatch | pa.Table, buckets: BucketSet, *, ima
                               size_column(table.column(height_column), height_column), buckets,
                               max_upscale=max_upscale, min_size=min_size)
     if image_column is None:
-        raise ValueError("Nothing to read sizes from: `image_column` is None and no `width_column`/`height_column` given.")
+        raise ValueError(
+            "Nothing to read sizes from: `image_column` is None and no `width_column`/`height_column` given."
+        )
     _need(table, (image_column,))
     w, h, reasons = sizes_of(arrow_values(table.column(image_column)), verify)
     return annotate_sizes(w, h, buckets, reasons=reasons, max_upscale=max_upscale, min_size=min_size)
@@ -182,8 +187,8 @@ def annotate_batch(batch: pa.RecordBatch | pa.Table, buckets: BucketSet, *, feat
             :func:`bucket_columns`.
 
     Returns:
-        The input columns (minus any old bucket columns) followed by the :data:`~hf_arb.buckets.schema.BUCKET_COLUMNS`; the
-        schema metadata holds the ``datasets`` features, so Parquet written from it restores the BucketSet.
+        The input columns (minus any old bucket columns) followed by the :data:`~hf_arb.buckets.schema.BUCKET_COLUMNS`;
+        the schema metadata holds the ``datasets`` features, so Parquet written from it restores the BucketSet.
     """
     return _annotate(batch, buckets, _features_json(features), bucket_features_json(buckets.to_json()), kwargs)
 
@@ -329,8 +334,9 @@ def summary_from_groups(bucket: Any, skip_reason: Any, error_bin: Any, count: An
         histogram (the midpoint of the bin that holds it, clipped to the max), so it is within ``ERROR_BIN`` of
         ``numpy.median``.
     """
-    from .summary import AnnotationSummary
     from hf_arb.buckets.sets import AssignmentSummary
+
+    from .summary import AnnotationSummary
 
     ids = np.asarray(bucket, dtype=np.int64)  # (g,)
     reasons = list(skip_reason)

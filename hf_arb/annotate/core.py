@@ -11,9 +11,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from hf_arb.buckets.sets import BucketSet
 from hf_arb.buckets.schema import arrow_schema
-
+from hf_arb.buckets.sets import BucketSet
 
 # skip_reason codes of the vectorised core (0 = kept). Order = priority: the first that applies wins.
 _REASONS: tuple[str | None, ...] = (None, "missing", "invalid_size", "aspect", "too_small", "upscale")

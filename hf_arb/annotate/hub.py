@@ -16,9 +16,6 @@ from huggingface_hub import CommitOperationAdd, DatasetCard, HfApi
 from huggingface_hub.errors import EntryNotFoundError
 
 from hf_arb import __version__
-from .summary import AnnotationSummary, summarize_annotation
-from hf_arb.buckets.sets import BucketSet
-from hf_arb.buckets.stored import CARD_KEY
 from hf_arb.buckets.schema import (
     BUCKET_COLUMNS,
     buckets_from_dataset,
@@ -26,6 +23,10 @@ from hf_arb.buckets.schema import (
     read_ids_and_errors,
     with_stored_buckets,
 )
+from hf_arb.buckets.sets import BucketSet
+from hf_arb.buckets.stored import CARD_KEY
+
+from .summary import AnnotationSummary, summarize_annotation
 
 #: Path of the bucket chart inside the Hub repository.
 CHART_PATH_IN_REPO = "hf_arb/bucket_chart.png"
@@ -39,7 +40,8 @@ _END = "<!-- hf_arb:end -->"
 def _stats(ds: Any, buckets: BucketSet) -> AnnotationSummary | None:
     import datasets
 
-    if isinstance(ds, datasets.Dataset) and all(c in ds.column_names for c in ("bucket", "aspect_error", "skip_reason")):
+    if isinstance(ds, datasets.Dataset) and all(c in ds.column_names for c in ("bucket", "aspect_error",
+                                                                               "skip_reason")):
         return summarize_annotation(ds, buckets)
     return None  # streaming: counting would mean reading the whole dataset
 
@@ -95,7 +97,9 @@ def card_section(repo_id: str, buckets: BucketSet, stats: dict[str, dict[str, An
         w, h = buckets[i]
         label = f"{w}x{h}"
         counts = " | ".join(f"{stats[c][s]['counts'].get(label, 0):,}" for c, s in splits)
-        lines.append(f"| {i} | {w} | {h} | {w / h:.3f} | {counts} |" if splits else f"| {i} | {w} | {h} | {w / h:.3f} |")
+        lines.append(
+            f"| {i} | {w} | {h} | {w / h:.3f} | {counts} |" if splits else f"| {i} | {w} | {h} | {w / h:.3f} |"
+        )
     if chart:
         lines += ["", f"![rows per bucket and aspect error]({chart})"]
     lines.append(_END)
@@ -166,11 +170,14 @@ def push_to_hub(ds: Any, repo_id: str, buckets: BucketSet | None = None, *, char
     if buckets is None:
         buckets = buckets_from_dataset(ds)
     else:
-        feats = ds[next(iter(ds))].features if isinstance(ds, (datasets.DatasetDict, datasets.IterableDatasetDict)) else ds.features
+        feats = ds[next(iter(ds))].features if isinstance(ds, (datasets.DatasetDict,
+                                                               datasets.IterableDatasetDict)) else ds.features
         stored = buckets_from_features(feats)
         if stored is not None and stored != buckets:
-            raise ValueError(f"`buckets` (fingerprint {buckets.fingerprint}) differs from the BucketSet the dataset was "
-                             f"annotated with ({stored.fingerprint}). Re-annotate, or pass buckets=None.")
+            raise ValueError(
+                f"`buckets` (fingerprint {buckets.fingerprint}) differs from the BucketSet the dataset was "
+                f"annotated with ({stored.fingerprint}). Re-annotate, or pass buckets=None."
+            )
         if stored is None:
             stored_ds = with_stored_buckets(ds, buckets)
     config_name = kwargs.get("config_name", "default")
@@ -200,7 +207,8 @@ def push_to_hub(ds: Any, repo_id: str, buckets: BucketSet | None = None, *, char
     target_revision = pr_revision or kwargs.get("revision")
     read_revision = getattr(commit, "oid", None) or target_revision
     try:
-        readme = Path(api.hf_hub_download(repo_id, "README.md", repo_type="dataset", revision=read_revision)).read_text(encoding="utf-8")
+        readme = Path(api.hf_hub_download(repo_id, "README.md", repo_type="dataset",
+                                          revision=read_revision)).read_text(encoding="utf-8")
     except (EntryNotFoundError, FileNotFoundError):  # a missing card is not fatal: we write a fresh one
         readme = None
 
@@ -211,7 +219,8 @@ def push_to_hub(ds: Any, repo_id: str, buckets: BucketSet | None = None, *, char
             try:
                 from .plot import plot_bucket_chart
 
-                png = plot_bucket_chart(buckets, np.concatenate(ids_all), np.concatenate(err_all), Path(tmp) / "chart.png",
+                png = plot_bucket_chart(buckets, np.concatenate(ids_all), np.concatenate(err_all),
+                                        Path(tmp) / "chart.png",
                                         title=f"{repo_id}: rows per bucket")
                 operations.append(CommitOperationAdd(path_in_repo=CHART_PATH_IN_REPO, path_or_fileobj=png.read_bytes()))
                 chart_path = CHART_PATH_IN_REPO

@@ -20,13 +20,15 @@ from typing import Any
 
 import pyarrow as pa
 
-from hf_arb.buckets.sets import BucketSet
-from .summary import AnnotationSummary, summarize_annotation, summarize_columns  # noqa: F401  (re-exported)
-from hf_arb.images.values import arrow_values, decoding_images, sizes_of  # noqa: F401  (decoding_images re-exported)
-from .arrow_batch import bucket_columns
 from hf_arb.buckets.references import check_policy, check_reference_columns, reference_features
-from .core import size_column, annotate_sizes  # noqa: F401  (annotate_sizes re-exported)
 from hf_arb.buckets.schema import BUCKET_COLUMNS, CONFIG_ID_PREFIX, arrow_schema, bucket_features  # noqa: F401  (re-exported)
+from hf_arb.buckets.sets import BucketSet
+from hf_arb.images.values import arrow_values, decoding_images, sizes_of  # noqa: F401  (decoding_images re-exported)
+
+from .arrow_batch import bucket_columns
+from .core import annotate_sizes, size_column  # noqa: F401  (annotate_sizes re-exported)
+from .summary import AnnotationSummary, summarize_annotation, summarize_columns  # noqa: F401  (re-exported)
+
 
 # ----------------------------------------------------------------------------------- datasets glue
 @functools.lru_cache(maxsize=16)
@@ -45,7 +47,8 @@ def _image_batch(values: Any, *, config: str, max_upscale: float | None, min_siz
                                max_upscale=max_upscale, min_size=min_size, verify=verify)
         return table.to_pydict() if as_dict else table
     w, h, reasons = sizes_of(values, verify)
-    table = annotate_sizes(w, h, _buckets_from_json(config), reasons=reasons, max_upscale=max_upscale, min_size=min_size)
+    table = annotate_sizes(w, h, _buckets_from_json(config), reasons=reasons, max_upscale=max_upscale,
+                           min_size=min_size)
     return table.to_pydict() if as_dict else table
 
 
@@ -156,7 +159,9 @@ def add_bucket_columns(
         raise ValueError(f"Pass both `width_column` and `height_column` or neither, got width_column={width_column!r}, "
                          f"height_column={height_column!r}.")
     if width_column is None and image_column is None:
-        raise ValueError("Nothing to read sizes from: `image_column` is None and no `width_column`/`height_column` given.")
+        raise ValueError(
+            "Nothing to read sizes from: `image_column` is None and no `width_column`/`height_column` given."
+        )
     if batch_size < 1:
         raise ValueError(f"`batch_size` must be >= 1, got {batch_size}.")
     refs = check_reference_columns(reference_columns, image_column)
@@ -240,7 +245,10 @@ def _annotate_dataset(ds: Any, buckets: BucketSet, *, image_column: str | None, 
         ).with_format(None)
     out = datasets.concatenate_datasets([base, new], axis=1)
     if show_summary:
-        print((f"== {out.split} ==\n" if out.split is not None else "") + str(summarize_annotation(out, buckets, image_column=image_column or "image")))
+        print(
+            (f"== {out.split} ==\n" if out.split is not None else "")
+            + str(summarize_annotation(out, buckets, image_column=image_column or "image"))
+        )
     return out
 
 
@@ -260,7 +268,8 @@ def _annotate_iterable(ds: Any, buckets: BucketSet, *, image_column: str | None,
     if base.features is not None:
         # Image columns stay encoded ({"bytes", "path"}) in the annotated stream: a broken image (skipped with its
         # reason) must not end the iteration, which decoding on the fly would. The loader decodes what it trains on.
-        kept = {k: datasets.Image(decode=False) if isinstance(v, datasets.Image) else v for k, v in base.features.items()}
+        kept = {k: datasets.Image(decode=False) if isinstance(v,
+                                                              datasets.Image) else v for k, v in base.features.items()}
         features = datasets.Features({**kept, **added})
     if reference_columns:
         _check_columns(names, {f"reference_columns[{i}]": c for i, c in enumerate(reference_columns)})

@@ -89,7 +89,8 @@ def plot_bucket_chart(
         e = err[kept & np.isfinite(err)]
         if e.size:
             ax_e.hist(e, bins=min(50, max(5, int(np.sqrt(e.size)))), color="#DD8452")
-            ax_e.axvline(float(np.median(e)), color="k", linestyle="--", linewidth=1, label=f"median {np.median(e):.4f}")
+            ax_e.axvline(float(np.median(e)), color="k", linestyle="--", linewidth=1,
+                         label=f"median {np.median(e):.4f}")
             ax_e.legend(fontsize=8)
         else:
             ax_e.text(0.5, 0.5, "no kept rows", ha="center", va="center", transform=ax_e.transAxes)

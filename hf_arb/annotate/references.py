@@ -18,6 +18,7 @@ import pyarrow.compute as pc
 
 from hf_arb.buckets.references import check_policy, reference_column_names
 from hf_arb.buckets.sets import BucketSet
+
 from .core import annotate_sizes
 
 

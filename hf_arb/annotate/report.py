@@ -31,10 +31,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from hf_arb.buckets.sets import BucketSet
-from .report_html import render_html
 from hf_arb.buckets.schema import BUCKET_COLUMNS
+from hf_arb.buckets.sets import BucketSet
 from hf_arb.wording import percent
+
+from .report_html import render_html
 
 _OUTLIERS = 5
 #: long side of the thumbnails, pixels
@@ -55,8 +56,8 @@ class Sample:
 
 @dataclass
 class DatasetReport:
-    """Everything the page shows. ``plan`` is the sampler's own :class:`~hf_arb.sampling.planning.report.PlanReport`, or None
-    when the sampler refuses the configuration (``plan_error`` says why, e.g. no bucket holds one global batch)."""
+    """Everything the page shows. ``plan`` is the sampler's own :class:`~hf_arb.sampling.planning.report.PlanReport`, or
+    None when the sampler refuses the configuration (``plan_error`` says why, e.g. no bucket holds one global batch)."""
 
     title: str
     buckets: BucketSet
@@ -264,9 +265,11 @@ def _names(ds: Any, image_column: str | None, rows: list[int]) -> dict[int, str]
 
 def training_crop(size: tuple[int, int], bucket: tuple[int, int], row: int, *, seed: int, center_crop: bool,
                   epoch: int = 0) -> Any:
-    """The :class:`~hf_arb.images.geometry.FitPlan` training uses for ``row`` (:meth:`hf_arb.BucketedImageDataset.fit_row`:
+    """The :class:`~hf_arb.images.geometry.FitPlan` training uses for ``row``
+    (:meth:`hf_arb.BucketedImageDataset.fit_row`:
     the same geometry and per-row draw), without building the dataset wrapper (which reads every row's columns).
-    A flip mirrors the crop's pixels, not where it sits in the image (``source_box`` is unmirrored), so it is left out."""
+    A flip mirrors the crop's pixels, not where it sits in the image (``source_box`` is unmirrored), so it is left
+    out."""
     from hf_arb.images.geometry import plan_fit
     from hf_arb.rng import ROW_CROP, row_rng
 

@@ -16,10 +16,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from hf_arb.buckets.sets import AssignmentSummary, BucketSet
 from hf_arb.buckets.schema import require_columns
+from hf_arb.buckets.sets import AssignmentSummary, BucketSet
 from hf_arb.wording import count
-
 
 #: default threshold of the aspect-error warning, in the BucketSet's metric units (``log``: 0.25 crops ~22 %)
 WARN_ASPECT_ERROR = 0.25
@@ -120,7 +119,9 @@ class AnnotationSummary:
         a = self.assignment
         lines = [f"rows: {self.rows:,}  kept: {self.kept:,}  skipped: {self.skipped:,}"]
         if self.skipped_by_reason:
-            lines.append("skipped by reason: " + ", ".join(f"{k} {v:,}" for k, v in sorted(self.skipped_by_reason.items())))
+            lines.append(
+                "skipped by reason: " + ", ".join(f"{k} {v:,}" for k, v in sorted(self.skipped_by_reason.items()))
+            )
         for row, path, reason in self.skipped_files:
             lines.append(f"  {row_label(row, path)}: {reason}")
         if self.skipped > len(self.skipped_files) and self.skipped_files:
@@ -161,7 +162,11 @@ def summarize_columns(bucket: Any, aspect_error: Any, skip_reason: Any, buckets:
     reasons = _chunked(skip_reason)
     by_reason: dict[str, int] = {}
     examples: list[str] = []
-    counts = pc.value_counts(reasons.drop_null()) if len(reasons) else pa.array([], pa.struct([("values", pa.string()), ("counts", pa.int64())]))
+    counts = (
+        pc.value_counts(reasons.drop_null())
+        if len(reasons)
+        else pa.array([], pa.struct([("values", pa.string()), ("counts", pa.int64())]))
+    )
     for item in counts.to_pylist():  # one entry per distinct reason string (few)
         full, c = item["values"], item["counts"]
         cat = full.split(":", 1)[0].strip()

@@ -12,7 +12,6 @@ from typing import Any
 
 import numpy as np
 
-
 #: OneTrainer's aspect list (width:height), landscape side; the inverses are added.
 ONETRAINER_ASPECTS: tuple[float, ...] = (4.0, 3.5, 3.0, 2.5, 2.0, 1.75, 1.5, 1.25, 1.0)
 

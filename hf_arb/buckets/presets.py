@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
 from hf_arb.checks import check_resolution
 
 from .family_tables import (
@@ -41,7 +42,6 @@ from .family_tables import (
     sdxl_table,
     sorted_unique,
 )
-
 
 PIXART_1024: tuple[tuple[str, int, int], ...] = (
     ("0.25", 512, 2048), ("0.28", 512, 1856), ("0.32", 576, 1792), ("0.33", 576, 1728), ("0.35", 576, 1664),
@@ -261,7 +261,9 @@ def budget_table(resolution: int = 1024, aspects: Iterable[float] | None = None,
     if int(resolution) <= 0 or int(step) <= 0:
         raise ValueError(f"`resolution` and `step` must be positive, got resolution={resolution!r}, step={step!r}.")
     if step > resolution:
-        raise ValueError(f"`step` ({step}) must not exceed `resolution` ({resolution}): no bucket would fit the budget.")
+        raise ValueError(
+            f"`step` ({step}) must not exceed `resolution` ({resolution}): no bucket would fit the budget."
+        )
     check_resolution(resolution)
     budget, step = int(resolution) ** 2, int(step)
     if aspects is None:
@@ -315,7 +317,8 @@ def _window(aspect: float, m: int, budget: int, step: int, min_area_ratio: float
             other = (budget // sides) // step * step  # (w,)
             kept = (other >= step) & (sides * other >= min_area_ratio * budget)
             rel = sign * np.log(sides / np.maximum(other, 1)) - np.log(aspect)  # (w,) this orientation's log error
-            low_end, high_end = (lo == 1, hi == m) if sign > 0 else (hi == m, lo == 1)  # where lower / higher aspects end
+            # where lower / higher aspects end
+            low_end, high_end = (lo == 1, hi == m) if sign > 0 else (hi == m, lo == 1)
             if (low_end or (kept & (rel <= 0)).any()) and (high_end or (kept & (rel >= 0)).any()):
                 out.append(ks)
                 break

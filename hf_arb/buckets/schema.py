@@ -109,7 +109,8 @@ def buckets_from_features(features: Any) -> BucketSet | None:
 
 
 def buckets_from_card(card: Any) -> BucketSet:
-    """The BucketSet in a dataset card's YAML (``hf_arb.buckets``), from a ``DatasetCard``, its text, or a README path."""
+    """The BucketSet in a dataset card's YAML (``hf_arb.buckets``), from a ``DatasetCard``, its text, or a README
+    path."""
     return BucketSet.from_dict(config_from_card(card))
 
 

@@ -23,11 +23,11 @@ from typing import Any
 import numpy as np
 
 from .assignment import AssignmentSummary, as_size_array, normalise_resolutions
+from .family_tables import parse_buckets_string
 from .matching import METRICS as _METRICS
 from .matching import AspectIndex, Metric
-from .stored import dataset_configs
 from .presets import TABLE_PARAMS, budget_table, novelai_table, preset_table, sdxl_table
-from .family_tables import parse_buckets_string
+from .stored import dataset_configs
 
 _FORMAT_VERSION = 1
 
@@ -97,7 +97,8 @@ class BucketSet:
             raise ValueError("metric='cross' compares the buckets' own sides; it takes no `match_aspects` or "
                              "`nearest_area`. Use metric='linear' or 'linear_hw' with them.")
         self._index = AspectIndex(self._res, metric, self._match, self._nearest_area)
-        self._fp = hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
+        self._fp = hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True,
+                                             separators=(",", ":")).encode()).hexdigest()[:16]
 
     # ----------------------------------------------------------------------------- constructors
     @classmethod
@@ -129,8 +130,10 @@ class BucketSet:
     @classmethod
     def fit(cls, sizes: Any, n_buckets: int, *, step: int = 64, max_pixels: int = 1024 * 1024,
             max_crop: float | None = None, **kwargs: Any) -> BucketSet:
-        """The ``n_buckets`` step-aligned shapes at ``max_pixels`` that minimise the mean crop of ``sizes`` (``(n, 2)`` or
-        ``(widths, heights)``), none cutting more than ``max_crop``: :func:`hf_arb.buckets.fit.fit_table` (other kwargs: the constructor)."""
+        """The ``n_buckets`` step-aligned shapes at ``max_pixels`` that minimise the mean crop of ``sizes`` (``(n, 2)``
+        or ``(widths, heights)``), none cutting more than ``max_crop``: :func:`hf_arb.buckets.fit.fit_table` (other
+        kwargs:
+        the constructor)."""
         from .fit import FIT_PARAMS, fit_table, split_sizes
         if kwargs.pop("metric", "log") != "log":
             raise ValueError("BucketSet.fit optimises nearest-in-log-aspect assignment: it needs metric='log'.")
@@ -146,7 +149,8 @@ class BucketSet:
     @classmethod
     def preset(cls, name: str, resolution: int | None = None, step: int | None = None, *,
                metric: Metric | str = "log", **kwargs: Any) -> BucketSet:
-        """Build a named preset (any of :data:`hf_arb.buckets.presets.PRESETS`; tables in :mod:`hf_arb.buckets.presets`).
+        """Build a named preset (any of :data:`hf_arb.buckets.presets.PRESETS`; tables in
+        :mod:`hf_arb.buckets.presets`).
 
         Args:
             name: ``"budget"``, ``"novelai"``, ``"sdxl"``, ``"pixart"``, ``"sana"``, ``"hunyuan_dit"``,
@@ -203,7 +207,8 @@ class BucketSet:
         first = next(iter(found.values()))
         if any(b != first for b in found.values()):
             raise ValueError(f"The splits were annotated with different BucketSets: "
-                             f"{ {s: b.fingerprint for s, b in found.items()} }. Annotate all splits with one BucketSet.")
+                             f"{ {s: b.fingerprint for s, b in found.items()} }. Annotate all splits with one "
+                             f"BucketSet.")
         return first
 
     # ----------------------------------------------------------------------------- properties
@@ -331,7 +336,9 @@ class BucketSet:
             raise ValueError(f"A BucketSet dict needs a 'resolutions' field, got {d!r}.")
         fmt = d.get("format", _FORMAT_VERSION)
         if fmt != _FORMAT_VERSION:
-            raise ValueError(f"BucketSet dict has format {fmt!r}; this hf_arb reads format {_FORMAT_VERSION}. Upgrade hf_arb.")
+            raise ValueError(
+                f"BucketSet dict has format {fmt!r}; this hf_arb reads format {_FORMAT_VERSION}. Upgrade hf_arb."
+            )
         rng = d.get("aspect_range")
         return cls(
             [tuple(r) for r in d["resolutions"]],

@@ -91,7 +91,8 @@ def infer_metric(t: pa.Table, kept: np.ndarray, res: np.ndarray) -> str:
 
 
 def config_from_columns(ds: Any) -> dict[str, Any]:
-    """The BucketSet dict (:meth:`BucketSet.to_dict` form) rebuilt from the bucket columns alone (vectorised over the whole dataset).
+    """The BucketSet dict (:meth:`BucketSet.to_dict` form) rebuilt from the bucket columns alone (vectorised over the
+    whole dataset).
 
     The resolution table comes from the distinct ``(bucket, bucket_width, bucket_height)`` triples; the metric
     from ``aspect_error`` compared with ``original_width/height`` (``"log"`` when the data cannot tell).
@@ -148,7 +149,8 @@ def config_from_features(features: Any) -> dict[str, Any] | None:
 
 
 def config_from_card(card: Any) -> dict[str, Any]:
-    """The BucketSet dict in a dataset card's YAML (``hf_arb.buckets``), from a ``DatasetCard``, its text, or a README path."""
+    """The BucketSet dict in a dataset card's YAML (``hf_arb.buckets``), from a ``DatasetCard``, its text, or a README
+    path."""
     from huggingface_hub import DatasetCard
 
     if not isinstance(card, DatasetCard):

@@ -127,7 +127,8 @@ def _chart(ds: Any, buckets: BucketSet, path: str | Path, title: str) -> Path | 
 def _add_annotate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("source", help="Hub dataset id, local imagefolder, .parquet/.csv/.json file, or a save_to_disk dir")
     out = p.add_mutually_exclusive_group(required=True)
-    out.add_argument("--output-dir", help="save the annotated dataset here (datasets.save_to_disk) with bucket_chart.png")
+    out.add_argument("--output-dir",
+                     help="save the annotated dataset here (datasets.save_to_disk) with bucket_chart.png")
     out.add_argument("--push-to-hub", metavar="REPO", help="push to this Hub dataset repo (with the bucket card)")
     add_bucket_arguments(p)
     p.add_argument("--aspect-range", type=float, nargs=2, metavar=("MIN", "MAX"), default=None,

@@ -5,11 +5,11 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
+from hf_arb.buckets.matching import METRICS
+from hf_arb.buckets.presets import PRESETS
 from hf_arb.buckets.resolve import resolve_buckets
 from hf_arb.buckets.sets import BucketSet
-from hf_arb.buckets.matching import METRICS
 from hf_arb.checks import check_resolution
-from hf_arb.buckets.presets import PRESETS
 
 
 def positive_int(text: str) -> int:
@@ -42,7 +42,8 @@ class UsageError(ValueError):
 
 
 def resolution_side(text: str) -> int:
-    """argparse type for ``--resolution``: a positive side, not a pixel count (:func:`hf_arb.buckets.presets.check_resolution`)."""
+    """argparse type for ``--resolution``: a positive side, not a pixel count
+    (:func:`hf_arb.buckets.presets.check_resolution`)."""
     value = positive_int(text)
     try:
         check_resolution(value, "--resolution")
@@ -88,8 +89,10 @@ def _add_buckets_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--scheduler", default=None, metavar="PATH",
                    help="a flow-matching model folder, its scheduler/ folder or scheduler_config.json: also print each "
                         "bucket's latent token count and resolution shift mu (SD3, Flux).")
-    p.add_argument("--vae-scale-factor", type=positive_int, default=8, help="VAE downsampling for --scheduler (default 8).")
-    p.add_argument("--patch-size", type=positive_int, default=2, help="transformer patch size for --scheduler (default 2).")
+    p.add_argument("--vae-scale-factor", type=positive_int, default=8,
+                   help="VAE downsampling for --scheduler (default 8).")
+    p.add_argument("--patch-size", type=positive_int, default=2,
+                   help="transformer patch size for --scheduler (default 2).")
 
 
 def _scheduler_config(path: str) -> dict:

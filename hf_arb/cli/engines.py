@@ -1,9 +1,10 @@
 """``hf-arb annotate --engine ray|spark``: annotate Parquet on a cluster engine and write Parquet.
 
 The output folder holds ``part-*.parquet`` files whose schema metadata carries the ``datasets`` features (the
-BucketSet rides in the ``bucket`` feature) and a ``README.md`` dataset card with the ``hf_arb`` YAML block, so ``datasets.load_dataset("parquet", data_dir=OUT)`` and
-``BucketSet.from_dataset`` read it back exactly. Ray connects to ``RAY_ADDRESS`` when set (else starts a local
-cluster); Spark uses the session ``spark-submit`` configured (else ``local[*]``).
+BucketSet rides in the ``bucket`` feature) and a ``README.md`` dataset card with the ``hf_arb`` YAML block, so
+``datasets.load_dataset("parquet", data_dir=OUT)`` and ``BucketSet.from_dataset`` read it back exactly. Ray connects to
+``RAY_ADDRESS`` when set (else starts a local cluster); Spark uses the session ``spark-submit`` configured (else
+``local[*]``).
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""``hf-arb report`` (the HTML report of :mod:`hf_arb.annotate.report`) and ``hf-arb buckets --fit`` (:meth:`BucketSet.fit`).
+"""``hf-arb report`` (the HTML report of :mod:`hf_arb.annotate.report`) and ``hf-arb buckets --fit``
+(:meth:`BucketSet.fit`).
 
 ``buckets --fit`` is added here, around :mod:`hf_arb.cli.buckets`' own ``buckets`` command (its options plus the
 fit's; without ``--fit`` it runs unchanged), so that module keeps no dependency on dataset loading."""
@@ -56,8 +57,8 @@ def dataset_sizes(args: argparse.Namespace) -> tuple[np.ndarray, np.ndarray, int
     """Displayed ``(widths, heights)`` of the readable rows of ``args.fit`` (annotated: its columns; raw: image
     headers or the size columns) and how many rows had no size."""
     from hf_arb.annotate.map import add_bucket_columns
-    from hf_arb.buckets.sets import BucketSet
     from hf_arb.buckets.schema import BUCKET_COLUMNS, read_original_sizes
+    from hf_arb.buckets.sets import BucketSet
 
     ds = load_split(args.fit, args.split)
     if not all(c in ds.column_names for c in BUCKET_COLUMNS):

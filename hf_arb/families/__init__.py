@@ -8,7 +8,8 @@ SD3/3.5, Flux.1, Flux.2, Qwen-Image, Z-Image and the edit models, behind one int
   :mod:`~hf_arb.families.unet` (shared loading, hooks, pipeline) and :mod:`~hf_arb.families.unet_loss` (the
   epsilon / v-prediction objective); :mod:`~hf_arb.families.conditioning` (SDXL time ids, SD resolution
   conditioning) and :mod:`~hf_arb.families.sd_pipeline` (its pipeline);
-- :mod:`~hf_arb.families.sd3`, :mod:`~hf_arb.families.flux`, :mod:`~hf_arb.families.flux2` (dev and klein; + ``flux2_text``) — the
+- :mod:`~hf_arb.families.sd3`, :mod:`~hf_arb.families.flux`, :mod:`~hf_arb.families.flux2` (dev and klein; +
+``flux2_text``) — the
   flow-matching families, on
   :mod:`~hf_arb.families.flow_family` (the adapter) and :mod:`~hf_arb.families.flow` (the shared step);
   :mod:`~hf_arb.families.shift` (each bucket's resolution shift ``mu``, as the pipelines compute it);

@@ -137,7 +137,8 @@ def resolution_embed_dim(unet: Any) -> int:
         raise ValueError(
             "This UNet has no resolution conditioning (class_embed_type must be 'projection' with an input "
             f"dimension divisible by {NUM_TIME_IDS}); got class_embed_type={unet.config.get('class_embed_type')!r}. "
-            "Train with --resolution_conditioning or call hf_arb.families.conditioning.add_resolution_conditioning(unet)."
+            "Train with --resolution_conditioning or call "
+            "hf_arb.families.conditioning.add_resolution_conditioning(unet)."
         )
     return int(unet.config.projection_class_embeddings_input_dim) // NUM_TIME_IDS
 
@@ -161,7 +162,11 @@ def add_resolution_conditioning(unet: Any, embed_dim: int = 256) -> Any:
     cfg = dict(unet.config)
     if has_resolution_conditioning(unet):
         return unet
-    if cfg.get("class_embed_type") is not None or cfg.get("num_class_embeds") is not None or cfg.get("addition_embed_type"):
+    if (
+        cfg.get("class_embed_type") is not None
+        or cfg.get("num_class_embeds") is not None
+        or cfg.get("addition_embed_type")
+    ):
         raise ValueError(
             "--resolution_conditioning is for SD 1.x / 2.x UNets without class or added embeddings, but this UNet has "
             f"class_embed_type={cfg.get('class_embed_type')!r}, num_class_embeds={cfg.get('num_class_embeds')!r}, "

@@ -61,7 +61,8 @@ def batch_sigmas(t: torch.Tensor, latent_hw: tuple[int, int], patch_size: int, c
     """Shift times ``t`` of one batch whose latents are ``latent_hw`` = (h, w): ``mu`` from its token count.
 
     ``image_seq_len = (h // patch_size) * (w // patch_size)``, as the SD3 and Flux pipelines count it; ``mu`` and
-    the shift are :func:`hf_arb.families.shift.calculate_mu` / :func:`hf_arb.families.shift.shift_sigmas` (float64 inside).
+    the shift are :func:`hf_arb.families.shift.calculate_mu` / :func:`hf_arb.families.shift.shift_sigmas` (float64
+    inside).
     """
     h, w = latent_hw
     mu = float(calculate_mu((h // patch_size) * (w // patch_size), config))

@@ -189,7 +189,8 @@ class FlowFamily(Family):
 
     def encode_prompts(self, tokenizers: list[Any], text_encoders: list[Any], captions: list[str],
                        device: torch.device, max_sequence_length: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Captions → ``(prompt_embeds (B, S, D), pooled_prompt_embeds (B, P))`` as the family's pipeline builds them."""
+        """Captions → ``(prompt_embeds (B, S, D), pooled_prompt_embeds (B, P))`` as the family's pipeline builds
+        them."""
         raise NotImplementedError
 
     def predict(self, transformer: Any, noisy: torch.Tensor, sigmas: torch.Tensor, prompt_embeds: torch.Tensor,
@@ -238,9 +239,11 @@ class FlowFamily(Family):
                                else bool(args.precondition_outputs), shift_by_resolution=args.shift_by_resolution,
                                guidance_scale=args.guidance_scale, max_sequence_length=args.max_sequence_length)
         if args.guidance_scale != 3.5 and not options.guidance_embeds:  # the flag was given: nothing would read it
-            raise UsageError(f"--guidance_scale {args.guidance_scale}: {args.pretrained_model_name_or_path}'s transformer "
-                             "takes no guidance input (guidance_embeds is false: SD3, Flux.1-schnell), so the flag "
-                             "would be ignored. Drop --guidance_scale.")
+            raise UsageError(
+                f"--guidance_scale {args.guidance_scale}: {args.pretrained_model_name_or_path}'s transformer "
+                "takes no guidance input (guidance_embeds is false: SD3, Flux.1-schnell), so the flag "
+                "would be ignored. Drop --guidance_scale."
+            )
         parts.vae.requires_grad_(False)
         for te in parts.text_encoders:
             te.requires_grad_(False)
@@ -271,7 +274,8 @@ class FlowFamily(Family):
                              f"{factor * models.options.token_patch} (or a multiple of it).") from None
 
     def startup_lines(self, models: Models, buckets: Any) -> str:
-        """Each bucket's image_seq_len and mu, and the shift training applies (:func:`~hf_arb.families.flow.shift_report`)."""
+        """Each bucket's image_seq_len and mu, and the shift training applies
+        (:func:`~hf_arb.families.flow.shift_report`)."""
         from .flow import shift_report
 
         return shift_report(models.options, buckets, self.vae_scale_factor(models.vae))
@@ -289,7 +293,9 @@ class FlowFamily(Family):
 
     def lora_targets(self, args: argparse.Namespace) -> list[str]:
         """diffusers' dreambooth_lora_sd3/flux targets, or ``--lora_layers``; ``--lora_blocks``: those blocks only."""
-        targets = [m.strip() for m in args.lora_layers.split(",")] if args.lora_layers else list(self.lora_target_modules)
+        targets = (
+            [m.strip() for m in args.lora_layers.split(",")] if args.lora_layers else list(self.lora_target_modules)
+        )
         if args.lora_blocks is not None:  # train_dreambooth_lora_sd3.py: those modules of these blocks only
             targets = [f"transformer_blocks.{int(b)}.{m}" for b in args.lora_blocks.split(",") for m in targets]
         return targets

@@ -114,7 +114,8 @@ class FluxKontextFamily(FluxFamily):
         guidance = self.guidance(options, b, device)
         timesteps = sigmas.to(device, torch.float32) * options.num_train_timesteps  # as FluxFamily.predict
         out = transformer(hidden_states=torch.cat([target, ref_tokens.to(target.dtype)], dim=1),
-                          timestep=timesteps / options.num_train_timesteps, guidance=guidance, pooled_projections=pooled,
+                          timestep=timesteps / options.num_train_timesteps, guidance=guidance,
+                          pooled_projections=pooled,
                           encoder_hidden_states=prompt_embeds,
                           txt_ids=torch.zeros(prompt_embeds.shape[1], 3, device=device, dtype=prompt_embeds.dtype),
                           img_ids=torch.cat([latent_image_ids(h, w, device, prompt_embeds.dtype),

@@ -129,13 +129,16 @@ def stock_processor_code(folder: str) -> list[str]:
     class (:class:`~hf_arb.families.qwen_processor.QwenImageOnlyProcessor`) written out: transformers 5 builds a
     ``Qwen2VLProcessor`` only with a video processor, which needs torchvision, although the pipelines pass images
     only."""
-    return ["from transformers import AutoTokenizer, Qwen2VLImageProcessorPil, Qwen2VLProcessor", "",
-            "class ImageOnlyProcessor(Qwen2VLProcessor):  # no video processor: no torchvision needed",
-            "    def __init__(self, image_processor=None, tokenizer=None, chat_template=None):",
-            "        super().__init__(image_processor=image_processor, tokenizer=tokenizer, chat_template=chat_template)",
-            "",
-            f'processor = ImageOnlyProcessor(Qwen2VLImageProcessorPil.from_pretrained("{folder}", subfolder="processor"),',
-            f'                               AutoTokenizer.from_pretrained("{folder}", subfolder="processor"))']
+    return [
+        "from transformers import AutoTokenizer, Qwen2VLImageProcessorPil, Qwen2VLProcessor",
+        "",
+        "class ImageOnlyProcessor(Qwen2VLProcessor):  # no video processor: no torchvision needed",
+        "    def __init__(self, image_processor=None, tokenizer=None, chat_template=None):",
+        "        super().__init__(image_processor=image_processor, tokenizer=tokenizer, chat_template=chat_template)",
+        "",
+        f'processor = ImageOnlyProcessor(Qwen2VLImageProcessorPil.from_pretrained("{folder}", subfolder="processor"),',
+        f'                               AutoTokenizer.from_pretrained("{folder}", subfolder="processor"))',
+    ]
 
 
 def save_edit_pipeline(pipe: Any, output_dir: Any) -> None:

@@ -63,7 +63,8 @@ class SDFamily(UNetFamily):
             return unet(noisy, timesteps, hidden).sample
         from .conditioning import resolution_class_labels
 
-        return unet(noisy, timesteps, hidden, class_labels=resolution_class_labels(time_ids, dim).to(hidden.dtype)).sample
+        return unet(noisy, timesteps, hidden,
+                    class_labels=resolution_class_labels(time_ids, dim).to(hidden.dtype)).sample
 
     def validation_parts(self, models: Models) -> dict[str, Any]:
         return {**super().validation_parts(models), "safety_checker": None, "feature_extractor": None,

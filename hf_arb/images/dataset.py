@@ -33,20 +33,21 @@ from typing import Any
 import numpy as np
 import torch
 
-from .bad_images import BAD_IMAGE_POLICIES, BadImageLog, replacement_order
-from hf_arb.buckets.sets import BucketSet
-from .collate import choose_caption, collate_buckets
-from hf_arb.rng import ROW_CROP, ROW_FLIP, ROW_REPLACE, row_rng
 from hf_arb.buckets.schema import read_resolutions
+from hf_arb.buckets.sets import BucketSet
+from hf_arb.rng import ROW_CROP, ROW_FLIP, ROW_REPLACE, row_rng
+
+from .bad_images import BAD_IMAGE_POLICIES, BadImageLog, replacement_order
+from .collate import choose_caption, collate_buckets
 from .fitting import (
     FitPlan,
     describe_source,
     displayed_size,
     exif_orientation,
     open_image,
-    resample_filter,
     plan_fit,
     render_plan,
+    resample_filter,
     to_tensor,
 )
 
@@ -61,7 +62,8 @@ class ImageDecodeError(RuntimeError):
 
 _ADVICE = ("Skip such rows up front: re-annotate with `hf-arb annotate SOURCE --verify --output-dir DIR` (or "
            "add_bucket_columns(ds, buckets, verify=True)) and train on it (--dataset_name DIR); or let training "
-           "substitute a row of the same bucket: --on_bad_image replace (BucketedImageDataset's default, on_bad_image='replace').")
+           "substitute a row of the same bucket: --on_bad_image replace (BucketedImageDataset's default, "
+           "on_bad_image='replace').")
 _MAX_REPLACEMENT_TRIES = 16
 
 
@@ -145,7 +147,8 @@ class BucketedImageDataset(torch.utils.data.Dataset):
                 f"BucketedImageDataset wraps a map-style datasets.Dataset, got {type(ds).__name__}. "
                 "Bucketed batches need random access: materialise an IterableDataset first."
             )
-        for name, col in (("image_column", image_column), ("bucket_column", bucket_column), ("caption_column", caption_column)):
+        for name, col in (("image_column", image_column), ("bucket_column", bucket_column),
+                          ("caption_column", caption_column)):
             if col is not None and col not in ds.column_names:
                 raise ValueError(f"`{name}`={col!r} is not a column of the dataset; columns are {ds.column_names}.")
         if int(seed) < 0:
@@ -160,10 +163,12 @@ class BucketedImageDataset(torch.utils.data.Dataset):
         cols = _column_arrays(ds, [bucket_column, *size_cols, *extra])
         self._bucket = cols[bucket_column].astype(np.int64)  # (n,)
         self._size = (
-            np.nan_to_num(np.stack([cols["original_width"], cols["original_height"]], 1)).astype(np.int32) if len(size_cols) == 2 else None
+            np.nan_to_num(np.stack([cols["original_width"], cols["original_height"]],
+                                   1)).astype(np.int32) if len(size_cols) == 2 else None
         )  # (n, 2) width, height or None
         if len(extra) == 2:
-            self._check_table(np.nan_to_num(np.stack([cols["bucket_width"], cols["bucket_height"]], 1)).astype(np.int64))
+            self._check_table(np.nan_to_num(np.stack([cols["bucket_width"], cols["bucket_height"]],
+                                                     1)).astype(np.int64))
         self._view = ds.select_columns([image_column] + ([caption_column] if caption_column else []))
         self._skip_reason = ds.select_columns(["skip_reason"]) if "skip_reason" in ds.column_names else None
         self.image_column = image_column
@@ -182,12 +187,15 @@ class BucketedImageDataset(torch.utils.data.Dataset):
         self.epoch = 0
         # Validate rendering options here, not in a worker on the first batch.
         filt = resample_filter(resample)
-        if len(self.background) != 3 or not all(isinstance(c, (int, np.integer)) and 0 <= c <= 255 for c in self.background):
+        if len(self.background) != 3 or not all(isinstance(c, (int,
+                                                               np.integer)) and 0 <= c <= 255 for c in self.background):
             raise ValueError(f"`background` must be an (r, g, b) triple of 0–255 integers, got {background!r}.")
         if self.draft_gap is not None and not self.draft_gap >= 1.0:
             raise ValueError(f"`draft_gap` must be >= 1 or None, got {draft_gap!r}.")
         gap = "default" if self.draft_gap is None else f"{self.draft_gap:g}"
-        self._render_id = f"{filt.name.lower()};draft={'off' if not self.draft else gap};bg={','.join(map(str, self.background))}"
+        self._render_id = (
+            f"{filt.name.lower()};draft={'off' if not self.draft else gap};bg={','.join(map(str, self.background))}"
+        )
 
     # ----------------------------------------------------------------------------- bookkeeping
     def _check_table(self, wh: np.ndarray) -> None:
@@ -251,7 +259,8 @@ class BucketedImageDataset(torch.utils.data.Dataset):
         return row, bucket, epoch
 
     # ----------------------------------------------------------------------------- randomness
-    def fit_row(self, row: int, bucket: int | None = None, epoch: int | None = None, size: Sequence[int] | None = None) -> FitPlan:
+    def fit_row(self, row: int, bucket: int | None = None, epoch: int | None = None,
+                size: Sequence[int] | None = None) -> FitPlan:
         """The crop/flip decision for a row, without opening the image.
 
         Uses the ``original_width`` / ``original_height`` columns (or ``size``). ``__getitem__`` renders
@@ -278,7 +287,8 @@ class BucketedImageDataset(torch.utils.data.Dataset):
         if self.center_crop:
             plan = plan_fit(size, self.resolution(bucket), crop="center", flip=flip)
         else:
-            plan = plan_fit(size, self.resolution(bucket), crop="random", rng=row_rng(self.seed, epoch, row, ROW_CROP), flip=flip)
+            plan = plan_fit(size, self.resolution(bucket), crop="random", rng=row_rng(self.seed, epoch, row, ROW_CROP),
+                            flip=flip)
         return dataclasses.replace(plan, render=self._render_id)
 
     def _caption(self, record: dict[str, Any], row: int, epoch: int) -> str:
@@ -310,7 +320,8 @@ class BucketedImageDataset(torch.utils.data.Dataset):
         plan = self.fit_row(row, bucket, epoch, size=size)
         try:
             image, _ = render_plan(
-                im, plan, orientation, resample=self.resample, background=self.background, draft=self.draft, draft_gap=self.draft_gap
+                im, plan, orientation, resample=self.resample, background=self.background, draft=self.draft,
+                draft_gap=self.draft_gap
             )
         except Exception as e:  # noqa: BLE001
             raise ImageDecodeError(
@@ -365,7 +376,8 @@ class BucketedImageDataset(torch.utils.data.Dataset):
             "flipped": plan.flipped,
         }
         for i, tok in enumerate(self.tokenizers):
-            ids = tok(caption, max_length=tok.model_max_length, padding="max_length", truncation=True, return_tensors="pt").input_ids
+            ids = tok(caption, max_length=tok.model_max_length, padding="max_length", truncation=True,
+                      return_tensors="pt").input_ids
             sample["input_ids" if i == 0 else f"input_ids_{i + 1}"] = ids[0]  # (L,)
         return sample
 

@@ -226,7 +226,9 @@ def resample_filter(resample: str | int | Image.Resampling) -> Image.Resampling:
             raise ValueError(f"`resample` must be one of {sorted(RESAMPLE)}, got {resample!r}.") from None
     value = Image.Resampling(resample)
     if value == Image.Resampling.NEAREST:
-        raise ValueError("`resample` NEAREST is not antialiased; use 'lanczos', 'bicubic', 'bilinear', 'hamming' or 'box'.")
+        raise ValueError(
+            "`resample` NEAREST is not antialiased; use 'lanczos', 'bicubic', 'bilinear', 'hamming' or 'box'."
+        )
     return value
 
 
@@ -334,7 +336,9 @@ def fit_to_bucket(
     if len(size) != 2:
         raise ValueError(f"`size` must be a bucket (width, height), got {size!r}.")
     if draft_gap is not None and not (draft_gap >= 1.0):
-        raise ValueError(f"`draft_gap` must be >= 1 (the decoder must not go below the scaled size), got {draft_gap!r}.")
+        raise ValueError(
+            f"`draft_gap` must be >= 1 (the decoder must not go below the scaled size), got {draft_gap!r}."
+        )
     im = open_image(image)
     o = exif_orientation(im)
     plan = plan_fit(displayed_size(im, o), size, crop=crop, rng=rng, flip=flip)

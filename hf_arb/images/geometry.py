@@ -169,7 +169,8 @@ def crop_plan(
     return FitPlan(size=(w, h), bucket=(bw, bh), scaled_size=(sw, sh), crop_top_left=(y, x), flipped=bool(flip))
 
 
-def display_box_to_stored(box: tuple[float, float, float, float], orientation: int, stored: tuple[int, int]) -> tuple[float, float, float, float]:
+def display_box_to_stored(box: tuple[float, float, float, float], orientation: int,
+                          stored: tuple[int, int]) -> tuple[float, float, float, float]:
     """Map a ``(left, top, right, bottom)`` box in displayed coordinates to stored coordinates.
 
     ``stored`` is the stored ``(W, H)``. Displayed pixel ``(u, v)`` comes from stored ``(s, t)`` with the

@@ -23,6 +23,7 @@ import torch
 
 from hf_arb.buckets.references import composite_bucket_ids, reference_info, stored_reference_columns
 from hf_arb.rng import ROW_REPLACE, row_rng
+
 from .bad_images import replacement_order
 from .collate import collate_buckets
 from .dataset import BucketedImageDataset, ImageDecodeError

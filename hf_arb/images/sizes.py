@@ -137,7 +137,8 @@ def size_of_open(fp: BinaryIO, source: str) -> tuple[int, int]:
             if img.fp is not fp:
                 img.close()
     except Image.DecompressionBombError as e:
-        raise ImageSizeError(source, "decompression bomb", f"{e} Raise PIL.Image.MAX_IMAGE_PIXELS if the image is trusted") from e
+        raise ImageSizeError(source, "decompression bomb",
+                             f"{e} Raise PIL.Image.MAX_IMAGE_PIXELS if the image is trusted") from e
     except (Image.UnidentifiedImageError, SyntaxError, OSError, EOFError, ValueError, IndexError, KeyError) as e:
         fmt = _sniff_format(head)
         if fmt is None:

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from .sizes import ImageSizeError, decode_fully, size_of_open, read_image_size, verify_image
+from .sizes import ImageSizeError, decode_fully, read_image_size, size_of_open, verify_image
 
 
 def sizes_of(values: Sequence[Any], verify: bool = False) -> tuple[np.ndarray, np.ndarray, list[str | None]]:
@@ -39,7 +39,9 @@ def sizes_of(values: Sequence[Any], verify: bool = False) -> tuple[np.ndarray, n
             try:
                 v.verify() if isinstance(v, _ArrowImage) else verify_image(v)
             except ImageSizeError as e:
-                reasons[i] = (f"{e.reason}: {e.detail}" if e.reason in ("truncated", "undecodable") else f"unreadable: {e.reason}")[:200]
+                reasons[i] = (
+                    f"{e.reason}: {e.detail}" if e.reason in ("truncated", "undecodable") else f"unreadable: {e.reason}"
+                )[:200]
             except Exception as e:  # noqa: BLE001
                 reasons[i] = f"undecodable: {type(e).__name__}: {e}"[:200]
     return w, h, reasons
@@ -63,7 +65,8 @@ class _ArrowImage:
         return size_of_open(io.BytesIO(self.buffer), source)
 
     def verify(self) -> None:
-        decode_fully(io.BytesIO(self.buffer), f"<bytes: {self.buffer.size}>" + (f" ({self.path!r})" if self.path else ""))
+        decode_fully(io.BytesIO(self.buffer),
+                     f"<bytes: {self.buffer.size}>" + (f" ({self.path!r})" if self.path else ""))
 
 
 def arrow_values(column: pa.ChunkedArray | pa.Array) -> list[Any]:
@@ -80,7 +83,9 @@ def arrow_values(column: pa.ChunkedArray | pa.Array) -> list[Any]:
             fields = dict(zip([f.name for f in t], chunk.flatten()))  # offsets and parent nulls applied
             data, paths = fields.get("bytes"), fields.get("path")
             path_list = paths.to_pylist() if paths is not None else [None] * len(chunk)
-            has_bytes = data.is_valid().to_numpy(zero_copy_only=False) if data is not None else np.zeros(len(chunk), bool)
+            has_bytes = (
+                data.is_valid().to_numpy(zero_copy_only=False) if data is not None else np.zeros(len(chunk), bool)
+            )
             valid = chunk.is_valid().to_numpy(zero_copy_only=False)
             for i in range(len(chunk)):
                 if not valid[i]:

@@ -29,8 +29,9 @@ import torch
 from hf_arb.images.collate import collate_common
 from hf_arb.images.dataset import BucketedImageDataset
 from hf_arb.images.geometry import FitPlan, cover_size, crop_plan
-from .layout import FittedSizes
 from hf_arb.rng import ROW_CROP, ROW_FLIP, row_rng
+
+from .layout import FittedSizes
 
 __all__ = ["PackedImageDataset", "collate_packs"]
 

@@ -18,9 +18,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from .layout import pack_meta
 from hf_arb.families.flow import sample_latents, unshifted_times
 from hf_arb.families.flow_family import FlowFamily, FlowOptions
+
+from .layout import pack_meta
 
 __all__ = ["packed_flow_step"]
 

@@ -3,8 +3,8 @@
 * :func:`fit_sizes` — each image's own training size: scaled down (never up, unless asked) so its token count fits,
   then fitted to the latent patch grid; the only crop is the remainder below one patch (< 16 px on one side).
 * :func:`pack_meta` — what a model needs for one pack (:class:`PackMeta`): ``seq_lens``, ``cu_seqlens``,
-  ``document_id``, latent grids and positions, per-image ``mu`` and shifted sigmas (:mod:`hf_arb.families.shift`), the text
-  layout and the loss mask. Both are also importable from :mod:`hf_arb.packing`.
+  ``document_id``, latent grids and positions, per-image ``mu`` and shifted sigmas (:mod:`hf_arb.families.shift`), the
+  text layout and the loss mask. Both are also importable from :mod:`hf_arb.packing`.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from typing import Any
 import numpy as np
 
 from hf_arb.checks import check_nonneg, check_positive
-
 from hf_arb.families.shift import ShiftConfig, calculate_mu, shift_sigmas
 
 __all__ = ["FittedSizes", "PackMeta", "fit_sizes", "pack_meta"]

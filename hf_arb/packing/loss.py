@@ -5,8 +5,8 @@ For each image ``i`` of a pack (latent ``x_i``, noise ``n_i``, its own shifted s
 shift) the model sees ``(1 - s_i) x_i + s_i n_i`` at timestep ``s_i`` and is trained towards ``n_i - x_i``
 (``precondition_outputs``: towards ``x_i`` with the prediction mapped back as ``pred * (-s_i) + noisy``), weighted
 by diffusers' ``compute_loss_weighting_for_sd3`` of ``s_i`` — diffusers' SD3/Flux training scripts, per image. The
-forward is :func:`~hf_arb.packing.model.packed_sd3_forward` / :func:`~hf_arb.packing.model.packed_flux_forward`; the loss is
-computed on the packed sequence with the padding masked:
+forward is :func:`~hf_arb.packing.model.packed_sd3_forward` / :func:`~hf_arb.packing.model.packed_flux_forward`; the
+loss is computed on the packed sequence with the padding masked:
 
 * ``reduction="image"`` (default): the mean over the pack's images of each image's mean squared error — equal to
   the mean of the per-image (unpacked) losses, whatever the images' sizes (tested on tiny SD3 and Flux);

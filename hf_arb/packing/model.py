@@ -32,7 +32,6 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .layout import PackMeta, pack_meta
 from .attention import (
     Backend,
     DocumentSegments,
@@ -42,6 +41,7 @@ from .attention import (
     document_mask,
     enable_packed_attention,
 )
+from .layout import PackMeta, pack_meta
 
 __all__ = ["PackedOutput", "flux_image_ids", "pack_tokens", "packed_flux_forward", "packed_sd3_forward", "patchify",
            "unpack_tokens", "unpatchify"]

@@ -3,16 +3,19 @@
 Buckets group images by shape and crop each a little; a transformer does not need equal shapes, only a bounded
 sequence. Packing ("Patch n' Pack", NaViT) concatenates the latent tokens of several images, each at its own aspect
 ratio, into one sequence of at most ``max_tokens`` tokens, and masks attention so tokens attend only inside their
-own image (:mod:`hf_arb.packing.model` runs SD3 and Flux that way). The pure, numpy-only parts (sizes and metadata live in
+own image (:mod:`hf_arb.packing.model` runs SD3 and Flux that way). The pure, numpy-only parts (sizes and metadata live
+in
 :mod:`hf_arb.packing.layout` and are re-exported here):
 
 * :func:`fit_sizes` — each image's own training size: scaled down (never up, unless asked) so its token count fits,
   then floored to the latent patch grid; the only crop is the remainder below one patch (< 16 px a side).
 * :func:`plan_packs` — the epoch plan of packs, a pure function of ``(token counts, max_tokens, world size, seed,
-  epoch)`` like :func:`~hf_arb.sampling.planning.plan.plan_epoch`: one pack per rank per step, all ranks the same number of
-  steps, every row once per epoch or reported (:class:`PackReport`). Resume = recompute and start at ``step``.
+  epoch)`` like :func:`~hf_arb.sampling.planning.plan.plan_epoch`: one pack per rank per step, all ranks the same
+  number of steps, every row once per epoch or reported (:class:`PackReport`). Resume = recompute and start at
+  ``step``.
 * :func:`pack_meta` — what a model needs for one pack (:class:`PackMeta`): ``seq_lens``, ``cu_seqlens``,
-  ``document_id``, latent grids, per-image ``mu`` and shifted sigmas (:mod:`hf_arb.families.shift`), text layout, loss mask.
+  ``document_id``, latent grids, per-image ``mu`` and shifted sigmas (:mod:`hf_arb.families.shift`), text layout, loss
+  mask.
 
 Example:
     ```py
@@ -35,6 +38,7 @@ from typing import Any, Literal
 import numpy as np
 
 from hf_arb import rng
+
 from .layout import FittedSizes, PackMeta, check_nonneg, check_positive, fit_sizes, pack_meta
 
 __all__ = ["PackLeftover", "PackPlan", "PackReport", "first_fit_decreasing", "plan_packs"]

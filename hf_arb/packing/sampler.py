@@ -32,13 +32,14 @@ from typing import Any
 
 import numpy as np
 
-from hf_arb.checks import check_nonneg, check_positive
-from .layout import FittedSizes, fit_sizes
-from .plan import DEFAULT_WINDOW, PackLeftover, PackPlan, PackReport, plan_packs
 from hf_arb.buckets.schema import read_original_sizes
+from hf_arb.checks import check_nonneg, check_positive
 from hf_arb.sampling.inputs import default_world, runtime_world
 from hf_arb.sampling.resume.cursor import StepCursor, locate
 from hf_arb.sampling.resume.state import ResumableBatchSampler, as_state_mapping
+
+from .layout import FittedSizes, fit_sizes
+from .plan import DEFAULT_WINDOW, PackLeftover, PackPlan, PackReport, plan_packs
 
 __all__ = ["PACK_STATE_FORMAT", "PackBatchSampler", "pack_sizes"]
 

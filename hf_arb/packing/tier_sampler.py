@@ -35,6 +35,7 @@ import numpy as np
 
 from hf_arb.sampling.tiered.plan import Tiers, random_tier_ids, tier_bucket_ids
 from hf_arb.sampling.tiered.schedule import TierSchedule, parse_resolution_schedule, stream_positions
+
 from .layout import FittedSizes
 from .plan import PackPlan, PackReport, plan_packs
 from .sampler import PackBatchSampler, pack_sizes
@@ -251,4 +252,5 @@ class TieredPackBatchSampler(PackBatchSampler):
     def __repr__(self) -> str:
         return (f"TieredPackBatchSampler(rows={self._n}, tiers={list(self.tiers.resolutions)}, "
                 f"max_tokens={self.max_tokens}, num_replicas={self.num_replicas}, seed={self.seed}, "
-                f"epoch={self.epoch}, batches_consumed={self.batches_consumed}, steps_per_epoch={self.steps_per_epoch})")
+                f"epoch={self.epoch}, batches_consumed={self.batches_consumed}, "
+                f"steps_per_epoch={self.steps_per_epoch})")

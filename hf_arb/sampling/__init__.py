@@ -42,8 +42,14 @@ from .streaming.stream import BucketedStream, BufferOverflowError, build_stream_
 from .tiered.plan import Tiers, tier_bucket_ids
 from .tiered.report import TierReport
 from .tiered.sampler import TieredBatchSampler
-from .tiered.schedule import (TierSchedule, curriculum_schedule, mix_schedule, parse_resolution_schedule,
-                              progressive_schedule, random_schedule)
+from .tiered.schedule import (
+    TierSchedule,
+    curriculum_schedule,
+    mix_schedule,
+    parse_resolution_schedule,
+    progressive_schedule,
+    random_schedule,
+)
 from .tiered.stream import TieredStream, tier_stream_counts
 
 __all__ = ["BucketBatchSampler", "BucketedStream", "BufferOverflowError", "PackBatchSampler", "PlanReport",
@@ -51,7 +57,8 @@ __all__ = ["BucketBatchSampler", "BucketedStream", "BufferOverflowError", "PackB
            "batch_sizes_for_pixels", "batch_sizes_from_mapping", "build_stream_loader", "merge_small_buckets",
            "plan_epoch", "plan_epoch_ragged",
            "prepare_dataloader", "resume_dataloader", "stream_schedule",
-           "TierReport", "TierSchedule", "TieredBatchSampler", "TieredStream", "Tiers", "curriculum_schedule", "mix_schedule",
+           "TierReport", "TierSchedule", "TieredBatchSampler", "TieredStream", "Tiers", "curriculum_schedule",
+           "mix_schedule",
            "parse_resolution_schedule", "progressive_schedule", "random_schedule", "shuffle_shards",
            "tier_bucket_ids", "tier_stream_counts"]
 

@@ -7,8 +7,9 @@ resume, report, per-rank view), so every batch on every rank has one target shap
 ``BucketedReferenceDataset`` turns a ``(row, composite id, epoch)`` key back into the target and reference buckets.
 
 Streaming: :func:`composite_stream` adds the composite id as a column of a ``datasets.IterableDataset`` (a fixed
-table, looked up row by row with :func:`composite_lookup`) and runs :class:`~hf_arb.sampling.streaming.stream.BucketedStream`
-over that column, so streamed batches never mix reference shapes either, on any number of ranks.
+table, looked up row by row with :func:`composite_lookup`) and runs
+:class:`~hf_arb.sampling.streaming.stream.BucketedStream` over that column, so streamed batches never mix reference
+shapes either, on any number of ranks.
 """
 
 from __future__ import annotations
@@ -18,8 +19,13 @@ from typing import Any
 
 import numpy as np
 
-from hf_arb.buckets.references import composite_bucket_ids, composite_resolutions, read_composite, \
-    stored_reference_columns
+from hf_arb.buckets.references import (
+    composite_bucket_ids,
+    composite_resolutions,
+    read_composite,
+    stored_reference_columns,
+)
+
 from .sampler import BucketBatchSampler
 
 
@@ -127,7 +133,8 @@ def composite_stream(dataset: Any, batch_size: int, *, table: Any, counts: Any,
             from :func:`composite_bucket_ids` over the whole split (e.g. ``read_composite`` of the map-style
             copy, or one pass over the stream's bucket columns). Rows whose tuple is not in ``table`` are skipped.
         reference_columns: default every reference column stored in the dataset.
-        **stream_kwargs: the other :class:`~hf_arb.sampling.streaming.stream.BucketedStream` arguments (``num_replicas``,
+        **stream_kwargs: the other :class:`~hf_arb.sampling.streaming.stream.BucketedStream` arguments
+        (``num_replicas``,
             ``rank``, ``seed``, ``buffer_size``, ``collate_fn``…). Its ``state_dict``/``load_state_dict`` resume
             exactly, and its ``report().batches_per_bucket`` is keyed by composite id.
 

@@ -176,8 +176,8 @@ class BucketBatchSampler(ResumableBatchSampler):
         max_pixels_per_batch: a pixel budget per batch on one rank: bucket ``b`` gets
             ``floor(max_pixels_per_batch / (w_b × h_b))`` rows, capped at ``batch_size``
             (:func:`~hf_arb.sampling.planning.batch_sizes.batch_sizes_for_pixels`; needs resolutions). With batch
-            sizes that differ by bucket, every rank still trains the same bucket (so the same batch size) at every step, a
-            bucket's steps are its rows over its global batch (weighting by size in rows), ``batch_size`` is None
+            sizes that differ by bucket, every rank still trains the same bucket (so the same batch size) at every step,
+            a bucket's steps are its rows over its global batch (weighting by size in rows), ``batch_size`` is None
             (accelerate's convention for batches of varying length) and :meth:`step_batch_sizes` gives each step's.
             Needs ``sync_buckets=True`` and ``split_batches=False``.
         index_dir: where the bucket-grouped row index (4 bytes per assigned row, ``sync_buckets=True``) is kept.

@@ -91,7 +91,9 @@ def checkpoint_problems(path: str | Path, state_file: str, model_dirs: tuple[str
                 shards = set(json.loads(index.read_text())["weight_map"].values())
             except Exception:  # noqa: BLE001
                 continue  # reported as unreadable below
-            problems += [f"{sub / s}: missing (listed in {index.name})" for s in sorted(shards) if not (sub / s).is_file()]
+            problems += [
+                f"{sub / s}: missing (listed in {index.name})" for s in sorted(shards) if not (sub / s).is_file()
+            ]
     for f in sorted(p for p in path.rglob("*") if p.is_file()):
         why = _file_problem(f)
         if why:

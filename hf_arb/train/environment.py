@@ -12,14 +12,12 @@ import re
 from pathlib import Path
 from typing import Any
 
-
-
 from hf_arb.checks import UsageError, UsageFileError
 from hf_arb.families import get_family
 from hf_arb.lazy import LazyModule
 
-from .flags.arg_checks import TRACKERS
 from .files import STATE_FILE
+from .flags.arg_checks import TRACKERS
 
 torch: Any = LazyModule("torch")  # loaded when a function needs it: --help and flag errors answer before torch
 logger = logging.getLogger("train_text_to_image_arb")
@@ -40,14 +38,17 @@ def check_environment(args: argparse.Namespace) -> None:
             continue
         path = Path(value).expanduser()
         if path.is_dir():
-            if not ((path / "model_index.json").exists() or (path / "unet").is_dir() or (path / "config.json").exists()):
+            if not (
+                (path / "model_index.json").exists() or (path / "unet").is_dir() or (path / "config.json").exists()
+            ):
                 raise UsageError(f"--{flag} {value}: the folder is not a diffusers model (no model_index.json).")
         elif path.exists() or not hub_id.match(value) or value.count("/") > 1:
             raise UsageFileError(f"--{flag} {value}: no such model folder, and not a Hub id (like org/name).")
         else:  # a Hub id: a typo or an unreachable Hub is said now, not after the dataset and download retries
             from hf_arb.annotate.hub import hub_model_problem
 
-            problem = hub_model_problem(value, revision=args.revision if flag == "pretrained_model_name_or_path" else None)
+            problem = hub_model_problem(value,
+                                        revision=args.revision if flag == "pretrained_model_name_or_path" else None)
             if problem:
                 raise UsageFileError(f"--{flag} {value}: {problem}")
     folder_flag = "instance_data_dir" if args.instance_data_dir is not None else "train_data_dir"
@@ -130,7 +131,8 @@ def resolve_resume_dir(args: argparse.Namespace) -> Path | None:
     problems = checkpoint_problems(path, STATE_FILE, model_dirs, model_files, required)
     if problems:
         raise UsageError(
-            f"Checkpoint {path} is damaged: {problems[0]}{f' (and {len(problems) - 1} more)' if len(problems) > 1 else ''}"
+            f"Checkpoint {path} is damaged: "
+            f"{problems[0]}{f' (and {len(problems) - 1} more)' if len(problems) > 1 else ''}"
             ". Resume from another checkpoint, or pass --resume_from_checkpoint latest to take the newest complete one."
         )
     return path
@@ -189,7 +191,8 @@ def make_accelerator(args: argparse.Namespace) -> Any:
     if ddp:
         kwargs_handlers.append(DistributedDataParallelKwargs(**ddp))
     report_to = None if args.report_to in (None, "none", "") else args.report_to
-    project = ProjectConfiguration(project_dir=args.output_dir, logging_dir=os.path.join(args.output_dir, args.logging_dir))
+    project = ProjectConfiguration(project_dir=args.output_dir,
+                                   logging_dir=os.path.join(args.output_dir, args.logging_dir))
     accelerator = Accelerator(
         gradient_accumulation_steps=args.gradient_accumulation_steps,
         mixed_precision=args.mixed_precision,

@@ -8,8 +8,6 @@ import logging
 from pathlib import Path
 from typing import Any
 
-
-
 from hf_arb.families import Models, detect_family, get_family
 from hf_arb.lazy import LazyModule
 
@@ -33,9 +31,9 @@ def make_optimizer(args: argparse.Namespace, params: Any) -> torch.optim.Optimiz
 
 def setup_lora(args: argparse.Namespace, models: Models, weight_dtype: torch.dtype) -> list[Any]:
     """Add LoRA adapters to the UNet (and, with --train_text_encoder, the text encoders of
-    :meth:`~hf_arb.families.Family.lora_text_encoders`); frozen base weights go to the mixed-precision dtype, the adapters stay float32.
-    Returns the trainable parameters (with --train_text_encoder: optimizer parameter groups, the encoders' with
-    --text_encoder_lr / --adam_weight_decay_text_encoder where given)."""
+    :meth:`~hf_arb.families.Family.lora_text_encoders`); frozen base weights go to the mixed-precision dtype, the
+    adapters stay float32. Returns the trainable parameters (with --train_text_encoder: optimizer parameter groups, the
+    encoders' with --text_encoder_lr / --adam_weight_decay_text_encoder where given)."""
     from hf_arb.train.lora import TEXT_ENCODER_TARGET_MODULES, add_lora
 
     kw = {"rank": args.rank, "alpha": args.lora_alpha, "dropout": args.lora_dropout, "dtype": weight_dtype,

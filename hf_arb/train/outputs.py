@@ -15,11 +15,11 @@ import numpy as np
 from hf_arb.families import Family, Models
 from hf_arb.lazy import LazyModule
 
-from .sources.dataset import bucket_origin
 from .files import BUCKETS_FILE, SKIPPED_ROWS_FILE
+from .flags.upstream_flags import pipeline_call_kwargs, use_validation_scheduler
 from .models import place, unwrap
 from .progress import Progress
-from .flags.upstream_flags import pipeline_call_kwargs, use_validation_scheduler
+from .sources.dataset import bucket_origin
 
 torch: Any = LazyModule("torch")  # loaded when a function needs it: --help and flag errors answer before torch
 logger = logging.getLogger("train_text_to_image_arb")
@@ -246,7 +246,8 @@ def report_bad_images(args: argparse.Namespace, accelerator: Any) -> int:
     rows = read_bad_rows(path)
     if rows and accelerator.is_main_process:
         logger.warning("%d row(s) had images that could not be decoded and were replaced by rows of the same bucket; "
-                       "see %s. Re-annotate with `hf-arb annotate ... --verify` to skip them up front.", len(rows), path)
+                       "see %s. Re-annotate with `hf-arb annotate ... --verify` to skip them up front.", len(rows),
+                       path)
     return len(rows)
 
 

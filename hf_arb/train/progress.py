@@ -12,8 +12,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-
-
 from hf_arb.checks import UsageError
 from hf_arb.lazy import LazyModule
 

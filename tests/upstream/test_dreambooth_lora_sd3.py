@@ -23,7 +23,8 @@ Every upstream test and assertion is kept. Substitutions (the only changes):
   flags (tests/upstream/_upstream.py: ``runpy`` as ``python script``, which is what one-process ``accelerate
   launch`` runs on a CPU machine, on one torch thread as torchrun would set it; accelerate's state is reset after
   each run, as a new process would start);
-* Hub ids -> tiny local pipelines built once per test run (hf_arb.testing.tiny / hf_arb.testing.tiny_flow): tiny-sd3-pipe -> a tiny
+* Hub ids -> tiny local pipelines built once per test run (hf_arb.testing.tiny / hf_arb.testing.tiny_flow):
+tiny-sd3-pipe -> a tiny
   SD3;
 * ``--instance_data_dir docs/source/en/imgs`` (a folder of images in diffusers' repository) -> a local folder of 5
   photos of 5 aspect ratios, no captions (``--instance_prompt`` is every image's caption, as upstream);
@@ -35,8 +36,6 @@ import os
 import tempfile
 
 import safetensors
-
-
 from _upstream import ExamplesTestsAccelerate, run_command  # noqa: E402
 
 

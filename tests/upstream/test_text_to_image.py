@@ -44,12 +44,8 @@ import shutil
 import tempfile
 
 import pytest
-
-from diffusers import DiffusionPipeline, UNet2DConditionModel  # noqa: E402
-
-
 from _upstream import ExamplesTestsAccelerate, local, run_command  # noqa: E402
-
+from diffusers import DiffusionPipeline, UNet2DConditionModel  # noqa: E402
 
 QUIRK_REASON = ("upstream quirk not copied: resumed from checkpoint-4 with --max_train_steps 2, upstream trains one "
                 "more step and writes checkpoint-5; we never train past --max_train_steps (docs/training.md)")

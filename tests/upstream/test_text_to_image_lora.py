@@ -36,11 +36,8 @@ import os
 import tempfile
 
 import safetensors
-
-from diffusers import DiffusionPipeline  # noqa: E402
-
-
 from _upstream import ExamplesTestsAccelerate, local, run_command  # noqa: E402
+from diffusers import DiffusionPipeline  # noqa: E402
 
 
 class TestTextToImageLoRA(ExamplesTestsAccelerate):

@@ -17,8 +17,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from hf_arb.annotate.map import AnnotationSummary
 from hf_arb.annotate.arrow_batch import BatchAnnotator, summary_from_groups, summary_partials
+from hf_arb.annotate.map import AnnotationSummary
 from hf_arb.buckets.sets import BucketSet
 
 
@@ -78,8 +78,8 @@ def add_bucket_columns(ds: Any, buckets: BucketSet, image_column: str | None = "
 def summarize(ds: Any, buckets: BucketSet, *, num_partitions: int = 8) -> AnnotationSummary:
     """Counts per bucket, skips by reason and aspect-error statistics, aggregated with Ray's ``groupby``.
 
-    Each block is grouped where it lies (:func:`~hf_arb.annotate.arrow_batch.summary_partials`); Ray's ``groupby`` merges
-    the partials over ``num_partitions`` reducers, and only the merged groups (one per bucket and error bin, one
+    Each block is grouped where it lies (:func:`~hf_arb.annotate.arrow_batch.summary_partials`); Ray's ``groupby``
+    merges the partials over ``num_partitions`` reducers, and only the merged groups (one per bucket and error bin, one
     per distinct skip reason) reach the driver. Everything is exact but the median, which is within
     ``hf_arb.annotate.arrow_batch.ERROR_BIN`` (see :func:`~hf_arb.annotate.arrow_batch.summary_from_groups`).
     """

@@ -28,12 +28,17 @@ from typing import Any
 
 import pyarrow as pa
 
+from hf_arb.annotate.arrow_batch import (
+    ERROR_BIN,
+    BatchAnnotator,
+    added_features_json,
+    arrow_metadata,
+    summary_from_groups,
+)
 from hf_arb.annotate.map import AnnotationSummary
-from hf_arb.annotate.arrow_batch import (ERROR_BIN, BatchAnnotator, added_features_json, arrow_metadata,
-                                         summary_from_groups)
 from hf_arb.buckets.references import check_policy, check_reference_columns, reference_arrow_fields
-from hf_arb.buckets.sets import BucketSet
 from hf_arb.buckets.schema import BUCKET_COLUMNS
+from hf_arb.buckets.sets import BucketSet
 
 try:
     from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, WriterCommitMessage

@@ -89,7 +89,9 @@ def batch_sizes_from_mapping(mapping: Mapping[Any, int], num_buckets: int, *, re
         ValueError: an unknown key, a size that is not a positive int, or a needed bucket without a size.
     """
     if not isinstance(mapping, Mapping) or not mapping:
-        raise ValueError(f"A per-bucket batch size must be a non-empty mapping {{bucket: batch size}}, got {mapping!r}.")
+        raise ValueError(
+            f"A per-bucket batch size must be a non-empty mapping {{bucket: batch size}}, got {mapping!r}."
+        )
     res = None if resolutions is None else np.asarray(getattr(resolutions, "resolutions", resolutions), np.int64)
     labels = {} if res is None else {_label(res, b): b for b in range(res.shape[0])}
     sizes = np.zeros(num_buckets, np.int64)

@@ -11,8 +11,8 @@ A layout answers three questions about an epoch of ``steps`` steps on ``world`` 
   ``(rows_used, rows_repeated, rows_catch_all)`` for the epoch's report.
 
 :class:`~hf_arb.sampling.planning.sync.SyncLayout` plans global batches of one bucket (every rank in the same bucket at
-each step) with ``O(buckets)`` state (module :mod:`~hf_arb.sampling.planning.sync`). :class:`IndependentLayout` reproduces
-NovelAI's independent per-rank draws, for comparison; it materialises its epoch (``O(n)``).
+each step) with ``O(buckets)`` state (module :mod:`~hf_arb.sampling.planning.sync`). :class:`IndependentLayout`
+reproduces NovelAI's independent per-rank draws, for comparison; it materialises its epoch (``O(n)``).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from hf_arb.rng import PLAN_POOL, PLAN_RANK, PLAN_SHARD, generator
+
 from .index import count_blocks
 
 

@@ -30,8 +30,9 @@ from typing import Any, Literal, overload
 
 import numpy as np
 
-from .index import RowIndex, build_index
 from hf_arb.checks import check_nonneg, check_positive  # noqa: F401  (re-exported)
+
+from .index import RowIndex, build_index
 from .layout import IndependentLayout, bucket_counts
 from .sync import SyncLayout
 
@@ -140,8 +141,8 @@ def effective_ids(ids: np.ndarray, merge_map: Any | None) -> tuple[np.ndarray, i
 def make_layout(eff_ids: np.ndarray | None, k: int, *, batch_size: int, world_size: int, seed: int, epoch: int,
                 shuffle: bool, sync_buckets: bool, leftover: str, catch_all_bucket: int | None,
                 index: RowIndex | None = None) -> SyncLayout | IndependentLayout:
-    """The layout of one epoch (see :mod:`hf_arb.sampling.planning.layout`). A synchronised layout reads the grouped rows
-    ``index`` (built from ``eff_ids`` when None); an independent one reads ``eff_ids``."""
+    """The layout of one epoch (see :mod:`hf_arb.sampling.planning.layout`). A synchronised layout reads the grouped
+    rows ``index`` (built from ``eff_ids`` when None); an independent one reads ``eff_ids``."""
     if sync_buckets:
         if index is None:
             index = build_index(eff_ids, None, k)  # type: ignore[arg-type]

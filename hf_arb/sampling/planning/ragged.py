@@ -1,7 +1,8 @@
 """The epoch plan with a batch size per bucket: a ragged plan, still one pure function of its inputs.
 
-With one batch size, :func:`~hf_arb.sampling.planning.plan.plan_epoch` returns a dense ``(steps, world, batch)`` array. With a
-batch size per bucket (a pixel budget, :mod:`~hf_arb.sampling.planning.batch_sizes`) the steps have different widths, so
+With one batch size, :func:`~hf_arb.sampling.planning.plan.plan_epoch` returns a dense ``(steps, world, batch)`` array.
+With a batch size per bucket (a pixel budget, :mod:`~hf_arb.sampling.planning.batch_sizes`) the steps have different
+widths, so
 :func:`plan_epoch_ragged` returns a :class:`RaggedPlan`: one flat row array cut by per-step offsets, with the
 bucket and batch size of every step. The layout is the synchronised one (:mod:`~hf_arb.sampling.planning.sync`) with a
 global batch ``G_b = world × b_b`` per bucket ``b``: every rank trains the same bucket, hence the same batch
@@ -20,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from hf_arb.checks import check_nonneg, check_positive
+
 from .index import build_index
 from .plan import CHUNK_STEPS, Leftover, as_bucket_ids, check_leftover, check_merge_map, num_buckets
 from .sync import SyncLayout
@@ -95,7 +97,8 @@ def plan_epoch_ragged(
     Args:
         bucket_ids: bucket id per row, shape ``(n,)``; ``-1`` rows are never sampled.
         batch_sizes: rows per rank of a batch of each bucket, int64 ``(k,)`` (from
-            :func:`~hf_arb.sampling.planning.batch_sizes.batch_sizes_for_pixels`), or one int (then the plan's rows equal
+            :func:`~hf_arb.sampling.planning.batch_sizes.batch_sizes_for_pixels`), or one int (then the plan's rows
+            equal
             :func:`~hf_arb.sampling.planning.plan.plan_epoch`'s, flattened).
         world_size, seed, epoch, shuffle, leftover, catch_all_bucket, merge_map: as in
             :func:`~hf_arb.sampling.planning.plan.plan_epoch`. Catch-all batches take ``catch_all_bucket``'s batch size.

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import asdict, dataclass, field
 from typing import Any
-
-import warnings
 
 import numpy as np
 

@@ -35,6 +35,7 @@ from __future__ import annotations
 import numpy as np
 
 from hf_arb.rng import PLAN_BUCKET, PLAN_ORDER, PLAN_POOL
+
 from .feistel import FeistelPermutation
 from .index import RowIndex
 

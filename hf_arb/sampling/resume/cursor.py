@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from hf_arb.checks import check_nonneg
+
 from .restore import Guard, Restored, after_set_epoch, loader_pass, pass_start
 
 
@@ -86,7 +87,8 @@ class StepCursor:
         if (self.restored_epoch is not None and epoch not in (self.restored_epoch, self.restored_epoch + 1)
                 and not (ctx and ctx.skipped)):
             warnings.warn(f"set_epoch({epoch}) after the sampler was restored at epoch {self.restored_epoch}: the "
-                          f"loader starts epoch {epoch}. If that is not what you want, call `train_dataloader.set_epoch("
+                          f"loader starts epoch {epoch}. If that is not what you want, call "
+                          f"`train_dataloader.set_epoch("
                           "epoch)` with your loop's epoch before iterating (accelerate otherwise counts passes from 0 "
                           "in a new process).", UserWarning, stacklevel=3)
         self.restored_epoch = None

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from hf_arb.checks import check_nonneg
+
 from .cursor import StepCursor
 
 
@@ -53,7 +54,9 @@ class ResumableBatchSampler:
 
 
 STATE_FORMAT = 1
-PLAN_VERSION = 2  # 2: counter-based (Feistel) permutations, O(buckets) state; bump whenever the same inputs would give a different plan: old states are then refused
+# 2: counter-based (Feistel) permutations, O(buckets) state; bump whenever the same inputs would give a different plan:
+# old states are then refused
+PLAN_VERSION = 2
 
 
 def _mismatch(name: str, saved: Any, ours: Any, fix: str) -> ValueError:

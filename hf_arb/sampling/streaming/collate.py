@@ -3,7 +3,8 @@ and stacks the batch in the format of :func:`hf_arb.images.dataset.collate_bucke
 
 Per-row randomness (crop offset, flip, caption choice) comes from ``rng.row_rng(seed, epoch, key, ROW_*)``
 where ``key`` is the row's integer id column — a stream has no row index — so a resumed run renders the same
-crops. :class:`~hf_arb.sampling.streaming.stream.BucketedStream` calls :meth:`StreamImageCollate.set_epoch` on its epoch.
+crops. :class:`~hf_arb.sampling.streaming.stream.BucketedStream` calls :meth:`StreamImageCollate.set_epoch` on its
+epoch.
 """
 
 from __future__ import annotations

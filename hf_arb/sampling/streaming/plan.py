@@ -41,7 +41,9 @@ def as_counts(counts: Any, buckets: Any = None) -> np.ndarray:
             labels = {f"{w}x{h}": i for i, (w, h) in enumerate(res)}
             unknown = [k for k in keys if k not in labels]
             if unknown:
-                raise ValueError(f"Count labels {unknown[:5]} are not buckets of the given BucketSet {list(labels)[:8]}.")
+                raise ValueError(
+                    f"Count labels {unknown[:5]} are not buckets of the given BucketSet {list(labels)[:8]}."
+                )
             arr = np.zeros(len(res), dtype=np.int64)
             for k, v in counts.items():
                 arr[labels[k]] = int(v)

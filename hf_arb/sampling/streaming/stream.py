@@ -79,8 +79,9 @@ def shuffle_shards(dataset: Any, seed: int) -> Any:
     ``max_buffer_input_shards`` gets the first two arguments only.
 
     Args:
-        dataset: a ``datasets.IterableDataset`` (several shards: many files, or ``to_iterable_dataset(num_shards=...)``).
-        seed: the run's seed (``set_epoch`` on the dataset reshuffles per epoch, as datasets does).
+        dataset: a ``datasets.IterableDataset`` (several shards: many files, or
+        ``to_iterable_dataset(num_shards=...)``). seed: the run's seed (``set_epoch`` on the dataset reshuffles per
+        epoch, as datasets does).
     """
     import inspect
 
@@ -135,7 +136,8 @@ class BucketedStream(torch.utils.data.IterableDataset):
 
         if not isinstance(dataset, datasets.IterableDataset):
             raise TypeError(f"BucketedStream needs a datasets.IterableDataset, got {type(dataset).__name__}; for a "
-                            "map-style Dataset use hf_arb.BucketBatchSampler (or `ds.to_iterable_dataset(num_shards=N)`).")
+                            "map-style Dataset use hf_arb.BucketBatchSampler (or "
+                            "`ds.to_iterable_dataset(num_shards=N)`).")
         names = dataset.column_names
         if names is not None and bucket_column not in names:
             raise ValueError(f"The stream has no {bucket_column!r} column (columns: {names}). Annotate it first with "
@@ -285,7 +287,8 @@ class BucketedStream(torch.utils.data.IterableDataset):
             raise ValueError(f"Unsupported stream state version {state.get('version')!r} (expected {STATE_VERSION}).")
         if state["config"] != self._config():
             raise ValueError(f"The stream state was saved with {state['config']}, but this stream has "
-                             f"{self._config()}; resume with the same world size, batch size, seed, counts and buffer settings.")
+                             f"{self._config()}; resume with the same world size, batch size, seed, counts and buffer "
+                             f"settings.")
         self.set_epoch(int(state["epoch"]))
         self._engines = None
         if not state["ranks"]:

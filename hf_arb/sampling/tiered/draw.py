@@ -30,8 +30,8 @@ per-row hash :func:`~hf_arb.sampling.tiered.plan.random_tier_ids` (the packing s
 ``[start_{g,t}, start_{g,t} + c_{g,t})`` of ``φ_g`` of every group ``g`` whose bucket at ``t`` is ``b``
 (``start_{g,t}``: the counts of ``g``'s earlier tiers). :class:`RandomEpochIndex` lists these *parts*, in group
 order, as one virtual row list per ``c`` and answers ``rows(c, q)`` — the interface of a
-:class:`~hf_arb.sampling.planning.index.RowIndex` that :class:`~hf_arb.sampling.planning.sync.SyncLayout` plans over — with one
-``searchsorted`` over the ``P <= G × T`` parts, the group's permutation and the group index. An epoch's plan is
+:class:`~hf_arb.sampling.planning.index.RowIndex` that :class:`~hf_arb.sampling.planning.sync.SyncLayout` plans over —
+with one ``searchsorted`` over the ``P <= G × T`` parts, the group's permutation and the group index. An epoch's plan is
 ``O(G × T)`` numbers; any step's rows ``O(batch)`` (plus one permutation key per group it touches).
 
 The counts use ``numpy.random.Generator.multinomial``: the same numpy version on every rank and across a resume
@@ -45,6 +45,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hf_arb.rng import generator
+
 from ..planning.feistel import FeistelPermutation
 from ..planning.index import CHUNK, RowIndex
 
@@ -94,7 +95,8 @@ def find_groups(tier_ids: np.ndarray, num_buckets: np.ndarray) -> np.ndarray:
 class GroupColumn:
     """Every row's group id as a read-only column computed per slice from the tier columns (no ``O(n)`` array):
     ``column[c0:c1]`` is int16 ``(c1 - c0,)``, ``-1`` for rows eligible nowhere. What
-    :func:`~hf_arb.sampling.planning.index.build_index` and :func:`~hf_arb.sampling.planning.index.count_blocks` read in chunks.
+    :func:`~hf_arb.sampling.planning.index.build_index` and :func:`~hf_arb.sampling.planning.index.count_blocks` read in
+    chunks.
 
     Args:
         tier_ids: int16 ``(T, n)``.
@@ -165,8 +167,9 @@ def draw_tier_counts(sizes: np.ndarray, eligible: np.ndarray, seed: int, epoch: 
 
 
 class RandomEpochIndex:
-    """The rows drawn for every (tier, bucket) in one epoch, as a virtual :class:`~hf_arb.sampling.planning.index.RowIndex`
-    over the ``K`` combined ids (``count`` and ``rows``: what :class:`~hf_arb.sampling.planning.sync.SyncLayout` reads).
+    """The rows drawn for every (tier, bucket) in one epoch, as a virtual
+    :class:`~hf_arb.sampling.planning.index.RowIndex` over the ``K`` combined ids (``count`` and ``rows``: what
+    :class:`~hf_arb.sampling.planning.sync.SyncLayout` reads).
 
     Args:
         groups: the :class:`RowGroups`.

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from hf_arb.buckets.sets import BucketSet
+
 from ..planning.batch_sizes import batch_sizes_for_pixels
 from ..planning.index import CHUNK
 
@@ -131,8 +132,8 @@ def tier_batch_sizes(tiers: Tiers, *, batch_size: Any = None, max_pixels_per_bat
         batch_size: with ``max_pixels_per_batch``: a cap on every batch (None: no cap). Without: one int for every
             bucket, or one entry per tier (an int, or ints of shape ``(k_t,)``).
         max_pixels_per_batch: one pixel budget for every tier: bucket ``b`` of tier ``t`` gets
-            ``floor(budget / (w × h))`` rows (:func:`~hf_arb.sampling.planning.batch_sizes.batch_sizes_for_pixels`), so a
-            512² step holds four times the images of a 1024² one.
+            ``floor(budget / (w × h))`` rows (:func:`~hf_arb.sampling.planning.batch_sizes.batch_sizes_for_pixels`), so
+            a 512² step holds four times the images of a 1024² one.
         needed: optional bool masks ``(k_t,)`` of the buckets that must hold one image (those with rows).
     """
     T = tiers.num_tiers
@@ -218,5 +219,6 @@ def sizes_fingerprint(widths: np.ndarray, heights: np.ndarray, tiers: Tiers) -> 
     return h.hexdigest()
 
 
-__all__ = ["TIER_RANDOM", "Tiers", "random_tier_ids", "row_draws", "sizes_fingerprint", "splitmix64", "tier_batch_sizes",
+__all__ = ["TIER_RANDOM", "Tiers", "random_tier_ids", "row_draws", "sizes_fingerprint", "splitmix64",
+           "tier_batch_sizes",
            "tier_bucket_ids"]

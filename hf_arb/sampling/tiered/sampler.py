@@ -1,8 +1,9 @@
 """``TieredBatchSampler``: multi-resolution training in one resumable plan, every rank in the same (tier, bucket).
 
 The rows of each tier (:mod:`~hf_arb.sampling.tiered.plan`) are planned by the synchronised layout of the single-tier
-sampler (:class:`~hf_arb.sampling.planning.sync.SyncLayout`): global batches of ``world × batch`` rows of one bucket, a batch
-size per (tier, bucket) from one pixel budget. The schedule (:mod:`~hf_arb.sampling.tiered.schedule`) decides the tier:
+sampler (:class:`~hf_arb.sampling.planning.sync.SyncLayout`): global batches of ``world × batch`` rows of one bucket, a
+batch size per (tier, bucket) from one pixel budget. The schedule (:mod:`~hf_arb.sampling.tiered.schedule`) decides the
+tier:
 
 * step schedules (``mix``, ``curriculum``, ``progressive``): sampler epoch ``e`` is global steps
   ``[e·L, (e+1)·L)`` (``L = steps_per_epoch``); global step ``g`` trains tier ``t`` at position ``i`` of that tier's
@@ -31,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from hf_arb.checks import check_nonneg, check_positive
+
 from ..inputs import check_world, default_world
 from ..planning.index import CHUNK, RowIndex, build_index, count_blocks, open_index
 from ..planning.plan import check_leftover
@@ -151,7 +153,8 @@ class TieredBatchSampler(ResumableBatchSampler):
         lay = self._layouts.get((t, q))
         if lay is None:
             if t == T:
-                lay = SyncLayout(RandomEpochIndex(self._groups, self.seed, q), self.num_replicas, self._comb_sizes, self.seed, q * (T + 1) + T,
+                lay = SyncLayout(RandomEpochIndex(self._groups, self.seed, q), self.num_replicas, self._comb_sizes,
+                                 self.seed, q * (T + 1) + T,
                                  self.shuffle, self.leftover, None)
             else:
                 lay = SyncLayout(self._index[t], self.num_replicas, self._sizes[t], self.seed, q * (T + 1) + t,

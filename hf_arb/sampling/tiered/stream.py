@@ -2,7 +2,8 @@
 
 The map-style :class:`~hf_arb.sampling.tiered.sampler.TieredBatchSampler` runs, for a step schedule (``mix``,
 ``curriculum``, ``progressive``), one *stream* of passes per tier and lets the schedule say which tier's stream the
-next step comes from. A stream does the same with one :class:`~hf_arb.sampling.streaming.stream.BucketedStream` per tier:
+next step comes from. A stream does the same with one :class:`~hf_arb.sampling.streaming.stream.BucketedStream` per
+tier:
 
 * tier ``t``'s stream reads the source with the row's bucket **in tier t** (``bucket`` rewritten to the combined id
   ``offsets[t] + b`` of :attr:`~hf_arb.sampling.tiered.plan.Tiers.offsets`, ``bucket_width``/``bucket_height`` to that
@@ -33,6 +34,7 @@ import numpy as np
 import torch
 
 from hf_arb.checks import check_nonneg, check_positive
+
 from ..streaming.plan import stream_schedule
 from ..streaming.stream import BucketedStream
 from .plan import Tiers, tier_bucket_ids
@@ -99,8 +101,9 @@ def tier_stream_counts(widths: Any, heights: Any, tiers: Tiers) -> list[np.ndarr
 
 class TieredStream(torch.utils.data.IterableDataset):
     """Full one-bucket batches of several resolution tiers from a streaming dataset, the same (tier, bucket) on
-    every rank at every step, under a step schedule; yields like :class:`~hf_arb.sampling.streaming.stream.BucketedStream`
-    (per step one item per rank, ``None`` for ranks this process does not read).
+    every rank at every step, under a step schedule; yields like
+    :class:`~hf_arb.sampling.streaming.stream.BucketedStream` (per step one item per rank, ``None`` for ranks this
+    process does not read).
 
     Args:
         dataset: a ``datasets.IterableDataset`` with the stored sizes (``original_width``, ``original_height``).

@@ -49,8 +49,8 @@ SIZE_COLUMNS = ("original_width", "original_height")
 
 @dataclass(frozen=True)
 class GroupSizes:
-    """The part of a :class:`~hf_arb.sampling.planning.index.RowIndex` the epoch's counts read: ``count``, rows per group,
-    int64 ``(G,)`` (a stream never looks a row up by index)."""
+    """The part of a :class:`~hf_arb.sampling.planning.index.RowIndex` the epoch's counts read: ``count``, rows per
+    group, int64 ``(G,)`` (a stream never looks a row up by index)."""
 
     count: np.ndarray
 
@@ -152,8 +152,8 @@ class AssignedSource:
 class RandomTierStream(BucketedStream):
     """Full one-bucket batches of several tiers from a streaming dataset under the ``random`` schedule: each row
     at one tier per epoch, drawn uniformly among its eligible tiers, every rank in the same (tier, bucket) at every
-    step (module docstring). Yields, resumes and reports like :class:`~hf_arb.sampling.streaming.stream.BucketedStream` over
-    the combined (tier, bucket) ids; rows carry ``tier`` and ``tier_bucket``. Epochs differ in length a little
+    step (module docstring). Yields, resumes and reports like :class:`~hf_arb.sampling.streaming.stream.BucketedStream`
+    over the combined (tier, bucket) ids; rows carry ``tier`` and ``tier_bucket``. Epochs differ in length a little
     (:meth:`steps_in`).
 
     Args:
@@ -204,8 +204,9 @@ class RandomTierStream(BucketedStream):
                                order=self.schedule_order, batch_size=self.batch_size)
 
     def report(self) -> Any:
-        """:meth:`BucketedStream.report <hf_arb.sampling.streaming.stream.BucketedStream.report>` over the combined ids; with
-        several ranks ``rows_unread`` is None (a group's rows beyond a rank's share are in ``rows_skipped_unassigned``)."""
+        """:meth:`BucketedStream.report <hf_arb.sampling.streaming.stream.BucketedStream.report>` over the combined ids;
+        with several ranks ``rows_unread`` is None (a group's rows beyond a rank's share are in
+        ``rows_skipped_unassigned``)."""
         rep = super().report()
         return rep if self.num_replicas == 1 else replace(rep, rows_unread=None)
 

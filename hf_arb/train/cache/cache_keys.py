@@ -13,7 +13,6 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-
 from tqdm.auto import tqdm
 
 
@@ -63,8 +62,10 @@ def content_hash(source: Any) -> str:
     raise TypeError(f"Cannot hash an image given as {type(source).__name__}; pass bytes, a path or a dict.")
 
 
-def content_hashes(ds: Any, image_column: str, indices: Sequence[int] | None = None, *, show_progress: bool = False) -> list[str]:
-    """Content hashes of ``ds[image_column]`` at ``indices`` (all rows by default), without decoding images (``show_progress``: a tqdm bar)."""
+def content_hashes(ds: Any, image_column: str, indices: Sequence[int] | None = None, *,
+                   show_progress: bool = False) -> list[str]:
+    """Content hashes of ``ds[image_column]`` at ``indices`` (all rows by default), without decoding images
+    (``show_progress``: a tqdm bar)."""
     import datasets
 
     if image_column not in ds.column_names:
@@ -74,7 +75,8 @@ def content_hashes(ds: Any, image_column: str, indices: Sequence[int] | None = N
         col = col.cast_column(image_column, datasets.Image(decode=False))
     if indices is not None:
         col = col.select(list(indices))
-    return [content_hash(x) for x in tqdm(col[image_column], desc="Hashing images", unit="img", disable=not show_progress)]
+    return [content_hash(x) for x in tqdm(col[image_column], desc="Hashing images", unit="img",
+                                          disable=not show_progress)]
 
 
 def entry_key(content: str, plan: Any, vae: str) -> str:

@@ -14,9 +14,9 @@ import numpy as np
 from hf_arb.families import Models
 from hf_arb.lazy import LazyModule
 
-from ..sources.dataset import image_dataset
 from ..models import place
 from ..schedule import Schedule
+from ..sources.dataset import image_dataset
 from ..sources.tiers import TierTable, tier_pairs
 
 torch: Any = LazyModule("torch")  # loaded when a function needs it: --help and flag errors answer before torch
@@ -112,9 +112,10 @@ def build_latent_cache(args: argparse.Namespace, accelerator: Any, ds: Any, buck
 def reference_index(args: argparse.Namespace, accelerator: Any, ds: Any, images: Any, pairs: list[tuple[int, int]],
                     j: int, cache: Any, load_batch: Any, encode: Any, variants: int, vae_id: str, *,
                     column: str) -> Any:
-    """Cache the ``j``-th reference column's (``column``) latents for every ``(row, composite id)`` pair and variant, keyed by the
-    reference's content and its own fit plan (bucket, scaled size, crop, flip: :meth:`BucketedReferenceDataset.
-    reference_plans`); returns their :class:`~hf_arb.train.cache.latents.CacheIndex` (counts included in the run's)."""
+    """Cache the ``j``-th reference column's (``column``) latents for every ``(row, composite id)`` pair and variant,
+    keyed by the reference's content and its own fit plan (bucket, scaled size, crop, flip:
+    :meth:`BucketedReferenceDataset. reference_plans`); returns their :class:`~hf_arb.train.cache.latents.CacheIndex`
+    (counts included in the run's)."""
     from accelerate.utils import gather_object
 
     from hf_arb.train.cache import latents as lat
@@ -142,7 +143,8 @@ def reference_index(args: argparse.Namespace, accelerator: Any, ds: Any, images:
 
 
 def latent_repair(cache: Any, index: Any, load_batch: Any, vae: Any) -> Any:
-    """``(row, bucket, epoch)`` → encode that cache entry again (an entry damaged while training; see hf_arb.train.cache.latents)."""
+    """``(row, bucket, epoch)`` → encode that cache entry again (an entry damaged while training; see
+    hf_arb.train.cache.latents)."""
 
     @torch.no_grad()
     def repair(row: int, bucket: int, epoch: int) -> None:

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from hf_arb.images.collate import choose_caption, collate_common
+
 from .latents import CacheIndex, LatentCache, LatentCacheError, variant_for_epoch
 
 logger = logging.getLogger(__name__)
@@ -21,8 +22,8 @@ class CachedLatentDataset:
     ``dataset[(row, bucket, epoch)]`` → ``{"latent_stats": (2, C, h, w) float32 tensor, "original_size",
     "crop_top_left", "target_size", "caption", "row", "source_row", "bucket"}`` (``source_row``: the row whose
     pixels the entry was encoded from, another row of the same bucket where this one failed to decode);
-    :meth:`collate` stacks a batch into ``latent_stats`` ``(B, 2, C, h, w)``, ``original_sizes`` / ``crop_top_lefts`` / ``target_sizes`` ``(B, 2)``,
-    ``captions`` (list of str), ``rows`` and ``buckets`` (``(B,)``). With reference indexes
+    :meth:`collate` stacks a batch into ``latent_stats`` ``(B, 2, C, h, w)``, ``original_sizes`` / ``crop_top_lefts`` /
+    ``target_sizes`` ``(B, 2)``, ``captions`` (list of str), ``rows`` and ``buckets`` (``(B,)``). With reference indexes
     (``index.references``, an edit model) items add ``reference_latent_stats``: one ``(2, C, h_j, w_j)`` per column
     (a damaged reference entry raises :class:`LatentCacheError`: rebuild the cache).
 

@@ -10,8 +10,8 @@ Layout of a cache directory (safe to share between runs, datasets and ranks)::
 
 * **Key.** :func:`entry_key` hashes the image *content* (SHA-256 of its encoded bytes), the exact fit plan
   (bucket ``(w, h)``, scaled size, crop offset, flip: ``BucketedImageDataset.fit_row(...).key()``, known without
-  decoding the image) and the VAE's identity (:func:`vae_fingerprint`: config and weights). An edited image, a changed bucket set or another VAE map to new
-  keys, so only what changed is encoded again; everything else is reused.
+  decoding the image) and the VAE's identity (:func:`vae_fingerprint`: config and weights). An edited image, a changed
+  bucket set or another VAE map to new keys, so only what changed is encoded again; everything else is reused.
 * **Posterior, not a sample.** The cache stores the mean and std of the VAE's diagonal Gaussian; training draws
   ``mean + std * eps`` with its own generator, exactly what on-the-fly encoding does with the same ``eps``.
 * **Variants.** With random crops or flips, freezing one crop per image would silently change training. Variant
@@ -28,7 +28,8 @@ Layout of a cache directory (safe to share between runs, datasets and ranks)::
   from :meth:`LatentCache.read`'s metadata). Every read checks them and that the values are finite; a truncated,
   empty, wrong-shape, NaN-filled or otherwise damaged entry raises :class:`LatentCacheError` instead of training on
   it. :func:`fill_cache` re-encodes bad entries it would reuse (``CacheIndex.repaired``); the dataset over the cache
-  (:mod:`hf_arb.train.cache.latent_dataset`) re-encodes through its ``repair`` callback. Non-finite latents are refused at write.
+  (:mod:`hf_arb.train.cache.latent_dataset`) re-encodes through its ``repair`` callback. Non-finite latents are refused
+  at write.
 """
 
 from __future__ import annotations
@@ -187,13 +188,15 @@ class LatentCache:
         except FileNotFoundError:
             raise LatentCacheError(key, meta_path, "missing .json metadata") from None
         except (ValueError, KeyError, TypeError, AttributeError) as e:
-            raise LatentCacheError(key, meta_path, f"unreadable .json metadata or no checksum ({type(e).__name__})") from None
+            raise LatentCacheError(key, meta_path,
+                                   f"unreadable .json metadata or no checksum ({type(e).__name__})") from None
         try:
             arr = np.load(npy, mmap_mode="r")
         except (ValueError, OSError, EOFError) as e:
             raise LatentCacheError(key, npy, f"truncated or corrupt .npy ({e})") from None
         if (tuple(arr.shape), str(arr.dtype)) != expected[:2]:
-            raise LatentCacheError(key, npy, f"holds {arr.dtype} {tuple(arr.shape)}, expected {expected[1]} {expected[0]}")
+            raise LatentCacheError(key, npy,
+                                   f"holds {arr.dtype} {tuple(arr.shape)}, expected {expected[1]} {expected[0]}")
         if _crc32(arr) != expected[2]:
             raise LatentCacheError(key, npy, "checksum mismatch (the file changed after it was written)")
         if ((np.asarray(arr).view(np.uint16) & 0x7C00) == 0x7C00).any():  # float16 exponent all ones: inf or NaN
@@ -304,7 +307,8 @@ def fill_cache(
             pipeline's item for epoch ``variant`` is exactly variant ``variant``.
         encode: ``pixel_values`` → ``(B, 2, C, H/8, W/8)`` posterior mean and std (any array-like).
         batch_size: images per VAE call.
-        show_progress: tqdm bars (checking entries, encoding the missing: counts, rates) on stderr, for the main process.
+        show_progress: tqdm bars (checking entries, encoding the missing: counts, rates) on stderr, for the main
+        process.
     """
     todo: list[tuple[str, int, int, int]] = sorted(
         {(k, row, bucket, v) for (row, bucket), ks in index.keys.items() for v, k in enumerate(ks)}

@@ -9,8 +9,6 @@ import os
 from pathlib import Path
 from typing import Any
 
-
-
 from hf_arb.checks import UsageError, UsageFileError
 from hf_arb.families import get_family
 from hf_arb.lazy import LazyModule
@@ -83,7 +81,8 @@ def check_values(args: argparse.Namespace) -> None:
 
 
 #: BucketSet's parameter names in its error messages → this script's flags.
-BUCKET_FLAG_NAMES = {"`resolution`": "--resolution", "`step`": "--bucket_step", "`max_aspect_error`": "--max_aspect_error",
+BUCKET_FLAG_NAMES = {"`resolution`": "--resolution", "`step`": "--bucket_step",
+                     "`max_aspect_error`": "--max_aspect_error",
                      "`metric`": "--bucket_metric", " (--resolution)": "", "max_side=": "--bucket_max_side ",
                      "resolution=": "--resolution ", "step=": "--bucket_step "}
 
@@ -91,8 +90,8 @@ BUCKET_FLAG_NAMES = {"`resolution`": "--resolution", "`step`": "--bucket_step", 
 def check_bucket_flags(args: argparse.Namespace) -> None:
     """--bucket_preset or --aspect_ratio_buckets (not both; default budget), the preset's --bucket_step default, and
     the table itself built once, so that a bad combination fails here, in flags."""
-    from hf_arb.flag_parser import in_flags
     from hf_arb.buckets.presets import PRESET_INFO
+    from hf_arb.flag_parser import in_flags
 
     if args.aspect_ratio_buckets is not None and args.bucket_preset is not None:
         raise UsageError(f"--aspect_ratio_buckets is a bucket table and --bucket_preset {args.bucket_preset} names "
@@ -114,7 +113,11 @@ def check_bucket_flags(args: argparse.Namespace) -> None:
     try:
         bucket_set_from_args(args)
     except ValueError as err:
-        flag = "--aspect_ratio_buckets" if args.aspect_ratio_buckets is not None else f"--bucket_preset {args.bucket_preset}"
+        flag = (
+            "--aspect_ratio_buckets"
+            if args.aspect_ratio_buckets is not None
+            else f"--bucket_preset {args.bucket_preset}"
+        )
         raise UsageError(f"{flag}: {in_flags(str(err), BUCKET_FLAG_NAMES).strip()}") from None
 
 
@@ -242,7 +245,8 @@ def check_packing_flags(args: argparse.Namespace) -> None:
         return
     if not get_family(args.family).supports_packing:
         raise UsageError(f"--packing packs transformer tokens (SD3 / Flux), but {args.pretrained_model_name_or_path} "
-                         f"is {get_family(args.family).title}, a UNet with no token sequence. Its analogue is a pixel budget "
+                         f"is {get_family(args.family).title}, a UNet with no token sequence. Its analogue is a pixel "
+                         f"budget "
                          "per batch: --max_pixels_per_batch (a per-bucket batch size). Drop --packing.")
     for flag in ("streaming", "cache_latents"):
         if getattr(args, flag):
@@ -266,7 +270,8 @@ TRACKERS = {"tensorboard": ("tensorboard", "tensorboardX"), "wandb": ("wandb",),
 
 
 # ------------------------------------------------------------------ flags that a mode would ignore (docs/training.md)
-#: build_parser's defaults of the flags checked below: a flag is "given" when its value differs (a test keeps them equal)
+# : build_parser's defaults of the flags checked below: a flag is "given" when its value differs (a test keeps them
+# equal)
 UNSET: dict[str, Any] = {
     "latent_cache_dir": None, "latent_cache_variants": None, "resolution_embed_dim": 256,
     "dream_detail_preservation": 1.0, "timestep_bias_multiplier": 1.0, "timestep_bias_begin": 0,
@@ -318,7 +323,8 @@ def _unapplied_rules(args: argparse.Namespace) -> list[tuple[str, bool, str]]:
         ("lora_blocks", args.lora, "it picks LoRA targets, and this is a full fine-tune: add --rank N (or --lora)"),
         ("hub_model_id", args.push_to_hub, "it names the Hub repository of --push_to_hub: add --push_to_hub"),
         ("hub_token", args.push_to_hub, "it is the token of --push_to_hub: add --push_to_hub"),
-        ("tracker_project_name", tracked, "--report_to none starts no tracker: pass --report_to tensorboard (or wandb)"),
+        ("tracker_project_name", tracked,
+         "--report_to none starts no tracker: pass --report_to tensorboard (or wandb)"),
         ("logging_dir", tracked, "--report_to none writes no logs: pass --report_to tensorboard"),
         ("debug_loss", tracked, "its losses go to the trackers, and --report_to none has none: pass --report_to "
                                 "tensorboard"),
@@ -378,7 +384,8 @@ def warn_unapplied_flags(args: argparse.Namespace) -> None:
     scheme = args.weighting_scheme or getattr(get_family(args.family), "default_weighting_scheme", None)
     for flag, reader in (("logit_mean", "logit_normal"), ("logit_std", "logit_normal"), ("mode_scale", "mode")):
         if scheme is not None and scheme != reader and _given(args, flag):
-            _warn_once("%s: no effect with --weighting_scheme %s (only %s reads it).", _shown(args, flag), scheme, reader)
+            _warn_once("%s: no effect with --weighting_scheme %s (only %s reads it).", _shown(args, flag), scheme,
+                       reader)
     if args.instance_prompt is not None and getattr(args, "caption_column_given", False):
         _warn_once("--instance_prompt %r is not a caption here: --caption_column %s gives each image its caption.",
                    args.instance_prompt, args.caption_column)

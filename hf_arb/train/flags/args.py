@@ -9,16 +9,14 @@ import os
 import sys
 from typing import Any
 
-
-
 from hf_arb.checks import UsageError
-from hf_arb.lazy import LazyModule
 from hf_arb.families import detect_family, get_family
+from hf_arb.lazy import LazyModule
 
-from .arg_checks import LR_SCHEDULERS, check_values
-from ..sources.dataset import BUCKET_TABLE_FLAGS
 from ..environment import check_environment
+from ..sources.dataset import BUCKET_TABLE_FLAGS
 from ..sources.tiers import check_tier_flags, parse_resolutions, split_resolution
+from .arg_checks import LR_SCHEDULERS, check_values
 from .upstream_flags import add_upstream_flags, check_upstream_flags, resolve_upstream_aliases
 
 torch: Any = LazyModule("torch")  # loaded when a function needs it: --help and flag errors answer before torch
@@ -126,8 +124,13 @@ def build_parser() -> argparse.ArgumentParser:
            "default 16; refused with a fixed table or --aspect_ratio_buckets)." + NO_DEFAULT)
     a("--bucket_min_side", type=int, default=None,
       help="kohya: sd-scripts' --min_bucket_reso, the smallest bucket side (default 256)." + NO_DEFAULT)
-    a("--bucket_max_side", type=int, default=None,
-      help="kohya: sd-scripts' --max_bucket_reso, the largest bucket side, >= --resolution (default 1024)." + NO_DEFAULT)
+    a(
+        "--bucket_max_side",
+        type=int,
+        default=None,
+        help="kohya: sd-scripts' --max_bucket_reso, the largest bucket side, >= --resolution (default 1024)."
+        + NO_DEFAULT,
+    )
     a("--bucket_metric", type=str, default="log", choices=(*METRICS, "native"),
       help="How an image finds its bucket: 'log' |log(w/h) - log(bw/bh)| (symmetric), NovelAI's 'linear' |w/h - "
            "bw/bh| (with --bucket_preset novelai: NovelAI's own assignment), 'linear_hw' (on h/w), diffusers' "
@@ -213,7 +216,8 @@ def build_parser() -> argparse.ArgumentParser:
     a("--stream_on_overflow", choices=("error", "evict"), default="error",
       help="--streaming: when a scheduled bucket gets no batch within the buffer, stop (error) or drop old rows.")
     a("--stream_counts", type=str, default=None,
-      help="--streaming: JSON file {bucket id: rows} (default: the Hub dataset card, else one pass over the bucket column).")
+      help="--streaming: JSON file {bucket id: rows} (default: the Hub dataset card, else one pass over the bucket "
+           "column).")
     a("--stream_key_column", type=str, default=None,
       help="--streaming: an integer id column (seeds each row's crop/flip/caption draws); required with --streaming.")
     # --- latent / text caches
@@ -309,7 +313,8 @@ def build_parser() -> argparse.ArgumentParser:
       help="CHANGED keys: log each micro-batch's loss under loss_for_row<r> for every dataset row r in it "
            "(upstream keys it by file name).")
     a("--log_batches", action="store_true",
-      help="Write every batch this rank trains on (step, bucket, shape, rows, loss) to <output_dir>/batches/rank<r>.jsonl.")
+      help="Write every batch this rank trains on (step, bucket, shape, rows, loss) to "
+           "<output_dir>/batches/rank<r>.jsonl.")
     a("--push_to_hub", action="store_true", help="Whether or not to push the model to the Hub.")
     a("--hub_token", type=str, default=None, help="The token to use to push to the Model Hub.")
     a("--hub_model_id", type=str, default=None, help="The name of the repository to keep in sync with output_dir.")
@@ -331,7 +336,9 @@ def resolve_mode(args: argparse.Namespace) -> None:
         for flag, given in (("--train_text_encoder", args.train_text_encoder), ("--lora_alpha", args.lora_alpha),
                             ("--lora_dropout", args.lora_dropout), ("--use_dora", args.use_dora)):
             if given:
-                raise UsageError(f"{flag} configures LoRA training: add --rank {DEFAULT_RANK} (or --lora), or drop {flag}.")
+                raise UsageError(
+                    f"{flag} configures LoRA training: add --rank {DEFAULT_RANK} (or --lora), or drop {flag}."
+                )
     args.lora = lora
     if lora:
         args.rank = DEFAULT_RANK if args.rank is None else args.rank

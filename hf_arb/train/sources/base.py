@@ -69,7 +69,8 @@ class Source:
         """diffusers' step arithmetic (:func:`~hf_arb.train.schedule.compute_schedule`); epochs of their own length
         are counted one by one (:func:`~hf_arb.train.schedule.pack_schedule`)."""
         a = self.args
-        schedule = compute_schedule(self.sampler.steps_per_epoch, gradient_accumulation_steps=a.gradient_accumulation_steps,
+        schedule = compute_schedule(self.sampler.steps_per_epoch,
+                                    gradient_accumulation_steps=a.gradient_accumulation_steps,
                                     num_train_epochs=a.num_train_epochs, max_train_steps=a.max_train_steps,
                                     lr_warmup_steps=a.lr_warmup_steps, num_processes=num_processes)
         return pack_schedule(a, self, num_processes) if self.varied_epochs else schedule

@@ -33,7 +33,8 @@ class BucketedSource(Source):
         from hf_arb.sampling.accelerate import fill_deepspeed_micro_batch
 
         dataloader, self.cache_index = build_dataloader(self.args, accelerator, self.ds, self.buckets, models,
-                                                        self.sampler, schedule, weight_dtype, references=self.references)
+                                                        self.sampler, schedule, weight_dtype,
+                                                        references=self.references)
         fill_deepspeed_micro_batch(accelerator, self.sampler)  # DeepSpeed cannot read a batch sampler's batch size
         return dataloader
 

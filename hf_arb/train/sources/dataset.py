@@ -16,7 +16,7 @@ from hf_arb.checks import UsageError
 from hf_arb.lazy import LazyModule
 
 from ..files import SKIPPED_ROWS_FILE
-from .tiers import TierTable, TieredImages, tier_table
+from .tiers import TieredImages, TierTable, tier_table
 
 torch: Any = LazyModule("torch")  # loaded when a function needs it: --help and flag errors answer before torch
 logger = logging.getLogger("train_text_to_image_arb")
@@ -122,6 +122,7 @@ def reassigned_columns(table: Any, *, config: str) -> Any:
     table; rows skipped for a reason of their own (unreadable, missing, ...) stay skipped with it."""
     import pyarrow as pa
     import pyarrow.compute as pc
+
     from hf_arb import BucketSet
     from hf_arb.annotate.core import annotate_sizes
 
@@ -137,6 +138,7 @@ def annotated_dataset_buckets(args: argparse.Namespace, ds: Any, own: Any, main:
     table: then its rows are re-assigned from their original_width/original_height (vectorised, no image opened).
     A flag that is not applied is named once (never silently ignored); ``args.buckets_from_dataset`` tells the card."""
     import datasets
+
     from hf_arb.buckets.schema import BUCKET_COLUMNS, bucket_features
 
     given = list(getattr(args, "bucket_flags_given", []))

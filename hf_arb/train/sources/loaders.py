@@ -12,14 +12,14 @@ from typing import Any
 import numpy as np
 
 from hf_arb.checks import UsageError
-from hf_arb.lazy import LazyModule
 from hf_arb.families import Models
+from hf_arb.lazy import LazyModule
 
 from ..cache.caches import build_latent_cache
-from .dataset import SAMPLER_FLAG_NAMES, image_dataset
 from ..files import SKIPPED_ROWS_FILE
 from ..schedule import Schedule
-from .tiers import TierTable, TieredImages, make_tier_pack_sampler, make_tier_sampler
+from .dataset import SAMPLER_FLAG_NAMES, image_dataset
+from .tiers import TieredImages, TierTable, make_tier_pack_sampler, make_tier_sampler
 
 torch: Any = LazyModule("torch")  # loaded when a function needs it: --help and flag errors answer before torch
 logger = logging.getLogger("train_text_to_image_arb")
@@ -117,7 +117,8 @@ def packing_report(sampler: Any) -> str:
 
 
 def build_dataloader(args: argparse.Namespace, accelerator: Any, ds: Any, buckets: Any, models: Models, sampler: Any,
-                     schedule: Schedule, weight_dtype: torch.dtype, references: list[str] | None = None) -> tuple[Any, Any]:
+                     schedule: Schedule, weight_dtype: torch.dtype,
+                     references: list[str] | None = None) -> tuple[Any, Any]:
     """DataLoader over images (fitted to the batch's bucket) or, with --cache_latents, over cached latents.
     ``references``: an edit model's reference columns (composite keys; batches report the target bucket).
 
@@ -136,7 +137,8 @@ def build_dataloader(args: argparse.Namespace, accelerator: Any, ds: Any, bucket
             from hf_arb.buckets.references import read_composite
 
             targets = read_composite(ds, references)[1][:, 0]
-        dataset: Any = CachedLatentDataset(cache, index, captions, seed=args.seed, repair=repair if in_process else None,
+        dataset: Any = CachedLatentDataset(cache, index, captions, seed=args.seed,
+                                           repair=repair if in_process else None,
                                            target_buckets=targets)
         collate = CachedLatentDataset.collate
         if isinstance(buckets, TierTable):  # the sampler's (row, tier, bucket, epoch) keys

@@ -36,8 +36,8 @@ def streaming_dataset(args: argparse.Namespace) -> tuple[Any, Any, np.ndarray]:
     import datasets
 
     from hf_arb import BucketSet
-    from hf_arb.sampling.streaming.stream import shuffle_shards
     from hf_arb.sampling.streaming.plan import as_counts
+    from hf_arb.sampling.streaming.stream import shuffle_shards
 
     files = stream_files(args) if args.dataset_name is None else None
     ds = datasets.load_dataset(args.dataset_name or "parquet", args.dataset_config_name, data_files=files,
@@ -53,8 +53,10 @@ def streaming_dataset(args: argparse.Namespace) -> tuple[Any, Any, np.ndarray]:
             raise UsageError(f"--{flag} value '{getattr(args, flag)}' needs to be one of: {', '.join(columns)}")
     key_type = getattr((ds.features or {}).get(args.stream_key_column), "dtype", None)
     if key_type is not None and not str(key_type).startswith(("int", "uint")):
-        raise UsageError(f"--stream_key_column {args.stream_key_column} holds {key_type}, not integers: pass an integer "
-                         "id column (e.g. the row number, added when writing the shards).")
+        raise UsageError(
+            f"--stream_key_column {args.stream_key_column} holds {key_type}, not integers: pass an integer "
+            "id column (e.g. the row number, added when writing the shards)."
+        )
     buckets = BucketSet.from_dataset(ds)
     if len(args.resolutions) > 1:  # several tiers: every row's bucket in each tier, from its stored size
         return ds, *tiered_counts(args, ds, files)
@@ -132,7 +134,8 @@ def build_stream_dataloader(args: argparse.Namespace, accelerator: Any, ds: Any,
 
     collate = StreamImageCollate(args.stream_key_column, args.image_column, args.caption_column, seed=args.seed,
                                  center_crop=args.center_crop, random_flip=args.random_flip,
-                                 on_bad_image=args.on_bad_image, bad_image_log=Path(args.output_dir) / SKIPPED_ROWS_FILE)
+                                 on_bad_image=args.on_bad_image,
+                                 bad_image_log=Path(args.output_dir) / SKIPPED_ROWS_FILE)
     if len(args.resolutions) > 1:  # one stream per tier, the schedule picks the tier of every step
         from hf_arb.sampling.tiered.stream import build_tiered_stream_loader
 

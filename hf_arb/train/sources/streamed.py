@@ -9,8 +9,14 @@ from typing import Any
 
 from ..schedule import Schedule
 from .base import Source
-from .stream import (build_stream_dataloader, restore_stream, stream_print, stream_startup_report,
-                     stream_state_path, streaming_dataset)
+from .stream import (
+    build_stream_dataloader,
+    restore_stream,
+    stream_print,
+    stream_startup_report,
+    stream_state_path,
+    streaming_dataset,
+)
 
 
 class StreamSource(Source):
