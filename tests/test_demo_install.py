@@ -4,6 +4,7 @@ spark extras, a Java runtime or Chromium (those are `make test`'s); README and s
 from __future__ import annotations
 
 import ast
+import os
 import re
 import shutil
 import subprocess
@@ -20,8 +21,10 @@ pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="needs make
 
 def recipe(target: str, venv: Path) -> str:
     """What ``make TARGET VENV=venv`` would run (``make -n``: nothing is run)."""
-    return subprocess.run(["make", "-n", target, f"VENV={venv}"], cwd=ROOT, capture_output=True, text=True,
-                          check=True).stdout
+    # under `make test` the outer make's MAKEFLAGS/MAKELEVEL would make this one print "Entering directory" lines
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS", "MAKEOVERRIDES")}
+    return subprocess.run(["make", "-n", "--no-print-directory", target, f"VENV={venv}"], cwd=ROOT,
+                          capture_output=True, text=True, check=True, env=env).stdout
 
 
 def test_demo_installs_only_its_extra(tmp_path: Path) -> None:

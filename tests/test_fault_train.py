@@ -246,6 +246,19 @@ def _no_data(*_: object) -> None:
     raise AssertionError("the dataset was read before the resume flags were checked")
 
 
+def _forbid_data(monkeypatch) -> None:
+    """Make every data source's dataset read fail (the sources read it through ``dataset_with_buckets``)."""
+    import importlib
+    import pkgutil
+
+    import hf_arb.train.sources as sources
+
+    for info in pkgutil.iter_modules(sources.__path__):
+        module = importlib.import_module(f"hf_arb.train.sources.{info.name}")
+        if hasattr(module, "dataset_with_buckets"):
+            monkeypatch.setattr(module, "dataset_with_buckets", _no_data)
+
+
 @pytest.mark.xdist_group("fault_ckpt")
 @pytest.mark.parametrize("world, extra, message", [
     ("1", ["--train_batch_size", "1"], "was trained with --train_batch_size 2 on 1 process "
@@ -262,7 +275,7 @@ def test_resume_with_other_batch_flags_is_one_line_in_flags_before_the_data(ckpt
     """Issue 24 item 6: was a 40-line traceback ending in the sampler's `global_batch_size` after models and cache."""
     out = _copy_checkpoints(ckpt_run, tmp_path / "run", "checkpoint-4")
     monkeypatch.setenv("WORLD_SIZE", world)
-    monkeypatch.setattr(script, "dataset_with_buckets", _no_data)
+    _forbid_data(monkeypatch)
     with pytest.raises(script.UsageError) as err:
         script.main(_argv(assets, out, "--max_train_steps", "6", *extra, "--resume_from_checkpoint", "latest"))
     assert message in str(err.value) and "\n" not in str(err.value)
@@ -273,7 +286,7 @@ def test_a_step_that_is_not_the_folders_is_one_line_before_the_data(ckpt_run, as
     out = _copy_checkpoints(ckpt_run, tmp_path / "run", "checkpoint-4")
     state = out / "checkpoint-4" / STATE_FILE
     state.write_text(json.dumps({**json.loads(state.read_text()), "global_step": 3}))
-    monkeypatch.setattr(script, "dataset_with_buckets", _no_data)
+    _forbid_data(monkeypatch)
     with pytest.raises(script.UsageError, match=r"checkpoint-4: hf_arb_state.json says global_step 3, but the folder "
                                                 r"is checkpoint-4; the file was edited"):
         script.main(_argv(assets, out, "--max_train_steps", "4", "--resume_from_checkpoint", "checkpoint-4"))

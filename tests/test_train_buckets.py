@@ -270,11 +270,11 @@ def test_fill_that_repeats_most_rows_is_said_once_in_flags(sd_folder, five_image
     args = script.parse_args(["--pretrained_model_name_or_path", sd_folder, "--train_data_dir", five_images,
                               "--full_finetune", "--aspect_ratio_buckets", "64,64", "--train_batch_size", "8",
                               "--bucket_leftover", "fill", "--seed", "0"])
-    ds, buckets = script.dataset_with_buckets(args, None)  # 5 rows, one bucket: a batch of 8 repeats 3 (60 %)
+    ds, buckets = train_data.dataset_with_buckets(args, None)  # 5 rows, one bucket: a batch of 8 repeats 3 (60 %)
     rank = SimpleNamespace(num_processes=1, process_index=0, is_main_process=True)
     with caplog.at_level(logging.INFO, logger=script.logger.name), warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always")
-        script.make_sampler(args, ds, buckets, rank)
+        make_sampler(args, ds, buckets, rank)
     said = [r.getMessage() for r in caplog.records if "repeats" in r.getMessage()]
     assert not [x for x in w if issubclass(x.category, UserWarning)]
     assert len(said) == 1 and said[0].startswith("The epoch plan repeats 3 rows per epoch (5 assigned rows"), said

@@ -14,12 +14,13 @@ import argparse
 import logging
 import os
 import re
+from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Callable
 
 from hf_arb.checks import UsageError
 
-__all__ = ["BROKEN", "TESTED", "check_versions", "installed", "parse_version"]
+__all__ = ["BROKEN", "BrokenPair", "TESTED", "check_versions", "installed", "parse_version"]
 
 logger = logging.getLogger("train_text_to_image_arb")
 
@@ -59,13 +60,24 @@ def _at_least(version: str | None, floor: str) -> bool:
     return version is not None and parse_version(version) >= parse_version(floor)
 
 
-#: (what the run uses, whether the run uses it, whether the installed versions break it, the fix)
-BROKEN: list[tuple[str, Callable[[argparse.Namespace], bool], Callable[[Callable[[str], str | None]], bool], str]] = [
-    ("--train_text_encoder (text-encoder LoRA through transformers' add_adapter)",
-     lambda args: bool(getattr(args, "lora", False) and getattr(args, "train_text_encoder", False)),
-     lambda v: _at_least(v("transformers"), "5.24.0") and not _at_least(v("peft"), "0.22.0"),
-     "transformers {transformers} needs peft >= 0.22 for it, and peft {peft} is installed (0.22 is not released): "
-     "pip install 'transformers<5.24'"),
+@dataclass(frozen=True)
+class BrokenPair:
+    """A feature that the installed versions can break: ``used(args)`` says whether the run uses it,
+    ``broken(version_of)`` whether the installed versions break it, ``fix`` (with ``{package}`` fields) what to do."""
+
+    feature: str
+    used: Callable[[argparse.Namespace], bool] = field(repr=False)
+    broken: Callable[[Callable[[str], str | None]], bool] = field(repr=False)
+    fix: str
+
+
+#: the features the installed versions can break, each with its fix
+BROKEN: list[BrokenPair] = [
+    BrokenPair("--train_text_encoder (text-encoder LoRA through transformers' add_adapter)",
+               lambda args: bool(getattr(args, "lora", False) and getattr(args, "train_text_encoder", False)),
+               lambda v: _at_least(v("transformers"), "5.24.0") and not _at_least(v("peft"), "0.22.0"),
+               "transformers {transformers} needs peft >= 0.22 for it, and peft {peft} is installed (0.22 is not "
+               "released): pip install 'transformers<5.24'"),
 ]
 
 
@@ -75,10 +87,10 @@ def check_versions(args: argparse.Namespace, version_of: Callable[[str], str | N
     :func:`installed`)."""
     version_of = version_of or installed
     versions = {p: version_of(p) for p in {*TESTED, "transformers", "peft"}}
-    for what, used, broken, fix in BROKEN:
-        if used(args) and broken(version_of):
-            raise UsageError(f"{what} cannot work with the installed versions: "
-                             + fix.format(**{k: v or "(none)" for k, v in versions.items()}) + ".")
+    for pair in BROKEN:
+        if pair.used(args) and pair.broken(version_of):
+            raise UsageError(f"{pair.feature} cannot work with the installed versions: "
+                             + pair.fix.format(**{k: v or "(none)" for k, v in versions.items()}) + ".")
     said = []
     for package, (low, high) in TESTED.items():
         version = versions[package]
