@@ -292,8 +292,9 @@ def run_idioms(args, ids: np.ndarray) -> dict:
 
 
 #: issue 34, item 11: dispatch_batches with accelerate's skip_first_batches(loader, k) after load_state, each k resumed
-#: DISPATCH_REPEATS times (HF_ARB_DISPATCH_LOAD=1: while a busy process loads the CPU): k = IDIOM_SAVE + these offsets (the count rank 0 had
-#: handed out with its one-step read-ahead, one past it, the epoch's last step; k = IDIOM_SAVE is the idiom table's)
+#: DISPATCH_REPEATS times (HF_ARB_DISPATCH_LOAD=1: while a busy process loads the CPU): k = IDIOM_SAVE + these
+#: offsets (the count rank 0 had handed out with its one-step read-ahead, one past it, the epoch's last step;
+#: k = IDIOM_SAVE is the idiom table's)
 DISPATCH_K_OFFSETS, DISPATCH_REPEATS = (1, 2, None), int(os.environ.get("HF_ARB_DISPATCH_REPEATS", "1"))
 
 

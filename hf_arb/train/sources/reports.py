@@ -36,8 +36,13 @@ def bucketed_report(accelerator: Any, source: Any, schedule: Schedule, models: A
           f"  Instantaneous batch size per device = {per_device}"
           f"{f' (at most; per bucket with --max_pixels_per_batch {args.max_pixels_per_batch})' if sizes else ''}\n"
           f"  Total train batch size (w. parallel, distributed & accumulation) = {total}\n"
-          f"  Gradient Accumulation steps = {args.gradient_accumulation_steps}\n"
-          f"  Total optimization steps = {schedule.max_train_steps}", flush=True)
+          + step_lines(args, schedule), flush=True)
+
+
+def step_lines(args: Any, schedule: Schedule) -> str:
+    """The step arithmetic every mode's start-up report ends with."""
+    return (f"  Gradient Accumulation steps = {args.gradient_accumulation_steps}\n"
+            f"  Total optimization steps = {schedule.max_train_steps}")
 
 
 def tiered_report(accelerator: Any, source: Any, schedule: Schedule, models: Any) -> None:
@@ -53,8 +58,7 @@ def tiered_report(accelerator: Any, source: Any, schedule: Schedule, models: Any
           f"--resolution_schedule {buckets.schedule}) *****\n"
           f"  Num examples = {report.rows_total - report.rows_no_tier}\n  Num Epochs = {schedule.num_train_epochs}"
           f"\n  {sizes}\n"
-          f"  Gradient Accumulation steps = {args.gradient_accumulation_steps}\n"
-          f"  Total optimization steps = {schedule.max_train_steps}", flush=True)
+          + step_lines(args, schedule), flush=True)
 
 
 def packed_report(accelerator: Any, source: Any, schedule: Schedule, models: Any) -> None:
@@ -67,8 +71,7 @@ def packed_report(accelerator: Any, source: Any, schedule: Schedule, models: Any
           f"  Num examples = {packable_rows(sampler)}\n  Num Epochs = {schedule.num_train_epochs}\n"
           f"  One pack of <= {args.max_tokens} tokens per device and step "
           f"({sampler.report().mean_images_per_pack:.2f} images on average)\n"
-          f"  Gradient Accumulation steps = {args.gradient_accumulation_steps}\n"
-          f"  Total optimization steps = {schedule.max_train_steps}", flush=True)
+          + step_lines(args, schedule), flush=True)
 
 
-__all__ = ["bucketed_report", "packed_report", "tiered_report"]
+__all__ = ["bucketed_report", "packed_report", "step_lines", "tiered_report"]
