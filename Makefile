@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 DEMO_STAMP := $(VENV)/.installed-demo
 PYTEST_ARGS ?=
 
-.PHONY: help venv demo-venv lint test test-fast test-min demo bench docs clean
+.PHONY: help venv demo-venv lint test test-fast test-min demo bench bench-gpu docs clean
 
 help:
 	@echo "make test   - create .venv (torch CPU/GPU wheel, project + test extra) and run the whole suite"
@@ -16,6 +16,7 @@ help:
 	@echo "make demo   - annotate, train tiny SD and Flux pipelines on 2 processes, write pictures (offline); its own"
 	@echo "             light install (torch, the project and its demo extra: no ray, spark, JRE or Chromium)"
 	@echo "make bench  - run every benchmark side by side with its baseline, write docs/benchmarks.md"
+	@echo "make bench-gpu - on a CUDA machine: full-size models, data loading and the CUDA smoke run (benchmarks/bench_gpu.py)"
 	@echo "make docs   - build the documentation site into site/ (offline, strict: a broken link fails)"
 	@echo "             (the venv has the ray and spark extras; a JRE and Chromium, for the report's browser test, are"
 	@echo "             installed from the OS packages if missing)"
@@ -66,6 +67,11 @@ demo: demo-venv
 
 bench: venv
 	$(PY) benchmarks/run_all.py
+
+# On a CUDA machine: full-size SD 1.5 / SDXL / Flux.1-dev / Qwen-Image steps and the CUDA smoke run (<= 8 min, no
+# network); the results go to benchmarks/results/gpu/<card>.json and, through make bench, docs/benchmarks.md
+bench-gpu: venv
+	$(PY) benchmarks/bench_gpu.py
 
 docs: venv
 	$(PY) -m mkdocs build --strict -d site

@@ -96,6 +96,14 @@ def render() -> str:
         if plot:
             parts.append(f"\n![{res['title']}]({plot})")
         parts.append(f"\nReproduce: `{res['command']}` (measured {res['date']}, commit {res['commit']}).\n")
+    for path in sorted((RESULTS / "gpu").glob("*.json")):  # bench_gpu.py's results, one file per card
+        from bench_gpu import markdown
+
+        gpu = json.loads(path.read_text())
+        parts.append(f"\n## Full-size models on a GPU: {gpu['environment'].get('gpu', path.stem)}\n")
+        parts.append(markdown(gpu))
+        parts.append(f"\nReproduce: `make bench-gpu` (`python benchmarks/bench_gpu.py`; measured {gpu.get('date')}, "
+                     f"file benchmarks/results/gpu/{path.name}).\n")
     return "\n".join(parts)
 
 
