@@ -268,7 +268,7 @@ def train_loop(run: Run, tqdm: Any, stopper: StopOnSignal | None = None) -> dict
         for batch in loader:
             micro = progress.micro_step  # this batch's index since the start of training (per rank)
             progress.micro_step += 1
-            gen = micro_step_generator(args.seed, micro, accelerator.process_index, accelerator.device)
+            gen = micro_step_generator(args.seed, micro, accelerator.process_index)
             batch = batch_captions(batch)
             bucket = source.batch_bucket(batch)
             with accelerator.accumulate(*trained):

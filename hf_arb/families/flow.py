@@ -36,8 +36,10 @@ import torch
 from .shift import ShiftConfig, calculate_mu, check_latent_sizes, shift_sigmas
 
 __all__ = [
+    "batch_device",
     "batch_sigmas",
     "check_bucket_sizes",
+    "draw",
     "flow_loss",
     "flow_matching_loss",
     "posterior",
@@ -55,6 +57,22 @@ def unshifted_times(u: torch.Tensor, num_train_timesteps: int) -> torch.Tensor:
     """
     index = (u.double() * num_train_timesteps).long().clamp(0, num_train_timesteps - 1)
     return ((num_train_timesteps - index).double() / num_train_timesteps).float()
+
+
+def batch_device(batch: Mapping[str, Any]) -> torch.device:
+    """Where a micro-batch's tensors are (the training device, after accelerate's loader): of ``latent_stats`` or
+    ``pixel_values``, a tensor or a list of them (``--packing``). The losses compute there."""
+    first = batch["latent_stats"] if "latent_stats" in batch else batch["pixel_values"]
+    return (first[0] if isinstance(first, (list, tuple)) else first).device
+
+
+def draw(kind: str, shape: Any, generator: torch.Generator, device: Any, dtype: torch.dtype | None = None
+         ) -> torch.Tensor:
+    """``torch.randn`` (``kind="randn"``) or ``torch.rand`` (``"rand"``) of ``shape`` from the micro-batch's CPU
+    ``generator``, moved to ``device``: the same numbers on every device type
+    (:func:`hf_arb.train.schedule.micro_step_generator`)."""
+    fn = torch.randn if kind == "randn" else torch.rand
+    return fn(shape, generator=generator, dtype=dtype).to(device)
 
 
 def batch_sigmas(t: torch.Tensor, latent_hw: tuple[int, int], patch_size: int, config: ShiftConfig) -> torch.Tensor:
@@ -83,7 +101,7 @@ def posterior(batch: Mapping[str, Any], vae: Any, device: torch.device) -> tuple
 def sample_latents(mean: torch.Tensor, std: torch.Tensor, vae_config: Mapping[str, Any],
                    generator: torch.Generator) -> torch.Tensor:
     """A posterior sample, normalised for the transformer: ``(mean + std * eps - shift_factor) * scaling_factor``."""
-    latents = mean + std * torch.randn(mean.shape, generator=generator, device=mean.device)
+    latents = mean + std * draw("randn", mean.shape, generator, mean.device)
     shift = vae_config.get("shift_factor") or 0.0
     return (latents - shift) * vae_config["scaling_factor"]
 
@@ -116,11 +134,11 @@ def noise_latents(latents: torch.Tensor, options: Any, generator: torch.Generato
     """
     from diffusers.training_utils import compute_density_for_timestep_sampling
 
-    device = generator.device
-    noise = torch.randn(latents.shape, generator=generator, device=device)
+    device = latents.device
+    noise = draw("randn", latents.shape, generator, device)
     u = compute_density_for_timestep_sampling(options.weighting_scheme, latents.shape[0], logit_mean=options.logit_mean,
                                               logit_std=options.logit_std, mode_scale=options.mode_scale,
-                                              device=device, generator=generator)
+                                              device="cpu", generator=generator).to(device)
     t = unshifted_times(u, options.num_train_timesteps)
     size = tuple(latents.shape[-2:])
     sigmas = (sigmas_of(t, size) if sigmas_of else batch_sigmas(t, size, options.token_patch, options.shift)).to(device)
@@ -133,7 +151,7 @@ def drop_captions(captions: Any, proportion: float, generator: torch.Generator) 
     caption from ``generator``; no draw when it is 0)."""
     captions = list(captions)
     if proportion:
-        drop = torch.rand(len(captions), generator=generator, device=generator.device) < proportion
+        drop = torch.rand(len(captions), generator=generator) < proportion
         captions = ["" if d else c for c, d in zip(captions, drop.tolist())]
     return captions
 
@@ -152,7 +170,7 @@ def flow_loss(family: Any, options: Any, transformer: Any, batch: Mapping[str, A
         vae_encode_mode: ``"mode"`` trains the posterior's mode (its mean; the sample's draw is still taken, so the
             later draws do not move), ``"sample"`` or ``None`` a sample.
     """
-    mean, std = posterior(batch, vae, generator.device)
+    mean, std = posterior(batch, vae, batch_device(batch))
     latents = sample_latents(mean, std * 0 if vae_encode_mode == "mode" else std, vae.config, generator)
     noise, sigmas, noisy = noise_latents(latents, options, generator)
     prompt_embeds, pooled = encode(drop_captions(batch["captions"], proportion_empty_prompts, generator))

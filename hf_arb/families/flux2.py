@@ -285,9 +285,9 @@ class Flux2Family(FlowFamily):
         """One micro-batch: the posterior mode (as diffusers' script) → patchify → batch-norm normalise → noise,
         ``u``, the bucket's shifted sigmas → transformer → the weighted MSE against ``noise - x``. Draws from
         ``generator`` in this order: noise, ``u``, prompt dropout."""
-        from .flow import drop_captions, flow_matching_loss, noise_latents, posterior
+        from .flow import batch_device, drop_captions, flow_matching_loss, noise_latents, posterior
 
-        options, device = models.options, generator.device
+        options, device = models.options, batch_device(batch)
         mean, _ = posterior(batch, models.vae, device)
         latents = normalize_latents(patchify(mean), models.vae)
         noise, sigmas, noisy = noise_latents(latents, options, generator,

@@ -126,15 +126,15 @@ class FluxKontextFamily(FluxFamily):
     def training_loss(self, args: argparse.Namespace, models: Models, denoiser: Any, batch: dict[str, Any],
                       text: Any, generator: Any, dtype: Any) -> Any:
         """The flow-matching loss of the target, its tokens followed by the batch's reference tokens."""
-        from .flow import flow_loss
+        from .flow import batch_device, flow_loss
 
         refs = batch.get("reference_pixel_values")
         cached = batch.get("reference_latent_stats")  # --cache_latents: (B, 2, C, h_j, w_j) per reference
         if not refs and not cached:
             return super().training_loss(args, models, denoiser, batch, text, generator, dtype)
         if cached:
-            tokens, ids = pack_references(models.vae.config, [s[:, 0] for s in cached], generator.device, dtype)
+            tokens, ids = pack_references(models.vae.config, [s[:, 0] for s in cached], batch_device(batch), dtype)
         else:
-            tokens, ids = reference_tokens(models.vae, refs, generator.device, dtype)
+            tokens, ids = reference_tokens(models.vae, refs, batch_device(batch), dtype)
         return flow_loss(_WithReferences(self, tokens, ids), models.options, denoiser, batch, models.vae, text,
                          generator, dtype, args.proportion_empty_prompts, getattr(args, "vae_encode_mode", None))

@@ -210,15 +210,15 @@ class QwenImageFamily(FlowFamily):
                       text: Any, generator: Any, dtype: Any) -> Any:
         """Flow matching on per-channel normalised latents ``(z - latents_mean) / latents_std`` (the pipeline's
         inverse), with the batch's resolution shift; draws: posterior sample, noise, ``u``, prompt dropout."""
-        from .flow import drop_captions, flow_matching_loss, noise_latents, posterior
+        from .flow import batch_device, draw, drop_captions, flow_matching_loss, noise_latents, posterior
 
-        options, device = models.options, generator.device
+        options, device = models.options, batch_device(batch)
         mean, std = posterior(batch, models.vae, device)
         cfg = models.vae.config
         view = (1, len(cfg.latents_mean), 1, 1)
         lmean = torch.tensor(cfg.latents_mean, device=device, dtype=torch.float32).view(view)
         lstd = torch.tensor(cfg.latents_std, device=device, dtype=torch.float32).view(view)
-        latents = (mean + std * torch.randn(mean.shape, generator=generator, device=device) - lmean) / lstd
+        latents = (mean + std * draw("randn", mean.shape, generator, device) - lmean) / lstd
         noise, sigmas, noisy = noise_latents(latents, options, generator)
         captions = drop_captions(batch["captions"], args.proportion_empty_prompts, generator)
         pred = self.conditioned_predict(models, denoiser, batch, noisy.to(dtype), sigmas, captions, text, dtype)

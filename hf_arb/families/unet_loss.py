@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from hf_arb.checks import UsageError
 
 from .conditioning import sdxl_time_ids
-from .flow import drop_captions, posterior, sample_latents
+from .flow import batch_device, draw, drop_captions, posterior, sample_latents
 
 #: ``forward(noisy, timesteps, hidden, pooled, time_ids) -> prediction``: one UNet call with the family's conditioning
 Forward = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, Any, torch.Tensor], torch.Tensor]
@@ -37,22 +37,20 @@ def unet_loss(args: argparse.Namespace, scheduler: Any, vae: Any, batch: dict[st
     """
     from diffusers.training_utils import compute_snr
 
-    sched, device = scheduler, gen.device
+    sched, device = scheduler, batch_device(batch)
     mean, std = posterior(batch, vae, device)  # cached (latent_stats) or encoded now
     latents = sample_latents(mean, std, vae.config, gen).to(weight_dtype)
     bsz = latents.shape[0]
-    noise = torch.randn(latents.shape, generator=gen, device=device, dtype=latents.dtype)
+    noise = draw("randn", latents.shape, gen, device, latents.dtype)
     if args.noise_offset:
-        noise = noise + args.noise_offset * torch.randn((bsz, latents.shape[1], 1, 1), generator=gen, device=device,
-                                                          dtype=latents.dtype)
+        noise = noise + args.noise_offset * draw("randn", (bsz, latents.shape[1], 1, 1), gen, device, latents.dtype)
     if args.timestep_bias_strategy == "none":
-        timesteps = torch.randint(0, sched.config.num_train_timesteps, (bsz,), generator=gen, device=device).long()
+        timesteps = torch.randint(0, sched.config.num_train_timesteps, (bsz,), generator=gen).long().to(device)
     else:
-        weights = timestep_bias_weights(args, sched.config.num_train_timesteps).to(device)
-        timesteps = torch.multinomial(weights, bsz, replacement=True, generator=gen).long()
+        weights = timestep_bias_weights(args, sched.config.num_train_timesteps).cpu()
+        timesteps = torch.multinomial(weights, bsz, replacement=True, generator=gen).long().to(device)
     if args.input_perturbation:
-        perturbed = noise + args.input_perturbation * torch.randn(noise.shape, generator=gen, device=device,
-                                                                  dtype=noise.dtype)
+        perturbed = noise + args.input_perturbation * draw("randn", noise.shape, gen, device, noise.dtype)
         noisy = sched.add_noise(latents, perturbed, timesteps)
     else:
         noisy = sched.add_noise(latents, noise, timesteps)

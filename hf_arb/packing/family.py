@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from hf_arb.families.flow import sample_latents, unshifted_times
+from hf_arb.families.flow import batch_device, draw, sample_latents, unshifted_times
 from hf_arb.families.flow_family import FlowFamily, FlowOptions
 
 from .layout import pack_meta
@@ -44,7 +44,7 @@ def packed_flow_step(family: FlowFamily, options: FlowOptions, model: Any, batch
     """
     from diffusers.training_utils import compute_density_for_timestep_sampling
 
-    device = generator.device
+    device = batch_device(batch)
     pixels = list(batch["pixel_values"])
     m = len(pixels)
     stats = []
@@ -53,14 +53,14 @@ def packed_flow_step(family: FlowFamily, options: FlowOptions, model: Any, batch
             dist = vae.encode(px[None].to(device, vae.dtype)).latent_dist
             stats.append((dist.mean.float()[0], dist.std.float()[0]))
     latents = [sample_latents(mean, std, vae.config, generator) for mean, std in stats]
-    noise = [torch.randn(x.shape, generator=generator, device=device) for x in latents]
+    noise = [draw("randn", x.shape, generator, device) for x in latents]
     u = compute_density_for_timestep_sampling(options.weighting_scheme, m, logit_mean=options.logit_mean,
                                               logit_std=options.logit_std, mode_scale=options.mode_scale,
-                                              device=device, generator=generator)
+                                              device="cpu", generator=generator).to(device)
     t = unshifted_times(u, options.num_train_timesteps)
     captions = list(batch["captions"])
     if proportion_empty_prompts:
-        drop = torch.rand(m, generator=generator, device=device) < proportion_empty_prompts
+        drop = torch.rand(m, generator=generator) < proportion_empty_prompts
         captions = ["" if d else c for c, d in zip(captions, drop.tolist())]
     prompt_embeds, pooled = encode(captions)
     grids = np.asarray(batch["grids"], dtype=np.int64).reshape(-1, 2)

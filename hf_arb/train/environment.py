@@ -177,7 +177,12 @@ def check_resume_flags(args: argparse.Namespace, resume_dir: Path | None) -> Non
 def make_accelerator(args: argparse.Namespace) -> Any:
     """Accelerator with the project layout of diffusers' script and the optional DDP communication hook."""
     from accelerate import Accelerator
-    from accelerate.utils import DDPCommunicationHookType, DistributedDataParallelKwargs, ProjectConfiguration
+    from accelerate.utils import (
+        DataLoaderConfiguration,
+        DDPCommunicationHookType,
+        DistributedDataParallelKwargs,
+        ProjectConfiguration,
+    )
 
     from .sources import source_class
 
@@ -193,13 +198,17 @@ def make_accelerator(args: argparse.Namespace) -> Any:
     report_to = None if args.report_to in (None, "none", "") else args.report_to
     project = ProjectConfiguration(project_dir=args.output_dir,
                                    logging_dir=os.path.join(args.output_dir, args.logging_dir))
+    extra = source_class(args).accelerator_kwargs()  # --streaming: every rank reads its own split
+    loading = extra.pop("dataloader_config", None) or DataLoaderConfiguration()
+    loading.non_blocking = True  # host → GPU copies of the pinned batches overlap the step (no effect on the CPU)
     accelerator = Accelerator(
         gradient_accumulation_steps=args.gradient_accumulation_steps,
         mixed_precision=args.mixed_precision,
         log_with=report_to,
         project_config=project,
         kwargs_handlers=kwargs_handlers,
-        **source_class(args).accelerator_kwargs(),  # --streaming: every rank reads its own split
+        dataloader_config=loading,
+        **extra,
     )
     multi = [f for f, on in (("--ddp_comm_hook " + args.ddp_comm_hook, args.ddp_comm_hook != "no"),
                              ("--no_bucket_sync", getattr(args, "no_bucket_sync", False))) if on]

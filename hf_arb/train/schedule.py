@@ -62,14 +62,17 @@ def pack_schedule(args: argparse.Namespace, sampler: Any, num_processes: int) ->
                     steps * num_processes)
 
 
-def micro_step_generator(seed: int, micro_step: int, rank: int, device: torch.device) -> torch.Generator:
+def micro_step_generator(seed: int, micro_step: int, rank: int) -> torch.Generator:
     """A generator for one micro-batch's randomness (posterior sample, noise, timesteps, prompt dropout).
 
     A pure function of (seed, micro step, rank), so a resumed run draws exactly what the uninterrupted run drew,
-    and cached and on-the-fly latents see the same noise.
+    and cached and on-the-fly latents see the same noise. It is a CPU generator whatever the training device: the
+    losses draw on the CPU and move the draws to the batch's device (:func:`hf_arb.families.flow.draw`), so a run
+    draws the same noise on a GPU as on the CPU (a CUDA generator's stream differs) and a checkpoint resumes with
+    the same draws on another device type.
     """
     state = np.random.SeedSequence([seed, micro_step, rank]).generate_state(2, dtype=np.uint32)
-    g = torch.Generator(device=device)
+    g = torch.Generator()
     g.manual_seed(int(state[0]) << 32 | int(state[1]))
     return g
 

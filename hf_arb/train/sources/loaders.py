@@ -165,7 +165,10 @@ def build_dataloader(args: argparse.Namespace, accelerator: Any, ds: Any, bucket
 
     loader = torch.utils.data.DataLoader(dataset, batch_sampler=sampler, collate_fn=collate,
                                          num_workers=args.dataloader_num_workers,
-                                         worker_init_fn=ignore_stop_signals_in_worker)
+                                         worker_init_fn=ignore_stop_signals_in_worker,
+                                         # transformers' Trainer default: page-locked batches on a GPU, which
+                                         # accelerate then copies with non_blocking=True (environment.py)
+                                         pin_memory=accelerator.device.type == "cuda")
     return loader, index
 
 
