@@ -47,6 +47,8 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # hf_arb from this checkout, installed or not (a bare GPU machine)
+    sys.path.insert(0, str(ROOT))
 CONFIGS = Path(__file__).resolve().parent / "gpu_configs"
 SCRIPT = ROOT / "train_text_to_image_arb.py"
 #: where the GPU results go, one file per card (docs/benchmarks.md's GPU section renders them: benchmarks/report.py)
@@ -309,10 +311,53 @@ def batch_table(peak1: float, peak2: float) -> dict[str, int]:
             for card in CARDS_GIB}
 
 
+#: retries of a model whose process died with a CUDA error: the environment each retry adds, and why
+RETRIES = (({}, "as is"), ({"HF_ARB_BENCH_SDPA": "no_cudnn"}, "cuDNN attention off"),
+           ({"HF_ARB_BENCH_SDPA": "math"}, "math attention only"),
+           ({"CUDA_LAUNCH_BLOCKING": "1"}, "as is, CUDA_LAUNCH_BLOCKING=1 (where the fault is; timings not usable)"))
+
+
+def run_models_isolated(opts: argparse.Namespace, deadline: float, tmp: Path) -> dict[str, Any]:
+    """:func:`run_models` for each model in its own process: a CUDA fault (an illegal memory access poisons the
+    process's context) costs that model, not the rest of the run. A model whose process fails with a CUDA error is
+    retried with cuDNN attention off, then with the math attention kernel alone; every attempt is recorded."""
+    out: dict[str, Any] = {}
+    for spec in load_specs(opts.tiny):
+        if opts.models and spec["name"] not in opts.models.split(","):
+            continue
+        attempts = []
+        for extra_env, why in RETRIES:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                attempts.append({"attempt": why, "skipped": "out of time (--budget_s)"})
+                break
+            part = tmp / f"model-{spec['name']}-{len(attempts)}.json"
+            cmd = [sys.executable, str(Path(__file__).resolve()), "--sections", "models", "--models", spec["name"],
+                   "--device", opts.device, "--budget_s", str(left), "--out", str(part), "--worker"]
+            proc = subprocess.run([*cmd, *(["--tiny"] if opts.tiny else [])], capture_output=True, text=True,
+                                  env={**os.environ, **extra_env}, cwd=ROOT)
+            entry = json.loads(part.read_text()).get("models", {}).get(spec["name"]) if part.exists() else None
+            failed = proc.returncode != 0 or entry is None or "error" in entry or any(
+                "error" in s for s in entry.get("steps", []) if "OOM" not in s.get("error", "OOM"))
+            attempts.append({"attempt": why, "returncode": proc.returncode, "ok": not failed,
+                             **({"log_tail": (proc.stdout + proc.stderr)[-2500:]} if failed else {})})
+            if not failed or "CUDA" not in proc.stdout + proc.stderr + json.dumps(entry or {}):
+                break
+        out[spec["name"]] = {**(entry or {"title": spec["title"], "error": "the model's process failed: see attempts"}),
+                             "attempts": attempts}
+    return out
+
+
 def run_models(opts: argparse.Namespace, deadline: float, tmp: Path) -> dict[str, Any]:
     import torch
     from accelerate import Accelerator
 
+    sdpa = os.environ.get("HF_ARB_BENCH_SDPA")  # a retry of run_models_isolated
+    if sdpa in ("no_cudnn", "math"):
+        torch.backends.cuda.enable_cudnn_sdp(False)
+    if sdpa == "math":
+        torch.backends.cuda.enable_flash_sdp(False)
+        torch.backends.cuda.enable_mem_efficient_sdp(False)
     out: dict[str, Any] = {}
     accelerator = Accelerator(mixed_precision="bf16" if opts.device == "cuda" else "no",
                               cpu=opts.device == "cpu")
@@ -349,12 +394,16 @@ def run_models(opts: argparse.Namespace, deadline: float, tmp: Path) -> dict[str
             if peaks.get(("largest", 1)) and peaks.get(("largest", 2)):
                 entry["max_batch_per_card_gib"] = batch_table(peaks[("largest", 1)], peaks[("largest", 2)])
         except Exception as e:  # noqa: BLE001 - recorded, the next model still runs
+            import traceback
+
             entry["error"] = f"{type(e).__name__}: {e}"[:500]
+            entry["traceback"] = traceback.format_exc()[-2500:]
         finally:
             del bench
-            accelerator.free_memory()
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
+            with contextlib.suppress(Exception):  # after a CUDA fault these raise too: the entry holds the error
+                accelerator.free_memory()
+                if torch.cuda.is_available():
+                    torch.cuda.empty_cache()
     return out
 
 
@@ -661,7 +710,9 @@ def markdown(result: dict[str, Any]) -> str:
              "checkpointing, batch 1 unless stated; random weights from the published configs.", "",
              "| model | parameters | step | bucket (w×h) | batch | s/step | images/s | peak GiB |",
              "|---|---:|---|---|---:|---:|---:|---:|"]
-    for name, entry in result.get("models", {}).items():
+    models = result.get("models", {})
+    models = models if "error" not in models else {"all": {"title": "all models", "error": models["error"]}}
+    for name, entry in models.items():
         if "steps" not in entry:
             lines.append(f"| {entry['title']} | | {entry.get('error') or entry.get('skipped')} | | | | | |")
             continue
@@ -678,7 +729,7 @@ def markdown(result: dict[str, Any]) -> str:
               "linear in the batch from batch 1 and 2, 10% headroom):", "",
               "| model | " + " | ".join(f"{c} GiB" for c in CARDS_GIB) + " |",
               "|---|" + "---:|" * len(CARDS_GIB)]
-    for entry in result.get("models", {}).values():
+    for entry in models.values():
         table = entry.get("max_batch_per_card_gib")
         if table:
             lines.append(f"| {entry['title']} | " + " | ".join(str(table[str(c)]) for c in CARDS_GIB) + " |")
@@ -711,6 +762,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="the models section starts no new measurement after this many seconds (the smoke run and the "
                         "loader take about 3 more minutes on an H100 machine)")
     p.add_argument("--markdown", metavar="RESULT_JSON", help="print the docs table of a result file and exit")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)  # one model's process (models section)
     opts = p.parse_args(argv)
     if opts.markdown:
         print(markdown(json.loads(Path(opts.markdown).read_text())))
@@ -743,11 +795,13 @@ def main(argv: list[str] | None = None) -> int:
                 if section == "smoke":
                     result["smoke"] = run_smoke(opts, tmp)
                 elif section == "models":
-                    result["models"] = run_models(opts, deadline, tmp)
+                    run = run_models if opts.worker else run_models_isolated
+                    result["models"] = run(opts, deadline, tmp)
                 else:
                     rates = {e["title"]: s["images_per_s"] for e in result.get("models", {}).values()
-                             for s in e.get("steps", []) if s.get("impl") == "hf_arb" and s.get("bucket") == "square"
-                             and s.get("batch") == 1 and "images_per_s" in s}
+                             if isinstance(e, dict) for s in e.get("steps", [])
+                             if (s.get("impl"), s.get("bucket"), s.get("batch")) == ("hf_arb", "square", 1)
+                             and "images_per_s" in s}
                     result["loader"] = run_loader(opts, tmp, rates)
             except Exception as e:  # noqa: BLE001 - recorded; the other sections still run
                 import traceback
