@@ -76,6 +76,7 @@ from hf_arb.train.environment import (
     agree_on_seed,
     check_environment,
     check_resume_flags,
+    cuda_settings,
     one_process,
     resolve_resume_dir,
     setup_logging,
@@ -150,8 +151,7 @@ def main(argv: list[str] | argparse.Namespace | None = None) -> dict[str, Any]:
     else:
         trainable = list(models.unet.parameters())
         family.register_checkpoint_hooks(accelerator, models, unwrap=lambda m: unwrap(accelerator, m))
-    if args.allow_tf32:
-        torch.backends.cuda.matmul.allow_tf32 = True
+    cuda_settings(args, accelerator)  # --allow_tf32, --cudnn_attention
     if args.scale_lr:
         args = updated(args, learning_rate=args.learning_rate * args.gradient_accumulation_steps
                        * args.train_batch_size * accelerator.num_processes)

@@ -57,7 +57,7 @@ GIB = 2 ** 30
 #: cards a user picks ``--train_batch_size`` for (GiB of GPU memory)
 CARDS_GIB = (24, 48, 80, 141)
 #: per-step loss tolerance against the CPU float32 run, relative to max(1, |loss|)
-TOLERANCE = {"bf16": 5e-2, "fp16": 2e-2, "8bit": 5e-2, "pack": 5e-2, "fp32": 1e-5}
+TOLERANCE = {"bf16": 5e-2, "bf16_cudnn": 5e-2, "fp16": 2e-2, "8bit": 5e-2, "pack": 5e-2, "fp32": 1e-5}
 
 # ---------------------------------------------------------------------------------------------------- configs
 
@@ -340,7 +340,8 @@ def run_models_isolated(opts: argparse.Namespace, deadline: float, tmp: Path) ->
             failed = proc.returncode != 0 or entry is None or "error" in entry or any(
                 "error" in s for s in entry.get("steps", []) if "OOM" not in s.get("error", "OOM"))
             attempts.append({"attempt": why, "returncode": proc.returncode, "ok": not failed,
-                             **({"log_tail": (proc.stdout + proc.stderr)[-2500:]} if failed else {})})
+                             **({"error": (entry or {}).get("error"), "traceback": (entry or {}).get("traceback"),
+                                 "log_tail": (proc.stdout + proc.stderr)[-1500:]} if failed else {})})
             if not failed or "CUDA" not in proc.stdout + proc.stderr + json.dumps(entry or {}):
                 break
         out[spec["name"]] = {**(entry or {"title": spec["title"], "error": "the model's process failed: see attempts"}),
@@ -622,6 +623,8 @@ def run_smoke(opts: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         if family == "flux" and device == "cuda":
             pack = [a for a in base if a not in ("--cache_latents",)] + extra["pack"]
             mixed.append(("pack", pack))
+        if family == "flux-kontext" and device == "cuda":  # the default (cuDNN attention off) against it on
+            mixed.append(("bf16_cudnn", [*base, "--cudnn_attention"]))
         for kind, argv in mixed:
             cases.append({"family": family, "case": kind, "argv": argv})
     logs = tmp / "logs"
@@ -634,7 +637,7 @@ def run_smoke(opts: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     jobs: dict[str, tuple[list[str], str]] = {}
     for case in cases:  # the CPU float32 reference of each distinct command, once
         name = f"{case['family']}-{case['case']}"
-        ref_argv = [a for a in case["argv"] if a != "--use_8bit_adam"]
+        ref_argv = [a for a in case["argv"] if a not in ("--use_8bit_adam", "--cudnn_attention")]
         case["ref"] = f"{case['family']}-{'pack' if case['case'] == 'pack' else 'ref'}-cpu"
         jobs[case["ref"]] = ([*ref_argv, "--mixed_precision", "no"], "cpu")
         precision = {"fp16": "fp16", "fp32": "no"}.get(case["case"], "bf16")
@@ -669,8 +672,14 @@ def run_smoke(opts: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             diff = max((abs(x - y) for x, y in zip(tail, full)), default=float("inf"))
             wa, wb = lora_weights(runs / f"{name}-resumed"), lora_weights(runs / name)
             wdiff = max(float((wa[k].float() - wb[k].float()).abs().max()) for k in wb)
+            # the resumed step's loss is exact when the weights, optimizer, data and noise came back exactly; its
+            # update then equals the uninterrupted one's to the GPU's nondeterministic backward (atomics in the
+            # attention backward: Adam moves a weight whose gradient is ~0 by ~lr either way), exactly on the CPU
+            exact_weights = device == "cpu"
             res.update(losses=tail, reference=full, max_loss_diff=diff, max_weight_diff=wdiff,
-                       ok=len(tail) == len(full) == 1 and diff <= 1e-6 and wdiff <= 1e-6)
+                       weights_compared_exactly=exact_weights,
+                       ok=len(tail) == len(full) == 1 and diff <= 1e-6 and (wdiff <= 1e-6 or not exact_weights)
+                       and wdiff == wdiff)
         flat.append(res)
     return {"families": families, "cases": flat, "passed": sum(1 for r in flat if r.get("ok")),
             "failed": [f"{r['family']}/{r['case']}" for r in flat if not r.get("ok")],

@@ -69,10 +69,11 @@ def batch_device(batch: Mapping[str, Any]) -> torch.device:
 def draw(kind: str, shape: Any, generator: torch.Generator, device: Any, dtype: torch.dtype | None = None
          ) -> torch.Tensor:
     """``torch.randn`` (``kind="randn"``) or ``torch.rand`` (``"rand"``) of ``shape`` from the micro-batch's CPU
-    ``generator``, moved to ``device``: the same numbers on every device type
-    (:func:`hf_arb.train.schedule.micro_step_generator`)."""
+    ``generator``, moved to ``device`` and cast to ``dtype``: the same numbers on every device type and in every
+    precision (drawn in float32 first: ``torch.randn(..., dtype=torch.bfloat16)`` draws other numbers; see
+    :func:`hf_arb.train.schedule.micro_step_generator`)."""
     fn = torch.randn if kind == "randn" else torch.rand
-    return fn(shape, generator=generator, dtype=dtype).to(device)
+    return fn(shape, generator=generator).to(device, dtype)
 
 
 def batch_sigmas(t: torch.Tensor, latent_hw: tuple[int, int], patch_size: int, config: ShiftConfig) -> torch.Tensor:

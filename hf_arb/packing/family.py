@@ -63,7 +63,7 @@ def packed_flow_step(family: FlowFamily, options: FlowOptions, model: Any, batch
         drop = torch.rand(m, generator=generator) < proportion_empty_prompts
         captions = ["" if d else c for c, d in zip(captions, drop.tolist())]
     prompt_embeds, pooled = encode(captions)
-    grids = np.asarray(batch["grids"], dtype=np.int64).reshape(-1, 2)
+    grids = np.asarray(torch.as_tensor(batch["grids"]).cpu(), dtype=np.int64).reshape(-1, 2)  # on the GPU there
     meta = pack_meta(grids, max_tokens, text_lens=[prompt_embeds.shape[1]] * m,
                      t=t.double().cpu().numpy(), shift_config=options.shift)
     sigmas = torch.as_tensor(meta.sigmas, dtype=torch.float32, device=device)

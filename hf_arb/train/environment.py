@@ -285,6 +285,19 @@ def start_accelerator(args: argparse.Namespace) -> Any:
     return accelerator
 
 
+def cuda_settings(args: argparse.Namespace, accelerator: Any) -> None:
+    """The process-wide CUDA switches of the run's flags: ``--allow_tf32`` (TF32 matmuls, as upstream) and cuDNN
+    attention off unless ``--cudnn_attention`` (PyTorch's ``scaled_dot_product_attention`` then picks flash or
+    memory-efficient attention). Nothing to change on other devices."""
+    import torch
+
+    if args.allow_tf32:
+        torch.backends.cuda.matmul.allow_tf32 = True
+    if accelerator.device.type == "cuda" and not args.cudnn_attention:
+        # benchmarks/bench_gpu.py, H200, torch 2.11: an illegal memory access in the full-size Flux.1 step
+        torch.backends.cuda.enable_cudnn_sdp(False)
+
+
 def one_process() -> bool:
     """Launched as one process (no WORLD_SIZE above 1): the data can be checked before accelerate starts."""
     return int(os.environ.get("WORLD_SIZE", "1") or 1) <= 1

@@ -259,6 +259,10 @@ def build_parser() -> argparse.ArgumentParser:
     a("--timestep_bias_portion", type=float, default=0.25, help="Portion of timesteps biased with earlier/later.")
     a("--use_8bit_adam", action="store_true", help="Use 8-bit Adam from bitsandbytes.")
     a("--allow_tf32", action="store_true", help="Allow TF32 on Ampere GPUs.")
+    a("--cudnn_attention", action="store_true",
+      help="Let PyTorch pick its cuDNN attention kernel on CUDA (off by default: on an H200 with torch 2.11 it "
+           "faulted on the full-size Flux.1 transformer's training step, see docs/benchmarks.md); flash and "
+           "memory-efficient attention stay on.")
     a("--use_ema", action="store_true", help="Whether to use EMA model (full fine-tune only).")
     a("--offload_ema", action="store_true", help="Keep the EMA model on the CPU between updates.")
     a("--foreach_ema", action="store_true", help="Use the faster foreach implementation of EMAModel.")
