@@ -97,6 +97,10 @@ def log_bucket_notes(args: argparse.Namespace, notes: list[str]) -> None:
 
 def bucket_origin(args: argparse.Namespace) -> str:
     """Where the run's bucket table came from, for the model card."""
+    if getattr(args, "dataset_specs", None):  # --dataset_config: each dataset at its own table
+        return "each dataset's table (--dataset_config): " + ", ".join(
+            f"{s.name} at {s.bucket_preset or args.bucket_preset} {s.resolution or args.resolution}"
+            for s in args.dataset_specs)
     if getattr(args, "buckets_from_dataset", False):
         return "the dataset's own bucket columns (the table it was annotated with)"
     if args.aspect_ratio_buckets is not None:
