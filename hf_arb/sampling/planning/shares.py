@@ -70,6 +70,27 @@ def slot_rows(members: list[np.ndarray], slots: np.ndarray, seed: int) -> np.nda
     return np.concatenate(parts) if parts else np.zeros(0, np.int64)
 
 
+def plan_slots(row_dataset: np.ndarray, bucket_ids: np.ndarray, num_datasets: int, *,
+               repeats: np.ndarray | None = None, weights: np.ndarray | None = None,
+               seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Everything a plan over several datasets needs, from the concatenated rows.
+
+    Args:
+        row_dataset: every row's dataset, ``(R,)``; bucket_ids: every row's bucket (``-1``: skipped), ``(R,)``.
+        repeats / weights / seed: as :func:`epoch_slots` and :func:`slot_rows`.
+
+    Returns:
+        ``(row_map, slots, trainable)``: every slot's row ``(N,)`` (a sampler plans ``bucket_ids[row_map]``), the
+        slots and the trainable rows of every dataset ``(D,)``.
+    """
+    row_dataset, ids = np.asarray(row_dataset), np.asarray(bucket_ids)
+    keep = ids >= 0
+    members = [np.flatnonzero(keep & (row_dataset == d)) for d in range(num_datasets)]
+    trainable = np.array([m.size for m in members], np.int64)
+    slots = epoch_slots(trainable, repeats=repeats, weights=weights)
+    return slot_rows(members, slots, seed), slots, trainable
+
+
 def dataset_counts(slot_ids: np.ndarray, slot_dataset: np.ndarray, num_datasets: int) -> np.ndarray:
     """Rows each dataset trains in a plan: ``slot_ids`` (any shape; the sampler's rows, i.e. slots) counted by
     ``slot_dataset`` (every slot's dataset), int64 ``(num_datasets,)``."""
@@ -77,4 +98,4 @@ def dataset_counts(slot_ids: np.ndarray, slot_dataset: np.ndarray, num_datasets:
     return np.bincount(np.asarray(slot_dataset)[ids], minlength=num_datasets).astype(np.int64)
 
 
-__all__ = ["dataset_counts", "epoch_slots", "slot_rows"]
+__all__ = ["dataset_counts", "epoch_slots", "plan_slots", "slot_rows"]

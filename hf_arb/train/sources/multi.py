@@ -274,20 +274,17 @@ class MultiSource(BucketedSource):
         lengths = np.array([len(p) for p in parts], np.int64)
         row_dataset = np.repeat(np.arange(len(parts)), lengths)
         ids = np.asarray(full.with_format("numpy")["bucket"], np.int64)
-        keep = ids >= 0
-        members = [np.flatnonzero(keep & (row_dataset == d)) for d in range(len(parts))]
-        trainable = np.array([m.size for m in members], np.int64)
         weights = [s.weight for s in self.specs]
         repeats = [s.repeats or 1 for s in self.specs] if weights[0] is None else [None] * len(self.specs)
-        from hf_arb.sampling.planning.shares import epoch_slots, slot_rows
+        from hf_arb.sampling.planning.shares import plan_slots
 
-        slots = epoch_slots(trainable, repeats=None if repeats[0] is None else np.array(repeats),
-                            weights=None if weights[0] is None else np.array(weights))
+        row_map, slots, trainable = plan_slots(row_dataset, ids, len(parts), seed=args.seed,
+                                               repeats=None if repeats[0] is None else np.array(repeats),
+                                               weights=None if weights[0] is None else np.array(weights))
         empty = [s.name for s, n in zip(self.specs, slots.tolist()) if n == 0]
         if empty:
             raise UsageError(f"--dataset_config: dataset {empty[0]!r} trains no row per epoch (no trainable image, or "
                              "its weight rounds to 0 rows): check its images and resolution, or raise its weight.")
-        row_map = slot_rows(members, slots, args.seed)
         self.ds = full.select(row_map)  # an index over the concatenation: no image bytes copied
         self.buckets = union
         self.mix = DatasetMix([s.name for s in self.specs], lengths, trainable, repeats, weights, slots,
