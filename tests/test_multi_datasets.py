@@ -271,3 +271,21 @@ resolution = 48
     assert "each dataset's table (--dataset_config): a at budget 64, images at budget 48" in card
     rows = [json.loads(line) for line in (tmp_path / "out" / "batches" / "rank0.jsonl").read_text().splitlines()]
     assert len(rows) == 3 and all(len(r["rows"]) == 2 for r in rows)
+
+
+def test_datasets_at_their_own_resolutions_keep_their_bucket_sizes_in_the_runs_table():
+    import pyarrow as pa
+
+    from hf_arb import BucketSet
+    from hf_arb.train.sources.multi import remapped_columns, union_buckets
+
+    a, b = BucketSet.from_budget(resolution=64, step=16), BucketSet.from_budget(resolution=48, step=16)
+    union, luts = union_buckets([a, b], "log")
+    assert len(union) == len({*map(tuple, a.resolutions.tolist()), *map(tuple, b.resolutions.tolist())})
+    for table, lut in ((a, luts[0]), (b, luts[1])):
+        ids = np.array([-1, *range(len(table))], np.int32)
+        new = remapped_columns(pa.table({"bucket": pa.array(ids)}), lut=lut.tolist()).column("bucket").to_numpy()
+        assert new[0] == -1  # skipped rows stay skipped
+        np.testing.assert_array_equal(union.resolutions[new[1:]], table.resolutions)  # the same (w, h) per row
+    same, identity = union_buckets([a, a], "log")
+    assert same == a and all((lut == np.arange(len(a))).all() for lut in identity)
