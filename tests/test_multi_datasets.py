@@ -289,3 +289,29 @@ def test_datasets_at_their_own_resolutions_keep_their_bucket_sizes_in_the_runs_t
         np.testing.assert_array_equal(union.resolutions[new[1:]], table.resolutions)  # the same (w, h) per row
     same, identity = union_buckets([a, a], "log")
     assert same == a and all((lut == np.arange(len(a))).all() for lut in identity)
+
+
+def test_a_checkpoint_of_other_repeats_is_refused_on_resume():
+    """Resume with a changed --dataset_config: the slots differ, so the sampler's plan check names the field."""
+    ids, row_dataset = concat([[0, 1, 1, 0] * 6, [1, 0] * 8])
+    plans = [ids[plan_slots(row_dataset, ids, 2, repeats=np.array(r), seed=0)[0]] for r in ([1, 2], [2, 1])]
+    saved = BucketBatchSampler(plans[0], 2, num_replicas=1, seed=0, log_report=False).state_dict()
+    with pytest.raises(ValueError, match="fingerprint|rows"):
+        BucketBatchSampler(plans[1], 2, num_replicas=1, seed=0, log_report=False).load_state_dict(saved)
+
+
+def test_caption_files_beside_the_images_and_their_fallback(tmp_path):
+    from PIL import Image
+
+    from hf_arb.checks import UsageError
+    from hf_arb.train.flags.dataset_config import DatasetSpec
+    from hf_arb.train.sources.multi import caption_folder
+
+    for name in ("a.png", "b.jpg"):
+        Image.new("RGB", (8, 6)).save(tmp_path / name)
+    (tmp_path / "a.txt").write_text("  a cat, sitting \n")
+    spec = DatasetSpec(name="x", train_data_dir=str(tmp_path), caption_extension=".txt", where="cfg")
+    with pytest.raises(UsageError, match="cfg: 1 of 2 images have no .txt caption file .*b.jpg.*prompt = "):
+        caption_folder(spec, "image", "text")
+    spec = DatasetSpec(name="x", train_data_dir=str(tmp_path), caption_extension=".txt", prompt="sks", where="cfg")
+    assert caption_folder(spec, "image", "text")["text"] == ["a cat, sitting", "sks"]

@@ -63,7 +63,8 @@ def caption_folder(spec: DatasetSpec, image_column: str, caption_column: str) ->
     folder = Path(spec.train_data_dir or "")
     if not folder.is_dir():
         raise UsageError(f"{spec.where}: train_data_dir {folder} is not a folder.")
-    files = sorted(str(p) for p in folder.rglob("*") if p.suffix.lower() in IMAGE_EXTENSIONS and p.is_file())
+    # the images directly in the folder, as kohya reads image_dir
+    files = sorted(str(p) for p in folder.iterdir() if p.suffix.lower() in IMAGE_EXTENSIONS and p.is_file())
     if not files:
         raise UsageError(f"{spec.where}: {folder} holds no image ({', '.join(IMAGE_EXTENSIONS)}).")
     captions, missing = read_sidecar_captions(files, spec.caption_extension or ".txt", spec.prompt)
