@@ -44,6 +44,7 @@ __all__ = [
     "flow_matching_loss",
     "posterior",
     "register_transformer_hooks",
+    "rows_mean",
     "sample_latents",
     "shift_report",
     "stock_pipeline",
@@ -108,8 +109,10 @@ def sample_latents(mean: torch.Tensor, std: torch.Tensor, vae_config: Mapping[st
 
 
 def flow_matching_loss(pred: torch.Tensor, latents: torch.Tensor, noise: torch.Tensor, noisy: torch.Tensor,
-                       sigmas: torch.Tensor, weighting_scheme: str, precondition_outputs: bool) -> torch.Tensor:
-    """The weighted MSE of diffusers' SD3 / Flux scripts (mean over each sample, then over the batch)."""
+                       sigmas: torch.Tensor, weighting_scheme: str, precondition_outputs: bool,
+                       row_weights: torch.Tensor | None = None) -> torch.Tensor:
+    """The weighted MSE of diffusers' SD3 / Flux scripts (mean over each sample, then over the batch);
+    ``row_weights`` (the batch's ``row_loss_weights``, several datasets): each sample's factor in that mean."""
     from diffusers.training_utils import compute_loss_weighting_for_sd3
 
     s = sigmas.float().view(-1, *([1] * (latents.ndim - 1)))
@@ -120,7 +123,15 @@ def flow_matching_loss(pred: torch.Tensor, latents: torch.Tensor, noise: torch.T
     else:
         target = noise.float() - latents.float()
     weighting = compute_loss_weighting_for_sd3(weighting_scheme, sigmas=s).float()
-    return (weighting * (pred - target) ** 2).reshape(latents.shape[0], -1).mean(dim=1).mean()
+    return rows_mean((weighting * (pred - target) ** 2).reshape(latents.shape[0], -1).mean(dim=1), row_weights)
+
+
+def rows_mean(per_row: torch.Tensor, row_weights: torch.Tensor | None) -> torch.Tensor:
+    """The batch's loss from each row's: their mean, each row times its weight where the batch carries
+    ``row_loss_weights`` (``(B,)``; absent: every weight 1, the plain mean)."""
+    if row_weights is None:
+        return per_row.mean()
+    return (per_row * row_weights.to(per_row.device, per_row.dtype)).mean()
 
 
 def noise_latents(latents: torch.Tensor, options: Any, generator: torch.Generator,
@@ -177,7 +188,7 @@ def flow_loss(family: Any, options: Any, transformer: Any, batch: Mapping[str, A
     prompt_embeds, pooled = encode(drop_captions(batch["captions"], proportion_empty_prompts, generator))
     pred = family.predict(transformer, noisy.to(dtype), sigmas, prompt_embeds, pooled, options)
     return flow_matching_loss(pred, latents, noise, noisy, sigmas, options.weighting_scheme,
-                              options.precondition_outputs)
+                              options.precondition_outputs, batch.get("row_loss_weights"))
 
 
 def check_bucket_sizes(resolutions: Any, vae_scale_factor: int, patch_size: int) -> int:

@@ -299,7 +299,7 @@ class Flux2Family(FlowFamily):
                             references=batch_references(models.vae, batch, lambda m: normalize_latents(
                                 patchify(m), models.vae), device, dtype))
         return flow_matching_loss(pred, latents, noise, noisy, sigmas, options.weighting_scheme,
-                                  options.precondition_outputs)
+                                  options.precondition_outputs, batch.get("row_loss_weights"))
 
     def card_lines(self, args: argparse.Namespace) -> list[str]:
         encoder = flux2_text.layers_card_lines(args)

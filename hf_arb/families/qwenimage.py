@@ -223,7 +223,7 @@ class QwenImageFamily(FlowFamily):
         captions = drop_captions(batch["captions"], args.proportion_empty_prompts, generator)
         pred = self.conditioned_predict(models, denoiser, batch, noisy.to(dtype), sigmas, captions, text, dtype)
         return flow_matching_loss(pred, latents, noise, noisy, sigmas, options.weighting_scheme,
-                                  options.precondition_outputs)
+                                  options.precondition_outputs, batch.get("row_loss_weights"))
 
     def conditioned_predict(self, models: Models, denoiser: Any, batch: dict[str, Any], noisy: Any, sigmas: Any,
                             captions: list[str], text: Any, dtype: Any) -> Any:

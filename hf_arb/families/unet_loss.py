@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from hf_arb.checks import UsageError
 
 from .conditioning import sdxl_time_ids
-from .flow import batch_device, draw, drop_captions, posterior, sample_latents
+from .flow import batch_device, draw, drop_captions, posterior, rows_mean, sample_latents
 
 #: ``forward(noisy, timesteps, hidden, pooled, time_ids) -> prediction``: one UNet call with the family's conditioning
 Forward = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, Any, torch.Tensor], torch.Tensor]
@@ -66,14 +66,15 @@ def unet_loss(args: argparse.Namespace, scheduler: Any, vae: Any, batch: dict[st
         noisy, target = dream_adjust(sched, timesteps, noise, noisy, target, args.dream_detail_preservation,
                                      lambda x: forward(x, timesteps, hidden, pooled, time_ids))
     pred = forward(noisy, timesteps, hidden, pooled, time_ids)
-    if args.snr_gamma is None:
+    if args.snr_gamma is None and "row_loss_weights" not in batch:
         return F.mse_loss(pred.float(), target.float(), reduction="mean")
-    snr = compute_snr(sched, timesteps)
-    if sched.config.prediction_type == "v_prediction":
-        snr = snr + 1
-    weights = torch.clamp(snr, max=args.snr_gamma) / snr
-    loss = F.mse_loss(pred.float(), target.float(), reduction="none").mean(dim=(1, 2, 3)) * weights
-    return loss.mean()
+    loss = F.mse_loss(pred.float(), target.float(), reduction="none").mean(dim=(1, 2, 3))
+    if args.snr_gamma is not None:
+        snr = compute_snr(sched, timesteps)
+        if sched.config.prediction_type == "v_prediction":
+            snr = snr + 1
+        loss = loss * (torch.clamp(snr, max=args.snr_gamma) / snr)
+    return rows_mean(loss, batch.get("row_loss_weights"))  # several datasets: each row's loss weight
 
 
 def timestep_bias_weights(args: argparse.Namespace, num_timesteps: int) -> torch.Tensor:

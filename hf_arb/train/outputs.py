@@ -20,6 +20,7 @@ from .flags.upstream_flags import pipeline_call_kwargs, use_validation_scheduler
 from .models import place, unwrap
 from .progress import Progress
 from .sources.dataset import bucket_origin
+from .sources.multi import mix_card_lines
 
 torch: Any = LazyModule("torch")  # loaded when a function needs it: --help and flag errors answer before torch
 logger = logging.getLogger("train_text_to_image_arb")
@@ -137,7 +138,8 @@ def save_model_card(args: argparse.Namespace, repo_id: str, buckets: Any, family
         f"* steps: {stats.get('global_step') if stats else args.max_train_steps}, batch size {args.train_batch_size} "
         f"per device, gradient accumulation {args.gradient_accumulation_steps}, learning rate {args.learning_rate}",
         f"* mixed precision: {(stats or {}).get('mixed_precision', args.mixed_precision)}; dataset: "
-        f"{args.dataset_name or args.train_data_dir or args.instance_data_dir}", "",
+        f"{args.dataset_name or args.train_data_dir or args.instance_data_dir or getattr(args, 'dataset_config', '')}",
+        *mix_card_lines(stats), "",  # --dataset_config: rows, repeats and shares per dataset
     ]
     if getattr(args, "lora", False):
         body += [f"LoRA adapters (rank {args.rank}, alpha {args.lora_alpha or args.rank}) on the "

@@ -8,7 +8,8 @@ sizes, world size, seed, epoch, options), and what that plan does with the rows.
 - :mod:`~hf_arb.sampling.planning.ragged` — the plan with a batch size per bucket (:func:`plan_epoch_ragged`);
 - :mod:`~hf_arb.sampling.planning.feistel` — counter-based keyed permutations of ``[0, n)``;
 - :mod:`~hf_arb.sampling.planning.index` — the bucket-grouped row index (4 bytes per row, shareable file);
-- :mod:`~hf_arb.sampling.planning.report` — :class:`PlanReport`, what an epoch uses, drops and repeats.
+- :mod:`~hf_arb.sampling.planning.report` — :class:`PlanReport`, what an epoch uses, drops and repeats;
+- :mod:`~hf_arb.sampling.planning.shares` — several datasets in one plan: exact shares per epoch, the slot row map.
 
 Imports nothing of :mod:`hf_arb.sampling` outside this folder.
 """

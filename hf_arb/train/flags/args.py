@@ -17,6 +17,7 @@ from ..environment import check_environment
 from ..sources.dataset import BUCKET_TABLE_FLAGS
 from ..sources.tiers import check_tier_flags, parse_resolutions, split_resolution
 from .arg_checks import LR_SCHEDULERS, check_values
+from .dataset_config import check_dataset_config
 from .upstream_flags import add_upstream_flags, check_upstream_flags, resolve_upstream_aliases
 
 torch: Any = LazyModule("torch")  # loaded when a function needs it: --help and flag errors answer before torch
@@ -75,6 +76,10 @@ def build_parser() -> argparse.ArgumentParser:
     a("--dataset_name", type=str, default=None,
       help="Dataset on the Hub, a local dataset folder (save_to_disk or files datasets can read).")
     a("--dataset_config_name", type=str, default=None, help="The config of the Dataset.")
+    a("--dataset_config", type=str, default=None, metavar="FILE",
+      help="NEW: several datasets in one run, from a TOML or YAML file (hf_arb's [[datasets]] or kohya sd-scripts' "
+           "dataset_config.toml): each with its repeats or weight, caption source, resolution and loss weight "
+           "(docs/training.md, 'Several datasets'). Replaces --dataset_name / --train_data_dir.")
     a("--train_data_dir", type=str, default=None,
       help="A folder of images (imagefolder layout, metadata.jsonl with captions); with --dataset_name, the "
            "dataset's data_dir, as diffusers' script passes it.")
@@ -371,7 +376,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     env_local_rank = int(os.environ.get("LOCAL_RANK", -1))
     if env_local_rank != -1 and env_local_rank != args.local_rank:
         args.local_rank = env_local_rank
-    if args.dataset_name is None and args.train_data_dir is None and args.instance_data_dir is None:
+    if (args.dataset_name is None and args.train_data_dir is None and args.instance_data_dir is None
+            and args.dataset_config is None):
         raise UsageError("Need either a dataset name or a training folder: pass --dataset_name or --train_data_dir "
                          "(or --instance_data_dir with --instance_prompt).")
     if args.non_ema_revision is None:
@@ -391,6 +397,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     check_upstream_flags(args)  # the other dreambooth scripts' flags: family and device checks (issue 35)
     check_tier_flags(args)  # several tiers: what they do not support yet, named before the other flag checks
     check_values(args)
+    check_dataset_config(args, parser.get_default("train_batch_size"))  # --dataset_config: the file, parsed
     return args
 
 

@@ -6,7 +6,7 @@ it), the batch's bucket, its state for checkpoints (a stream writes per-rank fil
 start-up report and run statistics, the step schedule (epochs of fixed or of their own length), where an epoch
 starts and how a resumed run continues. :func:`source_class` is the only place outside argument validation
 (``train/args.py``, ``train/arg_checks.py``) that reads the mode flags (``--streaming``, ``--packing``, several
-``--resolution`` tiers, ``--reference_image_column``); adding a mode adds a class here.
+``--resolution`` tiers, ``--reference_image_column``, ``--dataset_config``); adding a mode adds a class here.
 
 Modules:
 
@@ -18,7 +18,8 @@ Modules:
 - :mod:`~hf_arb.train.sources.dataset` — the map-style dataset, its bucket columns and the pre-model checks;
 - :mod:`~hf_arb.train.sources.loaders` — samplers and DataLoaders of the map-style and packed sources;
 - :mod:`~hf_arb.train.sources.stream` — the streamed dataset, its counts, loader and per-rank resume files;
-- :mod:`~hf_arb.train.sources.tiers` — several ``--resolution`` tiers: flags, the combined bucket table, images.
+- :mod:`~hf_arb.train.sources.tiers` — several ``--resolution`` tiers: flags, the combined bucket table, images;
+- :mod:`~hf_arb.train.sources.multi` — ``--dataset_config``: several datasets, their shares, one global plan.
 
 The path of one batch through a source: docs/code_map.md. Part of floor 7 (``train/``): imports the floors below
 and ``train/``'s own modules, never the script.
@@ -34,6 +35,10 @@ def source_class(args: argparse.Namespace) -> type:
     """The :class:`~hf_arb.train.sources.base.Source` subclass of the run's mode flags (the allowed combinations:
     ``train/arg_checks.py`` refuses the others before this is asked)."""
     tiered = len(getattr(args, "resolutions", None) or []) > 1
+    if getattr(args, "dataset_config", None):  # several datasets (the flag checks refuse the other modes with it)
+        from .multi import MultiSource
+
+        return MultiSource
     if getattr(args, "streaming", False):
         from .streamed import StreamSource, TieredStreamSource
 

@@ -97,6 +97,10 @@ def log_bucket_notes(args: argparse.Namespace, notes: list[str]) -> None:
 
 def bucket_origin(args: argparse.Namespace) -> str:
     """Where the run's bucket table came from, for the model card."""
+    if getattr(args, "dataset_specs", None):  # --dataset_config: each dataset at its own table
+        return "each dataset's table (--dataset_config): " + ", ".join(
+            f"{s.name} at {s.bucket_preset or args.bucket_preset} {s.resolution or args.resolution}"
+            for s in args.dataset_specs)
     if getattr(args, "buckets_from_dataset", False):
         return "the dataset's own bucket columns (the table it was annotated with)"
     if args.aspect_ratio_buckets is not None:
@@ -188,18 +192,19 @@ def annotation_note(ds: Any, buckets: Any, image_column: str = "image") -> str:
     return "\n".join(lines)
 
 
-def dataset_with_buckets(args: argparse.Namespace, accelerator: Any) -> tuple[Any, Any]:
+def dataset_with_buckets(args: argparse.Namespace, accelerator: Any, load: Any = None) -> tuple[Any, Any]:
     """Load, truncate, annotate (unless already annotated) and check that some rows are trainable.
 
     Returns ``(ds, buckets)``; ``ds`` keeps every row (``bucket == -1`` marks skipped ones, the sampler ignores
     them) so row indices stay those of the dataset. With several ``--resolution`` tiers ``buckets`` is the run's
     :class:`~hf_arb.train.sources.tiers.TierTable` (its first tier: the table ``ds`` is annotated with).
+    ``load``: what loads the raw rows (default :func:`load_raw_dataset`; several datasets: each one's caption source).
     """
     from hf_arb import BucketSet, add_bucket_columns
     from hf_arb.buckets.references import reference_info
 
     with accelerator.main_process_first() if accelerator is not None else contextlib.nullcontext():
-        ds = load_raw_dataset(args)
+        ds = (load or load_raw_dataset)(args)
         check_columns(ds, args)
         if args.max_train_samples is not None:
             ds = ds.shuffle(seed=args.seed).select(range(min(args.max_train_samples, len(ds))))

@@ -118,9 +118,10 @@ def packing_report(sampler: Any) -> str:
 
 def build_dataloader(args: argparse.Namespace, accelerator: Any, ds: Any, buckets: Any, models: Models, sampler: Any,
                      schedule: Schedule, weight_dtype: torch.dtype,
-                     references: list[str] | None = None) -> tuple[Any, Any]:
+                     references: list[str] | None = None, collate_wrap: Any = None) -> tuple[Any, Any]:
     """DataLoader over images (fitted to the batch's bucket) or, with --cache_latents, over cached latents.
     ``references``: an edit model's reference columns (composite keys; batches report the target bucket).
+    ``collate_wrap``: ``collate -> collate`` adding per-row fields (several datasets: each row's loss weight).
 
     Returns ``(dataloader, cache index or None)``; the loader still has to go through ``accelerator.prepare``.
     """
@@ -161,6 +162,8 @@ def build_dataloader(args: argparse.Namespace, accelerator: Any, ds: Any, bucket
         else:
             dataset = image_dataset(args, ds, buckets, references)
         collate = dataset.collate
+    if collate_wrap is not None:
+        collate = collate_wrap(collate)
     from hf_arb.train.signals import ignore_stop_signals_in_worker  # the main process decides when to stop
 
     loader = torch.utils.data.DataLoader(dataset, batch_sampler=sampler, collate_fn=collate,
