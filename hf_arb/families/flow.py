@@ -89,9 +89,14 @@ def sample_latents(mean: torch.Tensor, std: torch.Tensor, vae_config: Mapping[st
 
 
 def flow_matching_loss(pred: torch.Tensor, latents: torch.Tensor, noise: torch.Tensor, noisy: torch.Tensor,
-                       sigmas: torch.Tensor, weighting_scheme: str, precondition_outputs: bool) -> torch.Tensor:
-    """The weighted MSE of diffusers' SD3 / Flux scripts (mean over each sample, then over the batch)."""
+                       sigmas: torch.Tensor, weighting_scheme: str, precondition_outputs: bool,
+                       mask: torch.Tensor | None = None) -> torch.Tensor:
+    """The weighted MSE of diffusers' SD3 / Flux scripts (mean over each sample, then over the batch); ``mask``
+    (``--masked_loss``: ``(B, 1, h, w)`` or the latents' shape) weights each element first
+    (:func:`hf_arb.families.loss_mask.apply_loss_mask`)."""
     from diffusers.training_utils import compute_loss_weighting_for_sd3
+
+    from .loss_mask import apply_loss_mask
 
     s = sigmas.float().view(-1, *([1] * (latents.ndim - 1)))
     pred = pred.float()
@@ -101,7 +106,8 @@ def flow_matching_loss(pred: torch.Tensor, latents: torch.Tensor, noise: torch.T
     else:
         target = noise.float() - latents.float()
     weighting = compute_loss_weighting_for_sd3(weighting_scheme, sigmas=s).float()
-    return (weighting * (pred - target) ** 2).reshape(latents.shape[0], -1).mean(dim=1).mean()
+    error = apply_loss_mask(weighting * (pred - target) ** 2, mask)
+    return error.reshape(latents.shape[0], -1).mean(dim=1).mean()
 
 
 def noise_latents(latents: torch.Tensor, options: Any, generator: torch.Generator,
@@ -157,8 +163,10 @@ def flow_loss(family: Any, options: Any, transformer: Any, batch: Mapping[str, A
     noise, sigmas, noisy = noise_latents(latents, options, generator)
     prompt_embeds, pooled = encode(drop_captions(batch["captions"], proportion_empty_prompts, generator))
     pred = family.predict(transformer, noisy.to(dtype), sigmas, prompt_embeds, pooled, options)
+    from .loss_mask import batch_loss_mask
+
     return flow_matching_loss(pred, latents, noise, noisy, sigmas, options.weighting_scheme,
-                              options.precondition_outputs)
+                              options.precondition_outputs, mask=batch_loss_mask(batch, generator.device))
 
 
 def check_bucket_sizes(resolutions: Any, vae_scale_factor: int, patch_size: int) -> int:

@@ -20,6 +20,7 @@ from hf_arb.checks import UsageError
 
 from .conditioning import sdxl_time_ids
 from .flow import drop_captions, posterior, sample_latents
+from .loss_mask import apply_loss_mask, batch_loss_mask
 
 #: ``forward(noisy, timesteps, hidden, pooled, time_ids) -> prediction``: one UNet call with the family's conditioning
 Forward = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, Any, torch.Tensor], torch.Tensor]
@@ -68,13 +69,17 @@ def unet_loss(args: argparse.Namespace, scheduler: Any, vae: Any, batch: dict[st
         noisy, target = dream_adjust(sched, timesteps, noise, noisy, target, args.dream_detail_preservation,
                                      lambda x: forward(x, timesteps, hidden, pooled, time_ids))
     pred = forward(noisy, timesteps, hidden, pooled, time_ids)
+    mask = batch_loss_mask(batch, device)  # --masked_loss: each latent cell's weight (hf_arb.families.loss_mask)
     if args.snr_gamma is None:
-        return F.mse_loss(pred.float(), target.float(), reduction="mean")
+        if mask is None:
+            return F.mse_loss(pred.float(), target.float(), reduction="mean")
+        return apply_loss_mask(F.mse_loss(pred.float(), target.float(), reduction="none"), mask).mean()
     snr = compute_snr(sched, timesteps)
     if sched.config.prediction_type == "v_prediction":
         snr = snr + 1
     weights = torch.clamp(snr, max=args.snr_gamma) / snr
-    loss = F.mse_loss(pred.float(), target.float(), reduction="none").mean(dim=(1, 2, 3)) * weights
+    error = apply_loss_mask(F.mse_loss(pred.float(), target.float(), reduction="none"), mask)
+    loss = error.mean(dim=(1, 2, 3)) * weights
     return loss.mean()
 
 
