@@ -26,7 +26,7 @@ from hf_arb.checks import UsageError
 from hf_arb.families.flow import flow_matching_loss
 from hf_arb.families.loss_mask import apply_loss_mask
 from hf_arb.images.masks import MaskedImageDataset, MaskSpec, find_mask_file, latent_weights, mask_files
-from hf_arb.train.sources.masks import CachedLatentsWithMasks, rows_with_masks
+from hf_arb.train.sources.mask_data import CachedLatentsWithMasks, rows_with_masks
 
 BUCKETS = BucketSet([(64, 32), (32, 64), (48, 48)])
 #: (width, height) of the test images: each covers its bucket with a real resize and crop
@@ -290,6 +290,26 @@ def test_a_missing_or_wrong_size_mask_is_one_counted_line_per_row(data, tmp_path
         masked(ds, spec, on_bad_image="error")[(1, 0, 0)]
 
 
+def test_a_pack_carries_each_images_mask_on_its_own_latent_grid(data) -> None:
+    """--packing: every image of a pack at its own fitted size, its mask on that image's latent grid, in a list that
+    packed_flow_step hands the packed loss (which tokenises it as the latent: tested above)."""
+    from hf_arb import PackBatchSampler
+    from hf_arb.train.sources.mask_data import MaskedPackedImageDataset
+
+    ds = data["ds"]
+    sampler = PackBatchSampler(ds, 64, num_replicas=1, rank=0, seed=0, log_report=False, max_image_tokens=48)
+    images = MaskedPackedImageDataset(ds, sampler.sizes, masks=MaskSpec("alpha"), seed=0)
+    plain = MaskedPackedImageDataset(ds, sampler.sizes, masks=MaskSpec("alpha"), seed=0)
+    packs = list(sampler)
+    assert packs and sum(len(p) for p in packs) >= 3
+    for pack in packs:
+        batch = images.collate([images[k] for k in pack])
+        assert isinstance(batch["loss_mask"], list) and len(batch["loss_mask"]) == len(pack)
+        for px, m in zip(batch["pixel_values"], batch["loss_mask"]):
+            assert m.shape == (1, px.shape[1] // 8, px.shape[2] // 8) and 0 < float(m.mean()) < 1
+        assert torch.equal(batch["loss_mask"][0], plain[pack[0]]["loss_mask"])
+
+
 class _Cached:
     """A stand-in for CachedLatentDataset: rows 0 and 1 cached at bucket 0, the index's two variants."""
 
@@ -353,3 +373,36 @@ def test_the_flags_habits_and_their_one_line_refusals(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="inside the image folder"):
         script.parse_args(["--pretrained_model_name_or_path", "m", "--train_data_dir", str(tmp_path / "images"),
                            "--mask_dir", str(tmp_path / "images" / "masks"), "--full_finetune"])
+
+
+# ------------------------------------------------------------------------------------------- two tiny runs
+@pytest.mark.slow
+@pytest.mark.xdist_group("masked_loss")
+def test_a_cached_masked_run_trains_what_the_on_the_fly_masked_run_trains(train_assets, data, tmp_path):
+    """Tiny SD, one epoch (every row once) with masks from a folder where row 01's mask is missing: from the latent
+    cache (masks recomputed with each cached crop) and encoding on the fly, the losses match within the cache's
+    float16 rounding, the same rows train (01 replaced by 00, one counted line), and every batch was masked."""
+    from test_train import COMMON, read_trace, run_script
+
+    folder = tmp_path / "masks"
+    folder.mkdir()
+    for i in (0, 2, 3):
+        Image.open(data["masks"] / f"{i:02d}.png").save(folder / f"{i:02d}.png")
+    base = ["--pretrained_model_name_or_path", train_assets["sd"], "--train_data_dir", str(data["images"]), *COMMON,
+            "--train_batch_size", "1", "--max_train_steps", "4", "--checkpointing_steps", "100", "--random_flip",
+            "--mask_dir", str(folder), "--unmasked_weight", "0.05"]
+    runs = {}
+    for name, extra in (("fly", []), ("cached", ["--cache_latents"])):
+        out = tmp_path / name
+        runs[name] = run_script([*base, *extra, "--output_dir", str(out)])
+        runs[name]["trace"] = read_trace(out, 0)
+        runs[name]["skipped"] = [json.loads(t) for t in (out / "skipped_rows.jsonl").read_text().splitlines()]
+    fly, cached = runs["fly"], runs["cached"]
+    assert "masked loss: masks from the files of" in fly["log"] and "1 of 4 rows have no mask" in fly["log"]
+    assert [t["rows"] for t in fly["trace"]] == [t["rows"] for t in cached["trace"]]
+    assert sorted(r for t in fly["trace"] for r in t["rows"]) == [0, 0, 2, 3]  # row 1 trained as row 0
+    np.testing.assert_allclose(cached["losses"], fly["losses"], rtol=2e-3)
+    assert fly["mask_rows_replaced"] == cached["mask_rows_replaced"] == 1
+    assert [(r["row"], r["replaced_by"]) for r in fly["skipped"]] == [(1, 0)] == [
+        (r["row"], r["replaced_by"]) for r in cached["skipped"]]
+    assert cached["latents_encoded"] == 4  # the cache holds image latents only, one entry per row
