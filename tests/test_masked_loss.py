@@ -406,3 +406,44 @@ def test_a_cached_masked_run_trains_what_the_on_the_fly_masked_run_trains(train_
     assert [(r["row"], r["replaced_by"]) for r in fly["skipped"]] == [(1, 0)] == [
         (r["row"], r["replaced_by"]) for r in cached["skipped"]]
     assert cached["latents_encoded"] == 4  # the cache holds image latents only, one entry per row
+
+
+#: one family per loss code path: the UNet objective, the shared flow step (SD3, Flux.1, Z-Image, Kontext), Flux.2's
+#: patchified latents, Qwen-Image's normalised ones (Qwen-Image-Edit's too)
+LOSS_PATHS = ["sd", "flux", "flux2", "qwen"]
+
+
+@pytest.mark.parametrize("family", LOSS_PATHS)
+def test_every_familys_loss_is_unchanged_by_an_all_ones_mask_and_cut_by_a_partial_one(
+        family, request: pytest.FixtureRequest) -> None:
+    """Each family's own training_loss (the UNet objective, the flow step, Flux.2's patchified latents, Qwen-Image's
+    normalised ones) on a real tiny model: the batch's all-ones ``loss_mask`` gives the plain loss, a mask that
+    drops half the latent cells gives less."""
+    import train_text_to_image_arb as script
+    from hf_arb.families import get_family
+    from hf_arb.train.cache.caches import TextEncoder
+
+    assets = request.getfixturevalue({"sd": "train_assets", "flux": "flow_assets"}.get(family, "family_assets"))
+    args = script.parse_args(["--pretrained_model_name_or_path", assets[family], "--train_data_dir", "d",
+                              "--full_finetune", "--learning_rate", "1e-5", "--max_sequence_length", "16"]
+                             if family != "sd" else ["--pretrained_model_name_or_path", assets[family],
+                                                     "--train_data_dir", "d", "--full_finetune", "--learning_rate",
+                                                     "1e-5"])
+    models = get_family(args.family).load_models(args)
+    pixels = torch.rand(2, 3, 48, 64, generator=torch.Generator().manual_seed(7)) * 2 - 1
+    batch = {"pixel_values": pixels, "captions": ["a photo", "a cat"],
+             "original_sizes": torch.tensor([[48, 64]] * 2), "crop_top_lefts": torch.zeros(2, 2, dtype=torch.long),
+             "target_sizes": torch.tensor([[48, 64]] * 2)}
+    text = TextEncoder(models, torch.device("cpu"), torch.float32, cache=False)
+
+    def loss(mask: torch.Tensor | None) -> float:
+        b = batch if mask is None else {**batch, "loss_mask": mask}
+        with torch.no_grad():
+            return float(models.family.training_loss(args, models, models.unet, b, text,
+                                                     torch.Generator().manual_seed(11), torch.float32))
+
+    plain = loss(None)
+    assert loss(torch.ones(2, 1, 6, 8)) == pytest.approx(plain, rel=1e-7, abs=0)
+    half = torch.ones(2, 1, 6, 8)
+    half[:, :, :, 4:] = 0
+    assert 0 < loss(half) < plain
