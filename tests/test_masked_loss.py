@@ -343,6 +343,13 @@ def test_cached_latents_get_the_mask_of_the_cached_variants_crop_and_missing_mas
     assert [json.loads(t)["row"] for t in log.read_text().splitlines()] == [0]
     batch = cached.collate([item, cached[(1, 0, 0)]])
     assert batch["loss_mask"].shape == (2, 1, 4, 8) and batch["latent_stats"].shape == (2, 2, 4, 4, 8)
+    empty = tmp_path / "none"
+    empty.mkdir()  # no row of bucket 0 has a mask: the row trains with weight 0, recorded, not a crash
+    log = tmp_path / "none.jsonl"
+    cached = CachedLatentsWithMasks(_Cached(), masked(ds, MaskSpec("dir", folder=str(empty)), bad_image_log=log))
+    item = cached[(1, 0, 0)]
+    assert item["row"] == 1 and torch.equal(item["loss_mask"], torch.zeros(1, 4, 8))
+    assert "trained with weight 0" in json.loads(log.read_text())["reason"]
 
 
 # ------------------------------------------------------------------------------------------- flags

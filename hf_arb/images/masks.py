@@ -196,7 +196,7 @@ class MaskedImages:
                 if im is None:
                     im = open_image(self._view[row][self.image_column])  # type: ignore[attr-defined]
                     orientation = exif_orientation(im)
-                if "A" not in im.getbands() and "transparency" not in im.info:  # opaque: all ones (sd-scripts)
+                if not {"A", "a"} & set(im.getbands()) and "transparency" not in im.info:  # opaque: all ones
                     if not self._told_opaque:
                         self._told_opaque = True
                         logger.warning("Row %d has no alpha channel: --alpha_mask trains it everywhere (as "

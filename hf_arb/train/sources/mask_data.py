@@ -70,7 +70,8 @@ class CachedLatentsWithMasks:
 
     A row whose mask is missing, unreadable or of another size is replaced by the first row of the same bucket
     (in :func:`~hf_arb.images.bad_images.replacement_order`, from ``(seed, epoch, row)``) that has a cached entry and
-    a mask, recorded once in the images' bad-row log, as the image path does; ``on_bad_image="error"`` raises.
+    a mask, recorded once in the images' bad-row log, as the image path does (where no row of its bucket has one,
+    it trains with an all-zero mask: skipped, and recorded the same way); ``on_bad_image="error"`` raises.
 
     Args:
         cached: the dataset over the latent cache.
@@ -92,6 +93,8 @@ class CachedLatentsWithMasks:
         return item
 
     def __getitem__(self, key: Any) -> dict[str, Any]:
+        import torch
+
         from hf_arb.images.bad_images import replacement_order
         from hf_arb.images.masks import MaskError
         from hf_arb.rng import ROW_REPLACE, row_rng
@@ -114,7 +117,12 @@ class CachedLatentsWithMasks:
                                           epoch=epoch)
             item["row"] = other
             return item
-        raise MaskError(f"Row {row} and the rows of its bucket tried in its place have no usable mask: {first}")
+        # no row of this bucket has both a cached entry and a mask: the row trains with weight 0 (skipped), counted
+        item = self.cached[(row, bucket, epoch)]
+        item["loss_mask"] = torch.zeros(1, *item["latent_stats"].shape[-2:])
+        self.images.bad_images.record(row, str(first).split(": ", 1)[-1] + "; no row of its bucket has a mask: "
+                                      "trained with weight 0", bucket=bucket, epoch=epoch)
+        return item
 
     @staticmethod
     def collate(items: list[dict[str, Any]]) -> dict[str, Any]:
