@@ -159,14 +159,20 @@ def test_flux2_weights_each_element_of_its_patchified_latents_by_its_own_cell() 
     torch.testing.assert_close(patched, patchify(flat), rtol=0, atol=0)
 
 
-def test_packed_masked_loss_is_the_mean_of_the_per_image_masked_losses() -> None:
+@pytest.fixture(scope="module")
+def flux_pipe():
+    from hf_arb.testing.tiny_flow import tiny_flux_pipeline
+
+    return tiny_flux_pipeline()
+
+
+def test_packed_masked_loss_is_the_mean_of_the_per_image_masked_losses(flux_pipe) -> None:
     """--packing: each image's mask is tokenised as its latent is; the packed loss equals the per-image masked losses
     computed through the transformer's own (unpacked) forward, and an all-ones mask is the unmasked packed loss."""
     from hf_arb.packing.loss import flux_pack_latent, flux_unpack_latent, packed_flow_loss
     from hf_arb.packing.model import enable_packed_attention
-    from hf_arb.testing.tiny_flow import tiny_flux_pipeline
 
-    model = enable_packed_attention(tiny_flux_pipeline().transformer.eval())
+    model = enable_packed_attention(flux_pipe.transformer.eval())
     g = torch.Generator().manual_seed(6)
     shapes = [(8, 12), (6, 10)]
     lat = [torch.randn(16, h, w, generator=g) for h, w in shapes]
@@ -308,6 +314,37 @@ def test_a_pack_carries_each_images_mask_on_its_own_latent_grid(data) -> None:
         for px, m in zip(batch["pixel_values"], batch["loss_mask"]):
             assert m.shape == (1, px.shape[1] // 8, px.shape[2] // 8) and 0 < float(m.mean()) < 1
         assert torch.equal(batch["loss_mask"][0], plain[pack[0]]["loss_mask"])
+
+
+def test_a_packs_masks_reach_the_packed_step(data, flux_pipe) -> None:
+    """packed_flow_step (what the script calls for a pack) hands the collated masks to the packed loss: all-ones
+    masks give the unmasked loss, the real ones less."""
+    from hf_arb import PackBatchSampler
+    from hf_arb.families import get_family
+    from hf_arb.packing.family import packed_flow_step
+    from hf_arb.packing.loss import PackedFlowModel
+    from hf_arb.train.sources.mask_data import MaskedPackedImageDataset
+
+    ds, family = data["ds"], get_family("flux")
+    model = PackedFlowModel(flux_pipe.transformer.eval(), backend="sdpa")
+    options = family.options(flux_pipe.scheduler.config, flux_pipe.transformer)
+    sampler = PackBatchSampler(ds, 64, num_replicas=1, rank=0, seed=0, log_report=False, max_image_tokens=48)
+    images = MaskedPackedImageDataset(ds, sampler.sizes, masks=MaskSpec("alpha"), seed=0)
+    pack = max(sampler, key=len)
+    batch = images.collate([images[k] for k in pack])
+    cfg = flux_pipe.transformer.config
+    g = torch.Generator().manual_seed(0)
+    text = (torch.randn(len(pack), 5, cfg.joint_attention_dim, generator=g),
+            torch.randn(len(pack), cfg.pooled_projection_dim, generator=g))
+
+    def loss(b: dict) -> float:
+        with torch.no_grad():
+            return float(packed_flow_step(family, options, model, b, flux_pipe.vae, lambda c: text,
+                                          torch.Generator().manual_seed(1), torch.float32, 64))
+
+    plain = {k: v for k, v in batch.items() if k != "loss_mask"}
+    ones = {**batch, "loss_mask": [torch.ones_like(m) for m in batch["loss_mask"]]}
+    assert loss(ones) == loss(plain) and 0 < loss(batch) < loss(plain)
 
 
 class _Cached:
