@@ -389,12 +389,32 @@ def test_cached_latents_get_the_mask_of_the_cached_variants_crop_and_missing_mas
     assert "trained with weight 0" in json.loads(log.read_text())["reason"]
 
 
+def test_the_masked_source_counts_rows_without_a_mask_before_any_model_loads(data, tmp_path: Path) -> None:
+    from hf_arb.train.sources import build_source, source_class
+    from hf_arb.train.sources.masks import MaskedBucketedSource, MaskedPackedSource
+
+    folder = tmp_path / "masks"
+    folder.mkdir()
+    Image.open(data["masks"] / "02.png").save(folder / "02.png")
+    base = ["--train_data_dir", str(data["images"]), "--resolution", "64", "--bucket_step", "16",
+            "--train_batch_size", "1", "--output_dir", str(tmp_path / "out")]
+    source = build_source(_parse(*base, "--mask_dir", str(folder)), None)
+    assert type(source) is MaskedBucketedSource and source.mask_counts == (1, 4)
+    assert source_class(_parse(*base, "--alpha_mask")) is MaskedBucketedSource
+    flux = ["--pretrained_model_name_or_path", "black-forest-labs/FLUX.1-dev"]
+    assert source_class(_parse(*base, "--alpha_mask", "--packing", *flux)) is MaskedPackedSource
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UsageError, match="none of the 4 trainable rows has a mask"):
+        build_source(_parse(*base, "--mask_dir", str(tmp_path / "empty")), None)
+
+
 # ------------------------------------------------------------------------------------------- flags
 def _parse(*extra: str):
     import train_text_to_image_arb as script
 
-    return script.parse_args(["--pretrained_model_name_or_path", "m", "--train_data_dir", "d", "--full_finetune",
-                              "--learning_rate", "1e-5", *extra])
+    model = [] if "--pretrained_model_name_or_path" in extra else ["--pretrained_model_name_or_path", "m"]
+    data = [] if "--train_data_dir" in extra else ["--train_data_dir", "d"]
+    return script.parse_args([*model, *data, "--full_finetune", "--learning_rate", "1e-5", *extra])
 
 
 def test_the_flags_habits_and_their_one_line_refusals(tmp_path: Path) -> None:
