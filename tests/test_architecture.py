@@ -341,8 +341,8 @@ def test_the_xdist_group_override_is_isolated_and_still_applies() -> None:
 #: tests of the run's mode (issue #33): outside the data sources (train/sources/, whose factory picks the mode)
 #: and argument validation, the script and train/ ask the source instead
 MODE_FLAG_TESTS = re.compile(r"args\.packing|args\.streaming|args\.resolution_schedule|reference_image_column"
-                             r"|stream is None|getattr\(\w+, \"(?:packing|streaming|resolutions|locate)\""
-                             r"|len\(args\.resolutions\)")
+                             r"|stream is None|getattr\(\w+, \"(?:packing|streaming|resolutions|locate|masked_loss)\""
+                             r"|len\(args\.resolutions\)|args\.(?:masked_loss|alpha_mask|mask_column|mask_dir)")
 #: where the mode flags may be read: the sources (their factory and constructors) and argument validation (flags/: the
 #: parser and its checks, upstream's aliases, and the flags a checkpoint records and compares on resume)
 MODE_FLAG_OWNERS = ("hf_arb/train/sources/", "hf_arb/train/flags/")
@@ -370,8 +370,9 @@ def test_only_the_data_sources_test_the_mode_flags() -> None:
 
 def test_mode_flag_check_finds_one(tmp_path: Path) -> None:
     probe = tmp_path / "probe.py"
-    probe.write_text('if args.packing:\n    pass\nlocate = getattr(sampler, "locate", None)\nif stream is None: pass\n')
-    assert len(_mode_flag_tests([probe])) == 3
+    probe.write_text('if args.packing:\n    pass\nlocate = getattr(sampler, "locate", None)\nif stream is None: pass\n'
+                     'if args.masked_loss: pass\n')
+    assert len(_mode_flag_tests([probe])) == 4
 
 
 def test_train_holds_at_most_fifteen_modules_and_its_docstrings_name_them() -> None:

@@ -110,10 +110,14 @@ def sample_latents(mean: torch.Tensor, std: torch.Tensor, vae_config: Mapping[st
 
 def flow_matching_loss(pred: torch.Tensor, latents: torch.Tensor, noise: torch.Tensor, noisy: torch.Tensor,
                        sigmas: torch.Tensor, weighting_scheme: str, precondition_outputs: bool,
-                       row_weights: torch.Tensor | None = None) -> torch.Tensor:
+                       row_weights: torch.Tensor | None = None, mask: torch.Tensor | None = None) -> torch.Tensor:
     """The weighted MSE of diffusers' SD3 / Flux scripts (mean over each sample, then over the batch);
-    ``row_weights`` (the batch's ``row_loss_weights``, several datasets): each sample's factor in that mean."""
+    ``row_weights`` (the batch's ``row_loss_weights``, several datasets): each sample's factor in that mean; ``mask``
+    (``--masked_loss``: ``(B, 1, h, w)`` or the latents' shape) weights each element first
+    (:func:`hf_arb.families.loss_mask.apply_loss_mask`)."""
     from diffusers.training_utils import compute_loss_weighting_for_sd3
+
+    from .loss_mask import apply_loss_mask
 
     s = sigmas.float().view(-1, *([1] * (latents.ndim - 1)))
     pred = pred.float()
@@ -123,7 +127,8 @@ def flow_matching_loss(pred: torch.Tensor, latents: torch.Tensor, noise: torch.T
     else:
         target = noise.float() - latents.float()
     weighting = compute_loss_weighting_for_sd3(weighting_scheme, sigmas=s).float()
-    return rows_mean((weighting * (pred - target) ** 2).reshape(latents.shape[0], -1).mean(dim=1), row_weights)
+    error = apply_loss_mask(weighting * (pred - target) ** 2, mask)
+    return rows_mean(error.reshape(latents.shape[0], -1).mean(dim=1), row_weights)
 
 
 def rows_mean(per_row: torch.Tensor, row_weights: torch.Tensor | None) -> torch.Tensor:
@@ -187,8 +192,11 @@ def flow_loss(family: Any, options: Any, transformer: Any, batch: Mapping[str, A
     noise, sigmas, noisy = noise_latents(latents, options, generator)
     prompt_embeds, pooled = encode(drop_captions(batch["captions"], proportion_empty_prompts, generator))
     pred = family.predict(transformer, noisy.to(dtype), sigmas, prompt_embeds, pooled, options)
+    from .loss_mask import batch_loss_mask
+
     return flow_matching_loss(pred, latents, noise, noisy, sigmas, options.weighting_scheme,
-                              options.precondition_outputs, batch.get("row_loss_weights"))
+                              options.precondition_outputs, batch.get("row_loss_weights"),
+                              mask=batch_loss_mask(batch, batch_device(batch)))
 
 
 def check_bucket_sizes(resolutions: Any, vae_scale_factor: int, patch_size: int) -> int:

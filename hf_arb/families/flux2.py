@@ -298,8 +298,12 @@ class Flux2Family(FlowFamily):
         pred = self.predict(denoiser, noisy.to(dtype), sigmas, prompt_embeds.to(dtype), None, options,
                             references=batch_references(models.vae, batch, lambda m: normalize_latents(
                                 patchify(m), models.vae), device, dtype))
+        from .loss_mask import batch_loss_mask
+
+        mask = batch_loss_mask(batch, device)  # (B, 1, h, w): patchified as the latents, one weight per element
+        mask = None if mask is None else patchify(mask.expand(-1, mean.shape[1], -1, -1).contiguous())
         return flow_matching_loss(pred, latents, noise, noisy, sigmas, options.weighting_scheme,
-                                  options.precondition_outputs, batch.get("row_loss_weights"))
+                                  options.precondition_outputs, batch.get("row_loss_weights"), mask=mask)
 
     def card_lines(self, args: argparse.Namespace) -> list[str]:
         encoder = flux2_text.layers_card_lines(args)

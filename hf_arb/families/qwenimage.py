@@ -222,8 +222,11 @@ class QwenImageFamily(FlowFamily):
         noise, sigmas, noisy = noise_latents(latents, options, generator)
         captions = drop_captions(batch["captions"], args.proportion_empty_prompts, generator)
         pred = self.conditioned_predict(models, denoiser, batch, noisy.to(dtype), sigmas, captions, text, dtype)
+        from .loss_mask import batch_loss_mask
+
         return flow_matching_loss(pred, latents, noise, noisy, sigmas, options.weighting_scheme,
-                                  options.precondition_outputs, batch.get("row_loss_weights"))
+                                  options.precondition_outputs, batch.get("row_loss_weights"),
+                                  mask=batch_loss_mask(batch, device))
 
     def conditioned_predict(self, models: Models, denoiser: Any, batch: dict[str, Any], noisy: Any, sigmas: Any,
                             captions: list[str], text: Any, dtype: Any) -> Any:

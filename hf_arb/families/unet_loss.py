@@ -20,6 +20,7 @@ from hf_arb.checks import UsageError
 
 from .conditioning import sdxl_time_ids
 from .flow import batch_device, draw, drop_captions, posterior, rows_mean, sample_latents
+from .loss_mask import apply_loss_mask, batch_loss_mask
 
 #: ``forward(noisy, timesteps, hidden, pooled, time_ids) -> prediction``: one UNet call with the family's conditioning
 Forward = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, Any, torch.Tensor], torch.Tensor]
@@ -66,15 +67,18 @@ def unet_loss(args: argparse.Namespace, scheduler: Any, vae: Any, batch: dict[st
         noisy, target = dream_adjust(sched, timesteps, noise, noisy, target, args.dream_detail_preservation,
                                      lambda x: forward(x, timesteps, hidden, pooled, time_ids))
     pred = forward(noisy, timesteps, hidden, pooled, time_ids)
-    if args.snr_gamma is None and "row_loss_weights" not in batch:
+    mask = batch_loss_mask(batch, device)  # --masked_loss: each latent cell's weight (hf_arb.families.loss_mask)
+    row_weights = batch.get("row_loss_weights")  # several datasets: each row's loss weight
+    if args.snr_gamma is None and mask is None and row_weights is None:
         return F.mse_loss(pred.float(), target.float(), reduction="mean")
-    loss = F.mse_loss(pred.float(), target.float(), reduction="none").mean(dim=(1, 2, 3))
+    error = apply_loss_mask(F.mse_loss(pred.float(), target.float(), reduction="none"), mask)
+    loss = error.mean(dim=(1, 2, 3))
     if args.snr_gamma is not None:
         snr = compute_snr(sched, timesteps)
         if sched.config.prediction_type == "v_prediction":
             snr = snr + 1
         loss = loss * (torch.clamp(snr, max=args.snr_gamma) / snr)
-    return rows_mean(loss, batch.get("row_loss_weights"))  # several datasets: each row's loss weight
+    return rows_mean(loss, row_weights)
 
 
 def timestep_bias_weights(args: argparse.Namespace, num_timesteps: int) -> torch.Tensor:

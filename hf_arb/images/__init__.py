@@ -7,6 +7,7 @@
 - :mod:`~hf_arb.images.dataset` — :class:`BucketedImageDataset`, rows fitted to their bucket, and its collate;
 - :mod:`~hf_arb.images.collate` — what every batch format shares (captions, crop coordinates);
 - :mod:`~hf_arb.images.references` — edit-model samples: references fitted with a crop consistent with the target;
+- :mod:`~hf_arb.images.masks` — loss masks (alpha, a column, a folder) fitted with their image's crop, per latent cell;
 - :mod:`~hf_arb.images.bad_images` — a broken image is substituted, counted and logged, never silently lost.
 
 May import: the ground floor and :mod:`hf_arb.buckets`.

@@ -65,6 +65,7 @@ _ADVICE = ("Skip such rows up front: re-annotate with `hf-arb annotate SOURCE --
            "substitute a row of the same bucket: --on_bad_image replace (BucketedImageDataset's default, "
            "on_bad_image='replace').")
 _MAX_REPLACEMENT_TRIES = 16
+_EXTRAS = "__hf_arb_extras__"  # the record key that carries render_extras' output from _render to __getitem__
 
 
 class _SizeMismatch(ValueError):
@@ -328,7 +329,14 @@ class BucketedImageDataset(torch.utils.data.Dataset):
                 f"Row {row}: cannot decode the image in column {self.image_column!r} from {describe_source(source)}: "
                 f"{type(e).__name__}: {e}. {_ADVICE}"
             ) from e
-        return image, plan, record
+        extras = self.render_extras(row, im, orientation, plan)  # an ImageDecodeError here replaces the row too
+        return image, plan, {**record, _EXTRAS: extras} if extras else record
+
+    def render_extras(self, row: int, im: Any, orientation: int, plan: FitPlan) -> dict[str, Any]:
+        """What a subclass adds to a sample, rendered with the same plan from the opened image ``im`` (a loss
+        mask: :class:`hf_arb.images.masks.MaskedImages`). Raising :class:`ImageDecodeError` makes the row a bad
+        row (replaced and counted, or an error with ``on_bad_image="error"``). None here."""
+        return {}
 
     def _describe(self, row: int) -> str:
         return describe_source(self._view[row][self.image_column])
@@ -375,6 +383,7 @@ class BucketedImageDataset(torch.utils.data.Dataset):
             "epoch": epoch,
             "flipped": plan.flipped,
         }
+        sample.update(record.get(_EXTRAS, {}))  # render_extras' keys (a loss mask)
         for i, tok in enumerate(self.tokenizers):
             ids = tok(caption, max_length=tok.model_max_length, padding="max_length", truncation=True,
                       return_tensors="pt").input_ids

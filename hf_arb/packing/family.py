@@ -68,7 +68,11 @@ def packed_flow_step(family: FlowFamily, options: FlowOptions, model: Any, batch
                      t=t.double().cpu().numpy(), shift_config=options.shift)
     sigmas = torch.as_tensor(meta.sigmas, dtype=torch.float32, device=device)
     guidance = family.guidance(options, m, device)
+    from hf_arb.families.loss_mask import batch_loss_mask
+
+    masks = batch_loss_mask(batch, device)  # --masked_loss: one (1, H_i, W_i) per image, tokenised by the loss
     loss, _ = model(latents, noise, list(prompt_embeds), pooled, sigmas, guidance=guidance, meta=meta,
                     weighting_scheme=options.weighting_scheme, precondition_outputs=options.precondition_outputs,
-                    num_train_timesteps=options.num_train_timesteps, dtype=dtype)
+                    num_train_timesteps=options.num_train_timesteps, dtype=dtype,
+                    **({} if masks is None else {"masks": masks}))
     return loss

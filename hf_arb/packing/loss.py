@@ -143,7 +143,8 @@ def packed_flow_loss(transformer: Any, latents: Sequence[torch.Tensor], noise: S
                      max_text_tokens: int | None = None, meta: PackMeta | None = None,
                      weighting_scheme: str = "none", precondition_outputs: bool = False,
                      reduction: Reduction = "image", num_train_timesteps: int = 1000,
-                     dtype: torch.dtype | None = None, backend: Backend = "auto") -> PackedLoss:
+                     dtype: torch.dtype | None = None, backend: Backend = "auto",
+                     masks: Sequence[torch.Tensor] | None = None) -> PackedLoss:
     """The flow-matching loss of one pack (see the module docstring).
 
     Args:
@@ -163,6 +164,9 @@ def packed_flow_loss(transformer: Any, latents: Sequence[torch.Tensor], noise: S
         dtype: the dtype of the model's inputs (noisy latents, text, timesteps; default: the latents'); targets and
             the loss stay in float32.
         backend: attention backend of the packed forward.
+        masks: ``--masked_loss``: each image's loss weights on its latent grid, ``(1, H_i, W_i)``; tokenised as its
+            latent is, so every element of the packed error gets its own cell's weight
+            (:func:`hf_arb.families.loss_mask.apply_loss_mask`; the normalisation is unchanged).
 
     Raises:
         ValueError: inputs of different lengths, or an unknown ``reduction``.
@@ -200,7 +204,14 @@ def packed_flow_loss(transformer: Any, latents: Sequence[torch.Tensor], noise: S
     else:
         target = pack_tokens([to_tokens(n.float() - x.float()) for x, n in zip(latents, noise)], length)[0]
     weight = compute_loss_weighting_for_sd3(weighting_scheme, sig).float()  # (m,)
-    se = ((pred - target) ** 2).sum(-1) * weight[idx] * real  # (L,): padding masked
+    mask = None
+    if masks is not None:  # each image's (1, H_i, W_i) weights, tokenised like its latent: (L, D)
+        from hf_arb.families.loss_mask import apply_loss_mask
+
+        mask = pack_tokens([to_tokens(w.float().expand(x.shape[0], -1, -1).contiguous())
+                            for w, x in zip(masks, latents)], length)[0]
+    error = (pred - target) ** 2 if mask is None else apply_loss_mask((pred - target) ** 2, mask)
+    se = error.sum(-1) * weight[idx] * real  # (L,): padding masked
     per_sum = torch.zeros(m, device=dev, dtype=se.dtype).index_add(0, idx, se)
     elems = torch.as_tensor(meta.seq_lens, device=dev, dtype=se.dtype) * pred.shape[-1]
     per_image = per_sum / elems

@@ -18,6 +18,7 @@ from ..sources.dataset import BUCKET_TABLE_FLAGS
 from ..sources.tiers import check_tier_flags, parse_resolutions, split_resolution
 from .arg_checks import LR_SCHEDULERS, check_values
 from .dataset_config import check_dataset_config
+from .mask_flags import add_mask_flags, check_mask_flags
 from .upstream_flags import add_upstream_flags, check_upstream_flags, resolve_upstream_aliases
 
 torch: Any = LazyModule("torch")  # loaded when a function needs it: --help and flag errors answer before torch
@@ -206,6 +207,7 @@ def build_parser() -> argparse.ArgumentParser:
     # --- the other dreambooth scripts' flags (issue 35): train_dreambooth{,_lora}.py, _flux2*, _kontext, _qwen_image,
     # _z_image; hf_arb.train.flags.upstream_flags resolves the aliases and refuses, in one line, what cannot work here
     add_upstream_flags(a)
+    add_mask_flags(a)  # --masked_loss, --alpha_mask, --mask_column, --mask_dir, --unmasked_weight (issue 36)
     # --- packing (SD3 / Flux): NaViT packs of images at their own size instead of buckets (docs/packing.md)
     a("--packing", action="store_true",
       help="SD3/Flux: train packs of images at their own size and aspect (no bucket crop) in one token sequence "
@@ -398,6 +400,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     check_tier_flags(args)  # several tiers: what they do not support yet, named before the other flag checks
     check_values(args)
     check_dataset_config(args, parser.get_default("train_batch_size"))  # --dataset_config: the file, parsed
+    check_mask_flags(args)  # --masked_loss and its mask source (hf_arb.train.flags.mask_flags)
     return args
 
 

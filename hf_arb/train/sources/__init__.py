@@ -19,7 +19,9 @@ Modules:
 - :mod:`~hf_arb.train.sources.loaders` — samplers and DataLoaders of the map-style and packed sources;
 - :mod:`~hf_arb.train.sources.stream` — the streamed dataset, its counts, loader and per-rank resume files;
 - :mod:`~hf_arb.train.sources.tiers` — several ``--resolution`` tiers: flags, the combined bucket table, images;
-- :mod:`~hf_arb.train.sources.multi` — ``--dataset_config``: several datasets, their shares, one global plan.
+- :mod:`~hf_arb.train.sources.multi` — ``--dataset_config``: several datasets, their shares, one global plan;
+- :mod:`~hf_arb.train.sources.masks` — ``--masked_loss``: the map-style and packed sources with a loss mask per image;
+- :mod:`~hf_arb.train.sources.mask_data` — their data: the mask flags read, rows with masks, packed and cached masks.
 
 The path of one batch through a source: docs/code_map.md. Part of floor 7 (``train/``): imports the floors below
 and ``train/``'s own modules, never the script.
@@ -33,7 +35,18 @@ from typing import Any
 
 def source_class(args: argparse.Namespace) -> type:
     """The :class:`~hf_arb.train.sources.base.Source` subclass of the run's mode flags (the allowed combinations:
-    ``train/arg_checks.py`` refuses the others before this is asked)."""
+    ``train/arg_checks.py`` refuses the others before this is asked); with a loss mask (``--masked_loss``), its
+    masked counterpart (:func:`hf_arb.train.sources.masks.masked_class`)."""
+    cls = mode_class(args)
+    if getattr(args, "masked_loss", False):
+        from .masks import masked_class
+
+        cls = masked_class(args, cls)
+    return cls
+
+
+def mode_class(args: argparse.Namespace) -> type:
+    """:func:`source_class` before masks: the class of ``--streaming``, ``--packing``, the tiers and references."""
     tiered = len(getattr(args, "resolutions", None) or []) > 1
     if getattr(args, "dataset_config", None):  # several datasets (the flag checks refuse the other modes with it)
         from .multi import MultiSource

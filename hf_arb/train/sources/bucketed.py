@@ -20,6 +20,7 @@ class BucketedSource(Source):
 
     ds: Any = None
     references: tuple[str, ...] | list[str] = ()  # an edit model's reference columns (ReferenceSource)
+    masks: Any = None  # --masked_loss: the MaskSpec of the masked sources (hf_arb.train.sources.masks)
 
     def load(self, accelerator: Any) -> None:
         self.ds, self.buckets = dataset_with_buckets(self.args, accelerator)
@@ -34,7 +35,7 @@ class BucketedSource(Source):
 
         dataloader, self.cache_index = build_dataloader(self.args, accelerator, self.ds, self.buckets, models,
                                                         self.sampler, schedule, weight_dtype,
-                                                        references=self.references)
+                                                        references=self.references, masks=self.masks)
         fill_deepspeed_micro_batch(accelerator, self.sampler)  # DeepSpeed cannot read a batch sampler's batch size
         return dataloader
 

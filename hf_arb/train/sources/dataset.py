@@ -312,15 +312,21 @@ def check_upscale(args: argparse.Namespace, ds: Any, buckets: Any) -> None:
             f"Pass a smaller --resolution, e.g. {side} (about their median side).")
 
 
-def image_dataset(args: argparse.Namespace, ds: Any, buckets: Any, references: list[str] | None = None) -> Any:
+def image_dataset(args: argparse.Namespace, ds: Any, buckets: Any, references: list[str] | None = None,
+                  masks: Any = None) -> Any:
     """The images fitted to each batch's bucket (several tiers: to that bucket of the batch's tier). ``references``:
-    an edit model's reference columns (the sampler's keys carry composite ids: each reference at its own bucket)."""
+    an edit model's reference columns (the sampler's keys carry composite ids: each reference at its own bucket);
+    ``masks``: a :class:`~hf_arb.images.masks.MaskSpec` (``--masked_loss``: each sample carries its ``loss_mask``)."""
     from hf_arb import BucketedImageDataset
 
     if isinstance(buckets, TierTable):
         return TieredImages(image_dataset(args, ds, buckets.resolutions), buckets)
     cls: Any = BucketedImageDataset
     extra: dict[str, Any] = {}
+    if masks is not None:
+        from hf_arb.images.masks import MaskedImageDataset
+
+        cls, extra = MaskedImageDataset, {"masks": masks}
     if references:  # an edit model: keys carry composite ids (make_sampler)
         from hf_arb.buckets.references import read_composite
         from hf_arb.images.references import BucketedReferenceDataset

@@ -118,10 +118,12 @@ def packing_report(sampler: Any) -> str:
 
 def build_dataloader(args: argparse.Namespace, accelerator: Any, ds: Any, buckets: Any, models: Models, sampler: Any,
                      schedule: Schedule, weight_dtype: torch.dtype,
-                     references: list[str] | None = None, collate_wrap: Any = None) -> tuple[Any, Any]:
+                     references: list[str] | None = None, collate_wrap: Any = None,
+                     masks: Any = None) -> tuple[Any, Any]:
     """DataLoader over images (fitted to the batch's bucket) or, with --cache_latents, over cached latents.
-    ``references``: an edit model's reference columns (composite keys; batches report the target bucket).
-    ``collate_wrap``: ``collate -> collate`` adding per-row fields (several datasets: each row's loss weight).
+    ``references``: an edit model's reference columns (composite keys; batches report the target bucket);
+    ``collate_wrap``: ``collate -> collate`` adding per-row fields (several datasets: each row's loss weight);
+    ``masks``: ``--masked_loss``'s :class:`~hf_arb.images.masks.MaskSpec` (every batch carries ``loss_mask``).
 
     Returns ``(dataloader, cache index or None)``; the loader still has to go through ``accelerator.prepare``.
     """
@@ -150,17 +152,26 @@ def build_dataloader(args: argparse.Namespace, accelerator: Any, ds: Any, bucket
             # its encoder sees them
             dataset = CachedLatentsWithReferences(dataset, image_dataset(args, ds, buckets, references))
             collate = dataset.collate
+        if masks is not None:  # masks recomputed with each cached variant's plan (hf_arb.train.sources.masks)
+            from .mask_data import CachedLatentsWithMasks
+
+            dataset = CachedLatentsWithMasks(dataset, image_dataset(args, ds, buckets, masks=masks))
+            collate = dataset.collate
     else:
         index = None
         if args.packing:
             from hf_arb import PackedImageDataset
 
-            dataset = PackedImageDataset(
-                ds, sampler.sizes, image_column=args.image_column, caption_column=args.caption_column, seed=args.seed,
+            packed: Any = PackedImageDataset
+            if masks is not None:  # each image's loss mask on its own latent grid
+                from .mask_data import MaskedPackedImageDataset as packed
+            dataset = packed(
+                ds, sampler.sizes, **({} if masks is None else {"masks": masks}), image_column=args.image_column,
+                caption_column=args.caption_column, seed=args.seed,
                 center_crop=args.center_crop, random_flip=args.random_flip, resample=args.image_interpolation_mode,
                 on_bad_image=args.on_bad_image, bad_image_log=Path(args.output_dir) / SKIPPED_ROWS_FILE)
         else:
-            dataset = image_dataset(args, ds, buckets, references)
+            dataset = image_dataset(args, ds, buckets, references, masks=masks)
         collate = dataset.collate
     if collate_wrap is not None:
         collate = collate_wrap(collate)
