@@ -18,7 +18,9 @@ SD3/3.5, Flux.1, Flux.2, Qwen-Image, Z-Image and the edit models, behind one int
 - :mod:`~hf_arb.families.qwenimage` — Qwen-Image; :mod:`~hf_arb.families.qwenimage_edit` — Qwen-Image-Edit (one
   reference image) and :mod:`~hf_arb.families.qwenimage_edit_plus` — Qwen-Image-Edit-2509/2511 (several), with
   :mod:`~hf_arb.families.qwen_processor` (their Qwen2-VL processor, images only);
-- :mod:`~hf_arb.families.zimage` — Z-Image.
+- :mod:`~hf_arb.families.zimage` — Z-Image;
+- :mod:`~hf_arb.families.sample_weights` — per-sample loss weights, one reduction for every
+  family (prior preservation's instance + weight x class loss).
 
 The flow-matching families are :data:`FLOW_FAMILIES` (:func:`flow_families`): the registered adapters whose
 ``objective`` is ``"flow"``.

@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .sample_weights import SAMPLE_WEIGHTS, batch_mean
 from .shift import ShiftConfig, calculate_mu, check_latent_sizes, shift_sigmas
 
 __all__ = [
@@ -89,8 +90,10 @@ def sample_latents(mean: torch.Tensor, std: torch.Tensor, vae_config: Mapping[st
 
 
 def flow_matching_loss(pred: torch.Tensor, latents: torch.Tensor, noise: torch.Tensor, noisy: torch.Tensor,
-                       sigmas: torch.Tensor, weighting_scheme: str, precondition_outputs: bool) -> torch.Tensor:
-    """The weighted MSE of diffusers' SD3 / Flux scripts (mean over each sample, then over the batch)."""
+                       sigmas: torch.Tensor, weighting_scheme: str, precondition_outputs: bool,
+                       sample_weights: torch.Tensor | None = None) -> torch.Tensor:
+    """The weighted MSE of diffusers' SD3 / Flux scripts (mean over each sample, then over the batch; with
+    ``sample_weights`` ``(B,)``, their weighted mean: :mod:`hf_arb.families.sample_weights`)."""
     from diffusers.training_utils import compute_loss_weighting_for_sd3
 
     s = sigmas.float().view(-1, *([1] * (latents.ndim - 1)))
@@ -101,7 +104,8 @@ def flow_matching_loss(pred: torch.Tensor, latents: torch.Tensor, noise: torch.T
     else:
         target = noise.float() - latents.float()
     weighting = compute_loss_weighting_for_sd3(weighting_scheme, sigmas=s).float()
-    return (weighting * (pred - target) ** 2).reshape(latents.shape[0], -1).mean(dim=1).mean()
+    per_sample = (weighting * (pred - target) ** 2).reshape(latents.shape[0], -1).mean(dim=1)
+    return per_sample.mean() if sample_weights is None else batch_mean(per_sample, sample_weights)
 
 
 def noise_latents(latents: torch.Tensor, options: Any, generator: torch.Generator,
@@ -158,7 +162,7 @@ def flow_loss(family: Any, options: Any, transformer: Any, batch: Mapping[str, A
     prompt_embeds, pooled = encode(drop_captions(batch["captions"], proportion_empty_prompts, generator))
     pred = family.predict(transformer, noisy.to(dtype), sigmas, prompt_embeds, pooled, options)
     return flow_matching_loss(pred, latents, noise, noisy, sigmas, options.weighting_scheme,
-                              options.precondition_outputs)
+                              options.precondition_outputs, batch.get(SAMPLE_WEIGHTS))
 
 
 def check_bucket_sizes(resolutions: Any, vae_scale_factor: int, patch_size: int) -> int:

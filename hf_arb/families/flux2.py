@@ -43,6 +43,7 @@ from hf_arb.lazy import LazyModule
 from . import flux2_text
 from .base import Models, builtin_family
 from .flow_family import FlowFamily, FlowOptions, FlowParts
+from .sample_weights import SAMPLE_WEIGHTS
 
 torch: Any = LazyModule("torch")  # family detection must not import torch
 
@@ -299,7 +300,7 @@ class Flux2Family(FlowFamily):
                             references=batch_references(models.vae, batch, lambda m: normalize_latents(
                                 patchify(m), models.vae), device, dtype))
         return flow_matching_loss(pred, latents, noise, noisy, sigmas, options.weighting_scheme,
-                                  options.precondition_outputs)
+                                  options.precondition_outputs, batch.get(SAMPLE_WEIGHTS))
 
     def card_lines(self, args: argparse.Namespace) -> list[str]:
         encoder = flux2_text.layers_card_lines(args)

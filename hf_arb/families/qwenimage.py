@@ -38,6 +38,7 @@ from hf_arb.lazy import LazyModule
 
 from .base import Models, builtin_family
 from .flow_family import FlowFamily, FlowOptions, FlowParts
+from .sample_weights import SAMPLE_WEIGHTS
 
 torch: Any = LazyModule("torch")  # family detection must not import torch
 
@@ -223,7 +224,7 @@ class QwenImageFamily(FlowFamily):
         captions = drop_captions(batch["captions"], args.proportion_empty_prompts, generator)
         pred = self.conditioned_predict(models, denoiser, batch, noisy.to(dtype), sigmas, captions, text, dtype)
         return flow_matching_loss(pred, latents, noise, noisy, sigmas, options.weighting_scheme,
-                                  options.precondition_outputs)
+                                  options.precondition_outputs, batch.get(SAMPLE_WEIGHTS))
 
     def conditioned_predict(self, models: Models, denoiser: Any, batch: dict[str, Any], noisy: Any, sigmas: Any,
                             captions: list[str], text: Any, dtype: Any) -> Any:

@@ -20,6 +20,7 @@ from hf_arb.checks import UsageError
 
 from .conditioning import sdxl_time_ids
 from .flow import drop_captions, posterior, sample_latents
+from .sample_weights import SAMPLE_WEIGHTS, batch_mean
 
 #: ``forward(noisy, timesteps, hidden, pooled, time_ids) -> prediction``: one UNet call with the family's conditioning
 Forward = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, Any, torch.Tensor], torch.Tensor]
@@ -68,14 +69,16 @@ def unet_loss(args: argparse.Namespace, scheduler: Any, vae: Any, batch: dict[st
         noisy, target = dream_adjust(sched, timesteps, noise, noisy, target, args.dream_detail_preservation,
                                      lambda x: forward(x, timesteps, hidden, pooled, time_ids))
     pred = forward(noisy, timesteps, hidden, pooled, time_ids)
-    if args.snr_gamma is None:
+    sample_weights = batch.get(SAMPLE_WEIGHTS)  # prior preservation: instance + weight x class (sample_weights.py)
+    if args.snr_gamma is None and sample_weights is None:
         return F.mse_loss(pred.float(), target.float(), reduction="mean")
-    snr = compute_snr(sched, timesteps)
-    if sched.config.prediction_type == "v_prediction":
-        snr = snr + 1
-    weights = torch.clamp(snr, max=args.snr_gamma) / snr
-    loss = F.mse_loss(pred.float(), target.float(), reduction="none").mean(dim=(1, 2, 3)) * weights
-    return loss.mean()
+    loss = F.mse_loss(pred.float(), target.float(), reduction="none").mean(dim=(1, 2, 3))
+    if args.snr_gamma is not None:
+        snr = compute_snr(sched, timesteps)
+        if sched.config.prediction_type == "v_prediction":
+            snr = snr + 1
+        loss = loss * (torch.clamp(snr, max=args.snr_gamma) / snr)
+    return batch_mean(loss, sample_weights)
 
 
 def timestep_bias_weights(args: argparse.Namespace, num_timesteps: int) -> torch.Tensor:

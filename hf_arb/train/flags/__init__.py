@@ -3,6 +3,7 @@
 - :mod:`~hf_arb.train.flags.args` — the parser (diffusers' flags plus the bucketing ones) and :func:`parse_args`;
 - :mod:`~hf_arb.train.flags.arg_checks` — the flag checks, each naming its fix;
 - :mod:`~hf_arb.train.flags.upstream_flags` — the flags of upstream's dreambooth scripts: aliases, no-ops, refusals;
+- :mod:`~hf_arb.train.flags.prior_flags` — prior preservation's flags (upstream's names and defaults) and their checks;
 - :mod:`~hf_arb.train.flags.resume_flags` — the flags that shape a checkpoint, recorded in it and compared on resume;
 - :mod:`~hf_arb.train.flags.versions` — the tested package versions: a warning outside them, a refusal where a feature
   cannot work.
