@@ -300,6 +300,15 @@ def test_prior_flags_parse_with_upstream_defaults_and_pick_the_prior_source(capl
     assert "--class_data_dir, --prior_loss_weight: no effect without --with_prior_preservation" in caplog.text
 
 
+def test_a_resume_that_drops_or_adds_prior_preservation_is_refused_naming_the_flag():
+    from hf_arb.train.flags.resume_flags import flag_differences, shaping_flags
+
+    prior, plain = shaping_flags(script.parse_args([*BASE, *PRIOR])), shaping_flags(script.parse_args(BASE))
+    assert flag_differences(prior, prior) == [] and flag_differences({"rank": 4}, prior) == []  # older records
+    assert any("--with_prior_preservation" in line for line in flag_differences(prior, plain))
+    assert any("--with_prior_preservation" in line for line in flag_differences(plain, prior))
+
+
 def test_generation_precision_is_upstreams():
     assert class_images.generation_dtype(None, torch.device("cpu")) == torch.float32
     assert class_images.generation_dtype("no", SimpleNamespace(type="cuda")) == torch.float16
