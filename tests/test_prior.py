@@ -318,6 +318,24 @@ def test_generation_precision_is_upstreams():
         script.parse_args([*BASE, *PRIOR, "--prior_generation_precision", "fp8"])
 
 
+def test_the_prior_source_answers_as_the_map_style_sources_before_the_models(assets, tmp_path):
+    """Before any model loads, a prior run's source plans the instance rows as a plain one (the same sampler, epochs,
+    checkpoints); only its loader and its statistics differ."""
+    from hf_arb.train.sources import build_source
+
+    argv = ["--pretrained_model_name_or_path", assets["sd"], "--instance_data_dir", assets["images"],
+            "--instance_prompt", "p", "--output_dir", str(tmp_path), "--resolution", "64", "--bucket_step", "16",
+            "--train_batch_size", "2", "--rank", "4", "--seed", "0"]
+    one = SimpleNamespace(num_processes=1, process_index=0, is_main_process=True, is_local_main_process=True)
+    plain, prior = (build_source(script.parse_args([*argv, *extra]), None) for extra in ([], PRIOR))
+    assert type(prior) is PriorSource
+    for s in (plain, prior):
+        s.start(one)
+    assert prior.sampler.state_dict() == plain.sampler.state_dict() and prior.schedule(1) == plain.schedule(1)
+    assert [list(b) for b in prior.sampler] == [list(b) for b in plain.sampler]
+    assert {"class_images_generated", "class_images_reused", "latents_encoded"} <= set(prior.stats(0))
+
+
 # ------------------------------------------------------------------------------------------ one tiny run
 def test_a_prior_run_generates_the_missing_class_image_and_trains_pairs_of_one_bucket(assets, tmp_path):
     """2 steps of tiny SD LoRA: one user class image kept, one generated (upstream's pipeline call, default steps),
