@@ -103,9 +103,7 @@ class PriorSource(BucketedSource):
         from hf_arb.train.signals import ignore_stop_signals_in_worker
 
         instance_ids = np.asarray(self.ds.with_format("numpy")["bucket"])
-        self.class_counts = generate_class_images(self.args, accelerator, models, self.buckets, instance_ids)
-        class_ds = folder_class_dataset(self.args)
-        self.class_counts.used = len(class_ds)
+        class_ds = self.class_dataset(accelerator, models, instance_ids)
         self.pairs = prior_pairs(self.args, image_dataset(self.args, self.ds, self.buckets), class_ds,
                                  instance_ids, self.buckets)
         loader = torch.utils.data.DataLoader(self.pairs, batch_sampler=self.sampler, collate_fn=self.pairs.collate,
@@ -113,6 +111,15 @@ class PriorSource(BucketedSource):
                                              worker_init_fn=ignore_stop_signals_in_worker)
         fill_deepspeed_micro_batch(accelerator, self.sampler)
         return loader
+
+    def class_dataset(self, accelerator: Any, models: Any, instance_ids: np.ndarray) -> Any:
+        """The class images to pair with: ``--class_data_dir``, completed by generation first (every process its
+        share). A source whose class images are a regularization dataset answers with that dataset instead (an image
+        and a caption column, as :func:`prior_pairs` takes)."""
+        self.class_counts = generate_class_images(self.args, accelerator, models, self.buckets, instance_ids)
+        class_ds = folder_class_dataset(self.args)
+        self.class_counts.used = len(class_ds)
+        return class_ds
 
     def report(self, accelerator: Any, schedule: Schedule, models: Any) -> None:
         super().report(accelerator, schedule, models)
