@@ -2,15 +2,14 @@
 bucket, the resumable generation of missing class images, and the loss ``instance + prior_loss_weight x class``.
 
 Pure functions first (hypothesis over bucket tables and plans), then the loss on fixed tensors, the generation's
-bookkeeping with a recording pipeline, the flag checks, and one tiny SD run (diffusers' own prior-preservation tests
-run against the script in tests/upstream/test_dreambooth_lora_flux2_prior.py)."""
+bookkeeping with a recording pipeline, the flag checks, and a tiny SD run on 2 processes with its resume (the shared
+2-process batch; diffusers' own prior-preservation tests run against the script in
+tests/upstream/test_dreambooth_lora_flux2_prior.py)."""
 
 from __future__ import annotations
 
 import json
 import logging
-import shutil
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -21,7 +20,6 @@ from _train_fixtures import GROUP, batch_result
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from PIL import Image
-from test_train import run_script
 
 import train_text_to_image_arb as script
 from hf_arb import BucketBatchSampler
@@ -336,31 +334,7 @@ def test_the_prior_source_answers_as_the_map_style_sources_before_the_models(ass
     assert {"class_images_generated", "class_images_reused", "latents_encoded"} <= set(prior.stats(0))
 
 
-# ------------------------------------------------------------------------------------------ one tiny run
-def test_a_prior_run_generates_the_missing_class_image_and_trains_pairs_of_one_bucket(assets, tmp_path):
-    """2 steps of tiny SD LoRA: one user class image kept, one generated (upstream's pipeline call, default steps),
-    every batch 2 instance + 2 class images at the batch's bucket, the counts in hf_arb_run.json."""
-    folder = tmp_path / "class"
-    folder.mkdir()
-    first = sorted(Path(assets["images"]).glob("*.png"))[0]
-    shutil.copy(first, folder / "dog.png")
-    out = tmp_path / "out"
-    stats = run_script(["--pretrained_model_name_or_path", assets["sd"], "--instance_data_dir", assets["images"],
-                        "--instance_prompt", "sks dog", *PRIOR[:1], "--class_data_dir", str(folder), "--class_prompt",
-                        "a dog", "--num_class_images", "2", "--sample_batch_size", "1", "--resolution", "64",
-                        "--bucket_step", "16", "--train_batch_size", "2", "--report_to", "none", "--seed", "0",
-                        "--max_train_steps", "2", "--rank", "4", "--learning_rate", "1e-4", "--log_batches",
-                        "--output_dir", str(out)])
-    assert (stats["class_images_reused"], stats["class_images_generated"], stats["class_images_used"]) == (1, 1, 2)
-    assert sorted(p.name for p in folder.iterdir()) == ["class-000000.png", "dog.png"]
-    assert "Prior preservation: 2 class images" in stats["log"] and "(1 found, 1 generated)" in stats["log"]
-    trace = [json.loads(line) for line in (out / "batches" / "rank0.jsonl").read_text().splitlines()]
-    assert len(trace) == 2
-    for step in trace:  # 2 instance rows then 2 class rows, all fitted to the step's bucket
-        w, h = (int(x) for x in step["label"].split("x"))
-        assert step["shape"] == [4, 3, h, w] and len(step["rows"]) == 4
-    assert (out / "pytorch_lora_weights.safetensors").is_file()
-
+# ------------------------------------------------------------------------------------------ 2 processes
 
 @pytest.mark.slow
 @pytest.mark.xdist_group(GROUP)
