@@ -271,6 +271,13 @@ def batch_runs(root: Path, train: dict[str, str], flow: dict[str, str], stream: 
     runs.append({"name": "broken-ddp", "out": str(out), "damaged": damaged, "argv": [
         "--pretrained_model_name_or_path", train["sd"], "--train_data_dir", images, "--output_dir", str(out),
         *SD_BASE, "--full_finetune", "--num_train_epochs", "1", "--checkpointing_steps", "100"]})
+    # test_prior.py: prior preservation on 2 ranks, each generating its share of the 4 class images; 4 steps,
+    # checkpoint at 2; the resumed run finds the 4 images (kept, none generated)
+    runs += _pair(root, "prior-sd", [
+        "--pretrained_model_name_or_path", train["sd"], "--instance_data_dir", train["images"], "--instance_prompt",
+        "sks dog", "--with_prior_preservation", "--class_data_dir", str(root / "prior-class"), "--class_prompt",
+        "a dog", "--num_class_images", "4", "--sample_batch_size", "2", *SD_BASE, "--rank", "4",
+        "--max_train_steps", "4", "--checkpointing_steps", "2"], "checkpoint-2")
     # test_fault_train.py: SIGTERM reaches rank 1 only, during update 2 (tests/_signal_worker.py; issue 34, item 4)
     out = root / "signal-one-rank"
     runs.append({"name": "signal-one-rank", "out": str(out), "worker": "_signal_worker", "argv": [

@@ -342,7 +342,8 @@ def test_the_xdist_group_override_is_isolated_and_still_applies() -> None:
 #: and argument validation, the script and train/ ask the source instead
 MODE_FLAG_TESTS = re.compile(r"args\.packing|args\.streaming|args\.resolution_schedule|reference_image_column"
                              r"|stream is None|getattr\(\w+, \"(?:packing|streaming|resolutions|locate|masked_loss)\""
-                             r"|len\(args\.resolutions\)|args\.(?:masked_loss|alpha_mask|mask_column|mask_dir)")
+                             r"|len\(args\.resolutions\)|args\.(?:masked_loss|alpha_mask|mask_column|mask_dir)"
+                             r"|args\.with_prior_preservation|getattr\(\w+, \"with_prior_preservation\"")
 #: where the mode flags may be read: the sources (their factory and constructors) and argument validation (flags/: the
 #: parser and its checks, upstream's aliases, and the flags a checkpoint records and compares on resume)
 MODE_FLAG_OWNERS = ("hf_arb/train/sources/", "hf_arb/train/flags/")

@@ -164,7 +164,8 @@ def test_elastic_resume_from_two_to_three_processes_keeps_the_global_sequence():
 def test_row_loss_weights_weight_each_row_and_ones_change_nothing():
     import torch
 
-    from hf_arb.families.flow import flow_matching_loss, rows_mean
+    from hf_arb.families.flow import flow_matching_loss
+    from hf_arb.families.sample_weights import batch_mean as rows_mean
 
     g = torch.Generator().manual_seed(0)
     pred, lat, noise = (torch.randn(3, 4, 8, 8, generator=g) for _ in range(3))
@@ -189,8 +190,8 @@ def test_the_batch_carries_each_rows_dataset_loss_weight_only_when_one_is_not_1(
     slot_dataset = np.array([0, 0, 1, 1, 2])
     weighted = MixCollate(inner, slot_dataset, np.array([1.0, 0.5, 3.0]), [{}, {}, {}])
     batch = weighted([{"row": 4}, {"row": 0}, {"row": 2}])
-    assert batch["row_loss_weights"].tolist() == [3.0, 1.0, 0.5]
-    assert "row_loss_weights" not in MixCollate(inner, slot_dataset, np.ones(3), [{}, {}, {}])([{"row": 4}])
+    assert batch["sample_weights"].tolist() == [3.0, 1.0, 0.5]
+    assert "sample_weights" not in MixCollate(inner, slot_dataset, np.ones(3), [{}, {}, {}])([{"row": 4}])
 
 
 # ------------------------------------------------------------------------------------------- the source and a run

@@ -21,12 +21,14 @@ from hf_arb.train.sources.base import Source  # noqa: E402
 from hf_arb.train.sources.bucketed import BucketedSource, ReferenceSource, TieredSource  # noqa: E402
 from hf_arb.train.sources.multi import MultiSource  # noqa: E402
 from hf_arb.train.sources.packed import PackedSource, TieredPackedSource  # noqa: E402
+from hf_arb.train.sources.prior import PriorSource  # noqa: E402
 from hf_arb.train.sources.streamed import StreamSource, TieredStreamSource  # noqa: E402
 
 #: (mode flags, the source they get): every combination the argument checks allow
 MODES = [
     (dict(), BucketedSource),
     (dict(reference_image_column=["before"]), ReferenceSource),
+    (dict(with_prior_preservation=True), PriorSource),
     (dict(resolutions=[32, 64]), TieredSource),
     (dict(packing=True), PackedSource),
     (dict(packing=True, resolutions=[32, 64]), TieredPackedSource),

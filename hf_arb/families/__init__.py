@@ -21,6 +21,8 @@ SD3/3.5, Flux.1, Flux.2, Qwen-Image, Z-Image and the edit models, behind one int
 - :mod:`~hf_arb.families.zimage` — Z-Image;
 - :mod:`~hf_arb.families.loss_mask` — the masked loss (``--masked_loss``): every family's per-element error weighted
   by the batch's ``loss_mask``, in one place.
+- :mod:`~hf_arb.families.sample_weights` — per-sample loss weights, one reduction for every
+  family (prior preservation's instance + weight x class loss, several datasets' loss weights).
 
 The flow-matching families are :data:`FLOW_FAMILIES` (:func:`flow_families`): the registered adapters whose
 ``objective`` is ``"flow"``.

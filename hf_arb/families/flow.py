@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .sample_weights import SAMPLE_WEIGHTS, batch_mean
 from .shift import ShiftConfig, calculate_mu, check_latent_sizes, shift_sigmas
 
 __all__ = [
@@ -44,7 +45,6 @@ __all__ = [
     "flow_matching_loss",
     "posterior",
     "register_transformer_hooks",
-    "rows_mean",
     "sample_latents",
     "shift_report",
     "stock_pipeline",
@@ -110,9 +110,9 @@ def sample_latents(mean: torch.Tensor, std: torch.Tensor, vae_config: Mapping[st
 
 def flow_matching_loss(pred: torch.Tensor, latents: torch.Tensor, noise: torch.Tensor, noisy: torch.Tensor,
                        sigmas: torch.Tensor, weighting_scheme: str, precondition_outputs: bool,
-                       row_weights: torch.Tensor | None = None, mask: torch.Tensor | None = None) -> torch.Tensor:
-    """The weighted MSE of diffusers' SD3 / Flux scripts (mean over each sample, then over the batch);
-    ``row_weights`` (the batch's ``row_loss_weights``, several datasets): each sample's factor in that mean; ``mask``
+                       sample_weights: torch.Tensor | None = None, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """The weighted MSE of diffusers' SD3 / Flux scripts (mean over each sample, then over the batch; with
+    ``sample_weights`` ``(B,)``, their weighted mean: :mod:`hf_arb.families.sample_weights`); ``mask``
     (``--masked_loss``: ``(B, 1, h, w)`` or the latents' shape) weights each element first
     (:func:`hf_arb.families.loss_mask.apply_loss_mask`)."""
     from diffusers.training_utils import compute_loss_weighting_for_sd3
@@ -128,15 +128,7 @@ def flow_matching_loss(pred: torch.Tensor, latents: torch.Tensor, noise: torch.T
         target = noise.float() - latents.float()
     weighting = compute_loss_weighting_for_sd3(weighting_scheme, sigmas=s).float()
     error = apply_loss_mask(weighting * (pred - target) ** 2, mask)
-    return rows_mean(error.reshape(latents.shape[0], -1).mean(dim=1), row_weights)
-
-
-def rows_mean(per_row: torch.Tensor, row_weights: torch.Tensor | None) -> torch.Tensor:
-    """The batch's loss from each row's: their mean, each row times its weight where the batch carries
-    ``row_loss_weights`` (``(B,)``; absent: every weight 1, the plain mean)."""
-    if row_weights is None:
-        return per_row.mean()
-    return (per_row * row_weights.to(per_row.device, per_row.dtype)).mean()
+    return batch_mean(error.reshape(latents.shape[0], -1).mean(dim=1), sample_weights)
 
 
 def noise_latents(latents: torch.Tensor, options: Any, generator: torch.Generator,
@@ -195,7 +187,7 @@ def flow_loss(family: Any, options: Any, transformer: Any, batch: Mapping[str, A
     from .loss_mask import batch_loss_mask
 
     return flow_matching_loss(pred, latents, noise, noisy, sigmas, options.weighting_scheme,
-                              options.precondition_outputs, batch.get("row_loss_weights"),
+                              options.precondition_outputs, batch.get(SAMPLE_WEIGHTS),
                               mask=batch_loss_mask(batch, batch_device(batch)))
 
 

@@ -43,6 +43,7 @@ from hf_arb.lazy import LazyModule
 from . import flux2_text
 from .base import Models, builtin_family
 from .flow_family import FlowFamily, FlowOptions, FlowParts
+from .sample_weights import SAMPLE_WEIGHTS
 
 torch: Any = LazyModule("torch")  # family detection must not import torch
 
@@ -303,7 +304,7 @@ class Flux2Family(FlowFamily):
         mask = batch_loss_mask(batch, device)  # (B, 1, h, w): patchified as the latents, one weight per element
         mask = None if mask is None else patchify(mask.expand(-1, mean.shape[1], -1, -1).contiguous())
         return flow_matching_loss(pred, latents, noise, noisy, sigmas, options.weighting_scheme,
-                                  options.precondition_outputs, batch.get("row_loss_weights"), mask=mask)
+                                  options.precondition_outputs, batch.get(SAMPLE_WEIGHTS), mask=mask)
 
     def card_lines(self, args: argparse.Namespace) -> list[str]:
         encoder = flux2_text.layers_card_lines(args)

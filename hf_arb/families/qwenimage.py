@@ -38,6 +38,7 @@ from hf_arb.lazy import LazyModule
 
 from .base import Models, builtin_family
 from .flow_family import FlowFamily, FlowOptions, FlowParts
+from .sample_weights import SAMPLE_WEIGHTS
 
 torch: Any = LazyModule("torch")  # family detection must not import torch
 
@@ -225,7 +226,7 @@ class QwenImageFamily(FlowFamily):
         from .loss_mask import batch_loss_mask
 
         return flow_matching_loss(pred, latents, noise, noisy, sigmas, options.weighting_scheme,
-                                  options.precondition_outputs, batch.get("row_loss_weights"),
+                                  options.precondition_outputs, batch.get(SAMPLE_WEIGHTS),
                                   mask=batch_loss_mask(batch, device))
 
     def conditioned_predict(self, models: Models, denoiser: Any, batch: dict[str, Any], noisy: Any, sigmas: Any,

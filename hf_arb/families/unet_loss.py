@@ -19,8 +19,9 @@ import torch.nn.functional as F
 from hf_arb.checks import UsageError
 
 from .conditioning import sdxl_time_ids
-from .flow import batch_device, draw, drop_captions, posterior, rows_mean, sample_latents
+from .flow import batch_device, draw, drop_captions, posterior, sample_latents
 from .loss_mask import apply_loss_mask, batch_loss_mask
+from .sample_weights import SAMPLE_WEIGHTS, batch_mean
 
 #: ``forward(noisy, timesteps, hidden, pooled, time_ids) -> prediction``: one UNet call with the family's conditioning
 Forward = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, Any, torch.Tensor], torch.Tensor]
@@ -68,8 +69,9 @@ def unet_loss(args: argparse.Namespace, scheduler: Any, vae: Any, batch: dict[st
                                      lambda x: forward(x, timesteps, hidden, pooled, time_ids))
     pred = forward(noisy, timesteps, hidden, pooled, time_ids)
     mask = batch_loss_mask(batch, device)  # --masked_loss: each latent cell's weight (hf_arb.families.loss_mask)
-    row_weights = batch.get("row_loss_weights")  # several datasets: each row's loss weight
-    if args.snr_gamma is None and mask is None and row_weights is None:
+    # prior preservation's instance + weight x class, several datasets' loss weights (sample_weights.py)
+    sample_weights = batch.get(SAMPLE_WEIGHTS)
+    if args.snr_gamma is None and mask is None and sample_weights is None:
         return F.mse_loss(pred.float(), target.float(), reduction="mean")
     error = apply_loss_mask(F.mse_loss(pred.float(), target.float(), reduction="none"), mask)
     loss = error.mean(dim=(1, 2, 3))
@@ -78,7 +80,7 @@ def unet_loss(args: argparse.Namespace, scheduler: Any, vae: Any, batch: dict[st
         if sched.config.prediction_type == "v_prediction":
             snr = snr + 1
         loss = loss * (torch.clamp(snr, max=args.snr_gamma) / snr)
-    return rows_mean(loss, row_weights)
+    return batch_mean(loss, sample_weights)
 
 
 def timestep_bias_weights(args: argparse.Namespace, num_timesteps: int) -> torch.Tensor:

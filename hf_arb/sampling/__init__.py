@@ -16,6 +16,8 @@ Modules here:
 - :mod:`~hf_arb.sampling.inputs` — what the sampler is given (bucket ids, resolutions, world) read and checked;
 - :mod:`~hf_arb.sampling.world` — the sampler's processes and batch sizes;
 - :mod:`~hf_arb.sampling.rank` — :class:`RankBatchSampler`, one rank's view (``sampler.shard(rank)``);
+- :mod:`~hf_arb.sampling.pairing` — prior preservation's pairing of instance rows with class rows of
+  their bucket (pure);
 - :mod:`~hf_arb.sampling.composite` — the sampler over the composite (target, reference buckets…) key;
 - :mod:`~hf_arb.sampling.accelerate` — optional conveniences around ``accelerator.prepare`` and the resume recipe.
 

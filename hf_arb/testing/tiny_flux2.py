@@ -140,23 +140,25 @@ def _scheduler() -> Any:
                                            base_image_seq_len=256, max_image_seq_len=4096)
 
 
-def tiny_flux2_pipeline(seed: int = 0, klein: bool = False) -> Any:
+def tiny_flux2_pipeline(seed: int = 0, klein: bool = False, text_layers: int = 3) -> Any:
     """A ``Flux2Pipeline`` (dev: Mistral-3 text encoder, guidance-distilled transformer) or, with ``klein``, a
-    ``Flux2KleinPipeline`` (Qwen-3 text encoder, no guidance input) at toy size, random weights."""
+    ``Flux2KleinPipeline`` (Qwen-3 text encoder, no guidance input) at toy size, random weights. ``text_layers``:
+    the stacked text-encoder layers its transformer takes (3, the pipelines' default; 1 as diffusers' own
+    ``hf-internal-testing/tiny-flux2``, which its tests train with ``--text_encoder_out_layers 1``)."""
     from diffusers import Flux2KleinPipeline, Flux2Pipeline, Flux2Transformer2DModel
 
     tok = tiny_qwen_tokenizer() if klein else tiny_mistral_tokenizer()
     encoder = (_qwen3_encoder if klein else _mistral3_encoder)(len(tok), seed + 2)
     transformer = _seeded(seed + 3, lambda: Flux2Transformer2DModel(
         patch_size=1, in_channels=4 * _LATENT_CHANNELS, num_layers=1, num_single_layers=1, attention_head_dim=16,
-        num_attention_heads=2, joint_attention_dim=3 * TEXT_HIDDEN, timestep_guidance_channels=32,
+        num_attention_heads=2, joint_attention_dim=text_layers * TEXT_HIDDEN, timestep_guidance_channels=32,
         axes_dims_rope=(4, 4, 4, 4), guidance_embeds=not klein))
     cls = Flux2KleinPipeline if klein else Flux2Pipeline
     return cls(scheduler=_scheduler(), vae=_flux2_vae(seed + 1), text_encoder=encoder, tokenizer=tok,
                transformer=transformer)
 
 
-def save_tiny_flux2(path: str | Path, seed: int = 0, klein: bool = False) -> str:
+def save_tiny_flux2(path: str | Path, seed: int = 0, klein: bool = False, text_layers: int = 3) -> str:
     """Build :func:`tiny_flux2_pipeline` and ``save_pretrained`` it to ``path``; returns the path as a string."""
-    tiny_flux2_pipeline(seed, klein).save_pretrained(Path(path))
+    tiny_flux2_pipeline(seed, klein, text_layers).save_pretrained(Path(path))
     return str(path)

@@ -29,6 +29,8 @@ SCRIPTS = {
     "train_text_to_image_lora_sdxl.py": ROOT / "train_text_to_image_lora_arb.py",
     "train_dreambooth_lora_sd3.py": ROOT / "train_text_to_image_lora_arb.py",
     "train_dreambooth_lora_flux.py": ROOT / "train_text_to_image_lora_arb.py",
+    "train_dreambooth_lora_flux2.py": ROOT / "train_text_to_image_lora_arb.py",
+    "train_dreambooth_lora_flux2_klein.py": ROOT / "train_text_to_image_lora_arb.py",
 }
 
 #: Hub id / upstream path -> local path; filled by the ``upstream_hub`` fixture (conftest.py) before each test.

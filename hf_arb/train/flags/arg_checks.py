@@ -14,6 +14,7 @@ from hf_arb.families import get_family
 from hf_arb.lazy import LazyModule
 
 from ..sources.dataset import bucket_set_from_args
+from .prior_flags import check_prior_flags
 
 torch: Any = LazyModule("torch")  # loaded when a function needs it: --help and flag errors answer before torch
 logger = logging.getLogger("train_text_to_image_arb")
@@ -134,14 +135,6 @@ def check_family_flags(args: argparse.Namespace) -> None:
 
 #: flags of diffusers' dreambooth LoRA scripts this script does not support, with their defaults and the reason
 UNSUPPORTED_DREAMBOOTH_FLAGS = {
-    "with_prior_preservation": (False, "prior preservation (class images generated and trained alongside) is not "
-                                       "supported; train on a dataset that includes the class images instead"),
-    "class_data_dir": (None, "prior preservation is not supported"), "class_prompt": (None, "prior preservation is "
-                                                                                            "not supported"),
-    "prior_loss_weight": (1.0, "prior preservation is not supported"),
-    "num_class_images": (100, "prior preservation is not supported"),
-    "sample_batch_size": (4, "it sizes prior preservation's class-image generation, which is not supported"),
-    "prior_generation_precision": (None, "prior preservation is not supported"),
     "do_edm_style_training": (False, "EDM-style training (Playground v2.5) is not supported"),
     "output_kohya_format": (False, "kohya-format export is not supported; diffusers loads the saved "
                                    "pytorch_lora_weights.safetensors, and diffusers.utils.convert_state_dict_to_kohya "
@@ -160,7 +153,8 @@ DREAMBOOTH_TEXT_ENCODER_DEFAULTS = {"text_encoder_lr": 5e-6, "adam_weight_decay_
 
 def check_dreambooth_flags(args: argparse.Namespace) -> None:
     """The dreambooth scripts' flags: a folder + one prompt, LoRA blocks and text-encoder options work; the rest
-    (prior preservation, prodigy, EDM, kohya export) are refused in one line saying why."""
+    (prodigy, EDM, kohya export) are refused in one line saying why; prior preservation: prior_flags.py."""
+    check_prior_flags(args)
     for flag, (default, why) in UNSUPPORTED_DREAMBOOTH_FLAGS.items():
         if getattr(args, flag) != default:
             raise UsageError(f"--{flag} {getattr(args, flag)}: {why}. Drop --{flag}.")

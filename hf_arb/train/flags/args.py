@@ -19,6 +19,7 @@ from ..sources.tiers import check_tier_flags, parse_resolutions, split_resolutio
 from .arg_checks import LR_SCHEDULERS, check_values
 from .dataset_config import check_dataset_config
 from .mask_flags import add_mask_flags, check_mask_flags
+from .prior_flags import add_prior_flags
 from .upstream_flags import add_upstream_flags, check_upstream_flags, resolve_upstream_aliases
 
 torch: Any = LazyModule("torch")  # loaded when a function needs it: --help and flag errors answer before torch
@@ -198,12 +199,9 @@ def build_parser() -> argparse.ArgumentParser:
       help="LoRA: train DoRA adapters (peft use_dora), as the SDXL dreambooth script.")
     a("--upcast_before_saving", action="store_true",
       help="Accepted; always the case here: the adapters train and are saved in float32.")
-    for flag in ("with_prior_preservation", "do_edm_style_training", "output_kohya_format"):
+    for flag in ("do_edm_style_training", "output_kohya_format"):
         a(f"--{flag}", action="store_true", help="Refused: not supported by this script (the error says why).")
-    for flag, kind, default in (("class_data_dir", str, None), ("class_prompt", str, None),
-                                ("prior_loss_weight", float, 1.0), ("num_class_images", int, 100),
-                                ("sample_batch_size", int, 4), ("prior_generation_precision", str, None)):
-        a(f"--{flag}", type=kind, default=default, help="Refused: prior preservation is not supported.")
+    add_prior_flags(a)  # --with_prior_preservation and its class flags (hf_arb.train.flags.prior_flags)
     # --- the other dreambooth scripts' flags (issue 35): train_dreambooth{,_lora}.py, _flux2*, _kontext, _qwen_image,
     # _z_image; hf_arb.train.flags.upstream_flags resolves the aliases and refuses, in one line, what cannot work here
     add_upstream_flags(a)

@@ -55,6 +55,8 @@ SHAPING_FLAGS: dict[str, Callable[[argparse.Namespace], Any]] = {
     "max_tokens": lambda a: a.max_tokens if getattr(a, "packing", False) else None,
     "reference_image_column": lambda a: list(getattr(a, "reference_image_column", None) or []) or None,
     "reference_policy": lambda a: a.reference_policy if getattr(a, "reference_image_column", None) else None,
+    # prior preservation: every batch carries class images too (a resume without it would train other batches)
+    "with_prior_preservation": lambda a: bool(getattr(a, "with_prior_preservation", False)),
 }
 
 

@@ -6,13 +6,17 @@ it), the batch's bucket, its state for checkpoints (a stream writes per-rank fil
 start-up report and run statistics, the step schedule (epochs of fixed or of their own length), where an epoch
 starts and how a resumed run continues. :func:`source_class` is the only place outside argument validation
 (``train/args.py``, ``train/arg_checks.py``) that reads the mode flags (``--streaming``, ``--packing``, several
-``--resolution`` tiers, ``--reference_image_column``, ``--dataset_config``); adding a mode adds a class here.
+``--resolution`` tiers, ``--reference_image_column``, ``--dataset_config``, ``--with_prior_preservation``); adding a
+mode adds a class here.
 
 Modules:
 
 - :mod:`~hf_arb.train.sources.base` — :class:`Source`, the questions and their shared answers;
 - :mod:`~hf_arb.train.sources.bucketed` — map-style sources: bucketed, with reference images, tiered;
 - :mod:`~hf_arb.train.sources.packed` — ``--packing``: packs of images at their own size (one tier or several);
+- :mod:`~hf_arb.train.sources.prior` — ``--with_prior_preservation``: instance batches paired with class
+  images of their bucket;
+- :mod:`~hf_arb.train.sources.class_images` — the class images: the folder, completed by generation, as a dataset;
 - :mod:`~hf_arb.train.sources.streamed` — ``--streaming``: a bucketed stream (one tier or several);
 - :mod:`~hf_arb.train.sources.reports` — the start-up tables of the map-style and packed sources;
 - :mod:`~hf_arb.train.sources.dataset` — the map-style dataset, its bucket columns and the pre-model checks;
@@ -64,6 +68,10 @@ def mode_class(args: argparse.Namespace) -> type:
 
     if tiered:
         return TieredSource
+    if getattr(args, "with_prior_preservation", False):  # instance batches paired with class images (prior.py)
+        from .prior import PriorSource
+
+        return PriorSource
     return ReferenceSource if getattr(args, "reference_image_column", None) else BucketedSource
 
 

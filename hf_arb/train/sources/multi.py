@@ -8,7 +8,8 @@ epoch is a number of *slots* (:mod:`hf_arb.sampling.planning.shares`): ``repeats
 ``weight`` gives the dataset that share of the epoch. The training dataset is the concatenation seen through the
 slot row map (``Dataset.select``: an index, no bytes copied), so one :class:`~hf_arb.BucketBatchSampler` plans it as
 it plans one dataset: the same bucket on every rank, every resume idiom, elastic resume. A dataset's
-``loss_weight`` reaches the loss as the batch's ``row_loss_weights`` (absent when every weight is 1).
+``loss_weight`` reaches the loss as the batch's ``sample_weights`` (:mod:`hf_arb.families.sample_weights`,
+the reduction prior preservation uses too; absent when every weight is 1).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from hf_arb.checks import UsageError
+from hf_arb.families.sample_weights import SAMPLE_WEIGHTS
 from hf_arb.lazy import LazyModule
 
 from ..flags.dataset_config import DatasetSpec
@@ -225,7 +227,7 @@ CAPTIONS_WIRED = False
 
 class MixCollate:
     """The image (or cached-latent) dataset's collate, plus each row's dataset: its loss weight as
-    ``row_loss_weights`` (float32 ``(B,)``, only where some dataset's weight is not 1) and its caption options."""
+    ``sample_weights`` (float32 ``(B,)``, only where some dataset's weight is not 1) and its caption options."""
 
     def __init__(self, inner: Any, slot_dataset: np.ndarray, loss_weights: np.ndarray,
                  caption_options: list[dict[str, Any]]) -> None:
@@ -240,7 +242,7 @@ class MixCollate:
             samples = apply_caption_options(samples, self.caption_options, datasets_of)
         batch = self.inner(samples)
         if self.weighted:
-            batch["row_loss_weights"] = torch.from_numpy(self.loss_weights[datasets_of])
+            batch[SAMPLE_WEIGHTS] = torch.from_numpy(self.loss_weights[datasets_of])
         return batch
 
 
