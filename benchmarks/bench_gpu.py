@@ -717,9 +717,12 @@ def environment() -> dict[str, Any]:
 def markdown(result: dict[str, Any]) -> str:
     """The docs table of a result file: per model, step time and peak memory per bucket, and the batch table."""
     env = result["environment"]
-    lines = [f"Measured on {env.get('gpu', 'CPU')} ({env.get('gpu_memory_gib', 0):.0f} GiB), torch {env['torch']}, "
-             f"diffusers {env.get('diffusers')}, {result['seconds']:.0f} s in all. LoRA rank 16, bf16, gradient "
-             "checkpointing, batch 1 unless stated; random weights from the published configs.", "",
+    where = (f"{env['gpu']} ({env.get('gpu_memory_gib', 0):.0f} GiB)" if "gpu" in env
+             else f"the CPU ({env.get('cpus')} cores)")
+    lines = [f"Measured on {where}, torch {env['torch']}, diffusers {env.get('diffusers')}, "
+             f"{result['seconds']:.0f} s in all. LoRA rank 16, " + ("bf16, " if result["device"] == "cuda" else "")
+             + "gradient checkpointing, batch 1 unless stated; random weights from the "
+             + ("tiny configs (the code paths, not the figures)." if result.get("tiny") else "published configs."), "",
              "| model | parameters | step | bucket (w×h) | batch | s/step | images/s | peak GiB |",
              "|---|---:|---|---|---:|---:|---:|---:|"]
     models = result.get("models", {})

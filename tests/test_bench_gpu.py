@@ -87,4 +87,4 @@ def test_the_script_runs_end_to_end_on_the_cpu_with_tiny_configs(tmp_path):
     assert set(loader["gpu_wait_share"]) == {"SD 1.5 UNet", "Flux.1-dev transformer"}
     # the docs table renders from the file
     table = bench_gpu.markdown(result)
-    assert "| SD 1.5 UNet |" in table and "diffusers" in table and "smoke: 2 of 2" in table
+    assert "| SD 1.5 UNet |" in table and "diffusers" in table and "2 of 2 cases passed" in table
