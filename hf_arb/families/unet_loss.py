@@ -74,6 +74,8 @@ def unet_loss(args: argparse.Namespace, scheduler: Any, vae: Any, batch: dict[st
     if args.snr_gamma is None and mask is None and sample_weights is None:
         return F.mse_loss(pred.float(), target.float(), reduction="mean")
     error = apply_loss_mask(F.mse_loss(pred.float(), target.float(), reduction="none"), mask)
+    if args.snr_gamma is None and sample_weights is None:  # the mean over every element, masked ones as zeros
+        return error.mean()
     loss = error.mean(dim=(1, 2, 3))
     if args.snr_gamma is not None:
         snr = compute_snr(sched, timesteps)
