@@ -14,6 +14,8 @@ from hf_arb.families import get_family
 from hf_arb.lazy import LazyModule
 
 from ..sources.dataset import bucket_set_from_args
+from .caption_flags import check_caption_flags
+from .optimizer_flags import check_optimizer_flags
 
 torch: Any = LazyModule("torch")  # loaded when a function needs it: --help and flag errors answer before torch
 logger = logging.getLogger("train_text_to_image_arb")
@@ -73,6 +75,8 @@ def check_values(args: argparse.Namespace) -> None:
     check_packing_flags(args)
     check_reference_flags(args)
     check_dreambooth_flags(args)
+    check_optimizer_flags(args)  # --optimizer AdamW | prodigy and the --prodigy_* flags
+    check_caption_flags(args)  # --shuffle_caption, --keep_tokens, ..., --caption_extension
     if args.max_pixels_per_batch is not None and (args.no_bucket_sync or args.streaming):
         raise UsageError(f"--max_pixels_per_batch needs every device in the same bucket at each step: drop "
                          f"{'--no_bucket_sync' if args.no_bucket_sync else '--streaming'} or --max_pixels_per_batch.")
@@ -146,10 +150,6 @@ UNSUPPORTED_DREAMBOOTH_FLAGS = {
     "output_kohya_format": (False, "kohya-format export is not supported; diffusers loads the saved "
                                    "pytorch_lora_weights.safetensors, and diffusers.utils.convert_state_dict_to_kohya "
                                    "converts it"),
-    "prodigy_beta3": (None, "it configures --optimizer prodigy, which is not supported"),
-    "prodigy_decouple": (True, "it configures --optimizer prodigy, which is not supported"),
-    "prodigy_use_bias_correction": (True, "it configures --optimizer prodigy, which is not supported"),
-    "prodigy_safeguard_warmup": (True, "it configures --optimizer prodigy, which is not supported"),
 }
 
 
@@ -160,21 +160,20 @@ DREAMBOOTH_TEXT_ENCODER_DEFAULTS = {"text_encoder_lr": 5e-6, "adam_weight_decay_
 
 def check_dreambooth_flags(args: argparse.Namespace) -> None:
     """The dreambooth scripts' flags: a folder + one prompt, LoRA blocks and text-encoder options work; the rest
-    (prior preservation, prodigy, EDM, kohya export) are refused in one line saying why."""
+    (prior preservation, EDM, kohya export) are refused in one line saying why."""
     for flag, (default, why) in UNSUPPORTED_DREAMBOOTH_FLAGS.items():
         if getattr(args, flag) != default:
             raise UsageError(f"--{flag} {getattr(args, flag)}: {why}. Drop --{flag}.")
-    if args.optimizer.lower() != "adamw":
-        raise UsageError(f"--optimizer {args.optimizer}: only AdamW is supported (with --use_8bit_adam for 8-bit "
-                         "AdamW); prodigy is not. Pass --optimizer AdamW or drop it.")
     if args.instance_data_dir is not None and (args.dataset_name or args.train_data_dir):
         raise UsageError(f"--instance_data_dir {args.instance_data_dir} and --"
                          f"{'dataset_name' if args.dataset_name else 'train_data_dir'} both name the training data: "
                          "pass only one.")
     named_captions = getattr(args, "caption_column_given", False)  # --caption_column was on the command line
-    if args.instance_data_dir is not None and args.instance_prompt is None and not named_captions:
+    if args.instance_data_dir is not None and args.instance_prompt is None and not named_captions and \
+            args.caption_extension is None:
         raise UsageError(f"--instance_data_dir {args.instance_data_dir} needs --instance_prompt (every image's "
-                         "caption) or --caption_column (a caption column of the folder's metadata.jsonl).")
+                         "caption), --caption_column (a caption column of the folder's metadata.jsonl) or "
+                         "--caption_extension .txt (a caption file beside each image).")
     if args.streaming and (args.instance_prompt is not None or args.instance_data_dir is not None):
         raise UsageError("--instance_data_dir / --instance_prompt are not supported with --streaming: write the "
                          "captions into the annotated shards and pass them with --train_data_dir.")

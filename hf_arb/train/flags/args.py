@@ -17,6 +17,8 @@ from ..environment import check_environment
 from ..sources.dataset import BUCKET_TABLE_FLAGS
 from ..sources.tiers import check_tier_flags, parse_resolutions, split_resolution
 from .arg_checks import LR_SCHEDULERS, check_values
+from .caption_flags import add_caption_flags
+from .optimizer_flags import add_optimizer_flags
 from .upstream_flags import add_upstream_flags, check_upstream_flags, resolve_upstream_aliases
 
 torch: Any = LazyModule("torch")  # loaded when a function needs it: --help and flag errors answer before torch
@@ -183,11 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
       help="--train_text_encoder: the text encoders' weight decay (default: --adam_weight_decay)." + NO_DEFAULT)
     a("--lr_num_cycles", type=int, default=1, help="Number of hard resets of the lr in cosine_with_restarts.")
     a("--lr_power", type=float, default=1.0, help="Power factor of the polynomial scheduler.")
-    a("--optimizer", type=str, default="AdamW", help="AdamW (prodigy is refused: not supported by this script).")
-    a("--prodigy_beta3", type=float, default=None, help="Refused: configures --optimizer prodigy.")
-    a("--prodigy_decouple", type=bool, default=True, help="Refused unless True: configures --optimizer prodigy.")
-    a("--prodigy_use_bias_correction", type=bool, default=True, help="Refused unless True: configures prodigy.")
-    a("--prodigy_safeguard_warmup", type=bool, default=True, help="Refused unless True: configures prodigy.")
+    add_optimizer_flags(a)  # --optimizer AdamW | prodigy, --prodigy_* (train/flags/optimizer_flags.py)
     a("--use_dora", action="store_true",
       help="LoRA: train DoRA adapters (peft use_dora), as the SDXL dreambooth script.")
     a("--upcast_before_saving", action="store_true",
@@ -229,6 +227,7 @@ def build_parser() -> argparse.ArgumentParser:
            "epoch e trains on variant e %% variants. Centre crops without flip have one.")
     a("--cache_text_embeddings", action="store_true",
       help="Keep the frozen text encoders' outputs per caption in memory instead of re-encoding.")
+    add_caption_flags(a)  # --shuffle_caption, --keep_tokens, ..., --caption_extension (train/flags/caption_flags.py)
     # --- optimisation
     a("--train_batch_size", type=int, default=16, help="Batch size (per device) for the training dataloader.")
     a("--max_pixels_per_batch", type=int, default=None,
