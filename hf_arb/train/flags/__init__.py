@@ -3,6 +3,8 @@
 - :mod:`~hf_arb.train.flags.args` — the parser (diffusers' flags plus the bucketing ones) and :func:`parse_args`;
 - :mod:`~hf_arb.train.flags.arg_checks` — the flag checks, each naming its fix;
 - :mod:`~hf_arb.train.flags.upstream_flags` — the flags of upstream's dreambooth scripts: aliases, no-ops, refusals;
+- :mod:`~hf_arb.train.flags.caption_flags` — the caption flags (kohya's tag shuffle and dropouts, caption files);
+- :mod:`~hf_arb.train.flags.optimizer_flags` — ``--optimizer`` AdamW or prodigy and the ``--prodigy_*`` flags;
 - :mod:`~hf_arb.train.flags.resume_flags` — the flags that shape a checkpoint, recorded in it and compared on resume;
 - :mod:`~hf_arb.train.flags.versions` — the tested package versions: a warning outside them, a refusal where a feature
   cannot work.
