@@ -172,7 +172,7 @@ def check_dreambooth_flags(args: argparse.Namespace) -> None:
     if args.instance_data_dir is not None and args.instance_prompt is None and not named_captions and \
             args.caption_extension is None:
         raise UsageError(f"--instance_data_dir {args.instance_data_dir} needs --instance_prompt (every image's "
-                         "caption), --caption_column (a caption column of the folder's metadata.jsonl) or "
+                         "caption) or --caption_column (a caption column of the folder's metadata.jsonl), or "
                          "--caption_extension .txt (a caption file beside each image).")
     if args.streaming and (args.instance_prompt is not None or args.instance_data_dir is not None):
         raise UsageError("--instance_data_dir / --instance_prompt are not supported with --streaming: write the "
