@@ -10,7 +10,8 @@ count or another rank trains the very same caption strings.
 - :func:`augment_caption` — the caption row ``row`` trains with in ``epoch``;
 - :func:`caption_variants` — the ``K`` tag variants of a caption (what ``--caption_variants K`` cycles through);
 - :class:`CaptionAugmenter` — a batch's captions, with one :class:`CaptionOptions` per dataset of the run;
-- :func:`read_sidecar_captions` — ``--caption_extension .txt``: each image's caption file (one read per file).
+- :func:`read_sidecar_captions`, :func:`with_sidecar_captions` — ``--caption_extension .txt``: each image's caption
+  file (one read per file), into the caption column of a folder's dataset.
 
 **Variants.** With ``variants=K`` the tags of epoch ``e`` are those of variant ``e % K`` (each variant is drawn as
 epoch ``e % K`` would be): a caption has at most ``K`` tag orders, so ``--cache_text_embeddings`` keeps at most ``K``
@@ -32,7 +33,8 @@ import numpy as np
 from hf_arb.rng import ROW_CAPTION_DROPOUT, ROW_TAG_DROPOUT, ROW_TAG_ORDER, row_rng
 
 __all__ = ["CaptionAugmenter", "CaptionOptions", "SidecarCaptions", "augment_caption", "caption_variants",
-           "join_tags", "read_sidecar_captions", "split_tags", "tag_epoch"]
+           "image_paths", "join_tags", "read_sidecar_captions", "sidecar_path", "split_tags", "tag_epoch",
+           "with_sidecar_captions"]
 
 logger = logging.getLogger("train_text_to_image_arb")
 

@@ -46,8 +46,8 @@ def add_caption_flags(a: Callable[..., Any]) -> None:
     a("--caption_extension", type=str, default=None,
       help="Read each image's caption from the file beside it with this extension (kohya's habit: "
            "--caption_extension .txt reads photo.txt for photo.png) instead of the folder's metadata.jsonl. An "
-           "image without one keeps its metadata.jsonl caption (or --instance_prompt, else ''), counted and named "
-           "in one warning.")
+           "image without one keeps --instance_prompt, else its metadata.jsonl caption, else '' (counted and named "
+           "in one warning).")
 
 
 def caption_options(args: argparse.Namespace) -> CaptionOptions:

@@ -45,7 +45,8 @@ def add_optimizer_flags(a: Callable[..., Any]) -> None:
       help='"AdamW" or "prodigy" (diffusers\' dreambooth scripts\' choices; prodigy needs `pip install prodigyopt`, '
            "and a --learning_rate around 1.0).")
     a("--prodigy_beta3", type=float, default=None,
-      help="--optimizer prodigy: coefficient for the step size's running averages (default: sqrt(beta2)).")
+      help="--optimizer prodigy: coefficient for the step size's running averages (default: sqrt(beta2))."
+           + "%(default).0s")
     a("--prodigy_decouple", type=str, default=True,
       help="--optimizer prodigy: AdamW-style decoupled weight decay. As upstream's type=bool: True, or '' for "
            "False.")
