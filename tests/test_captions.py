@@ -260,17 +260,20 @@ CAPTION_FLAGS = ["--caption_extension", ".txt", "--shuffle_caption", "--keep_tok
 @pytest.mark.slow
 def test_cached_prompt_embeddings_train_the_captions_and_losses_of_on_the_fly_ones(tmp_path, train_assets):
     """Two rows, batch 1, 6 steps (3 epochs), K = 2 variants: with and without --cache_text_embeddings the run trains
-    the same augmented captions (epoch 2 repeats epoch 0's tags), the trigger word first, and the same losses."""
+    the same augmented captions (epoch 2 repeats epoch 0's tags), the trigger word first, and the same losses. The
+    on-the-fly run resumed from its step-3 checkpoint (mid-epoch 1) trains the same captions and losses after it."""
     from test_train import read_trace, run_script, unet_weights
 
     folder = folder_with_caption_files(tmp_path, train_assets["images"], gaps=False)
     common = ["--pretrained_model_name_or_path", train_assets["sd"], "--train_data_dir", str(folder),
               "--resolution", "64", "--bucket_step", "16", "--train_batch_size", "1", "--report_to", "none",
               "--seed", "0", "--lr_warmup_steps", "0", "--log_batches", "--learning_rate", "1e-3", "--full_finetune",
-              "--max_train_samples", "2", "--max_train_steps", "6", "--checkpointing_steps", "100",
+              "--max_train_samples", "2", "--max_train_steps", "6", "--checkpointing_steps", "3",
               "--cache_dir", str(tmp_path / "cache"), *CAPTION_FLAGS]
     fly = run_script([*common, "--output_dir", str(tmp_path / "fly")])
     cached = run_script([*common, "--cache_text_embeddings", "--output_dir", str(tmp_path / "cached")])
+    shutil.copytree(tmp_path / "fly" / "checkpoint-3", tmp_path / "resumed" / "checkpoint-3")
+    run_script([*common, "--output_dir", str(tmp_path / "resumed"), "--resume_from_checkpoint", "latest"])
     a, b = read_trace(tmp_path / "fly", 0), read_trace(tmp_path / "cached", 0)
     assert [(t["epoch"], t["rows"], t["captions"]) for t in a] == [(t["epoch"], t["rows"], t["captions"]) for t in b]
     assert [t["epoch"] for t in a] == [0, 0, 1, 1, 2, 2]
@@ -281,6 +284,8 @@ def test_cached_prompt_embeddings_train_the_captions_and_losses_of_on_the_fly_on
     for (epoch, row), c in caption.items():  # K = 2: epoch 2 trains variant 0 (the whole-caption dropout aside)
         if epoch == 2 and c and caption[(0, row)]:
             assert c == caption[(0, row)]
+    tail = [(t["epoch"], t["rows"], t["captions"], t["loss"]) for t in a if t["step"] >= 3]
+    assert [(t["epoch"], t["rows"], t["captions"], t["loss"]) for t in read_trace(tmp_path / "resumed", 0)] == tail
     np.testing.assert_allclose(cached["losses"], fly["losses"], rtol=1e-5)
     wa, wb = unet_weights(tmp_path / "fly"), unet_weights(tmp_path / "cached")
     assert max(float((wa[k] - wb[k]).abs().max()) for k in wa) < 1e-5
