@@ -10,8 +10,8 @@ count or another rank trains the very same caption strings.
 - :func:`augment_caption` — the caption row ``row`` trains with in ``epoch``;
 - :func:`caption_variants` — the ``K`` tag variants of a caption (what ``--caption_variants K`` cycles through);
 - :class:`CaptionAugmenter` — a batch's captions, with one :class:`CaptionOptions` per dataset of the run;
-- :func:`read_sidecar_captions`, :func:`with_sidecar_captions` — ``--caption_extension .txt``: each image's caption
-  file (one read per file), into the caption column of a folder's dataset.
+- :func:`read_sidecar_captions`, :func:`add_sidecar_captions` (one dataset), :func:`with_sidecar_captions` (the
+  flags) — ``--caption_extension .txt``: each image's caption file (one read per file) into the caption column.
 
 **Variants.** With ``variants=K`` the tags of epoch ``e`` are those of variant ``e % K`` (each variant is drawn as
 epoch ``e % K`` would be): a caption has at most ``K`` tag orders, so ``--cache_text_embeddings`` keeps at most ``K``
@@ -32,9 +32,9 @@ import numpy as np
 
 from hf_arb.rng import ROW_CAPTION_DROPOUT, ROW_TAG_DROPOUT, ROW_TAG_ORDER, row_rng
 
-__all__ = ["CaptionAugmenter", "CaptionOptions", "SidecarCaptions", "augment_caption", "caption_variants",
-           "image_paths", "join_tags", "read_sidecar_captions", "sidecar_path", "split_tags", "tag_epoch",
-           "with_sidecar_captions"]
+__all__ = ["CaptionAugmenter", "CaptionOptions", "SidecarCaptions", "add_sidecar_captions", "augment_caption",
+           "caption_variants", "image_paths", "join_tags", "read_sidecar_captions", "sidecar_path", "split_tags",
+           "tag_epoch", "with_sidecar_captions"]
 
 logger = logging.getLogger("train_text_to_image_arb")
 
@@ -267,6 +267,40 @@ def image_paths(ds: Any, image_column: str) -> list[str | None]:
     return column.to_pylist()
 
 
+def add_sidecar_captions(ds: Any, extension: str, *, image_column: str = "image", caption_column: str = "text",
+                         fallback: str | None = None) -> tuple[Any, SidecarCaptions]:
+    """``ds`` with ``caption_column`` read from each image's caption file (:func:`read_sidecar_captions`), one dataset
+    at a time (a ``--dataset_config`` subset's ``caption_extension`` too).
+
+    Args:
+        ds: a ``datasets.Dataset`` whose ``image_column`` records file paths (a folder's imagefolder).
+        extension: the caption files' extension, with its dot (``.txt``).
+        image_column, caption_column: the columns to read paths from and to write captions to.
+        fallback: the caption of an image without a file; None keeps its ``caption_column`` value (``""`` where the
+            dataset has no such column).
+
+    Returns:
+        ``(dataset, what was found)``; the second names the images without a caption file.
+
+    Raises:
+        UnicodeDecodeError: a caption file that is not UTF-8.
+    """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    found = read_sidecar_captions(image_paths(ds, image_column), extension)
+    sidecars = pa.array(found.captions, pa.string())
+    if fallback is not None or caption_column not in ds.column_names:
+        other: Any = pa.scalar("" if fallback is None else fallback, pa.string())
+    else:
+        other = ds.select_columns([caption_column]).with_format("arrow")[:].column(caption_column).combine_chunks()
+        other = other.cast(pa.string())
+    captions = pc.if_else(pc.is_null(sidecars), other, sidecars)
+    if caption_column in ds.column_names:
+        ds = ds.remove_columns(caption_column)
+    return ds.add_column(caption_column, captions), found
+
+
 def with_sidecar_captions(args: Any, ds: Any) -> Any:
     """``--caption_extension EXT``: the caption column (``--caption_column``) holds each image's caption file; an
     image without one keeps what it would have had without the flag (``--instance_prompt``, else its
@@ -279,29 +313,21 @@ def with_sidecar_captions(args: Any, ds: Any) -> Any:
     extension = getattr(args, "caption_extension", None)
     if not extension:
         return ds
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
     from hf_arb.checks import UsageError
 
     column = args.caption_column
+    if args.instance_prompt is not None and not getattr(args, "caption_column_given", False):
+        fallback, said = args.instance_prompt, f"--instance_prompt {args.instance_prompt!r}"
+    elif column in ds.column_names:
+        fallback, said = None, f"their metadata.jsonl caption (column {column!r})"
+    else:
+        fallback, said = None, 'the empty caption ""'
     try:
-        found = read_sidecar_captions(image_paths(ds, args.image_column), extension)
+        ds, found = add_sidecar_captions(ds, extension, image_column=args.image_column, caption_column=column,
+                                         fallback=fallback)
     except UnicodeDecodeError as e:
         raise UsageError(f"--caption_extension {extension}: a caption file is not UTF-8 text ({e.reason} at byte "
                          f"{e.start}); save the caption files as UTF-8.") from None
-    sidecars = pa.array(found.captions, pa.string())
-    if args.instance_prompt is not None and not getattr(args, "caption_column_given", False):
-        fallback, said = pa.scalar(args.instance_prompt, pa.string()), f"--instance_prompt {args.instance_prompt!r}"
-    elif column in ds.column_names:
-        fallback = ds.select_columns([column]).with_format("arrow")[:].column(column).combine_chunks()
-        fallback, said = fallback.cast(pa.string()), f"their metadata.jsonl caption (column {column!r})"
-    else:
-        fallback, said = pa.scalar("", pa.string()), 'the empty caption ""'
-    captions = pc.if_else(pc.is_null(sidecars), fallback, sidecars)
-    if column in ds.column_names:
-        ds = ds.remove_columns(column)
-    ds = ds.add_column(column, captions)
     line = found.summary(extension, said)
     if int(os.environ.get("RANK", "0") or 0) == 0:
         if line:
