@@ -10,6 +10,8 @@ Parse-level: nothing here imports torch.
 from __future__ import annotations
 
 import argparse
+import logging
+import os
 from typing import Any, Callable
 
 from hf_arb.checks import UsageError
@@ -18,6 +20,8 @@ from ..captions import CaptionAugmenter, CaptionOptions
 
 __all__ = ["CACHED_VARIANTS", "CAPTION_FLAGS", "add_caption_flags", "caption_augmenter", "caption_options",
            "caption_variant_count", "check_caption_flags"]
+
+logger = logging.getLogger("train_text_to_image_arb")
 
 #: flag → its default (unset)
 CAPTION_FLAGS: dict[str, Any] = {"shuffle_caption": False, "keep_tokens": 0, "caption_separator": ",",
@@ -109,6 +113,10 @@ def caption_variant_count(args: argparse.Namespace, num_train_epochs: int) -> in
 
 
 def caption_augmenter(args: argparse.Namespace, num_train_epochs: int) -> CaptionAugmenter:
-    """The run's :class:`~hf_arb.train.captions.CaptionAugmenter`: ``augment(batch, epoch)`` in the training loop."""
-    return CaptionAugmenter(caption_options(args), seed=args.seed,
-                            variants=caption_variant_count(args, num_train_epochs))
+    """The run's :class:`~hf_arb.train.captions.CaptionAugmenter`: ``augment(batch, epoch)`` in the training loop. The
+    default number of variants of a cached run is said once."""
+    variants = caption_variant_count(args, num_train_epochs)
+    if variants is not None and args.caption_variants is None and int(os.environ.get("RANK", "0") or 0) == 0:
+        logger.info("--cache_text_embeddings with varying tags: %d tag variants per caption (epoch e trains variant "
+                    "e %% %d; set --caption_variants to change it).", variants, variants)
+    return CaptionAugmenter(caption_options(args), seed=args.seed, variants=variants)
