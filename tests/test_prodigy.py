@@ -1,6 +1,7 @@
-"""``--optimizer prodigy`` (issue 36, item 5): diffusers' dreambooth LoRA scripts' optimizer flags, read as upstream
-reads them; Prodigy built with upstream's arguments; a resumed run equal to the uninterrupted one (Prodigy's
-step-size estimate is in the checkpoint); a resume with the other optimizer refused in one line."""
+"""``--optimizer prodigy`` and ``--output_kohya_format`` (issue 36, item 5): diffusers' dreambooth LoRA scripts'
+optimizer flags, read as upstream reads them; Prodigy built with upstream's arguments; a resumed run equal to the
+uninterrupted one (Prodigy's step-size estimate is in the checkpoint); a resume with the other optimizer refused in
+one line; the kohya-format LoRA file generating what the diffusers one does in stock diffusers."""
 
 from __future__ import annotations
 
@@ -61,6 +62,18 @@ def test_without_prodigyopt_one_line_names_the_install(monkeypatch):
         make_optimizer(args, [torch.nn.Parameter(torch.zeros(2))])
 
 
+@pytest.mark.parametrize("model, extra, message", [
+    ("m", ["--full_finetune", "--learning_rate", "1e-5"], "this is a full fine-tune: add --rank N, or drop it"),
+    ("black-forest-labs/FLUX.1-dev", ["--rank", "4"], "black-forest-labs/FLUX.1-dev is FLUX, or drop it"),
+])
+def test_kohya_format_is_a_sd_or_sdxl_lora(model, extra, message):
+    with pytest.raises(UsageError) as err:
+        script.parse_args(["--pretrained_model_name_or_path", model, "--train_data_dir", "d", "--report_to", "none",
+                           "--output_kohya_format", *extra])
+    assert message in str(err.value) and "--output_kohya_format converts a LoRA of SD / SDXL" in str(err.value)
+    assert parse("--output_kohya_format").output_kohya_format
+
+
 def test_upstream_warnings_low_learning_rate_and_text_encoder_lr(caplog):
     with caplog.at_level(logging.WARNING, logger="train_text_to_image_arb"):
         parse("--optimizer", "prodigy", "--learning_rate", "1e-4", "--train_text_encoder", "--text_encoder_lr", "5e-6")
@@ -89,8 +102,9 @@ def test_prodigy_is_built_with_upstreams_arguments():
 @pytest.mark.slow
 def test_prodigy_resume_equals_the_uninterrupted_run_and_another_optimizer_is_refused(tmp_path, train_assets):
     """LoRA with Prodigy, 4 steps, a checkpoint at 2: resumed from it in a new folder, the run replays steps 3-4 with
-    the same rows and losses and ends on bit-identical adapters; the checkpoint holds Prodigy's adapted step size.
-    Resuming it with AdamW stops in one line before anything loads."""
+    the same rows and losses and ends on bit-identical adapters and optimizer state. Resuming it with AdamW stops in
+    one line before anything loads. The run's --output_kohya_format file (lora_alpha 8, rank 4) generates in stock
+    diffusers what its diffusers-format file generates."""
     from safetensors.torch import load_file
     from test_train import read_trace, run_script
 
@@ -100,11 +114,11 @@ def test_prodigy_resume_equals_the_uninterrupted_run_and_another_optimizer_is_re
         return ["--pretrained_model_name_or_path", train_assets["sd"], "--train_data_dir", train_assets["images"],
                 "--resolution", "64", "--bucket_step", "16", "--train_batch_size", "2", "--report_to", "none",
                 "--seed", "0", "--lr_warmup_steps", "0", "--log_batches", "--rank", "4", "--optimizer", "prodigy",
-                "--learning_rate", "1.0", "--max_train_steps", "4", "--checkpointing_steps", "2",
+                "--learning_rate", "1.0", "--max_train_steps", "4", "--checkpointing_steps", "2", "--lora_alpha", "8",
                 "--cache_dir", str(tmp_path / "cache"), "--output_dir", str(out)]
 
     full, resumed = tmp_path / "full", tmp_path / "resumed"
-    run_script(command(full))
+    run_script([*command(full), "--output_kohya_format"])
     shutil.copytree(full / "checkpoint-2", resumed / "checkpoint-2")
     run_script([*command(resumed), "--resume_from_checkpoint", "latest"])
     a, b = (load_file(str(f / "pytorch_lora_weights.safetensors")) for f in (full, resumed))
@@ -129,3 +143,22 @@ def test_prodigy_resume_equals_the_uninterrupted_run_and_another_optimizer_is_re
                                             + ["--resume_from_checkpoint", "latest"]))
     assert "it was saved with --optimizer prodigy, this run has --optimizer AdamW: pass --optimizer prodigy" in str(
         err.value) and "\n" not in str(err.value)
+    from diffusers import StableDiffusionPipeline
+
+    from hf_arb.train.lora import KOHYA_WEIGHTS_NAME
+
+    kohya = load_file(str(full / KOHYA_WEIGHTS_NAME))
+    assert kohya and all(k.startswith("lora_unet_") for k in kohya)
+    assert {float(v) for k, v in kohya.items() if k.endswith(".alpha")} == {8.0}  # the trained alpha, not the rank
+
+    def generate(weights: str) -> torch.Tensor:
+        pipe = StableDiffusionPipeline.from_pretrained(train_assets["sd"])
+        pipe.load_lora_weights(str(full), weight_name=weights)
+        return torch.from_numpy(pipe("a photo", height=48, width=80, num_inference_steps=2, output_type="np",
+                                     generator=torch.Generator().manual_seed(0)).images)
+
+    base = torch.from_numpy(StableDiffusionPipeline.from_pretrained(train_assets["sd"])(
+        "a photo", height=48, width=80, num_inference_steps=2, output_type="np",
+        generator=torch.Generator().manual_seed(0)).images)
+    ours, theirs = generate("pytorch_lora_weights.safetensors"), generate(KOHYA_WEIGHTS_NAME)
+    assert (ours - base).abs().max() > 1e-4 and torch.allclose(ours, theirs, atol=1e-5)

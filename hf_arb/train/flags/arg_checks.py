@@ -147,10 +147,11 @@ UNSUPPORTED_DREAMBOOTH_FLAGS = {
     "sample_batch_size": (4, "it sizes prior preservation's class-image generation, which is not supported"),
     "prior_generation_precision": (None, "prior preservation is not supported"),
     "do_edm_style_training": (False, "EDM-style training (Playground v2.5) is not supported"),
-    "output_kohya_format": (False, "kohya-format export is not supported; diffusers loads the saved "
-                                   "pytorch_lora_weights.safetensors, and diffusers.utils.convert_state_dict_to_kohya "
-                                   "converts it"),
 }
+
+
+#: the families whose LoRA ``--output_kohya_format`` converts (kohya's names of the SD / SDXL UNet and CLIP encoders)
+KOHYA_FAMILIES = ("sd", "sdxl")
 
 
 #: the dreambooth scripts' defaults of the text encoders' optimizer flags: given without --train_text_encoder, upstream
@@ -160,7 +161,7 @@ DREAMBOOTH_TEXT_ENCODER_DEFAULTS = {"text_encoder_lr": 5e-6, "adam_weight_decay_
 
 def check_dreambooth_flags(args: argparse.Namespace) -> None:
     """The dreambooth scripts' flags: a folder + one prompt, LoRA blocks and text-encoder options work; the rest
-    (prior preservation, EDM, kohya export) are refused in one line saying why."""
+    (prior preservation, EDM) are refused in one line saying why."""
     for flag, (default, why) in UNSUPPORTED_DREAMBOOTH_FLAGS.items():
         if getattr(args, flag) != default:
             raise UsageError(f"--{flag} {getattr(args, flag)}: {why}. Drop --{flag}.")
@@ -183,6 +184,11 @@ def check_dreambooth_flags(args: argparse.Namespace) -> None:
         except ValueError:
             raise UsageError(f"--lora_blocks {args.lora_blocks!r}: expected comma-separated block indices, "
                              "e.g. 0,12.") from None
+    if args.output_kohya_format and (not args.lora or args.family not in KOHYA_FAMILIES):
+        why = ("this is a full fine-tune: add --rank N" if not args.lora else
+               f"{args.pretrained_model_name_or_path} is {get_family(args.family).title}")
+        raise UsageError("--output_kohya_format converts a LoRA of SD / SDXL to kohya's key names (as "
+                         f"train_dreambooth_lora_sdxl.py); {why}, or drop it.")
     for flag in ("text_encoder_lr", "adam_weight_decay_text_encoder"):
         at_default = getattr(args, flag) == DREAMBOOTH_TEXT_ENCODER_DEFAULTS[flag]  # changes nothing, as upstream
         if getattr(args, flag) is not None and not args.train_text_encoder and not at_default:

@@ -190,8 +190,10 @@ def build_parser() -> argparse.ArgumentParser:
       help="LoRA: train DoRA adapters (peft use_dora), as the SDXL dreambooth script.")
     a("--upcast_before_saving", action="store_true",
       help="Accepted; always the case here: the adapters train and are saved in float32.")
-    for flag in ("with_prior_preservation", "do_edm_style_training", "output_kohya_format"):
+    for flag in ("with_prior_preservation", "do_edm_style_training"):
         a(f"--{flag}", action="store_true", help="Refused: not supported by this script (the error says why).")
+    a("--output_kohya_format", action="store_true",
+      help="SD / SDXL LoRA: also write pytorch_lora_weights_kohya.safetensors, kohya's key names (A1111, ComfyUI).")
     for flag, kind, default in (("class_data_dir", str, None), ("class_prompt", str, None),
                                 ("prior_loss_weight", float, 1.0), ("num_class_images", int, 100),
                                 ("sample_batch_size", int, 4), ("prior_generation_precision", str, None)):
