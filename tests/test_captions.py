@@ -241,6 +241,15 @@ def test_caption_files_replace_metadata_captions_and_missing_ones_are_counted_an
     ds = load_raw_dataset(script.parse_args([*base, "--instance_prompt", "a photo of sks", "--repeats", "2"]))
     assert len(ds) == 40 and ds["text"].count("a photo of sks") == 2 and ds["text"].count("sks, tag5, red, blue, "
                                                                                            "green") == 2
+    # kohya's DreamBooth layout (<repeats>_<class> subfolders): the repeats it does not read are named
+    kohya_folder = tmp_path / "kohya" / "10_sks dog"
+    shutil.copytree(folder, kohya_folder)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="train_text_to_image_arb"):
+        ds = load_raw_dataset(script.parse_args([*base, "--train_data_dir", str(tmp_path / "kohya")]))
+    assert len(ds) == 20 and ds["text"].count("sks, tag5, red, blue, green") == 1
+    assert any("subfolders named as kohya's <repeats>_<class> (10_sks dog): their repeats are not read" in
+               r.getMessage() for r in caplog.records)
     (folder / names[7]).with_suffix(".txt").write_bytes(b"caf\xe9\n")
     with pytest.raises(UsageError, match="a caption file is not UTF-8 text"):
         load_raw_dataset(script.parse_args(base))

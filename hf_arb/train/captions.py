@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,8 +34,8 @@ import numpy as np
 from hf_arb.rng import ROW_CAPTION_DROPOUT, ROW_TAG_DROPOUT, ROW_TAG_ORDER, row_rng
 
 __all__ = ["CaptionAugmenter", "CaptionOptions", "SidecarCaptions", "add_sidecar_captions", "augment_caption",
-           "caption_variants", "image_paths", "join_tags", "read_sidecar_captions", "sidecar_path", "split_tags",
-           "tag_epoch", "with_sidecar_captions"]
+           "caption_variants", "image_paths", "join_tags", "kohya_repeat_folders", "read_sidecar_captions",
+           "sidecar_path", "split_tags", "tag_epoch", "with_sidecar_captions"]
 
 logger = logging.getLogger("train_text_to_image_arb")
 
@@ -301,6 +302,14 @@ def add_sidecar_captions(ds: Any, extension: str, *, image_column: str = "image"
     return ds.add_column(caption_column, captions), found
 
 
+def kohya_repeat_folders(folder: str | Path) -> list[str]:
+    """The subfolders of ``folder`` named as kohya's DreamBooth folders, ``<repeats>_<class>`` (``10_sks dog``)."""
+    root = Path(folder)
+    if not root.is_dir():
+        return []
+    return sorted(d.name for d in root.iterdir() if d.is_dir() and re.match(r"^\d+_.", d.name))
+
+
 def with_sidecar_captions(args: Any, ds: Any) -> Any:
     """``--caption_extension EXT``: the caption column (``--caption_column``) holds each image's caption file; an
     image without one keeps what it would have had without the flag (``--instance_prompt``, else its
@@ -332,6 +341,13 @@ def with_sidecar_captions(args: Any, ds: Any) -> Any:
     if int(os.environ.get("RANK", "0") or 0) == 0:
         if line:
             logger.warning("%s", line)
+        folder = args.instance_data_dir if getattr(args, "instance_data_dir", None) else args.train_data_dir
+        kohya = kohya_repeat_folders(folder) if folder else []
+        if kohya:
+            logger.warning("%s: subfolders named as kohya's <repeats>_<class> (%s): their repeats are not read "
+                           "here, every image trains once per epoch (x --repeats %d); give each folder its "
+                           "num_repeats in a --dataset_config file.", folder, ", ".join(kohya[:5]),
+                           getattr(args, "repeats", 1))
         logger.info("--caption_extension %s: %d of %d captions read from caption files.", extension,
                     len(found.captions) - len(found.missing), len(found.captions))
     return ds
