@@ -171,7 +171,7 @@ def check_dreambooth_flags(args: argparse.Namespace) -> None:
                          "pass only one.")
     named_captions = getattr(args, "caption_column_given", False)  # --caption_column was on the command line
     if args.instance_data_dir is not None and args.instance_prompt is None and not named_captions and \
-            args.caption_extension is None:
+            getattr(args, "caption_extension", None) is None:
         raise UsageError(f"--instance_data_dir {args.instance_data_dir} needs --instance_prompt (every image's "
                          "caption) or --caption_column (a caption column of the folder's metadata.jsonl), or "
                          "--caption_extension .txt (a caption file beside each image).")

@@ -56,10 +56,7 @@ def add_caption_flags(a: Callable[..., Any]) -> None:
 
 def caption_options(args: argparse.Namespace) -> CaptionOptions:
     """The run's :class:`~hf_arb.train.captions.CaptionOptions` (one dataset: every row's)."""
-    return CaptionOptions(shuffle_caption=bool(args.shuffle_caption), keep_tokens=int(args.keep_tokens),
-                          caption_separator=args.caption_separator,
-                          caption_dropout_rate=float(args.caption_dropout_rate),
-                          caption_tag_dropout_rate=float(args.caption_tag_dropout_rate))
+    return CaptionOptions(**{f: getattr(args, f, CAPTION_FLAGS[f]) for f in CaptionOptions.__dataclass_fields__})
 
 
 def check_caption_flags(args: argparse.Namespace) -> None:
@@ -105,7 +102,7 @@ CACHED_VARIANTS = 8
 def caption_variant_count(args: argparse.Namespace, num_train_epochs: int) -> int | None:
     """``--caption_variants``; unset, with ``--cache_text_embeddings`` and varying tags ``min(epochs, 8)`` (each
     caption then has a bounded number of cached prompt embeddings); else None (new tags every epoch)."""
-    if args.caption_variants is not None:
+    if getattr(args, "caption_variants", None) is not None:
         return int(args.caption_variants)
     if getattr(args, "cache_text_embeddings", False) and caption_options(args).varies_tags:
         return max(1, min(int(num_train_epochs), CACHED_VARIANTS))
@@ -116,7 +113,8 @@ def caption_augmenter(args: argparse.Namespace, num_train_epochs: int) -> Captio
     """The run's :class:`~hf_arb.train.captions.CaptionAugmenter`: ``augment(batch, epoch)`` in the training loop. The
     default number of variants of a cached run is said once."""
     variants = caption_variant_count(args, num_train_epochs)
-    if variants is not None and args.caption_variants is None and int(os.environ.get("RANK", "0") or 0) == 0:
+    main = int(os.environ.get("RANK", "0") or 0) == 0
+    if variants is not None and getattr(args, "caption_variants", None) is None and main:
         logger.info("--cache_text_embeddings with varying tags: %d tag variants per caption (epoch e trains variant "
                     "e %% %d; set --caption_variants to change it).", variants, variants)
     return CaptionAugmenter(caption_options(args), seed=args.seed, variants=variants)
