@@ -255,6 +255,7 @@ def train_loop(run: Run, tqdm: Any, stopper: StopOnSignal | None = None) -> dict
     train_loss, bucket_losses = 0.0, {}
     images_seen, t_start = 0, time.perf_counter()
     loss_weight = source.loss_weights()
+    augment = source.caption_augmenter(schedule)  # --shuffle_caption, ...: (seed, epoch, row), per dataset
     first_loader, first_epoch = source.resume(accelerator, run.dataloader, progress.micro_step)
     for epoch in range(first_epoch, schedule.num_train_epochs):  # a resumed run continues mid-epoch
         if progress.global_step >= schedule.max_train_steps:
@@ -269,7 +270,7 @@ def train_loop(run: Run, tqdm: Any, stopper: StopOnSignal | None = None) -> dict
             micro = progress.micro_step  # this batch's index since the start of training (per rank)
             progress.micro_step += 1
             gen = micro_step_generator(args.seed, micro, accelerator.process_index)
-            batch = batch_captions(batch)
+            batch = augment(batch_captions(batch), epoch)
             bucket = source.batch_bucket(batch)
             with accelerator.accumulate(*trained):
                 loss = batch_loss(args, models, unet, batch, text, gen, weight_dtype)
@@ -298,6 +299,7 @@ def train_loop(run: Run, tqdm: Any, stopper: StopOnSignal | None = None) -> dict
                                         "shape": [list(t.shape) for t in tensor] if isinstance(tensor, list)
                                         else list(tensor.shape),
                                         "rows": [int(r) for r in batch["rows"]], "loss": float(loss.detach()),
+                                        "captions": list(batch["captions"]),
                                         "time_ids_first": batch["original_sizes"][0].tolist()
                                         + batch["crop_top_lefts"][0].tolist() + batch["target_sizes"][0].tolist()})
                             + "\n")

@@ -188,10 +188,10 @@ def test_the_batch_carries_each_rows_dataset_loss_weight_only_when_one_is_not_1(
         return {"rows": [s["row"] for s in samples]}
 
     slot_dataset = np.array([0, 0, 1, 1, 2])
-    weighted = MixCollate(inner, slot_dataset, np.array([1.0, 0.5, 3.0]), [{}, {}, {}])
+    weighted = MixCollate(inner, slot_dataset, np.array([1.0, 0.5, 3.0]))
     batch = weighted([{"row": 4}, {"row": 0}, {"row": 2}])
     assert batch["sample_weights"].tolist() == [3.0, 1.0, 0.5]
-    assert "sample_weights" not in MixCollate(inner, slot_dataset, np.ones(3), [{}, {}, {}])([{"row": 4}])
+    assert "sample_weights" not in MixCollate(inner, slot_dataset, np.ones(3))([{"row": 4}])
 
 
 # ------------------------------------------------------------------------------------------- the source and a run

@@ -133,7 +133,7 @@ def test_unsupported_dreambooth_flags_are_refused_in_one_line_saying_why(flag):
 
 
 @pytest.mark.parametrize("extra, message", [
-    (["--optimizer", "prodigy"], "--optimizer prodigy: only AdamW is supported"),
+    (["--optimizer", "sgd"], "--optimizer sgd: the optimizers are AdamW and prodigy"),
     (["--dataset_name", "x"], "--instance_data_dir d and --dataset_name both name the training data"),
     (["--lora_blocks", "0,a"], "--lora_blocks '0,a': expected comma-separated block indices"),
     (["--text_encoder_lr", "1e-5"], "--text_encoder_lr configures the text encoders' LoRA: add --train_text_encoder"),

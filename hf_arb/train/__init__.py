@@ -5,7 +5,7 @@
 - :mod:`~hf_arb.train.flags` — the command line: the parser, its checks, upstream's aliases and refusals, the flags a
   checkpoint records, the tested package versions;
 - :mod:`~hf_arb.train.environment` — the launch: resume folder, seed, processes, the Accelerator, logging;
-- :mod:`~hf_arb.train.models` — the models through the family adapter, the optimizer, LoRA setup and hooks;
+- :mod:`~hf_arb.train.models` — the models through the family adapter, the optimizer (AdamW, Prodigy), LoRA setup;
 - :mod:`~hf_arb.train.schedule` — diffusers' step arithmetic, each micro-batch's generator and loss weight;
 - :mod:`~hf_arb.train.progress` — the run's counters (``hf_arb_state.json``), restoring and saving checkpoints;
   :mod:`~hf_arb.train.signals` — Ctrl-C and SIGTERM: one agreed stop, an optional checkpoint, one line;
@@ -14,6 +14,8 @@
   (latents, prompt embeddings);
 - :mod:`~hf_arb.train.outputs` — validation grids, the saved pipeline or LoRA, the model card, the push;
 - :mod:`~hf_arb.train.lora` — LoRA helpers (targets, saved metadata, portable weights);
+- :mod:`~hf_arb.train.captions` — captions from ``.txt`` files beside a folder's images, and their per-epoch tag
+  shuffle, kept tokens, caption and tag dropout (pure in seed, epoch and row);
 - :mod:`~hf_arb.train.files` — the names of the files a run writes beside accelerate's.
 
 May import every floor below: the ground floor, ``buckets``, ``images``, ``sampling``, ``annotate``, ``families``,

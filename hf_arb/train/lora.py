@@ -9,7 +9,8 @@ The training script's LoRA mode uses these helpers; they follow diffusers' ``tra
   (``get_peft_model_state_dict`` → ``convert_state_dict_to_diffusers``) together with each adapter's
   ``LoraConfig`` as ``lora_adapter_metadata`` (as diffusers' own scripts save it), so that plain diffusers loads
   them with ``pipe.load_lora_weights(folder)`` at the trained strength (``lora_alpha / r``);
-* :func:`load_lora` puts such a file back into the adapters of a training model (checkpoint resume).
+* :func:`load_lora` puts such a file back into the adapters of a training model (checkpoint resume);
+* :func:`save_kohya_lora` writes the same adapters in kohya's key names (``--output_kohya_format``).
 
 Example:
     ```py
@@ -28,8 +29,8 @@ from typing import Any
 
 import torch
 
-__all__ = ["UNET_TARGET_MODULES", "TEXT_ENCODER_TARGET_MODULES", "LORA_WEIGHTS_NAME", "add_lora", "lora_layers",
-           "save_lora", "adapter_metadata", "load_lora"]
+__all__ = ["UNET_TARGET_MODULES", "TEXT_ENCODER_TARGET_MODULES", "LORA_WEIGHTS_NAME", "KOHYA_WEIGHTS_NAME", "add_lora",
+           "lora_layers", "save_lora", "adapter_metadata", "load_lora", "save_kohya_lora"]
 
 #: Attention projections of diffusers' UNet blocks, the modules diffusers' LoRA scripts adapt.
 UNET_TARGET_MODULES: tuple[str, ...] = ("to_k", "to_q", "to_v", "to_out.0")
@@ -136,3 +137,28 @@ def load_lora(pipeline_cls: Any, folder: str | Path, unet: Any, text_encoders: l
         unexpected = getattr(result, "unexpected_keys", None)
         if unexpected:
             raise ValueError(f"LoRA weights for '{prefix}' do not fit the adapter: unexpected keys {unexpected[:5]}.")
+
+
+#: ``--output_kohya_format``'s second file, beside :data:`LORA_WEIGHTS_NAME` (train_dreambooth_lora_sdxl.py's name)
+KOHYA_WEIGHTS_NAME = "pytorch_lora_weights_kohya.safetensors"
+
+
+def save_kohya_lora(folder: str | Path, alpha: float) -> Path:
+    """``--output_kohya_format``: the saved LoRA file also in kohya's key names (``lora_unet_*``, ``lora_te1_*``,
+    ``lora_te2_*``) for AUTOMATIC1111, ComfyUI and kohya's tools, converted as train_dreambooth_lora_sdxl.py does
+    (``convert_all_state_dict_to_peft`` → ``convert_state_dict_to_kohya``). diffusers writes each module's rank as its
+    ``.alpha``, which is the trained strength only when ``lora_alpha`` equals the rank; here every ``.alpha`` is the
+    adapters' ``alpha``, so the file loads at the strength it trained with.
+
+    Returns:
+        the path of the written file.
+    """
+    from diffusers.utils.state_dict_utils import convert_all_state_dict_to_peft, convert_state_dict_to_kohya
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(str(Path(folder) / LORA_WEIGHTS_NAME))
+    kohya = convert_state_dict_to_kohya(convert_all_state_dict_to_peft(weights))
+    kohya = {k: torch.tensor(float(alpha)) if k.endswith(".alpha") else v.contiguous() for k, v in kohya.items()}
+    path = Path(folder) / KOHYA_WEIGHTS_NAME
+    save_file(kohya, str(path))
+    return path

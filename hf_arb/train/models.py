@@ -16,7 +16,10 @@ logger = logging.getLogger("train_text_to_image_arb")
 
 
 def make_optimizer(args: argparse.Namespace, params: Any) -> torch.optim.Optimizer:
-    """AdamW (or bitsandbytes' 8-bit AdamW) over ``params``: the UNet's weights, or the LoRA parameters."""
+    """AdamW (or bitsandbytes' 8-bit AdamW), or Prodigy with --optimizer prodigy, over ``params``: the UNet's
+    weights, or the LoRA parameters (with --train_text_encoder: parameter groups)."""
+    if str(getattr(args, "optimizer", "AdamW")).lower() == "prodigy":
+        return prodigy_optimizer(args, params)
     if args.use_8bit_adam:
         try:
             import bitsandbytes as bnb
@@ -27,6 +30,27 @@ def make_optimizer(args: argparse.Namespace, params: Any) -> torch.optim.Optimiz
         cls = torch.optim.AdamW
     return cls(params, lr=args.learning_rate, betas=(args.adam_beta1, args.adam_beta2),
                weight_decay=args.adam_weight_decay, eps=args.adam_epsilon)
+
+
+def prodigy_optimizer(args: argparse.Namespace, params: Any) -> torch.optim.Optimizer:
+    """``--optimizer prodigy`` as diffusers' dreambooth LoRA scripts build it: ``prodigyopt.Prodigy`` with the Adam
+    betas, epsilon and weight decay, ``--prodigy_beta3``, ``--prodigy_decouple``, ``--prodigy_use_bias_correction``
+    and ``--prodigy_safeguard_warmup``; every parameter group (the text encoders' too) at ``--learning_rate``, as
+    upstream. Its state (the step-size estimate ``d`` and its sums live in the parameter groups) is in
+    ``state_dict()``, so accelerate's checkpoints resume it exactly."""
+    try:
+        import prodigyopt
+    except ImportError:
+        from hf_arb.checks import UsageError
+        from hf_arb.train.flags.optimizer_flags import PRODIGY_INSTALL
+
+        raise UsageError(f"--optimizer prodigy needs the prodigyopt package: {PRODIGY_INSTALL}.") from None
+    if params and isinstance(params[0], dict):  # upstream: params_to_optimize[1]["lr"] = args.learning_rate
+        params = [{**group, "lr": args.learning_rate} for group in params]
+    return prodigyopt.Prodigy(params, lr=args.learning_rate, betas=(args.adam_beta1, args.adam_beta2),
+                              beta3=args.prodigy_beta3, weight_decay=args.adam_weight_decay, eps=args.adam_epsilon,
+                              decouple=args.prodigy_decouple, use_bias_correction=args.prodigy_use_bias_correction,
+                              safeguard_warmup=args.prodigy_safeguard_warmup)
 
 
 def setup_lora(args: argparse.Namespace, models: Models, weight_dtype: torch.dtype) -> list[Any]:

@@ -196,7 +196,7 @@ def save_final_lora(args: argparse.Namespace, accelerator: Any, models: Models, 
                     progress: Progress, validation_images: list[str], stats: dict[str, Any]) -> None:
     """Write ``pytorch_lora_weights.safetensors`` (no pipeline, as upstream), then validate by loading that file
     into a fresh base pipeline with ``load_lora_weights``, the way users will."""
-    from hf_arb.train.lora import save_lora
+    from hf_arb.train.lora import save_kohya_lora, save_lora
 
     accelerator.wait_for_everyone()
     if not accelerator.is_main_process:
@@ -204,6 +204,8 @@ def save_final_lora(args: argparse.Namespace, accelerator: Any, models: Models, 
     cls = models.family.pipeline_class(args)
     encoders = [accelerator.unwrap_model(te) for te in models.trained_text_encoders or []]
     save_lora(cls, args.output_dir, unwrap(accelerator, unet), encoders or None, denoiser=models.family.denoiser_name)
+    if getattr(args, "output_kohya_format", False):  # train_dreambooth_lora_sdxl.py's second file, kohya's keys
+        save_kohya_lora(args.output_dir, alpha=float(args.rank if args.lora_alpha is None else args.lora_alpha))
     (Path(args.output_dir) / BUCKETS_FILE).write_text(json.dumps(buckets.to_dict(), indent=1))
     if args.validation_prompts:
         parts = {"vae": place(models.vae, dtype=torch.float32)} if args.pretrained_vae_model_name_or_path else {}

@@ -5,6 +5,8 @@
 - :mod:`~hf_arb.train.flags.upstream_flags` — the flags of upstream's dreambooth scripts: aliases, no-ops, refusals;
 - :mod:`~hf_arb.train.flags.mask_flags` — the masked-loss flags (``--masked_loss`` and its mask source);
 - :mod:`~hf_arb.train.flags.prior_flags` — prior preservation's flags (upstream's names and defaults) and their checks;
+- :mod:`~hf_arb.train.flags.caption_flags` — the caption flags (kohya's tag shuffle and dropouts, caption files);
+- :mod:`~hf_arb.train.flags.optimizer_flags` — ``--optimizer`` AdamW or prodigy and the ``--prodigy_*`` flags;
 - :mod:`~hf_arb.train.flags.resume_flags` — the flags that shape a checkpoint, recorded in it and compared on resume;
 - :mod:`~hf_arb.train.flags.dataset_config` — ``--dataset_config``: several datasets from a TOML / YAML file (and
   kohya's ``dataset_config.toml``), parsed and checked;

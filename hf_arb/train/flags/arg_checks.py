@@ -14,6 +14,8 @@ from hf_arb.families import get_family
 from hf_arb.lazy import LazyModule
 
 from ..sources.dataset import bucket_set_from_args
+from .caption_flags import check_caption_flags
+from .optimizer_flags import check_optimizer_flags
 from .prior_flags import check_prior_flags
 
 torch: Any = LazyModule("torch")  # loaded when a function needs it: --help and flag errors answer before torch
@@ -74,6 +76,8 @@ def check_values(args: argparse.Namespace) -> None:
     check_packing_flags(args)
     check_reference_flags(args)
     check_dreambooth_flags(args)
+    check_optimizer_flags(args)  # --optimizer AdamW | prodigy and the --prodigy_* flags
+    check_caption_flags(args)  # --shuffle_caption, --keep_tokens, ..., --caption_extension
     if args.max_pixels_per_batch is not None and (args.no_bucket_sync or args.streaming):
         raise UsageError(f"--max_pixels_per_batch needs every device in the same bucket at each step: drop "
                          f"{'--no_bucket_sync' if args.no_bucket_sync else '--streaming'} or --max_pixels_per_batch.")
@@ -136,14 +140,11 @@ def check_family_flags(args: argparse.Namespace) -> None:
 #: flags of diffusers' dreambooth LoRA scripts this script does not support, with their defaults and the reason
 UNSUPPORTED_DREAMBOOTH_FLAGS = {
     "do_edm_style_training": (False, "EDM-style training (Playground v2.5) is not supported"),
-    "output_kohya_format": (False, "kohya-format export is not supported; diffusers loads the saved "
-                                   "pytorch_lora_weights.safetensors, and diffusers.utils.convert_state_dict_to_kohya "
-                                   "converts it"),
-    "prodigy_beta3": (None, "it configures --optimizer prodigy, which is not supported"),
-    "prodigy_decouple": (True, "it configures --optimizer prodigy, which is not supported"),
-    "prodigy_use_bias_correction": (True, "it configures --optimizer prodigy, which is not supported"),
-    "prodigy_safeguard_warmup": (True, "it configures --optimizer prodigy, which is not supported"),
 }
+
+
+#: the families whose LoRA ``--output_kohya_format`` converts (kohya's names of the SD / SDXL UNet and CLIP encoders)
+KOHYA_FAMILIES = ("sd", "sdxl")
 
 
 #: the dreambooth scripts' defaults of the text encoders' optimizer flags: given without --train_text_encoder, upstream
@@ -153,22 +154,21 @@ DREAMBOOTH_TEXT_ENCODER_DEFAULTS = {"text_encoder_lr": 5e-6, "adam_weight_decay_
 
 def check_dreambooth_flags(args: argparse.Namespace) -> None:
     """The dreambooth scripts' flags: a folder + one prompt, LoRA blocks and text-encoder options work; the rest
-    (prodigy, EDM, kohya export) are refused in one line saying why; prior preservation: prior_flags.py."""
+    (EDM) are refused in one line saying why; prior preservation: prior_flags.py."""
     check_prior_flags(args)
     for flag, (default, why) in UNSUPPORTED_DREAMBOOTH_FLAGS.items():
         if getattr(args, flag) != default:
             raise UsageError(f"--{flag} {getattr(args, flag)}: {why}. Drop --{flag}.")
-    if args.optimizer.lower() != "adamw":
-        raise UsageError(f"--optimizer {args.optimizer}: only AdamW is supported (with --use_8bit_adam for 8-bit "
-                         "AdamW); prodigy is not. Pass --optimizer AdamW or drop it.")
     if args.instance_data_dir is not None and (args.dataset_name or args.train_data_dir):
         raise UsageError(f"--instance_data_dir {args.instance_data_dir} and --"
                          f"{'dataset_name' if args.dataset_name else 'train_data_dir'} both name the training data: "
                          "pass only one.")
     named_captions = getattr(args, "caption_column_given", False)  # --caption_column was on the command line
-    if args.instance_data_dir is not None and args.instance_prompt is None and not named_captions:
+    if args.instance_data_dir is not None and args.instance_prompt is None and not named_captions and \
+            getattr(args, "caption_extension", None) is None:
         raise UsageError(f"--instance_data_dir {args.instance_data_dir} needs --instance_prompt (every image's "
-                         "caption) or --caption_column (a caption column of the folder's metadata.jsonl).")
+                         "caption) or --caption_column (a caption column of the folder's metadata.jsonl), or "
+                         "--caption_extension .txt (a caption file beside each image).")
     if args.streaming and (args.instance_prompt is not None or args.instance_data_dir is not None):
         raise UsageError("--instance_data_dir / --instance_prompt are not supported with --streaming: write the "
                          "captions into the annotated shards and pass them with --train_data_dir.")
@@ -178,6 +178,11 @@ def check_dreambooth_flags(args: argparse.Namespace) -> None:
         except ValueError:
             raise UsageError(f"--lora_blocks {args.lora_blocks!r}: expected comma-separated block indices, "
                              "e.g. 0,12.") from None
+    if args.output_kohya_format and (not args.lora or args.family not in KOHYA_FAMILIES):
+        why = ("this is a full fine-tune: add --rank N" if not args.lora else
+               f"{args.pretrained_model_name_or_path} is {get_family(args.family).title}")
+        raise UsageError("--output_kohya_format converts a LoRA of SD / SDXL to kohya's key names (as "
+                         f"train_dreambooth_lora_sdxl.py); {why}, or drop it.")
     for flag in ("text_encoder_lr", "adam_weight_decay_text_encoder"):
         at_default = getattr(args, flag) == DREAMBOOTH_TEXT_ENCODER_DEFAULTS[flag]  # changes nothing, as upstream
         if getattr(args, flag) is not None and not args.train_text_encoder and not at_default:

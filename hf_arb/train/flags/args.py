@@ -17,8 +17,10 @@ from ..environment import check_environment
 from ..sources.dataset import BUCKET_TABLE_FLAGS
 from ..sources.tiers import check_tier_flags, parse_resolutions, split_resolution
 from .arg_checks import LR_SCHEDULERS, check_values
+from .caption_flags import add_caption_flags
 from .dataset_config import check_dataset_config
 from .mask_flags import add_mask_flags, check_mask_flags
+from .optimizer_flags import add_optimizer_flags
 from .prior_flags import add_prior_flags
 from .upstream_flags import add_upstream_flags, check_upstream_flags, resolve_upstream_aliases
 
@@ -190,17 +192,15 @@ def build_parser() -> argparse.ArgumentParser:
       help="--train_text_encoder: the text encoders' weight decay (default: --adam_weight_decay)." + NO_DEFAULT)
     a("--lr_num_cycles", type=int, default=1, help="Number of hard resets of the lr in cosine_with_restarts.")
     a("--lr_power", type=float, default=1.0, help="Power factor of the polynomial scheduler.")
-    a("--optimizer", type=str, default="AdamW", help="AdamW (prodigy is refused: not supported by this script).")
-    a("--prodigy_beta3", type=float, default=None, help="Refused: configures --optimizer prodigy.")
-    a("--prodigy_decouple", type=bool, default=True, help="Refused unless True: configures --optimizer prodigy.")
-    a("--prodigy_use_bias_correction", type=bool, default=True, help="Refused unless True: configures prodigy.")
-    a("--prodigy_safeguard_warmup", type=bool, default=True, help="Refused unless True: configures prodigy.")
+    add_optimizer_flags(a)  # --optimizer AdamW | prodigy, --prodigy_* (train/flags/optimizer_flags.py)
     a("--use_dora", action="store_true",
       help="LoRA: train DoRA adapters (peft use_dora), as the SDXL dreambooth script.")
     a("--upcast_before_saving", action="store_true",
       help="Accepted; always the case here: the adapters train and are saved in float32.")
-    for flag in ("do_edm_style_training", "output_kohya_format"):
-        a(f"--{flag}", action="store_true", help="Refused: not supported by this script (the error says why).")
+    a("--do_edm_style_training", action="store_true",
+      help="Refused: not supported by this script (the error says why).")
+    a("--output_kohya_format", action="store_true",
+      help="SD / SDXL LoRA: also write pytorch_lora_weights_kohya.safetensors, kohya's key names (A1111, ComfyUI).")
     add_prior_flags(a)  # --with_prior_preservation and its class flags (hf_arb.train.flags.prior_flags)
     # --- the other dreambooth scripts' flags (issue 35): train_dreambooth{,_lora}.py, _flux2*, _kontext, _qwen_image,
     # _z_image; hf_arb.train.flags.upstream_flags resolves the aliases and refuses, in one line, what cannot work here
@@ -234,6 +234,7 @@ def build_parser() -> argparse.ArgumentParser:
            "epoch e trains on variant e %% variants. Centre crops without flip have one.")
     a("--cache_text_embeddings", action="store_true",
       help="Keep the frozen text encoders' outputs per caption in memory instead of re-encoding.")
+    add_caption_flags(a)  # --shuffle_caption, --keep_tokens, ..., --caption_extension (train/flags/caption_flags.py)
     # --- optimisation
     a("--train_batch_size", type=int, default=16, help="Batch size (per device) for the training dataloader.")
     a("--max_pixels_per_batch", type=int, default=None,

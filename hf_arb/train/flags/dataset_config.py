@@ -287,6 +287,13 @@ def make_spec(entry: dict[str, Any], where: str, default_name: str) -> DatasetSp
             raise UsageError(f"{where}: bucket_preset = {entry['bucket_preset']!r} is not one of: "
                              f"{', '.join(PRESET_INFO)}.")
     source = entry.get("train_data_dir") or entry.get("image_dir")
+    from hf_arb.train.captions import CaptionOptions
+
+    for key in CAPTION_KEYS:  # kohya's caption keys this run cannot apply: refused, never dropped silently
+        if key in entry and key not in CaptionOptions.__dataclass_fields__:
+            raise UsageError(f"{where}: {key} = {entry[key]!r}: kohya's {key} is not implemented here; the caption "
+                             f"keys applied per dataset are {', '.join(CaptionOptions.__dataclass_fields__)}. "
+                             f"Drop {key} (or write the captions out in full).")
     return DatasetSpec(
         name=str(entry.get("name") or default_name), dataset_name=entry.get("dataset_name"),
         dataset_config_name=entry.get("dataset_config_name"), train_data_dir=None if source is None else str(source),

@@ -2,12 +2,12 @@
 
 A LoRA checkpoint holds adapter weights of one rank, alpha, set of targets and kind (DoRA), on the denoiser and maybe
 the text encoders; a full fine-tune holds the denoiser (and its EMA copy); the sampler's state holds the plan of one
-tier list, schedule, packing and reference columns. Resuming with another value of any of these fails deep in a
-library (a ``size mismatch`` per weight, "unet/config.json: missing" for every healthy checkpoint, a sampler
-``ValueError`` after the models load). :data:`SHAPING_FLAGS` is the one list: :func:`shaping_flags` is what a
-checkpoint records, and :func:`check_saved_flags` compares it with this run's flags before anything loads, one line per
-difference naming both values and the flag to pass. Checkpoints saved before the record carry none and still resume
-(only their training mode is told from their files).
+tier list, schedule, packing and reference columns; the optimizer's state is AdamW's or Prodigy's. Resuming with
+another value of any of these fails deep in a library (a ``size mismatch`` per weight, "unet/config.json: missing"
+for every healthy checkpoint, a sampler ``ValueError`` after the models load). :data:`SHAPING_FLAGS` is the one
+list: :func:`shaping_flags` is what a checkpoint records, and :func:`check_saved_flags` compares it with this run's
+flags before anything loads, one line per difference naming both values and the flag to pass. Checkpoints saved
+before the record carry none and still resume (only their training mode is told from their files).
 """
 
 from __future__ import annotations
@@ -57,6 +57,8 @@ SHAPING_FLAGS: dict[str, Callable[[argparse.Namespace], Any]] = {
     "reference_policy": lambda a: a.reference_policy if getattr(a, "reference_image_column", None) else None,
     # prior preservation: every batch carries class images too (a resume without it would train other batches)
     "with_prior_preservation": lambda a: bool(getattr(a, "with_prior_preservation", False)),
+    # the optimizer's state: AdamW's moments or Prodigy's step-size estimate (its load would fail deep in torch)
+    "optimizer": lambda a: "prodigy" if str(getattr(a, "optimizer", "AdamW")).lower() == "prodigy" else "AdamW",
 }
 
 

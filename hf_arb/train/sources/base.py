@@ -118,6 +118,13 @@ class Source:
         """The batch's bucket id in :attr:`buckets` (-1: a pack, no one bucket)."""
         return int(batch["buckets"][0])
 
+    def caption_augmenter(self, schedule: Schedule) -> Any:
+        """``augment(batch, epoch)``: the run's caption flags (``--shuffle_caption``, ...) on each batch's captions,
+        a pure function of (seed, epoch, row) (:mod:`hf_arb.train.captions`)."""
+        from hf_arb.train.flags.caption_flags import caption_augmenter
+
+        return caption_augmenter(self.args, schedule.num_train_epochs)
+
     def loss_weights(self) -> Callable[[int], float]:
         """``weight(micro_step)``: the factor on a micro-batch's loss (1 but with a pixel budget per batch)."""
         return image_loss_weights(self.args, self.sampler)

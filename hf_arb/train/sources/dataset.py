@@ -15,6 +15,7 @@ import numpy as np
 from hf_arb.checks import UsageError
 from hf_arb.lazy import LazyModule
 
+from ..captions import with_sidecar_captions
 from ..files import SKIPPED_ROWS_FILE
 from .tiers import TieredImages, TierTable, tier_table
 
@@ -41,7 +42,7 @@ def load_raw_dataset(args: argparse.Namespace) -> Any:
         if "train" not in ds:
             raise UsageError(f"The dataset has no 'train' split; its splits are {list(ds)}.")
         ds = ds["train"]
-    return instance_captions(args, ds)
+    return instance_captions(args, with_sidecar_captions(args, ds))  # --caption_extension .txt: caption files
 
 
 def instance_captions(args: argparse.Namespace, ds: Any) -> Any:
@@ -50,7 +51,8 @@ def instance_captions(args: argparse.Namespace, ds: Any) -> Any:
     import datasets
     import pyarrow as pa
 
-    if args.instance_prompt is not None and not getattr(args, "caption_column_given", False):
+    if args.instance_prompt is not None and not getattr(args, "caption_column_given", False) and not getattr(
+            args, "caption_extension", None):  # with caption files it fills the rows without one (train/captions.py)
         if args.caption_column in ds.column_names:
             ds = ds.remove_columns(args.caption_column)
         ds = ds.add_column(args.caption_column, pa.repeat(pa.scalar(args.instance_prompt), len(ds)))

@@ -42,20 +42,14 @@ IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif", ".tif", ".
 
 # ==================================================================================================== captions
 def read_sidecar_captions(image_paths: list[str], extension: str, fallback: str | None) -> tuple[list[str], int]:
-    """Every image's caption from the file beside it (``a.png`` → ``a.txt`` for ``extension=".txt"``), stripped;
-    images without one take ``fallback`` (kohya's ``class_tokens``). Returns ``(captions, missing)``.
+    """Every image's caption from the file beside it (``a.png`` → ``a.txt`` for ``extension=".txt"``), read as
+    ``--caption_extension`` reads it (:func:`hf_arb.train.captions.read_sidecar_captions`: the first line, stripped);
+    images without one take ``fallback`` (kohya's ``class_tokens``). Returns ``(captions, missing)``."""
+    from hf_arb.train.captions import read_sidecar_captions as read_files
 
-    The ``captions`` helper may own the same reading (``--caption_extension``); the integrator keeps one.
-    """
-    captions, missing = [], 0
-    for path in image_paths:
-        side = Path(path).with_suffix(extension)
-        if side.is_file():
-            captions.append(side.read_text(encoding="utf-8").strip())
-        else:
-            missing += 1
-            captions.append(fallback if fallback is not None else "")
-    return captions, missing
+    found = read_files(image_paths, extension)
+    fill = fallback if fallback is not None else ""
+    return [fill if c is None else c for c in found.captions], len(found.missing)
 
 
 def caption_folder(spec: DatasetSpec, image_column: str, caption_column: str) -> Any:
@@ -212,34 +206,18 @@ def mix_card_lines(stats: dict[str, Any] | None) -> list[str]:
 
 
 # ==================================================================================================== the batch
-def apply_caption_options(samples: list[dict[str, Any]], options: list[dict[str, Any]],
-                          sample_dataset: np.ndarray) -> list[dict[str, Any]]:
-    """HOOK(captions): each sample's caption through its dataset's caption options (``options[d]``: shuffle_caption,
-    keep_tokens, caption_dropout_rate, ...; pure functions of (seed, epoch, row) in the ``captions`` helper's
-    ``CaptionOptions``). The integrator wires them here; until then captions pass unchanged and the source says so
-    at start-up (:data:`CAPTIONS_WIRED`)."""
-    return samples
-
-
-#: False until :func:`apply_caption_options` calls the caption functions (then the start-up warning goes)
-CAPTIONS_WIRED = False
-
-
 class MixCollate:
-    """The image (or cached-latent) dataset's collate, plus each row's dataset: its loss weight as
-    ``sample_weights`` (float32 ``(B,)``, only where some dataset's weight is not 1) and its caption options."""
+    """The image (or cached-latent) dataset's collate, plus each row's dataset's loss weight as ``sample_weights``
+    (float32 ``(B,)``, only where some dataset's weight is not 1). Captions are augmented in the training loop with
+    each row's dataset's options (:meth:`MultiSource.caption_augmenter`)."""
 
-    def __init__(self, inner: Any, slot_dataset: np.ndarray, loss_weights: np.ndarray,
-                 caption_options: list[dict[str, Any]]) -> None:
+    def __init__(self, inner: Any, slot_dataset: np.ndarray, loss_weights: np.ndarray) -> None:
         self.inner, self.slot_dataset = inner, np.asarray(slot_dataset)
         self.loss_weights = np.asarray(loss_weights, np.float32)
         self.weighted = bool((self.loss_weights != 1.0).any())
-        self.caption_options = caption_options
 
     def __call__(self, samples: list[dict[str, Any]]) -> dict[str, Any]:
         datasets_of = self.slot_dataset[np.asarray([s["row"] for s in samples], np.int64)]
-        if any(self.caption_options):
-            samples = apply_caption_options(samples, self.caption_options, datasets_of)
         batch = self.inner(samples)
         if self.weighted:
             batch[SAMPLE_WEIGHTS] = torch.from_numpy(self.loss_weights[datasets_of])
@@ -295,24 +273,36 @@ class MultiSource(BucketedSource):
                               row_dataset[row_map].astype(np.int32))
         check_plan(args, self.ds, 1 if accelerator is None else accelerator.num_processes)
         check_upscale(args, self.ds, self.buckets)
-        if not CAPTIONS_WIRED and any(s.caption_options for s in self.specs) and (
-                accelerator is None or accelerator.is_main_process):
-            keys = sorted({k for s in self.specs for k in s.caption_options})
-            logger.warning("--dataset_config: %s parsed but not applied yet (caption augmentation lands with the "
-                           "captions module); captions are trained as written.", ", ".join(keys))
 
     def loader(self, accelerator: Any, models: Any, schedule: Schedule, weight_dtype: Any) -> Any:
         from hf_arb.sampling.accelerate import fill_deepspeed_micro_batch
 
-        mix, options = self.mix, [s.caption_options for s in self.specs]
+        mix = self.mix
 
         def wrap(inner: Any) -> MixCollate:
-            return MixCollate(inner, mix.slot_dataset, mix.loss_weights, options)
+            return MixCollate(inner, mix.slot_dataset, mix.loss_weights)
 
         dataloader, self.cache_index = build_dataloader(self.args, accelerator, self.ds, self.buckets, models,
                                                         self.sampler, schedule, weight_dtype, collate_wrap=wrap)
         fill_deepspeed_micro_batch(accelerator, self.sampler)
         return dataloader
+
+    def caption_augmenter(self, schedule: Schedule) -> Any:
+        """Each row's caption through its dataset's options: the run's caption flags, overridden by the dataset's
+        own keys (kohya's ``shuffle_caption``, ``keep_tokens``, ...); the rows of the plan's slots know their
+        dataset (``DatasetMix.slot_dataset``)."""
+        import dataclasses
+
+        from hf_arb.train.captions import CaptionAugmenter, CaptionOptions
+        from hf_arb.train.flags.caption_flags import CACHED_VARIANTS, caption_options
+
+        base = dataclasses.asdict(caption_options(self.args))
+        options = [CaptionOptions(**{**base, **s.caption_options}) for s in self.specs]
+        variants = getattr(self.args, "caption_variants", None)
+        if variants is None and getattr(self.args, "cache_text_embeddings", False) and any(
+                o.varies_tags for o in options):  # as caption_variant_count: a bounded text-embedding cache
+            variants = max(1, min(int(schedule.num_train_epochs), CACHED_VARIANTS))
+        return CaptionAugmenter(options, seed=self.args.seed, variants=variants, dataset_of_row=self.mix.slot_dataset)
 
     def trained_per_dataset(self, epoch: int | None = None) -> np.ndarray:
         """Rows each dataset trains in ``epoch``'s plan (what the leftover policy drops or repeats included)."""
@@ -331,5 +321,5 @@ class MultiSource(BucketedSource):
         return {**super().stats(micro_step), "datasets": self.mix.table(self.trained_per_dataset(0))}
 
 
-__all__ = ["DatasetMix", "MixCollate", "MultiSource", "apply_caption_options", "mix_card_lines", "mix_lines",
+__all__ = ["DatasetMix", "MixCollate", "MultiSource", "mix_card_lines", "mix_lines",
            "read_sidecar_captions"]
