@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from hf_arb.checks import UsageError
-from hf_arb.train.flags.dataset_config import PRIOR_FIX, parse_dataset_config
+from hf_arb.train.flags.dataset_config import parse_dataset_config
 
 KOHYA = Path(__file__).resolve().parent / "fixtures" / "kohya"
 
@@ -19,10 +19,29 @@ def write(tmp_path: Path, text: str, name: str = "data.toml") -> Path:
     return path
 
 
-def test_kohya_overview_example_refuses_its_regularization_subset_naming_prior_preservation():
-    with pytest.raises(UsageError, match="subsets\\]\\] 3: a regularization dataset .*--with_prior_preservation "
-                                         "--class_data_dir DIR --class_prompt"):
-        parse_dataset_config(KOHYA / "config_readme_example.toml")
+def test_kohya_overview_examples_is_reg_subset_is_a_regularization_dataset(tmp_path):
+    text = (KOHYA / "config_readme_example.toml").read_text()
+    text = "\n".join(line for line in text.splitlines() if "metadata_file" not in line)
+    text = text.replace("batch_size = 2", "batch_size = 4")
+    specs = parse_dataset_config(write(tmp_path, text))
+    assert [(s.train_data_dir, s.regularization) for s in specs] == [
+        ("C:\\hoge", False), ("C:\\fuga", False), ("C:\\reg", True), ("C:\\piyo", False)]
+    reg = specs[2]
+    assert reg.prompt == "human" and reg.caption_options == {"shuffle_caption": True, "keep_tokens": 1}
+
+
+@pytest.mark.parametrize("line, match", [
+    ("repeats = 2", "repeats = 2 on a regularization dataset: .*paired with the instance batches"),
+    ("loss_weight = 0.5", "loss_weight = 0.5 on a regularization dataset: .*--prior_loss_weight"),
+])
+def test_a_regularization_dataset_refuses_what_pairing_ignores(tmp_path, line, match):
+    path = write(tmp_path, f"[[datasets]]\ntrain_data_dir = 'x'\n[[datasets]]\ntrain_data_dir = 'reg'\n"
+                           f"regularization = true\n{line}\n")
+    with pytest.raises(UsageError, match=match):
+        parse_dataset_config(path)
+    only_reg = write(tmp_path, "[[datasets]]\n[[datasets.subsets]]\nimage_dir = 'reg'\nis_reg = true\n", "reg.toml")
+    with pytest.raises(UsageError, match="every dataset is a regularization dataset"):
+        parse_dataset_config(only_reg)
 
 
 def test_kohya_overview_example_without_is_reg_refuses_metadata_file_naming_the_fix(tmp_path):
@@ -114,7 +133,7 @@ datasets:
 
 
 @pytest.mark.parametrize("body, match", [
-    ("[[datasets]]\ntrain_data_dir = 'a'\nregularization = true\n", PRIOR_FIX.split(":")[0]),
+    ("[[datasets]]\ntrain_data_dir = 'a'\nregularization = true\n", "every dataset is a regularization dataset"),
     ("[[datasets]]\ntrain_data_dir = 'a'\ndataset_name = 'b'\n", "exactly one of dataset_name"),
     ("[[datasets]]\ntrain_data_dir = 'a'\nrepeats = 2\nweight = 0.5\n", "repeats and weight both given"),
     ("[[datasets]]\ntrain_data_dir = 'a'\nweight = 1\n[[datasets]]\ntrain_data_dir = 'b'\n",

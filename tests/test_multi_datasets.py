@@ -274,6 +274,54 @@ resolution = 48
     assert len(rows) == 3 and all(len(r["rows"]) == 2 for r in rows)
 
 
+def test_a_kohya_is_reg_subset_pairs_its_images_with_every_batch(train_assets, tmp_path):
+    """kohya's DreamBooth layout (an instance folder and an is_reg folder of class images): every batch trains its
+    instance rows and as many class images of its bucket (prior preservation, nothing generated); the report and the
+    run statistics count the class images; each half's captions go through its own dataset's options."""
+    import train_text_to_image_arb as script
+
+    a = sidecar_folder(train_assets["images"], tmp_path / "a", keep=8)
+    reg = sidecar_folder(train_assets["images"], tmp_path / "reg")
+    config = tmp_path / "kohya.toml"
+    config.write_text(f"""[general]
+caption_extension = '.txt'
+
+[[datasets]]
+resolution = 64
+  [[datasets.subsets]]
+  image_dir = '{a}'
+  shuffle_caption = true
+  keep_tokens = 1
+  [[datasets.subsets]]
+  image_dir = '{reg}'
+  is_reg = true
+  caption_extension = '.none'
+  class_tokens = 'a photo'
+""")
+    stats = script.main(["--pretrained_model_name_or_path", train_assets["sd"], "--output_dir", str(tmp_path / "out"),
+                         *SD_BASE, "--full_finetune", "--dataset_config", str(config), "--max_train_steps", "2",
+                         "--bucket_leftover", "fill", "--prior_loss_weight", "0.5"])
+    assert stats["class_images_used"] == 20 and stats["class_images_generated"] == 0
+    assert [(r["name"], r["rows"]) for r in stats["datasets"]] == [("a", 8)]  # the class images are not planned rows
+    rows = [json.loads(line) for line in (tmp_path / "out" / "batches" / "rank0.jsonl").read_text().splitlines()]
+    assert len(rows) == 2 and all(len(r["rows"]) == 4 for r in rows)  # 2 instance + 2 class rows per batch
+    assert all(c == "a photo" for r in rows for c in r["captions"][2:])  # the class half: its class_tokens
+
+
+def test_paired_captions_augment_each_half_with_its_own_options():
+    from hf_arb.train.captions import CaptionAugmenter, CaptionOptions
+    from hf_arb.train.sources.multi import PairedCaptions
+
+    shuffle = CaptionAugmenter([CaptionOptions(shuffle_caption=True, keep_tokens=1)], seed=0)
+    plain = CaptionAugmenter([CaptionOptions()], seed=0)
+    caption = "sks, red hair, smiling, outdoors, film grain"
+    batch = {"rows": np.array([3, 4, 3, 4]), "captions": [caption] * 4}
+    seen = [PairedCaptions(shuffle, plain)(batch, epoch)["captions"] for epoch in range(4)]
+    assert all(c[2:] == [caption, caption] for c in seen)  # the class half: no option, untouched
+    assert all(c[0].startswith("sks, ") for c in seen) and len({c[0] for c in seen}) > 1  # shuffled, kept first tag
+    assert PairedCaptions(plain, plain)(batch, 0) is batch
+
+
 def test_datasets_at_their_own_resolutions_keep_their_bucket_sizes_in_the_runs_table():
     import pyarrow as pa
 

@@ -70,8 +70,9 @@ KOHYA_SUBSET_KEYS = ("image_dir", "num_repeats", "caption_extension", "is_reg", 
                      "conditioning_data_dir", "resize_interpolation", "token_warmup_min", "token_warmup_step",
                      *CAPTION_KEYS)
 
-PRIOR_FIX = ("prior preservation is its own flags here: drop the regularization dataset and pass "
-             "--with_prior_preservation --class_data_dir DIR --class_prompt PROMPT")
+#: what a regularization dataset cannot carry: its images are paired with the instance batches, not planned
+REG_RULE = ("a regularization dataset's images are paired with the instance batches by bucket (prior preservation, "
+            "weighted by --prior_loss_weight), not planned as rows of the epoch")
 
 
 @dataclass(frozen=True)
@@ -89,7 +90,8 @@ class DatasetSpec:
         repeats: every row this many times per epoch; weight: this share of the epoch (one kind per file).
         resolution, bucket_preset: this dataset's bucket table (None: the run's flags).
         loss_weight: the factor on this dataset's rows' loss.
-        regularization: class images for prior preservation (refused before training: :data:`PRIOR_FIX`).
+        regularization: class images for prior preservation (kohya's ``is_reg``): paired with the instance
+            batches by bucket, as ``--with_prior_preservation`` pairs ``--class_data_dir``'s images.
         batch_size: kohya's per-dataset batch size (one per run here).
         random_flip: kohya's ``flip_aug`` (one per run here: ``--random_flip``).
         caption_options: ``{key: value}`` of :data:`CAPTION_KEYS` given for this dataset, for the caption functions.
@@ -263,8 +265,16 @@ def make_spec(entry: dict[str, Any], where: str, default_name: str) -> DatasetSp
     if len(sources) != 1:
         raise UsageError(f"{where}: name the data with exactly one of dataset_name (a Hub id or a saved dataset "
                          f"folder) or train_data_dir (an image folder); got {sources or 'none'}.")
-    if entry.get("regularization") or entry.get("is_reg"):
-        raise UsageError(f"{where}: a regularization dataset (is_reg / regularization = true): {PRIOR_FIX}.")
+    regularization = bool(entry.get("regularization") or entry.get("is_reg"))
+    if regularization:
+        for key in ("weight", "loss_weight"):
+            if key in entry:
+                raise UsageError(f"{where}: {key} = {entry[key]!r} on a regularization dataset: {REG_RULE}; drop "
+                                 f"{key} (the class loss's weight is --prior_loss_weight).")
+        given = entry.get("repeats", entry.get("num_repeats"))
+        if given not in (None, 1):
+            raise UsageError(f"{where}: repeats = {given!r} on a regularization dataset: {REG_RULE}, so repeats "
+                             "change nothing; drop it (or set 1).")
     repeats = _number({**entry, "repeats": entry.get("repeats", entry.get("num_repeats"))}, "repeats", where, int, 1)
     weight = _number(entry, "weight", where, float, 0.0, inclusive=False)
     if repeats is not None and weight is not None:
@@ -303,12 +313,24 @@ def make_spec(entry: dict[str, Any], where: str, default_name: str) -> DatasetSp
         loss_weight=_number(entry, "loss_weight", where, float, 0.0) if "loss_weight" in entry else 1.0,
         batch_size=_number(entry, "batch_size", where, int, 1),
         random_flip=None if entry.get("flip_aug") is None else bool(entry["flip_aug"]),
-        caption_options={k: entry[k] for k in CAPTION_KEYS if k in entry}, where=where)
+        caption_options={k: entry[k] for k in CAPTION_KEYS if k in entry}, regularization=regularization,
+        where=where)
 
 
 def check_specs(specs: list[DatasetSpec], path: str) -> None:
-    """What must hold across the datasets: one kind of share (repeats or weight), one batch size, unique names."""
-    kinds = {s.weight is not None for s in specs}
+    """What must hold across the datasets: one kind of share (repeats or weight), one batch size, unique names; with
+    regularization datasets, at least one instance dataset and nothing per dataset the pairing cannot carry yet."""
+    instances, regs = [s for s in specs if not s.regularization], [s for s in specs if s.regularization]
+    if not instances:
+        raise UsageError(f"--dataset_config {path}: every dataset is a regularization dataset (is_reg); add the images "
+                         "to train on (a dataset without is_reg / regularization).")
+    if regs:
+        for s in instances:
+            if s.loss_weight != 1.0:
+                raise UsageError(f"{s.where}: loss_weight = {s.loss_weight:g} with a regularization dataset in the "
+                                 "file: a paired batch weighs its instance and class halves by --prior_loss_weight "
+                                 "only (yet); drop loss_weight, or the regularization dataset.")
+    kinds = {s.weight is not None for s in instances}
     if len(kinds) > 1:
         raise UsageError(f"--dataset_config {path}: some datasets give weight and others repeats (or neither): give "
                          "every dataset a weight (shares of the epoch) or none (repeats, default 1).")
@@ -370,6 +392,16 @@ def check_dataset_config(args: Any, default_batch_size: int | None = None) -> No
         args.random_flip = True
     elif flips == {False} and args.random_flip:
         raise UsageError(f"--dataset_config {path}: flip_aug = false but --random_flip: drop one of them.")
+    if any(s.regularization for s in specs):  # prior preservation from the file's class images
+        if getattr(args, "with_prior_preservation", False) or getattr(args, "class_data_dir", None):
+            raise UsageError(f"--dataset_config {path} holds a regularization dataset and --with_prior_preservation / "
+                             "--class_data_dir name class images too: keep one of them.")
+        from .prior_flags import NOT_WITH_PRIOR
+
+        for flag, why in NOT_WITH_PRIOR.items():
+            if getattr(args, flag, None):
+                raise UsageError(f"--dataset_config {path} with a regularization dataset and --{flag}: {why}; drop "
+                                 f"--{flag}.")
     args.dataset_specs = specs
 
 

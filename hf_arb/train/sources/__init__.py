@@ -53,9 +53,10 @@ def mode_class(args: argparse.Namespace) -> type:
     """:func:`source_class` before masks: the class of ``--streaming``, ``--packing``, the tiers and references."""
     tiered = len(getattr(args, "resolutions", None) or []) > 1
     if getattr(args, "dataset_config", None):  # several datasets (the flag checks refuse the other modes with it)
-        from .multi import MultiSource
+        from .multi import MultiPriorSource, MultiSource
 
-        return MultiSource
+        # regularization datasets (kohya's is_reg): their images pair with the batches (prior preservation)
+        return MultiPriorSource if any(s.regularization for s in args.dataset_specs) else MultiSource
     if getattr(args, "streaming", False):
         from .streamed import StreamSource, TieredStreamSource
 

@@ -31,6 +31,7 @@ from ..schedule import Schedule
 from .bucketed import BucketedSource
 from .dataset import check_plan, check_upscale, dataset_with_buckets, load_raw_dataset
 from .loaders import build_dataloader
+from .prior import PriorSource
 from .reports import bucketed_report
 
 torch: Any = LazyModule("torch")
@@ -99,6 +100,19 @@ def entry_loader(spec: DatasetSpec) -> Any:
     if spec.caption_extension is None:
         return load_raw_dataset
     return lambda ns: caption_folder(spec, ns.image_column, ns.caption_column)
+
+
+def regularization_dataset(args: argparse.Namespace, spec: DatasetSpec, accelerator: Any) -> Any:
+    """A regularization dataset's images and captions in the run's column names (bucketed later with the run's table,
+    as ``--class_data_dir``'s images are)."""
+    ns = entry_args(args, spec)
+    ds, _ = dataset_with_buckets(ns, accelerator, load=entry_loader(spec))
+    ds = ds.select_columns([ns.image_column, ns.caption_column])
+    if ns.image_column != args.image_column:
+        ds = ds.rename_column(ns.image_column, args.image_column)
+    if ns.caption_column != args.caption_column:
+        ds = ds.rename_column(ns.caption_column, args.caption_column)
+    return ds
 
 
 # ==================================================================================================== one table
@@ -235,7 +249,9 @@ class MultiSource(BucketedSource):
         import datasets
 
         args = self.args
-        self.specs = list(args.dataset_specs)
+        self.specs = [s for s in args.dataset_specs if not s.regularization]  # the rows the plan trains
+        self.regularization = [regularization_dataset(args, s, accelerator) for s in args.dataset_specs
+                               if s.regularization]  # class images, paired with the batches (MultiPriorSource)
         parts, tables, entries = [], [], []
         for spec in self.specs:
             ns = entry_args(args, spec)
@@ -321,5 +337,55 @@ class MultiSource(BucketedSource):
         return {**super().stats(micro_step), "datasets": self.mix.table(self.trained_per_dataset(0))}
 
 
-__all__ = ["DatasetMix", "MixCollate", "MultiSource", "mix_card_lines", "mix_lines",
-           "read_sidecar_captions"]
+__all__ = ["DatasetMix", "MixCollate", "MultiPriorSource", "MultiSource", "PairedCaptions", "mix_card_lines",
+           "mix_lines", "read_sidecar_captions", "regularization_dataset"]
+
+
+class MultiPriorSource(PriorSource, MultiSource):
+    """``--dataset_config`` with regularization datasets (kohya's ``is_reg``): the instance datasets planned as
+    :class:`MultiSource` plans them, each batch paired with class images of its bucket from the regularization
+    datasets, as :class:`~hf_arb.train.sources.prior.PriorSource` pairs ``--class_data_dir``'s (nothing generated)."""
+
+    def class_dataset(self, accelerator: Any, models: Any, instance_ids: np.ndarray) -> Any:
+        import datasets
+
+        from .class_images import ClassImageCounts
+
+        parts = self.regularization
+        class_ds = parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
+        self.class_counts = ClassImageCounts(reused=len(class_ds), used=len(class_ds))
+        return class_ds
+
+    def caption_augmenter(self, schedule: Schedule) -> Any:
+        """The instance half of each paired batch with its datasets' caption options (:meth:`MultiSource.
+        caption_augmenter`), the class half with its regularization datasets' (kohya's ``is_reg`` subsets keep their
+        ``keep_tokens``, ``shuffle_caption``, ...)."""
+        import dataclasses
+
+        from hf_arb.train.captions import CaptionAugmenter, CaptionOptions
+        from hf_arb.train.flags.caption_flags import caption_options
+
+        instances = MultiSource.caption_augmenter(self, schedule)
+        base = dataclasses.asdict(caption_options(self.args))
+        regs = [s for s in self.args.dataset_specs if s.regularization]
+        lengths = [len(ds) for ds in self.regularization]
+        classes = CaptionAugmenter([CaptionOptions(**{**base, **s.caption_options}) for s in regs],
+                                   seed=self.args.seed, variants=instances.variants,
+                                   dataset_of_row=np.repeat(np.arange(len(regs)), lengths))
+        return PairedCaptions(instances, classes)
+
+
+class PairedCaptions:
+    """``augment(batch, epoch)`` of a prior-preservation batch (``n`` instance rows, then ``n`` class rows:
+    :class:`~hf_arb.train.sources.prior.PriorPairs`): each half through its own augmenter, by its own rows."""
+
+    def __init__(self, instances: Any, classes: Any) -> None:
+        self.instances, self.classes = instances, classes
+
+    def __call__(self, batch: dict[str, Any], epoch: int) -> dict[str, Any]:
+        if not (self.instances.active or self.classes.active):
+            return batch
+        rows = batch["rows"].tolist() if hasattr(batch["rows"], "tolist") else list(batch["rows"])
+        captions, n = list(batch["captions"]), len(rows) // 2
+        return {**batch, "captions": self.instances.captions(captions[:n], rows[:n], epoch)
+                + self.classes.captions(captions[n:], rows[n:], epoch)}

@@ -139,9 +139,11 @@ def prior_report(args: Any, buckets: Any, ds: Any, pairs: PriorPairs | None, cou
     """The start-up lines of prior preservation: the class images (reused, generated, used), their buckets, and the
     trained buckets that borrow the nearest bucket's class images."""
     counts = counts or ClassImageCounts()
-    lines = [f"Prior preservation: {counts.used} class images from {args.class_data_dir} ({counts.reused} found, "
-             f"{counts.generated} generated), \"{args.class_prompt}\", --prior_loss_weight {args.prior_loss_weight:g}; "
-             "every batch trains --train_batch_size instance + as many class images of its bucket"]
+    origin = (f"{args.class_data_dir} ({counts.reused} found, {counts.generated} generated), \"{args.class_prompt}\""
+              if args.class_data_dir else "the --dataset_config file's regularization datasets, with their captions")
+    lines = [f"Prior preservation: {counts.used} class images from {origin}, --prior_loss_weight "
+             f"{args.prior_loss_weight:g}; every batch trains --train_batch_size instance + as many class images of "
+             "its bucket"]
     if pairs is None:
         return lines[0]
     ids = np.asarray(ds.with_format("numpy")["bucket"])
