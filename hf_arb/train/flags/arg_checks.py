@@ -69,6 +69,7 @@ def check_values(args: argparse.Namespace) -> None:
         raise UsageError("--offload_ema / --foreach_ema configure the EMA model: add --use_ema or drop them.")
     check_family_flags(args)
     check_streaming_flags(args)
+    check_encoded_flags(args)
     check_bucket_flags(args)
     check_packing_flags(args)
     check_reference_flags(args)
@@ -209,6 +210,26 @@ def check_streaming_flags(args: argparse.Namespace) -> None:
         raise UsageError("--max_train_samples is not supported with --streaming: write fewer shards instead.")
     if args.stream_counts is not None and not Path(args.stream_counts).is_file():
         raise UsageFileError(f"--stream_counts {args.stream_counts}: no such file (JSON {{bucket id: rows}}).")
+
+
+def check_encoded_flags(args: argparse.Namespace) -> None:
+    """--encoded_dataset holds the latents and the frozen prompt embeddings of a map-style bucketed run: the latent
+    cache, trained text encoders and the other modes do not apply to it."""
+    if getattr(args, "encoded_dataset", None) is None:
+        return
+    refused = [("cache_latents", "the encoded dataset is the latent cache: drop --cache_latents"),
+               ("train_text_encoder", "its prompt embeddings are fixed: drop --train_text_encoder, or train from "
+                                      "images"),
+               ("streaming", "not supported with --encoded_dataset yet: drop --streaming"),
+               ("packing", "not supported with --encoded_dataset yet: drop --packing"),
+               ("reference_image_column", "not supported with --encoded_dataset yet: drop --reference_image_column")]
+    for flag, why in refused:
+        if getattr(args, flag, None):
+            raise UsageError(f"--{flag} with --encoded_dataset {args.encoded_dataset}: {why}.")
+    tiers = getattr(args, "resolutions", None) or [args.resolution]
+    if len(tiers) > 1:
+        raise UsageError(f"--resolution {','.join(map(str, tiers))} (several tiers) is not supported with "
+                         "--encoded_dataset yet: train one --resolution.")
 
 
 def check_reference_flags(args: argparse.Namespace) -> None:

@@ -14,6 +14,7 @@ Modules:
 - :mod:`~hf_arb.train.sources.bucketed` — map-style sources: bucketed, with reference images, tiered;
 - :mod:`~hf_arb.train.sources.packed` — ``--packing``: packs of images at their own size (one tier or several);
 - :mod:`~hf_arb.train.sources.streamed` — ``--streaming``: a bucketed stream (one tier or several);
+- :mod:`~hf_arb.train.sources.encoded` — ``--encoded_dataset``: stored latents and prompt embeddings;
 - :mod:`~hf_arb.train.sources.reports` — the start-up tables of the map-style and packed sources;
 - :mod:`~hf_arb.train.sources.dataset` — the map-style dataset, its bucket columns and the pre-model checks;
 - :mod:`~hf_arb.train.sources.loaders` — samplers and DataLoaders of the map-style and packed sources;
@@ -34,6 +35,10 @@ def source_class(args: argparse.Namespace) -> type:
     """The :class:`~hf_arb.train.sources.base.Source` subclass of the run's mode flags (the allowed combinations:
     ``train/arg_checks.py`` refuses the others before this is asked)."""
     tiered = len(getattr(args, "resolutions", None) or []) > 1
+    if getattr(args, "encoded_dataset", None):  # the flag checks refuse it with the other modes
+        from .encoded import EncodedSource
+
+        return EncodedSource
     if getattr(args, "streaming", False):
         from .streamed import StreamSource, TieredStreamSource
 
