@@ -70,10 +70,8 @@ def build_latent_cache(args: argparse.Namespace, accelerator: Any, ds: Any, buck
     def load_batch(keys: list[tuple[int, int, int]]) -> dict[str, Any]:
         return images.collate([images[k] for k in keys])
 
-    @torch.no_grad()
     def encode(pixels: torch.Tensor) -> torch.Tensor:
-        dist = vae.encode(pixels.to(accelerator.device, torch.float32)).latent_dist
-        return torch.stack([dist.mean, dist.std], dim=1)  # (B, 2, C, h, w)
+        return posterior_stats(vae, pixels.to(accelerator.device, torch.float32))  # (B, 2, C, h, w)
 
     t0 = time.perf_counter()
     lat.fill_cache(cache, index, rank=accelerator.process_index, world=accelerator.num_processes,
@@ -93,6 +91,17 @@ def build_latent_cache(args: argparse.Namespace, accelerator: Any, ds: Any, buck
                 time.perf_counter() - t0)
     place(models.vae, dtype=weight_dtype)
     return cache, index, latent_repair(cache, index, load_batch, models.vae)
+
+
+def posterior_stats(vae: Any, pixels: Any) -> Any:
+    """``(B, 2, C, h, w)``: the VAE posterior's mean and std of ``pixels``, without gradients. A batch of one image is
+    encoded as two copies: a CPU convolution takes another code path for one image, whose last bits differ, so an
+    entry's bits would depend on the batch it happened to fall in (the cache's fill order, an encode's shards)."""
+    with torch.no_grad():
+        one = pixels.shape[0] == 1
+        dist = vae.encode(torch.cat([pixels, pixels]) if one else pixels).latent_dist
+        stats = torch.stack([dist.mean, dist.std], dim=1)
+        return stats[:1] if one else stats
 
 
 def planned_pairs(args: argparse.Namespace, ids: np.ndarray, sampler: Any, schedule: Schedule) -> set[tuple[int, int]]:

@@ -130,6 +130,8 @@ class EncodeBatch:
         """Encode the entries of ``batch`` (any buckets: grouped by bucket into VAE calls of ``batch_size``)."""
         import torch
 
+        from ..cache.caches import posterior_stats
+
         rows, buckets, variants = (np.asarray(batch[k], np.int64) for k in ("row", "bucket", "variant"))
         size = int(getattr(self.args, "train_batch_size", 16))
         out: dict[str, list[Any]] = {k: [] for k in ("row", "bucket", "variant", "source_row", "caption",
@@ -141,9 +143,8 @@ class EncodeBatch:
                 chunk = at[start:start + size]
                 items = [self.images[(int(rows[i]), int(b), int(variants[i]))] for i in chunk]
                 col = self.images.collate(items)
-                with torch.no_grad():
-                    dist = self.vae.encode(col["pixel_values"].to(self.device, torch.float32)).latent_dist
-                    stats = torch.stack([dist.mean, dist.std], dim=1).detach().float().cpu().numpy()
+                pixels = col["pixel_values"].to(self.device, torch.float32)
+                stats = posterior_stats(self.vae, pixels).float().cpu().numpy()  # what the latent cache stores
                 for j, i in enumerate(chunk):
                     arr = stats[j]
                     with np.errstate(over="ignore"):
@@ -172,10 +173,16 @@ class EncodeBatch:
         import torch
 
         captions = [str(c) for c in captions]
-        with torch.no_grad():
-            h, p = self.models.family.encode_text(self.models, self.models.text_encoders, captions, self.device)
-        h = h.detach().float().cpu().numpy()
-        p = None if p is None else p.detach().float().cpu().numpy()
+        size = int(getattr(self.args, "train_batch_size", 16))  # the batches the run's memo encodes at, at most
+        hs, ps = [], []
+        for start in range(0, len(captions), size):  # a text encoder's last bits can depend on the batch size
+            with torch.no_grad():
+                h, p = self.models.family.encode_text(self.models, self.models.text_encoders,
+                                                      captions[start:start + size], self.device)
+            hs.append(h.detach().float().cpu().numpy())
+            ps.append(None if p is None else p.detach().float().cpu().numpy())
+        h = np.concatenate(hs) if hs else np.zeros((0, 0, 0), np.float32)
+        p = None if not ps or ps[0] is None else np.concatenate(ps)
         return {"caption": captions, "prompt_embeds": [x.tobytes() for x in h],
                 "prompt_shape": [list(x.shape) for x in h],
                 "pooled_prompt_embeds": [None if p is None else x.tobytes() for x in (p if p is not None else h)],

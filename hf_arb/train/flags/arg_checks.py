@@ -325,7 +325,8 @@ def _unapplied_rules(args: argparse.Namespace) -> list[tuple[str, bool, str]]:
     stream = "--streaming reads each row once, in the stream's order"
     return [
         ("latent_cache_dir", args.cache_latents, "it sets where --cache_latents keeps latents: add --cache_latents"),
-        ("latent_cache_variants", args.cache_latents, "it configures --cache_latents: add --cache_latents"),
+        ("latent_cache_variants", args.cache_latents or bool(getattr(args, "encoded_dataset", None)),
+         "it configures --cache_latents: add --cache_latents"),
         ("latent_cache_variants", not one_variant, "--center_crop without --random_flip has one crop/flip variant "
                                                    "per image: add --random_flip"),
         ("resolution_embed_dim", args.resolution_conditioning, "it sizes --resolution_conditioning: add it"),
