@@ -73,6 +73,12 @@ def plan_encode(args: argparse.Namespace, num_processes: int = 1) -> EncodePlan:
         raise UsageError(f"hf-arb encode writes map-style bucketed runs; this command's flags select "
                          f"{source_class(args).__name__} (streaming, packing, several tiers or reference images): "
                          "drop those flags to encode.")
+    if args.seed is None:  # a training run draws a random seed; the crops and flips it trains need a known one
+        if not args.center_crop or args.random_flip:
+            raise UsageError("hf-arb encode needs --seed with random crops or flips (the variants are drawn from it, "
+                             "and training must pass the same --seed): add --seed 0, or --center_crop without "
+                             "--random_flip.")
+        args = argparse.Namespace(**{**vars(args), "seed": 0})
     source = BucketedSource(args, None)
     source.start(SimpleNamespace(num_processes=num_processes, process_index=0, is_main_process=True))
     schedule = source.schedule(num_processes)
