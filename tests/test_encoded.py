@@ -270,3 +270,68 @@ def test_a_vae_with_other_weights_is_refused_when_the_models_load(sd: list[str],
         next(iter(vae.parameters())).add_(1e-3)
     with pytest.raises(UsageError, match=r"this run's vae_weights \(vae_weights: encoded"):
         source.loader(SimpleNamespace(), SimpleNamespace(vae=vae), None, torch.float32)
+
+
+def test_nan_latents_are_counted_named_and_never_written(sd: list[str], encoded: dict[str, Any], tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    from hf_arb.train.cache import caches
+    from hf_arb.train.encoded.encode import encode_share, finish
+    from hf_arb.train.encoded.reader import open_encoded
+    from hf_arb.train.sources import build_source
+
+    real, calls = caches.posterior_stats, []
+
+    def first_batch_nan(vae: Any, pixels: Any) -> Any:  # the VAE fails on the first batch it sees
+        calls.append(len(pixels))
+        stats = real(vae, pixels)
+        return torch.full_like(stats, float("nan")) if len(calls) == 1 else stats
+
+    monkeypatch.setattr(caches, "posterior_stats", first_batch_nan)
+    counts = encode_share(encoded["args"], tmp_path / "ds", shard_size=4, plan=encoded["plan"], show_progress=False)
+    assert len(counts["bad"]) == calls[0] and counts["entries_written"] == 16 - calls[0]
+    info = finish(encoded["args"], tmp_path / "ds", encoded["plan"], shard_size=4)
+    assert [tuple(b[:3]) for b in info["bad_entries"]] == [tuple(b[:3]) for b in counts["bad"]]
+    assert all(b[3] == "non-finite latent" for b in info["bad_entries"])
+    data = open_encoded(str(tmp_path / "ds"))
+    stats = [np.frombuffer(b, np.float16) for b in data.latents["latent_stats"]]
+    assert len(stats) == 16 - calls[0] and all(np.isfinite(s).all() for s in stats)
+    # resuming keeps the shard with its bad entries (it is complete), and training says what is missing
+    again = encode_share(encoded["args"], tmp_path / "ds", shard_size=4, plan=encoded["plan"], show_progress=False)
+    assert again["shards_written"] == 0
+    source = build_source(_args([*sd, "--encoded_dataset", str(tmp_path / "ds")], tmp_path), None)
+    with pytest.raises(UsageError, match=rf"{calls[0]} of 16 \(row, bucket, variant\) entries are missing .*NaN "
+                                         rf"latents left out at encode: {calls[0]}"):
+        source.start(SimpleNamespace(num_processes=1, process_index=0, is_main_process=True))
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("engines")  # the Ray cluster of tests/test_engines.py: one worker starts it
+def test_ray_data_writes_the_same_dataset_with_the_same_per_batch_function(encoded: dict[str, Any],
+                                                                           tmp_path: Path) -> None:
+    ray = pytest.importorskip("ray")
+    from hf_arb.train.encoded.encode import encode_with_ray
+
+    started = not ray.is_initialized()
+    if started:
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    ray.data.DataContext.get_current().enable_progress_bars = False
+    import torch
+
+    try:  # the actors with this process's threads: a CPU convolution's last bits depend on the count
+        info = encode_with_ray(encoded["args"], tmp_path / "ds", shard_size=4, threads=torch.get_num_threads())
+    finally:
+        if started:
+            ray.shutdown()
+    assert info["entries"] == 16
+    ours, local = _files(tmp_path / "ds"), _files(encoded["root"])
+    prompts = "data/prompts/prompts-00000-of-00001.parquet"
+    assert {k: v for k, v in ours.items() if k != prompts} == {k: v for k, v in local.items() if k != prompts}
+    import pyarrow.parquet as pq  # the text encoder in an actor: the same captions, within float32 rounding
+
+    a, b = (pq.read_table(root / prompts).to_pylist() for root in (tmp_path / "ds", encoded["root"]))
+    assert [r["caption"] for r in a] == [r["caption"] for r in b]
+    for x, y in zip(a, b):
+        np.testing.assert_allclose(np.frombuffer(x["prompt_embeds"], np.float32),
+                                   np.frombuffer(y["prompt_embeds"], np.float32), rtol=0, atol=1e-6)

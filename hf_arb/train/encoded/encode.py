@@ -416,9 +416,13 @@ def encode_dataset(args: argparse.Namespace, out_dir: str | Path, *, num_process
 
 def encode_with_ray(args: argparse.Namespace, out_dir: str | Path, *, num_processes: int = 1,
                     shard_size: int = 1000, prompt_shard_size: int = 10000, concurrency: int = 1,
-                    **map_batches_kwargs: Any) -> dict[str, Any]:
+                    threads: int | None = None, **map_batches_kwargs: Any) -> dict[str, Any]:
     """Encode on Ray Data: every missing shard is one ``map_batches`` batch of :class:`EncodeBatch` (the same
-    per-batch function as the local loop; one actor per ``concurrency``), written here as it comes back."""
+    per-batch function as the local loop; one actor per ``concurrency``), written here as it comes back.
+
+    ``threads``: torch's CPU threads in each actor (Ray starts workers with one). A CPU convolution's last bits
+    depend on the thread count, so an encode is bit-identical to a local one (and to the run's own cache) only with
+    the same count: pass ``torch.get_num_threads()`` of the training machine for that."""
     import pyarrow as pa
     import ray.data
 
@@ -436,7 +440,8 @@ def encode_with_ray(args: argparse.Namespace, out_dir: str | Path, *, num_proces
         else:
             items = [{"shard": i, "caption": c} for i in todo for c in plan.captions[slices[i][0]:slices[i][1]]]
         ds = ray.data.from_items(items).repartition(len(todo))
-        result = ds.map_batches(_RayShard, fn_constructor_args=(args,), batch_size=None, concurrency=concurrency,
+        result = ds.map_batches(_RayShard, fn_constructor_args=(args, threads), batch_size=None,
+                                concurrency=concurrency,
                                 batch_format="numpy", **map_batches_kwargs)
         parts: dict[int, list[Any]] = {}
         bad: dict[int, list[Any]] = {}
@@ -462,7 +467,11 @@ class _RayShard:
     """A Ray actor around :class:`EncodeBatch`: one call per shard; the shard's slice and bad entries travel in a
     ``_meta`` column."""
 
-    def __init__(self, args: argparse.Namespace) -> None:
+    def __init__(self, args: argparse.Namespace, threads: int | None = None) -> None:
+        if threads:
+            import torch
+
+            torch.set_num_threads(threads)
         self.enc = EncodeBatch(args)
         self.args = args
 
