@@ -19,6 +19,7 @@ from hf_arb.train.flags import args as train_args  # noqa: E402
 from hf_arb.train.sources import build_source, source_class  # noqa: E402
 from hf_arb.train.sources.base import Source  # noqa: E402
 from hf_arb.train.sources.bucketed import BucketedSource, ReferenceSource, TieredSource  # noqa: E402
+from hf_arb.train.sources.encoded import EncodedSource  # noqa: E402
 from hf_arb.train.sources.packed import PackedSource, TieredPackedSource  # noqa: E402
 from hf_arb.train.sources.streamed import StreamSource, TieredStreamSource  # noqa: E402
 
@@ -31,6 +32,7 @@ MODES = [
     (dict(packing=True, resolutions=[32, 64]), TieredPackedSource),
     (dict(streaming=True), StreamSource),
     (dict(streaming=True, resolutions=[32, 64]), TieredStreamSource),
+    (dict(encoded_dataset="encoded"), EncodedSource),
 ]
 #: what every concrete source must answer itself (the base class has no answer)
 OWN_ANSWERS = ("load", "start", "loader", "report")
