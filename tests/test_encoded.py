@@ -231,8 +231,12 @@ def test_encoded_flags_refuse_what_does_not_apply(sd: list[str], tmp_path: Path)
         with pytest.raises(UsageError, match=said):
             _args([*flags, "--encoded_dataset", "somewhere", *extra], tmp_path)
     # a command without --train_data_dir / --dataset_name trains from the encoded dataset alone
+    from hf_arb.train.environment import check_environment
+
     bare = [f for i, f in enumerate(sd) if "--train_data_dir" not in (f, sd[i - 1])]
-    assert _args([*bare, "--encoded_dataset", "somewhere"], tmp_path).encoded_dataset == "somewhere"
+    args = _args([*bare, "--encoded_dataset", "somewhere"], tmp_path)
+    check_environment(args)  # no data folder to check: the source opens the encoded dataset
+    assert args.encoded_dataset == "somewhere" and args.train_data_dir is None
 
 
 def test_push_and_reload_through_the_hub(encoded: dict[str, Any], tmp_path: Path,
