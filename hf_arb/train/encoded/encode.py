@@ -399,9 +399,19 @@ def encode_dataset(args: argparse.Namespace, out_dir: str | Path, *, num_process
     card. ``num_processes``: the processes the run will train on (default: this launch's). Returns the info on the
     main process."""
     if accelerator is None:
-        from accelerate import Accelerator
+        from ..environment import one_process
 
-        accelerator = Accelerator()
+        if one_process():  # no launcher: no process-wide accelerate state left behind for a later run
+            import torch
+
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+            accelerator = SimpleNamespace(process_index=0, num_processes=1, device=torch.device(device),
+                                          is_local_main_process=True, is_main_process=True,
+                                          wait_for_everyone=lambda: None)
+        else:
+            from accelerate import Accelerator
+
+            accelerator = Accelerator()
     plan = plan_encode(args, num_processes or accelerator.num_processes)
     counts = encode_share(args, out_dir, rank=accelerator.process_index, world=accelerator.num_processes,
                           num_processes=num_processes or accelerator.num_processes, shard_size=shard_size,
