@@ -339,3 +339,28 @@ def test_ray_data_writes_the_same_dataset_with_the_same_per_batch_function(encod
     for x, y in zip(a, b):
         np.testing.assert_allclose(np.frombuffer(x["prompt_embeds"], np.float32),
                                    np.frombuffer(y["prompt_embeds"], np.float32), rtol=0, atol=1e-6)
+
+
+def test_another_text_encoder_is_refused(sd: list[str], encoded: dict[str, Any], train_assets: dict[str, str],
+                                         tmp_path: Path) -> None:
+    from hf_arb.train.sources import build_source
+
+    other = tmp_path / "tiny-sd"
+    shutil.copytree(train_assets["sd"], other)
+    config = json.loads((other / "text_encoder" / "config.json").read_text())
+    (other / "text_encoder" / "config.json").write_text(json.dumps({**config, "layer_norm_eps": 1e-6}))
+    flags = [*sd, "--encoded_dataset", str(encoded["root"])]
+    flags[flags.index("--pretrained_model_name_or_path") + 1] = str(other)
+    with pytest.raises(UsageError, match=r"this run's model \(model: encoded \{\"text_encoder\": \""):
+        build_source(_args(flags, tmp_path), None)
+
+
+def test_the_encode_command_line(capsys: pytest.CaptureFixture[str]) -> None:
+    from hf_arb.cli import main as cli
+
+    with pytest.raises(SystemExit) as err:
+        cli(["encode", "out"])
+    assert err.value.code == 2 and "give the training flags after --" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # only encode takes another program's flags after "--"
+        cli(["buckets", "--preset", "sdxl", "--", "--resolution", "64"])
+    assert "unrecognized arguments: -- --resolution 64" in capsys.readouterr().err
