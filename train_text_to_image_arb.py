@@ -71,7 +71,6 @@ from typing import Any
 
 from hf_arb.checks import UsageError
 from hf_arb.lazy import LazyModule
-from hf_arb.train.cache.caches import TextEncoder
 from hf_arb.train.environment import (
     agree_on_seed,
     check_environment,
@@ -239,7 +238,7 @@ def train_loop(run: Run, tqdm: Any, stopper: StopOnSignal | None = None) -> dict
     args, accelerator, models, unet, source = run.args, run.accelerator, run.models, run.unet, run.source
     optimizer, lr_scheduler, schedule, progress, weight_dtype = (run.optimizer, run.lr_scheduler, run.schedule,
                                                                  run.progress, run.weight_dtype)
-    text = TextEncoder(models, accelerator.device, weight_dtype, cache=args.cache_text_embeddings)
+    text = source.text_encoder(models, accelerator.device, weight_dtype)  # memoised, or read from data
     trained = [unet, *(models.trained_text_encoders or [])]
     params = [p for m in trained for p in m.parameters() if p.requires_grad]
     labels = {**dict(enumerate(source.buckets.labels())), -1: "pack"}  # --packing: a pack is not one bucket

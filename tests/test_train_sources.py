@@ -19,6 +19,7 @@ from hf_arb.train.flags import args as train_args  # noqa: E402
 from hf_arb.train.sources import build_source, source_class  # noqa: E402
 from hf_arb.train.sources.base import Source  # noqa: E402
 from hf_arb.train.sources.bucketed import BucketedSource, ReferenceSource, TieredSource  # noqa: E402
+from hf_arb.train.sources.encoded import EncodedSource  # noqa: E402
 from hf_arb.train.sources.multi import MultiSource  # noqa: E402
 from hf_arb.train.sources.packed import PackedSource, TieredPackedSource  # noqa: E402
 from hf_arb.train.sources.prior import PriorSource  # noqa: E402
@@ -35,6 +36,7 @@ MODES = [
     (dict(streaming=True), StreamSource),
     (dict(streaming=True, resolutions=[32, 64]), TieredStreamSource),
     (dict(dataset_config="datasets.toml"), MultiSource),
+    (dict(encoded_dataset="encoded"), EncodedSource),
 ]
 #: what every concrete source must answer itself (the base class has no answer)
 OWN_ANSWERS = ("load", "start", "loader", "report")

@@ -18,9 +18,10 @@ def commands() -> dict[str, Command]:
     """Every sub-command, in the order ``hf-arb --help`` lists them (imported here, not at module import)."""
     from hf_arb.cli import annotate as annotate_cli
     from hf_arb.cli import buckets as cli_buckets
+    from hf_arb.cli import encode as cli_encode
     from hf_arb.cli import report as cli_report
 
-    return {**cli_buckets.COMMANDS, **annotate_cli.COMMANDS, **cli_report.COMMANDS}
+    return {**cli_buckets.COMMANDS, **annotate_cli.COMMANDS, **cli_report.COMMANDS, **cli_encode.COMMANDS}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -48,7 +49,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     from .buckets import UsageError
 
     parser, subparsers = _build_parsers()
-    args, unknown = parser.parse_known_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    cut = argv.index("--") if "--" in argv else len(argv)  # what follows "--": another program's flags (encode)
+    args, unknown = parser.parse_known_args(argv[:cut])
+    if cut < len(argv):
+        if "train_args" not in vars(args):
+            unknown += argv[cut:]
+        args.train_args = argv[cut + 1:]
     if unknown:  # said by the sub-command's parser: it knows the twins of its own flags
         subparsers[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
     try:

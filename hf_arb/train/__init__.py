@@ -12,6 +12,8 @@
 - :mod:`~hf_arb.train.checkpointing` — accelerate checkpoint folders and our small JSON state beside them;
 - :mod:`~hf_arb.train.cache` — the content-addressed latent cache, its dataset and keys, and a run's two caches
   (latents, prompt embeddings);
+- :mod:`~hf_arb.train.encoded` — encode once, train anywhere: latents and prompt embeddings as a sharded dataset
+  (``hf-arb encode``), its fingerprint, shards and reader (trained by the ``--encoded_dataset`` source);
 - :mod:`~hf_arb.train.outputs` — validation grids, the saved pipeline or LoRA, the model card, the push;
 - :mod:`~hf_arb.train.lora` — LoRA helpers (targets, saved metadata, portable weights);
 - :mod:`~hf_arb.train.captions` — captions from ``.txt`` files beside a folder's images, and their per-epoch tag

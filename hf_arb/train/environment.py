@@ -52,11 +52,12 @@ def check_environment(args: argparse.Namespace) -> None:
             if problem:
                 raise UsageFileError(f"--{flag} {value}: {problem}")
     folder_flag = "instance_data_dir" if args.instance_data_dir is not None else "train_data_dir"
+    folder = getattr(args, folder_flag)  # None: --encoded_dataset alone (its source opens it)
     if getattr(args, "dataset_specs", None):  # --dataset_config: each dataset's folder or Hub id
         from .flags.dataset_config import check_spec_sources
 
         check_spec_sources(args.dataset_specs)
-    elif args.dataset_name is None and not Path(getattr(args, folder_flag)).is_dir():
+    elif args.dataset_name is None and folder is not None and not Path(folder).is_dir():
         raise UsageFileError(f"--{folder_flag} {getattr(args, folder_flag)}: no such folder.")
     if args.dataset_name:  # a mistyped path or id is said now, not after load_dataset's retries and traceback
         from hf_arb.annotate.hub import hub_dataset_problem

@@ -58,22 +58,8 @@ def build_latent_cache(args: argparse.Namespace, accelerator: Any, ds: Any, buck
     for part in gather_object([mine]) if accelerator.num_processes > 1 else [mine]:
         hashes_by_row.update(part)
     hashes = [hashes_by_row.get(i, "") for i in range(len(ds))]
-    pairs = {(int(r), int(ids[r])) for r in rows}
-    if tiered:
-        pairs = tier_rows
-    elif args.bucket_leftover != "drop":  # leftovers may be trained at another bucket: read the all-ranks plan
-        for epoch in range(schedule.num_train_epochs):
-            plan = sampler.plan(epoch)  # (steps, world, batch): every rank's rows
-            if hasattr(plan, "offsets"):  # --max_pixels_per_batch: a ragged plan (flat rows, a bucket per step)
-                pairs.update(zip(plan.rows.tolist(), np.repeat(plan.buckets, np.diff(plan.offsets)).tolist()))
-                continue
-            for r in range(plan.shape[1]):
-                targets = sampler.batch_buckets(epoch, rank=r)  # (steps,)
-                pairs.update(zip(plan[:, r].ravel().tolist(), np.repeat(targets, plan.shape[2]).tolist()))
-    if args.center_crop and not args.random_flip:
-        variants = 1  # every epoch fits an image the same way
-    else:
-        variants = args.latent_cache_variants or min(schedule.num_train_epochs, 8)
+    pairs = tier_rows if tiered else planned_pairs(args, ids, sampler, schedule)
+    variants = planned_variants(args, schedule)
     images = image_dataset(args, ds, buckets, refs)
     if tiered:  # the BucketedImageDataset over every tier's sizes, keyed (row, combined id, epoch)
         images = images.images
@@ -84,10 +70,8 @@ def build_latent_cache(args: argparse.Namespace, accelerator: Any, ds: Any, buck
     def load_batch(keys: list[tuple[int, int, int]]) -> dict[str, Any]:
         return images.collate([images[k] for k in keys])
 
-    @torch.no_grad()
     def encode(pixels: torch.Tensor) -> torch.Tensor:
-        dist = vae.encode(pixels.to(accelerator.device, torch.float32)).latent_dist
-        return torch.stack([dist.mean, dist.std], dim=1)  # (B, 2, C, h, w)
+        return posterior_stats(vae, pixels.to(accelerator.device, torch.float32))  # (B, 2, C, h, w)
 
     t0 = time.perf_counter()
     lat.fill_cache(cache, index, rank=accelerator.process_index, world=accelerator.num_processes,
@@ -107,6 +91,42 @@ def build_latent_cache(args: argparse.Namespace, accelerator: Any, ds: Any, buck
                 time.perf_counter() - t0)
     place(models.vae, dtype=weight_dtype)
     return cache, index, latent_repair(cache, index, load_batch, models.vae)
+
+
+def posterior_stats(vae: Any, pixels: Any) -> Any:
+    """``(B, 2, C, h, w)``: the VAE posterior's mean and std of ``pixels``, without gradients. A batch of one image is
+    encoded as two copies: a CPU convolution takes another code path for one image, whose last bits differ, so an
+    entry's bits would depend on the batch it happened to fall in (the cache's fill order, an encode's shards)."""
+    with torch.no_grad():
+        one = pixels.shape[0] == 1
+        dist = vae.encode(torch.cat([pixels, pixels]) if one else pixels).latent_dist
+        stats = torch.stack([dist.mean, dist.std], dim=1)
+        return stats[:1] if one else stats
+
+
+def planned_pairs(args: argparse.Namespace, ids: np.ndarray, sampler: Any, schedule: Schedule) -> set[tuple[int, int]]:
+    """Every ``(row, bucket)`` the run's sampler can ask for: each kept row at its own bucket (``ids``: the bucket
+    column), and with --bucket_leftover fill / catch_all the other buckets the all-ranks plan of every epoch trains
+    a leftover row at. The latent cache and an encoded dataset (:mod:`hf_arb.train.encoded`) hold these."""
+    pairs = {(int(r), int(ids[r])) for r in np.flatnonzero(ids >= 0)}
+    if args.bucket_leftover != "drop":  # leftovers may be trained at another bucket: read the all-ranks plan
+        for epoch in range(schedule.num_train_epochs):
+            plan = sampler.plan(epoch)  # (steps, world, batch): every rank's rows
+            if hasattr(plan, "offsets"):  # --max_pixels_per_batch: a ragged plan (flat rows, a bucket per step)
+                pairs.update(zip(plan.rows.tolist(), np.repeat(plan.buckets, np.diff(plan.offsets)).tolist()))
+                continue
+            for r in range(plan.shape[1]):
+                targets = sampler.batch_buckets(epoch, rank=r)  # (steps,)
+                pairs.update(zip(plan[:, r].ravel().tolist(), np.repeat(targets, plan.shape[2]).tolist()))
+    return pairs
+
+
+def planned_variants(args: argparse.Namespace, schedule: Schedule) -> int:
+    """Crop/flip variants per image: 1 for centre crops without flip (every epoch fits an image the same way), else
+    --latent_cache_variants or min(epochs, 8); epoch ``e`` trains on variant ``e % variants``."""
+    if args.center_crop and not args.random_flip:
+        return 1
+    return int(args.latent_cache_variants or min(schedule.num_train_epochs, 8))
 
 
 def reference_index(args: argparse.Namespace, accelerator: Any, ds: Any, images: Any, pairs: list[tuple[int, int]],

@@ -72,6 +72,7 @@ def check_values(args: argparse.Namespace) -> None:
         raise UsageError("--offload_ema / --foreach_ema configure the EMA model: add --use_ema or drop them.")
     check_family_flags(args)
     check_streaming_flags(args)
+    check_encoded_flags(args)
     check_bucket_flags(args)
     check_packing_flags(args)
     check_reference_flags(args)
@@ -210,6 +211,36 @@ def check_streaming_flags(args: argparse.Namespace) -> None:
         raise UsageFileError(f"--stream_counts {args.stream_counts}: no such file (JSON {{bucket id: rows}}).")
 
 
+def check_encoded_flags(args: argparse.Namespace) -> None:
+    """--encoded_dataset holds the latents and the frozen prompt embeddings of a map-style bucketed run: the latent
+    cache, trained text encoders and the other modes do not apply to it."""
+    if getattr(args, "encoded_dataset", None) is None:
+        return
+    refused = [("cache_latents", "the encoded dataset is the latent cache: drop --cache_latents"),
+               ("train_text_encoder", "its prompt embeddings are fixed: drop --train_text_encoder, or train from "
+                                      "images"),
+               ("streaming", "not supported with --encoded_dataset yet: drop --streaming"),
+               ("packing", "not supported with --encoded_dataset yet: drop --packing"),
+               ("reference_image_column", "not supported with --encoded_dataset yet: drop --reference_image_column"),
+               ("dataset_config", "the encoded dataset is the run's data: drop --dataset_config (encode the datasets "
+                                  "one by one)"),
+               ("with_prior_preservation", "its batches hold no class images: drop --with_prior_preservation"),
+               ("masked_loss", "its entries hold no masks yet: drop the mask flags"),
+               ("alpha_mask", "its entries hold no masks yet: drop the mask flags"),
+               ("mask_column", "its entries hold no masks yet: drop the mask flags"),
+               ("mask_dir", "its entries hold no masks yet: drop the mask flags"),
+               ("shuffle_caption", "its prompt embeddings are of the captions as written: drop --shuffle_caption"),
+               ("caption_tag_dropout_rate", "its prompt embeddings are of the captions as written: drop "
+                                            "--caption_tag_dropout_rate")]
+    for flag, why in refused:
+        if getattr(args, flag, None):
+            raise UsageError(f"--{flag} with --encoded_dataset {args.encoded_dataset}: {why}.")
+    tiers = getattr(args, "resolutions", None) or [args.resolution]
+    if len(tiers) > 1:
+        raise UsageError(f"--resolution {','.join(map(str, tiers))} (several tiers) is not supported with "
+                         "--encoded_dataset yet: train one --resolution.")
+
+
 def check_reference_flags(args: argparse.Namespace) -> None:
     """--reference_image_column needs an edit family, distinct columns, and a bucketed map-style run."""
     refs = args.reference_image_column or []
@@ -303,7 +334,8 @@ def _unapplied_rules(args: argparse.Namespace) -> list[tuple[str, bool, str]]:
     stream = "--streaming reads each row once, in the stream's order"
     return [
         ("latent_cache_dir", args.cache_latents, "it sets where --cache_latents keeps latents: add --cache_latents"),
-        ("latent_cache_variants", args.cache_latents, "it configures --cache_latents: add --cache_latents"),
+        ("latent_cache_variants", args.cache_latents or bool(getattr(args, "encoded_dataset", None)),
+         "it configures --cache_latents: add --cache_latents"),
         ("latent_cache_variants", not one_variant, "--center_crop without --random_flip has one crop/flip variant "
                                                    "per image: add --random_flip"),
         ("resolution_embed_dim", args.resolution_conditioning, "it sizes --resolution_conditioning: add it"),

@@ -235,6 +235,9 @@ def build_parser() -> argparse.ArgumentParser:
     a("--cache_text_embeddings", action="store_true",
       help="Keep the frozen text encoders' outputs per caption in memory instead of re-encoding.")
     add_caption_flags(a)  # --shuffle_caption, --keep_tokens, ..., --caption_extension (train/flags/caption_flags.py)
+    a("--encoded_dataset", type=str, default=None,
+      help="Train from an encoded dataset (a folder or Hub id written by hf-arb encode): stored latents and prompt "
+           "embeddings instead of images and text encoders; its fingerprint must match this run (docs/encode.md).")
     # --- optimisation
     a("--train_batch_size", type=int, default=16, help="Batch size (per device) for the training dataloader.")
     a("--max_pixels_per_batch", type=int, default=None,
@@ -378,7 +381,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if env_local_rank != -1 and env_local_rank != args.local_rank:
         args.local_rank = env_local_rank
     if (args.dataset_name is None and args.train_data_dir is None and args.instance_data_dir is None
-            and args.dataset_config is None):
+            and args.dataset_config is None and args.encoded_dataset is None):
         raise UsageError("Need either a dataset name or a training folder: pass --dataset_name or --train_data_dir "
                          "(or --instance_data_dir with --instance_prompt).")
     if args.non_ema_revision is None:

@@ -18,6 +18,7 @@ Modules:
   images of their bucket;
 - :mod:`~hf_arb.train.sources.class_images` — the class images: the folder, completed by generation, as a dataset;
 - :mod:`~hf_arb.train.sources.streamed` — ``--streaming``: a bucketed stream (one tier or several);
+- :mod:`~hf_arb.train.sources.encoded` — ``--encoded_dataset``: stored latents and prompt embeddings;
 - :mod:`~hf_arb.train.sources.reports` — the start-up tables of the map-style and packed sources;
 - :mod:`~hf_arb.train.sources.dataset` — the map-style dataset, its bucket columns and the pre-model checks;
 - :mod:`~hf_arb.train.sources.loaders` — samplers and DataLoaders of the map-style and packed sources;
@@ -52,6 +53,10 @@ def source_class(args: argparse.Namespace) -> type:
 def mode_class(args: argparse.Namespace) -> type:
     """:func:`source_class` before masks: the class of ``--streaming``, ``--packing``, the tiers and references."""
     tiered = len(getattr(args, "resolutions", None) or []) > 1
+    if getattr(args, "encoded_dataset", None):  # the flag checks refuse it with the other modes
+        from .encoded import EncodedSource
+
+        return EncodedSource
     if getattr(args, "dataset_config", None):  # several datasets (the flag checks refuse the other modes with it)
         from .multi import MultiPriorSource, MultiSource
 

@@ -98,6 +98,13 @@ class Source:
         """The start-up table users look at first (printed on the main process)."""
         raise NotImplementedError
 
+    def text_encoder(self, models: Any, device: Any, dtype: Any) -> Any:
+        """Captions → ``(hidden, pooled)`` for the loss: the family's encoders (memoised per caption with
+        --cache_text_embeddings); an encoded dataset reads its stored embeddings."""
+        from ..cache.caches import TextEncoder
+
+        return TextEncoder(models, device, dtype, cache=self.args.cache_text_embeddings)
+
     # ------------------------------------------------------------------ the loop
     def restore(self, accelerator: Any, resume_dir: Path | None, progress: Any) -> None:
         """After ``accelerator.load_state``: restore what accelerate does not (a stream's per-rank state)."""

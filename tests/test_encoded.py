@@ -1,0 +1,366 @@
+"""Encoded datasets (issue #39, hf_arb.train.encoded): training from one equals --cache_latents
+--cache_text_embeddings bit for bit, an interrupted encode resumes to the same bytes, a fingerprint mismatch is one
+line, the sampler's plan is the source dataset's, and the push / reload round trip through the fake Hub."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import shutil
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from _fake_hub import FakeHub  # noqa: E402
+from _train_fixtures import FLOW, SD_BASE  # noqa: E402
+
+from hf_arb.checks import UsageError  # noqa: E402
+
+#: 8 of the 20 photos; 4 steps span 2 epochs, so --random_flip encodes 2 variants per image
+STEPS = ["--max_train_samples", "8", "--max_train_steps", "4", "--checkpointing_steps", "100", "--random_flip"]
+
+
+def _files(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*.parquet"))}
+
+
+def _reset() -> None:
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+
+
+def _train(argv: list[str]) -> dict[str, Any]:
+    import train_text_to_image_arb as script
+
+    _reset()
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            return script.main(argv)
+    finally:
+        _reset()
+
+
+def _trace(out: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (Path(out) / "batches" / "rank0.jsonl").read_text().splitlines()]
+
+
+def _args(flags: list[str], out: Path) -> Any:
+    from hf_arb.train.flags.args import parse_args
+
+    return parse_args([*flags, "--output_dir", str(out)])
+
+
+@pytest.fixture(scope="module")
+def sd(train_assets: dict[str, str]) -> list[str]:
+    return ["--pretrained_model_name_or_path", train_assets["sd"], "--train_data_dir", train_assets["images"],
+            *SD_BASE, "--full_finetune", *STEPS]
+
+
+@pytest.fixture(scope="module")
+def encoded(sd: list[str], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The tiny SD run encoded by two simulated ranks (each its share of 4-entry shards), then finished."""
+    from hf_arb.train.encoded.encode import encode_share, finish, plan_encode
+
+    out = tmp_path_factory.mktemp("encoded")
+    args = _args(sd, out / "run")
+    plan = plan_encode(args)
+    counts = [encode_share(args, out / "ds", rank=r, world=2, shard_size=4, plan=plan, show_progress=False)
+              for r in (0, 1)]
+    info = finish(args, out / "ds", plan, shard_size=4)
+    return {"args": args, "plan": plan, "root": out / "ds", "counts": counts, "info": info}
+
+
+def test_encode_writes_every_entry_once_split_between_ranks(encoded: dict[str, Any]) -> None:
+    plan, counts = encoded["plan"], encoded["counts"]
+    assert plan.variants == 2 and len(plan.entries) == 16  # 8 images x 2 flip variants, each at its bucket
+    assert [c["shards_written"] for c in counts] == [3, 2]  # 4 latents shards + 1 prompts shard, i % 2 == rank
+    assert sum(c["entries_written"] for c in counts) == 16 and encoded["info"]["bad_entries"] == []
+    files = _files(encoded["root"])
+    assert len([f for f in files if f.startswith("data/latents/")]) == 4
+    from hf_arb.train.encoded.reader import open_encoded
+
+    data = open_encoded(str(encoded["root"]))
+    assert len(data.latents) == 16 and len(data.rows) == 8 and "" in data.prompts["caption"]
+    assert data.fingerprint["variants"] == 2 and data.fingerprint["fit"]["random_flip"] is True
+
+
+@pytest.mark.slow
+def test_training_from_the_encoded_dataset_equals_the_caches_bit_for_bit(sd: list[str], encoded: dict[str, Any],
+                                                                          tmp_path: Path) -> None:
+    cached = _train([*sd, "--output_dir", str(tmp_path / "cached"), "--cache_latents", "--cache_text_embeddings"])
+    # the same command, the dataset flags kept (a user's habit): the encoded dataset replaces them
+    ours = _train([*sd, "--output_dir", str(tmp_path / "enc"), "--encoded_dataset", str(encoded["root"])])
+    assert len(ours["losses"]) == 4
+    assert ours["losses"] == cached["losses"]  # exactly: same posteriors (float16), same embeddings (float32)
+    assert [t["rows"] for t in _trace(str(tmp_path / "enc"))] == [t["rows"] for t in _trace(str(tmp_path / "cached"))]
+    assert ours["vae_encode_calls"] == 0
+
+
+@pytest.mark.slow
+def test_a_flow_family_trains_from_its_encoded_dataset_as_from_the_caches(flow_assets: dict[str, str],
+                                                                           tmp_path: Path) -> None:
+    from hf_arb.cli import main as cli
+
+    flags = ["--pretrained_model_name_or_path", flow_assets["flux"], "--train_data_dir", flow_assets["images"],
+             *FLOW, "--full_finetune", "--learning_rate", "1e-3", "--max_train_steps", "3", "--checkpointing_steps",
+             "100", "--center_crop"]
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert cli(["encode", str(tmp_path / "ds"), "--shard-size", "8", "--", *flags]) == 0
+    cached = _train([*flags, "--output_dir", str(tmp_path / "cached"), "--cache_latents", "--cache_text_embeddings"])
+    ours = _train([*flags, "--output_dir", str(tmp_path / "enc"), "--encoded_dataset", str(tmp_path / "ds")])
+    assert ours["losses"] == cached["losses"] and len(ours["losses"]) == 3
+
+
+def test_an_interrupted_encode_resumes_to_the_same_bytes(sd: list[str], encoded: dict[str, Any],
+                                                         tmp_path: Path) -> None:
+    from hf_arb.train.encoded.encode import encode_share, finish
+
+    root = tmp_path / "ds"
+    shutil.copytree(encoded["root"], root)
+    (root / "hf_arb_encoded.json").unlink()  # killed before the end: no fingerprint yet
+    shards = sorted((root / "data" / "latents").glob("*.parquet"))
+    data = shards[1].read_bytes()
+    shards[1].write_bytes(data[: len(data) // 2])  # truncated (a copy cut short; a killed writer leaves a .tmp)
+    shards[3].unlink()  # never written
+    (shards[3].parent / f".{shards[3].name}.abc.tmp").write_bytes(data[:100])  # what a kill mid-write leaves
+    from hf_arb.train.encoded.reader import open_encoded
+
+    with pytest.raises(UsageError, match="the encode did not finish"):
+        open_encoded(str(root))
+    with pytest.raises(UsageError, match=r"2 shard\(s\) missing or damaged"):
+        finish(encoded["args"], root, encoded["plan"], shard_size=4)
+    counts = encode_share(encoded["args"], root, shard_size=4, plan=encoded["plan"], show_progress=False)
+    assert (counts["shards_kept"], counts["shards_redone"], counts["shards_written"]) == (3, 1, 2)
+    finish(encoded["args"], root, encoded["plan"], shard_size=4)
+    assert _files(root) == _files(encoded["root"])  # row for row, bit for bit
+    assert (root / "hf_arb_encoded.json").read_text() == (encoded["root"] / "hf_arb_encoded.json").read_text()
+
+
+@pytest.mark.parametrize(("change", "field"), [
+    (["--center_crop"], "fit"),
+    (["--resolution", "96"], "buckets"),
+    (["--image_interpolation_mode", "bilinear"], "fit"),
+    (["--seed", "1"], "fit"),
+])
+def test_a_fingerprint_mismatch_is_one_line_naming_the_field(sd: list[str], encoded: dict[str, Any], tmp_path: Path,
+                                                             change: list[str], field: str) -> None:
+    from hf_arb.train.sources import build_source
+
+    flags = [*sd, *change, "--encoded_dataset", str(encoded["root"])]
+    with pytest.raises(UsageError) as err:
+        build_source(_args(flags, tmp_path), None)
+    message = str(err.value)
+    assert "\n" not in message and f"this run's {field} (" in message and "encoded " in message
+    assert "hf-arb encode" in message
+
+
+def test_another_model_or_vae_or_format_is_refused(sd: list[str], encoded: dict[str, Any], train_assets: dict[str, str],
+                                                   tmp_path: Path) -> None:
+    from hf_arb.train.sources import build_source
+
+    sdxl = [*sd, "--encoded_dataset", str(encoded["root"])]
+    sdxl[sdxl.index("--pretrained_model_name_or_path") + 1] = train_assets["sdxl"]
+    with pytest.raises(UsageError, match=r"this run's family \(family: encoded \"sd\", this run \"sdxl\"\)"):
+        build_source(_args(sdxl, tmp_path), None)
+    other = tmp_path / "vae"
+    shutil.copytree(Path(train_assets["sd"]) / "vae", other)
+    config = json.loads((other / "config.json").read_text())
+    (other / "config.json").write_text(json.dumps({**config, "scaling_factor": 0.5}))
+    vae = [*sd, "--encoded_dataset", str(encoded["root"]), "--pretrained_vae_model_name_or_path", str(other)]
+    with pytest.raises(UsageError, match=r"this run's vae \(vae: encoded"):
+        build_source(_args(vae, tmp_path), None)
+    old = tmp_path / "old"
+    shutil.copytree(encoded["root"], old)
+    info = json.loads((old / "hf_arb_encoded.json").read_text())
+    info["fingerprint"]["format_version"] = 0
+    (old / "hf_arb_encoded.json").write_text(json.dumps(info))
+    with pytest.raises(UsageError, match="format_version: encoded 0, this hf_arb reads 1"):
+        build_source(_args([*sd, "--encoded_dataset", str(old)], tmp_path), None)
+
+
+def test_other_variants_and_a_partial_dataset_are_refused_before_the_models(sd: list[str], encoded: dict[str, Any],
+                                                                            tmp_path: Path) -> None:
+    from hf_arb.train.sources import build_source
+
+    world = SimpleNamespace(num_processes=1, process_index=0, is_main_process=True)
+    more = [*sd, "--encoded_dataset", str(encoded["root"]), "--max_train_steps", "9"]  # 3 epochs: 3 variants
+    source = build_source(_args(more, tmp_path), None)
+    with pytest.raises(UsageError, match=r"this run.s variants \(variants: encoded 2, this run [3-8]\)"):
+        source.start(world)
+    catch = [*sd, "--encoded_dataset", str(encoded["root"]), "--bucket_leftover", "catch_all",
+             "--train_batch_size", "3", "--latent_cache_variants", "2"]
+    source = build_source(_args(catch, tmp_path), None)
+    with pytest.raises(UsageError, match=r"covers only part of this run: \d+ of \d+ \(row, bucket, variant\) entries "
+                                         r"are missing") as err:
+        source.start(world)
+    assert "\n" not in str(err.value)
+
+
+def test_the_sampler_plans_the_encoded_dataset_as_the_source_dataset(sd: list[str], encoded: dict[str, Any],
+                                                                    tmp_path: Path) -> None:
+    from hf_arb.train.sources import build_source
+    from hf_arb.train.sources.bucketed import BucketedSource
+    from hf_arb.train.sources.encoded import EncodedSource
+
+    world = SimpleNamespace(num_processes=2, process_index=0, is_main_process=True)
+    plain = build_source(_args([*sd, "--train_batch_size", "1"], tmp_path), None)
+    ours = build_source(_args([*sd, "--train_batch_size", "1", "--encoded_dataset", str(encoded["root"])], tmp_path),
+                        None)
+    assert type(plain) is BucketedSource and type(ours) is EncodedSource
+    plain.start(world)
+    ours.start(world)
+    assert ours.buckets == plain.buckets
+    for epoch in (0, 1):
+        np.testing.assert_array_equal(ours.sampler.plan(epoch), plain.sampler.plan(epoch))
+
+
+def test_encoded_flags_refuse_what_does_not_apply(sd: list[str], tmp_path: Path) -> None:
+    for extra, said in ((["--cache_latents"], "the encoded dataset is the latent cache"),
+                        (["--rank", "4", "--train_text_encoder"], "its prompt embeddings are fixed")):
+        flags = [f for f in sd if f != "--full_finetune"] if "--rank" in extra else sd
+        with pytest.raises(UsageError, match=said):
+            _args([*flags, "--encoded_dataset", "somewhere", *extra], tmp_path)
+    # a command without --train_data_dir / --dataset_name trains from the encoded dataset alone
+    from hf_arb.train.environment import check_environment
+
+    bare = [f for i, f in enumerate(sd) if "--train_data_dir" not in (f, sd[i - 1])]
+    args = _args([*bare, "--encoded_dataset", "somewhere"], tmp_path)
+    check_environment(args)  # no data folder to check: the source opens the encoded dataset
+    assert args.encoded_dataset == "somewhere" and args.train_data_dir is None
+
+
+def test_push_and_reload_through_the_hub(encoded: dict[str, Any], tmp_path: Path,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    import datasets
+
+    from hf_arb.train.encoded.encode import push_encoded
+    from hf_arb.train.encoded.reader import open_encoded
+
+    hub = FakeHub(tmp_path / "hub").install(monkeypatch)
+    commit = push_encoded(encoded["root"], "me/encoded", api=hub.api())
+    assert commit.oid == hub.heads["me/encoded"]
+    repo = hub.repo_dir("me/encoded")
+    assert _files(repo) == _files(encoded["root"])
+    card = (repo / "README.md").read_text()
+    assert "--encoded_dataset" in card and "hf_arb_encoded:" in card and "vae_weights" in card
+    back = open_encoded(str(repo))
+    assert back.info == json.loads((encoded["root"] / "hf_arb_encoded.json").read_text())
+    latents = datasets.load_dataset(str(repo), "latents", split="train")  # the card's configs: a plain datasets load
+    assert len(latents) == 16 and set(latents.column_names) >= {"row", "bucket", "variant", "latent_stats", "caption"}
+    assert len(datasets.load_dataset(str(repo), "prompts", split="train")) == len(encoded["plan"].captions)
+
+
+def test_a_vae_with_other_weights_is_refused_when_the_models_load(sd: list[str], encoded: dict[str, Any],
+                                                                  train_assets: dict[str, str], tmp_path: Path) -> None:
+    import torch
+    from diffusers import AutoencoderKL
+
+    from hf_arb.train.sources import build_source
+
+    source = build_source(_args([*sd, "--encoded_dataset", str(encoded["root"])], tmp_path), None)
+    source.start(SimpleNamespace(num_processes=1, process_index=0, is_main_process=True))
+    vae = AutoencoderKL.from_pretrained(Path(train_assets["sd"]) / "vae")  # same config, a fine-tuned weight
+    with torch.no_grad():
+        next(iter(vae.parameters())).add_(1e-3)
+    with pytest.raises(UsageError, match=r"this run's vae_weights \(vae_weights: encoded"):
+        source.loader(SimpleNamespace(), SimpleNamespace(vae=vae), None, torch.float32)
+
+
+def test_nan_latents_are_counted_named_and_never_written(sd: list[str], encoded: dict[str, Any], tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    from hf_arb.train.cache import caches
+    from hf_arb.train.encoded.encode import encode_share, finish
+    from hf_arb.train.encoded.reader import open_encoded
+    from hf_arb.train.sources import build_source
+
+    real, calls = caches.posterior_stats, []
+
+    def first_batch_nan(vae: Any, pixels: Any) -> Any:  # the VAE fails on the first batch it sees
+        calls.append(len(pixels))
+        stats = real(vae, pixels)
+        return torch.full_like(stats, float("nan")) if len(calls) == 1 else stats
+
+    monkeypatch.setattr(caches, "posterior_stats", first_batch_nan)
+    counts = encode_share(encoded["args"], tmp_path / "ds", shard_size=4, plan=encoded["plan"], show_progress=False)
+    assert len(counts["bad"]) == calls[0] and counts["entries_written"] == 16 - calls[0]
+    info = finish(encoded["args"], tmp_path / "ds", encoded["plan"], shard_size=4)
+    assert [tuple(b[:3]) for b in info["bad_entries"]] == [tuple(b[:3]) for b in counts["bad"]]
+    assert all(b[3] == "non-finite latent" for b in info["bad_entries"])
+    data = open_encoded(str(tmp_path / "ds"))
+    stats = [np.frombuffer(b, np.float16) for b in data.latents["latent_stats"]]
+    assert len(stats) == 16 - calls[0] and all(np.isfinite(s).all() for s in stats)
+    # resuming keeps the shard with its bad entries (it is complete), and training says what is missing
+    again = encode_share(encoded["args"], tmp_path / "ds", shard_size=4, plan=encoded["plan"], show_progress=False)
+    assert again["shards_written"] == 0
+    source = build_source(_args([*sd, "--encoded_dataset", str(tmp_path / "ds")], tmp_path), None)
+    with pytest.raises(UsageError, match=rf"{calls[0]} of 16 \(row, bucket, variant\) entries are missing .*NaN "
+                                         rf"latents left out at encode: {calls[0]}"):
+        source.start(SimpleNamespace(num_processes=1, process_index=0, is_main_process=True))
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("engines")  # the Ray cluster of tests/test_engines.py: one worker starts it
+def test_ray_data_writes_the_same_dataset_with_the_same_per_batch_function(encoded: dict[str, Any],
+                                                                           tmp_path: Path) -> None:
+    ray = pytest.importorskip("ray")
+    from hf_arb.train.encoded.encode import encode_with_ray
+
+    started = not ray.is_initialized()
+    if started:
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    ray.data.DataContext.get_current().enable_progress_bars = False
+    import torch
+
+    try:  # the actors with this process's threads: a CPU convolution's last bits depend on the count
+        info = encode_with_ray(encoded["args"], tmp_path / "ds", shard_size=4, threads=torch.get_num_threads())
+    finally:
+        if started:
+            ray.shutdown()
+    assert info["entries"] == 16
+    ours, local = _files(tmp_path / "ds"), _files(encoded["root"])
+    prompts = "data/prompts/prompts-00000-of-00001.parquet"
+    assert {k: v for k, v in ours.items() if k != prompts} == {k: v for k, v in local.items() if k != prompts}
+    import pyarrow.parquet as pq  # the text encoder in an actor: the same captions, within float32 rounding
+
+    a, b = (pq.read_table(root / prompts).to_pylist() for root in (tmp_path / "ds", encoded["root"]))
+    assert [r["caption"] for r in a] == [r["caption"] for r in b]
+    for x, y in zip(a, b):
+        np.testing.assert_allclose(np.frombuffer(x["prompt_embeds"], np.float32),
+                                   np.frombuffer(y["prompt_embeds"], np.float32), rtol=0, atol=1e-6)
+
+
+def test_another_text_encoder_is_refused(sd: list[str], encoded: dict[str, Any], train_assets: dict[str, str],
+                                         tmp_path: Path) -> None:
+    from hf_arb.train.sources import build_source
+
+    other = tmp_path / "tiny-sd"
+    shutil.copytree(train_assets["sd"], other)
+    config = json.loads((other / "text_encoder" / "config.json").read_text())
+    (other / "text_encoder" / "config.json").write_text(json.dumps({**config, "layer_norm_eps": 1e-6}))
+    flags = [*sd, "--encoded_dataset", str(encoded["root"])]
+    flags[flags.index("--pretrained_model_name_or_path") + 1] = str(other)
+    with pytest.raises(UsageError, match=r"this run's model \(model: encoded \{\"text_encoder\": \""):
+        build_source(_args(flags, tmp_path), None)
+
+
+def test_the_encode_command_line(capsys: pytest.CaptureFixture[str]) -> None:
+    from hf_arb.cli import main as cli
+
+    with pytest.raises(SystemExit) as err:
+        cli(["encode", "out"])
+    assert err.value.code == 2 and "give the training flags after --" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # only encode takes another program's flags after "--"
+        cli(["buckets", "--preset", "sdxl", "--", "--resolution", "64"])
+    assert "unrecognized arguments: -- --resolution 64" in capsys.readouterr().err
