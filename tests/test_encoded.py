@@ -226,7 +226,11 @@ def test_the_sampler_plans_the_encoded_dataset_as_the_source_dataset(sd: list[st
 
 def test_encoded_flags_refuse_what_does_not_apply(sd: list[str], tmp_path: Path) -> None:
     for extra, said in ((["--cache_latents"], "the encoded dataset is the latent cache"),
-                        (["--rank", "4", "--train_text_encoder"], "its prompt embeddings are fixed")):
+                        (["--rank", "4", "--train_text_encoder"], "its prompt embeddings are fixed"),
+                        (["--alpha_mask"], "--alpha_mask with --encoded_dataset somewhere: its entries hold no masks"),
+                        (["--shuffle_caption"], "captions as written: drop --shuffle_caption"),
+                        (["--with_prior_preservation", "--class_data_dir", "c", "--class_prompt", "p"],
+                         "its batches hold no class images")):
         flags = [f for f in sd if f != "--full_finetune"] if "--rank" in extra else sd
         with pytest.raises(UsageError, match=said):
             _args([*flags, "--encoded_dataset", "somewhere", *extra], tmp_path)
