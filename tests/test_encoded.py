@@ -241,6 +241,7 @@ def test_encoded_flags_refuse_what_does_not_apply(sd: list[str], tmp_path: Path)
     args = _args([*bare, "--encoded_dataset", "somewhere"], tmp_path)
     check_environment(args)  # no data folder to check: the source opens the encoded dataset
     assert args.encoded_dataset == "somewhere" and args.train_data_dir is None
+    assert _args([*bare, "--latents_dataset", "there"], tmp_path).encoded_dataset == "there"  # the name
 
 
 def test_push_and_reload_through_the_hub(encoded: dict[str, Any], tmp_path: Path,

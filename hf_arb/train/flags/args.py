@@ -235,9 +235,10 @@ def build_parser() -> argparse.ArgumentParser:
     a("--cache_text_embeddings", action="store_true",
       help="Keep the frozen text encoders' outputs per caption in memory instead of re-encoding.")
     add_caption_flags(a)  # --shuffle_caption, --keep_tokens, ..., --caption_extension (train/flags/caption_flags.py)
-    a("--encoded_dataset", type=str, default=None,
+    a("--encoded_dataset", "--latents_dataset", dest="encoded_dataset", type=str, default=None,
       help="Train from an encoded dataset (a folder or Hub id written by hf-arb encode): stored latents and prompt "
-           "embeddings instead of images and text encoders; its fingerprint must match this run (docs/encode.md).")
+           "embeddings instead of images and text encoders; its fingerprint must match this run (docs/encode.md). "
+           "--latents_dataset is the same flag.")
     # --- optimisation
     a("--train_batch_size", type=int, default=16, help="Batch size (per device) for the training dataloader.")
     a("--max_pixels_per_batch", type=int, default=None,
