@@ -14,6 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
+__all__ = ["CODECS", "panning_frames", "write_clip"]
+
 #: (codec, container format) by file suffix
 CODECS = {".mp4": ("libx264", "mp4"), ".webm": ("libvpx-vp9", "webm"), ".mkv": ("libx264", "matroska")}
 

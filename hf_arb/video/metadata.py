@@ -1,11 +1,12 @@
 """Header-only clip metadata: displayed size, rotation, frame count, fps, duration and codec, no frame decoded.
 
 :func:`clip_metadata` opens a clip with PyAV's demuxer (``av.open``: FFmpeg reads the container's header, the MP4
-``moov`` box or the Matroska/WebM segment info and track entries) and reads the video stream's parameters. No packet
-is decoded; for MP4 no packet is even read. The reader was chosen by measurement (``benchmarks/bench_video_meta.py``,
-docs/video.md): PyAV is one wheel with its own FFmpeg (no system library), reads every container FFmpeg knows, and
-its header read is many times faster than decoding the first frame; torchcodec's wheel needs a CUDA torch and system
-FFmpeg libraries, and a hand-written box parser would cover MP4 and WebM only.
+``moov`` box or the Matroska/WebM segment info and track entries) and reads the video stream's parameters. FFmpeg's
+stream probe reads the first packet but, told so by :data:`PROBE_OPTIONS`, decodes nothing (by default it decodes the
+first frame to learn the pixel format, which costs as much as decoding it). The reader was chosen by measurement
+(``benchmarks/bench_video_meta.py``, docs/video.md): PyAV is one wheel with its own FFmpeg (no system library), reads
+every container FFmpeg knows, and its header read is many times faster than decoding the first frame; torchcodec's
+wheel needs a CUDA torch and system FFmpeg libraries, and a hand-written box parser would cover MP4 and WebM only.
 
 The size is the *displayed* size, as :func:`hf_arb.images.sizes.read_image_size` honours EXIF orientation: a clip
 whose display matrix rotates it by 90 or 270 degrees (phones record portrait video as landscape frames with such a
@@ -38,6 +39,10 @@ IMAGE_SIGNATURES = (b"\xff\xd8\xff", b"\x89PNG\r\n\x1a\n", b"GIF87a", b"GIF89a",
 
 _ROTATION = re.compile(r"Display Matrix: rotation of (-?\d+(?:\.\d+)?) degrees")
 _STREAM = re.compile(r"^\s*Stream #\d+:(\d+)", re.MULTILINE)
+#: what FFmpeg's stream probe (``avformat_find_stream_info``, run by ``av.open``) is told so that it decodes no frame:
+#: its probing decoder skips every frame, runs on one thread, and is given a pixel format, since without one it decodes
+#: the first frame to learn it (H.264, VP9: 10-40 ms for a 720p clip). The pixel format is not reported.
+PROBE_OPTIONS = {"skip_frame": "all", "threads": "1", "pixel_format": "yuv420p"}
 _LOG_LOCK = threading.Lock()  # av.logging's level is process-wide: one summary read at a time
 
 
@@ -155,7 +160,7 @@ def _video(fp: Any, source: str) -> ClipMetadata:
     import av
 
     try:
-        container = av.open(fp, mode="r")
+        container = av.open(fp, mode="r", options=PROBE_OPTIONS)
     except av.FFmpegError as e:
         raise ClipMetadataError(source, "truncated or corrupt container", f"{type(e).__name__}: {e}"[:160]) from e
     with container:
