@@ -162,6 +162,17 @@ def test_clip_columns_counts_bad_clips_and_reads_images_as_one_frame(clips: dict
         clip_columns(table, "clip")
 
 
+def test_without_pyav_a_column_fails_once_naming_the_extra(clips: dict[str, Path],
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """No PyAV: one ImportError naming the fix, not every row quietly skipped as unreadable."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "av", None)  # `import av` raises ImportError
+    with pytest.raises(ImportError, match=r"pip install 'hf_arb\[video\]'"):
+        clip_columns(pa.table({"video": [str(clips["mp4_9"])]}), "video")
+    assert clip_metadata(clips["jpeg_rot"]).frames == 1  # images need no PyAV
+
+
 # ------------------------------------------------------------------------------------------- frame rules
 def _pipeline_steps() -> dict[str, int]:
     """Each video pipeline's temporal VAE factor as the pipeline itself states it (components None: its default)."""

@@ -110,6 +110,8 @@ def clip_columns(batch: pa.RecordBatch | pa.Table, column: str = "video") -> pa.
         except ClipMetadataError as e:
             reasons[i] = f"unreadable: {e.reason}"
             continue
+        except ImportError:
+            raise  # PyAV missing: one clear error, not every row skipped
         except Exception as e:  # noqa: BLE001 - nothing may raise mid-map; record the reason instead
             reasons[i] = f"unreadable: {type(e).__name__}: {e}"[:200]
             continue

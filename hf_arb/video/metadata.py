@@ -157,7 +157,10 @@ def _seconds(stream: Any, container: Any) -> float:
 
 
 def _video(fp: Any, source: str) -> ClipMetadata:
-    import av
+    try:
+        import av
+    except ImportError as e:
+        raise ImportError("Reading clips needs PyAV: pip install 'hf_arb[video]' (or pip install av).") from e
 
     try:
         container = av.open(fp, mode="r", options=PROBE_OPTIONS)
