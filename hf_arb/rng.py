@@ -29,6 +29,7 @@ ROW_CROP = 0  #: random crop offset when fitting the image to its bucket
 ROW_FLIP = 1  #: horizontal flip
 ROW_CAPTION = 2  #: choice among several captions of a row
 ROW_REPLACE = 3  #: which row replaces one whose image cannot be decoded (``on_bad_image="replace"``)
+ROW_FRAMES = 4  #: the first frame of a clip's window when the clip is longer than its bucket (hf_arb.video.frames)
 ROW_CAPTION_DROPOUT = 10  #: whether the whole caption trains as "" (``--caption_dropout_rate``, hf_arb.train.captions)
 ROW_TAG_ORDER = 11  #: the order of a caption's tags (``--shuffle_caption``; epoch: the tag variant's)
 ROW_TAG_DROPOUT = 12  #: which tags are left out (``--caption_tag_dropout_rate``; epoch: the tag variant's)

@@ -19,6 +19,11 @@ MODULE_CAP_EXEMPT = {"families": "one module per model family"}
 MODULE_CAP_PENDING: dict[str, str] = {}  # folders over the cap while a split is under way (none now)
 #: the floors, lowest first: a module may import its own floor and the ones below, never one above
 FLOORS = ("ground", "buckets", "images", "sampling", "annotate", "families", "packing", "train", "cli", "testing")
+#: stage folders that share a floor named in :data:`FLOORS`: one clip (video/) is the same level of concern as one image
+#: (images/), and reads an image by its header as a 1-frame clip
+SAME_FLOOR = {"video": "images"}
+#: every stage folder: the floors' own and those sharing one
+STAGE_FOLDERS = (*FLOORS[1:], *SAME_FLOOR)
 #: imports that run inside a function and point "up", each with its reason
 ALLOWED_LAZY = {("hf_arb.sampling", "hf_arb.packing.sampler")}  # hf_arb.sampling.PackBatchSampler, a 0.1 path
 #: what ``testing/`` may import besides the ground floor, each with its reason (docs/code_map.md): a tiny Qwen-Image
@@ -155,7 +160,9 @@ def test_no_private_accelerate_internals() -> None:
 def floor(module: str) -> int:
     """The floor of a module: its stage folder's place in :data:`FLOORS` (top-level files are the ground floor)."""
     parts = module.split(".")
-    return FLOORS.index(parts[1]) if len(parts) > 2 or (len(parts) == 2 and parts[1] in FLOORS) else 0
+    if len(parts) > 2 or (len(parts) == 2 and parts[1] in STAGE_FOLDERS):
+        return FLOORS.index(SAME_FLOOR.get(parts[1], parts[1]))
+    return 0
 
 
 def test_lower_floors_never_import_upper_ones() -> None:
@@ -172,6 +179,7 @@ def test_lower_floors_never_import_upper_ones() -> None:
 def test_floor_check_sees_an_upward_import() -> None:
     assert floor("hf_arb.buckets.sets") < floor("hf_arb.images.fitting") < floor("hf_arb.train.cache.latents")
     assert floor("hf_arb.rng") == 0 and floor("hf_arb.cli") == FLOORS.index("cli")
+    assert floor("hf_arb.video.metadata") == floor("hf_arb.images.sizes") < floor("hf_arb.sampling.sampler")
 
 
 def test_testing_imports_only_the_ground_floor_and_its_listed_exceptions() -> None:
@@ -185,7 +193,7 @@ def test_testing_imports_only_the_ground_floor_and_its_listed_exceptions() -> No
 
 
 def test_every_stage_folder_says_what_it_owns_and_may_import() -> None:
-    for name in FLOORS[1:]:
+    for name in STAGE_FOLDERS:
         doc = ast.get_docstring(ast.parse((PKG / name / "__init__.py").read_text())) or ""
         assert doc and ("May import" in doc or "Imports no other floor" in doc), name
 

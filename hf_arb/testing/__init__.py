@@ -5,7 +5,8 @@
 - :mod:`~hf_arb.testing.tiny_flux2` — tiny Flux.2 [dev] and [klein] pipelines and their Qwen-3 / Mistral tokenizers;
 - :mod:`~hf_arb.testing.tiny_qwen` — tiny Qwen-Image, Qwen-Image-Edit and Qwen-Image-Edit-Plus pipelines;
 - :mod:`~hf_arb.testing.tiny_zimage` — a tiny Z-Image pipeline;
-- :mod:`~hf_arb.testing.tiny_text` — CLIP/T5 tokenizers built locally (no Hub).
+- :mod:`~hf_arb.testing.tiny_text` — CLIP/T5 tokenizers built locally (no Hub);
+- :mod:`~hf_arb.testing.clips` — tiny real video clips (H.264/MP4, VP9/WebM, rotated) encoded locally with PyAV.
 
 May import: the ground floor, and :mod:`hf_arb.families.qwenimage_edit` alone of the stage folders — a tiny edit
 model is built with the Qwen2-VL processor and saved with the saver a trained one uses (docs/code_map.md); the

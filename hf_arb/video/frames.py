@@ -1,0 +1,148 @@
+"""The frame rules of the video VAEs, and which frames of a clip train: pure functions, no decoding.
+
+A causal video VAE keeps the first frame and compresses each following group of ``step`` frames into one latent
+frame, so a clip it encodes has ``step * k + 1`` frames and ``k + 1`` latent frames. diffusers 0.42 states the step
+in each pipeline (``tests/test_video_meta.py`` reads it from them):
+
+- ``WanPipeline.vae_scale_factor_temporal`` (4; ``AutoencoderKLWan.scale_factor_temporal``); its ``__call__``
+  rounds ``num_frames`` with ``num_frames // 4 * 4 + 1`` when ``num_frames % 4 != 1`` (default 81);
+- ``HunyuanVideoPipeline`` / ``HunyuanVideo15Pipeline.vae_scale_factor_temporal`` (4; defaults 129 and 121);
+- ``CogVideoXPipeline.vae_scale_factor_temporal`` (4; its default is its transformer's ``sample_frames``, 49);
+- ``LTXPipeline`` / ``LTX2Pipeline.vae_temporal_compression_ratio`` (8; ``LTXPipeline``'s default is 161).
+
+Every pipeline computes the latent frames as ``(num_frames - 1) // step + 1`` (:meth:`FrameRule.latent_frames`).
+
+:func:`frame_plan` picks the frames of a clip for a bucket of ``target_frames``: a window of ``count`` frames,
+``stride`` apart, starting at ``start``. The stride matches a target frame rate by an integer step (``round(fps /
+target_fps)``, 1 when none is asked; resampling by timestamps is the next slice's). ``count`` is the bucket's frame
+count, or, for a clip too short for it, the longest count the rule allows. The start is ``0`` (``mode="head"``) or
+drawn uniformly from every start that keeps the window inside the clip (``mode="random"``), from the row's own stream
+``hf_arb.rng.row_rng(seed, epoch, row, ROW_FRAMES)``: a pure function of (seed, epoch, row), so every rank, worker and
+resumed run picks the same frames, and each epoch sees another window of a long clip.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
+
+from hf_arb.checks import UsageError
+from hf_arb.rng import ROW_FRAMES, row_rng
+
+#: frame-window modes of :func:`frame_plan` (``uniform`` and ``slide``, several windows per clip, are the next slice's)
+MODES = ("head", "random")
+
+
+@dataclass(frozen=True)
+class FrameRule:
+    """Clips of ``step * k + 1`` frames (k >= 0), the shape a causal video VAE encodes.
+
+    Attributes:
+        name: the family's name (``"wan"``, ``"ltx"``, ...).
+        step: the VAE's temporal compression: frames per latent frame after the first.
+        pipelines: the diffusers pipelines that state it (their ``vae_scale_factor_temporal`` or
+            ``vae_temporal_compression_ratio``).
+    """
+
+    name: str
+    step: int
+    pipelines: tuple[str, ...] = ()
+
+    def is_valid(self, frames: int) -> bool:
+        """Whether a clip of ``frames`` frames fits the rule."""
+        return frames >= 1 and (frames - 1) % self.step == 0
+
+    def latent_frames(self, frames: int) -> int:
+        """The latent frames of ``frames`` pixel frames, as the pipelines compute them: ``(frames - 1) // step + 1``."""
+        return (frames - 1) // self.step + 1
+
+    def floor(self, frames: int) -> int:
+        """The largest valid frame count <= ``frames`` (``frames >= 1``)."""
+        return (frames - 1) // self.step * self.step + 1
+
+
+#: the frame rule of each video family, named as the family presets will be
+FRAME_RULES: dict[str, FrameRule] = {
+    "wan": FrameRule("wan", 4, ("WanPipeline",)),
+    "hunyuan_video": FrameRule("hunyuan_video", 4, ("HunyuanVideoPipeline", "HunyuanVideo15Pipeline")),
+    "cogvideox": FrameRule("cogvideox", 4, ("CogVideoXPipeline",)),
+    "ltx": FrameRule("ltx", 8, ("LTXPipeline", "LTX2Pipeline")),
+}
+
+
+def frame_rule(rule: str | FrameRule) -> FrameRule:
+    """The :class:`FrameRule` of a family name (a ``FrameRule`` passes through).
+
+    Raises:
+        UsageError: an unknown name; the message lists the known ones.
+    """
+    if isinstance(rule, FrameRule):
+        return rule
+    if rule not in FRAME_RULES:
+        raise UsageError(f"unknown frame rule {rule!r}: use one of {sorted(FRAME_RULES)} (or a FrameRule(name, step)).")
+    return FRAME_RULES[rule]
+
+
+def valid_frame_counts(rule: str | FrameRule, max_frames: int) -> np.ndarray:
+    """Every frame count the rule allows up to ``max_frames``, ascending: int64 of shape ``(max_frames // step + 1,)``
+    for ``max_frames >= 1`` (``1, step + 1, 2 * step + 1, ...``), empty below 1."""
+    r = frame_rule(rule)
+    if max_frames < 1:
+        return np.zeros(0, np.int64)
+    return np.arange(1, int(max_frames) + 1, r.step, dtype=np.int64)
+
+
+class FramePlan(NamedTuple):
+    """The frames of a clip that train: ``start, start + stride, ..., start + (count - 1) * stride``."""
+
+    start: int
+    stride: int
+    count: int
+
+    def indices(self) -> np.ndarray:
+        """The frame indices, int64 of shape ``(count,)``."""
+        return self.start + self.stride * np.arange(self.count, dtype=np.int64)
+
+
+def frame_plan(original_frames: int, fps: float, target_frames: int, rule: str | FrameRule, *, seed: int = 0,
+               epoch: int = 0, row: int = 0, target_fps: float | None = None, mode: str = "random") -> FramePlan:
+    """The window of a clip that trains in a bucket of ``target_frames`` frames: a pure function of its arguments.
+
+    Args:
+        original_frames: the clip's frames (``original_frames`` of :func:`~hf_arb.video.arrow_batch.clip_columns`;
+            1 for an image).
+        fps: the clip's frame rate (0 for an image: the stride is then 1).
+        target_frames: the bucket's frame count; valid for ``rule``.
+        rule: a family name of :data:`FRAME_RULES` or a :class:`FrameRule`.
+        seed, epoch, row: the run's seed, the epoch and the dataset row (``mode="random"`` draws from their stream).
+        target_fps: the model's frame rate; the stride is ``max(1, round(fps / target_fps))``. None: stride 1.
+        mode: ``"head"`` (the window starts at frame 0) or ``"random"`` (a uniform start among those that keep the
+            window inside the clip).
+
+    Returns:
+        ``FramePlan(start, stride, count)``: ``count`` is ``target_frames`` when the clip holds that many frames at
+        the stride, else the largest valid count it holds; ``start + (count - 1) * stride < original_frames``.
+
+    Raises:
+        UsageError: a clip with no frame, a ``target_frames`` the rule does not allow (the message names the nearest
+            valid counts), a non-positive ``target_fps`` or an unknown mode.
+    """
+    r = frame_rule(rule)
+    if mode not in MODES:
+        raise UsageError(f"unknown frame mode {mode!r}: use one of {list(MODES)}.")
+    if original_frames < 1:
+        raise UsageError(f"a clip of {original_frames} frames has nothing to train on: skip it before planning.")
+    if not r.is_valid(target_frames):
+        below = r.floor(target_frames) if target_frames >= 1 else 1
+        raise UsageError(f"{target_frames} frames do not fit the {r.name} rule ({r.step}k+1 frames): use {below} or "
+                         f"{below + r.step}.")
+    if target_fps is not None and not target_fps > 0:
+        raise UsageError(f"target_fps must be > 0 frames per second (e.g. 16 for Wan), got {target_fps!r}.")
+    stride = max(1, round(fps / target_fps)) if target_fps is not None and fps > 0 else 1
+    available = (int(original_frames) - 1) // stride + 1
+    count = min(int(target_frames), r.floor(available))
+    slack = int(original_frames) - ((count - 1) * stride + 1)
+    start = 0 if mode == "head" or slack == 0 else int(row_rng(seed, epoch, row, ROW_FRAMES).integers(0, slack + 1))
+    return FramePlan(start, stride, count)
