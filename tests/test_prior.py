@@ -27,8 +27,8 @@ from hf_arb.families.flow import flow_matching_loss
 from hf_arb.families.sample_weights import SAMPLE_WEIGHTS, prior_sample_weights
 from hf_arb.families.unet_loss import unet_loss
 from hf_arb.sampling.pairing import class_pools, instance_ranks, paired_class_rows
-from hf_arb.train.sources import class_images, source_class
-from hf_arb.train.sources.prior import PriorSource
+from hf_arb.train.sources import source_class
+from hf_arb.train.sources.prior import PriorSource, class_images
 
 assets = test_train.assets  # the session's tiny SD and photo folder
 _clean_accelerate_state = test_train._clean_accelerate_state

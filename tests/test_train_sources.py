@@ -16,11 +16,12 @@ sys.path.insert(0, str(ROOT))
 from _train_fixtures import SD_BASE, stream_argv  # noqa: E402
 
 from hf_arb.train.flags import args as train_args  # noqa: E402
+from hf_arb.train.flags.dataset_config import DatasetSpec  # noqa: E402
 from hf_arb.train.sources import build_source, source_class  # noqa: E402
 from hf_arb.train.sources.base import Source  # noqa: E402
 from hf_arb.train.sources.bucketed import BucketedSource, ReferenceSource, TieredSource  # noqa: E402
 from hf_arb.train.sources.encoded import EncodedSource  # noqa: E402
-from hf_arb.train.sources.multi import MultiSource  # noqa: E402
+from hf_arb.train.sources.multi import MultiPriorSource, MultiSource  # noqa: E402
 from hf_arb.train.sources.packed import PackedSource, TieredPackedSource  # noqa: E402
 from hf_arb.train.sources.prior import PriorSource  # noqa: E402
 from hf_arb.train.sources.streamed import StreamSource, TieredStreamSource  # noqa: E402
@@ -36,6 +37,8 @@ MODES = [
     (dict(streaming=True), StreamSource),
     (dict(streaming=True, resolutions=[32, 64]), TieredStreamSource),
     (dict(dataset_config="datasets.toml"), MultiSource),
+    (dict(dataset_config="kohya.toml", dataset_specs=[DatasetSpec("a"), DatasetSpec("reg", regularization=True)]),
+     MultiPriorSource),
     (dict(encoded_dataset="encoded"), EncodedSource),
 ]
 #: what every concrete source must answer itself (the base class has no answer)

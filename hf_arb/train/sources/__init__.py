@@ -15,8 +15,7 @@ Modules:
 - :mod:`~hf_arb.train.sources.bucketed` — map-style sources: bucketed, with reference images, tiered;
 - :mod:`~hf_arb.train.sources.packed` — ``--packing``: packs of images at their own size (one tier or several);
 - :mod:`~hf_arb.train.sources.prior` — ``--with_prior_preservation``: instance batches paired with class
-  images of their bucket;
-- :mod:`~hf_arb.train.sources.class_images` — the class images: the folder, completed by generation, as a dataset;
+  images of their bucket, and the class images (a subfolder: ``pairs``, ``class_images``);
 - :mod:`~hf_arb.train.sources.streamed` — ``--streaming``: a bucketed stream (one tier or several);
 - :mod:`~hf_arb.train.sources.encoded` — ``--encoded_dataset``: stored latents and prompt embeddings;
 - :mod:`~hf_arb.train.sources.reports` — the start-up tables of the map-style and packed sources;
@@ -61,7 +60,8 @@ def mode_class(args: argparse.Namespace) -> type:
         from .multi import MultiPriorSource, MultiSource
 
         # regularization datasets (kohya's is_reg): their images pair with the batches (prior preservation)
-        return MultiPriorSource if any(s.regularization for s in args.dataset_specs) else MultiSource
+        specs = getattr(args, "dataset_specs", None) or []  # parsed by the flag checks
+        return MultiPriorSource if any(s.regularization for s in specs) else MultiSource
     if getattr(args, "streaming", False):
         from .streamed import StreamSource, TieredStreamSource
 

@@ -349,7 +349,7 @@ class MultiPriorSource(PriorSource, MultiSource):
     def class_dataset(self, accelerator: Any, models: Any, instance_ids: np.ndarray) -> Any:
         import datasets
 
-        from .class_images import ClassImageCounts
+        from .prior.class_images import ClassImageCounts
 
         parts = self.regularization
         class_ds = parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)

@@ -21,10 +21,10 @@ import numpy as np
 
 from hf_arb.lazy import LazyModule
 
-from ..schedule import Schedule
-from .bucketed import BucketedSource
+from ...schedule import Schedule
+from ..bucketed import BucketedSource
+from ..dataset import image_dataset
 from .class_images import ClassImageCounts, folder_class_dataset, generate_class_images
-from .dataset import image_dataset
 
 torch: Any = LazyModule("torch")
 logger = logging.getLogger("train_text_to_image_arb")
@@ -75,8 +75,8 @@ class PriorPairs:
 
 def prior_pairs(args: Any, instances: Any, class_ds: Any, instance_buckets: np.ndarray, buckets: Any) -> PriorPairs:
     """Pair ``instances`` with ``class_ds`` (a class-image dataset with ``--image_column`` and ``--caption_column``,
-    e.g. :func:`~hf_arb.train.sources.class_images.folder_class_dataset` or a regularization dataset), bucketed with
-    the run's table ``buckets`` (header-only reads) unless it carries bucket columns of that table."""
+    e.g. :func:`~hf_arb.train.sources.prior.class_images.folder_class_dataset` or a regularization dataset),
+    bucketed with the run's table ``buckets`` (header-only reads) unless it carries bucket columns of that table."""
     from hf_arb import BucketSet, add_bucket_columns
     from hf_arb.checks import UsageError
 

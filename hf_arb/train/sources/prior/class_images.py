@@ -123,7 +123,7 @@ def _generate(args: argparse.Namespace, accelerator: Any, models: Any, mine: lis
               shapes: np.ndarray, num_inference_steps: int | None) -> None:
     from tqdm.auto import tqdm
 
-    from ..flags.upstream_flags import pipeline_call_kwargs
+    from ...flags.upstream_flags import pipeline_call_kwargs
 
     device = accelerator.device
     dtype = generation_dtype(args.prior_generation_precision, device)
