@@ -119,3 +119,18 @@ def test_tiered_skip_beyond_the_restored_position_is_refused_and_moves_nothing()
     assert s.batches_consumed == 5
     got = [_keys(b) for b in skip_first_batches(_rank_loader(s, 0), 5)]
     assert got == [step[0] for step in _plan("curriculum", 2, 1)[5:]]
+
+
+def test_a_restore_whose_read_ahead_handed_out_the_whole_random_epoch_keeps_that_epochs_length():
+    """``random`` epochs differ in length: restored with every batch of epoch 0 handed out (accelerate's read-ahead
+    k + ahead = all), the prepared loader still has epoch 0's length, and skip_first_batches serves its rest (hypothesis
+    drew this once: len 228 against the epoch's 227)."""
+    from accelerate.data_loader import skip_first_batches
+
+    plan = _plan("random", 1, 0)
+    steps, k = len(plan), 1
+    assert _sampler("random", 1).steps_in(1) != steps  # the next epoch has another length
+    state = {**_sampler("random", 1).state_dict(), "epoch": 0, "batches_consumed": steps}
+    loader = _rank_loader(_sampler("random", 1, state), 0)
+    assert len(loader) == steps
+    assert [_keys(b) for b in skip_first_batches(loader, k)] == [step[0] for step in plan[k:]]

@@ -109,6 +109,13 @@ class StepCursor:
         self.start = (start[0], step)
         return skip
 
+    def pass_steps(self) -> int:
+        """Steps of the epoch the next pass serves: the restored one while a restore is unresolved (its ``steps``,
+        though the cursor already points past a fully handed-out epoch), else the cursor's epoch."""
+        from .restore import Restored
+
+        return self.guard.steps if isinstance(self.guard, Restored) else self.steps_in(self.epoch)
+
     def begin(self) -> tuple[int, int, int]:
         """Place the cursor for a new pass; returns ``(epoch, first step, id of the start)``."""
         self.restored_epoch = None

@@ -202,8 +202,10 @@ class TieredBatchSampler(ResumableBatchSampler):
 
     @property
     def steps_per_epoch(self) -> int:
-        """Steps per rank of the current epoch (``len(prepared_loader)``)."""
-        return self.steps_in(self.epoch)
+        """Steps per rank of the current epoch (``len(prepared_loader)``). Right after a restore that is the restored
+        epoch's, which the next pass (accelerate's ``skip_first_batches``) serves the rest of, also when the
+        read-ahead had handed all of it out (``random``: the next epoch has another length)."""
+        return self.cursor.pass_steps()
 
     def steps_in(self, epoch: int) -> int:
         """Steps per rank of ``epoch`` (``random``: that epoch's draw)."""
