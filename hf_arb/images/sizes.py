@@ -16,8 +16,8 @@ from __future__ import annotations
 import io
 import os
 import warnings
-from collections.abc import Mapping
-from typing import Any, BinaryIO, Union
+from collections.abc import Callable, Mapping
+from typing import Any, BinaryIO, TypeVar, Union
 
 from PIL import Image
 
@@ -36,6 +36,8 @@ _SIGNATURES: tuple[tuple[bytes, str], ...] = (
     (b"II*\x00", "TIFF"),
     (b"MM\x00*", "TIFF"),
 )
+
+T = TypeVar("T")
 
 ImageSource = Union[str, "os.PathLike[str]", bytes, bytearray, memoryview, BinaryIO, Mapping[str, Any], Image.Image]
 
@@ -166,27 +168,32 @@ def _describe(src: Any) -> str:
     return f"<{type(src).__name__}>"
 
 
-def _size_of_path(path: str, source: str | None = None) -> tuple[int, int]:
-    source = source or repr(path)
+def open_and_read(path: str, source: str, read: Callable[[BinaryIO, str], T], error: Callable[..., Exception]) -> T:
+    """``read(file, source)`` of ``path``, a local file or a remote or archive path as ``datasets`` writes them for
+    streaming (``hf://…``, ``zip://…::…``); a missing file, a folder or an unreadable one raise ``error(source,
+    reason[, detail])`` (:class:`ImageSizeError`, the clips' ``ClipMetadataError``)."""
     if "://" in path and not os.path.exists(path):
-        # Remote or archive paths as datasets writes them for streaming ("hf://…", "zip://…::…").
         from datasets.utils.file_utils import xopen
 
         try:
             with xopen(path, "rb") as f:
-                return size_of_open(f, source)
+                return read(f, source)
         except FileNotFoundError as e:
-            raise ImageSizeError(source, "file not found") from e
+            raise error(source, "file not found") from e
     try:
         f = open(path, "rb")  # noqa: SIM115 - closed below
     except FileNotFoundError as e:
-        raise ImageSizeError(source, "file not found") from e
+        raise error(source, "file not found") from e
     except IsADirectoryError as e:
-        raise ImageSizeError(source, "is a directory") from e
+        raise error(source, "is a directory") from e
     except OSError as e:
-        raise ImageSizeError(source, "cannot open", str(e)) from e
+        raise error(source, "cannot open", str(e)) from e
     with f:
-        return size_of_open(f, source)
+        return read(f, source)
+
+
+def _size_of_path(path: str, source: str | None = None) -> tuple[int, int]:
+    return open_and_read(path, source or repr(path), size_of_open, ImageSizeError)
 
 
 def read_image_size(src: ImageSource) -> tuple[int, int]:

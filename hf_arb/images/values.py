@@ -5,7 +5,7 @@ loop of annotation lives here, because it opens files."""
 from __future__ import annotations
 
 import io
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -69,12 +69,22 @@ class _ArrowImage:
                      f"<bytes: {self.buffer.size}>" + (f" ({self.path!r})" if self.path else ""))
 
 
-def arrow_values(column: pa.ChunkedArray | pa.Array) -> list[Any]:
+def arrow_values(column: pa.ChunkedArray | pa.Array, wrap: Callable[[pa.Buffer, str | None], Any] | None = None,
+                 path_value: Callable[[str | None], Any] | None = None, only: str | None = None) -> list[Any]:
     """Image values of one Arrow column without copying encoded bytes into Python objects.
 
     ``Image`` storage (``struct<bytes, path>``) gives an :class:`_ArrowImage` where bytes are present, else the
     path; a string column gives paths; a binary column gives buffers; null gives None. Shape: one per row.
+
+    Args:
+        wrap: ``(buffer, path) -> value`` for encoded bytes (default :class:`_ArrowImage`; the clips' reader takes
+            the pair).
+        path_value: ``path -> value`` for a struct row without bytes (default ``{"bytes": None, "path": path}``).
+        only: with it, a column of another type than struct, binary or string raises ``TypeError`` with this
+            sentence (default: its values as they are).
     """
+    wrap = wrap or _ArrowImage
+    path_value = path_value or (lambda path: {"bytes": None, "path": path})
     chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
     out: list[Any] = []
     for chunk in chunks:
@@ -91,12 +101,14 @@ def arrow_values(column: pa.ChunkedArray | pa.Array) -> list[Any]:
                 if not valid[i]:
                     out.append(None)
                 elif has_bytes[i]:
-                    out.append(_ArrowImage(data[i].as_buffer(), path_list[i]))
+                    out.append(wrap(data[i].as_buffer(), path_list[i]))
                 else:
-                    out.append({"bytes": None, "path": path_list[i]})
+                    out.append(path_value(path_list[i]))
         elif pa.types.is_binary(t) or pa.types.is_large_binary(t):
             valid = chunk.is_valid().to_numpy(zero_copy_only=False)
-            out.extend(_ArrowImage(chunk[i].as_buffer(), None) if valid[i] else None for i in range(len(chunk)))
+            out.extend(wrap(chunk[i].as_buffer(), None) if valid[i] else None for i in range(len(chunk)))
+        elif only is not None and not (pa.types.is_string(t) or pa.types.is_large_string(t)):
+            raise TypeError(f"{only}; got Arrow type {t}.")
         else:
             out.extend(chunk.to_pylist())  # paths (strings) or anything read_image_size accepts
     return out

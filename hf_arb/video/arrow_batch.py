@@ -17,6 +17,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from hf_arb.images.values import arrow_values
+
 from .metadata import ClipMetadataError, clip_metadata, metadata_of_open
 
 #: the columns :func:`clip_columns` appends, with their Arrow types
@@ -28,33 +30,10 @@ CLIP_COLUMNS = tuple(CLIP_SCHEMA.names)
 
 
 def _values(column: pa.ChunkedArray | pa.Array) -> list[Any]:
-    """One clip value per row: a ``pa.Buffer`` (bytes, zero-copy), a path string, or None (null)."""
-    chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
-    out: list[Any] = []
-    for chunk in chunks:
-        t = chunk.type
-        if pa.types.is_struct(t):
-            fields = dict(zip([f.name for f in t], chunk.flatten()))  # offsets and parent nulls applied
-            data, paths = fields.get("bytes"), fields.get("path")
-            path_list = paths.to_pylist() if paths is not None else [None] * len(chunk)
-            valid = chunk.is_valid().to_numpy(zero_copy_only=False)
-            has = data.is_valid().to_numpy(zero_copy_only=False) if data is not None else np.zeros(len(chunk), bool)
-            for i in range(len(chunk)):
-                if not valid[i]:
-                    out.append(None)
-                elif has[i]:
-                    out.append((data[i].as_buffer(), path_list[i]))
-                else:
-                    out.append(path_list[i])
-        elif pa.types.is_binary(t) or pa.types.is_large_binary(t):
-            valid = chunk.is_valid().to_numpy(zero_copy_only=False)
-            out.extend((chunk[i].as_buffer(), None) if valid[i] else None for i in range(len(chunk)))
-        elif pa.types.is_string(t) or pa.types.is_large_string(t):
-            out.extend(chunk.to_pylist())
-        else:
-            raise TypeError(f"A clip column holds datasets.Video storage (struct<bytes, path>), binary bytes or string "
-                            f"paths; got Arrow type {t}.")
-    return out
+    """One clip value per row: ``(buffer, path)`` for bytes (zero-copy), a path string, or None (null)."""
+    return arrow_values(column, wrap=lambda buffer, path: (buffer, path), path_value=lambda path: path,
+                        only="A clip column holds datasets.Video storage (struct<bytes, path>), binary bytes or "
+                             "string paths")
 
 
 def _read(value: Any) -> Any:

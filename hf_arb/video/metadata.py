@@ -30,7 +30,7 @@ from collections.abc import Mapping
 from fractions import Fraction
 from typing import Any, BinaryIO, NamedTuple, Union
 
-from hf_arb.images.sizes import ImageSizeError, read_image_size
+from hf_arb.images.sizes import ImageSizeError, open_and_read, read_image_size
 
 ClipSource = Union[str, "os.PathLike[str]", bytes, bytearray, memoryview, BinaryIO, Mapping[str, Any]]
 
@@ -211,25 +211,7 @@ def metadata_of_open(fp: BinaryIO, source: str) -> ClipMetadata:
 
 
 def _from_path(path: str, source: str | None = None) -> ClipMetadata:
-    source = source or repr(path)
-    if "://" in path and not os.path.exists(path):  # hf://, zip://...::... as datasets writes them when streaming
-        from datasets.utils.file_utils import xopen
-
-        try:
-            with xopen(path, "rb") as f:
-                return metadata_of_open(f, source)
-        except FileNotFoundError as e:
-            raise ClipMetadataError(source, "file not found") from e
-    try:
-        f = open(path, "rb")  # noqa: SIM115 - closed below
-    except FileNotFoundError as e:
-        raise ClipMetadataError(source, "file not found") from e
-    except IsADirectoryError as e:
-        raise ClipMetadataError(source, "is a directory") from e
-    except OSError as e:
-        raise ClipMetadataError(source, "cannot open", str(e)) from e
-    with f:
-        return metadata_of_open(f, source)
+    return open_and_read(path, source or repr(path), metadata_of_open, ClipMetadataError)
 
 
 def clip_metadata(source: ClipSource) -> ClipMetadata:
