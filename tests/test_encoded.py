@@ -369,3 +369,53 @@ def test_the_encode_command_line(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):  # only encode takes another program's flags after "--"
         cli(["buckets", "--preset", "sdxl", "--", "--resolution", "64"])
     assert "unrecognized arguments: -- --resolution 64" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def latent_cache(sd: list[str], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The per-file latent cache that one 4-step --cache_latents run of the tiny SD fills."""
+    out = tmp_path_factory.mktemp("cached")
+    _train([*sd, "--output_dir", str(out / "run"), "--cache_latents", "--latent_cache_dir", str(out / "cache")])
+    return out / "cache"
+
+
+def test_from_cache_converts_the_latent_cache_to_the_encoded_bytes_without_the_vae(
+        encoded: dict[str, Any], latent_cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from diffusers import AutoencoderKL
+
+    from hf_arb.train.encoded.from_cache import convert_cache
+
+    calls = [0]
+    real = AutoencoderKL.encode
+
+    def counting(self: Any, *a: Any, **kw: Any) -> Any:
+        calls[0] += 1
+        return real(self, *a, **kw)
+
+    monkeypatch.setattr(AutoencoderKL, "encode", counting)
+    info = convert_cache(encoded["args"], tmp_path / "ds", latent_cache, shard_size=4, show_progress=False)
+    assert calls[0] == 0  # no VAE call: every latent is read from the cache
+    assert info["entries"] == 16 and info["shards_written"] == 5
+    ours, theirs = _files(tmp_path / "ds"), _files(encoded["root"])
+    assert [f for f in ours if f.startswith("data/latents/")] == [f for f in theirs if f.startswith("data/latents/")]
+    assert ours == theirs  # latents (and prompts, rows) byte for byte what hf-arb encode writes
+    info_file = "hf_arb_encoded.json"
+    assert (tmp_path / "ds" / info_file).read_text() == (encoded["root"] / info_file).read_text()
+
+
+def test_from_cache_refuses_missing_and_damaged_entries_in_one_line(
+        sd: list[str], latent_cache: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from hf_arb.cli import main as cli
+
+    cache = tmp_path / "cache"
+    shutil.copytree(latent_cache, cache)
+    entries = sorted(cache.glob("*/*.npy"))
+    entries[0].unlink()  # never encoded
+    entries[1].write_bytes(entries[1].read_bytes()[:40])  # truncated
+    with pytest.raises(SystemExit) as err:
+        cli(["encode", str(tmp_path / "ds"), "--from-cache", str(cache), "--shard-size", "4", "--",
+             *sd, "--output_dir", str(tmp_path / "run")])
+    message = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.value.code == 2
+    assert "2 of the 16 planned entries are missing (1) or damaged (1)" in message and ": missing" in message
+    assert "--cache_latents" in message and not list((tmp_path / "ds").glob("data/latents/*.parquet"))

@@ -28,6 +28,9 @@ def add_encode_arguments(p: argparse.ArgumentParser) -> None:
                    help="the processes the run will train on (its plan; default: this launch's)")
     p.add_argument("--engine", choices=("local", "ray"), default="local",
                    help="local (one process, or each rank of an accelerate launch) or ray (Ray Data actors)")
+    p.add_argument("--from-cache", default=None, metavar="DIR",
+                   help="convert the per-file latent cache DIR (--cache_latents --latent_cache_dir DIR of a run with "
+                        "these flags) instead of running the VAE; a missing or damaged entry refuses it")
     p.add_argument("--push-to-hub", default=None, metavar="REPO_ID",
                    help="upload the finished dataset as this Hub dataset repository")
     p.add_argument("--private", action="store_true", help="with --push-to-hub: a private repository")
@@ -35,6 +38,15 @@ def add_encode_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run_encode(args: argparse.Namespace) -> int:
+    from hf_arb.checks import UsageError as RunUsageError
+
+    try:
+        return _run_encode(args)
+    except RunUsageError as e:  # the training floor's refusals: one "hf-arb encode: error:" line, exit status 2
+        raise UsageError(str(e)) from None
+
+
+def _run_encode(args: argparse.Namespace) -> int:
     from hf_arb.train.encoded.encode import encode_dataset, encode_with_ray, push_encoded
     from hf_arb.train.flags.args import parse_args
 
@@ -47,7 +59,14 @@ def run_encode(args: argparse.Namespace) -> int:
     cached = "--latent_cache_variants" in flags and "--cache_latents" not in flags  # the variants of a cached run
     train = parse_args([*flags, *(["--cache_latents"] if cached else []),
                         *([] if "--output_dir" in flags else ["--output_dir", args.output])])
-    if args.engine == "ray":
+    if args.from_cache is not None:
+        if args.engine == "ray":
+            raise UsageError("--from-cache reads the cache in one process: drop --engine ray.")
+        from hf_arb.train.encoded.from_cache import convert_cache
+
+        info = convert_cache(train, args.output, args.from_cache, num_processes=args.num_processes,
+                             shard_size=args.shard_size, prompt_shard_size=args.prompt_shard_size)
+    elif args.engine == "ray":
         info = encode_with_ray(train, args.output, num_processes=args.num_processes or 1,
                                shard_size=args.shard_size, prompt_shard_size=args.prompt_shard_size)
     else:

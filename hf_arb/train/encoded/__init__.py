@@ -21,6 +21,8 @@ Modules:
 - :mod:`~hf_arb.train.encoded.fingerprint` — the fingerprint of a run's flags and model, and the comparison;
 - :mod:`~hf_arb.train.encoded.shards` — shard layout, atomic Parquet writes, the resume check of a damaged shard;
 - :mod:`~hf_arb.train.encoded.encode` — the encode run (one rank's share, accelerate, Ray Data), the card, the push;
+- :mod:`~hf_arb.train.encoded.from_cache` — ``hf-arb encode --from-cache``: a per-file latent cache converted, no
+  VAE call;
 - :mod:`~hf_arb.train.encoded.reader` — opening an encoded dataset (folder or Hub id), its latents and prompts.
 
 The data source that trains from it is :class:`hf_arb.train.sources.encoded.EncodedSource`. Part of floor 7

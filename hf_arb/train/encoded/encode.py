@@ -215,10 +215,13 @@ def prompts_schema() -> Any:
 # ----------------------------------------------------------------------------------- one rank's share
 def encode_share(args: argparse.Namespace, out_dir: str | Path, *, rank: int = 0, world: int = 1,
                  num_processes: int = 1, shard_size: int = 1000, prompt_shard_size: int = 10000,
-                 device: Any = None, show_progress: bool = True, plan: EncodePlan | None = None) -> dict[str, Any]:
+                 device: Any = None, show_progress: bool = True, plan: EncodePlan | None = None,
+                 make_batch: Any = None) -> dict[str, Any]:
     """Write rank ``rank`` of ``world``'s shards (``i % world == rank``) of the encoded dataset of ``args`` into
     ``out_dir``; finished shards are kept, missing and damaged ones (truncated, another row count) are written again.
-    ``num_processes``: the processes the run will *train* on (its plan). Returns the counts."""
+    ``num_processes``: the processes the run will *train* on (its plan). ``make_batch``: builds the per-batch
+    function (``(args, ds, buckets, device)``; default :class:`EncodeBatch`; ``--from-cache`` reads a latent cache).
+    Returns the counts."""
     from tqdm.auto import tqdm
 
     plan = plan or plan_encode(args, num_processes)
@@ -244,7 +247,7 @@ def encode_share(args: argparse.Namespace, out_dir: str | Path, *, rank: int = 0
         write_rows(args, plan.ds, out)
     if not todo:
         return counts
-    enc = EncodeBatch(args, plan.ds, plan.buckets, device)
+    enc = (make_batch or EncodeBatch)(args, plan.ds, plan.buckets, device)
     total = sum(stop - start for t, _, _, (start, stop) in todo if t == "latents")
     bar = tqdm(total=total, desc=f"Encoding latents (rank {rank})", unit="entry", disable=not show_progress)
     for table, i, count, (start, stop) in todo:
