@@ -102,6 +102,9 @@ class EncodeBatch:
     Entries whose posterior is not finite, or overflows float16, are left out and listed in ``bad``
     (``(row, bucket, variant, reason)``): never written."""
 
+    #: what the progress bar says it does
+    progress_desc = "Encoding latents"
+
     def __init__(self, args: argparse.Namespace, ds: Any = None, buckets: Any = None, device: Any = None) -> None:
         import torch
 
@@ -249,7 +252,7 @@ def encode_share(args: argparse.Namespace, out_dir: str | Path, *, rank: int = 0
         return counts
     enc = (make_batch or EncodeBatch)(args, plan.ds, plan.buckets, device)
     total = sum(stop - start for t, _, _, (start, stop) in todo if t == "latents")
-    bar = tqdm(total=total, desc=f"Encoding latents (rank {rank})", unit="entry", disable=not show_progress)
+    bar = tqdm(total=total, desc=f"{enc.progress_desc} (rank {rank})", unit="entry", disable=not show_progress)
     for table, i, count, (start, stop) in todo:
         t0 = time.perf_counter()
         if table == "latents":

@@ -24,16 +24,12 @@ from hf_arb.checks import UsageError
 from .encode import EncodeBatch, EncodePlan, encode_share, finish, plan_encode
 
 
-def cache_dir_of(args: argparse.Namespace) -> str:
-    """The cache folder a ``--cache_latents`` run with ``args`` fills (``--latent_cache_dir`` or
-    ``OUTPUT_DIR/latent_cache``)."""
-    return str(args.latent_cache_dir or Path(args.output_dir) / "latent_cache")
-
-
 class CacheBatch(EncodeBatch):
     """:class:`~hf_arb.train.encoded.encode.EncodeBatch` whose latents come from a per-file latent cache: the same
     columns, read instead of encoded (the VAE is loaded for its weights fingerprint, never called). Prompts are
     encoded by the text encoders as in an encode."""
+
+    progress_desc = "Reading the latent cache"
 
     def __init__(self, args: argparse.Namespace, ds: Any = None, buckets: Any = None, device: Any = None, *,
                  cache_dir: str | Path, plan: EncodePlan) -> None:
@@ -55,6 +51,7 @@ class CacheBatch(EncodeBatch):
         self.captions = plan.ds.select_columns([col]) if col in plan.ds.column_names else None  # no image decoded
 
     def key(self, row: int, bucket: int, variant: int) -> str:
+        """The cache key of a planned entry (what ``--cache_latents`` stores it under)."""
         return self.index.keys[(int(row), int(bucket))][int(variant)]
 
     def problems(self, entries: np.ndarray) -> list[tuple[int, int, int, str]]:
@@ -96,6 +93,11 @@ def convert_cache(args: argparse.Namespace, out_dir: str | Path, cache_dir: str 
     """Write the encoded dataset of ``args`` into ``out_dir`` from the per-file latent cache ``cache_dir`` (one
     process; kept shards are reused as in an encode). Raises :class:`UsageError` (one line) when a planned entry is
     missing from the cache or damaged, before writing. Returns the info (as :func:`finish`) and the counts."""
+    from ..environment import one_process
+
+    if not one_process():
+        raise UsageError("--from-cache reads the cache in one process: run hf-arb encode --from-cache without "
+                         "accelerate launch (--num-processes N plans for a training run on N processes).")
     if not Path(cache_dir).is_dir():
         raise UsageError(f"--from-cache {cache_dir}: no such folder (the --latent_cache_dir of a --cache_latents run, "
                          "default OUTPUT_DIR/latent_cache).")
@@ -126,4 +128,4 @@ def convert_cache(args: argparse.Namespace, out_dir: str | Path, cache_dir: str 
     return {**info, **{k: v for k, v in counts.items() if k != "bad"}}
 
 
-__all__ = ["CacheBatch", "cache_dir_of", "convert_cache"]
+__all__ = ["CacheBatch", "convert_cache"]
