@@ -614,7 +614,6 @@ def run_smoke(opts: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     pairs = edit_pairs(images, tmp)
     device = opts.device
     cases: list[dict[str, Any]] = []
-    extra = {"8bit": ["--use_8bit_adam"], "pack": ["--packing", "--max_tokens", "40"]}
     for family in families:
         base = smoke_argv(family, models[family], images, pairs)
         mixed = [("bf16", base)] if device == "cuda" else [("fp32", base)]  # (CPU bf16 autocast: minutes)
@@ -623,7 +622,7 @@ def run_smoke(opts: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             if family == "sd":
                 mixed.append(("8bit", [*base, "--use_8bit_adam"]))
         if family == "flux" and device == "cuda":
-            pack = [a for a in base if a not in ("--cache_latents",)] + extra["pack"]
+            pack = [a for a in base if a != "--cache_latents"] + ["--packing", "--max_tokens", "40"]
             mixed.append(("pack", pack))
         if family == "flux-kontext" and device == "cuda":  # the default (cuDNN attention off) against it on
             mixed.append(("bf16_cudnn", [*base, "--cudnn_attention"]))

@@ -102,6 +102,18 @@ def entry_loader(spec: DatasetSpec) -> Any:
     return lambda ns: caption_folder(spec, ns.image_column, ns.caption_column)
 
 
+def dataset_caption_options(args: argparse.Namespace, specs: list[DatasetSpec]) -> list[Any]:
+    """One :class:`~hf_arb.train.captions.CaptionOptions` per dataset: the run's caption flags, overridden by the
+    dataset's own keys (kohya's ``shuffle_caption``, ``keep_tokens``, ...)."""
+    import dataclasses
+
+    from hf_arb.train.captions import CaptionOptions
+    from hf_arb.train.flags.caption_flags import caption_options
+
+    base = dataclasses.asdict(caption_options(args))
+    return [CaptionOptions(**{**base, **s.caption_options}) for s in specs]
+
+
 def regularization_dataset(args: argparse.Namespace, spec: DatasetSpec, accelerator: Any) -> Any:
     """A regularization dataset's images and captions in the run's column names (bucketed later with the run's table,
     as ``--class_data_dir``'s images are)."""
@@ -307,13 +319,10 @@ class MultiSource(BucketedSource):
         """Each row's caption through its dataset's options: the run's caption flags, overridden by the dataset's
         own keys (kohya's ``shuffle_caption``, ``keep_tokens``, ...); the rows of the plan's slots know their
         dataset (``DatasetMix.slot_dataset``)."""
-        import dataclasses
+        from hf_arb.train.captions import CaptionAugmenter
+        from hf_arb.train.flags.caption_flags import CACHED_VARIANTS
 
-        from hf_arb.train.captions import CaptionAugmenter, CaptionOptions
-        from hf_arb.train.flags.caption_flags import CACHED_VARIANTS, caption_options
-
-        base = dataclasses.asdict(caption_options(self.args))
-        options = [CaptionOptions(**{**base, **s.caption_options}) for s in self.specs]
+        options = dataset_caption_options(self.args, self.specs)
         variants = getattr(self.args, "caption_variants", None)
         if variants is None and getattr(self.args, "cache_text_embeddings", False) and any(
                 o.varies_tags for o in options):  # as caption_variant_count: a bounded text-embedding cache
@@ -360,16 +369,12 @@ class MultiPriorSource(PriorSource, MultiSource):
         """The instance half of each paired batch with its datasets' caption options (:meth:`MultiSource.
         caption_augmenter`), the class half with its regularization datasets' (kohya's ``is_reg`` subsets keep their
         ``keep_tokens``, ``shuffle_caption``, ...)."""
-        import dataclasses
-
-        from hf_arb.train.captions import CaptionAugmenter, CaptionOptions
-        from hf_arb.train.flags.caption_flags import caption_options
+        from hf_arb.train.captions import CaptionAugmenter
 
         instances = MultiSource.caption_augmenter(self, schedule)
-        base = dataclasses.asdict(caption_options(self.args))
         regs = [s for s in self.args.dataset_specs if s.regularization]
         lengths = [len(ds) for ds in self.regularization]
-        classes = CaptionAugmenter([CaptionOptions(**{**base, **s.caption_options}) for s in regs],
+        classes = CaptionAugmenter(dataset_caption_options(self.args, regs),
                                    seed=self.args.seed, variants=instances.variants,
                                    dataset_of_row=np.repeat(np.arange(len(regs)), lengths))
         return PairedCaptions(instances, classes)
