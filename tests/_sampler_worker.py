@@ -27,6 +27,10 @@ from torch.utils.data import DataLoader, Dataset
 
 import hf_arb
 
+# The model here is Linear(1, 1): no intra-op threads are needed, and none are started before DataLoader workers
+# fork (a fork after OpenMP threads ran once left a worker on a futex in CI, and the 2-process launch hung).
+torch.set_num_threads(1)
+
 SEED = 7
 N_ROWS = 200  # buckets of 70/47/39/33/3 rows (+8 skipped): 34 steps per epoch at a global batch of 6
 EPOCHS = 2
