@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from _fake_hub import FakeHub  # noqa: E402
-from _train_fixtures import FLOW, SD_BASE  # noqa: E402
+from _train_fixtures import FLOW, GROUP, SD_BASE, batch_result  # noqa: E402
 
 from hf_arb.checks import UsageError  # noqa: E402
 
@@ -492,3 +492,34 @@ def test_from_cache_refuses_missing_and_damaged_entries_in_one_line(
     assert err.value.code == 2
     assert "2 of the 16 planned entries are missing (1) or damaged (1)" in message and ": missing" in message
     assert "--cache_latents" in message and not list((tmp_path / "ds").glob("data/latents/*.parquet"))
+
+
+# ------------------------------------------------------------------------- slow: 2 processes + resume (the batch)
+@pytest.mark.slow
+@pytest.mark.xdist_group(GROUP)
+def test_two_processes_train_from_the_encoded_dataset_as_from_the_caches_and_resume_exactly(ddp_batch) -> None:
+    """tests/_train_fixtures.py ``encoded_runs``: encoded by the launch's 2 ranks, trained on 2 processes, resumed."""
+    from test_train import read_trace, unet_weights
+
+    from hf_arb.train.encoded.reader import open_encoded
+
+    data = open_encoded(batch_result(ddp_batch, "encoded-sd-encode")["out"].as_posix())
+    assert data.info["vae_files"] and len(data.latents) == data.info["entries"] > 8
+    full, resumed, cached = (batch_result(ddp_batch, f"encoded-sd-{k}") for k in ("full", "resumed", "cached"))
+    assert full["stats"]["num_processes"] == 2 and len(full["stats"]["losses"]) == 4
+    assert full["stats"]["losses"] == cached["stats"]["losses"]  # exactly, on 2 ranks too
+    for rank in (0, 1):
+        ours, theirs = read_trace(full["out"], rank), read_trace(cached["out"], rank)
+        assert [(t["rows"], t["loss"]) for t in ours] == [(t["rows"], t["loss"]) for t in theirs]
+        tail = [t for t in ours if t["step"] >= 2]
+        again = read_trace(resumed["out"], rank)
+        assert [(t["step"], t["rows"], t["loss"]) for t in again] == [(t["step"], t["rows"], t["loss"]) for t in tail]
+    assert set(read_trace(full["out"], 0)[0]["rows"]).isdisjoint(read_trace(full["out"], 1)[0]["rows"])
+    a, b = unet_weights(full["out"]), unet_weights(resumed["out"])
+    assert a.keys() == b.keys() and all(torch_equal(a[k], b[k]) for k in a)
+
+
+def torch_equal(a: Any, b: Any) -> bool:
+    import torch
+
+    return bool(torch.equal(a, b))
