@@ -151,6 +151,27 @@ def test_a_flow_family_trains_from_its_encoded_dataset_as_from_the_caches(flow_a
     assert ours["losses"] == cached["losses"] and len(ours["losses"]) == 3
 
 
+@pytest.mark.slow
+def test_sdxl_trains_from_its_encoded_dataset_as_from_the_caches(train_assets: dict[str, str], tmp_path: Path,
+                                                                  built: list[str]) -> None:
+    """Two text encoders, the pooled embedding and per-row time ids (random crops and flips) from the dataset."""
+    from hf_arb.cli import main as cli
+
+    flags = ["--pretrained_model_name_or_path", train_assets["sdxl"], "--train_data_dir", train_assets["images"],
+             *SD_BASE, "--rank", "4", "--max_train_samples", "8", "--max_train_steps", "3", "--checkpointing_steps",
+             "100", "--random_flip"]
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert cli(["encode", str(tmp_path / "ds"), "--shard-size", "8", "--", *flags]) == 0
+    cached = _train([*flags, "--output_dir", str(tmp_path / "cached"), "--cache_latents", "--cache_text_embeddings"])
+    built.clear()
+    ours = _train([*flags, "--output_dir", str(tmp_path / "enc"), "--encoded_dataset", str(tmp_path / "ds")])
+    assert built == ["UNet2DConditionModel"]  # LoRA: no VAE, no text encoder, and no pipeline at the end
+    assert ours["losses"] == cached["losses"] and len(ours["losses"]) == 3
+    trace, theirs = _trace(str(tmp_path / "enc")), _trace(str(tmp_path / "cached"))
+    assert [(t["rows"], t["time_ids_first"]) for t in trace] == [(t["rows"], t["time_ids_first"]) for t in theirs]
+    assert any(t["time_ids_first"][2:4] != [0, 0] for t in trace)  # a random crop's offset reached the UNet
+
+
 def test_an_interrupted_encode_resumes_to_the_same_bytes(sd: list[str], encoded: dict[str, Any],
                                                          tmp_path: Path) -> None:
     from hf_arb.train.encoded.encode import encode_share, finish
