@@ -9,7 +9,11 @@ SD's VAE.
   ``.npy`` read, CRC check, JSON metadata) against ``EncodedLatents`` (a row of the memory-mapped Arrow table);
   opening the encoded dataset (``datasets`` turns the Parquet shards into its Arrow cache once) is timed apart;
 * encode throughput: ``encode_share`` of the tiny SD run over the 20-photo imagefolder (VAE + text encoder, one
-  process), entries per second.
+  process), entries per second;
+* peak RSS of a training run: ``--encoded_dataset`` (loads no VAE and no text encoder) against ``--cache_latents
+  --cache_text_embeddings`` (loads both), each a fresh process (its own ``ru_maxrss``), on an SD whose VAE and text
+  encoder have SD 1.5's sizes (``AutoencoderKL`` 84 M and CLIP ViT-L/14's text encoder 123 M parameters, random
+  weights) around a tiny UNet, so that the frozen parts weigh what they weigh in practice.
 
 Usage: ``python benchmarks/bench_encode.py [--quick] [--entries N]``
 """
@@ -127,7 +131,9 @@ def main() -> None:
         assert all(np.array_equal(cached[(int(k), 0, 0)]["latent_stats"], encoded[(int(k), 0, 0)]["latent_stats"])
                    for k in keys[:50])
 
-        encode_rate, encoded_entries = _encode_rate(tmp, sd, save_tiny_imagefolder(tmp / "images"))
+        images = save_tiny_imagefolder(tmp / "images")
+        encode_rate, encoded_entries = _encode_rate(tmp, sd, images)
+        rss = _peak_rss(tmp, sd, images)
 
     rows = [
         row("files on disk", files_enc, files_cache, "files",
@@ -144,13 +150,16 @@ def main() -> None:
         row("encode throughput per process (tiny SD, VAE + text encoder, CPU)", encode_rate, None, "entries/s",
             higher_is_better=True, note=f"encode_share of {encoded_entries} entries (20 photos x 2 flip variants), "
                                         "one process, including opening the images"),
+        row("peak RSS of a training run (SD 1.5-sized VAE and text encoder, tiny UNet)", rss["encoded"],
+            rss["cached"], "MiB", target="less than a run that loads them",
+            note=f"--encoded_dataset (no VAE, no text encoder: {rss['encoded_built']}) vs --cache_latents "
+                 f"--cache_text_embeddings ({rss['cached_built']}); one process each, 4 steps, ru_maxrss; the frozen "
+                 f"parts' float32 weights: {rss['frozen_mib']:.0f} MiB"),
     ]
     save_result("encode", f"Encoded dataset vs per-file latent cache ({n:,} entries, tiny VAE, CPU)", rows,
                 command="python benchmarks/bench_encode.py",
                 baseline="today's per-file cache (LatentCache: one .npy + .json per entry, CachedLatentDataset)",
-                details="Not measured here: peak RSS without the VAE and text encoders (training from an encoded "
-                        "dataset still loads them: the family adapters load every part), and the stream's cost "
-                        "(streaming an encoded dataset is not supported yet).")
+                details="Not measured here: the stream's cost (streaming an encoded dataset is another change).")
 
 
 def _encode_rate(tmp: Path, sd: str, images: str) -> tuple[float, int]:
@@ -164,6 +173,80 @@ def _encode_rate(tmp: Path, sd: str, images: str) -> tuple[float, int]:
     t0 = time.perf_counter()
     counts = encode_share(args, tmp / "encoded_run", plan=plan, show_progress=False)
     return counts["entries_written"] / (time.perf_counter() - t0), counts["entries_written"]
+
+
+#: a training run in a fresh process: its peak RSS and the frozen model classes it built, as JSON on the last line
+RSS_CHILD = """
+import json, resource, sys
+from diffusers import ModelMixin
+from transformers import PreTrainedModel
+built = []
+for base in (ModelMixin, PreTrainedModel):
+    real = base.from_pretrained.__func__
+    def counting(cls, *a, _real=real, **kw):
+        built.append(cls.__name__)
+        return _real(cls, *a, **kw)
+    base.from_pretrained = classmethod(counting)
+import train_text_to_image_arb as script
+stats = script.main(sys.argv[1:])
+print(json.dumps({"rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "built": built,
+                  "losses": stats["losses"]}))
+"""
+
+
+def _sized_sd(tmp: Path, sd: str) -> str:
+    """The tiny SD with SD 1.5's VAE and CLIP ViT-L/14 text encoder configs (random weights), its UNet's
+    cross-attention widened to 768 to take their embeddings."""
+    import shutil
+
+    import torch
+    from diffusers import AutoencoderKL, UNet2DConditionModel
+    from transformers import CLIPTextConfig, CLIPTextModel
+
+    out = tmp / "sized-sd"
+    shutil.copytree(sd, out)
+    torch.manual_seed(0)
+    AutoencoderKL(in_channels=3, out_channels=3, latent_channels=4, block_out_channels=(128, 256, 512, 512),
+                  layers_per_block=2, down_block_types=("DownEncoderBlock2D",) * 4,
+                  up_block_types=("UpDecoderBlock2D",) * 4, sample_size=512).save_pretrained(out / "vae")
+    CLIPTextModel(CLIPTextConfig(vocab_size=49408, hidden_size=768, intermediate_size=3072, num_hidden_layers=12,
+                                 num_attention_heads=12, max_position_embeddings=77, projection_dim=768)
+                  ).save_pretrained(out / "text_encoder")
+    unet = UNet2DConditionModel.from_pretrained(out / "unet")
+    UNet2DConditionModel.from_config({**unet.config, "cross_attention_dim": 768}).save_pretrained(out / "unet")
+    return str(out)
+
+
+def _peak_rss(tmp: Path, sd: str, images: str) -> dict[str, object]:
+    """Peak RSS (MiB) of a 4-step run from an encoded dataset and of the same run with both caches, each in a fresh
+    process; the model classes each built before its final save."""
+    import os
+    import subprocess
+
+    model = _sized_sd(tmp, sd)
+    flags = ["--pretrained_model_name_or_path", model, "--train_data_dir", images, "--resolution", "64",
+             "--bucket_step", "16", "--train_batch_size", "2", "--max_train_steps", "4", "--seed", "0",
+             "--report_to", "none", "--rank", "4", "--checkpointing_steps", "100"]
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    t0 = time.perf_counter()  # encoded as the training runs compute: a process with the same threads
+    subprocess.run([sys.executable, "-m", "hf_arb.cli", "encode", str(tmp / "rss-ds"), "--", *flags], env=env,
+                   cwd=root, capture_output=True, text=True, check=True)
+    print(f"encoded the RSS runs' dataset in {time.perf_counter() - t0:.0f} s", flush=True)
+    found = {}
+    for name, extra in (("encoded", ["--encoded_dataset", str(tmp / "rss-ds")]),
+                        ("cached", ["--cache_latents", "--cache_text_embeddings"])):
+        cmd = [sys.executable, "-c", RSS_CHILD, *flags, *extra, "--output_dir", str(tmp / f"rss-{name}")]
+        proc = subprocess.run(cmd, env=env, cwd=root, capture_output=True, text=True, check=True)
+        found[name] = json.loads(proc.stdout.strip().splitlines()[-1])
+        print(f"{name} run: {found[name]['rss_mib']:.0f} MiB peak RSS", flush=True)
+    assert found["encoded"]["losses"] == found["cached"]["losses"]  # the same training, bit for bit
+    frozen = sum(f.stat().st_size for part in ("vae", "text_encoder")
+                 for f in (Path(model) / part).glob("*.safetensors"))
+    return {"encoded": found["encoded"]["rss_mib"], "cached": found["cached"]["rss_mib"],
+            "encoded_built": ", ".join(found["encoded"]["built"]),
+            "cached_built": ", ".join(found["cached"]["built"]),
+            "frozen_mib": frozen / 2**20}
 
 
 if __name__ == "__main__":

@@ -278,6 +278,7 @@ def batch_runs(root: Path, train: dict[str, str], flow: dict[str, str], stream: 
         "sks dog", "--with_prior_preservation", "--class_data_dir", str(root / "prior-class"), "--class_prompt",
         "a dog", "--num_class_images", "4", "--sample_batch_size", "2", *SD_BASE, "--rank", "4",
         "--max_train_steps", "4", "--checkpointing_steps", "2"], "checkpoint-2")
+    runs += encoded_runs(root, train)
     # test_fault_train.py: SIGTERM reaches rank 1 only, during update 2 (tests/_signal_worker.py; issue 34, item 4)
     out = root / "signal-one-rank"
     runs.append({"name": "signal-one-rank", "out": str(out), "worker": "_signal_worker", "argv": [
@@ -285,6 +286,25 @@ def batch_runs(root: Path, train: dict[str, str], flow: dict[str, str], stream: 
         train["sd"], "--train_data_dir", train["images"], "--output_dir", str(out), *SD_BASE, "--full_finetune",
         "--max_train_steps", "4", "--checkpointing_steps", "100"]})
     return runs
+
+
+def encoded_argv(train: dict[str, str]) -> list[str]:
+    """test_encoded.py: SD full fine-tune on 2 processes, 4 steps, checkpoint at 2 (encoded, cached, trained)."""
+    return ["--pretrained_model_name_or_path", train["sd"], "--train_data_dir", train["images"], *SD_BASE,
+            "--full_finetune", "--random_flip", "--max_train_steps", "4", "--checkpointing_steps", "2"]
+
+
+def encoded_runs(root: Path, train: dict[str, str]) -> list[dict[str, Any]]:
+    """test_encoded.py: ``hf-arb encode`` on the batch's 2 ranks, then a 2-process run from the encoded dataset and a
+    resume of its checkpoint-2, and the same run with ``--cache_latents --cache_text_embeddings``."""
+    flags, data = encoded_argv(train), root / "encoded-sd-data"
+    cached = root / "encoded-sd-cached"
+    return [{"name": "encoded-sd-encode", "out": str(data), "worker": "_encode_worker",
+             "argv": [str(data), "--shard-size", "8", "--", *flags]},
+            *_pair(root, "encoded-sd", [*flags, "--encoded_dataset", str(data)], "checkpoint-2"),
+            {"name": "encoded-sd-cached", "out": str(cached), "argv": [*flags, "--cache_latents",
+                                                                       "--cache_text_embeddings", "--output_dir",
+                                                                       str(cached)]}]
 
 
 def run_batch(root: Path, runs: list[dict[str, Any]], nproc: int = 2, timeout: int = 300) -> dict[str, Any]:

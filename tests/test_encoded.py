@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from _fake_hub import FakeHub  # noqa: E402
-from _train_fixtures import FLOW, SD_BASE  # noqa: E402
+from _train_fixtures import FLOW, GROUP, SD_BASE, batch_result  # noqa: E402
 
 from hf_arb.checks import UsageError  # noqa: E402
 
@@ -52,6 +52,29 @@ def _train(argv: list[str]) -> dict[str, Any]:
 
 def _trace(out: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in (Path(out) / "batches" / "rank0.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture
+def built(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The class names of every diffusers / transformers model ``from_pretrained`` builds while the test runs, and
+    ``"pipeline"`` where a pipeline is built (the saved pipeline of a full fine-tune loads the base's frozen parts)."""
+    from diffusers import DiffusionPipeline, ModelMixin
+    from transformers import PreTrainedModel
+
+    names: list[str] = []
+    for base in (ModelMixin, PreTrainedModel, DiffusionPipeline):
+        real = base.from_pretrained.__func__
+
+        def counting(cls: Any, *a: Any, _real: Any = real, _base: Any = base, **kw: Any) -> Any:
+            names.append("pipeline" if _base is DiffusionPipeline else cls.__name__)
+            return _real(cls, *a, **kw)
+
+        monkeypatch.setattr(base, "from_pretrained", classmethod(counting))
+    return names
+
+
+#: the frozen models a run from an encoded dataset does not build (the families' VAEs and text encoders)
+FROZEN_CLASSES = ("AutoencoderKL", "CLIPTextModel", "CLIPTextModelWithProjection", "T5EncoderModel")
 
 
 def _args(flags: list[str], out: Path) -> Any:
@@ -96,10 +119,15 @@ def test_encode_writes_every_entry_once_split_between_ranks(encoded: dict[str, A
 
 @pytest.mark.slow
 def test_training_from_the_encoded_dataset_equals_the_caches_bit_for_bit(sd: list[str], encoded: dict[str, Any],
-                                                                          tmp_path: Path) -> None:
+                                                                          tmp_path: Path, built: list[str]) -> None:
     cached = _train([*sd, "--output_dir", str(tmp_path / "cached"), "--cache_latents", "--cache_text_embeddings"])
+    assert {"AutoencoderKL", "CLIPTextModel"} <= set(built)  # the counter sees them where they load
+    built.clear()
     # the same command, the dataset flags kept (a user's habit): the encoded dataset replaces them
     ours = _train([*sd, "--output_dir", str(tmp_path / "enc"), "--encoded_dataset", str(encoded["root"])])
+    # no VAE, no text encoder while it trains (the dataset holds latents and embeddings); the saved pipeline takes
+    # the base model's, as diffusers' script saves them
+    assert built[:built.index("pipeline") + 1] == ["UNet2DConditionModel", "pipeline"]
     assert len(ours["losses"]) == 4
     assert ours["losses"] == cached["losses"]  # exactly: same posteriors (float16), same embeddings (float32)
     assert [t["rows"] for t in _trace(str(tmp_path / "enc"))] == [t["rows"] for t in _trace(str(tmp_path / "cached"))]
@@ -108,7 +136,7 @@ def test_training_from_the_encoded_dataset_equals_the_caches_bit_for_bit(sd: lis
 
 @pytest.mark.slow
 def test_a_flow_family_trains_from_its_encoded_dataset_as_from_the_caches(flow_assets: dict[str, str],
-                                                                           tmp_path: Path) -> None:
+                                                                           tmp_path: Path, built: list[str]) -> None:
     from hf_arb.cli import main as cli
 
     flags = ["--pretrained_model_name_or_path", flow_assets["flux"], "--train_data_dir", flow_assets["images"],
@@ -117,8 +145,31 @@ def test_a_flow_family_trains_from_its_encoded_dataset_as_from_the_caches(flow_a
     with contextlib.redirect_stdout(io.StringIO()):
         assert cli(["encode", str(tmp_path / "ds"), "--shard-size", "8", "--", *flags]) == 0
     cached = _train([*flags, "--output_dir", str(tmp_path / "cached"), "--cache_latents", "--cache_text_embeddings"])
+    built.clear()
     ours = _train([*flags, "--output_dir", str(tmp_path / "enc"), "--encoded_dataset", str(tmp_path / "ds")])
+    assert built[:built.index("pipeline") + 1] == ["FluxTransformer2DModel", "pipeline"]  # no VAE, CLIP or T5
     assert ours["losses"] == cached["losses"] and len(ours["losses"]) == 3
+
+
+@pytest.mark.slow
+def test_sdxl_trains_from_its_encoded_dataset_as_from_the_caches(train_assets: dict[str, str], tmp_path: Path,
+                                                                  built: list[str]) -> None:
+    """Two text encoders, the pooled embedding and per-row time ids (random crops and flips) from the dataset."""
+    from hf_arb.cli import main as cli
+
+    flags = ["--pretrained_model_name_or_path", train_assets["sdxl"], "--train_data_dir", train_assets["images"],
+             *SD_BASE, "--rank", "4", "--max_train_samples", "8", "--max_train_steps", "3", "--checkpointing_steps",
+             "100", "--random_flip"]
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert cli(["encode", str(tmp_path / "ds"), "--shard-size", "8", "--", *flags]) == 0
+    cached = _train([*flags, "--output_dir", str(tmp_path / "cached"), "--cache_latents", "--cache_text_embeddings"])
+    built.clear()
+    ours = _train([*flags, "--output_dir", str(tmp_path / "enc"), "--encoded_dataset", str(tmp_path / "ds")])
+    assert built == ["UNet2DConditionModel"]  # LoRA: no VAE, no text encoder, and no pipeline at the end
+    assert ours["losses"] == cached["losses"] and len(ours["losses"]) == 3
+    trace, theirs = _trace(str(tmp_path / "enc")), _trace(str(tmp_path / "cached"))
+    assert [(t["rows"], t["time_ids_first"]) for t in trace] == [(t["rows"], t["time_ids_first"]) for t in theirs]
+    assert any(t["time_ids_first"][2:4] != [0, 0] for t in trace)  # a random crop's offset reached the UNet
 
 
 def test_an_interrupted_encode_resumes_to_the_same_bytes(sd: list[str], encoded: dict[str, Any],
@@ -265,20 +316,63 @@ def test_push_and_reload_through_the_hub(encoded: dict[str, Any], tmp_path: Path
     assert len(datasets.load_dataset(str(repo), "prompts", split="train")) == len(encoded["plan"].captions)
 
 
-def test_a_vae_with_other_weights_is_refused_when_the_models_load(sd: list[str], encoded: dict[str, Any],
-                                                                  train_assets: dict[str, str], tmp_path: Path) -> None:
+def test_a_vae_with_other_weights_is_refused_before_any_model_loads(sd: list[str], encoded: dict[str, Any],
+                                                                    train_assets: dict[str, str], tmp_path: Path,
+                                                                    built: list[str]) -> None:
     import torch
     from diffusers import AutoencoderKL
 
     from hf_arb.train.sources import build_source
 
-    source = build_source(_args([*sd, "--encoded_dataset", str(encoded["root"])], tmp_path), None)
+    model = tmp_path / "tuned-vae"
+    shutil.copytree(train_assets["sd"], model)
+    vae = AutoencoderKL.from_pretrained(model / "vae")  # same config, a fine-tuned weight
+    with torch.no_grad():
+        next(iter(vae.parameters())).add_(1e-3)
+    vae.save_pretrained(model / "vae")
+    flags = [*sd, "--encoded_dataset", str(encoded["root"])]
+    built.clear()
+    with pytest.raises(UsageError, match=r"this run's vae_files \(vae_files: encoded \"[0-9a-f]{16}\", this run \""):
+        build_source(_args([*flags, "--pretrained_model_name_or_path", str(model)], tmp_path), None)
+    assert built == []  # read from the weights file: no VAE built
+    source = build_source(_args(flags, tmp_path), None)
+    assert source.frozen_parts() == frozenset()  # the same VAE's files: nothing to load
+
+
+def test_a_dataset_without_the_vae_files_hash_checks_the_loaded_vae(sd: list[str], encoded: dict[str, Any],
+                                                                    train_assets: dict[str, str],
+                                                                    tmp_path: Path) -> None:
+    import torch
+    from diffusers import AutoencoderKL
+
+    from hf_arb.train.sources import build_source
+
+    old = tmp_path / "ds"  # as encoded before the files hash (or a VAE saved as a .bin pickle)
+    shutil.copytree(encoded["root"], old)
+    info = json.loads((old / "hf_arb_encoded.json").read_text())
+    (old / "hf_arb_encoded.json").write_text(json.dumps({**info, "vae_files": None}))
+    source = build_source(_args([*sd, "--encoded_dataset", str(old)], tmp_path), None)
+    assert source.frozen_parts() == frozenset({"vae"})  # the run loads the VAE to fingerprint it
     source.start(SimpleNamespace(num_processes=1, process_index=0, is_main_process=True))
     vae = AutoencoderKL.from_pretrained(Path(train_assets["sd"]) / "vae")  # same config, a fine-tuned weight
     with torch.no_grad():
         next(iter(vae.parameters())).add_(1e-3)
     with pytest.raises(UsageError, match=r"this run's vae_weights \(vae_weights: encoded"):
         source.loader(SimpleNamespace(), SimpleNamespace(vae=vae), None, torch.float32)
+
+
+@pytest.mark.slow
+def test_validation_loads_the_vae_and_text_encoder_when_it_runs(sd: list[str], encoded: dict[str, Any],
+                                                                tmp_path: Path, built: list[str]) -> None:
+    lora = [f for f in sd if f != "--full_finetune"] + ["--rank", "4"]
+    stats = _train([*lora, "--output_dir", str(tmp_path / "out"), "--encoded_dataset", str(encoded["root"]),
+                    "--validation_prompt", "a photo", "--num_validation_images", "1",
+                    "--num_validation_inference_steps", "1", "--validation_epochs", "2"])
+    assert len(stats["losses"]) == 4 and len(stats["validation_images"]) == 2  # epoch 2's and the final one
+    assert all(Path(p).is_file() for p in stats["validation_images"])
+    assert built[0] == "UNet2DConditionModel"  # trained without them; validation loaded them after the last step
+    assert set(built[1:3]) == {"CLIPTextModel", "AutoencoderKL"} and built[3] == "pipeline"
+    assert (tmp_path / "out" / "pytorch_lora_weights.safetensors").is_file()  # LoRA: only the adapter is saved
 
 
 def test_nan_latents_are_counted_named_and_never_written(sd: list[str], encoded: dict[str, Any], tmp_path: Path,
@@ -419,3 +513,34 @@ def test_from_cache_refuses_missing_and_damaged_entries_in_one_line(
     assert err.value.code == 2
     assert "2 of the 16 planned entries are missing (1) or damaged (1)" in message and ": missing" in message
     assert "--cache_latents" in message and not list((tmp_path / "ds").glob("data/latents/*.parquet"))
+
+
+# ------------------------------------------------------------------------- slow: 2 processes + resume (the batch)
+@pytest.mark.slow
+@pytest.mark.xdist_group(GROUP)
+def test_two_processes_train_from_the_encoded_dataset_as_from_the_caches_and_resume_exactly(ddp_batch) -> None:
+    """tests/_train_fixtures.py ``encoded_runs``: encoded by the launch's 2 ranks, trained on 2 processes, resumed."""
+    from test_train import read_trace, unet_weights
+
+    from hf_arb.train.encoded.reader import open_encoded
+
+    data = open_encoded(batch_result(ddp_batch, "encoded-sd-encode")["out"].as_posix())
+    assert data.info["vae_files"] and len(data.latents) == data.info["entries"] > 8
+    full, resumed, cached = (batch_result(ddp_batch, f"encoded-sd-{k}") for k in ("full", "resumed", "cached"))
+    assert full["stats"]["num_processes"] == 2 and len(full["stats"]["losses"]) == 4
+    assert full["stats"]["losses"] == cached["stats"]["losses"]  # exactly, on 2 ranks too
+    for rank in (0, 1):
+        ours, theirs = read_trace(full["out"], rank), read_trace(cached["out"], rank)
+        assert [(t["rows"], t["loss"]) for t in ours] == [(t["rows"], t["loss"]) for t in theirs]
+        tail = [t for t in ours if t["step"] >= 2]
+        again = read_trace(resumed["out"], rank)
+        assert [(t["step"], t["rows"], t["loss"]) for t in again] == [(t["step"], t["rows"], t["loss"]) for t in tail]
+    assert set(read_trace(full["out"], 0)[0]["rows"]).isdisjoint(read_trace(full["out"], 1)[0]["rows"])
+    a, b = unet_weights(full["out"]), unet_weights(resumed["out"])
+    assert a.keys() == b.keys() and all(torch_equal(a[k], b[k]) for k in a)
+
+
+def torch_equal(a: Any, b: Any) -> bool:
+    import torch
+
+    return bool(torch.equal(a, b))

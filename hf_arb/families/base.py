@@ -31,8 +31,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["BUILTIN_MODULES", "Family", "Models", "builtin_family", "claiming_families", "detect_family",
-           "family_names", "get_family", "read_class_name", "register_family", "unregister_family"]
+__all__ = ["BUILTIN_MODULES", "FROZEN_PARTS", "Family", "Models", "UnloadedVAE", "builtin_family",
+           "claiming_families", "detect_family", "family_names", "get_family", "read_class_name", "register_family",
+           "unregister_family"]
 
 #: Modules of the built-in families (loaded on first use; :func:`family_names` lists them in this order). Detection
 #: does not depend on the order but on specificity (:func:`claiming_families`: a subclass's claim beats its base's,
@@ -43,6 +44,30 @@ BUILTIN_MODULES: tuple[str, ...] = ("hf_arb.families.sd3", "hf_arb.families.flux
                                     "hf_arb.families.qwenimage_edit_plus", "hf_arb.families.qwenimage_edit",
                                     "hf_arb.families.qwenimage", "hf_arb.families.zimage", "hf_arb.families.sdxl",
                                     "hf_arb.families.sd")
+#: the frozen parts a run may leave unloaded where its data already holds what they compute (an encoded dataset: the
+#: latents and the prompt embeddings); the denoiser and the scheduler always load
+FROZEN_PARTS: frozenset[str] = frozenset({"vae", "text_encoders"})
+
+
+class UnloadedVAE:
+    """The VAE of a run that did not load its weights (:attr:`Models.unloaded`): its ``config`` (the folder's
+    ``config.json``) answers what the loss and the bucket checks read (scaling and shift factors, the scale factor);
+    moving it is a no-op; encoding is refused. :meth:`Family.complete_models` replaces it by the real VAE."""
+
+    dtype = None
+
+    def __init__(self, config: Any) -> None:
+        self.config = config
+
+    def to(self, *args: Any, **kwargs: Any) -> UnloadedVAE:
+        return self
+
+    def requires_grad_(self, requires_grad: bool = True) -> UnloadedVAE:
+        return self
+
+    def encode(self, *args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("This run did not load the VAE (its data holds the latents): nothing may encode pixels. "
+                           "Load it with Family.complete_models first.")
 
 
 @dataclass
@@ -59,6 +84,8 @@ class Models:
         ema_unet: diffusers' ``EMAModel`` of the denoiser with ``--use_ema``.
         trained_text_encoders: with LoRA ``--train_text_encoder``: the prepared (wrapped) encoders.
         extra: what the family found after ``accelerator.prepare`` (:meth:`Family.prepare_denoiser`).
+        unloaded: the :data:`FROZEN_PARTS` not loaded (``text_encoders``: ``tokenizers`` and ``text_encoders`` are
+            empty; ``vae``: ``vae`` is an :class:`UnloadedVAE`); :meth:`Family.complete_models` loads them.
     """
 
     family: Family
@@ -71,6 +98,7 @@ class Models:
     ema_unet: Any = None
     trained_text_encoders: list[Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    unloaded: frozenset[str] = frozenset()
 
     @property
     def text_encoders_in_use(self) -> list[Any]:
@@ -116,6 +144,11 @@ class Family:
     objective: str = ""
     #: ``--packing`` (several images at their own size in one token sequence) applies
     supports_packing: bool = False
+    #: the diffusers class of the VAE (``--pretrained_vae_model_name_or_path`` loads as this class too)
+    vae_class_name: str = "AutoencoderKL"
+    #: the :data:`FROZEN_PARTS` the loss reads even from stored latents and embeddings (Flux.2: the VAE's batch-norm
+    #: statistics normalise its latents): loaded whatever the data holds
+    loss_reads: frozenset[str] = frozenset()
     #: model card front matter
     card_tags: tuple[str, ...] = ()
     card_license: str = "other"
@@ -158,9 +191,63 @@ class Family:
         return (self.denoiser_name,)
 
     # ------------------------------------------------------------------------------------------ models
-    def load_models(self, args: argparse.Namespace) -> Models:
-        """Required. Load the frozen parts and the trained denoiser from ``args.pretrained_model_name_or_path``."""
+    def load_models(self, args: argparse.Namespace, parts: frozenset[str] = FROZEN_PARTS) -> Models:
+        """Required. Load the trained denoiser and the frozen ``parts`` (of :data:`FROZEN_PARTS`, plus
+        :attr:`loss_reads`) from ``args.pretrained_model_name_or_path``: :meth:`load_frozen` loads them."""
         raise NotImplementedError
+
+    def load_text_encoders(self, path: str, revision: str | None, variant: str | None) -> tuple[list[Any], list[Any]]:
+        """Required. The family's ``(tokenizers, text encoders)``, in the pipeline's order."""
+        raise NotImplementedError
+
+    def vae_source(self, args: argparse.Namespace) -> tuple[str, str | None]:
+        """``(folder or Hub id, subfolder)`` of the run's VAE: ``--pretrained_vae_model_name_or_path``, else the
+        model's ``vae/``."""
+        if getattr(args, "pretrained_vae_model_name_or_path", None):
+            return args.pretrained_vae_model_name_or_path, None
+        return args.pretrained_model_name_or_path, "vae"
+
+    def load_vae(self, args: argparse.Namespace) -> Any:
+        """The run's VAE (:meth:`vae_source`), as :attr:`vae_class_name`."""
+        import diffusers
+
+        path, sub = self.vae_source(args)
+        return getattr(diffusers, self.vae_class_name).from_pretrained(path, subfolder=sub, revision=args.revision,
+                                                                       variant=args.variant)
+
+    def load_frozen(self, args: argparse.Namespace, parts: frozenset[str]) -> tuple[list[Any], list[Any], Any]:
+        """``(tokenizers, text encoders, VAE)``, frozen: the ``parts`` asked; a part not asked stays unloaded (no
+        tokenizer or encoder; the VAE's config only, :class:`UnloadedVAE`). :meth:`load_models` asks its ``parts``
+        and :attr:`loss_reads`, and records the rest in :attr:`Models.unloaded`."""
+        tokenizers, encoders = (self.load_text_encoders(args.pretrained_model_name_or_path, args.revision,
+                                                        args.variant) if "text_encoders" in parts else ([], []))
+        if "vae" in parts:
+            vae = self.load_vae(args)
+        else:
+            import diffusers
+            from diffusers.configuration_utils import FrozenDict
+
+            path, sub = self.vae_source(args)
+            config = getattr(diffusers, self.vae_class_name).load_config(path, subfolder=sub, revision=args.revision)
+            vae = UnloadedVAE(FrozenDict(config))
+        for module in (*encoders, vae):
+            module.requires_grad_(False)
+        return tokenizers, encoders, vae
+
+    def complete_models(self, args: argparse.Namespace, models: Models) -> list[Any]:
+        """Load what :meth:`load_models` left unloaded (validation and the saved pipeline need every part); returns
+        the modules it loaded (none when everything was), for the caller to place."""
+        if not models.unloaded:
+            return []
+        tokenizers, encoders, vae = self.load_frozen(args, models.unloaded)
+        loaded = list(encoders)
+        if "text_encoders" in models.unloaded:
+            models.tokenizers, models.text_encoders = tokenizers, encoders
+        if "vae" in models.unloaded:
+            models.vae = vae
+            loaded.append(vae)
+        models.unloaded = frozenset()
+        return loaded
 
     def check_buckets(self, models: Models, buckets: Any) -> None:
         """Raise ``UsageError`` when a bucket's size is one the denoiser cannot take (in flags)."""

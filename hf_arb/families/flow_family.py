@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from hf_arb.checks import UsageError
 
-from .base import Family, Models
+from .base import FROZEN_PARTS, Family, Models
 from .shift import ShiftConfig
 
 if TYPE_CHECKING:  # annotations only: torch loads when a method runs
@@ -180,8 +180,23 @@ class FlowFamily(Family):
         return torch.full((count,), float(options.guidance_scale), device=device, dtype=torch.float32)
 
     def load(self, path: str, revision: str | None = None, variant: str | None = None) -> FlowParts:
-        """Load scheduler, tokenizers, text encoders, VAE and transformer from a diffusers folder or Hub id."""
-        raise NotImplementedError
+        """Load scheduler, tokenizers, text encoders (:meth:`load_text_encoders`), VAE (:meth:`load_vae`) and
+        transformer from a diffusers folder or Hub id."""
+        args = argparse.Namespace(pretrained_model_name_or_path=path, revision=revision, variant=variant)
+        tokenizers, encoders, vae = self.load_frozen(args, FROZEN_PARTS)
+        return FlowParts(self.load_scheduler(path, revision), tokenizers, encoders, vae,
+                         self.load_transformer(path, revision, variant))
+
+    def load_scheduler(self, path: str, revision: str | None = None) -> Any:
+        """The checkpoint's ``FlowMatchEulerDiscreteScheduler``."""
+        from diffusers import FlowMatchEulerDiscreteScheduler
+
+        return FlowMatchEulerDiscreteScheduler.from_pretrained(path, subfolder="scheduler", revision=revision)
+
+    def load_transformer(self, path: str, revision: str | None = None, variant: str | None = None) -> Any:
+        """The checkpoint's transformer (:meth:`transformer_class`)."""
+        return self.transformer_class().from_pretrained(path, subfolder="transformer", revision=revision,
+                                                        variant=variant)
 
     def token_patch(self, transformer: Any) -> int:
         """Latent pixels per token side (SD3: the transformer's ``patch_size``; Flux: the 2×2 packing)."""
@@ -225,15 +240,15 @@ class FlowFamily(Family):
         if args.max_sequence_length is not None and args.max_sequence_length < 1:
             raise UsageError(f"--max_sequence_length must be >= 1, got {args.max_sequence_length}.")
 
-    def load_models(self, args: argparse.Namespace) -> Models:
-        """The family's parts (:meth:`load`), the run's :class:`FlowOptions`; everything but the transformer frozen."""
-        parts = self.load(args.pretrained_model_name_or_path, revision=args.revision, variant=args.variant)
-        if args.pretrained_vae_model_name_or_path:
-            from diffusers import AutoencoderKL
-
-            parts.vae = AutoencoderKL.from_pretrained(args.pretrained_vae_model_name_or_path, revision=args.revision,
-                                                      variant=args.variant)
-        options = self.options(parts.scheduler.config, parts.transformer, weighting_scheme=args.weighting_scheme,
+    def load_models(self, args: argparse.Namespace, parts: frozenset[str] = FROZEN_PARTS) -> Models:
+        """The scheduler, the transformer and the frozen ``parts`` (:meth:`~Family.load_frozen`), the run's
+        :class:`FlowOptions`; everything but the transformer frozen."""
+        path = args.pretrained_model_name_or_path
+        parts = frozenset(parts) | self.loss_reads
+        tokenizers, encoders, vae = self.load_frozen(args, parts)
+        loaded = FlowParts(self.load_scheduler(path, args.revision), tokenizers, encoders, vae,
+                           self.load_transformer(path, args.revision, args.variant))
+        options = self.options(loaded.scheduler.config, loaded.transformer, weighting_scheme=args.weighting_scheme,
                                logit_mean=args.logit_mean, logit_std=args.logit_std, mode_scale=args.mode_scale,
                                precondition_outputs=None if args.precondition_outputs is None
                                else bool(args.precondition_outputs), shift_by_resolution=args.shift_by_resolution,
@@ -244,10 +259,7 @@ class FlowFamily(Family):
                 "takes no guidance input (guidance_embeds is false: SD3, Flux.1-schnell), so the flag "
                 "would be ignored. Drop --guidance_scale."
             )
-        parts.vae.requires_grad_(False)
-        for te in parts.text_encoders:
-            te.requires_grad_(False)
-        transformer = parts.transformer
+        transformer = loaded.transformer
         transformer.train()
         if args.enable_xformers_memory_efficient_attention:
             transformer.enable_xformers_memory_efficient_attention()
@@ -255,8 +267,8 @@ class FlowFamily(Family):
             transformer.enable_npu_flash_attention()
         if args.gradient_checkpointing:
             transformer.enable_gradient_checkpointing()
-        return Models(self, parts.scheduler, parts.tokenizers, parts.text_encoders, parts.vae, transformer,
-                      options=options)
+        return Models(self, loaded.scheduler, loaded.tokenizers, loaded.text_encoders, loaded.vae, transformer,
+                      options=options, unloaded=FROZEN_PARTS - parts)
 
     @staticmethod
     def vae_scale_factor(vae: Any) -> int:

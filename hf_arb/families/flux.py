@@ -23,7 +23,7 @@ from typing import Any
 from hf_arb.lazy import LazyModule
 
 from .base import builtin_family
-from .flow_family import FlowFamily, FlowOptions, FlowParts
+from .flow_family import FlowFamily, FlowOptions
 from .flux2 import FLUX2_HUB_NAME
 
 torch: Any = LazyModule("torch")  # family detection must not import torch
@@ -110,25 +110,15 @@ class FluxFamily(FlowFamily):
             return False
         return super().detect(path)
 
-    def load(self, path: str, revision: str | None = None, variant: str | None = None) -> FlowParts:
-        """Scheduler, CLIP + T5 tokenizers and encoders, VAE and transformer."""
-        from diffusers import (
-            AutoencoderKL,
-            FlowMatchEulerDiscreteScheduler,
-            FluxTransformer2DModel,
-        )
+    def load_text_encoders(self, path: str, revision: str | None, variant: str | None) -> tuple[list[Any], list[Any]]:
+        """CLIP + T5 tokenizers and encoders."""
         from transformers import AutoTokenizer, CLIPTextModel, T5EncoderModel
 
         kw = {"revision": revision}
-        return FlowParts(
-            scheduler=FlowMatchEulerDiscreteScheduler.from_pretrained(path, subfolder="scheduler", **kw),
-            tokenizers=[AutoTokenizer.from_pretrained(path, subfolder="tokenizer", **kw),
-                        AutoTokenizer.from_pretrained(path, subfolder="tokenizer_2", **kw)],
-            text_encoders=[CLIPTextModel.from_pretrained(path, subfolder="text_encoder", variant=variant, **kw),
-                           T5EncoderModel.from_pretrained(path, subfolder="text_encoder_2", variant=variant, **kw)],
-            vae=AutoencoderKL.from_pretrained(path, subfolder="vae", variant=variant, **kw),
-            transformer=FluxTransformer2DModel.from_pretrained(path, subfolder="transformer", variant=variant, **kw),
-        )
+        return ([AutoTokenizer.from_pretrained(path, subfolder="tokenizer", **kw),
+                 AutoTokenizer.from_pretrained(path, subfolder="tokenizer_2", **kw)],
+                [CLIPTextModel.from_pretrained(path, subfolder="text_encoder", variant=variant, **kw),
+                 T5EncoderModel.from_pretrained(path, subfolder="text_encoder_2", variant=variant, **kw)])
 
     def token_patch(self, transformer: Any) -> int:
         """2: the pipeline packs 2×2 latent patches into one token."""

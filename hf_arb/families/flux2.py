@@ -41,8 +41,8 @@ from hf_arb.checks import UsageError
 from hf_arb.lazy import LazyModule
 
 from . import flux2_text
-from .base import Models, builtin_family
-from .flow_family import FlowFamily, FlowOptions, FlowParts
+from .base import FROZEN_PARTS, Models, builtin_family
+from .flow_family import FlowFamily, FlowOptions
 from .sample_weights import SAMPLE_WEIGHTS
 
 torch: Any = LazyModule("torch")  # family detection must not import torch
@@ -146,6 +146,8 @@ class Flux2Family(FlowFamily):
     3.5 where the transformer takes one; the text encoder stays frozen."""
 
     transformer_class_name = "Flux2Transformer2DModel"
+    vae_class_name = "AutoencoderKLFlux2"
+    loss_reads = frozenset({"vae"})  # its latents are normalised by the VAE's batch-norm statistics (weights)
     card_tags = ("flux2", "flux2-diffusers")
     default_weighting_scheme = "none"
     default_precondition_outputs = False
@@ -195,29 +197,17 @@ class Flux2Family(FlowFamily):
         """Required. ``(tokenizer, text encoder)`` of the checkpoint."""
         raise NotImplementedError
 
-    def load(self, path: str, revision: str | None = None, variant: str | None = None) -> FlowParts:
-        """Scheduler, tokenizer and text encoder (:meth:`load_text`), ``AutoencoderKLFlux2`` and transformer."""
-        from diffusers import AutoencoderKLFlux2, FlowMatchEulerDiscreteScheduler, Flux2Transformer2DModel
-
+    def load_text_encoders(self, path: str, revision: str | None, variant: str | None) -> tuple[list[Any], list[Any]]:
         tokenizer, encoder = self.load_text(path, revision=revision, variant=variant)
-        kw = {"revision": revision}
-        return FlowParts(
-            scheduler=FlowMatchEulerDiscreteScheduler.from_pretrained(path, subfolder="scheduler", **kw),
-            tokenizers=[tokenizer], text_encoders=[encoder],
-            vae=AutoencoderKLFlux2.from_pretrained(path, subfolder="vae", variant=variant, **kw),
-            transformer=Flux2Transformer2DModel.from_pretrained(path, subfolder="transformer", variant=variant, **kw),
-        )
+        return [tokenizer], [encoder]
 
-    def load_models(self, args: argparse.Namespace) -> Models:
-        """:meth:`FlowFamily.load_models`; a VAE flag loads as ``AutoencoderKLFlux2``; the run's :meth:`out_layers`."""
-        vae_path = args.pretrained_vae_model_name_or_path
-        models = super().load_models(argparse.Namespace(**{**vars(args), "pretrained_vae_model_name_or_path": None}))
-        models.options = dataclasses.replace(models.options, text_layers=self.out_layers(args, models.text_encoders[0]))
-        if vae_path:
-            from diffusers import AutoencoderKLFlux2
-
-            models.vae = AutoencoderKLFlux2.from_pretrained(vae_path, revision=args.revision, variant=args.variant)
-            models.vae.requires_grad_(False)
+    def load_models(self, args: argparse.Namespace, parts: frozenset[str] = FROZEN_PARTS) -> Models:
+        """:meth:`FlowFamily.load_models`, with the run's :meth:`out_layers` (checked against the text encoder where
+        it is loaded)."""
+        models = super().load_models(args, parts)
+        layers = (self.out_layers(args, models.text_encoders[0]) if models.text_encoders
+                  else tuple(getattr(args, "text_encoder_out_layers", None) or self.hidden_layers))
+        models.options = dataclasses.replace(models.options, text_layers=layers)
         return models
 
     def out_layers(self, args: argparse.Namespace, encoder: Any) -> tuple[int, ...]:

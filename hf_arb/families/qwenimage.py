@@ -37,7 +37,7 @@ from hf_arb.checks import UsageError
 from hf_arb.lazy import LazyModule
 
 from .base import Models, builtin_family
-from .flow_family import FlowFamily, FlowOptions, FlowParts
+from .flow_family import FlowFamily, FlowOptions
 from .sample_weights import SAMPLE_WEIGHTS
 
 torch: Any = LazyModule("torch")  # family detection must not import torch
@@ -149,21 +149,20 @@ class QwenImageFamily(FlowFamily):
             raise UsageError("--pretrained_vae_model_name_or_path replaces an AutoencoderKL; Qwen-Image's VAE is "
                              "its own video VAE: drop the flag.")
 
-    def load(self, path: str, revision: str | None = None, variant: str | None = None) -> FlowParts:
-        """Scheduler, Qwen2 tokenizer, Qwen2.5-VL encoder, the VAE (as :class:`FramelessVAE`) and transformer."""
-        from diffusers import AutoencoderKLQwenImage, FlowMatchEulerDiscreteScheduler, QwenImageTransformer2DModel
+    vae_class_name = "AutoencoderKLQwenImage"
+
+    def load_text_encoders(self, path: str, revision: str | None, variant: str | None) -> tuple[list[Any], list[Any]]:
+        """Qwen2 tokenizer and Qwen2.5-VL encoder."""
         from transformers import AutoTokenizer, Qwen2_5_VLForConditionalGeneration
 
         kw = {"revision": revision}
-        return FlowParts(
-            scheduler=FlowMatchEulerDiscreteScheduler.from_pretrained(path, subfolder="scheduler", **kw),
-            tokenizers=[AutoTokenizer.from_pretrained(path, subfolder="tokenizer", **kw)],
-            text_encoders=[Qwen2_5_VLForConditionalGeneration.from_pretrained(path, subfolder="text_encoder",
-                                                                              variant=variant, **kw)],
-            vae=FramelessVAE(AutoencoderKLQwenImage.from_pretrained(path, subfolder="vae", variant=variant, **kw)),
-            transformer=QwenImageTransformer2DModel.from_pretrained(path, subfolder="transformer", variant=variant,
-                                                                    **kw),
-        )
+        return ([AutoTokenizer.from_pretrained(path, subfolder="tokenizer", **kw)],
+                [Qwen2_5_VLForConditionalGeneration.from_pretrained(path, subfolder="text_encoder", variant=variant,
+                                                                    **kw)])
+
+    def load_vae(self, args: argparse.Namespace) -> Any:
+        """``AutoencoderKLQwenImage``, as :class:`FramelessVAE`."""
+        return FramelessVAE(super().load_vae(args))
 
     def load_models(self, args: argparse.Namespace) -> Models:
         """:meth:`FlowFamily.load_models`, then freeze what no loss reaches: the last block's text-stream outputs

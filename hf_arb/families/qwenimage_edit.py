@@ -35,7 +35,7 @@ from hf_arb.checks import UsageError
 from hf_arb.lazy import LazyModule
 
 from .base import Models, builtin_family
-from .flow_family import FlowOptions, FlowParts
+from .flow_family import FlowOptions
 from .qwenimage import FramelessVAE, QwenImageFamily
 
 torch: Any = LazyModule("torch")  # family detection must not import torch
@@ -230,16 +230,15 @@ class QwenImageEditFamily(QwenImageFamily):
             raise UsageError("--validation_prompt: QwenImageEditPipeline needs an input image, which the validation "
                              "step does not have: drop the flag and edit with the saved LoRA (docs/edit.md).")
 
-    def load(self, path: str, revision: str | None = None, variant: str | None = None) -> FlowParts:
-        """Qwen-Image's parts, the tokenizer taken from the ``processor`` folder (the one the pipeline's prompts go
+    def load_text_encoders(self, path: str, revision: str | None, variant: str | None) -> tuple[list[Any], list[Any]]:
+        """Qwen-Image's encoder, the tokenizer taken from the ``processor`` folder (the one the pipeline's prompts go
         through) and its image processor appended: ``tokenizers = [tokenizer, image_processor]``."""
         from transformers import AutoTokenizer, Qwen2VLImageProcessorPil
 
-        parts = super().load(path, revision, variant)
+        _, encoders = super().load_text_encoders(path, revision, variant)
         kw = {"subfolder": "processor", "revision": revision}
-        parts.tokenizers = [AutoTokenizer.from_pretrained(path, **kw),
-                            Qwen2VLImageProcessorPil.from_pretrained(path, **kw)]
-        return parts
+        tokenizers = [AutoTokenizer.from_pretrained(path, **kw), Qwen2VLImageProcessorPil.from_pretrained(path, **kw)]
+        return tokenizers, encoders
 
     def predict(self, transformer: Any, noisy: Any, sigmas: Any, prompt_embeds: Any, pooled: Any,
                 options: FlowOptions, references: tuple[Any, list[tuple[int, int, int]]] | None = None) -> Any:

@@ -21,7 +21,7 @@ from typing import Any
 from hf_arb.lazy import LazyModule
 
 from .base import builtin_family
-from .flow_family import FlowFamily, FlowOptions, FlowParts
+from .flow_family import FlowFamily, FlowOptions
 
 torch: Any = LazyModule("torch")  # family detection must not import torch
 
@@ -84,18 +84,9 @@ class SD3Family(FlowFamily):
     default_precondition_outputs = True
     default_max_sequence_length = 77
 
-    def load(self, path: str, revision: str | None = None, variant: str | None = None) -> FlowParts:
-        """Scheduler, CLIP-L/CLIP-G/T5 tokenizers and encoders, VAE and transformer (T5 ``None`` if absent)."""
-        from diffusers import (
-            AutoencoderKL,
-            FlowMatchEulerDiscreteScheduler,
-            SD3Transformer2DModel,
-        )
-        from transformers import (
-            AutoTokenizer,
-            CLIPTextModelWithProjection,
-            T5EncoderModel,
-        )
+    def load_text_encoders(self, path: str, revision: str | None, variant: str | None) -> tuple[list[Any], list[Any]]:
+        """CLIP-L/CLIP-G/T5 tokenizers and encoders (T5 left out if absent)."""
+        from transformers import AutoTokenizer, CLIPTextModelWithProjection, T5EncoderModel
 
         kw = {"revision": revision}
         tokenizers = [AutoTokenizer.from_pretrained(path, subfolder=f"tokenizer{s}", **kw) for s in ("", "_2")]
@@ -106,12 +97,7 @@ class SD3Family(FlowFamily):
             encoders.append(T5EncoderModel.from_pretrained(path, subfolder="text_encoder_3", variant=variant, **kw))
         except (OSError, ValueError):  # SD3 saved without T5: the pipeline feeds zeros instead
             tokenizers, encoders = tokenizers[:2], encoders[:2]
-        return FlowParts(
-            scheduler=FlowMatchEulerDiscreteScheduler.from_pretrained(path, subfolder="scheduler", **kw),
-            tokenizers=tokenizers, text_encoders=encoders,
-            vae=AutoencoderKL.from_pretrained(path, subfolder="vae", variant=variant, **kw),
-            transformer=SD3Transformer2DModel.from_pretrained(path, subfolder="transformer", variant=variant, **kw),
-        )
+        return tokenizers, encoders
 
     def token_patch(self, transformer: Any) -> int:
         """The transformer's ``patch_size`` (2 for every released SD3 / SD3.5)."""

@@ -15,7 +15,7 @@ from typing import Any
 
 from hf_arb.checks import UsageError
 
-from .base import Family, Models, read_class_name
+from .base import FROZEN_PARTS, Family, Models, read_class_name
 
 #: flags of the flow-matching (SD3 / Flux) objective, and their defaults: refused for UNet families
 FLOW_ONLY_FLAGS: dict[str, Any] = {
@@ -66,33 +66,25 @@ class UNetFamily(Family):
         return ("unet", "unet_ema") if args.use_ema else ("unet",)
 
     # ------------------------------------------------------------------------------------------ models
-    def load_text_encoders(self, path: str, revision: str | None, variant: str | None) -> tuple[list[Any], list[Any]]:
-        """The family's ``(tokenizers, text encoders)`` (required)."""
-        raise NotImplementedError
-
     def adapt_unet(self, args: argparse.Namespace, unet: Any) -> Any:
         """The UNet the run trains, from the pretrained one (SD: ``--resolution_conditioning`` adds an embedding)."""
         return unet
 
-    def load_models(self, args: argparse.Namespace) -> Models:
-        """Scheduler, tokenizer(s), text encoder(s), VAE and UNet (+ its EMA copy); all but the UNet frozen."""
-        from diffusers import AutoencoderKL, DDPMScheduler, UNet2DConditionModel
+    def load_models(self, args: argparse.Namespace, parts: frozenset[str] = FROZEN_PARTS) -> Models:
+        """Scheduler, UNet (+ its EMA copy) and the frozen ``parts`` (:meth:`~Family.load_frozen`: tokenizer(s),
+        text encoder(s), VAE); all but the UNet frozen."""
+        from diffusers import DDPMScheduler, UNet2DConditionModel
 
         path, rev, var = args.pretrained_model_name_or_path, args.revision, args.variant
         unet = UNet2DConditionModel.from_pretrained(path, subfolder="unet", revision=args.non_ema_revision, variant=var)
         noise_scheduler = DDPMScheduler.from_pretrained(path, subfolder="scheduler")
         if args.prediction_type is not None:
             noise_scheduler.register_to_config(prediction_type=args.prediction_type)
-        tokenizers, text_encoders = self.load_text_encoders(path, rev, var)
-        vae_path, sub = (args.pretrained_vae_model_name_or_path, None) if args.pretrained_vae_model_name_or_path \
-            else (path, "vae")
-        vae = AutoencoderKL.from_pretrained(vae_path, subfolder=sub, revision=rev, variant=var)
+        parts = frozenset(parts) | self.loss_reads
+        tokenizers, text_encoders, vae = self.load_frozen(args, parts)
         unet = self.adapt_unet(args, unet)
-        vae.requires_grad_(False)
-        for te in text_encoders:
-            te.requires_grad_(False)
         unet.train()
-        models = Models(self, noise_scheduler, tokenizers, text_encoders, vae, unet)
+        models = Models(self, noise_scheduler, tokenizers, text_encoders, vae, unet, unloaded=FROZEN_PARTS - parts)
         if args.use_ema:
             from diffusers.training_utils import EMAModel
 

@@ -32,7 +32,7 @@ from hf_arb.checks import UsageError
 from hf_arb.lazy import LazyModule
 
 from .base import builtin_family
-from .flow_family import FlowFamily, FlowOptions, FlowParts
+from .flow_family import FlowFamily, FlowOptions
 
 torch: Any = LazyModule("torch")  # family detection must not import torch
 
@@ -89,19 +89,13 @@ class ZImageFamily(FlowFamily):
             raise UsageError("--train_text_encoder: Z-Image trains the transformer only (its Qwen3 encoder stays "
                              "frozen, as in diffusers' train_dreambooth_lora_z_image.py): drop it.")
 
-    def load(self, path: str, revision: str | None = None, variant: str | None = None) -> FlowParts:
-        """Scheduler, Qwen2 tokenizer (Qwen3's chat template), Qwen3 encoder, VAE and transformer."""
-        from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, ZImageTransformer2DModel
+    def load_text_encoders(self, path: str, revision: str | None, variant: str | None) -> tuple[list[Any], list[Any]]:
+        """Qwen2 tokenizer (Qwen3's chat template) and Qwen3 encoder."""
         from transformers import AutoModel, AutoTokenizer
 
         kw = {"revision": revision}
-        return FlowParts(
-            scheduler=FlowMatchEulerDiscreteScheduler.from_pretrained(path, subfolder="scheduler", **kw),
-            tokenizers=[AutoTokenizer.from_pretrained(path, subfolder="tokenizer", **kw)],
-            text_encoders=[AutoModel.from_pretrained(path, subfolder="text_encoder", variant=variant, **kw)],
-            vae=AutoencoderKL.from_pretrained(path, subfolder="vae", variant=variant, **kw),
-            transformer=ZImageTransformer2DModel.from_pretrained(path, subfolder="transformer", variant=variant, **kw),
-        )
+        return ([AutoTokenizer.from_pretrained(path, subfolder="tokenizer", **kw)],
+                [AutoModel.from_pretrained(path, subfolder="text_encoder", variant=variant, **kw)])
 
     def token_patch(self, transformer: Any) -> int:
         """2: the pipeline calls the transformer with ``patch_size=2`` (its ``all_patch_size`` default)."""

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from hf_arb.families import Models, detect_family, get_family
+from hf_arb.families.base import FROZEN_PARTS
 from hf_arb.lazy import LazyModule
 
 torch: Any = LazyModule("torch")  # loaded when a function needs it: --help and flag errors answer before torch
@@ -109,6 +110,15 @@ def count_calls(obj: Any, name: str) -> list[int]:
     return counter
 
 
+def complete_models(args: argparse.Namespace, models: Models, device: Any, weight_dtype: Any) -> None:
+    """Load the frozen parts the run left unloaded (:meth:`hf_arb.families.Family.complete_models`: an encoded
+    dataset's run loads no VAE or text encoder to train) and place them as :func:`main` places the loaded ones:
+    validation and the saved pipeline need them. Nothing happens when every part is loaded."""
+    family = models.family
+    for module in family.complete_models(args, models):
+        place(module, device, family.vae_dtype(args, weight_dtype) if module is models.vae else weight_dtype)
+
+
 def weight_dtype_of(accelerator: Any) -> torch.dtype:
     return {"fp16": torch.float16, "bf16": torch.bfloat16}.get(accelerator.mixed_precision, torch.float32)
 
@@ -130,8 +140,9 @@ def unwrap(accelerator: Any, model: Any) -> Any:
     return denoiser(accelerator.unwrap_model(model))
 
 
-def load_models(args: argparse.Namespace) -> Models:
-    """The run's models, loaded by its family adapter (:meth:`hf_arb.families.Family.load_models`).
+def load_models(args: argparse.Namespace, parts: frozenset[str] = FROZEN_PARTS) -> Models:
+    """The run's models, loaded by its family adapter (:meth:`hf_arb.families.Family.load_models`): the denoiser and
+    the frozen ``parts`` the run's data needs (:meth:`hf_arb.train.sources.base.Source.frozen_parts`).
 
     A Hub id's family was guessed from its name when the flags were checked; here its configs are read (a few
     KB), and a family other than the guessed one warns, naming the defaults that were chosen for the guess.
@@ -150,7 +161,9 @@ def load_models(args: argparse.Namespace) -> Models:
     if found != args.family and args.family_defaults:
         logger.warning("Defaults %s were chosen for %s, but the model is %s: pass these flags explicitly.",
                        ", ".join(f"--{k} {v}" for k, v in args.family_defaults.items()), args.family, found)
-    return get_family(found).load_models(args)
+    family = get_family(found)
+    # a plugin family written before parts existed takes (args) only: asked so where every part loads
+    return family.load_models(args) if parts == FROZEN_PARTS else family.load_models(args, parts)
 
 
 def batch_loss(args: argparse.Namespace, models: Models, denoiser: Any, batch: dict[str, Any], text: Any,

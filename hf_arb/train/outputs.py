@@ -17,7 +17,7 @@ from hf_arb.lazy import LazyModule
 
 from .files import BUCKETS_FILE, SKIPPED_ROWS_FILE
 from .flags.upstream_flags import pipeline_call_kwargs, use_validation_scheduler
-from .models import place, unwrap
+from .models import complete_models, place, unwrap
 from .progress import Progress
 from .sources.dataset import bucket_origin
 from .sources.multi import mix_card_lines
@@ -86,6 +86,8 @@ def log_validation(args: argparse.Namespace, accelerator: Any, models: Models, u
     """
     if not args.validation_prompts or not accelerator.is_main_process:
         return None
+    if pipe is None:  # an encoded dataset's run trained without the VAE and the text encoders: they load now
+        complete_models(args, models, accelerator.device, dtype)
     built, pipe = pipe is None, pipe or models.family.build_pipeline(args, models, unet, dtype)
     if not (built and getattr(args, "offload", False)):  # --offload: its frozen parts stream to the device themselves
         pipe = pipe.to(accelerator.device)
@@ -181,6 +183,8 @@ def save_final(args: argparse.Namespace, accelerator: Any, models: Models, unet:
     unet = unwrap(accelerator, unet)
     if models.ema_unet is not None:
         models.ema_unet.copy_to(unet.parameters())
+    if args.pretrained_vae_model_name_or_path:  # the saved pipeline takes the run's VAE (the rest: the base's)
+        complete_models(args, models, accelerator.device, torch.float32)
     pipe = models.family.build_pipeline(args, models, unet, torch.float32, final=True)
     models.family.save_pipeline(args, pipe, args.output_dir)  # stock diffusers loads it (SD: + its pipeline.py)
     (Path(args.output_dir) / BUCKETS_FILE).write_text(json.dumps(buckets.to_dict(), indent=1))
@@ -208,6 +212,8 @@ def save_final_lora(args: argparse.Namespace, accelerator: Any, models: Models, 
         save_kohya_lora(args.output_dir, alpha=float(args.rank if args.lora_alpha is None else args.lora_alpha))
     (Path(args.output_dir) / BUCKETS_FILE).write_text(json.dumps(buckets.to_dict(), indent=1))
     if args.validation_prompts:
+        if args.pretrained_vae_model_name_or_path:
+            complete_models(args, models, accelerator.device, torch.float32)
         parts = {"vae": place(models.vae, dtype=torch.float32)} if args.pretrained_vae_model_name_or_path else {}
         pipe = cls.from_pretrained(args.pretrained_model_name_or_path, revision=args.revision, variant=args.variant,
                                    **parts)

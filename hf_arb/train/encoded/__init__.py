@@ -24,6 +24,8 @@ Modules:
 - :mod:`~hf_arb.train.encoded.from_cache` — ``hf-arb encode --from-cache``: a per-file latent cache converted, no
   VAE call;
 - :mod:`~hf_arb.train.encoded.reader` — opening an encoded dataset (folder or Hub id), its latents and prompts.
+- :mod:`~hf_arb.train.encoded.weights` — the VAE's weights hash read from its safetensors files (a run checks it
+  and loads no VAE).
 
 The data source that trains from it is :class:`hf_arb.train.sources.encoded.EncodedSource`. Part of floor 7
 (``train/``): imports the floors below and ``train/``'s own modules, never the script.

@@ -322,6 +322,8 @@ def finish(args: argparse.Namespace, out_dir: str | Path, plan: EncodePlan, *, s
            prompt_shard_size: int = 10000) -> dict[str, Any]:
     """After every rank's share: check every shard is in (else a :class:`UsageError` naming how many are missing
     and the command that finishes them), then write the fingerprint (``hf_arb_encoded.json``) and the card."""
+    from .weights import run_vae_files_hash
+
     out = Path(out_dir)
     problems, bad, vae_ids = [], [], set()
     for table, slices in (("latents", shard_slices(len(plan.entries), shard_size)),
@@ -344,7 +346,7 @@ def finish(args: argparse.Namespace, out_dir: str | Path, plan: EncodePlan, *, s
                          "again.")
     info = {"fingerprint": plan.fingerprint, "vae_weights": vae_ids.pop(), "entries": len(plan.entries) - len(bad),
             "captions": len(plan.captions), "bad_entries": bad, "caption_column": args.caption_column,
-            "model": args.pretrained_model_name_or_path}
+            "model": args.pretrained_model_name_or_path, "vae_files": run_vae_files_hash(args)}
     (out / INFO_FILE).write_text(json.dumps(info, indent=1, sort_keys=True))
     (out / "README.md").write_text(card_text(info, out.name))
     if bad:

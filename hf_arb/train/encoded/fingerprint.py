@@ -20,7 +20,8 @@ FLAG_OF = {"format_version": "re-encode with this hf_arb (hf-arb encode)",
            "family": "--pretrained_model_name_or_path", "model": "--pretrained_model_name_or_path / --revision",
            "vae": "--pretrained_vae_model_name_or_path", "buckets": "--resolution / --bucket_preset / the bucket flags",
            "fit": "--center_crop / --random_flip / --image_interpolation_mode / --seed",
-           "variants": "--latent_cache_variants / --num_train_epochs", "text_dtype": "--mixed_precision"}
+           "variants": "--latent_cache_variants / --num_train_epochs", "text_dtype": "--mixed_precision",
+           "vae_files": "--pretrained_vae_model_name_or_path / --variant (the VAE's weights)"}
 
 
 def _hash(data: bytes) -> str:

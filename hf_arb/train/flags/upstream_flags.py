@@ -209,7 +209,8 @@ def restore_frozen(args: argparse.Namespace, models: Any) -> None:
 
 
 def _frozen(models: Any) -> list[Any]:
-    return [*models.text_encoders[len(models.trained_text_encoders or []):], models.vae]
+    vae = [] if "vae" in models.unloaded else [models.vae]  # an encoded dataset's run: nothing to offload
+    return [*models.text_encoders[len(models.trained_text_encoders or []):], *vae]
 
 
 def validation_due(args: argparse.Namespace, global_step: int) -> bool:

@@ -76,6 +76,14 @@ class Source:
         return pack_schedule(a, self, num_processes) if self.varied_epochs else schedule
 
     # ------------------------------------------------------------------ with the models: the loader
+    def frozen_parts(self) -> frozenset[str]:
+        """The frozen model parts (of :data:`hf_arb.families.base.FROZEN_PARTS`) the run's batches need: the VAE
+        encodes pixels, the text encoders captions. What the data already holds is left unloaded (validation and the
+        saved pipeline load it when they run: :meth:`hf_arb.families.Family.complete_models`)."""
+        from hf_arb.families.base import FROZEN_PARTS
+
+        return FROZEN_PARTS
+
     def check_model(self, models: Any) -> str | None:
         """The bucket sizes the denoiser can take (refused in flags otherwise) and the family's start-up lines
         (flow models: each bucket's shift), which the model card repeats."""

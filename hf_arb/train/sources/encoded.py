@@ -38,6 +38,7 @@ class EncodedSource(BucketedSource):
         asked = bucket_table_from_args(a)[0] if a.bucket_flags_given else stored
         fp = {k: v for k, v in self.data.fingerprint.items() if k not in ("variants", "num_source_rows")}
         check_fingerprint(fp, run_fingerprint(a, asked), a.encoded_dataset)
+        check_vae_files(self.data.info, a)  # the VAE's weights, from its files: no VAE loads
         self.ds, self.buckets = self.data.rows, stored
         check_plan(a, self.ds, 1 if accelerator is None else accelerator.num_processes)
         check_upscale(a, self.ds, self.buckets)
@@ -74,8 +75,9 @@ class EncodedSource(BucketedSource):
         from hf_arb.train.encoded.fingerprint import check_fingerprint
         from hf_arb.train.signals import ignore_stop_signals_in_worker
 
-        check_fingerprint({"vae_weights": self.data.info["vae_weights"]}, {"vae_weights": vae_fingerprint(models.vae)},
-                          self.args.encoded_dataset)
+        if not self.data.info.get("vae_files"):  # weights not in safetensors: the loaded module is fingerprinted
+            check_fingerprint({"vae_weights": self.data.info["vae_weights"]},
+                              {"vae_weights": vae_fingerprint(models.vae)}, self.args.encoded_dataset)
         loader = torch.utils.data.DataLoader(self.latents, batch_sampler=self.sampler,
                                              collate_fn=self.latents.collate,
                                              num_workers=self.args.dataloader_num_workers,
@@ -83,10 +85,26 @@ class EncodedSource(BucketedSource):
         fill_deepspeed_micro_batch(accelerator, self.sampler)
         return loader
 
+    def frozen_parts(self) -> frozenset[str]:
+        """None: the dataset holds the latents and the prompt embeddings (the VAE only where its weights hash could
+        not be read from its files, to fingerprint the loaded module)."""
+        return frozenset() if self.data.info.get("vae_files") else frozenset({"vae"})
+
     def text_encoder(self, models: Any, device: Any, dtype: Any) -> Any:
         from hf_arb.train.encoded.reader import EncodedPrompts
 
         return EncodedPrompts(self.data.prompts, device, dtype)
 
 
-__all__ = ["EncodedSource"]
+def check_vae_files(info: dict[str, Any], args: Any) -> None:
+    """Refuse (one line) a run whose VAE's weights files hash otherwise than the encoded dataset's ``vae_files``
+    (:mod:`hf_arb.train.encoded.weights`); a dataset without it is checked on the loaded VAE instead."""
+    from hf_arb.train.encoded.fingerprint import check_fingerprint
+    from hf_arb.train.encoded.weights import run_vae_files_hash
+
+    if info.get("vae_files"):
+        check_fingerprint({"vae_files": info["vae_files"]}, {"vae_files": run_vae_files_hash(args)},
+                          args.encoded_dataset)
+
+
+__all__ = ["EncodedSource", "check_vae_files"]
