@@ -68,7 +68,8 @@ def leftover_from(drop_last: bool | None, leftover: str | None) -> str:
 
 
 def read_input(bucket_ids: Any, buckets: Any) -> tuple[np.ndarray, np.ndarray | None]:
-    """Bucket ids ``(n,)`` and, when known, resolutions ``(k, 2)`` from an annotated dataset or arrays."""
+    """Bucket ids ``(n,)`` and, when known, resolutions ``(k, 2)`` (``(k, 3)`` with frames) from an annotated dataset
+    or arrays."""
     resolutions = None
     if hasattr(bucket_ids, "column_names") or isinstance(bucket_ids, dict):
         ds = bucket_ids
@@ -79,8 +80,9 @@ def read_input(bucket_ids: Any, buckets: Any) -> tuple[np.ndarray, np.ndarray | 
             resolutions = read_resolutions(ds)
     if buckets is not None:
         resolutions = np.asarray(getattr(buckets, "resolutions", buckets), dtype=np.int64)
-        if resolutions.ndim != 2 or resolutions.shape[1] != 2:
-            raise ValueError(f"`buckets` must be a BucketSet or (k, 2) resolutions, got shape {resolutions.shape}.")
+        if resolutions.ndim != 2 or resolutions.shape[1] not in (2, 3):
+            raise ValueError(f"`buckets` must be a BucketSet or (k, 2) resolutions ((k, 3) with frames), got shape "
+                             f"{resolutions.shape}.")
     ids = as_bucket_ids(bucket_ids)
     if ids.size and resolutions is not None and resolutions.shape[0] <= int(ids.max()):
         raise ValueError(f"`buckets` has {resolutions.shape[0]} resolutions but bucket id {int(ids.max())} occurs. "

@@ -1,0 +1,185 @@
+"""Bucket sets with a frame axis (issue 37, item 2): (k, 3) tables of (width, height, frames), one code path with the
+(k, 2) image tables.
+
+Property tests compare the vectorised matching with a brute-force loop over the table; the stored configuration
+round-trips a frame axis and old 2-D configurations keep loading.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hf_arb import BucketSet
+from hf_arb.buckets.matching import SHORT_CLIP_REASON
+
+SIDES = st.integers(1, 40).map(lambda k: 16 * k)
+
+
+@st.composite
+def clip_tables(draw, max_k: int = 12) -> list[tuple[int, int, int]]:
+    """A (k, 3) table: a few frame counts, each with a few (width, height) shapes."""
+    counts = draw(st.lists(st.integers(1, 200), min_size=1, max_size=4, unique=True))
+    rows = []
+    for f in counts:
+        shapes = draw(st.lists(st.tuples(SIDES, SIDES), min_size=1, max_size=max(1, max_k // len(counts)),
+                               unique=True))
+        rows += [(w, h, f) for w, h in shapes]
+    return draw(st.permutations(rows))
+
+
+def brute_force(table: np.ndarray, w: np.ndarray, h: np.ndarray, f: np.ndarray, loop: bool) -> tuple:
+    """Per row: the expected frame count (0 = skipped) and the least log-aspect error among that frame's buckets."""
+    counts = np.unique(table[:, 2])
+    want_f, best = [], []
+    for wi, hi, fi in zip(w.tolist(), h.tolist(), f.tolist()):
+        fit = counts[counts <= fi]
+        frame = int(fit.max()) if fit.size else (int(counts[0]) if loop else 0)
+        group = table[table[:, 2] == (frame or counts[0])]
+        best.append(float(np.min(np.abs(np.log(wi / hi) - np.log(group[:, 0] / group[:, 1])))))
+        want_f.append(frame)
+    return np.asarray(want_f), np.asarray(best)
+
+
+@settings(max_examples=150, deadline=None)
+@given(table=clip_tables(), loop=st.booleans(),
+       rows=st.lists(st.tuples(st.integers(1, 4000), st.integers(1, 4000), st.integers(1, 400)), min_size=1,
+                     max_size=40))
+def test_clip_matching_is_largest_frame_count_then_nearest_aspect(table, loop, rows):
+    bs = BucketSet(table, short_clips="loop" if loop else "skip")
+    w, h, f = (np.asarray(c) for c in zip(*rows))
+    ids, err = bs.assign(w, h, f)
+    want_f, best = brute_force(bs.resolutions, w, h, f, loop)
+    kept = ids >= 0
+    assert np.array_equal(kept, want_f > 0)  # skipped exactly when shorter than every frame count (and not looped)
+    assert np.array_equal(bs.too_short(f), want_f == 0)
+    assert np.array_equal(bs.resolutions[ids[kept], 2], want_f[kept])  # the largest frame count <= the clip's
+    assert np.allclose(err, best, atol=2e-5)  # and the nearest aspect among that frame count's buckets
+    got = np.abs(np.log(w[kept] / h[kept]) - np.log(bs.aspects[ids[kept]]))
+    assert np.allclose(got, best[kept], atol=2e-5)
+
+
+@settings(max_examples=100, deadline=None)
+@given(shapes=st.lists(st.tuples(SIDES, SIDES), min_size=1, max_size=15, unique=True),
+       metric=st.sampled_from(["log", "linear", "linear_hw", "cross"]),
+       sizes=st.lists(st.tuples(st.integers(1, 5000), st.integers(1, 5000)), min_size=1, max_size=50))
+def test_an_image_is_a_one_frame_clip(shapes, metric, sizes):
+    """A clip set's 1-frame buckets take images exactly as the image set of the same shapes does (every metric)."""
+    w, h = (np.asarray(c) for c in zip(*sizes))
+    images = BucketSet(shapes, metric=metric)
+    clips = BucketSet([(a, b, 1) for a, b in shapes] + [(a, b, 33) for a, b in shapes], metric=metric)
+    ids, err = images.assign(w, h)
+    cids, cerr = clips.assign(w, h)  # frames=None: images
+    assert np.array_equal(ids, cids) and np.array_equal(err, cerr)
+    assert np.array_equal(cids, clips.assign(w, h, np.ones_like(w))[0])
+    long_ids = clips.assign(w, h, np.full_like(w, 40))[0]  # clips of 40 frames: the 33-frame copies
+    assert np.array_equal(long_ids, ids + len(shapes))
+
+
+def test_image_set_is_unchanged_and_refuses_clips():
+    bs = BucketSet.novelai()
+    assert bs.resolutions.shape == (19, 2) and not bs.has_frames
+    assert bs.frames.tolist() == [1] * 19 and bs.frame_counts.tolist() == [1]
+    assert np.array_equal(bs.volumes, bs.areas)
+    assert "short_clips" not in bs.to_dict()  # the fingerprints of earlier releases stay
+    assert bs.assign([600], [400], [1])[0].tolist() == bs.assign([600], [400])[0].tolist()
+    with pytest.raises(ValueError, match="no frame axis"):
+        bs.assign([600], [400], [81])
+    with pytest.raises(ValueError, match="frame axis"):
+        BucketSet([(512, 512)], short_clips="loop")
+    assert not bs.too_short([1, 81]).any()
+
+
+def test_clip_set_basics():
+    bs = BucketSet([(832, 480, 81), (480, 832, 81), (1280, 720, 1), (1024, 1024, 17)])
+    assert bs.has_frames and bs.frames.tolist() == [81, 81, 1, 17] and bs.frame_counts.tolist() == [1, 17, 81]
+    assert bs.labels() == ["832x480x81", "480x832x81", "1280x720x1", "1024x1024x17"]
+    assert bs[0] == (832, 480, 81) and list(bs)[2] == (1280, 720, 1)
+    assert bs.volumes.tolist() == [832 * 480 * 81, 480 * 832 * 81, 1280 * 720, 1024 * 1024 * 17]
+    assert bs.index((480, 832, 81)) == 1
+    with pytest.raises(ValueError, match="pass 3 numbers"):
+        bs.index((480, 832))
+    # 100 frames -> 81; 20 -> 17 (the only 17-frame bucket); 1 -> the image bucket
+    ids, _ = bs.assign([1920, 1080, 640], [1080, 1920, 480], [100, 20, 1])
+    assert ids.tolist() == [0, 3, 2]
+    assert "frames" in bs.table() and "area x frames" in bs.table()
+    summary = bs.summarize(*bs.assign([1920, 1080], [1080, 1920], [81, 90]))
+    assert summary.to_dict()["counts"] == {"832x480x81": 1, "480x832x81": 1, "1280x720x1": 0, "1024x1024x17": 0}
+    assert "x 81" in str(summary)
+
+
+def test_short_clips_skip_or_loop():
+    table = [(832, 480, 17), (832, 480, 33)]
+    skip, loop = BucketSet(table), BucketSet(table, short_clips="loop")
+    frames = np.asarray([1, 16, 17, 32, 33, 500])
+    w, h = np.full(6, 1920), np.full(6, 1080)
+    assert skip.assign(w, h, frames)[0].tolist() == [-1, -1, 0, 0, 1, 1]
+    assert skip.too_short(frames).tolist() == [True, True, False, False, False, False]
+    assert loop.assign(w, h, frames)[0].tolist() == [0, 0, 0, 0, 1, 1]
+    assert not loop.too_short(frames).any()
+    assert SHORT_CLIP_REASON == "too_few_frames"
+    assert skip != loop and "short_clips='loop'" in repr(loop)
+
+
+@settings(max_examples=50, deadline=None)
+@given(table=clip_tables(), loop=st.booleans(), err=st.none() | st.floats(0, 1))
+def test_clip_set_dict_round_trip(table, loop, err):
+    bs = BucketSet(table, short_clips="loop" if loop else "skip", max_aspect_error=err)
+    back = BucketSet.from_json(bs.to_json())
+    assert back == bs and back.fingerprint == bs.fingerprint
+    assert np.array_equal(back.resolutions, bs.resolutions) and back.short_clips == bs.short_clips
+    assert bs.replace(max_aspect_error=0.5).resolutions.shape == (len(table), 3)
+
+
+def test_old_two_d_config_keeps_loading():
+    """A configuration stored by an earlier release (no frame axis, no short_clips) loads as the same image set."""
+    old = {"format": 1, "resolutions": [[512, 768], [768, 512]], "metric": "log", "max_aspect_error": None,
+           "aspect_range": None}
+    bs = BucketSet.from_dict(old)
+    assert bs.resolutions.shape == (2, 2) and bs.to_dict() == old
+
+
+def _annotated(bs: BucketSet, w, h, f):
+    import datasets
+
+    ids, err = bs.assign(w, h, f)
+    res = bs.resolutions[ids]
+    return datasets.Dataset.from_dict({
+        "bucket": ids.tolist(), "bucket_width": res[:, 0].tolist(), "bucket_height": res[:, 1].tolist(),
+        "bucket_frames": res[:, 2].tolist(), "original_width": list(w), "original_height": list(h),
+        "aspect_error": err.tolist(), "skip_reason": [None] * len(w),
+    })
+
+
+def test_stored_clip_set_round_trips_through_the_bucket_feature(tmp_path):
+    import datasets
+
+    from hf_arb.buckets.schema import read_resolutions, with_stored_buckets
+
+    bs = BucketSet([(832, 480, 81), (480, 832, 81), (640, 640, 1)], short_clips="loop")
+    w, h, f = [1920, 1080, 500, 800], [1080, 1920, 500, 800], [90, 81, 1, 1]
+    ds = with_stored_buckets(_annotated(bs, w, h, f), bs)
+    ds.save_to_disk(str(tmp_path / "ds"))
+    back = datasets.load_from_disk(str(tmp_path / "ds"))
+    assert BucketSet.from_dataset(back) == bs and BucketSet.from_dataset(back).short_clips == "loop"
+    assert json.loads(back.features["bucket"].id.split(":", 1)[1])["resolutions"][0] == [832, 480, 81]
+    assert read_resolutions(back).tolist() == bs.resolutions.tolist()
+
+
+def test_clip_set_rebuilt_from_columns():
+    """Without the stored feature, the bucket_frames column gives the (k, 3) table back."""
+    from hf_arb.buckets.schema import read_resolutions
+    from hf_arb.buckets.stored import bucket_table_from_columns
+
+    bs = BucketSet([(832, 480, 81), (480, 832, 81), (640, 640, 1)])
+    ds = _annotated(bs, [1920, 1080, 500], [1080, 1920, 500], [90, 81, 1])
+    assert BucketSet.from_dataset(ds).resolutions.tolist() == bs.resolutions.tolist()
+    assert bucket_table_from_columns(ds) == {0: (832, 480, 81), 1: (480, 832, 81), 2: (640, 640, 1)}
+    assert read_resolutions(ds).shape == (3, 3)
+    # an image dataset without the column keeps its (k, 2) table
+    images = ds.remove_columns("bucket_frames")
+    assert read_resolutions(images).tolist() == [[832, 480], [480, 832], [640, 640]]
