@@ -183,3 +183,134 @@ def test_clip_set_rebuilt_from_columns():
     # an image dataset without the column keeps its (k, 2) table
     images = ds.remove_columns("bucket_frames")
     assert read_resolutions(images).tolist() == [[832, 480], [480, 832], [640, 640]]
+
+
+# ------------------------------------------------------------------------------------------- presets and budget
+def _pipeline(name: str):
+    """A diffusers video pipeline with every component None (its __init__ falls back to its own defaults)."""
+    import inspect
+
+    import diffusers
+
+    cls = getattr(diffusers, name)
+    required = {p: None for p, v in inspect.signature(cls.__init__).parameters.items()
+                if p != "self" and v.default is inspect.Parameter.empty}
+    return cls(**required)
+
+
+def _defaults(fn, *names: str) -> tuple:
+    import inspect
+
+    params = inspect.signature(fn).parameters
+    return tuple(params[n].default for n in names)
+
+
+def _check_inputs(pipe, width: int, height: int) -> None:
+    """The pipeline's own check_inputs on one bucket's size (prompt given, everything else None)."""
+    import inspect
+
+    params = inspect.signature(pipe.check_inputs).parameters
+    pipe.check_inputs(prompt="a clip", height=height, width=width,
+                      **{k: None for k, v in params.items()
+                         if v.default is inspect.Parameter.empty and k not in ("prompt", "height", "width")})
+
+
+@pytest.mark.parametrize("name, pipeline", [("wan", "WanPipeline"), ("ltx", "LTXPipeline"),
+                                            ("hunyuan_video", "HunyuanVideoPipeline")])
+def test_video_presets_follow_their_pipelines(name: str, pipeline: str) -> None:
+    """Each preset's budget is its pipeline's default clip, which is a bucket; every bucket passes the pipeline's own
+    check_inputs, has a frame count its VAE encodes, and costs at most the budget in pixels x frames."""
+    import diffusers
+
+    from hf_arb.buckets.frames import FRAME_RULES
+    from hf_arb.buckets.presets import VIDEO_PRESET_INFO
+
+    info, rule, bs = VIDEO_PRESET_INFO[name], FRAME_RULES[name], BucketSet.preset(name)
+    height, width, frames = _defaults(getattr(diffusers, pipeline).__call__, "height", "width", "num_frames")
+    assert info.default == (width, height, frames) and pipeline in rule.pipelines
+    assert (width, height, frames) in list(bs)
+    assert bs.has_frames and all(rule.is_valid(int(f)) for f in bs.frame_counts)
+    assert bs.frame_counts.tolist() == list(info.frames) and max(info.frames) == frames
+    assert (bs.volumes <= width * height * frames).all() and (bs.areas <= info.max_pixels).all()
+    pipe = _pipeline(pipeline)
+    for w, h in {(w, h) for w, h, _ in bs}:
+        _check_inputs(pipe, w, h)
+    with pytest.raises(ValueError, match="divisible"):  # and the check does refuse what it should
+        _check_inputs(pipe, width + info.step // 2, height)
+
+
+def test_other_pipeline_defaults_fit_the_presets() -> None:
+    """LTX-2's default frame (768x512 at its 121 latent-preparation frames) is an ltx bucket; HunyuanVideo 1.5's default
+    clip (its 16:9 frame at target size 640, 121 frames) fits the hunyuan_video step and frame rule."""
+    import diffusers
+    from diffusers.pipelines.hunyuan_video1_5.image_processor import HunyuanVideo15ImageProcessor
+
+    from hf_arb.buckets.frames import FRAME_RULES
+
+    h, w = _defaults(diffusers.LTX2Pipeline.__call__, "height", "width")
+    (f,) = _defaults(diffusers.LTX2Pipeline.prepare_latents, "num_frames")
+    assert (w, h, f) in list(BucketSet.preset("ltx"))
+    _check_inputs(_pipeline("LTXPipeline"), w, h)
+    (spatial,) = _defaults(diffusers.AutoencoderKLHunyuanVideo15.__init__, "spatial_compression_ratio")
+    h15, w15 = HunyuanVideo15ImageProcessor(vae_scale_factor=spatial).calculate_default_height_width(9, 16, 640)
+    (f15,) = _defaults(diffusers.HunyuanVideo15Pipeline.__call__, "num_frames")
+    assert w15 % 16 == 0 and h15 % 16 == 0 and FRAME_RULES["hunyuan_video"].is_valid(f15)
+    ids, _ = BucketSet.preset("hunyuan_video").assign([w15], [h15], [f15])
+    assert BucketSet.preset("hunyuan_video").resolutions[ids[0]].tolist() == [1280, 720, 97]
+
+
+def test_video_preset_options_and_refusals() -> None:
+    from hf_arb.buckets.presets import PRESETS, VIDEO_PRESETS
+    from hf_arb.checks import UsageError
+
+    assert VIDEO_PRESETS == ("wan", "ltx", "hunyuan_video") and not set(VIDEO_PRESETS) & set(PRESETS)
+    bs = BucketSet.preset("wan", frames=[1, 41, 81, 121])  # longer clips: lower resolutions, the same budget
+    assert bs.frame_counts.tolist() == [1, 41, 81, 121]
+    assert (bs.volumes <= 832 * 480 * 121).all() and bs.areas[bs.frames == 121].max() < 832 * 480
+    with pytest.raises(UsageError, match=r"40 frames do not fit the wan VAE rule \(4k\+1 frames\): use 37 or 41"):
+        BucketSet.preset("wan", frames=[1, 40])
+    with pytest.raises(UsageError, match="multiples of 32"):
+        BucketSet.preset("ltx", step=16)
+    assert BucketSet.preset("ltx", step=64).resolutions[:, :2].max() % 64 == 0
+    big = BucketSet.preset("wan", resolution=1024)  # 1024² frames at 81 frames: the cap rises with it
+    assert [1024, 1024, 81] in big.resolutions.tolist()
+    with pytest.raises(ValueError, match="Unknown bucket preset 'wan2'.*'hunyuan_video'"):
+        BucketSet.preset("wan2")
+    assert BucketSet.from_dict(bs.to_dict()) == bs
+
+
+@settings(max_examples=80, deadline=None)
+@given(side=st.integers(8, 64).map(lambda k: 16 * k), counts=st.lists(st.integers(0, 40), min_size=1, max_size=5,
+                                                                      unique=True),
+       step=st.sampled_from([16, 32, 64]), cap=st.none() | st.integers(1, 16))
+def test_budget_in_pixels_times_frames(side, counts, step, cap):
+    """Every bucket costs at most the budget (resolution² x the longest frame count) in pixels x frames and at most
+    max_pixels per frame; a frame count that the cap does not bind uses at least 3/4 of its share of the budget
+    (unless the step grid has nothing that large), and a longer clip never has a larger frame."""
+    frames = sorted(4 * k + 1 for k in counts)
+    max_pixels = None if cap is None else cap * side * side
+    try:
+        bs = BucketSet.from_budget(side, [16 / 9, 1.0, 3 / 4], step=step, frames=frames, max_pixels=max_pixels,
+                                   frame_rule="wan")
+    except ValueError as e:  # a budget that leaves less than one step² per frame at the longest count
+        assert "less than one" in str(e) or "must not exceed" in str(e)
+        return
+    budget = side * side * max(frames)
+    per_frame = np.minimum(4 * side * side if max_pixels is None else max_pixels, budget // bs.frames)
+    assert (bs.volumes <= budget).all() and (bs.areas <= per_frame).all()
+    assert bs.frame_counts.tolist() == frames
+    largest = {int(f): int(bs.areas[bs.frames == f].max()) for f in bs.frame_counts}
+    assert all(largest[a] >= largest[b] for a, b in zip(frames, frames[1:]))
+    roomy = per_frame >= 4 * step * step * 4
+    assert (bs.areas[roomy] >= 0.75 * per_frame[roomy] - 1e-9).all() or step > side // 4
+
+
+def test_from_budget_refusals() -> None:
+    from hf_arb.checks import UsageError
+
+    with pytest.raises(UsageError, match="8 frames do not fit the ltx rule"):
+        BucketSet.from_budget(512, frames=[1, 8], frame_rule="ltx")
+    with pytest.raises(ValueError, match="pass `frames` too"):
+        BucketSet.from_budget(512, max_pixels=10)
+    with pytest.raises(ValueError, match="distinct positive frame counts"):
+        BucketSet.from_budget(512, frames=[0, 5])

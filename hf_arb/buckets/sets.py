@@ -26,11 +26,14 @@ from typing import Any
 
 import numpy as np
 
+from hf_arb.checks import UsageError
+
 from .assignment import AssignmentSummary, as_size_array, bucket_labels, normalise_resolutions
 from .family_tables import parse_buckets_string
+from .frames import frame_rule as _frame_rule
 from .matching import METRICS as _METRICS
 from .matching import SHORT_CLIPS, AspectIndex, FrameIndex, Metric
-from .presets import TABLE_PARAMS, budget_table, novelai_table, preset_table, sdxl_table
+from .presets import TABLE_PARAMS, budget_table, frame_budget_table, novelai_table, preset_table, sdxl_table
 from .stored import dataset_configs
 
 _FORMAT_VERSION = 1
@@ -130,8 +133,16 @@ class BucketSet:
 
     @classmethod
     def from_budget(cls, resolution: int = 1024, aspects: Iterable[float] | None = None, step: int = 64,
-                    min_area_ratio: float = 0.75, **kwargs: Any) -> BucketSet:
+                    min_area_ratio: float = 0.75, *, frames: Iterable[int] | None = None,
+                    max_pixels: int | None = None, frame_rule: Any = None, **kwargs: Any) -> BucketSet:
         """A pixel-budget ladder: each aspect ratio scaled to about ``resolution²`` pixels.
+
+        With ``frames`` (clip buckets, a ``(k, 3)`` set), the budget is in pixels × frames: ``resolution²`` pixels
+        per frame at the longest frame count, ``resolution² × max(frames) / F`` pixels per frame at ``F`` frames (at
+        most ``max_pixels``, default ``4 × resolution²``: twice the side), so a long low-resolution clip and a short
+        high-resolution one cost the same (:func:`hf_arb.buckets.presets.frame_budget_table`). ``frame_rule`` (a
+        family name of :data:`hf_arb.buckets.frames.FRAME_RULES` or a ``FrameRule``) refuses frame counts its VAE
+        cannot encode. The video families' own: ``BucketSet.preset("wan" | "ltx" | "hunyuan_video")``.
 
         Every side is a multiple of ``step`` and no bucket exceeds ``resolution²`` pixels. For each aspect
         ``a`` (width / height; default: OneTrainer's 4:1 … 1:1 and their inverses), the bucket is the
@@ -139,8 +150,31 @@ class BucketSet:
         ``min_area_ratio`` of the budget (ties: the larger area). Aspects that land on the same shape
         (likely with tiny budgets such as ``resolution=64, step=16``) give one bucket. OneTrainer itself
         rounds to the nearest step instead (``BucketSet.preset("onetrainer")``).
+
+        Example:
+            ```py
+            >>> bs = BucketSet.from_budget(512, [1.0], step=64, frames=[1, 17, 33])
+            >>> bs.labels(), bs.volumes.max() <= 512 * 512 * 33
+            (['1024x1024x1', '704x704x17', '512x512x33'], True)
+            ```
         """
-        return cls(budget_table(resolution, aspects, step, min_area_ratio).tolist(), **kwargs)
+        if frames is None:
+            if max_pixels is not None or frame_rule is not None:
+                raise ValueError("`max_pixels` and `frame_rule` apply to clip buckets: pass `frames` too.")
+            return cls(budget_table(resolution, aspects, step, min_area_ratio).tolist(), **kwargs)
+        counts = [int(f) for f in frames]
+        if frame_rule is not None:
+            rule = _frame_rule(frame_rule)
+            bad = [f for f in counts if not rule.is_valid(f)]
+            if bad:
+                below = rule.floor(bad[0]) if bad[0] >= 1 else 1
+                raise UsageError(f"{bad[0]} frames do not fit the {rule.name} rule ({rule.step}k+1 frames): use "
+                                 f"{below} or {below + rule.step}.")
+        budget_table(resolution, aspects, step, min_area_ratio)  # the same checks of resolution, step and aspects
+        side2 = int(resolution) ** 2
+        cap = 4 * side2 if max_pixels is None else int(max_pixels)
+        return cls(frame_budget_table(side2 * max(counts), counts, aspects, step, cap, min_area_ratio).tolist(),
+                   **kwargs)
 
     @classmethod
     def fit(cls, sizes: Any, n_buckets: int, *, step: int = 64, max_pixels: int = 1024 * 1024,
@@ -164,12 +198,15 @@ class BucketSet:
     @classmethod
     def preset(cls, name: str, resolution: int | None = None, step: int | None = None, *,
                metric: Metric | str = "log", **kwargs: Any) -> BucketSet:
-        """Build a named preset (any of :data:`hf_arb.buckets.presets.PRESETS`; tables in
-        :mod:`hf_arb.buckets.presets`).
+        """Build a named preset (any of :data:`hf_arb.buckets.presets.PRESETS`, or a video family's
+        :data:`~hf_arb.buckets.presets.VIDEO_PRESETS`; tables in :mod:`hf_arb.buckets.presets`).
 
         Args:
             name: ``"budget"``, ``"novelai"``, ``"sdxl"``, ``"pixart"``, ``"sana"``, ``"hunyuan_dit"``,
-                ``"flux_kontext"``, ``"diffusers"``, ``"onetrainer"`` or ``"kohya"``.
+                ``"flux_kontext"``, ``"diffusers"``, ``"onetrainer"`` or ``"kohya"``; or ``"wan"``, ``"ltx"``,
+                ``"hunyuan_video"``: ``(width, height, frames)`` buckets under a pixels × frames budget
+                (:func:`hf_arb.buckets.presets.video_preset_table`; table parameters ``frames``, ``max_pixels``,
+                ``aspects``, ``min_area_ratio``).
             resolution: pixel budget side, or the model resolution for ``pixart`` (256/512/1024/2048) and
                 ``sana`` (512/1024/2048/4096). ``None``: the preset's default. Fixed tables ignore it with a
                 ``UserWarning`` saying so (see :func:`hf_arb.buckets.presets.preset_notes`).
