@@ -314,3 +314,80 @@ def test_from_budget_refusals() -> None:
         BucketSet.from_budget(512, max_pixels=10)
     with pytest.raises(ValueError, match="distinct positive frame counts"):
         BucketSet.from_budget(512, frames=[0, 5])
+
+
+# ------------------------------------------------------------------------------------------- batch sizes, sampler
+MIXED = [(640, 640, 1), (832, 480, 1), (480, 832, 1), (640, 640, 17), (832, 480, 17), (480, 832, 33),
+         (832, 480, 33)]
+
+
+def test_tokens_and_batch_sizes_per_bucket() -> None:
+    from hf_arb.sampling.planning.batch_sizes import batch_sizes_for_pixels, batch_sizes_for_tokens, tokens_per_sample
+
+    bs = BucketSet(MIXED)
+    tokens = tokens_per_sample(bs, spatial=16, frame_step=4)
+    w, h, f = bs.resolutions.T
+    assert tokens.tolist() == ((w // 16) * (h // 16) * ((f - 1) // 4 + 1)).tolist()
+    # the pipelines' own count: Wan's latent (num_frames - 1) // 4 + 1 frames of (h / 8 / 2) x (w / 8 / 2) patches
+    assert tokens_per_sample([(832, 480, 81)], spatial=16, frame_step=4)[0] == 21 * 30 * 52
+    assert tokens_per_sample([(704, 512, 161)], spatial=32, frame_step=8, patch_t=2)[0] == 22 * 16 * 11  # ceil(21 / 2)
+    sizes = batch_sizes_for_tokens(bs, 32768, frame_step=4)
+    assert (sizes * tokens <= 32768).all() and ((sizes + 1) * tokens > 32768).all()  # the most that fit
+    images = batch_sizes_for_tokens(bs, 32768, frame_step=4, image_batch_size=3, max_batch_size=4)
+    assert images[f == 1].tolist() == [3, 3, 3] and images[f > 1].tolist() == np.minimum(sizes[f > 1], 4).tolist()
+    with pytest.raises(ValueError, match=r"cannot hold one sample of bucket 5 \(480x832x33"):
+        batch_sizes_for_tokens(bs, 10_000, frame_step=4)
+    # a pixel budget counts pixels x frames for clips
+    assert batch_sizes_for_pixels(bs, 832 * 480 * 33).tolist() == (832 * 480 * 33 // bs.volumes).tolist()
+
+
+def _rank_steps(ids, batch_size, world: int, epoch: int, **kw) -> list[list[list[int]]]:
+    from hf_arb import BucketBatchSampler
+
+    out = []
+    for r in range(world):
+        s = BucketBatchSampler(ids, batch_size, num_replicas=world, rank=r, log_report=False, **kw)
+        s.set_epoch(epoch)
+        out.append([list(b) for b in s.shard()])
+    return out
+
+
+@settings(max_examples=25, deadline=None)
+@given(data=st.data(), world=st.integers(1, 4), seed=st.integers(0, 2**31), leftover=st.sampled_from(["drop", "fill"]),
+       merge=st.booleans(), image_bs=st.none() | st.integers(1, 6), budget=st.sampled_from([16384, 32768, 65536]))
+@pytest.mark.filterwarnings("ignore:BucketBatchSampler drops", "ignore:BucketBatchSampler repeats")
+def test_batches_never_mix_images_and_clips(data, world, seed, leftover, merge, image_bs, budget) -> None:
+    """Every rank simulated over a dataset that mixes images and clips: at each step every rank trains one bucket,
+    so one frame count (an image never shares a batch with a clip, nor a 17-frame clip with a 33-frame one), with
+    that bucket's batch size from the token budget (or the image batch size), also when small buckets merge."""
+    from hf_arb.sampling.planning.batch_sizes import batch_sizes_for_tokens
+
+    bs = BucketSet(MIXED)
+    n = data.draw(st.integers(200, 600))
+    rng = np.random.default_rng(data.draw(st.integers(0, 1000)))
+    frames = np.where(rng.random(n) < 0.4, 1, rng.integers(17, 60, n))  # 40 % images, the rest clips
+    w, h = rng.integers(300, 2000, n), rng.integers(300, 2000, n)
+    ids, _ = bs.assign(w, h, frames)
+    sizes = batch_sizes_for_tokens(bs, budget, frame_step=4, image_batch_size=image_bs)
+    kw = dict(buckets=bs, seed=seed, leftover=leftover, merge_small=merge)
+    per_rank = _rank_steps(ids, dict(enumerate(sizes.tolist())), world, 1, **kw)
+    assert len({len(r) for r in per_rank}) == 1
+    for s in range(len(per_rank[0])):
+        rows = np.asarray([per_rank[r][s] for r in range(world)])  # (world, b)
+        bucket_frames = bs.frames[ids[rows]]
+        assert np.unique(bucket_frames).size == 1, "a batch mixes frame counts"
+        assert np.unique(frames[rows] == 1).size == 1, "a batch mixes images and clips"
+        if not merge:
+            assert np.unique(ids[rows]).size == 1 and rows.shape[1] == sizes[ids[rows[0, 0]]]
+    with pytest.raises(ValueError, match="catch_all' would put rows of different frame counts"):
+        _rank_steps(ids, dict(enumerate(sizes.tolist())), 1, 1, buckets=bs, leftover="catch_all")
+
+
+def test_merge_small_buckets_stays_within_a_frame_count() -> None:
+    from hf_arb.sampling.planning.plan import merge_small_buckets
+
+    counts = np.array([100, 2, 100, 3])
+    aspects = np.array([1.0, 1.002, 1.02, 0.5])
+    frames = np.array([1, 17, 17, 1])
+    assert merge_small_buckets(counts, aspects, 10).tolist() == [0, 0, 2, 0]  # across frame counts: 1 -> 0
+    assert merge_small_buckets(counts, aspects, 10, frames).tolist() == [0, 2, 2, 0]
