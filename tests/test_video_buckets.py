@@ -391,3 +391,29 @@ def test_merge_small_buckets_stays_within_a_frame_count() -> None:
     frames = np.array([1, 17, 17, 1])
     assert merge_small_buckets(counts, aspects, 10).tolist() == [0, 0, 2, 0]  # across frame counts: 1 -> 0
     assert merge_small_buckets(counts, aspects, 10, frames).tolist() == [0, 2, 2, 0]
+
+
+# ------------------------------------------------------------------------------------------- flow shift
+def test_clip_shift_counts_latent_frames_as_ltx_does() -> None:
+    """mu per clip bucket equals LTXPipeline's: calculate_shift(latent_frames x latent_h x latent_w, ...)."""
+    from diffusers.pipelines.ltx.pipeline_ltx import calculate_shift
+
+    from hf_arb.buckets.frames import FRAME_RULES
+    from hf_arb.families.shift import ShiftConfig, bucket_shift_table, check_latent_sizes, shift_table_text
+
+    cfg = ShiftConfig(base_image_seq_len=1024, max_image_seq_len=4096, base_shift=0.95, max_shift=2.05,
+                      use_dynamic_shifting=True)
+    bs = BucketSet.preset("ltx")
+    table = bucket_shift_table(bs, cfg, vae_scale_factor=32, patch_size=1, frame_step=FRAME_RULES["ltx"].step)
+    for (w, h, f), n, mu in zip(bs, table["image_seq_len"].tolist(), table["mu"].tolist()):
+        seq = ((f - 1) // 8 + 1) * (h // 32) * (w // 32)  # pipeline_ltx.py's video_sequence_length
+        assert n == seq
+        assert mu == pytest.approx(calculate_shift(seq, 1024, 4096, 0.95, 2.05), rel=1e-12)
+    assert "frames" in shift_table_text(bs, cfg, 32, 1, frame_step=8)
+    with pytest.raises(ValueError, match="pass frame_step"):
+        bucket_shift_table(bs, cfg, 32, 1)
+    # a (k, 3) table is read as rows of three, not reflowed into pairs: 48x40x17 is not a multiple of 32
+    with pytest.raises(ValueError, match="48x40"):
+        check_latent_sizes(np.array([[64, 64, 17], [48, 40, 17]]), 32, 1)
+    image = bucket_shift_table(BucketSet([(1024, 1024)]), cfg, 8, 2)  # image tables: as before
+    assert image["image_seq_len"].tolist() == [4096]
