@@ -417,3 +417,22 @@ def test_clip_shift_counts_latent_frames_as_ltx_does() -> None:
         check_latent_sizes(np.array([[64, 64, 17], [48, 40, 17]]), 32, 1)
     image = bucket_shift_table(BucketSet([(1024, 1024)]), cfg, 8, 2)  # image tables: as before
     assert image["image_seq_len"].tolist() == [4096]
+
+
+def test_fit_with_a_frame_axis() -> None:
+    """BucketSet.fit(frames=...): the aspects fitted to the sizes, at every frame count, under the pixels x frames
+    budget; a clip then goes to the largest frame count <= its own."""
+    from hf_arb.checks import UsageError
+
+    sizes = [(4000, 3000)] * 6 + [(3000, 4000)] * 3 + [(1080, 1920)]
+    images = BucketSet.fit(sizes, 3, step=16, max_pixels=832 * 480)
+    clips = BucketSet.fit(sizes, 3, step=16, max_pixels=832 * 480, frames=[1, 41, 81], frame_rule="wan")
+    assert clips.frame_counts.tolist() == [1, 41, 81] and len(clips) == 9
+    assert (clips.volumes <= 832 * 480 * 81).all() and (clips.areas <= 4 * 832 * 480).all()
+    for f in (1, 41, 81):  # the same three aspects at every frame count, to the step's rounding
+        got = np.sort(clips.aspects[clips.frames == f])
+        assert np.allclose(got, np.sort(images.aspects), rtol=0.03), (f, got)
+    ids, _ = clips.assign([1920, 1080], [1080, 1920], [60, 200])
+    assert clips.frames[ids].tolist() == [41, 81]
+    with pytest.raises(UsageError, match="42 frames do not fit the wan rule"):
+        BucketSet.fit(sizes, 3, frames=[1, 42], frame_rule="wan")

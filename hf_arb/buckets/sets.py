@@ -162,14 +162,7 @@ class BucketSet:
             if max_pixels is not None or frame_rule is not None:
                 raise ValueError("`max_pixels` and `frame_rule` apply to clip buckets: pass `frames` too.")
             return cls(budget_table(resolution, aspects, step, min_area_ratio).tolist(), **kwargs)
-        counts = [int(f) for f in frames]
-        if frame_rule is not None:
-            rule = _frame_rule(frame_rule)
-            bad = [f for f in counts if not rule.is_valid(f)]
-            if bad:
-                below = rule.floor(bad[0]) if bad[0] >= 1 else 1
-                raise UsageError(f"{bad[0]} frames do not fit the {rule.name} rule ({rule.step}k+1 frames): use "
-                                 f"{below} or {below + rule.step}.")
+        counts = cls._frame_counts(frames, frame_rule)
         budget_table(resolution, aspects, step, min_area_ratio)  # the same checks of resolution, step and aspects
         side2 = int(resolution) ** 2
         cap = 4 * side2 if max_pixels is None else int(max_pixels)
@@ -178,17 +171,45 @@ class BucketSet:
 
     @classmethod
     def fit(cls, sizes: Any, n_buckets: int, *, step: int = 64, max_pixels: int = 1024 * 1024,
-            max_crop: float | None = None, **kwargs: Any) -> BucketSet:
+            max_crop: float | None = None, frames: Iterable[int] | None = None, frame_rule: Any = None,
+            max_frame_pixels: int | None = None, **kwargs: Any) -> BucketSet:
         """The ``n_buckets`` step-aligned shapes at ``max_pixels`` that minimise the mean crop of ``sizes`` (``(n, 2)``
         or ``(widths, heights)``), none cutting more than ``max_crop``: :func:`hf_arb.buckets.fit.fit_table` (other
-        kwargs:
-        the constructor)."""
+        kwargs: the constructor).
+
+        With ``frames`` (clip buckets), the fitted aspects repeat at every frame count under a budget in pixels ×
+        frames: ``max_pixels`` per frame at the longest count, ``max_pixels × max(frames) / F`` at ``F`` frames (at
+        most ``max_frame_pixels``, default ``4 × max_pixels``), each aspect at its step-aligned shape nearest in log
+        aspect (:func:`hf_arb.buckets.presets.frame_budget_table`); ``frame_rule`` refuses counts its VAE cannot
+        encode. A clip is then matched to the largest frame count ``<=`` its own (:meth:`assign`)."""
         from .fit import FIT_PARAMS, fit_table, split_sizes
         if kwargs.pop("metric", "log") != "log":
             raise ValueError("BucketSet.fit optimises nearest-in-log-aspect assignment: it needs metric='log'.")
         params = {k: kwargs.pop(k) for k in FIT_PARAMS if k in kwargs}  # the rest: constructor arguments
-        return cls(fit_table(*split_sizes(sizes), n_buckets, step=step, max_pixels=max_pixels, max_crop=max_crop,
-                             **params).table.tolist(), **kwargs)
+        table = fit_table(*split_sizes(sizes), n_buckets, step=step, max_pixels=max_pixels, max_crop=max_crop,
+                          **params).table
+        if frames is None:
+            if frame_rule is not None or max_frame_pixels is not None:
+                raise ValueError("`frame_rule` and `max_frame_pixels` apply to clip buckets: pass `frames` too.")
+            return cls(table.tolist(), **kwargs)
+        counts = cls._frame_counts(frames, frame_rule)
+        cap = 4 * int(max_pixels) if max_frame_pixels is None else int(max_frame_pixels)
+        return cls(frame_budget_table(int(max_pixels) * max(counts), counts, (table[:, 0] / table[:, 1]).tolist(),
+                                      step, cap, params.get("min_area_ratio", 0.75)).tolist(), **kwargs)
+
+    @staticmethod
+    def _frame_counts(frames: Iterable[int], frame_rule: Any) -> list[int]:
+        """``frames`` as ints, each allowed by ``frame_rule`` when one is given (else a UsageError naming the nearest
+        valid counts)."""
+        counts = [int(f) for f in frames]
+        if frame_rule is not None:
+            rule = _frame_rule(frame_rule)
+            bad = [f for f in counts if not rule.is_valid(f)]
+            if bad:
+                below = rule.floor(bad[0]) if bad[0] >= 1 else 1
+                raise UsageError(f"{bad[0]} frames do not fit the {rule.name} rule ({rule.step}k+1 frames): use "
+                                 f"{below} or {below + rule.step}.")
+        return counts
 
     @classmethod
     def sdxl(cls, **kwargs: Any) -> BucketSet:
