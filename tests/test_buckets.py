@@ -248,7 +248,7 @@ def test_assign_errors_name_index_and_value(w, h, match):
         ([], "at least one resolution"),
         ([(512, 512), (512, 512)], r"\(512, 512\) appears more than once"),
         ([(512, 0)], "positive"),
-        ([(512, 512, 3)], "pairs"),
+        ([(512, 512, 3, 1)], "pairs"),  # (512, 512, 3) is a 3-frame clip bucket
     ],
 )
 def test_bad_bucket_lists(resolutions, match):

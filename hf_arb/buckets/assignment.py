@@ -1,5 +1,8 @@
 """What assigning images to buckets works on and produces: validated size arrays and the
-:class:`AssignmentSummary` (NovelAI's printout: rows per bucket, aspect errors)."""
+:class:`AssignmentSummary` (NovelAI's printout: rows per bucket, aspect errors).
+
+A bucket table is ``(k, D)``: ``D = 2`` columns ``(width, height)`` for images, ``D = 3`` columns
+``(width, height, frames)`` for clips (an image in a clip table is a 1-frame clip)."""
 
 from __future__ import annotations
 
@@ -43,7 +46,7 @@ class AssignmentSummary:
         skipped: rows with bucket ``-1``.
         counts: rows per bucket, shape ``(k,)``, aligned with ``BucketSet.resolutions``.
         error_mean, error_median, error_max: aspect error over the kept rows (NaN when none kept).
-        resolutions: the bucket table, shape ``(k, 2)``.
+        resolutions: the bucket table, shape ``(k, 2)`` or ``(k, 3)`` (with frames).
     """
 
     total: int
@@ -62,32 +65,43 @@ class AssignmentSummary:
             "error_mean": self.error_mean,
             "error_median": self.error_median,
             "error_max": self.error_max,
-            "counts": {f"{w}x{h}": int(c) for (w, h), c in zip(self.resolutions.tolist(), self.counts.tolist())},
+            "counts": dict(zip(bucket_labels(self.resolutions), self.counts.tolist())),
         }
 
     def __str__(self) -> str:
         lines = [
             f"rows: {self.total:,}  kept: {self.total - self.skipped:,}  skipped: {self.skipped:,}",
             f"aspect error: mean {self.error_mean:.4f}  median {self.error_median:.4f}  max {self.error_max:.4f}",
-            "rows per bucket (width x height, aspect):",
+            "rows per bucket (width x height" + (" x frames" if self.resolutions.shape[1] > 2 else "") + ", aspect):",
         ]
-        order = np.argsort(self.resolutions[:, 0] / self.resolutions[:, 1], kind="stable")
+        res = self.resolutions
+        order = np.argsort(res[:, 0] / res[:, 1], kind="stable")
+        if res.shape[1] > 2:  # clips: by frames, then aspect
+            order = order[np.argsort(res[order, 2], kind="stable")]
         for i in order:
-            w, h = self.resolutions[i]
-            lines.append(f"  {w:>5} x {h:<5} {w / h:6.3f}  {int(self.counts[i]):>10,}")
+            w, h = res[i, :2]
+            f = f" x {res[i, 2]:<4}" if res.shape[1] > 2 else ""
+            lines.append(f"  {w:>5} x {h:<5}{f} {w / h:6.3f}  {int(self.counts[i]):>10,}")
         return "\n".join(lines)
 
 
+def bucket_labels(resolutions: np.ndarray) -> list[str]:
+    """``"WxH"`` per bucket of a ``(k, 2)`` table, ``"WxHxF"`` of a ``(k, 3)`` one."""
+    return ["x".join(map(str, r)) for r in np.asarray(resolutions).tolist()]
+
+
 def normalise_resolutions(resolutions: Iterable[Sequence[int]]) -> np.ndarray:
-    """Validate an explicit resolution list → read-only int64 array of shape (k, 2)."""
+    """Validate an explicit resolution list → read-only int64 array of shape ``(k, 2)`` (width, height) or ``(k, 3)``
+    (width, height, frames)."""
     res = np.asarray(list(resolutions))
     if res.size == 0:
         raise ValueError(
             "A BucketSet needs at least one resolution, got an empty list. "
             "Pass [(width, height), ...] or use BucketSet.novelai(), BucketSet.sdxl() or BucketSet.from_budget(...)."
         )
-    if res.ndim != 2 or res.shape[1] != 2:
-        raise ValueError(f"Resolutions must be (width, height) pairs, got an array of shape {res.shape}.")
+    if res.ndim != 2 or res.shape[1] not in (2, 3):
+        raise ValueError(f"Resolutions must be (width, height) pairs, or (width, height, frames) triples for clips, "
+                         f"got an array of shape {res.shape}.")
     if res.dtype.kind == "f" and not np.all(np.isfinite(res) & (res == np.round(res))):
         raise ValueError(f"Resolutions must be whole pixels, got {res.tolist()}.")
     res = res.astype(np.int64)

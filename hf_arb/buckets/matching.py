@@ -12,6 +12,14 @@ For the first three the sorted matching aspects split the aspect line into inter
 gathers and a compare per image. ``nearest_area`` then picks, among buckets sharing the nearest matching aspect,
 the one whose area is closest to the image's (HunyuanDiT). ``"cross"`` is not interval-shaped (its distance is
 weighted by the bucket width), so it is a chunked ``(rows, buckets)`` integer argmin.
+
+Clips (a ``(k, 3)`` table of ``(width, height, frames)``, :class:`FrameIndex`): the frame axis first, then the aspect.
+A clip of ``N`` frames goes to the largest frame count of the table that is ``<= N`` (one ``searchsorted`` over the
+few distinct frame counts), then to the nearest aspect among the buckets of that frame count (one
+:class:`AspectIndex` per frame count, the same lookup as for images). A clip shorter than the smallest frame count
+matches nothing (``short_clips="skip"``, bucket ``-1``), or the smallest frame count when looping is asked
+(``short_clips="loop"``: its frames are repeated to fill the bucket). An image is a 1-frame clip. An image-only
+table (``(k, 2)``) never reaches this code: it is one :class:`AspectIndex`, as before.
 """
 
 from __future__ import annotations
@@ -22,6 +30,11 @@ import numpy as np
 
 Metric = Literal["log", "linear", "linear_hw", "cross"]
 METRICS: tuple[str, ...] = ("log", "linear", "linear_hw", "cross")
+#: what a ``(k, 3)`` BucketSet does with a clip shorter than its smallest frame count: ``"skip"`` it (bucket ``-1``,
+#: skip reason :data:`SHORT_CLIP_REASON`) or ``"loop"`` it into the smallest frame count
+SHORT_CLIPS: tuple[str, ...] = ("skip", "loop")
+#: the skip reason of a clip shorter than the smallest frame bucket (``short_clips="skip"``)
+SHORT_CLIP_REASON = "too_few_frames"
 _MAX_LUT_BINS = 1 << 20
 _CHUNK = 1 << 15
 
@@ -142,3 +155,56 @@ class AspectIndex:
             ids[s:s + _CHUNK] = k - 1 - j
             err[s:s + _CHUNK] = d[np.arange(j.size), j] / (wc * bw[j])  # = |h/w - bh/bw|
         return ids, err, np.divide(w, h, dtype=np.float32)
+
+
+class FrameIndex:
+    """Nearest bucket of a ``(k, 3)`` ``(width, height, frames)`` table: the frame count first, then the aspect.
+
+    Args:
+        resolutions: ``(k, 3)`` int64 ``(width, height, frames)``.
+        metric, match_aspects, nearest_area: as for :class:`AspectIndex` (``match_aspects`` aligned with the rows).
+    """
+
+    __slots__ = ("frame_counts", "_groups")
+
+    def __init__(self, resolutions: np.ndarray, metric: str, match_aspects: np.ndarray | None,
+                 nearest_area: bool) -> None:
+        frames = resolutions[:, 2]  # (k,)
+        self.frame_counts = np.unique(frames)  # (g,) ascending
+        self._groups: list[tuple[np.ndarray, AspectIndex]] = []
+        for f in self.frame_counts.tolist():  # g groups: the table, not the dataset
+            ids = np.flatnonzero(frames == f).astype(np.int32)  # (k_g,) in id order: tie rules keep their meaning
+            match = None if match_aspects is None else match_aspects[ids]
+            table = np.ascontiguousarray(resolutions[ids, :2])  # (k_g, 2)
+            self._groups.append((ids, AspectIndex(table, metric, match, nearest_area)))
+
+    def frame_slots(self, frames: np.ndarray) -> np.ndarray:
+        """Index into :attr:`frame_counts` of the largest frame count ``<=`` each clip's frames, ``-1`` where the clip
+        is shorter than every frame count; int64 of shape ``(n,)``."""
+        return np.searchsorted(self.frame_counts, frames, side="right") - 1
+
+    def assign(self, w: np.ndarray, h: np.ndarray, frames: np.ndarray,
+               loop: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(bucket_ids int32, errors float32, x float32)`` as :meth:`AspectIndex.assign`, ``(n,)`` each.
+
+        A clip shorter than the smallest frame count gets ``-1`` unless ``loop`` (then the smallest frame count);
+        its aspect error is measured against the smallest frame count's buckets either way."""
+        slot = self.frame_slots(frames)  # (n,)
+        short = slot < 0
+        np.maximum(slot, 0, out=slot)
+        if len(self._groups) == 1:
+            gid, index = self._groups[0]
+            i, err, x = index.assign(w, h)
+            ids = gid[i]
+        else:
+            ids = np.empty(w.size, np.int32)
+            err = np.empty(w.size, np.float32)
+            x = np.empty(w.size, np.float32)
+            for g, (gid, index) in enumerate(self._groups):
+                rows = np.flatnonzero(slot == g)  # (m,)
+                if rows.size:
+                    i, err[rows], x[rows] = index.assign(w[rows], h[rows])
+                    ids[rows] = gid[i]
+        if not loop:
+            ids[short] = -1
+        return ids, err, x

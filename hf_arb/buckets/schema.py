@@ -32,6 +32,7 @@ from .stored import (
     config_from_features,
     kept_sizes,
     require_columns,
+    size_columns,
 )
 
 #: The columns :func:`hf_arb.add_bucket_columns` adds, in order.
@@ -120,12 +121,13 @@ def buckets_from_dataset(ds: Any) -> BucketSet:
 
 
 def read_resolutions(ds: Any, buckets: Any = None, column: str = "bucket") -> np.ndarray:
-    """The ``(width, height)`` of every bucket id an annotated dataset uses: int64, shape ``(k, 2)``.
+    """The ``(width, height)`` of every bucket id an annotated dataset uses: int64, shape ``(k, 2)``; ``(k, 3)``
+    ``(width, height, frames)`` for clips.
 
     Args:
         ds: an annotated map-style ``datasets.Dataset``.
-        buckets: a ``BucketSet`` or ``(k, 2)`` resolutions to use as given; default: the stored BucketSet, else
-            the table rebuilt from the columns (ids without rows are ``(0, 0)`` there).
+        buckets: a ``BucketSet`` or ``(k, 2)`` / ``(k, 3)`` resolutions to use as given; default: the stored BucketSet,
+            else the table rebuilt from the columns (ids without rows are ``(0, 0)`` there).
         column: the bucket id column.
 
     Raises:
@@ -133,9 +135,9 @@ def read_resolutions(ds: Any, buckets: Any = None, column: str = "bucket") -> np
     """
     if buckets is not None:
         table = np.asarray(getattr(buckets, "resolutions", buckets), dtype=np.int64)
-        if table.ndim != 2 or table.shape[1] != 2 or (table <= 0).any():
-            raise ValueError(f"`buckets` must be a BucketSet or (width, height) pairs, got an array of shape "
-                             f"{table.shape}.")
+        if table.ndim != 2 or table.shape[1] not in (2, 3) or (table <= 0).any():
+            raise ValueError(f"`buckets` must be a BucketSet, (width, height) pairs or (width, height, frames) "
+                             f"triples, got an array of shape {table.shape}.")
         return table
     stored = buckets_from_features(getattr(ds, "features", None))
     if stored is not None:
@@ -144,10 +146,10 @@ def read_resolutions(ds: Any, buckets: Any = None, column: str = "bucket") -> np
     if not partial:
         raise ValueError("Every row has bucket -1 (skipped); the dataset carries no bucket table and nothing to train "
                          "on. Check the annotation's `skip_reason` column or the bucket set.")
-    table = np.zeros((max(partial) + 1, 2), dtype=np.int64)
+    table = np.zeros((max(partial) + 1, len(next(iter(partial.values())))), dtype=np.int64)
     for i, wh in partial.items():
         table[i] = wh
-    kid, wh, _ = kept_sizes(column_table(ds, [column, "bucket_width", "bucket_height"], []), column)
+    kid, wh, _ = kept_sizes(column_table(ds, [column, *size_columns(ds.column_names)], []), column)
     if not np.array_equal(table[kid], wh):
         bad = int(kid[np.flatnonzero((table[kid] != wh).any(axis=1))[0]])
         raise ValueError(f"Bucket {bad} has more than one size in the bucket_width/bucket_height columns; re-annotate.")

@@ -1,15 +1,19 @@
 """Bucket sets and vectorised bucket assignment.
 
-A :class:`BucketSet` is an immutable, ordered table of bucket resolutions ``(width, height)``
-plus the rule that assigns an image to a bucket: the aspect-ratio metric, an optional maximum
-aspect error and an optional range of accepted image aspect ratios. A bucket's id is its row
-in :attr:`BucketSet.resolutions`; ``-1`` means "no bucket" (pruned).
+A :class:`BucketSet` is an immutable, ordered table of bucket resolutions ``(width, height)`` — or
+``(width, height, frames)`` for clips, a ``(k, 3)`` table — plus the rule that assigns an image to a bucket: the
+aspect-ratio metric, an optional maximum aspect error and an optional range of accepted image aspect ratios. A
+bucket's id is its row in :attr:`BucketSet.resolutions`; ``-1`` means "no bucket" (pruned).
 
 Assignment is one pass of numpy over the whole dataset (:mod:`hf_arb.buckets.matching`): the sorted bucket
 aspect ratios split the aspect line into intervals (at the midpoints of the chosen metric), and every
 image is placed with a lookup table. This is exactly ``argmin |metric(bucket) - metric(image)|``
 without materialising an ``(images, buckets)`` matrix. The tables of the named presets, including
 every model family's own, live in :mod:`hf_arb.buckets.presets`.
+
+A clip table (``(k, 3)``) matches the frame axis first: a clip of ``N`` frames goes to the largest frame count
+``<= N`` of the table, then to the nearest aspect among that frame count's buckets; an image is a 1-frame clip
+(:class:`hf_arb.buckets.matching.FrameIndex`). An image table (``(k, 2)``) runs exactly the image code it always ran.
 """
 
 from __future__ import annotations
@@ -22,11 +26,14 @@ from typing import Any
 
 import numpy as np
 
-from .assignment import AssignmentSummary, as_size_array, normalise_resolutions
+from hf_arb.checks import UsageError
+
+from .assignment import AssignmentSummary, as_size_array, bucket_labels, normalise_resolutions
 from .family_tables import parse_buckets_string
+from .frames import frame_rule as _frame_rule
 from .matching import METRICS as _METRICS
-from .matching import AspectIndex, Metric
-from .presets import TABLE_PARAMS, budget_table, novelai_table, preset_table, sdxl_table
+from .matching import SHORT_CLIPS, AspectIndex, FrameIndex, Metric
+from .presets import TABLE_PARAMS, budget_table, frame_budget_table, novelai_table, preset_table, sdxl_table
 from .stored import dataset_configs
 
 _FORMAT_VERSION = 1
@@ -36,7 +43,8 @@ class BucketSet:
     """An immutable table of bucket resolutions and the rule that assigns images to them.
 
     Args:
-        resolutions: ``(width, height)`` pairs, positive and unique. The order defines bucket ids.
+        resolutions: ``(width, height)`` pairs, or ``(width, height, frames)`` triples for clips (an image bucket of a
+            clip set has 1 frame); positive and unique. The order defines bucket ids.
         metric: aspect distance (see :mod:`hf_arb.buckets.matching`): ``"log"`` (default) ``|log(w/h) - log(bw/bh)|``,
             symmetric for tall and wide images; ``"linear"`` NovelAI's ``|bw/bh - w/h|``; ``"linear_hw"`` the same
             on height/width (PixArt, Sana, OneTrainer); ``"cross"`` diffusers' ``|h*bw - w*bh|`` (ties to the last id).
@@ -47,6 +55,8 @@ class BucketSet:
             (PixArt's rounded keys, HunyuanDiT's standard ratios). ``None``: the buckets' own.
         nearest_area: among buckets sharing the nearest matching aspect, take the one whose area is closest to
             the image's (HunyuanDiT); otherwise the lowest id.
+        short_clips: clip sets only: a clip shorter than the smallest frame count is skipped (``"skip"``, bucket
+            ``-1``, skip reason ``"too_few_frames"``) or looped into the smallest frame count (``"loop"``).
 
     Example:
         ```py
@@ -59,7 +69,7 @@ class BucketSet:
         ```
     """
 
-    __slots__ = ("_res", "_metric", "_max_err", "_range", "_match", "_nearest_area", "_index", "_fp")
+    __slots__ = ("_res", "_metric", "_max_err", "_range", "_match", "_nearest_area", "_short", "_index", "_fp")
 
     def __init__(
         self,
@@ -70,6 +80,7 @@ class BucketSet:
         aspect_range: tuple[float, float] | None = None,
         match_aspects: Sequence[float] | None = None,
         nearest_area: bool = False,
+        short_clips: str = "skip",
     ) -> None:
         if metric not in _METRICS:
             raise ValueError(f"`metric` must be one of {_METRICS}, got {metric!r}.")
@@ -96,7 +107,14 @@ class BucketSet:
         if metric == "cross" and (self._match is not None or self._nearest_area):
             raise ValueError("metric='cross' compares the buckets' own sides; it takes no `match_aspects` or "
                              "`nearest_area`. Use metric='linear' or 'linear_hw' with them.")
-        self._index = AspectIndex(self._res, metric, self._match, self._nearest_area)
+        if short_clips not in SHORT_CLIPS:
+            raise ValueError(f"`short_clips` must be one of {SHORT_CLIPS}, got {short_clips!r}.")
+        if short_clips != "skip" and self._res.shape[1] == 2:
+            raise ValueError("`short_clips` applies to clip sets, (width, height, frames) buckets; this set has no "
+                             "frame axis.")
+        self._short = short_clips
+        index = AspectIndex if self._res.shape[1] == 2 else FrameIndex
+        self._index = index(self._res, metric, self._match, self._nearest_area)
         self._fp = hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True,
                                              separators=(",", ":")).encode()).hexdigest()[:16]
 
@@ -115,8 +133,16 @@ class BucketSet:
 
     @classmethod
     def from_budget(cls, resolution: int = 1024, aspects: Iterable[float] | None = None, step: int = 64,
-                    min_area_ratio: float = 0.75, **kwargs: Any) -> BucketSet:
+                    min_area_ratio: float = 0.75, *, frames: Iterable[int] | None = None,
+                    max_pixels: int | None = None, frame_rule: Any = None, **kwargs: Any) -> BucketSet:
         """A pixel-budget ladder: each aspect ratio scaled to about ``resolution²`` pixels.
+
+        With ``frames`` (clip buckets, a ``(k, 3)`` set), the budget is in pixels × frames: ``resolution²`` pixels
+        per frame at the longest frame count, ``resolution² × max(frames) / F`` pixels per frame at ``F`` frames (at
+        most ``max_pixels``, default ``4 × resolution²``: twice the side), so a long low-resolution clip and a short
+        high-resolution one cost the same (:func:`hf_arb.buckets.presets.frame_budget_table`). ``frame_rule`` (a
+        family name of :data:`hf_arb.buckets.frames.FRAME_RULES` or a ``FrameRule``) refuses frame counts its VAE
+        cannot encode. The video families' own: ``BucketSet.preset("wan" | "ltx" | "hunyuan_video")``.
 
         Every side is a multiple of ``step`` and no bucket exceeds ``resolution²`` pixels. For each aspect
         ``a`` (width / height; default: OneTrainer's 4:1 … 1:1 and their inverses), the bucket is the
@@ -124,22 +150,66 @@ class BucketSet:
         ``min_area_ratio`` of the budget (ties: the larger area). Aspects that land on the same shape
         (likely with tiny budgets such as ``resolution=64, step=16``) give one bucket. OneTrainer itself
         rounds to the nearest step instead (``BucketSet.preset("onetrainer")``).
+
+        Example:
+            ```py
+            >>> bs = BucketSet.from_budget(512, [1.0], step=64, frames=[1, 17, 33])
+            >>> bs.labels(), bs.volumes.max() <= 512 * 512 * 33
+            (['1024x1024x1', '704x704x17', '512x512x33'], True)
+            ```
         """
-        return cls(budget_table(resolution, aspects, step, min_area_ratio).tolist(), **kwargs)
+        if frames is None:
+            if max_pixels is not None or frame_rule is not None:
+                raise ValueError("`max_pixels` and `frame_rule` apply to clip buckets: pass `frames` too.")
+            return cls(budget_table(resolution, aspects, step, min_area_ratio).tolist(), **kwargs)
+        counts = cls._frame_counts(frames, frame_rule)
+        budget_table(resolution, aspects, step, min_area_ratio)  # the same checks of resolution, step and aspects
+        side2 = int(resolution) ** 2
+        cap = 4 * side2 if max_pixels is None else int(max_pixels)
+        return cls(frame_budget_table(side2 * max(counts), counts, aspects, step, cap, min_area_ratio).tolist(),
+                   **kwargs)
 
     @classmethod
     def fit(cls, sizes: Any, n_buckets: int, *, step: int = 64, max_pixels: int = 1024 * 1024,
-            max_crop: float | None = None, **kwargs: Any) -> BucketSet:
+            max_crop: float | None = None, frames: Iterable[int] | None = None, frame_rule: Any = None,
+            max_frame_pixels: int | None = None, **kwargs: Any) -> BucketSet:
         """The ``n_buckets`` step-aligned shapes at ``max_pixels`` that minimise the mean crop of ``sizes`` (``(n, 2)``
         or ``(widths, heights)``), none cutting more than ``max_crop``: :func:`hf_arb.buckets.fit.fit_table` (other
-        kwargs:
-        the constructor)."""
+        kwargs: the constructor).
+
+        With ``frames`` (clip buckets), the fitted aspects repeat at every frame count under a budget in pixels ×
+        frames: ``max_pixels`` per frame at the longest count, ``max_pixels × max(frames) / F`` at ``F`` frames (at
+        most ``max_frame_pixels``, default ``4 × max_pixels``), each aspect at its step-aligned shape nearest in log
+        aspect (:func:`hf_arb.buckets.presets.frame_budget_table`); ``frame_rule`` refuses counts its VAE cannot
+        encode. A clip is then matched to the largest frame count ``<=`` its own (:meth:`assign`)."""
         from .fit import FIT_PARAMS, fit_table, split_sizes
         if kwargs.pop("metric", "log") != "log":
             raise ValueError("BucketSet.fit optimises nearest-in-log-aspect assignment: it needs metric='log'.")
         params = {k: kwargs.pop(k) for k in FIT_PARAMS if k in kwargs}  # the rest: constructor arguments
-        return cls(fit_table(*split_sizes(sizes), n_buckets, step=step, max_pixels=max_pixels, max_crop=max_crop,
-                             **params).table.tolist(), **kwargs)
+        table = fit_table(*split_sizes(sizes), n_buckets, step=step, max_pixels=max_pixels, max_crop=max_crop,
+                          **params).table
+        if frames is None:
+            if frame_rule is not None or max_frame_pixels is not None:
+                raise ValueError("`frame_rule` and `max_frame_pixels` apply to clip buckets: pass `frames` too.")
+            return cls(table.tolist(), **kwargs)
+        counts = cls._frame_counts(frames, frame_rule)
+        cap = 4 * int(max_pixels) if max_frame_pixels is None else int(max_frame_pixels)
+        return cls(frame_budget_table(int(max_pixels) * max(counts), counts, (table[:, 0] / table[:, 1]).tolist(),
+                                      step, cap, params.get("min_area_ratio", 0.75)).tolist(), **kwargs)
+
+    @staticmethod
+    def _frame_counts(frames: Iterable[int], frame_rule: Any) -> list[int]:
+        """``frames`` as ints, each allowed by ``frame_rule`` when one is given (else a UsageError naming the nearest
+        valid counts)."""
+        counts = [int(f) for f in frames]
+        if frame_rule is not None:
+            rule = _frame_rule(frame_rule)
+            bad = [f for f in counts if not rule.is_valid(f)]
+            if bad:
+                below = rule.floor(bad[0]) if bad[0] >= 1 else 1
+                raise UsageError(f"{bad[0]} frames do not fit the {rule.name} rule ({rule.step}k+1 frames): use "
+                                 f"{below} or {below + rule.step}.")
+        return counts
 
     @classmethod
     def sdxl(cls, **kwargs: Any) -> BucketSet:
@@ -149,12 +219,15 @@ class BucketSet:
     @classmethod
     def preset(cls, name: str, resolution: int | None = None, step: int | None = None, *,
                metric: Metric | str = "log", **kwargs: Any) -> BucketSet:
-        """Build a named preset (any of :data:`hf_arb.buckets.presets.PRESETS`; tables in
-        :mod:`hf_arb.buckets.presets`).
+        """Build a named preset (any of :data:`hf_arb.buckets.presets.PRESETS`, or a video family's
+        :data:`~hf_arb.buckets.presets.VIDEO_PRESETS`; tables in :mod:`hf_arb.buckets.presets`).
 
         Args:
             name: ``"budget"``, ``"novelai"``, ``"sdxl"``, ``"pixart"``, ``"sana"``, ``"hunyuan_dit"``,
-                ``"flux_kontext"``, ``"diffusers"``, ``"onetrainer"`` or ``"kohya"``.
+                ``"flux_kontext"``, ``"diffusers"``, ``"onetrainer"`` or ``"kohya"``; or ``"wan"``, ``"ltx"``,
+                ``"hunyuan_video"``: ``(width, height, frames)`` buckets under a pixels × frames budget
+                (:func:`hf_arb.buckets.presets.video_preset_table`; table parameters ``frames``, ``max_pixels``,
+                ``aspects``, ``min_area_ratio``).
             resolution: pixel budget side, or the model resolution for ``pixart`` (256/512/1024/2048) and
                 ``sana`` (512/1024/2048/4096). ``None``: the preset's default. Fixed tables ignore it with a
                 ``UserWarning`` saying so (see :func:`hf_arb.buckets.presets.preset_notes`).
@@ -214,8 +287,29 @@ class BucketSet:
     # ----------------------------------------------------------------------------- properties
     @property
     def resolutions(self) -> np.ndarray:
-        """Bucket sizes, read-only ``np.ndarray[int64]`` of shape ``(k, 2)``, columns (width, height)."""
+        """Bucket sizes, read-only ``np.ndarray[int64]`` of shape ``(k, 2)``, columns (width, height), or ``(k, 3)``,
+        columns (width, height, frames), for a clip set."""
         return self._res
+
+    @property
+    def has_frames(self) -> bool:
+        """Whether the buckets have a frame axis (``resolutions`` of shape ``(k, 3)``)."""
+        return self._res.shape[1] == 3
+
+    @property
+    def frames(self) -> np.ndarray:
+        """Frames per bucket, int64 of shape ``(k,)``: the third column of a clip set, ``1`` for an image set."""
+        return self._res[:, 2] if self.has_frames else np.ones(len(self), np.int64)
+
+    @property
+    def frame_counts(self) -> np.ndarray:
+        """The distinct frame counts, ascending, int64 of shape ``(g,)`` (``[1]`` for an image set)."""
+        return self._index.frame_counts if self.has_frames else np.ones(1, np.int64)
+
+    @property
+    def short_clips(self) -> str:
+        """What a clip shorter than the smallest frame count gets: ``"skip"`` (bucket ``-1``) or ``"loop"``."""
+        return self._short
 
     @property
     def aspects(self) -> np.ndarray:
@@ -224,8 +318,13 @@ class BucketSet:
 
     @property
     def areas(self) -> np.ndarray:
-        """Bucket areas in pixels, shape ``(k,)``."""
+        """Bucket areas in pixels (of one frame), shape ``(k,)``."""
         return self._res[:, 0] * self._res[:, 1]
+
+    @property
+    def volumes(self) -> np.ndarray:
+        """Pixels × frames per bucket, int64 of shape ``(k,)``: what a clip costs (``areas`` for an image set)."""
+        return self.areas * self._res[:, 2] if self.has_frames else self.areas
 
     @property
     def metric(self) -> Metric:
@@ -258,28 +357,38 @@ class BucketSet:
         return self._fp
 
     def index(self, resolution: Sequence[int]) -> int:
-        """Bucket id of ``(width, height)``; raises ``ValueError`` naming the available sizes if absent."""
-        w, h = (int(x) for x in resolution)
-        hit = np.flatnonzero((self._res[:, 0] == w) & (self._res[:, 1] == h))
+        """Bucket id of ``(width, height)`` (``(width, height, frames)`` in a clip set); raises ``ValueError`` naming
+        the available sizes if absent."""
+        key = tuple(int(x) for x in resolution)
+        if len(key) != self._res.shape[1]:
+            raise ValueError(f"{'x'.join(map(str, key))}: this set's buckets are "
+                             f"{'(width, height, frames)' if self.has_frames else '(width, height)'}; pass "
+                             f"{self._res.shape[1]} numbers.")
+        hit = np.flatnonzero((self._res == np.asarray(key)).all(axis=1))
         if hit.size == 0:
-            raise ValueError(f"{w}x{h} is not a bucket of this set; buckets are {self.labels()}.")
+            raise ValueError(f"{'x'.join(map(str, key))} is not a bucket of this set; buckets are {self.labels()}.")
         return int(hit[0])
 
     def labels(self) -> list[str]:
-        """``"WxH"`` label per bucket id."""
-        return [f"{w}x{h}" for w, h in self._res.tolist()]
+        """``"WxH"`` label per bucket id (``"WxHxF"`` in a clip set)."""
+        return bucket_labels(self._res)
 
     def portrait_to_landscape(self) -> np.ndarray:
-        """Bucket ids ordered by aspect ratio, tallest first (ties by area), shape ``(k,)``."""
-        return np.lexsort((self.areas, self.aspects))
+        """Bucket ids ordered by aspect ratio, tallest first (ties by area), shape ``(k,)``; a clip set by frames
+        first."""
+        return np.lexsort((self.areas, self.aspects, self.frames))
 
     # ----------------------------------------------------------------------------- assignment
-    def assign(self, widths: Any, heights: Any) -> tuple[np.ndarray, np.ndarray]:
-        """Assign every image to its nearest bucket by aspect ratio, vectorised.
+    def assign(self, widths: Any, heights: Any, frames: Any = None) -> tuple[np.ndarray, np.ndarray]:
+        """Assign every image (or clip) to its nearest bucket by aspect ratio, vectorised.
 
         Args:
             widths: image widths, 1-D array-like of shape ``(n,)`` (displayed size).
             heights: image heights, shape ``(n,)``.
+            frames: clip sets: each row's frame count, shape ``(n,)`` (``1`` for an image; ``None``: all images). A
+                clip goes to the largest frame count ``<=`` its own, then to the nearest aspect among those buckets;
+                one shorter than every frame count gets ``-1`` (:meth:`too_short` tells those rows) unless
+                ``short_clips="loop"``. An image set takes no frames above 1.
 
         Returns:
             ``(bucket_ids, aspect_errors)``: ``int32`` of shape ``(n,)`` (``-1`` where pruned by
@@ -289,7 +398,7 @@ class BucketSet:
 
         Raises:
             ValueError: sizes that are not 1-D, of different lengths, zero, negative or NaN; the message
-                names the first bad index and its value.
+                names the first bad index and its value. Frames above 1 for an image set.
         """
         w = as_size_array(widths, "widths")
         h = as_size_array(heights, "heights")
@@ -297,13 +406,37 @@ class BucketSet:
             raise ValueError(
                 f"`widths` and `heights` must have the same length, got {w.shape[0]} and {h.shape[0]}."
             )
-        ids, err, x = self._index.assign(w, h)  # (n,) int32, float32, float32 (aspect, or log aspect for "log")
+        if self.has_frames:
+            f = np.ones(w.shape, np.int64) if frames is None else self._frames_array(frames, w.shape)
+            ids, err, x = self._index.assign(w, h, f, self._short == "loop")
+        else:
+            if frames is not None and (self._frames_array(frames, w.shape) > 1).any():
+                raise ValueError("This BucketSet has no frame axis, but clips of more than 1 frame were given. Use a "
+                                 "set with (width, height, frames) buckets: BucketSet.preset('wan'), "
+                                 "BucketSet.from_budget(..., frames=[...]).")
+            ids, err, x = self._index.assign(w, h)  # (n,) int32, float32, float32 (aspect, or log aspect for "log")
         if self._max_err is not None:
             ids[err > self._max_err] = -1
         if self._range is not None:
             ratio = np.exp(x) if self._metric == "log" else x
             ids[(ratio < self._range[0]) | (ratio > self._range[1])] = -1
         return ids, err
+
+    @staticmethod
+    def _frames_array(frames: Any, shape: tuple[int, ...]) -> np.ndarray:
+        f = as_size_array(frames, "frames")
+        if f.shape != shape:
+            raise ValueError(f"`frames` must have one entry per row ({shape[0]}), got {f.shape[0]}.")
+        return f
+
+    def too_short(self, frames: Any) -> np.ndarray:
+        """Rows that :meth:`assign` skips for being shorter than the smallest frame count (skip reason
+        :data:`~hf_arb.buckets.matching.SHORT_CLIP_REASON`), bool of shape ``(n,)``; all False for an image set or
+        with ``short_clips="loop"``."""
+        f = np.asarray(frames)
+        if not self.has_frames or self._short == "loop":
+            return np.zeros(f.shape, bool)
+        return f < self._index.frame_counts[0]
 
     def summarize(self, bucket_ids: Any, aspect_errors: Any) -> AssignmentSummary:
         """Statistics of an assignment: skipped count, aspect error mean/median/max over kept rows, counts."""
@@ -327,6 +460,7 @@ class BucketSet:
             # Written only when set, so sets without them keep the fingerprints of earlier releases.
             **({} if self._match is None else {"match_aspects": self._match.tolist()}),
             **({"nearest_area": True} if self._nearest_area else {}),
+            **({} if self._short == "skip" else {"short_clips": self._short}),
         }
 
     @classmethod
@@ -347,6 +481,7 @@ class BucketSet:
             aspect_range=None if rng is None else (rng[0], rng[1]),
             match_aspects=d.get("match_aspects"),
             nearest_area=bool(d.get("nearest_area", False)),
+            short_clips=d.get("short_clips", "skip"),
         )
 
     def to_json(self) -> str:
@@ -359,23 +494,27 @@ class BucketSet:
         return cls.from_dict(json.loads(s))
 
     def table(self) -> str:
-        """The bucket table as text, one line per bucket, portrait to landscape."""
-        lines = [f"{'id':>3}  {'width':>5}  {'height':>6}  {'aspect':>6}  {'area':>9}"]
+        """The bucket table as text, one line per bucket, portrait to landscape (a clip set: by frames first, with
+        its frames and pixels × frames)."""
+        clip = self.has_frames
+        lines = [f"{'id':>3}  {'width':>5}  {'height':>6}" + (f"  {'frames':>6}" if clip else "")
+                 + f"  {'aspect':>6}  {'area':>9}" + (f"  {'area x frames':>13}" if clip else "")]
         for i in self.portrait_to_landscape():
-            w, h = self._res[i]
-            lines.append(f"{i:>3}  {w:>5}  {h:>6}  {w / h:6.3f}  {w * h:>9,}")
+            w, h = self._res[i, :2]
+            f = int(self._res[i, 2]) if clip else 1
+            lines.append(f"{i:>3}  {w:>5}  {h:>6}" + (f"  {f:>6}" if clip else "") + f"  {w / h:6.3f}  {w * h:>9,}"
+                         + (f"  {w * h * f:>13,}" if clip else ""))
         return "\n".join(lines)
 
     # ----------------------------------------------------------------------------- dunder
     def __len__(self) -> int:
         return int(self._res.shape[0])
 
-    def __iter__(self) -> Iterator[tuple[int, int]]:
-        return (tuple(r) for r in self._res.tolist())  # type: ignore[misc]
+    def __iter__(self) -> Iterator[tuple[int, ...]]:
+        return (tuple(r) for r in self._res.tolist())
 
-    def __getitem__(self, i: int) -> tuple[int, int]:
-        w, h = self._res[i].tolist()
-        return (w, h)
+    def __getitem__(self, i: int) -> tuple[int, ...]:
+        return tuple(self._res[i].tolist())
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, BucketSet) and self._fp == other._fp
@@ -389,5 +528,6 @@ class BucketSet:
         extra += f", aspect_range={self._range}" if self._range is not None else ""
         extra += ", match_aspects=[…]" if self._match is not None else ""
         extra += ", nearest_area=True" if self._nearest_area else ""
+        extra += f", short_clips={self._short!r}" if self._short != "skip" else ""
         return f"BucketSet({len(self)} buckets: {shown}; metric={self._metric!r}{extra})"
 

@@ -26,6 +26,14 @@ pc: Any = LazyModule("pyarrow.compute")
 CONFIG_ID_PREFIX = "hf_arb.buckets:"
 #: Key of the dataset card's YAML metadata that holds the bucket configuration.
 CARD_KEY = "hf_arb"
+#: The column of a clip dataset's bucket frame counts (beside ``bucket_width`` / ``bucket_height``): when present,
+#: the table rebuilt from the columns is ``(k, 3)`` ``(width, height, frames)``.
+FRAMES_COLUMN = "bucket_frames"
+
+
+def size_columns(names: Any) -> list[str]:
+    """The bucket size columns a dataset with these column names has: width, height, and frames for clips."""
+    return ["bucket_width", "bucket_height"] + ([FRAMES_COLUMN] if FRAMES_COLUMN in (names or ()) else [])
 
 
 # ----------------------------------------------------------------------------------- checks
@@ -58,19 +66,21 @@ def column_table(ds: Any, need: list[str], extra: list[str]) -> pa.Table:
 
 
 def kept_sizes(t: pa.Table, column: str = "bucket") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Kept rows' ids ``(m,)`` and bucket ``(width, height)`` ``(m, 2)``, plus the kept mask ``(n,)``."""
+    """Kept rows' ids ``(m,)`` and bucket sizes ``(m, D)`` (``(width, height)``, plus ``frames`` when the table has
+    :data:`FRAMES_COLUMN`), plus the kept mask ``(n,)``."""
     ids = pc.fill_null(t.column(column), -1).to_numpy().astype(np.int64)  # (n,)
     kept = ids >= 0
-    bw = pc.fill_null(t.column("bucket_width"), 0).to_numpy()[kept].astype(np.int64)  # (m,)
-    bh = pc.fill_null(t.column("bucket_height"), 0).to_numpy()[kept].astype(np.int64)  # (m,)
-    return ids[kept], np.stack([bw, bh], 1), kept
+    cols = [pc.fill_null(t.column(c), 0).to_numpy()[kept].astype(np.int64)  # (m,) each
+            for c in size_columns(t.column_names)]
+    return ids[kept], np.stack(cols, 1), kept
 
 
-def bucket_table_from_columns(ds: Any, column: str = "bucket") -> dict[int, tuple[int, int]]:
-    """``{bucket id: (width, height)}`` for every bucket that has at least one row (never raises on gaps)."""
-    kid, wh, _ = kept_sizes(column_table(ds, [column, "bucket_width", "bucket_height"], []), column)
+def bucket_table_from_columns(ds: Any, column: str = "bucket") -> dict[int, tuple[int, ...]]:
+    """``{bucket id: (width, height)}`` (``(width, height, frames)`` for clips) for every bucket that has at least one
+    row (never raises on gaps)."""
+    kid, wh, _ = kept_sizes(column_table(ds, [column, *size_columns(ds.column_names)], []), column)
     uniq, first = np.unique(kid, return_index=True)
-    return {int(i): (int(wh[j, 0]), int(wh[j, 1])) for i, j in zip(uniq.tolist(), first.tolist())}
+    return {int(i): tuple(int(v) for v in wh[j]) for i, j in zip(uniq.tolist(), first.tolist())}
 
 
 def infer_metric(t: pa.Table, kept: np.ndarray, res: np.ndarray) -> str:
@@ -94,7 +104,8 @@ def config_from_columns(ds: Any) -> dict[str, Any]:
     """The BucketSet dict (:meth:`BucketSet.to_dict` form) rebuilt from the bucket columns alone (vectorised over the
     whole dataset).
 
-    The resolution table comes from the distinct ``(bucket, bucket_width, bucket_height)`` triples; the metric
+    The resolution table comes from the distinct ``(bucket, bucket_width, bucket_height)`` triples (with
+    ``bucket_frames`` for clips: a ``(k, 3)`` table); the metric
     from ``aspect_error`` compared with ``original_width/height`` (``"log"`` when the data cannot tell).
     Thresholds (``max_aspect_error``, ``aspect_range``) are not recoverable this way: a warning says so when rows
     were pruned for their aspect ratio.
@@ -108,7 +119,7 @@ def config_from_columns(ds: Any) -> dict[str, Any]:
     require_split(ds, "Rebuilding the bucket table")
     if not isinstance(ds, datasets.Dataset):
         raise TypeError(f"Rebuilding buckets from columns needs a map-style Dataset, got {type(ds).__name__}.")
-    t = column_table(ds, ["bucket", "bucket_width", "bucket_height"],
+    t = column_table(ds, ["bucket", *size_columns(ds.column_names)],
                       ["original_width", "original_height", "aspect_error", "skip_reason"])
     kid, wh, kept = kept_sizes(t)
     if kid.size == 0:
@@ -117,7 +128,7 @@ def config_from_columns(ds: Any) -> dict[str, Any]:
     uniq, first, inverse = np.unique(kid, return_index=True, return_inverse=True)  # (u,)
     bad_rows = np.flatnonzero((wh != wh[first][inverse]).any(axis=1))
     if bad_rows.size:
-        raise ValueError(f"Bucket id {int(kid[bad_rows[0]])} appears with more than one (bucket_width, bucket_height); "
+        raise ValueError(f"Bucket id {int(kid[bad_rows[0]])} appears with more than one bucket size; "
                          "the columns are inconsistent (datasets annotated with different BucketSets were mixed?). "
                          "Re-annotate.")
     gaps = np.setdiff1d(np.arange(int(uniq.max()) + 1), uniq)
@@ -128,7 +139,7 @@ def config_from_columns(ds: Any) -> dict[str, Any]:
             "hf_arb.push_to_hub); it was lost on the way here (e.g. via pandas or CSV). Pass the BucketSet explicitly, "
             "or use hf_arb.buckets.schema.bucket_table_from_columns(ds) for the partial table."
         )
-    resolutions = wh[first]  # (k, 2) in id order
+    resolutions = wh[first]  # (k, D) in id order
     metric = infer_metric(t, kept, resolutions[kid])
     if "skip_reason" in t.column_names and pc.any(
             pc.equal(pc.cast(t.column("skip_reason"), pa.string()), "aspect")).as_py():

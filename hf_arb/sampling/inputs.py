@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from hf_arb.buckets.schema import buckets_from_features, read_bucket_ids, read_resolutions
+from hf_arb.checks import UsageError
 
 from .planning.index import CHUNK
 from .planning.plan import as_bucket_ids, check_leftover, check_nonneg
@@ -56,6 +57,12 @@ def aspects(resolutions: np.ndarray) -> np.ndarray:
     return a
 
 
+def frame_groups(resolutions: np.ndarray) -> np.ndarray:
+    """Frames per bucket, shape (k,): the third column of a clip table, 1 for an image table. Buckets of different
+    frame counts never share a batch (no merge, no catch-all across them)."""
+    return resolutions[:, 2] if resolutions.shape[1] == 3 else np.ones(resolutions.shape[0], np.int64)
+
+
 def leftover_from(drop_last: bool | None, leftover: str | None) -> str:
     """Resolve diffusers' ``drop_last`` and our ``leftover`` into one policy (``drop_last=False`` keeps every row)."""
     if leftover is None:
@@ -68,7 +75,8 @@ def leftover_from(drop_last: bool | None, leftover: str | None) -> str:
 
 
 def read_input(bucket_ids: Any, buckets: Any) -> tuple[np.ndarray, np.ndarray | None]:
-    """Bucket ids ``(n,)`` and, when known, resolutions ``(k, 2)`` from an annotated dataset or arrays."""
+    """Bucket ids ``(n,)`` and, when known, resolutions ``(k, 2)`` (``(k, 3)`` with frames) from an annotated dataset
+    or arrays."""
     resolutions = None
     if hasattr(bucket_ids, "column_names") or isinstance(bucket_ids, dict):
         ds = bucket_ids
@@ -79,8 +87,9 @@ def read_input(bucket_ids: Any, buckets: Any) -> tuple[np.ndarray, np.ndarray | 
             resolutions = read_resolutions(ds)
     if buckets is not None:
         resolutions = np.asarray(getattr(buckets, "resolutions", buckets), dtype=np.int64)
-        if resolutions.ndim != 2 or resolutions.shape[1] != 2:
-            raise ValueError(f"`buckets` must be a BucketSet or (k, 2) resolutions, got shape {resolutions.shape}.")
+        if resolutions.ndim != 2 or resolutions.shape[1] not in (2, 3):
+            raise ValueError(f"`buckets` must be a BucketSet or (k, 2) resolutions ((k, 3) with frames), got shape "
+                             f"{resolutions.shape}.")
     ids = as_bucket_ids(bucket_ids)
     if ids.size and resolutions is not None and resolutions.shape[0] <= int(ids.max()):
         raise ValueError(f"`buckets` has {resolutions.shape[0]} resolutions but bucket id {int(ids.max())} occurs. "
@@ -94,6 +103,12 @@ def choose_catch_all(leftover: str, catch_all_bucket: int | None, resolutions: n
     most populous; None unless ``leftover="catch_all"``."""
     if leftover != "catch_all":
         return None
+    if resolutions is not None:
+        used = np.unique(frame_groups(resolutions)[: counts.size][counts > 0])
+        if used.size > 1:
+            raise UsageError(f"leftover='catch_all' would put rows of different frame counts ({used.tolist()}: images "
+                             "and clips, or clips of different lengths) into one batch. Use leftover='drop' or 'fill' "
+                             "with clip buckets.")
     if catch_all_bucket is None:
         if resolutions is not None:
             la = np.abs(np.log(aspects(resolutions)))  # NaN for unknown (0 x 0) entries: sorted last
