@@ -32,10 +32,10 @@ from hf_arb.images.values import arrow_values, sizes_of
 
 from .clips import check_clip_set, clip_bucket_columns, image_clip_columns
 from .core import annotate_sizes, size_column
+from .references import annotate_references
 
 #: every column annotation writes (a clip set's too): an old one is replaced, whichever set wrote it
 ANNOTATION_COLUMNS = (*BUCKET_COLUMNS, *CLIP_BUCKET_COLUMNS)
-from .references import annotate_references
 
 #: Width of the aspect-error histogram bins used for the engine summary's median (the median is exact to this).
 ERROR_BIN = 2.0 ** -14

@@ -357,7 +357,7 @@ def row_paths(ds: Any, image_column: str, rows: list[int]) -> list[str | None]:
     feature = getattr(ds, "features", {}).get(image_column)
     if rows and feature is not None and getattr(feature, "dtype", None) == "string":  # a column of file paths
         return ds.select_columns([image_column]).with_format("arrow")[list(rows)].column(0).to_pylist()
-    if not rows or not isinstance(feature, (datasets.Image, datasets.Video)):  # stored as {bytes, path}: read the path field only
+    if not rows or not isinstance(feature, (datasets.Image, datasets.Video)):  # {bytes, path}: read the path field
         return [None] * len(rows)
     raw = ds.select_columns([image_column]).with_format("arrow")[list(rows)].column(0).combine_chunks()
     return raw.field("path").to_pylist()
