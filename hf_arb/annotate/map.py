@@ -254,7 +254,7 @@ def _annotate_dataset(ds: Any, buckets: BucketSet, *, image_column: str | None, 
     import datasets
 
     added = _added_columns(buckets, reference_columns, reference_policy, reference_buckets)
-    base = ds.remove_columns([c for c in (*ANNOTATION_COLUMNS, *added) if c in ds.column_names])
+    base = ds.remove_columns([c for c in dict.fromkeys((*ANNOTATION_COLUMNS, *added)) if c in ds.column_names])
     features = added
     if video_column is not None:
         _check_columns(base.column_names, {"video_column": video_column})
@@ -326,7 +326,7 @@ def _annotate_iterable(ds: Any, buckets: BucketSet, *, image_column: str | None,
 
     names = ds.column_names
     added = _added_columns(buckets, reference_columns, reference_policy, reference_buckets)
-    existing = [c for c in (*ANNOTATION_COLUMNS, *added) if names is not None and c in names]
+    existing = [c for c in dict.fromkeys((*ANNOTATION_COLUMNS, *added)) if names is not None and c in names]
     base = ds.remove_columns(existing) if existing else ds
     features = None
     if base.features is not None:
