@@ -26,12 +26,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from hf_arb.buckets.references import check_policy, check_reference_columns, reference_features
-from hf_arb.buckets.schema import BUCKET_COLUMNS, arrow_schema, bucket_features
+from hf_arb.buckets.schema import BUCKET_COLUMNS, CLIP_BUCKET_COLUMNS, arrow_schema, bucket_features, clip_arrow_schema
 from hf_arb.buckets.sets import BucketSet
 from hf_arb.images.values import arrow_values, sizes_of
 
+from .clips import check_clip_set, clip_bucket_columns, image_clip_columns
 from .core import annotate_sizes, size_column
 from .references import annotate_references
+
+#: every column annotation writes (a clip set's too): an old one is replaced, whichever set wrote it
+ANNOTATION_COLUMNS = (*BUCKET_COLUMNS, *CLIP_BUCKET_COLUMNS)
 
 #: Width of the aspect-error histogram bins used for the engine summary's median (the median is exact to this).
 ERROR_BIN = 2.0 ** -14
@@ -54,14 +58,15 @@ def _need(table: pa.Table, columns: tuple[str | None, ...]) -> None:
     missing = [c for c in columns if c is not None and c not in table.column_names]
     if missing:
         raise ValueError(f"Column(s) {missing} are not in the batch; its columns are {table.column_names}. Pass the "
-                         "right name with image_column=..., width_column=..., height_column=...")
+                         "right name with image_column=..., video_column=..., width_column=..., height_column=...")
 
 
 def bucket_columns(batch: pa.RecordBatch | pa.Table, buckets: BucketSet, *, image_column: str | None = "image",
                    width_column: str | None = None, height_column: str | None = None,
                    max_upscale: float | None = None, min_size: int | None = None, verify: bool = False,
                    reference_columns: tuple[str, ...] | list[str] = (), reference_policy: str = "strict",
-                   reference_buckets: BucketSet | None = None) -> pa.Table:
+                   reference_buckets: BucketSet | None = None, video_column: str | None = None,
+                   target_fps: float | None = None) -> pa.Table:
     """The bucket columns of one Arrow batch: the pure function every engine maps.
 
     Args:
@@ -73,15 +78,32 @@ def bucket_columns(batch: pa.RecordBatch | pa.Table, buckets: BucketSet, *, imag
         max_upscale, min_size, verify: as in :func:`hf_arb.add_bucket_columns` (``verify`` decodes every image).
         reference_columns, reference_policy, reference_buckets: reference image columns (headers read like the
             target's) and how they are bucketed; see :func:`hf_arb.annotate.references.annotate_references`.
+        video_column: a clip column (``datasets.Video`` storage ``struct<bytes, path>``, binary bytes, or string
+            paths; an image in it is a 1-frame clip), read instead of ``image_column``: container headers only
+            (:func:`hf_arb.video.clip_columns`). Needs a clip set (``buckets.has_frames``).
+        target_fps: the model's frame rate for a clip set: the frame plan's stride (:mod:`hf_arb.annotate.clips`).
 
     Returns:
         A ``pyarrow.Table`` with the :data:`~hf_arb.buckets.schema.BUCKET_COLUMNS` (schema
         :func:`~hf_arb.buckets.schema.arrow_schema`), one row per input row, in order, then the reference columns
         (:mod:`hf_arb.buckets.references`) when ``reference_columns`` is given. Skipped rows have ``bucket = -1`` and a
-        ``skip_reason``.
+        ``skip_reason``. A clip set (``buckets.has_frames``) adds the
+        :data:`~hf_arb.buckets.schema.CLIP_BUCKET_COLUMNS` after the bucket columns, for clips and images alike.
     """
-    target = _target_columns(batch, buckets, image_column=image_column, width_column=width_column,
-                             height_column=height_column, max_upscale=max_upscale, min_size=min_size, verify=verify)
+    check_clip_set(buckets, video_column)
+    if video_column is not None:
+        from hf_arb.video.arrow_batch import clip_columns
+
+        table = _table(batch)
+        _need(table, (video_column,))
+        meta = clip_columns(pa.table({video_column: table.column(video_column)}), video_column)
+        target = clip_bucket_columns(meta, buckets, target_fps=target_fps, max_upscale=max_upscale, min_size=min_size)
+    else:
+        target = _target_columns(batch, buckets, image_column=image_column, width_column=width_column,
+                                 height_column=height_column, max_upscale=max_upscale, min_size=min_size,
+                                 verify=verify)
+        if buckets.has_frames:
+            target = image_clip_columns(target, buckets)
     if not reference_columns:
         return target
     table = _table(batch)
@@ -135,7 +157,7 @@ def arrow_metadata(input_metadata: bytes | None, features: str | None, bucket_js
     if features:
         out.update(json.loads(features))
     added = json.loads(bucket_json)
-    for c in (*BUCKET_COLUMNS, *added):  # replaced columns move to the end, as in the batch
+    for c in (*ANNOTATION_COLUMNS, *added):  # replaced columns move to the end, as in the batch
         out.pop(c, None)
     out.update(added)
     return {b"huggingface": json.dumps({"info": {"features": out}}).encode()}
@@ -169,8 +191,8 @@ def output_schema(schema: pa.Schema, buckets: BucketSet, features: Any = None) -
         features: optional ``datasets.Features`` of the input columns (engines drop Arrow metadata on read, so
             pass e.g. ``Features.from_arrow_schema(pyarrow.parquet.read_schema(source))`` to keep ``Image``).
     """
-    base = pa.schema([f for f in schema if f.name not in BUCKET_COLUMNS], metadata=schema.metadata)
-    fields = list(base) + list(arrow_schema())
+    base = pa.schema([f for f in schema if f.name not in ANNOTATION_COLUMNS], metadata=schema.metadata)
+    fields = list(base) + list(clip_arrow_schema() if buckets.has_frames else arrow_schema())
     meta = arrow_metadata(_input_metadata(schema), _features_json(features), bucket_features_json(buckets.to_json()))
     return pa.schema(fields, metadata=meta)
 
@@ -197,7 +219,7 @@ def _annotate(batch: pa.RecordBatch | pa.Table, buckets: BucketSet, features: st
               kwargs: dict[str, Any]) -> pa.RecordBatch | pa.Table:
     table = _table(batch)
     new = bucket_columns(table, buckets, **kwargs)
-    keep = [c for c in table.column_names if c not in new.column_names]
+    keep = [c for c in table.column_names if c not in new.column_names and c not in ANNOTATION_COLUMNS]
     base = pa.schema([table.schema.field(c) for c in keep], metadata=table.schema.metadata)
     schema = pa.schema(list(base) + list(new.schema),
                        metadata=arrow_metadata(_input_metadata(table.schema), features, bucket_json))
@@ -229,6 +251,8 @@ class BatchAnnotator:
     reference_columns: tuple[str, ...] = ()
     reference_policy: str = "strict"
     reference_config: str | None = None
+    video_column: str | None = None
+    target_fps: float | None = None
 
     @classmethod
     def create(cls, buckets: BucketSet, *, features: Any = None, **kwargs: Any) -> BatchAnnotator:
@@ -257,7 +281,10 @@ class BatchAnnotator:
         if (out.width_column is None) != (out.height_column is None):
             raise ValueError(f"Pass both `width_column` and `height_column` or neither, got "
                              f"width_column={out.width_column!r}, height_column={out.height_column!r}.")
-        if out.width_column is None and out.image_column is None:
+        check_clip_set(buckets, out.video_column)
+        if out.target_fps is not None and not out.target_fps > 0:
+            raise ValueError(f"`target_fps` must be > 0 frames per second (e.g. 16 for Wan), got {out.target_fps!r}.")
+        if out.width_column is None and out.image_column is None and out.video_column is None:
             raise ValueError("Nothing to read sizes from: `image_column` is None and no `width_column`/`height_column` "
                              "given.")
         if out.max_upscale is not None and not out.max_upscale > 0:
@@ -273,6 +300,8 @@ class BatchAnnotator:
     @property
     def input_columns(self) -> list[str]:
         """The columns this annotator reads."""
+        if self.video_column is not None:
+            return [self.video_column, *self.reference_columns]
         if self.width_column is not None:
             return [self.width_column, str(self.height_column), *self.reference_columns]
         return [str(self.image_column), *self.reference_columns]
@@ -283,7 +312,8 @@ class BatchAnnotator:
             image_column=self.image_column, width_column=self.width_column, height_column=self.height_column,
             max_upscale=self.max_upscale, min_size=self.min_size, reference_columns=self.reference_columns,
             reference_policy=self.reference_policy,
-            reference_buckets=None if self.reference_config is None else _buckets(self.reference_config)))
+            reference_buckets=None if self.reference_config is None else _buckets(self.reference_config),
+            video_column=self.video_column, target_fps=self.target_fps))
 
     def iter_batches(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         """Generator form (Spark's ``mapInArrow``)."""

@@ -28,6 +28,7 @@ def annotate_sizes(
     reasons: Sequence[str | None] | None = None,
     max_upscale: float | None = None,
     min_size: int | None = None,
+    frames: Any = None,
 ) -> pa.Table:
     """Bucket columns for known (or unknown) image sizes, vectorised; the core of :func:`add_bucket_columns`.
 
@@ -39,6 +40,8 @@ def annotate_sizes(
             length ``n``; a non-None entry skips the row with that reason.
         max_upscale: skip (``"upscale"``) rows whose cover scale ``max(bucket_w / w, bucket_h / h)`` exceeds this.
         min_size: skip (``"too_small"``) rows whose shorter side is below this many pixels.
+        frames: a clip set's frames per row, int array of shape ``(n,)`` (the frames each clip holds at its stride;
+            1 for an image), matched with :meth:`BucketSet.assign`'s frame axis; None: images.
 
     Returns:
         A ``pyarrow.Table`` with the :data:`BUCKET_COLUMNS`, ``n`` rows. ``bucket`` is ``-1`` for every skipped row;
@@ -76,7 +79,7 @@ def annotate_sizes(
     ids = np.full(n, -1, dtype=np.int64)  # (n,)
     err = np.full(n, np.nan, dtype=np.float64)  # (n,)
     if good.any():
-        ids[good], err[good] = buckets.assign(w[good], h[good])
+        ids[good], err[good] = buckets.assign(w[good], h[good], None if frames is None else np.asarray(frames)[good])
     code[good & (ids < 0)] = _ASPECT
     open_ = code == 0
     open_ &= good
@@ -84,7 +87,7 @@ def annotate_sizes(
         small = open_ & (np.minimum(w, h) < min_size)
         code[small] = _TOO_SMALL
         open_ &= ~small
-    res = buckets.resolutions  # (k, 2)
+    res = buckets.resolutions  # (k, 2), or (k, 3) with frames
     safe = np.where(ids >= 0, ids, 0)  # (n,) valid index for gathering
     if max_upscale is not None:
         with np.errstate(invalid="ignore", divide="ignore"):

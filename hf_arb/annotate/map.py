@@ -1,4 +1,4 @@
-"""Add bucket columns to any image dataset: header-only sizes, vectorised assignment.
+"""Add bucket columns to any image or clip dataset: header-only sizes, vectorised assignment.
 
 :func:`add_bucket_columns` works on ``datasets.Dataset`` (with ``num_proc``), ``IterableDataset``
 (streaming, lazily) and their ``DatasetDict`` containers. It never decodes pixels: sizes come
@@ -25,7 +25,8 @@ from hf_arb.buckets.schema import BUCKET_COLUMNS, CONFIG_ID_PREFIX, arrow_schema
 from hf_arb.buckets.sets import BucketSet
 from hf_arb.images.values import arrow_values, decoding_images, sizes_of  # noqa: F401  (decoding_images re-exported)
 
-from .arrow_batch import bucket_columns
+from .arrow_batch import ANNOTATION_COLUMNS, bucket_columns
+from .clips import check_clip_set, detect_video_column, image_clip_columns
 from .core import annotate_sizes, size_column  # noqa: F401  (annotate_sizes re-exported)
 from .summary import AnnotationSummary, summarize_annotation, summarize_columns  # noqa: F401  (re-exported)
 
@@ -47,9 +48,32 @@ def _image_batch(values: Any, *, config: str, max_upscale: float | None, min_siz
                                max_upscale=max_upscale, min_size=min_size, verify=verify)
         return table.to_pydict() if as_dict else table
     w, h, reasons = sizes_of(values, verify)
-    table = annotate_sizes(w, h, _buckets_from_json(config), reasons=reasons, max_upscale=max_upscale,
-                           min_size=min_size)
+    buckets = _buckets_from_json(config)
+    table = annotate_sizes(w, h, buckets, reasons=reasons, max_upscale=max_upscale, min_size=min_size)
+    if buckets.has_frames:  # a clip set: images are 1-frame clips, with the clip columns
+        table = image_clip_columns(table, buckets)
     return table.to_pydict() if as_dict else table
+
+
+def _video_batch(values: Any, *, config: str, target_fps: float | None, max_upscale: float | None,
+                 min_size: int | None, as_dict: bool) -> Any:
+    """``map`` function for the clip path: container headers → the bucket and clip columns for one batch, by the
+    Arrow-batch function every engine runs. ``values``: an Arrow column (map-style) or a Python list (streaming)."""
+    if not isinstance(values, (pa.ChunkedArray, pa.Array)):
+        values = _clip_array(values)
+    table = bucket_columns(pa.table({"video": values}), _buckets_from_json(config), video_column="video",
+                           target_fps=target_fps, max_upscale=max_upscale, min_size=min_size)
+    return table.to_pydict() if as_dict else table
+
+
+def _clip_array(values: list[Any]) -> pa.Array:
+    """A streamed batch of clip values (``{"bytes", "path"}`` dicts, paths or bytes) as one Arrow column."""
+    if any(isinstance(v, dict) for v in values):
+        return pa.array([None if v is None else {"bytes": v.get("bytes"), "path": v.get("path")} if isinstance(v, dict)
+                         else {"bytes": v, "path": None} if isinstance(v, (bytes, bytearray)) else
+                         {"bytes": None, "path": str(v)} for v in values],
+                        pa.struct([("bytes", pa.binary()), ("path", pa.string())]))
+    return pa.array(values)
 
 
 def _size_table(table: pa.Table, *, config: str, width_column: str, height_column: str, max_upscale: float | None,
@@ -97,8 +121,10 @@ def add_bucket_columns(
     reference_columns: Sequence[str] | None = None,
     reference_policy: str = "strict",
     reference_buckets: BucketSet | None = None,
+    video_column: str | None = None,
+    target_fps: float | None = None,
 ) -> Any:
-    """Add the bucket columns to an image dataset, reading only image headers (or no images at all).
+    """Add the bucket columns to an image or clip dataset, reading only headers (or no file at all).
 
     Args:
         ds: a ``datasets.Dataset``, ``IterableDataset``, ``DatasetDict`` or ``IterableDatasetDict``.
@@ -131,6 +157,13 @@ def add_bucket_columns(
         reference_policy: ``"strict"`` (default): each reference takes the target's bucket and crop, as Flux
             Kontext trains; ``"own"``: each reference gets its own bucket in ``reference_buckets``.
         reference_buckets: the references' BucketSet under ``"own"`` (their own pixel budget); default ``buckets``.
+        video_column: a clip column: a ``datasets.Video`` feature (read with ``Video(decode=False)``; the returned
+            dataset still decodes it), file paths or encoded bytes; an image in it is a 1-frame clip. Only container
+            headers are read (:func:`hf_arb.video.clip_columns`: displayed size with rotation, frames, fps). Needs a
+            clip set (``(width, height, frames)`` buckets). Default: detected when the dataset has no
+            ``image_column`` but one ``Video`` column (or a column named ``video``) and ``buckets`` has a frame axis.
+        target_fps: with clips, the model's frame rate (16 for Wan): every ``round(fps / target_fps)``-th frame trains
+            (``frame_stride``) and the bucket's frames are matched against the frames a clip holds at that stride.
 
     Returns:
         The same kind of object as ``ds`` with :data:`BUCKET_COLUMNS` appended (existing bucket columns are
@@ -138,7 +171,11 @@ def add_bucket_columns(
         ``original_height`` (int32; the displayed size), ``aspect_error`` (float32), ``skip_reason`` (string, null
         when kept; ``"unreadable: <reason>"``, ``"missing"``, ``"invalid_size"``, ``"aspect"``, ``"too_small"``,
         ``"upscale"``). No row is removed and nothing raises mid-map. The ``bucket`` feature carries the BucketSet,
-        so ``BucketSet.from_dataset(result)`` restores it.
+        so ``BucketSet.from_dataset(result)`` restores it. A clip set (``buckets.has_frames``) also adds
+        :data:`~hf_arb.buckets.schema.CLIP_BUCKET_COLUMNS`: ``bucket_frames`` (the bucket's frame count),
+        ``original_frames``, ``original_fps`` (0 for an image), ``frames_exact`` and ``frame_stride``, for clips and
+        images alike; a clip shorter than the smallest frame bucket is skipped (``"too_few_frames: ..."``) unless the
+        set loops short clips, and a bad clip gets ``"unreadable: <reason>"``.
 
     Example:
         ```py
@@ -158,7 +195,15 @@ def add_bucket_columns(
     if (width_column is None) != (height_column is None):
         raise ValueError(f"Pass both `width_column` and `height_column` or neither, got width_column={width_column!r}, "
                          f"height_column={height_column!r}.")
-    if width_column is None and image_column is None:
+    if video_column is None and width_column is None and buckets.has_frames:
+        names = getattr(ds, "column_names", None)
+        first = next(iter(ds.values())) if isinstance(names, dict) and ds else ds
+        video_column = detect_video_column(getattr(first, "features", None), getattr(first, "column_names", None),
+                                           image_column)
+    check_clip_set(buckets, video_column)
+    if target_fps is not None and not target_fps > 0:
+        raise ValueError(f"`target_fps` must be > 0 frames per second (e.g. 16 for Wan), got {target_fps!r}.")
+    if width_column is None and image_column is None and video_column is None:
         raise ValueError(
             "Nothing to read sizes from: `image_column` is None and no `width_column`/`height_column` given."
         )
@@ -176,6 +221,11 @@ def add_bucket_columns(
                   show_summary=show_summary, load_from_cache_file=load_from_cache_file)
     if refs:
         kwargs.update(reference_columns=refs, reference_policy=reference_policy, reference_buckets=reference_buckets)
+    if video_column is not None:
+        if refs:
+            raise ValueError("reference_columns are images of an edit dataset; a clip dataset (video_column=...) takes "
+                             "none. Drop reference_columns or annotate the images with image_column=...")
+        kwargs.update(video_column=video_column, target_fps=target_fps)
     if isinstance(ds, (datasets.DatasetDict, datasets.IterableDatasetDict)):
         return type(ds)({split: add_bucket_columns(d, buckets, **kwargs) for split, d in ds.items()})  # type: ignore[arg-type]
     if isinstance(ds, datasets.IterableDataset):
@@ -199,13 +249,26 @@ def _annotate_dataset(ds: Any, buckets: BucketSet, *, image_column: str | None, 
                       height_column: str | None, num_proc: int | None, batch_size: int, max_upscale: float | None,
                       min_size: int | None, desc: str | None, show_summary: bool,
                       load_from_cache_file: bool | None, verify: bool = False, reference_columns: tuple[str, ...] = (),
-                      reference_policy: str = "strict", reference_buckets: BucketSet | None = None) -> Any:
+                      reference_policy: str = "strict", reference_buckets: BucketSet | None = None,
+                      video_column: str | None = None, target_fps: float | None = None) -> Any:
     import datasets
 
     added = _added_columns(buckets, reference_columns, reference_policy, reference_buckets)
-    base = ds.remove_columns([c for c in added if c in ds.column_names])
+    base = ds.remove_columns([c for c in dict.fromkeys((*ANNOTATION_COLUMNS, *added)) if c in ds.column_names])
     features = added
-    if reference_columns:
+    if video_column is not None:
+        _check_columns(base.column_names, {"video_column": video_column})
+        src = base.select_columns([video_column])
+        if isinstance(src.features[video_column], (datasets.Video, datasets.Image)):
+            src = src.cast_column(video_column, type(src.features[video_column])(decode=False))
+        new = src.with_format("arrow").map(
+            _video_batch, batched=True, batch_size=batch_size, num_proc=num_proc, input_columns=[video_column],
+            remove_columns=[video_column], features=features, desc=desc or "Reading clip headers",
+            fn_kwargs=dict(config=buckets.to_json(), target_fps=target_fps, max_upscale=max_upscale,
+                           min_size=min_size, as_dict=False),
+            load_from_cache_file=load_from_cache_file,
+        ).with_format(None)
+    elif reference_columns:
         read = [width_column, height_column] if width_column is not None else [image_column]
         _check_columns(base.column_names, {"image_column" if width_column is None else "width_column": read[0],
                                            **{f"reference_columns[{i}]": c for i, c in enumerate(reference_columns)}})
@@ -247,7 +310,7 @@ def _annotate_dataset(ds: Any, buckets: BucketSet, *, image_column: str | None, 
     if show_summary:
         print(
             (f"== {out.split} ==\n" if out.split is not None else "")
-            + str(summarize_annotation(out, buckets, image_column=image_column or "image"))
+            + str(summarize_annotation(out, buckets, image_column=video_column or image_column or "image"))
         )
     return out
 
@@ -257,20 +320,31 @@ def _annotate_iterable(ds: Any, buckets: BucketSet, *, image_column: str | None,
                        min_size: int | None, desc: str | None, show_summary: bool,
                        load_from_cache_file: bool | None, verify: bool = False,
                        reference_columns: tuple[str, ...] = (), reference_policy: str = "strict",
-                       reference_buckets: BucketSet | None = None) -> Any:
+                       reference_buckets: BucketSet | None = None, video_column: str | None = None,
+                       target_fps: float | None = None) -> Any:
     import datasets
 
     names = ds.column_names
     added = _added_columns(buckets, reference_columns, reference_policy, reference_buckets)
-    existing = [c for c in added if names is not None and c in names]
+    existing = [c for c in dict.fromkeys((*ANNOTATION_COLUMNS, *added)) if names is not None and c in names]
     base = ds.remove_columns(existing) if existing else ds
     features = None
     if base.features is not None:
         # Image columns stay encoded ({"bytes", "path"}) in the annotated stream: a broken image (skipped with its
         # reason) must not end the iteration, which decoding on the fly would. The loader decodes what it trains on.
-        kept = {k: datasets.Image(decode=False) if isinstance(v,
-                                                              datasets.Image) else v for k, v in base.features.items()}
+        kept = {k: type(v)(decode=False) if isinstance(v, (datasets.Image, datasets.Video)) else v
+                for k, v in base.features.items()}
         features = datasets.Features({**kept, **added})
+    if video_column is not None:
+        _check_columns(names, {"video_column": video_column})
+        src = base
+        feature = (base.features or {}).get(video_column)
+        if isinstance(feature, (datasets.Video, datasets.Image)):
+            src = base.cast_column(video_column, type(feature)(decode=False))
+        out = src.map(_video_batch, batched=True, batch_size=batch_size, input_columns=[video_column],
+                      fn_kwargs=dict(config=buckets.to_json(), target_fps=target_fps, max_upscale=max_upscale,
+                                     min_size=min_size, as_dict=True))
+        return out.cast(features) if features is not None else out
     if reference_columns:
         _check_columns(names, {f"reference_columns[{i}]": c for i, c in enumerate(reference_columns)})
         src = base

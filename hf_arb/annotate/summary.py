@@ -4,7 +4,10 @@ the bucket columns of a dataset (:func:`summarize_annotation`) or of arrays (:fu
 Outliers are kept rows a user probably does not want to train on as they are: an aspect error above
 :data:`WARN_ASPECT_ERROR` (a 2000×100 banner cropped to a 4:1 bucket) or a cover upscale above :data:`WARN_UPSCALE`
 (a 32×48 thumbnail blown up to 512×768). The summary counts them, shows the worst few and names the option that
-skips them (``--max-aspect-error`` / ``--max-upscale`` / ``--min-size``, recorded in ``skip_reason``)."""
+skips them (``--max-aspect-error`` / ``--max-upscale`` / ``--min-size``, recorded in ``skip_reason``).
+
+A clip set's summary (``BucketSet.has_frames``) has rows per (width, height, frames) bucket and the histograms of the
+clips' frame counts and frame rates (:func:`value_histogram`, from ``original_frames`` / ``original_fps``)."""
 
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from hf_arb.buckets.assignment import bucket_labels
 from hf_arb.buckets.schema import require_columns
 from hf_arb.buckets.sets import AssignmentSummary, BucketSet
 from hf_arb.wording import count
@@ -25,6 +29,29 @@ WARN_ASPECT_ERROR = 0.25
 #: default threshold of the upscale warning: kept rows that must be enlarged more than this to cover their bucket
 WARN_UPSCALE = 2.0
 _EXAMPLES = 3
+#: most bars of a frames / fps histogram (distinct values are shown as they are up to this many)
+HIST_BINS = 12
+
+
+def value_histogram(values: Any, *, integer: bool, bins: int = HIST_BINS) -> tuple[tuple[str, int], ...]:
+    """``(label, rows)`` per bar of a histogram of ``values`` (nulls and NaN left out), ascending: one bar per
+    distinct value when there are at most ``bins`` of them (``"81"``, ``"29.97"``), else ``bins`` equal ranges
+    (``"17-32"``). Vectorised; empty for no value."""
+    v = pc.cast(_chunked(values), pa.float64()).to_numpy(zero_copy_only=False)  # (n,) NaN for null
+    v = v[np.isfinite(v)]
+    if v.size == 0:
+        return ()
+    fmt = (lambda x: f"{int(round(x))}") if integer else (lambda x: f"{x:.3g}")
+    uniq, counts = np.unique(np.round(v, 3), return_counts=True)
+    if uniq.size <= bins:
+        return tuple((fmt(u), int(c)) for u, c in zip(uniq.tolist(), counts.tolist()))
+    counts, edges = np.histogram(v, bins=bins)
+    if integer:
+        lo, hi = np.ceil(edges[:-1]), np.floor(edges[1:]) - np.r_[np.ones(bins - 1), 0]
+        labels = [f"{int(a)}-{int(b)}" for a, b in zip(lo.tolist(), np.maximum(lo, hi).tolist())]
+    else:
+        labels = [f"{a:.3g}-{b:.3g}" for a, b in zip(edges[:-1].tolist(), edges[1:].tolist())]
+    return tuple((lab, int(c)) for lab, c in zip(labels, counts.tolist()))
 
 
 @dataclass(frozen=True)
@@ -87,6 +114,8 @@ class AnnotationSummary:
         outliers: kept rows beyond the warning thresholds (:class:`Outliers`, one per kind that has any).
         skipped_files: the first :data:`SKIPPED_SHOWN` skipped rows as ``(row, path, skip_reason)`` (path: the image's
             file name where the image column records one, else ``None``); :func:`skipped_files` lists them all.
+        frames_histogram, fps_histogram: a clip set's rows (read ones, kept or not) per frame count and per frame rate
+            (:func:`value_histogram`; images count as 1 frame at fps 0); empty for an image set.
     """
 
     rows: int
@@ -95,6 +124,8 @@ class AnnotationSummary:
     unreadable_examples: tuple[str, ...] = ()
     outliers: tuple[Outliers, ...] = ()
     skipped_files: tuple[tuple[int, str | None, str], ...] = ()
+    frames_histogram: tuple[tuple[str, int], ...] = ()
+    fps_histogram: tuple[tuple[str, int], ...] = ()
 
     @property
     def skipped(self) -> int:
@@ -112,7 +143,9 @@ class AnnotationSummary:
         return {
             "rows": self.rows, "kept": self.kept, "skipped": dict(sorted(self.skipped_by_reason.items())),
             "aspect_error": err,
-            "counts": {f"{w}x{h}": int(c) for (w, h), c in zip(a.resolutions.tolist(), a.counts.tolist())},
+            "counts": dict(zip(bucket_labels(a.resolutions), (int(c) for c in a.counts.tolist()))),
+            **({"frames": dict(self.frames_histogram), "fps": dict(self.fps_histogram)} if self.frames_histogram
+               else {}),
         }
 
     def __str__(self) -> str:
@@ -130,19 +163,28 @@ class AnnotationSummary:
         if not self.skipped_files:
             lines.extend(f"  e.g. {ex}" for ex in self.unreadable_examples)
         lines.append(f"aspect error: mean {a.error_mean:.4f}  median {a.error_median:.4f}  max {a.error_max:.4f}")
-        lines.append("rows per bucket (width x height, aspect), portrait to landscape:")
         res = a.resolutions
-        order = np.lexsort((res[:, 0] * res[:, 1], res[:, 0] / res[:, 1]))
+        clip = res.shape[1] > 2
+        lines.append("rows per bucket (width x height" + (" x frames" if clip else "")
+                     + ", aspect), " + ("by frames, then " if clip else "") + "portrait to landscape:")
+        frames = res[:, 2] if clip else np.ones(len(res), np.int64)
+        order = np.lexsort((res[:, 0] * res[:, 1], res[:, 0] / res[:, 1], frames))
         for i in order:
-            w, h = res[i]
-            lines.append(f"  {w:>5} x {h:<5} {w / h:6.3f}  {int(a.counts[i]):>10,}")
+            w, h = res[i, :2]
+            f = f" x {int(res[i, 2]):<4}" if clip else ""
+            lines.append(f"  {w:>5} x {h:<5}{f} {w / h:6.3f}  {int(a.counts[i]):>10,}")
+        for name, hist in (("frames", self.frames_histogram), ("fps", self.fps_histogram)):
+            if hist:
+                lines.append(f"rows per {name} ({'clip length' if name == 'frames' else 'frame rate'}; images: "
+                             f"{'1' if name == 'frames' else '0'}): " + ", ".join(f"{k}: {v:,}" for k, v in hist))
         lines.extend(str(o) for o in self.outliers)
         return "\n".join(lines)
 
 
 def summarize_columns(bucket: Any, aspect_error: Any, skip_reason: Any, buckets: BucketSet, *,
                       sizes: tuple[Any, Any] | None = None, warn_aspect_error: float | None = WARN_ASPECT_ERROR,
-                      warn_upscale: float | None = WARN_UPSCALE) -> AnnotationSummary:
+                      warn_upscale: float | None = WARN_UPSCALE,
+                      clips: tuple[Any, Any] | None = None) -> AnnotationSummary:
     """:class:`AnnotationSummary` from the three columns (arrays or pyarrow arrays), vectorised.
 
     Args:
@@ -156,6 +198,7 @@ def summarize_columns(bucket: Any, aspect_error: Any, skip_reason: Any, buckets:
             BucketSet already prunes with ``max_aspect_error``).
         warn_upscale: report kept rows whose cover scale ``max(bucket_w / w, bucket_h / h)`` exceeds this (``None``:
             no warning, e.g. when ``max_upscale`` already skipped them).
+        clips: a clip set's ``original_frames`` and ``original_fps`` columns, shape ``(n,)`` each: the histograms.
     """
     ids = pc.cast(_chunked(bucket), pa.int64()).to_numpy()  # (n,)
     err = pc.cast(_chunked(aspect_error), pa.float64()).to_numpy()  # (n,) NaN for null
@@ -171,7 +214,7 @@ def summarize_columns(bucket: Any, aspect_error: Any, skip_reason: Any, buckets:
         full, c = item["values"], item["counts"]
         cat = full.split(":", 1)[0].strip()
         by_reason[cat] = by_reason.get(cat, 0) + int(c)
-        if cat in ("unreadable", "truncated", "undecodable") and len(examples) < 5:
+        if cat in ("unreadable", "truncated", "undecodable", "too_few_frames") and len(examples) < 5:
             examples.append(full)
     if ids.size and ids.max(initial=-1) >= len(buckets):
         raise ValueError(f"Bucket id {int(ids.max())} is out of range for a BucketSet of {len(buckets)} buckets; "
@@ -183,7 +226,10 @@ def summarize_columns(bucket: Any, aspect_error: Any, skip_reason: Any, buckets:
     if buckets.max_aspect_error is not None:
         warn_aspect_error = None  # the BucketSet prunes by its own threshold: every kept row is within it
     outliers = _outliers(ids, err, sizes, buckets, warn_aspect_error, warn_upscale)
-    return AnnotationSummary(int(ids.size), by_reason, buckets.summarize(ids, err), tuple(examples), outliers)
+    hists = {} if clips is None else {"frames_histogram": value_histogram(clips[0], integer=True),
+                                      "fps_histogram": value_histogram(clips[1], integer=False)}
+    return AnnotationSummary(int(ids.size), by_reason, buckets.summarize(ids, err), tuple(examples), outliers,
+                             **hists)
 
 
 def cover_scales(ids: Any, widths: Any, heights: Any, buckets: BucketSet) -> np.ndarray:
@@ -202,7 +248,7 @@ def _outliers(ids: np.ndarray, err: np.ndarray, sizes: tuple[Any, Any] | None, b
               warn_aspect_error: float | None, warn_upscale: float | None) -> tuple[Outliers, ...]:
     """Kept rows above the warning thresholds, vectorised; the worst :data:`_EXAMPLES` of each kind as examples."""
     kept = ids >= 0  # (n,)
-    res = buckets.resolutions  # (k, 2)
+    res = buckets.resolutions  # (k, 2), or (k, 3) with frames
     bw, bh = (res[np.where(kept, ids, 0), j] for j in (0, 1))  # (n,) each
     if sizes is not None:
         w, h = (pc.cast(_chunked(c), pa.float64()).to_numpy(zero_copy_only=False) for c in sizes)  # (n,) NaN = null
@@ -253,23 +299,29 @@ def summarize_annotation(ds: Any, buckets: BucketSet | None = None, *,
     cols = ["bucket", "aspect_error", "skip_reason"]
     names = getattr(ds, "column_names", None) or []
     size_cols = [c for c in ("original_width", "original_height") if c in names]
-    warn: dict[str, float | None] = {"warn_aspect_error": warn_aspect_error, "warn_upscale": warn_upscale}
+    clip_cols = [c for c in ("original_frames", "original_fps") if c in names] if buckets.has_frames else []
+    warn: dict[str, Any] = {"warn_aspect_error": warn_aspect_error, "warn_upscale": warn_upscale}
     if isinstance(ds, datasets.Dataset):
         require_columns(ds, cols, "Summarising the annotation")
-        t = ds.select_columns(cols + size_cols).with_format("arrow")[:]
-        sizes = (t.column(3), t.column(4)) if len(size_cols) == 2 else None
+        t = ds.select_columns(cols + size_cols + clip_cols).with_format("arrow")[:]
+        sizes = (t.column("original_width"), t.column("original_height")) if len(size_cols) == 2 else None
+        if len(clip_cols) == 2:
+            warn["clips"] = (t.column("original_frames"), t.column("original_fps"))
         summary = summarize_columns(t.column(0), t.column(1), t.column(2), buckets, sizes=sizes, **warn)
         shown = skipped_files(ds, image_column, limit=SKIPPED_SHOWN) if summary.skipped else []
         outliers = tuple(dataclasses.replace(o, paths=tuple(row_paths(ds, image_column, [e[0] for e in o.examples])))
                          for o in summary.outliers)
         return dataclasses.replace(summary, skipped_files=tuple(shown), outliers=outliers)
     if isinstance(ds, datasets.IterableDataset):
-        parts: dict[str, list[Any]] = {c: [] for c in cols + size_cols}
-        for batch in ds.select_columns(cols + size_cols).iter(batch_size=10_000):
+        parts: dict[str, list[Any]] = {c: [] for c in cols + size_cols + clip_cols}
+        for batch in ds.select_columns(cols + size_cols + clip_cols).iter(batch_size=10_000):
             for c, values in parts.items():
                 values.extend(batch[c])
         sizes = (pa.array(parts["original_width"], pa.int64()), pa.array(parts["original_height"], pa.int64())) \
             if len(size_cols) == 2 else None
+        if len(clip_cols) == 2:
+            warn["clips"] = (pa.array(parts["original_frames"], pa.int64()), pa.array(parts["original_fps"],
+                                                                                       pa.float64()))
         return summarize_columns(pa.array(parts["bucket"], pa.int64()), pa.array(parts["aspect_error"], pa.float64()),
                                  pa.array(parts["skip_reason"], pa.string()), buckets, sizes=sizes, **warn)
     raise TypeError(f"`ds` must be a datasets Dataset or IterableDataset, got {type(ds).__name__}.")
@@ -303,7 +355,9 @@ def row_paths(ds: Any, image_column: str, rows: list[int]) -> list[str | None]:
     import datasets
 
     feature = getattr(ds, "features", {}).get(image_column)
-    if not rows or not isinstance(feature, datasets.Image):  # stored as {bytes, path}: read the path field only
+    if rows and feature is not None and getattr(feature, "dtype", None) == "string":  # a column of file paths
+        return ds.select_columns([image_column]).with_format("arrow")[list(rows)].column(0).to_pylist()
+    if not rows or not isinstance(feature, (datasets.Image, datasets.Video)):  # {bytes, path}: read the path field
         return [None] * len(rows)
     raw = ds.select_columns([image_column]).with_format("arrow")[list(rows)].column(0).combine_chunks()
     return raw.field("path").to_pylist()

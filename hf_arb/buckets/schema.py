@@ -39,13 +39,22 @@ from .stored import (
 BUCKET_COLUMNS: tuple[str, ...] = (
     "bucket", "bucket_width", "bucket_height", "original_width", "original_height", "aspect_error", "skip_reason",
 )
+#: The columns a clip set (``BucketSet.has_frames``) adds after :data:`BUCKET_COLUMNS`: the bucket's frame count, the
+#: clip's frames and frame rate from its header (an image is 1 frame at fps 0), whether the count is the container's
+#: own (``False``: duration x fps), and the frame plan's stride (every ``frame_stride``-th frame trains, to match the
+#: model's frame rate; the window's start is drawn per epoch by :func:`hf_arb.video.frames.frame_plan`).
+CLIP_BUCKET_COLUMNS: tuple[str, ...] = ("bucket_frames", "original_frames", "original_fps", "frames_exact",
+                                        "frame_stride")
 
 
 # ----------------------------------------------------------------------------------- write
 def bucket_features(buckets: BucketSet) -> Any:
-    """``datasets.Features`` of the bucket columns; the ``bucket`` feature's ``id`` carries the BucketSet."""
+    """``datasets.Features`` of the bucket columns; the ``bucket`` feature's ``id`` carries the BucketSet (with its
+    frame axis); a clip set's :data:`CLIP_BUCKET_COLUMNS` follow."""
     from datasets import Features, Value
 
+    clip = {"bucket_frames": Value("int32"), "original_frames": Value("int32"), "original_fps": Value("float32"),
+            "frames_exact": Value("bool"), "frame_stride": Value("int32")} if buckets.has_frames else {}
     return Features({
         "bucket": Value("int32", id=CONFIG_ID_PREFIX + buckets.to_json()),
         "bucket_width": Value("int32"),
@@ -54,6 +63,7 @@ def bucket_features(buckets: BucketSet) -> Any:
         "original_height": Value("int32"),
         "aspect_error": Value("float32"),
         "skip_reason": Value("string"),
+        **clip,
     })
 
 
@@ -64,6 +74,13 @@ def arrow_schema() -> pa.Schema:
         ("original_width", pa.int32()), ("original_height", pa.int32()), ("aspect_error", pa.float32()),
         ("skip_reason", pa.string()),
     ])
+
+
+def clip_arrow_schema() -> pa.Schema:
+    """The Arrow schema of a clip set's bucket columns: :func:`arrow_schema`, then :data:`CLIP_BUCKET_COLUMNS`."""
+    return pa.schema(list(arrow_schema()) + [
+        ("bucket_frames", pa.int32()), ("original_frames", pa.int32()), ("original_fps", pa.float32()),
+        ("frames_exact", pa.bool_()), ("frame_stride", pa.int32())])
 
 
 def with_stored_buckets(ds: Any, buckets: BucketSet) -> Any:

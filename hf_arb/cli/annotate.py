@@ -4,6 +4,11 @@
 ``save_to_disk``, adds the bucket columns and saves (``--output-dir``) or pushes (``--push-to-hub``) the result.
 ``stats DATASET`` prints the summary of an annotated dataset and can draw the bucket chart; with
 ``--resolution 512,1024`` it prints rows per (tier, bucket) instead (:mod:`hf_arb.cli.tier_stats`).
+
+Clips: ``annotate --frames 1,9,17`` gives every bucket of the table those frame counts ((width, height, frames)
+buckets; 1 for the images of the dataset) and reads a clip column's container headers (``--video-column``, detected
+when the dataset has a ``Video`` column and no image column); ``stats`` then prints rows and batches per (W, H, F) and
+the histograms of frames and fps.
 """
 
 from __future__ import annotations
@@ -90,7 +95,31 @@ def _buckets(args: argparse.Namespace) -> BucketSet:
     bs = buckets_from_args(args)
     if args.aspect_range is not None:
         bs = bs.replace(aspect_range=tuple(args.aspect_range))
+    frames = getattr(args, "frames", None)
+    if frames:
+        bs = with_frames(bs, frames, getattr(args, "short_clips", "skip"))
+    elif getattr(args, "short_clips", "skip") != "skip":
+        raise UsageError(f"--short-clips {args.short_clips} applies to clip buckets: pass --frames too")
     return bs
+
+
+def with_frames(bs: BucketSet, frames: list[int], short_clips: str = "skip") -> BucketSet:
+    """``bs`` with a frame axis: every (width, height) bucket at each of ``frames`` (bucket ids frame-major)."""
+    if bs.has_frames:
+        raise UsageError(f"--frames {','.join(map(str, frames))}: this bucket table has a frame axis already "
+                         f"({len(bs.frame_counts)} frame counts); drop --frames")
+    return bs.replace(resolutions=[(w, h, f) for f in frames for (w, h) in bs], short_clips=short_clips)
+
+
+def _frame_counts(text: str) -> list[int]:
+    """argparse type: ``1,9,17``: distinct positive frame counts, ascending."""
+    try:
+        values = sorted({int(x) for x in text.split(",") if x.strip()})
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected frame counts like 1,9,17, got {text!r}") from None
+    if not values or values[0] < 1:
+        raise argparse.ArgumentTypeError(f"frame counts must be >= 1 (1: images), got {text!r}")
+    return values
 
 
 def _reference_buckets(args: argparse.Namespace) -> BucketSet | None:
@@ -134,6 +163,17 @@ def _add_annotate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--aspect-range", type=float, nargs=2, metavar=("MIN", "MAX"), default=None,
                    help="skip images whose width/height is outside [MIN, MAX] (DALL-E kept 0.5 2.0)")
     p.add_argument("--image-column", default="image", help="image column (default: image)")
+    p.add_argument("--video-column", "--video_column", dest="video_column", default=None,
+                   help="clip column (datasets.Video, paths or bytes; images in it are 1-frame clips): container "
+                        "headers only. Default: detected with --frames when there is no image column")
+    p.add_argument("--frames", type=_frame_counts, default=None, metavar="F1,F2,...",
+                   help="give every bucket these frame counts: (width, height, frames) buckets, 1 for images (e.g. "
+                        "1,17,33,49 for Wan's 4k+1 rule)")
+    p.add_argument("--target-fps", "--target_fps", dest="target_fps", type=_positive_float, default=None,
+                   metavar="FPS", help="the model's frame rate (Wan 16): every round(fps / FPS)-th frame trains")
+    p.add_argument("--short-clips", choices=("skip", "loop"), default="skip",
+                   help="a clip shorter than the smallest frame count: skip it (default, skip_reason "
+                        "'too_few_frames') or loop it into that count")
     p.add_argument("--width-column", default=None, help="width column: use metadata sizes, open no image")
     p.add_argument("--height-column", default=None, help="height column (with --width-column)")
     p.add_argument("--split", default=None, help="only this split (default: all splits)")
@@ -178,9 +218,15 @@ def _run_annotate(args: argparse.Namespace) -> int:
         from .engines import run_engine
 
         return run_engine(args, buckets, reference_buckets)
+    if args.video_column is not None and not buckets.has_frames:
+        raise UsageError(f"--video-column {args.video_column} needs clip buckets: pass --frames (e.g. --frames "
+                         "1,17,33) to give the bucket table a frame axis")
     ds = load_source(args.source, split=args.split, streaming=args.streaming)
     image_column = None if args.width_column else args.image_column
+    clips = {} if args.video_column is None and args.target_fps is None else dict(
+        video_column=args.video_column, target_fps=args.target_fps)
     annotated = add_bucket_columns(ds, buckets, image_column=image_column, width_column=args.width_column,
+                                   **clips,
                                    height_column=args.height_column, num_proc=args.num_proc,
                                    batch_size=args.batch_size, max_upscale=args.max_upscale, min_size=args.min_size,
                                    show_summary=False, verify=args.verify,
@@ -206,7 +252,7 @@ def _run_annotate(args: argparse.Namespace) -> int:
         warn = {} if args.max_upscale is None else {"warn_upscale": None}
         for split, part in _splits(annotated):
             print(f"== {split} ==")
-            print(summarize_annotation(part, buckets, image_column=args.image_column, **warn))
+            print(summarize_annotation(part, buckets, image_column=_file_column(part, args), **warn))
     if args.output_dir:
         annotated.save_to_disk(args.output_dir)
         print(f"saved to {args.output_dir}")
@@ -226,6 +272,16 @@ def _run_annotate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _file_column(ds: Any, args: argparse.Namespace) -> str:
+    """Where the summary reads the skipped rows' file names: the clip column of a clip dataset, else the images'."""
+    from hf_arb.annotate.clips import detect_video_column
+
+    if getattr(args, "video_column", None):
+        return args.video_column
+    image_column = getattr(args, "image_column", "image")
+    return detect_video_column(ds.features, ds.column_names, image_column) or image_column
+
+
 # ----------------------------------------------------------------------------------- stats
 def _add_stats_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("dataset", help="annotated dataset: save_to_disk dir, .parquet file, local folder or Hub id")
@@ -233,7 +289,33 @@ def _add_stats_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plot", "--chart", default=None, metavar="FILE.png",
                    help="draw the bucket chart to this PNG (with --resolution: rows per tier and bucket; with "
                         "reference columns also rows per composite bucket to FILE_composite.png)")
+    p.add_argument("--train-batch-size", "--train_batch_size", dest="train_batch_size", type=positive_int,
+                   default=None, help="also print the batches per epoch of each bucket at this per-process batch "
+                                      "(a clip dataset: 1 by default)")
+    p.add_argument("--num-processes", "--num_processes", dest="num_processes", type=positive_int, default=1,
+                   help="training processes, for the batches per bucket (default 1)")
     add_tier_arguments(p)
+
+
+def batches_text(ds: Any, buckets: BucketSet, batch_size: int, num_processes: int) -> str:
+    """The epoch plan's batches (steps) per bucket, one line, as the sampler would make them (``leftover="drop"``)."""
+    import warnings
+
+    from hf_arb.buckets.schema import read_bucket_ids
+    from hf_arb.sampling import BucketBatchSampler
+
+    ids = read_bucket_ids(ds)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            plan = BucketBatchSampler(ids, batch_size, num_replicas=num_processes, rank=0, buckets=buckets,
+                                      log_report=False).report()
+    except ValueError as e:
+        return f"batches per bucket: no plan ({e})"
+    labels = buckets.labels()
+    per = ", ".join(f"{labels[int(b)]}: {int(c):,}" for b, c in sorted(plan.batches_per_bucket.items()) if c)
+    return (f"batches per epoch (--train-batch-size {batch_size} x {num_processes} process"
+            f"{'es' if num_processes > 1 else ''}: {plan.steps:,} steps): {per or 'none'}")
 
 
 def _run_stats(args: argparse.Namespace) -> int:
@@ -257,7 +339,9 @@ def _run_stats(args: argparse.Namespace) -> int:
     names: tuple[str, ...] = ()
     for split, part in _splits(ds):
         print(f"== {split} ==")
-        print(summarize_annotation(part, buckets))
+        print(summarize_annotation(part, buckets, image_column=_file_column(part, args)))
+        if args.train_batch_size is not None or buckets.has_frames:
+            print(batches_text(part, buckets, args.train_batch_size or 1, args.num_processes))
         names = stored_reference_columns(part.features)
         if names:
             print(composite_summary(part))
@@ -298,7 +382,7 @@ def _guard(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Names
 
 #: the sub-commands of this module: ``name -> (help, add_arguments, run)``
 COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {
-    "annotate": ("add bucket columns to an image dataset; save it or push it to the Hub",
+    "annotate": ("add bucket columns to an image or clip dataset; save it or push it to the Hub",
                  _add_annotate_arguments, _guard(_run_annotate)),
     "stats": ("print the bucket summary of an annotated dataset (or rows per tier and bucket); draw the chart",
               _add_stats_arguments, _guard(_run_stats)),

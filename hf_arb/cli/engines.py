@@ -50,6 +50,13 @@ def run_engine(args: argparse.Namespace, buckets: BucketSet, reference_buckets: 
     kwargs: dict[str, Any] = dict(image_column=None if args.width_column else args.image_column,
                                   width_column=args.width_column, height_column=args.height_column,
                                   max_upscale=args.max_upscale, min_size=args.min_size)
+    video = getattr(args, "video_column", None)
+    if video is None and buckets.has_frames and not args.width_column:  # a clip dataset, as the datasets path detects
+        from hf_arb.annotate.clips import detect_video_column
+
+        video = detect_video_column(features, list(features), args.image_column)
+    if video is not None:
+        kwargs.update(image_column=None, video_column=video, target_fps=getattr(args, "target_fps", None))
     refs: dict[str, Any] = {}
     if getattr(args, "reference_columns", None):
         refs = dict(reference_columns=tuple(args.reference_columns), reference_policy=args.reference_policy,

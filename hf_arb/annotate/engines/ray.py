@@ -35,7 +35,8 @@ def add_bucket_columns(ds: Any, buckets: BucketSet, image_column: str | None = "
                        max_upscale: float | None = None, min_size: int | None = None,
                        features: Any = None, batch_size: int | None = None,
                        reference_columns: Sequence[str] | None = None, reference_policy: str = "strict",
-                       reference_buckets: BucketSet | None = None, **map_batches_kwargs: Any) -> Any:
+                       reference_buckets: BucketSet | None = None, video_column: str | None = None,
+                       target_fps: float | None = None, **map_batches_kwargs: Any) -> Any:
     """Add the bucket columns to a ``ray.data.Dataset`` (lazy, like every Ray transform).
 
     Args:
@@ -53,6 +54,8 @@ def add_bucket_columns(ds: Any, buckets: BucketSet, image_column: str | None = "
             ``<name>_bucket_height`` (:mod:`hf_arb.buckets.references`), and a broken reference skips its row with
             ``skip_reason`` ``"reference <name>: ..."``, exactly as the ``datasets`` path does.
         batch_size: rows per batch for ``map_batches`` (``None``: whole blocks, fastest for width/height columns).
+        video_column, target_fps: a clip column (``datasets.Video`` storage, paths or bytes; headers only) and the
+            model's frame rate, with a clip set, as in :func:`hf_arb.add_bucket_columns`.
         **map_batches_kwargs: passed to ``Dataset.map_batches`` (e.g. ``num_cpus``, ``concurrency``).
 
     Returns:
@@ -64,13 +67,15 @@ def add_bucket_columns(ds: Any, buckets: BucketSet, image_column: str | None = "
     fn = BatchAnnotator.create(buckets, image_column=image_column, width_column=width_column,
                                height_column=height_column, max_upscale=max_upscale, min_size=min_size,
                                features=features, reference_columns=reference_columns,
-                               reference_policy=reference_policy, reference_buckets=reference_buckets)
+                               reference_policy=reference_policy, reference_buckets=reference_buckets,
+                               video_column=video_column, target_fps=target_fps)
     schema = ds.schema(fetch_if_missing=False)  # known without running anything (e.g. read_parquet); else checked
     names = list(schema.names) if schema is not None else None  # in the tasks with the same message
     missing = [c for c in fn.input_columns if names is not None and c not in names]
     if missing:
         raise ValueError(f"Column(s) {missing} are not in the Ray dataset; its columns are {names}. Pass the "
-                         "right name with image_column=..., width_column=..., height_column=..., reference_columns=...")
+                         "right name with image_column=..., video_column=..., width_column=..., height_column=..., "
+                         "reference_columns=...")
     return ds.map_batches(fn, batch_format="pyarrow", batch_size=batch_size, zero_copy_batch=True,
                           **map_batches_kwargs)
 

@@ -37,7 +37,7 @@ from hf_arb.annotate.arrow_batch import (
 )
 from hf_arb.annotate.map import AnnotationSummary
 from hf_arb.buckets.references import check_policy, check_reference_columns, reference_arrow_fields
-from hf_arb.buckets.schema import BUCKET_COLUMNS
+from hf_arb.buckets.schema import BUCKET_COLUMNS, CLIP_BUCKET_COLUMNS
 from hf_arb.buckets.sets import BucketSet
 
 try:
@@ -58,13 +58,14 @@ def _require_spark() -> Any:
     return pyspark.sql
 
 
-def _bucket_struct_fields() -> list[Any]:
-    from pyspark.sql.types import FloatType, IntegerType, StringType, StructField
+def _bucket_struct_fields(clips: bool = False) -> list[Any]:
+    from pyspark.sql.types import BooleanType, FloatType, IntegerType, StringType, StructField
 
     types = {"bucket": IntegerType(), "bucket_width": IntegerType(), "bucket_height": IntegerType(),
              "original_width": IntegerType(), "original_height": IntegerType(), "aspect_error": FloatType(),
-             "skip_reason": StringType()}
-    return [StructField(c, types[c], True) for c in BUCKET_COLUMNS]
+             "skip_reason": StringType(), "bucket_frames": IntegerType(), "original_frames": IntegerType(),
+             "original_fps": FloatType(), "frames_exact": BooleanType(), "frame_stride": IntegerType()}
+    return [StructField(c, types[c], True) for c in (*BUCKET_COLUMNS, *(CLIP_BUCKET_COLUMNS if clips else ()))]
 
 
 def _reference_struct_fields(names: Sequence[str]) -> list[Any]:
@@ -77,7 +78,8 @@ def add_bucket_columns(df: Any, buckets: BucketSet, image_column: str | None = "
                        width_column: str | None = None, height_column: str | None = None, *,
                        max_upscale: float | None = None, min_size: int | None = None,
                        reference_columns: Sequence[str] | None = None, reference_policy: str = "strict",
-                       reference_buckets: BucketSet | None = None) -> Any:
+                       reference_buckets: BucketSet | None = None, video_column: str | None = None,
+                       target_fps: float | None = None) -> Any:
     """Add the bucket columns to a Spark ``DataFrame`` (lazy, like every Spark transformation).
 
     Args:
@@ -90,6 +92,8 @@ def add_bucket_columns(df: Any, buckets: BucketSet, image_column: str | None = "
         reference_columns, reference_policy, reference_buckets: reference image columns of an edit dataset and
             how they are bucketed, as in :func:`hf_arb.add_bucket_columns` (a broken reference skips its row with
             ``skip_reason`` ``"reference <name>: ..."``). Pass the same three to :func:`write_parquet`.
+        video_column, target_fps: a clip column (``datasets.Video`` storage, paths or bytes; headers only) and the
+            model's frame rate, with a clip set, as in :func:`hf_arb.add_bucket_columns`.
 
     Returns:
         A ``DataFrame`` with the :data:`~hf_arb.buckets.schema.BUCKET_COLUMNS` appended (old ones replaced), then each
@@ -102,12 +106,14 @@ def add_bucket_columns(df: Any, buckets: BucketSet, image_column: str | None = "
     fn = BatchAnnotator.create(buckets, image_column=image_column, width_column=width_column,
                                height_column=height_column, max_upscale=max_upscale, min_size=min_size,
                                reference_columns=reference_columns, reference_policy=reference_policy,
-                               reference_buckets=reference_buckets)
+                               reference_buckets=reference_buckets, video_column=video_column,
+                               target_fps=target_fps)
     missing = [c for c in fn.input_columns if c not in df.columns]
     if missing:
         raise ValueError(f"Column(s) {missing} are not in the DataFrame; its columns are {df.columns}. Pass the right "
-                         "name with image_column=..., width_column=..., height_column=..., reference_columns=...")
-    added = _bucket_struct_fields() + _reference_struct_fields(fn.reference_columns)
+                         "name with image_column=..., video_column=..., width_column=..., height_column=..., "
+                         "reference_columns=...")
+    added = _bucket_struct_fields(buckets.has_frames) + _reference_struct_fields(fn.reference_columns)
     names = {f.name for f in added}
     schema = StructType([f for f in df.schema.fields if f.name not in names] + added)
     return df.mapInArrow(fn.iter_batches, schema)
