@@ -178,22 +178,23 @@ class _Picker:
     """Chooses, while frames stream by in time order, the frame nearest each wanted instant, and fits it."""
 
     def __init__(self, times: np.ndarray, plan: FitPlan, orientation: int, resample: str, name: str) -> None:
-        self.order = np.argsort(times, kind="stable")
-        self.wanted = times[self.order]  # ascending
+        order = np.argsort(times, kind="stable")
+        self.order, self.wanted = order.tolist(), times[order].tolist()  # ascending; Python floats: a loop per frame
         bw, bh = plan.bucket
         self.out = np.empty((times.size, 3, bh, bw), np.uint8)  # the only allocation at the bucket's size
         self.chosen = np.empty(times.size, np.float64)
+        self.count = times.size
         self.plan, self.orientation, self.resample, self.name = plan, orientation, resample, name
         self.j, self.last_src, self.last_out = 0, None, -1
 
     @property
     def done(self) -> bool:
-        return self.j == self.wanted.size
+        return self.j == self.count
 
     def take(self, frame: Any, t: float, until: float | None) -> None:
         """``frame`` (at ``t``) for every pending instant nearer to it than to the next frame (at ``until``; None:
         the stream ended, every pending instant)."""
-        while self.j < self.wanted.size and (until is None or self.wanted[self.j] - t <= until - self.wanted[self.j]
+        while self.j < self.count and (until is None or self.wanted[self.j] - t <= until - self.wanted[self.j]
                                              + TIE_S):
             k = self.order[self.j]
             if frame is self.last_src:
