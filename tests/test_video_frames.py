@@ -252,7 +252,7 @@ def test_clip_problems_is_vectorised_and_names_each_reason() -> None:
 
 
 # ------------------------------------------------------------------------------------------- pure functions
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(frames=st.integers(1, 600), fps=st.sampled_from([8.0, 23.976, 24.0, 25.0, 29.97, 30.0, 60.0]),
        target=st.integers(1, 97), target_fps=st.sampled_from([None, 8.0, 16.0, 24.0, 30.0]),
        mode=st.sampled_from(["head", "random", "uniform", "slide"]), seed=st.integers(0, 2**31),
