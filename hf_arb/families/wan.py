@@ -381,7 +381,7 @@ class WanFamily(FlowFamily):
     def generation_lines(self, call: str) -> list[str]:
         """Generate the frames and write them as an MP4 with diffusers' ``export_to_video`` (16 fps, Wan's rate)."""
         return [f"frames = pipe({call}).frames[0]  # a trained bucket shape",
-                'export_to_video(frames, "video.mp4", fps=16)']
+                'export_to_video(frames, "video.mp4", fps=16)  # imageio + imageio-ffmpeg write the MP4']
 
     def card_code(self, args: argparse.Namespace, repo_id: str, shape: tuple[int, ...]) -> list[str]:
         """:meth:`Family.card_code` with ``export_to_video``'s import after the pipeline's."""
