@@ -227,6 +227,31 @@ def test_clip_loss_is_finite_backprops_and_takes_stills_as_one_frame_clips(wan_a
                                        rtol=1e-5, atol=1e-6)
 
 
+def test_gradient_checkpointing_gives_the_same_gradients_and_bf16_trains(wan_assets):
+    """--gradient_checkpointing (what 81-frame clips need at full size) recomputes the blocks: the same loss and
+    gradients; a bf16 transformer (--mixed_precision bf16 with LoRA's frozen base) gives a finite loss that
+    backprops."""
+    family = get_family("wan")
+    grads = []
+    for flags in ([], ["--gradient_checkpointing"]):
+        args = wan_args(wan_assets["wan"], "--full_finetune", *flags)
+        models = family.load_models(args)
+        assert models.unet.is_gradient_checkpointing == bool(flags)
+        loss = loss_of(family, args, models, clip_batch())
+        loss.backward()
+        grads.append((loss.item(), {n: p.grad.clone() for n, p in models.unet.named_parameters()
+                                    if p.grad is not None}))
+    assert grads[0][0] == grads[1][0] and grads[0][1].keys() == grads[1][1].keys()
+    for name, g in grads[0][1].items():
+        torch.testing.assert_close(grads[1][1][name], g, rtol=1e-5, atol=1e-7)
+    models.unet.to(torch.bfloat16)
+    text = lambda caps: family.encode_text(models, models.text_encoders, caps, "cpu")  # noqa: E731
+    loss = family.training_loss(args, models, models.unet, clip_batch(), text, torch.Generator().manual_seed(0),
+                                torch.bfloat16)
+    assert loss.dtype == torch.float32 and torch.isfinite(loss)
+    loss.backward()
+
+
 def test_latent_normalisation_is_the_inverse_of_the_pipelines_decode_step(pipe):
     """normalize_latents(z), then WanPipeline's own step before decoding (``latents / (1 / std) + mean``), gives z."""
     cfg = pipe.vae.config
