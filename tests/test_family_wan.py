@@ -164,6 +164,7 @@ def test_frame_rule_and_spatial_multiple_are_what_the_pipeline_accepts(pipe, wan
     models = family.load_models(wan_args(wan_assets["wan"], "--rank", "4"))
     rule = family.frame_rule(models)
     assert rule == FRAME_RULES["wan"] == family.frame_rule() and rule.step == pipe.vae_scale_factor_temporal
+    assert get_family("flux").frame_rule() is None and get_family("sdxl").frame_rule() is None  # image families
     for n in range(1, 14):
         out = pipe("a", height=16, width=16, num_frames=n, num_inference_steps=1, guidance_scale=1.0,
                    output_type="np", max_sequence_length=8).frames
@@ -219,6 +220,12 @@ def test_clip_loss_is_finite_backprops_and_takes_stills_as_one_frame_clips(wan_a
         assert loss_of(family, args, models, still).item() == loss_of(family, args, models, one_frame).item()
         with pytest.raises(ValueError, match=r"not \(B, F, C, H, W\): permute\(0, 2, 1, 3, 4\)"):
             loss_of(family, args, models, {**batch, "pixel_values": batch["pixel_values"].transpose(1, 2)})
+        # --masked_loss on stills: the (B, 1, h, w) mask weighs the one latent frame; all ones changes nothing
+        ones, half = torch.ones(2, 1, 4, 6), torch.ones(2, 1, 4, 6)
+        half[:, :, :, 3:] = 0.0
+        plain = loss_of(family, args, models, still).item()
+        assert loss_of(family, args, models, {**still, "loss_mask": ones}).item() == plain
+        assert loss_of(family, args, models, {**still, "loss_mask": half}).item() < plain
         for pixels in (batch["pixel_values"], still["pixel_values"]):  # clips (B,2,C,F',h,w), stills (B,2,C,h,w)
             cached = {"latent_stats": posterior_stats(models.vae, pixels), "captions": batch["captions"]}
             assert cached["latent_stats"].ndim == pixels.ndim + 1
