@@ -2,13 +2,15 @@
 transformer convention (timestep ``sigma * 1000``, velocity output) equal to ``WanPipeline``'s, the scheduler's fixed
 ``flow_shift`` in training, the frame rule and the spatial multiple equal to what the pipeline accepts, the loss on
 clip batches ``(B, C, F, H, W)`` (stills as 1-frame clips; cached latents equal to on-the-fly), LoRA and full
-fine-tune steps through the adapter, and (slow) a 3-step LoRA run of the unchanged script on a folder of stills; the
-LoRAs and the full fine-tune load in stock diffusers without hf_arb and generate 48x32 clips of 9 frames.
+fine-tune steps through the adapter, and (slow) runs of the unchanged script on a folder of stills: a 3-step LoRA, a
+4-step full fine-tune and its exact resume; the LoRAs and the full fine-tunes load in stock diffusers without hf_arb
+and generate 48x32 clips of 9 frames.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -17,6 +19,7 @@ import numpy as np
 import pytest
 import test_train
 import torch
+from _family_runs import check_full_resume
 from _stock import job_result
 from _train_fixtures import FLOW
 
@@ -320,14 +323,24 @@ def test_lora_and_full_fine_tune_steps_through_the_adapter_lower_the_clip_loss(a
 
 @pytest.fixture(scope="module")
 def wan_runs(wan_assets, shared_artifact) -> dict[str, Any]:
-    """One 3-step LoRA run of the unchanged script on the photo folder (stills trained as 1-frame clips)."""
+    """The unchanged script on the photo folder (stills trained as 1-frame clips), one process each: a 3-step LoRA;
+    a 4-step full fine-tune (checkpoint at 2) and its resume from checkpoint-2 in a new folder."""
     def build(root: Path) -> dict[str, Any]:
-        argv = ["--pretrained_model_name_or_path", wan_assets["wan"], "--train_data_dir", wan_assets["images"], *FLOW,
-                "--rank", "4", "--learning_rate", "2e-2", "--max_train_steps", "3", "--cache_text_embeddings",
-                "--output_dir", str(root / "lora")]
-        stats = test_train.run_script(argv)
-        return {"lora": {"dir": str(root / "lora"), "log": stats["log"],
-                         "stats": json.loads(json.dumps(stats, default=str))}}
+        base = ["--pretrained_model_name_or_path", wan_assets["wan"], "--train_data_dir", wan_assets["images"], *FLOW]
+        full = [*base, "--full_finetune", "--learning_rate", "1e-3", "--max_train_steps", "4",
+                "--checkpointing_steps", "2", "--random_flip"]
+        argvs = {"lora": [*base, "--rank", "4", "--learning_rate", "2e-2", "--max_train_steps", "3",
+                          "--cache_text_embeddings", "--output_dir", str(root / "lora")],
+                 "full": [*full, "--output_dir", str(root / "full")],
+                 "resumed": [*full, "--output_dir", str(root / "resumed"), "--resume_from_checkpoint", "latest"]}
+        out = {}
+        for name, argv in argvs.items():
+            if name == "resumed":
+                shutil.copytree(root / "full" / "checkpoint-2", root / "resumed" / "checkpoint-2")
+            stats = test_train.run_script(argv)
+            out[name] = {"dir": str(root / name), "log": stats["log"],
+                         "stats": json.loads(json.dumps(stats, default=str))}
+        return out
 
     return shared_artifact("wan-runs", build)
 
@@ -343,6 +356,13 @@ def test_the_unchanged_script_trains_a_wan_lora_on_stills(wan_runs):
     assert "Timestep shift: fixed flow_shift 3 from the scheduler" in run["log"]
     card = (Path(run["dir"]) / "README.md").read_text()
     assert "num_frames=1" in card and 'export_to_video(frames, "video.mp4", fps=16)' in card
+
+
+@pytest.mark.slow
+def test_a_full_fine_tune_on_stills_resumes_exactly(wan_runs):
+    """Steps 3-4 resumed from checkpoint-2 replay the rows and losses to the same transformer weights (max abs diff
+    < 1e-6), which steps 3-4 changed; the saved pipeline is a WanPipeline."""
+    check_full_resume(wan_runs, "wan", "WanPipeline", "Timestep shift: fixed flow_shift 3 from the scheduler")
 
 
 STOCK = r"""
@@ -367,15 +387,16 @@ print("RESULT" + json.dumps(results))
 def test_every_output_loads_in_stock_diffusers_and_generates_a_non_square_9_frame_clip(wan_assets, adapter_outputs,
                                                                                          wan_runs):
     """Where hf_arb cannot be imported: WanPipeline.from_pretrained(tiny) + load_lora_weights for both LoRAs (the
-    script's, trained on stills; the adapter's, on clips), WanPipeline.from_pretrained for the full fine-tune; each
+    script's, trained on stills; the adapter's, on clips), WanPipeline.from_pretrained for both full fine-tunes; each
     generates 9 frames at 48x32 (not the default 81 at 832x480), other than the base model's."""
     jobs = {"script-lora": {"model": wan_assets["wan"], "lora": wan_runs["lora"]["dir"]},
+            "script-full": {"model": wan_runs["full"]["dir"], "lora": None},
             "adapter-lora": {"model": wan_assets["wan"], "lora": adapter_outputs["lora"]},
             "adapter-full": {"model": adapter_outputs["full"], "lora": None},
             "base": {"model": wan_assets["wan"], "lora": None}}
     results = job_result(STOCK, [json.dumps(jobs)])
     base = np.asarray(results["base"]["frames"])
-    for name in ("script-lora", "adapter-lora", "adapter-full"):
+    for name in ("script-lora", "script-full", "adapter-lora", "adapter-full"):
         r = results[name]
         assert r["cls"] == "WanPipeline" and r["shape"] == [1, 9, 32, 48, 3] and r["finite"], (name, r["shape"])
         assert bool(r["adapters"]) == (jobs[name]["lora"] is not None), name
