@@ -330,7 +330,7 @@ def wan_runs(wan_assets, shared_artifact) -> dict[str, Any]:
         full = [*base, "--full_finetune", "--learning_rate", "1e-3", "--max_train_steps", "4",
                 "--checkpointing_steps", "2", "--random_flip"]
         argvs = {"lora": [*base, "--rank", "4", "--learning_rate", "2e-2", "--max_train_steps", "3",
-                          "--cache_text_embeddings", "--output_dir", str(root / "lora")],
+                          "--cache_text_embeddings", "--cache_latents", "--output_dir", str(root / "lora")],
                  "full": [*full, "--output_dir", str(root / "full")],
                  "resumed": [*full, "--output_dir", str(root / "resumed"), "--resume_from_checkpoint", "latest"]}
         out = {}
@@ -346,13 +346,13 @@ def wan_runs(wan_assets, shared_artifact) -> dict[str, Any]:
 
 
 @pytest.mark.slow
-def test_the_unchanged_script_trains_a_wan_lora_on_stills(wan_runs):
+def test_the_unchanged_script_trains_a_wan_lora_on_stills_from_cached_latents_and_prompts(wan_runs):
     from test_train import read_trace
 
     run = wan_runs["lora"]
     trace = read_trace(Path(run["dir"]), 0)
     assert [t["step"] for t in trace] == [0, 1, 2] and all(np.isfinite(t["loss"]) for t in trace)
-    assert run["stats"]["family"] == "wan"
+    assert run["stats"]["family"] == "wan" and run["stats"]["latents_encoded"] == 20  # each still, as image latents
     assert "Timestep shift: fixed flow_shift 3 from the scheduler" in run["log"]
     card = (Path(run["dir"]) / "README.md").read_text()
     assert "num_frames=1" in card and 'export_to_video(frames, "video.mp4", fps=16)' in card
