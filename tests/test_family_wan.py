@@ -87,6 +87,8 @@ def test_detected_from_the_checkpoint_and_the_hub_names_with_its_defaults(wan_as
     (["--snr_gamma", "5"], "--snr_gamma applies to SD 1.x/2.x/SDXL UNets"),
     (["--packing"], "--packing"),
     (["--vae_encode_mode", "mode"], "--vae_encode_mode applies to"),
+    (["--with_prior_preservation", "--class_data_dir", "c", "--class_prompt", "a photo"],
+     "--with_prior_preservation: generating class images with WanPipeline"),
 ])
 def test_flags_that_do_not_apply_are_refused_by_name(wan_assets, flag, message):
     with pytest.raises(script.UsageError, match=message):

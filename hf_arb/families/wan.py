@@ -194,6 +194,9 @@ class WanFamily(FlowFamily):
         if getattr(args, "pretrained_vae_model_name_or_path", None):
             raise UsageError("--pretrained_vae_model_name_or_path replaces an AutoencoderKL; Wan's VAE is its own "
                              "video VAE (AutoencoderKLWan): drop the flag.")
+        if getattr(args, "with_prior_preservation", False):
+            raise UsageError("--with_prior_preservation: generating class images with WanPipeline (it returns "
+                             "frames, not images) is not supported yet: drop it.")
         if getattr(args, "shift_by_resolution", None):
             raise UsageError("--shift_by_resolution: WanPipeline samples every size and length with its scheduler's "
                              "fixed flow_shift, which training uses too; a per-bucket shift would train noise levels "
