@@ -50,11 +50,12 @@ def build_train_assets(root: Path) -> dict[str, str]:
 
 def build_family_assets(root: Path) -> dict[str, str]:
     """Tiny Qwen-Image, Z-Image, Flux.2 dev and klein, Flux.1 Kontext pipelines, Kontext's before/after pairs and the
-    photo imagefolder (issue #26's families)."""
+    photo imagefolder (issue #26's families), and a tiny Wan (issue #38)."""
     from hf_arb.testing.tiny import save_tiny_imagefolder
     from hf_arb.testing.tiny_flow import save_tiny_flux_kontext
     from hf_arb.testing.tiny_flux2 import save_tiny_flux2
     from hf_arb.testing.tiny_qwen import save_tiny_qwenimage, save_tiny_qwenimage_edit
+    from hf_arb.testing.tiny_wan import save_tiny_wan
     from hf_arb.testing.tiny_zimage import save_tiny_zimage
 
     return {"qwen": save_tiny_qwenimage(root / "tiny-qwenimage"), "zimage": save_tiny_zimage(root / "tiny-zimage"),
@@ -63,7 +64,8 @@ def build_family_assets(root: Path) -> dict[str, str]:
             "kontext": save_tiny_flux_kontext(root / "tiny-kontext"), "pairs": edit_pairs(root),
             "qwen_edit": save_tiny_qwenimage_edit(root / "tiny-qwen-edit"),
             "qwen_edit_plus": save_tiny_qwenimage_edit(root / "tiny-qwen-edit-plus", plus=True),
-            "pairs2": two_reference_pairs(root), "images": save_tiny_imagefolder(root / "images")}
+            "pairs2": two_reference_pairs(root), "images": save_tiny_imagefolder(root / "images"),
+            "wan": save_tiny_wan(root / "tiny-wan")}
 
 
 def build_flow_assets(root: Path) -> dict[str, str]:

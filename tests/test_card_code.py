@@ -22,10 +22,12 @@ from _stock import job_result
 from _train_fixtures import GROUP, batch_result
 from test_family_flux2 import assets  # noqa: F401  (the fixture `runs` asks for, by this name)
 from test_family_flux2 import runs as flux2_runs  # noqa: F401
+from test_family_wan import wan_assets, wan_runs  # noqa: F401  (wan_runs asks for wan_assets by this name)
 
 from hf_arb.families import family_names, get_family
 
-#: family -> the shared runs whose outputs are checked (batch run names; "flux2:" names test_family_flux2's runs):
+#: family -> the shared runs whose outputs are checked (batch run names; "flux2:" / "wan:" name test_family_flux2's
+#: and test_family_wan's runs):
 #: a full fine-tune or a LoRA of each family, plus the other kinds of card code (SD's own pipeline file with
 #: --resolution_conditioning, SDXL's LoRA on the text encoders, Flux.2 with reference images)
 RUNS = {
@@ -40,9 +42,11 @@ RUNS = {
     "zimage": ["family-zimage-full"],
     "qwenimage-edit": ["family-qwen-edit"],
     "qwenimage-edit-plus": ["family-qwen-edit-plus-full"],
+    "wan": ["wan:lora"],
 }
 
-CALL = re.compile(r"^image = pipe\((.*)\)\.images\[0\]", re.M)
+#: the card's generation line: an image, or a video family's frames (written to an MP4 on the next line)
+CALL = re.compile(r"^(?:image|frames) = pipe\((.*)\)\.(?:images|frames)\[0\]", re.M)
 
 
 def card_block(folder: Path) -> str:
@@ -141,7 +145,12 @@ for name, job in json.loads(sys.argv[1]).items():
         os.chdir(here)
     pipe = saved["pipe"]
     adapters = pipe.get_active_adapters() if hasattr(pipe, "get_active_adapters") else []
-    results[name] = {"size": list(card["image"].size), "cls": type(card["pipe"]).__name__,
+    if "image" in card:
+        size, video = list(card["image"].size), None
+    else:  # a video family: frames (F, H, W, 3), written to the MP4 the card names, in the user's folder
+        size, video = [card["frames"].shape[2], card["frames"].shape[1]], os.path.join(job["inputs"], "video.mp4")
+    results[name] = {"size": size, "cls": type(card["pipe"]).__name__,
+                     "mp4": None if video is None else os.path.getsize(video),
                      "saved_cls": type(pipe).__name__, "adapters": list(adapters),
                      "module": type(pipe).__module__}
     del card, saved, pipe
@@ -150,13 +159,13 @@ print("RESULT" + json.dumps(results))
 
 
 @pytest.fixture(scope="module")
-def outputs(ddp_batch, flux2_runs) -> dict[str, dict[str, Any]]:  # noqa: F811
+def outputs(ddp_batch, flux2_runs, wan_runs) -> dict[str, dict[str, Any]]:  # noqa: F811
     """run name -> ``{"family", "out", "log"}`` for every run in :data:`RUNS`."""
     found = {}
     for family, names in RUNS.items():
         for name in names:
-            if name.startswith("flux2:"):
-                run = flux2_runs[name.split(":", 1)[1]]
+            if name.startswith(("flux2:", "wan:")):
+                run = (flux2_runs if name.startswith("flux2:") else wan_runs)[name.split(":", 1)[1]]
                 found[name] = {"family": family, "out": Path(run["dir"]), "log": run["log"]}
             else:
                 run = batch_result(ddp_batch, name)
@@ -198,5 +207,8 @@ def test_every_familys_card_and_last_line_run_as_printed_without_hf_arb(outputs,
         else:
             assert got["cls"] == got["saved_cls"] == want["cls"], name
         assert bool(got["adapters"]) == want["lora"], name
+        assert (got["mp4"] is not None) == (CALL.search(card_block(outputs[name]["out"])).group(0).startswith(
+            "frames")), name  # a video family's card writes its MP4
+        assert got["mp4"] is None or got["mp4"] > 0, name
     assert {n for n, r in outputs.items() if r["family"] in ("flux-kontext", "qwenimage-edit")} <= {
         n for n in jobs if input_files(jobs[n]["card"])}  # the edit models were handed their input image

@@ -1,5 +1,5 @@
 """Floor 5, ``families/``: one adapter per model family — everything that differs between SD 1.x/2.x, SDXL,
-SD3/3.5, Flux.1, Flux.2, Qwen-Image, Z-Image and the edit models, behind one interface the training script asks
+SD3/3.5, Flux.1, Flux.2, Qwen-Image, Z-Image, Wan and the edit models, behind one interface the training script asks
 (:class:`~hf_arb.families.base.Family`).
 
 - :mod:`~hf_arb.families.base` — :class:`Family`, :class:`Models` and the registry (:func:`detect_family`,
@@ -19,6 +19,8 @@ SD3/3.5, Flux.1, Flux.2, Qwen-Image, Z-Image and the edit models, behind one int
   reference image) and :mod:`~hf_arb.families.qwenimage_edit_plus` — Qwen-Image-Edit-2509/2511 (several), with
   :mod:`~hf_arb.families.qwen_processor` (their Qwen2-VL processor, images only);
 - :mod:`~hf_arb.families.zimage` — Z-Image;
+- :mod:`~hf_arb.families.wan` — Wan 2.1 / 2.2 text-to-video: clips ``(B, C, F, H, W)`` (stills as 1-frame clips), its
+  video VAE's frame rule (:meth:`~hf_arb.families.base.Family.frame_rule`) and fixed shift;
 - :mod:`~hf_arb.families.loss_mask` — the masked loss (``--masked_loss``): every family's per-element error weighted
   by the batch's ``loss_mask``, in one place.
 - :mod:`~hf_arb.families.sample_weights` — per-sample loss weights, one reduction for every
@@ -29,7 +31,8 @@ The flow-matching families are :data:`FLOW_FAMILIES` (:func:`flow_families`): th
 
 Detection and the adapters' flag checks do not import torch.
 
-May import: the ground floor only (families do not depend on how data is bucketed or sampled).
+May import: the ground floor, and :mod:`hf_arb.video.frames` (a video family's frame rule, the VAE's
+``4k+1`` / ``8k+1``); families do not depend on how data is bucketed or sampled.
 
 Example:
     ```py

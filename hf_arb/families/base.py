@@ -42,8 +42,8 @@ __all__ = ["BUILTIN_MODULES", "FROZEN_PARTS", "Family", "Models", "UnloadedVAE",
 BUILTIN_MODULES: tuple[str, ...] = ("hf_arb.families.sd3", "hf_arb.families.flux2", "hf_arb.families.flux_kontext",
                                     "hf_arb.families.flux",
                                     "hf_arb.families.qwenimage_edit_plus", "hf_arb.families.qwenimage_edit",
-                                    "hf_arb.families.qwenimage", "hf_arb.families.zimage", "hf_arb.families.sdxl",
-                                    "hf_arb.families.sd")
+                                    "hf_arb.families.qwenimage", "hf_arb.families.zimage", "hf_arb.families.wan",
+                                    "hf_arb.families.sdxl", "hf_arb.families.sd")
 #: the frozen parts a run may leave unloaded where its data already holds what they compute (an encoded dataset: the
 #: latents and the prompt embeddings); the denoiser and the scheduler always load
 FROZEN_PARTS: frozenset[str] = frozenset({"vae", "text_encoders"})
@@ -157,6 +157,9 @@ class Family:
     #: how the pipeline takes the input images of ``--reference_image_column``: ``""`` (it takes none: the card
     #: shows no image), ``"one"`` (``image=PIL image``) or ``"list"`` (``image=[...]``, one per column)
     image_argument: str = ""
+    #: a video family's frame rule, a name of :data:`hf_arb.video.frames.FRAME_RULES` (``"wan"``: clips of 4k+1
+    #: frames); ``""`` for an image family, every sample of which is one frame (:meth:`frame_rule`)
+    frame_rule_name: str = ""
 
     # ------------------------------------------------------------------------------------------ detection
     @classmethod
@@ -250,7 +253,18 @@ class Family:
         return loaded
 
     def check_buckets(self, models: Models, buckets: Any) -> None:
-        """Raise ``UsageError`` when a bucket's size is one the denoiser cannot take (in flags)."""
+        """Raise ``UsageError`` when a bucket's size is one the denoiser cannot take (in flags). ``buckets.resolutions``
+        is ``(k, 2)`` (width, height), or ``(k, 3)`` (width, height, frames) for clips: a video family checks the
+        frames against :meth:`frame_rule`."""
+
+    def frame_rule(self, models: Models | None = None) -> Any:
+        """The :class:`~hf_arb.video.frames.FrameRule` of the clips this family trains (read from ``models``' VAE
+        where given, else :attr:`frame_rule_name`'s), or ``None`` for an image family: every sample is one frame."""
+        if not self.frame_rule_name:
+            return None
+        from hf_arb.video.frames import frame_rule
+
+        return frame_rule(self.frame_rule_name)
 
     def startup_lines(self, models: Models, buckets: Any) -> str:
         """Family-specific lines of the startup report (flow families: each bucket's shift); ``""`` for none."""
@@ -323,8 +337,9 @@ class Family:
                          f'pipe.load_lora_weights("{repo_id}")']
         return cls, [f'pipe = {cls}.from_pretrained("{repo_id}")']
 
-    def generation_args(self, args: argparse.Namespace, shape: tuple[int, int]) -> list[str]:
-        """The keyword arguments of the model card's generation call at ``shape`` (width, height), as source text:
+    def generation_args(self, args: argparse.Namespace, shape: tuple[int, ...]) -> list[str]:
+        """The keyword arguments of the model card's generation call at ``shape`` (width, height[, frames]; a video
+        family adds its frame count), as source text:
         the input images of the run's reference columns (a file per column, ``before.jpg`` for ``before``; see
         :attr:`image_argument`), the prompt, ``height`` and ``width``. Families whose pipeline rescales the output
         add what keeps the requested size (Kontext: ``max_area``)."""
@@ -354,7 +369,17 @@ class Family:
                 f'device, dtype = ("cuda", torch.{self.inference_dtype}) if torch.cuda.is_available() '
                 'else ("cpu", torch.float32)',
                 "pipe = pipe.to(device, dtype)",
-                f"image = pipe({', '.join(call)}).images[0]  # a trained bucket shape"]
+                *self.generation_lines(", ".join(call))]
+
+    def generation_lines(self, call: str) -> list[str]:
+        """The model card's generation line(s) for the call's keyword arguments ``call`` (source text); a video
+        family's write a video file instead."""
+        return [f"image = pipe({call}).images[0]  # a trained bucket shape"]
+
+    def generate(self, pipe: Any, shape: tuple[int, ...], **kwargs: Any) -> Any:
+        """One validation image (PIL) of ``pipe`` at ``shape`` (width, height[, frames]); ``kwargs``: the prompt,
+        the generator and the run's pipeline keywords. A video family returns its frames as one strip."""
+        return pipe(height=shape[1], width=shape[0], **kwargs).images[0]
 
     def saved_message(self, args: argparse.Namespace, output_dir: str) -> str:
         """What the run prints last: where the output is and the code that loads it (:meth:`load_code`). One line

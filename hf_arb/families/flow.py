@@ -134,12 +134,13 @@ def flow_matching_loss(pred: torch.Tensor, latents: torch.Tensor, noise: torch.T
 def noise_latents(latents: torch.Tensor, options: Any, generator: torch.Generator,
                   sigmas_of: Callable[[torch.Tensor, tuple[int, int]], torch.Tensor] | None = None,
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One flow-matching draw for ``latents`` ``(B, C, h, w)``: the noise, then ``u`` (``options.weighting_scheme``'s
-    density), in that order from ``generator``; sigmas shifted for the batch's resolution (``sigmas_of(t, (h, w))``,
-    default :func:`batch_sigmas` with ``options.token_patch`` / ``options.shift``).
+    """One flow-matching draw for ``latents`` ``(B, C, h, w)`` (or a video's ``(B, C, f, h, w)``): the noise, then
+    ``u`` (``options.weighting_scheme``'s density), in that order from ``generator``; sigmas shifted for the batch's
+    resolution (``sigmas_of(t, (h, w))``, default :func:`batch_sigmas` with ``options.token_patch`` /
+    ``options.shift``).
 
     Returns:
-        ``noise`` ``(B, C, h, w)``, ``sigmas`` ``(B,)`` and ``noisy = (1 - sigma) * latents + sigma * noise``.
+        ``noise`` (the latents' shape), ``sigmas`` ``(B,)`` and ``noisy = (1 - sigma) * latents + sigma * noise``.
     """
     from diffusers.training_utils import compute_density_for_timestep_sampling
 
@@ -151,7 +152,7 @@ def noise_latents(latents: torch.Tensor, options: Any, generator: torch.Generato
     t = unshifted_times(u, options.num_train_timesteps)
     size = tuple(latents.shape[-2:])
     sigmas = (sigmas_of(t, size) if sigmas_of else batch_sigmas(t, size, options.token_patch, options.shift)).to(device)
-    s = sigmas.view(-1, 1, 1, 1)
+    s = sigmas.view(-1, *([1] * (latents.ndim - 1)))
     return noise, sigmas, (1.0 - s) * latents + s * noise
 
 

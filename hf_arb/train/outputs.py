@@ -61,8 +61,9 @@ def image_grid(rows: list[list[Any]]) -> Any:
 
 
 def _generate(args: argparse.Namespace, accelerator: Any, pipe: Any, shapes: list[tuple[int, int]],
-              bar: Any) -> list[list[Any]]:
-    """One row of images per validation prompt, one column per shape (and validation image), seeded per image."""
+              bar: Any, family: Family) -> list[list[Any]]:
+    """One row of images per validation prompt, one column per shape (and validation image), seeded per image
+    (:meth:`~hf_arb.families.Family.generate`: a video family's frames as one strip)."""
     rows = []
     for i, prompt in enumerate(args.validation_prompts):
         row = []
@@ -70,9 +71,9 @@ def _generate(args: argparse.Namespace, accelerator: Any, pipe: Any, shapes: lis
             for j in range(args.num_validation_images):
                 bar.update()
                 g = torch.Generator(device=accelerator.device).manual_seed(args.seed + 1000 * i + j)
-                row.append(pipe(prompt=prompt, height=h, width=w,  # by name: Flux.2's first argument is an image
-                                num_inference_steps=args.num_validation_inference_steps, generator=g,
-                                **pipeline_call_kwargs(args)).images[0])
+                row.append(family.generate(pipe, (w, h), prompt=prompt,  # by name: Flux.2's first is an image
+                                           num_inference_steps=args.num_validation_inference_steps, generator=g,
+                                           **pipeline_call_kwargs(args)))
         rows.append(row)
     return rows
 
@@ -101,7 +102,7 @@ def log_validation(args: argparse.Namespace, accelerator: Any, models: Models, u
     # mixed precision: the scheduler returns float32 latents that meet bf16/fp16 weights, as in diffusers' scripts
     half = dtype in (torch.float16, torch.bfloat16)
     with torch.autocast(accelerator.device.type, dtype=dtype) if half else contextlib.nullcontext():
-        rows = _generate(args, accelerator, pipe, shapes, bar)
+        rows = _generate(args, accelerator, pipe, shapes, bar, models.family)
     bar.close()
     grid = image_grid(rows)
     path = Path(args.output_dir) / "validation" / f"{name or f'step-{step:06d}'}.png"
