@@ -205,7 +205,7 @@ class BucketedImageDataset(torch.utils.data.Dataset):
         ids = self._bucket[kept]
         bad = ids >= len(self.resolutions)
         if not bad.any():
-            bad = (self.resolutions[ids] != wh[kept]).any(axis=1)
+            bad = (self.resolutions[ids, :2] != wh[kept]).any(axis=1)  # (k, 3) clip tables: their sizes
         if bad.any():
             r = int(kept[np.flatnonzero(bad)[0]])
             raise ValueError(

@@ -13,6 +13,8 @@ a frame axis and the sampler's (W, H, F) keys are other slices of issue 37).
   and :class:`BadClipLog`: bad clips counted and named, never ending a run;
 - :mod:`~hf_arb.video.decode` — :func:`decode_frames` / :func:`read_clip`: seek, decode only the planned frames, fit
   each with the image fit and one crop per clip; :class:`ClipFrameReader` counts bad clips instead of raising.
+- :mod:`~hf_arb.video.dataset` — :class:`BucketedClipDataset`: annotated rows fitted to (W, H, F) buckets for training
+  (a still through the image path, a clip through :func:`read_clip`; a bad clip replaced and counted as a bad image).
 
 May import: the ground floor, :mod:`hf_arb.buckets` and :mod:`hf_arb.images` (an image is read by its header, a
 frame is fitted as an image is). PyAV (``pip install hf-arb[video]``) is imported only when a clip is opened.

@@ -4,6 +4,7 @@
 - :mod:`~hf_arb.train.flags.arg_checks` — the flag checks, each naming its fix;
 - :mod:`~hf_arb.train.flags.upstream_flags` — the flags of upstream's dreambooth scripts: aliases, no-ops, refusals;
 - :mod:`~hf_arb.train.flags.mask_flags` — the masked-loss flags (``--masked_loss`` and its mask source);
+- :mod:`~hf_arb.train.flags.video_flags` — the clip flags (``--video_column``, ``--frames``, ``--target_fps``, ...);
 - :mod:`~hf_arb.train.flags.prior_flags` — prior preservation's flags (upstream's names and defaults) and their checks;
 - :mod:`~hf_arb.train.flags.caption_flags` — the caption flags (kohya's tag shuffle and dropouts, caption files);
 - :mod:`~hf_arb.train.flags.optimizer_flags` — ``--optimizer`` AdamW or prodigy and the ``--prodigy_*`` flags;

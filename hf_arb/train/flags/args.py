@@ -23,6 +23,7 @@ from .mask_flags import add_mask_flags, check_mask_flags
 from .optimizer_flags import add_optimizer_flags
 from .prior_flags import add_prior_flags
 from .upstream_flags import add_upstream_flags, check_upstream_flags, resolve_upstream_aliases
+from .video_flags import add_video_flags, check_video_flags
 
 torch: Any = LazyModule("torch")  # loaded when a function needs it: --help and flag errors answer before torch
 logger = logging.getLogger("train_text_to_image_arb")
@@ -118,9 +119,9 @@ def build_parser() -> argparse.ArgumentParser:
       choices=["bicubic", "bilinear", "box", "hamming", "lanczos", "nearest", "nearest_exact"],
       help="Filter for resizing images (Pillow's; nearest/nearest_exact are refused: not antialiased).")
     from hf_arb.buckets.matching import METRICS
-    from hf_arb.buckets.presets import PRESETS
+    from hf_arb.buckets.presets import PRESETS, VIDEO_PRESETS
 
-    a("--bucket_preset", type=str, default=None, choices=PRESETS,
+    a("--bucket_preset", type=str, default=None, choices=PRESETS + VIDEO_PRESETS,
       help="Bucket table (all listed in docs/buckets.md): 'budget' (default; OneTrainer aspects scaled to "
            "--resolution²), 'novelai', 'sdxl', the model families' own 'pixart', 'sana' (--resolution picks the "
            "table), 'hunyuan_dit', 'flux_kontext', or the trainers' 'diffusers', 'onetrainer', 'kohya'. Fixed tables "
@@ -206,6 +207,7 @@ def build_parser() -> argparse.ArgumentParser:
     # _z_image; hf_arb.train.flags.upstream_flags resolves the aliases and refuses, in one line, what cannot work here
     add_upstream_flags(a)
     add_mask_flags(a)  # --masked_loss, --alpha_mask, --mask_column, --mask_dir, --unmasked_weight (issue 36)
+    add_video_flags(a)  # --video_column, --frames, --target_fps, --frame_sampling, --short_clips (video_flags.py)
     # --- packing (SD3 / Flux): NaViT packs of images at their own size instead of buckets (docs/packing.md)
     a("--packing", action="store_true",
       help="SD3/Flux: train packs of images at their own size and aspect (no bucket crop) in one token sequence "
@@ -404,6 +406,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     check_values(args)
     check_dataset_config(args, parser.get_default("train_batch_size"))  # --dataset_config: the file, parsed
     check_mask_flags(args)  # --masked_loss and its mask source (hf_arb.train.flags.mask_flags)
+    check_video_flags(args)  # --video_column: a clip run's flags (hf_arb.train.flags.video_flags)
     return args
 
 

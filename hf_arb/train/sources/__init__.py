@@ -17,6 +17,7 @@ Modules:
 - :mod:`~hf_arb.train.sources.prior` — ``--with_prior_preservation``: instance batches paired with class
   images of their bucket, and the class images (a subfolder: ``pairs``, ``class_images``);
 - :mod:`~hf_arb.train.sources.streamed` — ``--streaming``: a bucketed stream (one tier or several);
+- :mod:`~hf_arb.train.sources.clips` — ``--video_column``: clips and stills in (width, height, frames) buckets;
 - :mod:`~hf_arb.train.sources.encoded` — ``--encoded_dataset``: stored latents and prompt embeddings;
 - :mod:`~hf_arb.train.sources.reports` — the start-up tables of the map-style and packed sources;
 - :mod:`~hf_arb.train.sources.dataset` — the map-style dataset, its bucket columns and the pre-model checks;
@@ -56,6 +57,10 @@ def mode_class(args: argparse.Namespace) -> type:
         from .encoded import EncodedSource
 
         return EncodedSource
+    if getattr(args, "video_column", None):  # clips in (W, H, F) buckets (the flag checks refuse the other modes)
+        from .clips import ClipSource
+
+        return ClipSource
     if getattr(args, "dataset_config", None):  # several datasets (the flag checks refuse the other modes with it)
         from .multi import MultiPriorSource, MultiSource
 

@@ -1,0 +1,146 @@
+"""``--video_column``: clips (and stills) in (width, height, frames) buckets, :class:`ClipSource`.
+
+The dataset is annotated with a clip set through :func:`hf_arb.add_bucket_columns` (container headers only: no frame
+decoded), the sampler is the map-style sources' :class:`~hf_arb.BucketBatchSampler` over those bucket ids (the same
+(W, H, F) bucket on every rank at every step; exact resume from its cursor), and each batch decodes only its rows'
+planned frames (:class:`~hf_arb.video.dataset.BucketedClipDataset`). A still is a 1-frame row through the image path;
+stills and clips never share a batch (a batch is one bucket)."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hf_arb.checks import UsageError
+
+from ..files import SKIPPED_ROWS_FILE
+from ..schedule import Schedule
+from .bucketed import BucketedSource
+from .dataset import annotation_note, bucket_table_from_args, check_plan, instance_captions, load_raw_dataset
+
+logger = logging.getLogger("train_text_to_image_arb")
+
+#: the files of a --train_data_dir clip folder: clips (PyAV reads them) and stills (1-frame rows)
+CLIP_EXTENSIONS = (".mp4", ".webm", ".mov", ".mkv", ".avi", ".m4v", ".gif")
+STILL_EXTENSIONS = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".tif", ".tiff")
+
+
+def clip_folder_dataset(args: argparse.Namespace) -> Any:
+    """``--train_data_dir`` with ``--video_column``: every clip and still of the folder (recursively, sorted) in the
+    video column; captions from the folder's ``metadata.jsonl`` (imagefolder's ``file_name`` convention) where it has
+    one, else ``""`` (``--instance_prompt`` then fills them, as for images)."""
+    import datasets
+
+    folder = Path(args.train_data_dir if args.instance_data_dir is None else args.instance_data_dir)
+    files = sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix.lower() in CLIP_EXTENSIONS +
+                   STILL_EXTENSIONS)
+    if not files:
+        raise UsageError(f"--train_data_dir {folder}: no clip ({', '.join(CLIP_EXTENSIONS)}) or still image in it.")
+    captions: dict[str, str] = {}
+    meta = folder / "metadata.jsonl"
+    if meta.exists():
+        for line in meta.read_text(encoding="utf-8").splitlines():
+            if line.strip():
+                record = json.loads(line)
+                captions[str((folder / record.get("file_name", "")).resolve())] = record.get(args.caption_column, "")
+    ds = datasets.Dataset.from_dict({args.video_column: [str(p) for p in files],
+                                     args.caption_column: [captions.get(str(p.resolve()), "") for p in files]})
+    return instance_captions(args, ds)
+
+
+def clip_bucket_table(args: argparse.Namespace) -> Any:
+    """The run's clip set: a video preset (``--bucket_preset wan``; ``--frames`` its frame ladder), or the image
+    table of the bucket flags with every bucket at each ``--frames`` count; ``--short_clips loop`` set on it."""
+    from hf_arb.buckets.presets import VIDEO_PRESETS
+    from hf_arb.buckets.resolve import resolve_buckets
+
+    if args.bucket_preset in VIDEO_PRESETS and args.aspect_ratio_buckets is None:
+        extra = {"frames": args.frames} if args.frames else {}
+        try:
+            bs = resolve_buckets(args.bucket_preset, resolution=args.resolution, step=args.bucket_step,
+                                 metric=args.bucket_metric, max_aspect_error=args.max_aspect_error, **extra)[0]
+        except ValueError as e:
+            raise UsageError(f"--bucket_preset {args.bucket_preset}: {e}") from None
+    else:
+        flat = bucket_table_from_args(args)[0]
+        bs = flat.replace(resolutions=[(w, h, f) for f in args.frames for (w, h) in flat])
+    return bs.replace(short_clips=args.short_clips)
+
+
+def clip_dataset_with_buckets(args: argparse.Namespace, accelerator: Any) -> tuple[Any, Any]:
+    """Load the clip dataset (a folder, a Hub id or a ``save_to_disk`` folder) and annotate it with the run's clip
+    set (a dataset annotated with one keeps its own). Returns ``(ds, buckets)``; skipped rows keep ``bucket -1``."""
+    from hf_arb import BucketSet, add_bucket_columns
+
+    main = accelerator is None or accelerator.is_main_process
+    with accelerator.main_process_first() if accelerator is not None else contextlib.nullcontext():
+        ds = clip_folder_dataset(args) if args.dataset_name is None else load_raw_dataset(args)
+        for flag in ("video_column", "caption_column"):
+            if getattr(args, flag) not in ds.column_names:
+                raise UsageError(f"--{flag} value '{getattr(args, flag)}' needs to be one of: "
+                                 f"{', '.join(ds.column_names)}")
+        if args.max_train_samples is not None:
+            ds = ds.shuffle(seed=args.seed).select(range(min(args.max_train_samples, len(ds))))
+        if "bucket" in ds.column_names and "bucket_frames" in ds.column_names:  # hf-arb annotate --video-column
+            buckets = BucketSet.from_dataset(ds)
+            args.buckets_from_dataset = True
+            if main:
+                logger.info("Dataset already carries clip bucket columns: using its %d buckets as they are.",
+                            len(buckets))
+        else:
+            buckets = clip_bucket_table(args)
+            ds = add_bucket_columns(ds, buckets, video_column=args.video_column, target_fps=args.target_fps,
+                                    show_summary=False)
+            if main:
+                print(annotation_note(ds, buckets, args.video_column), flush=True)
+    ids = np.asarray(ds.with_format("numpy")["bucket"])
+    if not (ids >= 0).any():
+        reasons: dict[str, int] = {}
+        for r in ds["skip_reason"]:
+            reasons[r] = reasons.get(r, 0) + 1
+        raise UsageError(f"No trainable clips: {len(ds)} rows, 0 assigned to a bucket (skip reasons: {reasons}). "
+                         "Add frame buckets that fit them (--frames), --short_clips loop, or another --bucket_preset.")
+    return ds, buckets
+
+
+class ClipSource(BucketedSource):
+    """``--video_column``: clips and stills in (W, H, F) buckets; a batch is ``(B, C, F, H, W)`` clips or
+    ``(B, C, H, W)`` stills with ``kind`` telling which (:class:`~hf_arb.video.dataset.BucketedClipDataset`)."""
+
+    def load(self, accelerator: Any) -> None:
+        self.ds, self.buckets = clip_dataset_with_buckets(self.args, accelerator)
+        check_plan(self.args, self.ds, 1 if accelerator is None else accelerator.num_processes)
+
+    def dataset(self) -> Any:
+        """The torch dataset of the run's rows: each (row, bucket, epoch) key decoded and fitted."""
+        from hf_arb.video.dataset import BucketedClipDataset
+
+        a = self.args
+        return BucketedClipDataset(self.ds, self.buckets, video_column=a.video_column, target_fps=a.target_fps,
+                                   mode=a.frame_sampling, loop=a.short_clips == "loop",
+                                   caption_column=a.caption_column, seed=a.seed, center_crop=a.center_crop,
+                                   random_flip=a.random_flip, resample=a.image_interpolation_mode,
+                                   on_bad_image=a.on_bad_image, bad_image_log=Path(a.output_dir) / SKIPPED_ROWS_FILE)
+
+    def loader(self, accelerator: Any, models: Any, schedule: Schedule, weight_dtype: Any) -> Any:
+        import torch
+
+        from hf_arb.sampling.accelerate import fill_deepspeed_micro_batch
+        from hf_arb.train.signals import ignore_stop_signals_in_worker
+
+        data = self.dataset()
+        loader = torch.utils.data.DataLoader(data, batch_sampler=self.sampler, collate_fn=data.collate,
+                                             num_workers=self.args.dataloader_num_workers,
+                                             worker_init_fn=ignore_stop_signals_in_worker,
+                                             pin_memory=accelerator.device.type == "cuda")
+        fill_deepspeed_micro_batch(accelerator, self.sampler)
+        return loader
+
+
+__all__ = ["ClipSource", "clip_bucket_table", "clip_dataset_with_buckets", "clip_folder_dataset"]

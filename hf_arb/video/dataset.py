@@ -1,0 +1,116 @@
+""":class:`BucketedClipDataset`: the rows of a clip dataset annotated with (width, height, frames) buckets, fitted to
+each batch's bucket. A still (``original_fps`` 0) goes through the image path (:class:`hf_arb.BucketedImageDataset`);
+a clip decodes only its planned frames (:func:`~hf_arb.video.decode.read_clip`) at the bucket's size and frame count,
+one crop for every frame. A bad clip is a bad row as a bad image is: replaced by another row of its bucket, counted
+and named (:mod:`hf_arb.images.bad_images`), never ending the run."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from hf_arb.checks import UsageError
+from hf_arb.images.dataset import BucketedImageDataset, ImageDecodeError
+from hf_arb.images.fitting import to_tensor
+from hf_arb.rng import ROW_FLIP, row_rng
+
+from .decode import ClipFrames, read_clip
+
+
+class BucketedClipDataset(BucketedImageDataset):
+    """Clips and stills of an annotated clip dataset, one sample per ``(row, bucket, epoch)`` key.
+
+    ``pixel_values`` is ``(3, F, H, W)`` float32 in [-1, 1] for a bucket of ``F > 1`` frames, ``(3, H, W)`` for a
+    1-frame bucket (a still, or a clip's one frame), so a batch is ``(B, C, F, H, W)`` clips or ``(B, C, H, W)``
+    stills, never both (a batch is one bucket). Each sample carries ``kind`` (``"clips"`` or ``"stills"``).
+
+    Args:
+        ds: a dataset annotated with a clip set (:func:`hf_arb.add_bucket_columns` with ``video_column``): its
+            ``original_fps`` tells stills (0) from clips.
+        buckets: the clip set (``(k, 3)`` resolutions).
+        video_column: the clip column (paths, bytes, ``{"bytes", "path"}`` or a ``datasets.Video`` feature).
+        target_fps, mode, loop: :func:`read_clip`'s (the run's ``--target_fps``, ``--frame_sampling``,
+            ``--short_clips loop``).
+        **kwargs: :class:`~hf_arb.BucketedImageDataset`'s (seed, crops, flips, filter, bad-row policy and log).
+    """
+
+    def __init__(self, ds: Any, buckets: Any, *, video_column: str, target_fps: float | None = None,
+                 mode: str = "head", loop: bool = False, **kwargs: Any) -> None:
+        import datasets
+
+        feature = ds.features.get(video_column)
+        if isinstance(feature, datasets.Video) and feature.decode:  # raw {"bytes", "path"}: PyAV reads them
+            ds = ds.cast_column(video_column, datasets.Video(decode=False))
+        super().__init__(ds, buckets, image_column=video_column, **kwargs)
+        if self.resolutions.shape[1] != 3:
+            raise ValueError("BucketedClipDataset needs (width, height, frames) buckets; use BucketedImageDataset for "
+                             "(width, height) ones.")
+        fps = np.asarray(ds.with_format("numpy")["original_fps"], dtype=np.float64)  # (n,) 0: a still
+        self._still = ~(np.nan_to_num(fps) > 0)  # (n,)
+        self.target_fps, self.mode, self.loop = target_fps, mode, loop
+
+    def resolution(self, bucket: int) -> tuple[int, int]:
+        """``(width, height)`` of bucket ``bucket``."""
+        w, h = self.resolution_row(bucket)[:2]
+        return (int(w), int(h))
+
+    def resolution_row(self, bucket: int) -> tuple[int, ...]:
+        b = int(bucket)
+        if not (0 <= b < len(self.resolutions)) or (self.resolutions[b] <= 0).any():
+            raise ValueError(f"Bucket {b} is not in this dataset's bucket table ({len(self.resolutions)} entries). "
+                             "Pass the BucketSet the dataset was annotated with as `buckets=`.")
+        return tuple(int(v) for v in self.resolutions[b])
+
+    def frames(self, bucket: int) -> int:
+        """The frame count of bucket ``bucket``."""
+        return self.resolution_row(bucket)[2]
+
+    def _render(self, row: int, bucket: int, epoch: int) -> tuple[Any, Any, dict[str, Any]]:
+        if self._still[row]:
+            return super()._render(row, bucket, epoch)
+        record = self._view[row]
+        source = record[self.image_column]
+        flip = self.random_flip and bool(row_rng(self.seed, epoch, row, ROW_FLIP).random() < 0.5)
+        try:
+            clip = read_clip(source, self.resolution(bucket), self.frames(bucket), target_fps=self.target_fps,
+                             mode=self.mode, seed=self.seed, epoch=epoch, row=row, loop=self.loop,
+                             crop="center" if self.center_crop else "random", flip=flip, resample=self.resample)
+        except (UsageError, ImportError):
+            raise  # the run's mistake (an option, PyAV missing), not one clip's
+        except Exception as e:  # noqa: BLE001 - a bad clip is a bad row: replaced, counted, named
+            raise ImageDecodeError(f"Row {row}: cannot read the clip in column {self.image_column!r} from "
+                                   f"{self._describe(row)}: {type(e).__name__}: {e}") from e
+        return clip, clip, record
+
+    def __getitem__(self, key: int | tuple[int, int, int]) -> dict[str, Any]:
+        row, bucket, epoch = self._parse_key(key)
+        frames = self.frames(bucket)
+        image, plan, record, used = self._render_or_replace(row, bucket, epoch)
+        if isinstance(image, ClipFrames):
+            pixels = torch.from_numpy(np.ascontiguousarray(image.frames)).float().div_(127.5).sub_(1.0)  # (F, 3, H, W)
+            pixels = pixels.permute(1, 0, 2, 3)  # (3, F, H, W): the layout the video VAEs encode
+            geometry = (image.original_size, image.crop_top_left, image.flipped)
+        else:
+            pixels = to_tensor(image)[:, None]  # (3, 1, H, W)
+            geometry = (plan.original_size, plan.crop_top_left, plan.flipped)
+        if pixels.shape[1] != frames:
+            raise ValueError(f"Row {used}: {pixels.shape[1]} frames for a bucket of {frames}; a still trains in a "
+                             "1-frame bucket only.")
+        w, h = self.resolution(bucket)
+        return {"pixel_values": pixels[:, 0] if frames == 1 else pixels,  # (3, H, W) or (3, F, H, W) in [-1, 1]
+                "original_size": tuple(geometry[0]), "crop_top_left": tuple(geometry[1]), "target_size": (h, w),
+                "caption": self._caption(record, used, epoch), "row": used, "bucket": bucket, "epoch": epoch,
+                "flipped": bool(geometry[2]), "kind": "stills" if frames == 1 else "clips"}
+
+    @staticmethod
+    def collate(samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
+        """Stack samples of one bucket (:func:`~hf_arb.images.collate.collate_buckets`) and tag the batch's kind."""
+        batch = BucketedImageDataset.collate(samples)
+        batch["kind"] = samples[0]["kind"]  # one bucket: every sample is of one kind
+        return batch
+
+
+__all__ = ["BucketedClipDataset"]
