@@ -106,7 +106,11 @@ def check_bucket_flags(args: argparse.Namespace) -> None:
     if sides and args.bucket_preset != "kohya":
         raise UsageError(f"{sides[0]} is a parameter of --bucket_preset kohya: add --bucket_preset kohya or drop "
                          f"{sides[0]}.")
-    fixed = args.aspect_ratio_buckets is not None or PRESET_INFO[args.bucket_preset or "budget"].default_step is None
+    from hf_arb.buckets.presets import VIDEO_PRESET_INFO
+
+    video = VIDEO_PRESET_INFO.get(args.bucket_preset or "")  # a clip table (--video_column): sides of its step
+    fixed = args.aspect_ratio_buckets is not None or (
+        video is None and PRESET_INFO[args.bucket_preset or "budget"].default_step is None)
     if fixed and args.bucket_step is not None:
         table = ("--aspect_ratio_buckets gives every bucket's size" if args.aspect_ratio_buckets is not None else
                  f"--bucket_preset {args.bucket_preset} is a fixed table")
@@ -115,7 +119,7 @@ def check_bucket_flags(args: argparse.Namespace) -> None:
     if args.aspect_ratio_buckets is None:
         args.bucket_preset = args.bucket_preset or "budget"
         if args.bucket_step is None:
-            args.bucket_step = PRESET_INFO[args.bucket_preset].default_step
+            args.bucket_step = video.step if video else PRESET_INFO[args.bucket_preset].default_step
     try:
         bucket_set_from_args(args)
     except ValueError as err:

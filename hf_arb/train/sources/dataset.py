@@ -109,7 +109,7 @@ def bucket_origin(args: argparse.Namespace) -> str:
         return f"`--aspect_ratio_buckets {args.aspect_ratio_buckets}`"
     from hf_arb.buckets.presets import PRESET_INFO
 
-    if PRESET_INFO[args.bucket_preset].default_resolution is None:
+    if args.bucket_preset in PRESET_INFO and PRESET_INFO[args.bucket_preset].default_resolution is None:
         return f"`--bucket_preset {args.bucket_preset}`, a fixed table"
     return f"`--bucket_preset {args.bucket_preset}` at `--resolution {args.resolution}`"
 

@@ -19,11 +19,13 @@ def bucketed_report(accelerator: Any, source: Any, schedule: Schedule, models: A
     ids = np.asarray(source.ds.with_format("numpy")["bucket"])
     counts = np.bincount(ids[ids >= 0], minlength=len(buckets))
     sizes = getattr(sampler, "batch_sizes", None)  # --max_pixels_per_batch: {bucket: batch size per device}
-    lines = [f"{'bucket':>11} {'aspect':>7} {'rows':>9}" + (f" {'batch':>6}" if sizes else "")]
+    clips = np.asarray(buckets.resolutions).shape[1] == 3  # (W, H, F) buckets: a frames column
+    lines = [f"{'bucket':>11} {'aspect':>7}" + (f" {'frames':>6}" if clips else "") + f" {'rows':>9}"
+             + (f" {'batch':>6}" if sizes else "")]
     for i in buckets.portrait_to_landscape():
-        w, h = buckets.resolutions[i]
-        lines.append(f"{w:>5} x {h:<5} {w / h:7.3f} {int(counts[i]):>9,}"
-                     + (f" {sizes.get(int(i), '-'):>6}" if sizes else ""))
+        w, h = buckets.resolutions[i][:2]
+        lines.append(f"{w:>5} x {h:<5} {w / h:7.3f}" + (f" {buckets.resolutions[i][2]:>6}" if clips else "")
+                     + f" {int(counts[i]):>9,}" + (f" {sizes.get(int(i), '-'):>6}" if sizes else ""))
     lines.append(f"skipped: {int((ids < 0).sum()):,} of {len(ids):,} rows")
     print("\n".join(lines), flush=True)
     print(sampler.report(), flush=True)
