@@ -86,7 +86,7 @@ def check_video_flags(args: argparse.Namespace) -> None:
                ("--encoded_dataset", getattr(args, "encoded_dataset", None), "encoded datasets hold image latents"),
                ("--reference_image_column", getattr(args, "reference_image_column", None), "edit models take images"),
                ("--masked_loss", getattr(args, "masked_loss", False), "masks are per image"),
-               ("--with_prior_preservation", getattr(args, "with_prior_preservation", False), "class images are stills"),
+               ("--with_prior_preservation", getattr(args, "with_prior_preservation", False), "class images: stills"),
                (f"--resolution {args.resolution}", len(getattr(args, "resolutions", None) or []) > 1,
                 "several tiers are of images")]
     for flag, given, why in refused:

@@ -1,0 +1,200 @@
+"""Clips reach the training loop (issues 37/38): ``--video_column`` builds the clip source, whose rows are annotated
+with (W, H, F) buckets from container headers, planned by the bucket sampler and decoded frame by planned frame.
+
+Fast: the clip dataset's samples (a clip's planned frames at the bucket's size in [-1, 1], (3, F, H, W); a still
+through the image path, (3, H, W)), batches of one kind only, a clip damaged after annotation replaced and counted;
+the clip flags' mistakes in one line. Slow: the unchanged script trains a Wan LoRA on a mixed folder of MP4 and WebM
+clips and PNG stills, and a resume from its checkpoint-2 ends at the same LoRA weights."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import test_train
+import torch
+from _photos import photo
+
+import train_text_to_image_arb as script
+from hf_arb.testing.clips import panning_frames, write_clip
+
+_clean_accelerate_state = test_train._clean_accelerate_state
+#: the clip run's table: Wan's preset at 1, 5 and 9 frames (every clip here holds 9 frames or more)
+CLIP_FLAGS = ["--video_column", "video", "--bucket_preset", "wan", "--frames", "1,5,9", "--resolution", "64",
+              "--train_batch_size", "2", "--report_to", "none", "--seed", "0", "--lr_warmup_steps", "0",
+              "--log_batches", "--max_sequence_length", "16", "--instance_prompt", "a slow pan"]
+
+
+def build_clip_folder(folder: Path) -> dict[str, str]:
+    """4 MP4 clips of 13 frames, 4 WebM clips of 9 frames (64x48, a window panning across a photo), 4 PNG stills
+    and a cut MP4 (its header unreadable: skipped at annotation)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    frames = panning_frames(np.asarray(photo("astronaut.png")), 17)  # (17, 48, 64, 3)
+    for i in range(4):
+        write_clip(folder / f"pan{i}.mp4", frames[i:i + 13])
+        write_clip(folder / f"pan{i}.webm", frames[i:i + 9], suffix=".webm")
+        from PIL import Image
+
+        Image.fromarray(frames[4 * i]).save(folder / f"still{i}.png")
+    (folder / "cut.mp4").write_bytes((folder / "pan0.mp4").read_bytes()[:700])
+    return {"folder": str(folder)}
+
+
+@pytest.fixture(scope="session")
+def clip_folder(shared_artifact) -> str:
+    return shared_artifact("clip-folder", lambda root: build_clip_folder(root / "mixed"))["folder"]
+
+
+def clip_args(model: str, folder: str, *extra: str) -> Any:
+    return script.parse_args(["--pretrained_model_name_or_path", model, "--train_data_dir", folder, *CLIP_FLAGS,
+                              *extra])
+
+
+# ------------------------------------------------------------------------------------------ fast: the dataset
+@pytest.fixture(scope="module")
+def clip_rows(clip_folder, family_assets, tmp_path_factory) -> dict[str, Any]:
+    from hf_arb.train.sources.clips import ClipSource
+
+    out = tmp_path_factory.mktemp("clip-rows")
+    folder = out / "mixed"
+    shutil.copytree(clip_folder, folder)
+    source = ClipSource(clip_args(family_assets["wan"], str(folder), "--output_dir", str(out / "run")), None)
+    return {"source": source, "folder": folder, "out": out}
+
+
+def test_clips_decode_their_planned_frames_and_stills_take_the_image_path(clip_rows):
+    """A clip row is read_clip's planned frames at its bucket's size and frame count, in [-1, 1], (3, F, H, W); a
+    still is a 1-frame bucket, (3, H, W), fitted as the image dataset fits it; the cut file was skipped."""
+    from hf_arb import BucketedImageDataset
+    from hf_arb.video import read_clip
+
+    source = clip_rows["source"]
+    data = source.dataset()
+    ds = source.ds
+    res = np.asarray(source.buckets.resolutions)
+    ids = np.asarray(ds["bucket"])
+    names = [Path(p).name for p in ds["video"]]
+    assert ids[names.index("cut.mp4")] == -1
+    for row, name in enumerate(names):
+        if ids[row] < 0:
+            continue
+        w, h, f = res[ids[row]].tolist()
+        sample = data[(row, int(ids[row]), 0)]
+        if name.endswith(".png"):
+            assert f == 1 and sample["kind"] == "stills" and tuple(sample["pixel_values"].shape) == (3, h, w)
+            images = BucketedImageDataset(ds.remove_columns(["bucket_width", "bucket_height"]), res[:, :2],
+                                          image_column="video", caption_column=None, seed=0)
+            torch.testing.assert_close(sample["pixel_values"], images[(row, int(ids[row]), 0)]["pixel_values"],
+                                       rtol=0, atol=0)
+        else:
+            assert f > 1 and sample["kind"] == "clips" and tuple(sample["pixel_values"].shape) == (3, f, h, w)
+            clip = read_clip(ds[row]["video"], (w, h), f, seed=0, epoch=0, row=row, crop="random")
+            expect = torch.from_numpy(clip.frames).float().permute(1, 0, 2, 3) / 127.5 - 1
+            torch.testing.assert_close(sample["pixel_values"], expect, rtol=0, atol=1e-6)
+            assert sample["pixel_values"].min() >= -1 and sample["pixel_values"].max() <= 1
+
+
+def test_a_batch_is_one_kind_and_one_bucket(clip_rows):
+    """Every batch of the sampler's plan collates to (B, C, F, H, W) clips or (B, C, H, W) stills, tagged so."""
+    source = clip_rows["source"]
+
+    class _One:
+        num_processes, process_index, is_main_process = 1, 0, True
+
+    source.start(_One())
+    data = source.dataset()
+    kinds = set()
+    for keys in source.sampler:
+        batch = data.collate([data[k] for k in keys])
+        kinds.add(batch["kind"])
+        assert batch["pixel_values"].ndim == (5 if batch["kind"] == "clips" else 4)
+        assert len(set(batch["buckets"].tolist())) == 1
+    assert kinds == {"clips", "stills"}
+
+
+def test_a_clip_damaged_after_annotation_is_replaced_and_counted(clip_rows):
+    """A clip whose file went bad after annotation is a bad row: another clip of its bucket trains instead, and the
+    row is named in skipped_rows.jsonl; nothing raises."""
+    source = clip_rows["source"]
+    ds = source.ds
+    names = [Path(p).name for p in ds["video"]]
+    row = names.index("pan1.mp4")
+    bucket = int(ds["bucket"][row])
+    Path(ds[row]["video"]).write_bytes(b"\x00" * 4096)  # the file overwritten since annotation
+    data = source.dataset()
+    sample = data[(row, bucket, 0)]
+    assert sample["row"] != row and int(ds["bucket"][sample["row"]]) == bucket and sample["kind"] == "clips"
+    log = [json.loads(line) for line in (clip_rows["out"] / "run" / "skipped_rows.jsonl").read_text().splitlines()]
+    assert [r["row"] for r in log] == [row] and log[0]["replaced_by"] == sample["row"]
+
+
+# ------------------------------------------------------------------------------------------ fast: flags
+@pytest.mark.parametrize("extra, message", [
+    (["--frame_sampling", "slide"], r"--frame_sampling slide: one clip into several rows is not trained yet"),
+    (["--cache_latents"], r"--cache_latents with --video_column: not with clips yet \(the latent cache is not keyed"),
+])
+def test_clip_flag_mistakes_are_one_line(family_assets, clip_folder, extra, message):
+    with pytest.raises(script.UsageError, match=message):
+        clip_args(family_assets["wan"], clip_folder, *extra)
+
+
+def test_clip_flags_without_a_video_column_and_a_clip_run_of_an_image_family_are_refused(family_assets):
+    with pytest.raises(script.UsageError, match=r"--frames applies to clips: add --video_column"):
+        script.parse_args(["--pretrained_model_name_or_path", family_assets["wan"], "--train_data_dir", "d",
+                           "--frames", "1,5"])
+    with pytest.raises(script.UsageError, match=r"clips train in \(width, height, frames\) buckets: pass a video"):
+        script.parse_args(["--pretrained_model_name_or_path", family_assets["wan"], "--train_data_dir", "d",
+                           "--video_column", "video"])
+    with pytest.raises(script.UsageError, match=r"family trains images only"):
+        script.parse_args(["--pretrained_model_name_or_path", family_assets["flux2_klein"], "--train_data_dir", "d",
+                           "--video_column", "video", "--bucket_preset", "wan"])
+
+
+# ------------------------------------------------------------------------------------------ slow: the script
+@pytest.fixture(scope="module")
+def clip_runs(family_assets, clip_folder, shared_artifact) -> dict[str, Any]:
+    """The unchanged script on the mixed folder: a 4-step Wan LoRA (checkpoint at 2) and its resume from
+    checkpoint-2 in a new folder."""
+    def build(root: Path) -> dict[str, Any]:
+        base = ["--pretrained_model_name_or_path", family_assets["wan"], "--train_data_dir", clip_folder,
+                *CLIP_FLAGS, "--rank", "4", "--learning_rate", "2e-2", "--max_train_steps", "4",
+                "--checkpointing_steps", "2", "--random_flip", "--frame_sampling", "random"]
+        out = {}
+        for name in ("lora", "resumed"):
+            argv = [*base, "--output_dir", str(root / name)]
+            if name == "resumed":
+                shutil.copytree(root / "lora" / "checkpoint-2", root / "resumed" / "checkpoint-2")
+                argv += ["--resume_from_checkpoint", "latest"]
+            stats = test_train.run_script(argv)
+            out[name] = {"dir": str(root / name), "log": stats["log"], "family": stats["family"]}
+        return out
+
+    return shared_artifact("clip-runs", build)
+
+
+@pytest.mark.slow
+def test_the_unchanged_script_trains_a_wan_lora_on_clips_and_stills_and_resumes_exactly(clip_runs):
+    """The LoRA trains (W, H, F) clip batches (B, 3, F, H, W) and 1-frame still batches; the start-up table shows the
+    frames; steps 3-4 resumed from checkpoint-2 replay the rows and losses to the same LoRA weights."""
+    from safetensors.torch import load_file
+    from test_train import read_trace
+
+    run, resumed = clip_runs["lora"], clip_runs["resumed"]
+    trace = read_trace(Path(run["dir"]), 0)
+    assert [t["step"] for t in trace] == [0, 1, 2, 3] and all(np.isfinite(t["loss"]) for t in trace)
+    shapes = {len(t["shape"]) for t in trace}
+    assert shapes == {4, 5}, trace  # stills and clips both trained, never in one batch
+    for t in trace:
+        frames = int(t["label"].split("x")[2])
+        assert (t["shape"][2] == frames) if len(t["shape"]) == 5 else frames == 1
+    assert run["family"] == "wan" and "frames      rows" in run["log"]
+    again = read_trace(Path(resumed["dir"]), 0)
+    assert [(t["step"], t["rows"]) for t in again] == [(t["step"], t["rows"]) for t in trace[2:]]
+    np.testing.assert_allclose([t["loss"] for t in again], [t["loss"] for t in trace[2:]], rtol=1e-6)
+    a = load_file(str(Path(run["dir"]) / "pytorch_lora_weights.safetensors"))
+    b = load_file(str(Path(resumed["dir"]) / "pytorch_lora_weights.safetensors"))
+    assert a.keys() == b.keys() and max(float((a[k] - b[k]).abs().max()) for k in a) == 0.0
