@@ -20,7 +20,7 @@ from hf_arb.checks import check_positive
 
 
 def _label(res: np.ndarray, b: int) -> str:
-    return f"{int(res[b, 0])}x{int(res[b, 1])}"
+    return "x".join(str(int(v)) for v in res[b])  # "WxH", or "WxHxF" for a clip bucket
 
 
 def batch_sizes_for_pixels(resolutions: Any, max_pixels_per_batch: int, *, max_batch_size: int | None = None,
