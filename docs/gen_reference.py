@@ -99,6 +99,7 @@ MODULES: dict[str, str] = {
     "hf_arb.video.metadata": "video.md",
     "hf_arb.video.arrow_batch": "video.md",
     "hf_arb.video.frames": "video.md",
+    "hf_arb.annotate.clips": "video.md",
     "hf_arb.train.checkpointing": "training.md",
     "hf_arb.train.flags.args": "training.md",
     "hf_arb.train.flags.arg_checks": "training.md",
