@@ -169,6 +169,24 @@ def test_refusals_name_the_fix(clip_dir: Path) -> None:
         add_bucket_columns(ds, CLIP_SET, target_fps=0)
     with pytest.raises(ValueError, match=r"video_column='clip': the dataset has no such column"):
         add_bucket_columns(ds, CLIP_SET, video_column="clip")
+    with pytest.raises(ValueError, match=r"no such column but a clip column 'video': annotate clips with \(width, "):
+        add_bucket_columns(ds, BucketSet.sdxl())
+
+
+def test_images_and_sizes_with_a_clip_set_are_one_frame_clips(tmp_path: Path) -> None:
+    """A clip set annotates an image column or width/height columns with the same columns: 1 frame at fps 0."""
+    sizes = datasets.Dataset.from_dict({"w": [640, 300, None], "h": [480, 400, 10]})
+    out = add_bucket_columns(sizes, CLIP_SET, width_column="w", height_column="h", show_summary=False)
+    assert out.column_names == ["w", "h", *ADDED]
+    assert out["bucket_frames"] == [1, 1, None] and out["original_frames"] == [1, 1, None]
+    assert out["original_fps"][:2] == [0.0, 0.0] and out["frame_stride"][:2] == [1, 1]
+    assert [CLIP_SET[b] for b in out["bucket"][:2]] == [(64, 48, 1), (48, 64, 1)]
+    images = datasets.Dataset.from_dict({"image": [str(save_photo(tmp_path / "p.png", "coffee.png", "PNG"))]})
+    one = add_bucket_columns(images, CLIP_SET, show_summary=False)[0]
+    assert (one["bucket_frames"], one["original_frames"], one["frames_exact"]) == (1, 1, True)
+    again = add_bucket_columns(add_bucket_columns(images, CLIP_SET, show_summary=False), BucketSet.sdxl(),
+                               show_summary=False)
+    assert again.column_names == ["image", *BUCKET_COLUMNS]  # an image set replaces every clip column
 
 
 def test_cli_annotate_a_folder_of_clips_then_stats(clip_dir: Path, tmp_path: Path,
@@ -229,4 +247,3 @@ def test_report_rows_batches_histograms_and_frame_strips(clip_dir: Path) -> None
     page = render_html(rep)
     assert "id='clip-histograms'" in page and "data-field='frames'" in page and "trains frames" in page
     assert "too_few_frames" not in page and "unreadable" in page
-
