@@ -448,3 +448,14 @@ def test_video_presets_table_in_video_md_is_current() -> None:
 
     doc = (root / "docs" / "video.md").read_text()
     assert gen_reference.video_md(doc) == doc, "docs/video.md video presets table is stale: run docs/gen_reference.py"
+
+
+def test_one_frame_count_is_refused_naming_the_list() -> None:
+    """The habit from diffusers' num_frames=81: frames is a list of frame counts (diffusion-pipe's frame_buckets)."""
+    from hf_arb.checks import UsageError
+
+    for call in (lambda: BucketSet.preset("wan", frames=81), lambda: BucketSet.from_budget(512, frames=17),
+                 lambda: BucketSet.fit([(640, 480)], 1, frames=33)):
+        with pytest.raises(UsageError, match=r"list of frame counts.*frame_buckets.*pass \[\d+\]"):
+            call()
+    assert BucketSet.preset("wan", frames=[81]).frame_counts.tolist() == [81]
