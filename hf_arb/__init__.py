@@ -20,6 +20,7 @@ _EXPORTS: dict[str, str] = {
     "BucketSet": "buckets.sets",
     "AssignmentSummary": "buckets.assignment",
     "PRESETS": "buckets.presets",
+    "VIDEO_PRESETS": "buckets.presets",
     "read_image_size": "images.sizes",
     "ImageSizeError": "images.sizes",
     "add_bucket_columns": "annotate.map",

@@ -4,7 +4,9 @@
 - :mod:`~hf_arb.buckets.presets` — every named table (ours and each model family's own), exactly;
   :mod:`~hf_arb.buckets.preset_sources` where each comes from; :mod:`~hf_arb.buckets.family_tables` the tables
   model families and trainers publish; :mod:`~hf_arb.buckets.resolve` the BucketSet a command line describes;
-- :mod:`~hf_arb.buckets.matching` — nearest-aspect lookup without an ``(images, buckets)`` matrix;
+- :mod:`~hf_arb.buckets.matching` — nearest-aspect lookup without an ``(images, buckets)`` matrix (clips: the frame
+  count first, then the aspect);
+- :mod:`~hf_arb.buckets.frames` — the video VAEs' ``step * k + 1`` frame rules a clip set's frame axis follows;
 - :mod:`~hf_arb.buckets.assignment` — validated size arrays and :class:`AssignmentSummary`;
 - :mod:`~hf_arb.buckets.fit` — bucket tables fitted to a dataset's sizes (``BucketSet.fit``);
 - :mod:`~hf_arb.buckets.stored` — reading a stored bucket configuration back (features, card, columns);

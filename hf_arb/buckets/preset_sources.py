@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import warnings
 
-from .presets import PRESET_INFO, PRESETS
+from .presets import PRESET_INFO, PRESETS, VIDEO_PRESET_INFO, VIDEO_PRESETS
 
 #: Each preset's native matching rule (``metric="native"``) in words, with the upstream function it reproduces.
 NATIVE_RULES: dict[str, str] = {
@@ -38,9 +38,11 @@ def preset_source(name: str, resolution: int | None = None, step: int | None = N
         'diffusers `pipelines/pixart_alpha/pipeline_pixart_sigma.py` `ASPECT_RATIO_2048_BIN`'
         ```
     """
+    if name in VIDEO_PRESET_INFO:
+        return VIDEO_PRESET_INFO[name].source
     info = PRESET_INFO.get(name)
     if info is None:
-        raise ValueError(f"Unknown bucket preset {name!r}. Use one of {', '.join(map(repr, PRESETS))}.")
+        raise ValueError(f"Unknown bucket preset {name!r}. Use one of {', '.join(map(repr, PRESETS + VIDEO_PRESETS))}.")
     res = info.default_resolution if resolution is None else resolution
     step = info.default_step if step is None else step
     if name == "pixart":
@@ -83,4 +85,22 @@ def presets_markdown() -> str:
                          f"{bs.aspects.min():.3f}–{bs.aspects.max():.3f} | "
                          f"{area.min() / 1e6:.2f}–{area.max() / 1e6:.2f} MP | {NATIVE_RULES[name]} | "
                          f"{preset_source(name, res)} |")
+    return "\n".join(lines)
+
+
+def video_presets_markdown() -> str:
+    """A Markdown table of the video presets (:data:`~hf_arb.buckets.presets.VIDEO_PRESETS`): the call, the frame rule,
+    the budget (the pipeline's default clip), the frame ladder, bucket count, the largest frame and the source."""
+    from .frames import FRAME_RULES
+    from .sets import BucketSet
+
+    lines = ["| preset | frame rule | budget (pixels × frames) | frames | buckets | largest frame | sides | source |",
+             "|---|---|---|---|---|---|---|---|"]
+    for name, info in VIDEO_PRESET_INFO.items():
+        bs = BucketSet.preset(name)
+        w, h, f = info.default
+        big = bs.resolutions[bs.areas.argmax()]
+        lines.append(f"| `BucketSet.preset({name!r})` | {FRAME_RULES[name].step}k+1 | {w}×{h}×{f} = {w * h * f:,} | "
+                     f"{', '.join(map(str, info.frames))} | {len(bs)} | {big[0]}×{big[1]} | multiples of {info.step} | "
+                     f"{info.source} |")
     return "\n".join(lines)

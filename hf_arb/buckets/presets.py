@@ -21,6 +21,14 @@ Sources (the numbers are the contract; the code is ours):
   the budget); matching: nearest h/w.
 - ``kohya``: kohya-ss/sd-scripts ``library/model_util.py`` ``make_bucket_resolutions`` (commit 48d368fa);
   matching (``BucketManager.select_bucket``): nearest w/h, ties to the first in sorted order.
+
+Video presets (:data:`VIDEO_PRESETS`: ``wan``, ``ltx``, ``hunyuan_video``) are ``(k, 3)`` tables of
+``(width, height, frames)`` built by :func:`frame_budget_table` from each family's pipeline defaults in diffusers 0.42
+(:data:`VIDEO_PRESET_INFO`; ``tests/test_video_buckets.py`` reads them from the pipelines): a budget in pixels ×
+frames (the pipeline's default clip), a ladder of frame counts that follow the family's VAE rule
+(:data:`hf_arb.buckets.frames.FRAME_RULES`), sides that are multiples of what the pipeline's ``check_inputs`` demands.
+A bucket of ``F`` frames gets about ``budget / F`` pixels per frame (at most ``max_pixels``), so a long clip at a low
+resolution and a short one at a high resolution cost the same.
 """
 
 from __future__ import annotations
@@ -32,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from hf_arb.checks import check_resolution
+from hf_arb.checks import UsageError, check_resolution
 
 from .family_tables import (
     ONETRAINER_ASPECTS,
@@ -42,6 +50,7 @@ from .family_tables import (
     sdxl_table,
     sorted_unique,
 )
+from .frames import FRAME_RULES
 
 PIXART_1024: tuple[tuple[str, int, int], ...] = (
     ("0.25", 512, 2048), ("0.28", 512, 1856), ("0.32", 576, 1792), ("0.33", 576, 1728), ("0.35", 576, 1664),
@@ -141,8 +150,60 @@ TABLE_PARAMS: dict[str, tuple[str, ...]] = {
 }
 
 
+@dataclass(frozen=True)
+class VideoPresetInfo:
+    """A video family's preset: its pipelines' default clip, the side step they check and a frame ladder.
+
+    Attributes:
+        name: the family (``BucketSet.preset(name)``); its frame rule is ``FRAME_RULES[name]``.
+        summary: one line for help texts and docs.
+        pipelines: the diffusers pipelines whose defaults these are.
+        default: ``(width, height, frames)`` of the pipeline's default clip; the budget is its pixels × frames.
+        step: bucket sides are multiples of it (the pipeline's ``check_inputs``: ``height % step == 0``).
+        frames: the default frame ladder (each valid for the family's rule, the default's frames the longest).
+        max_pixels: pixels of one frame at most (short clips and images): the largest frame the sources show.
+        aspects: width / height of the buckets at every frame count: the defaults', their inverses, 4:3, 3:4, 1:1.
+        source: where ``default``, ``step`` and ``max_pixels`` come from, in words.
+    """
+
+    name: str
+    summary: str
+    pipelines: tuple[str, ...]
+    default: tuple[int, int, int]
+    step: int
+    frames: tuple[int, ...]
+    max_pixels: int
+    aspects: tuple[float, ...]
+    source: str
+
+
+VIDEO_PRESET_INFO: dict[str, VideoPresetInfo] = {p.name: p for p in (
+    VideoPresetInfo("wan", "Wan 2.1/2.2: 832x480x81 budget, frames 1-81 (4k+1), sides of 16, frames up to 1280x720",
+                    ("WanPipeline",), (832, 480, 81), 16, (1, 17, 33, 49, 65, 81), 1280 * 720,
+                    (832 / 480, 480 / 832, 4 / 3, 3 / 4, 1.0),
+                    "diffusers `pipelines/wan/pipeline_wan.py`: `__call__` defaults height=480, width=832, "
+                    "num_frames=81; `check_inputs` height/width % 16; the docstring example's 720P (1280x720)"),
+    VideoPresetInfo("ltx", "LTX-Video: 704x512x161 budget, frames 1-161 (8k+1), sides of 32, frames up to 768x512",
+                    ("LTXPipeline", "LTX2Pipeline"), (704, 512, 161), 32, (1, 41, 81, 121, 161), 768 * 512,
+                    (704 / 512, 512 / 704, 768 / 512, 512 / 768, 1.0),
+                    "diffusers `pipelines/ltx/pipeline_ltx.py`: `__call__` defaults height=512, width=704, "
+                    "num_frames=161; `check_inputs` height/width % 32; `pipelines/ltx2/pipeline_ltx2.py`'s 768x512 "
+                    "at 121 frames"),
+    VideoPresetInfo("hunyuan_video", "HunyuanVideo: 1280x720x129 budget, frames 1-129 (4k+1), sides of 16",
+                    ("HunyuanVideoPipeline", "HunyuanVideo15Pipeline"), (1280, 720, 129), 16,
+                    (1, 33, 65, 97, 129), 1280 * 720, (1280 / 720, 720 / 1280, 4 / 3, 3 / 4, 1.0),
+                    "diffusers `pipelines/hunyuan_video/pipeline_hunyuan_video.py`: `__call__` defaults height=720, "
+                    "width=1280, num_frames=129; `check_inputs` height/width % 16"),
+)}
+
+#: Every video preset name: (width, height, frames) tables, one per video family.
+VIDEO_PRESETS: tuple[str, ...] = tuple(VIDEO_PRESET_INFO)
+
+TABLE_PARAMS.update({name: ("frames", "max_pixels", "aspects", "min_area_ratio") for name in VIDEO_PRESETS})
+
+
 def _unknown(name: str) -> ValueError:
-    return ValueError(f"Unknown bucket preset {name!r}. Use one of {', '.join(map(repr, PRESETS))}.")
+    return ValueError(f"Unknown bucket preset {name!r}. Use one of {', '.join(map(repr, PRESETS + VIDEO_PRESETS))}.")
 
 
 def preset_notes(name: str, resolution: int | None = None) -> list[str]:
@@ -159,6 +220,8 @@ def preset_notes(name: str, resolution: int | None = None) -> list[str]:
         ```
     """
     info = PRESET_INFO.get(name)
+    if info is None and name in VIDEO_PRESET_INFO:
+        return []
     if info is None:
         raise _unknown(name)
     if resolution is not None and info.default_resolution is None:
@@ -175,7 +238,8 @@ def _scaled(table: Sequence[tuple[str, int, int]], div: int) -> tuple[np.ndarray
 def preset_table(
     name: str, resolution: int | None = None, step: int | None = None, **params: Any
 ) -> tuple[np.ndarray, dict[str, Any]]:
-    """The preset's table as ``(k, 2)`` ``(width, height)`` rows and its native matching rule.
+    """The preset's table as ``(k, 2)`` ``(width, height)`` rows (``(k, 3)`` ``(width, height, frames)`` for the
+    :data:`VIDEO_PRESETS`: :func:`video_preset_table`) and its native matching rule.
 
     Args:
         name: one of :data:`PRESETS`.
@@ -190,6 +254,8 @@ def preset_table(
         than the buckets' own aspects, ``match_aspects`` (PixArt's rounded keys, HunyuanDiT's standard ratios)
         and ``nearest_area``.
     """
+    if name in VIDEO_PRESET_INFO:
+        return video_preset_table(name, resolution, step, **params), {"metric": "log"}
     info = PRESET_INFO.get(name)
     if info is None:
         raise _unknown(name)
@@ -265,7 +331,17 @@ def budget_table(resolution: int = 1024, aspects: Iterable[float] | None = None,
             f"`step` ({step}) must not exceed `resolution` ({resolution}): no bucket would fit the budget."
         )
     check_resolution(resolution)
-    budget, step = int(resolution) ** 2, int(step)
+    return area_table(int(resolution) ** 2, aspects, step, min_area_ratio)
+
+
+def area_table(max_pixels: int, aspects: Iterable[float] | None = None, step: int = 64,
+               min_area_ratio: float = 0.75) -> np.ndarray:
+    """:func:`budget_table` for a budget of ``max_pixels`` pixels (any count, not only a square's): per aspect, the
+    ``step``-aligned shape nearest in log aspect among those within ``max_pixels`` using at least ``min_area_ratio``
+    of it. ``(k, 2)`` ``(width, height)``, sorted by aspect."""
+    budget, step = int(max_pixels), int(step)
+    if step <= 0 or step * step > budget:
+        raise ValueError(f"`step` ({step}) must be positive and a {step}x{step} square must fit in {budget:,} pixels.")
     if aspects is None:
         aspects = sorted({*ONETRAINER_ASPECTS, *(1 / a for a in ONETRAINER_ASPECTS)})
     targets = np.asarray(list(aspects), dtype=np.float64)  # (t,)
@@ -326,3 +402,99 @@ def _window(aspect: float, m: int, budget: int, step: int, min_area_ratio: float
     return np.unique(np.concatenate(out))
 
 
+
+
+def frame_list(frames: Any) -> list[Any]:
+    """``frames`` as a list of frame counts; one number is refused in one line (a habit from ``num_frames=81``)."""
+    if isinstance(frames, (int, float, np.integer, np.floating)) or not isinstance(frames, Iterable):
+        raise UsageError(f"`frames` is the list of frame counts of the buckets, e.g. [1, 17, 33, 49, 65, 81] "
+                         f"(diffusion-pipe's frame_buckets, musubi-tuner's target_frames), got {frames!r}; for one "
+                         f"frame count pass [{frames!r}].")
+    return list(frames)
+
+
+def frame_budget_table(budget: int, frames: Iterable[int], aspects: Iterable[float] | None = None, step: int = 16,
+                       max_pixels: int | None = None, min_area_ratio: float = 0.75) -> np.ndarray:
+    """A clip table under a budget in pixels × frames: ``(k, 3)`` ``(width, height, frames)``, frames ascending.
+
+    Each frame count ``F`` gets :func:`area_table` at ``min(max_pixels, budget // F)`` pixels per frame, so every
+    bucket costs at most ``budget`` pixels × frames, and a long low-resolution bucket costs about what a short
+    high-resolution one does.
+
+    Args:
+        budget: pixels × frames of one clip (e.g. ``832 * 480 * 81``, Wan's default clip).
+        frames: the frame counts (positive, distinct).
+        aspects: width / height ratios at every frame count (default: OneTrainer's ladder).
+        step: every side is a multiple of this.
+        max_pixels: pixels of one frame at most (short clips and images); ``None``: no cap.
+        min_area_ratio: as for :func:`area_table`.
+
+    Example:
+        ```py
+        >>> frame_budget_table(832 * 480 * 81, [1, 81], [16 / 9], max_pixels=1280 * 720).tolist()
+        [[1280, 720, 1], [832, 480, 81]]
+        ```
+    """
+    counts = np.asarray(frame_list(frames))
+    if counts.ndim != 1 or counts.size == 0 or counts.dtype.kind not in "iu" or (counts < 1).any() or \
+            np.unique(counts).size != counts.size:
+        raise ValueError(f"`frames` must be distinct positive frame counts, e.g. [1, 17, 33], got {counts.tolist()}.")
+    if int(budget) <= 0 or (max_pixels is not None and int(max_pixels) <= 0):
+        raise ValueError(f"`budget` and `max_pixels` must be positive, got budget={budget!r}, "
+                         f"max_pixels={max_pixels!r}.")
+    out = []
+    for f in np.sort(counts).tolist():
+        area = int(budget) // f if max_pixels is None else min(int(max_pixels), int(budget) // f)
+        if step * step > area:
+            raise ValueError(f"A budget of {int(budget):,} pixels x frames leaves {area:,} pixels per frame at {f} "
+                             f"frames: less than one {step}x{step} square. Raise the budget or drop the longest frame "
+                             f"counts.")
+        shapes = area_table(area, aspects, step, min_area_ratio)  # (s, 2)
+        out.append(np.concatenate([shapes, np.full((len(shapes), 1), f, np.int64)], 1))
+    return np.concatenate(out)
+
+
+def video_preset_table(name: str, resolution: int | None = None, step: int | None = None, *,
+                       frames: Iterable[int] | None = None, max_pixels: int | None = None,
+                       aspects: Iterable[float] | None = None, min_area_ratio: float = 0.75) -> np.ndarray:
+    """A video family's ``(k, 3)`` table (:data:`VIDEO_PRESET_INFO`): :func:`frame_budget_table` at its defaults.
+
+    Args:
+        name: one of :data:`VIDEO_PRESETS`.
+        resolution: the side of one frame at the longest frame count (the budget is ``resolution² × max(frames)``);
+            ``None``: the budget is the pipeline's default clip (``832 * 480 * 81`` for Wan), whatever ``frames``
+            asks. A larger frame also raises the ``max_pixels`` cap to it.
+        step: side multiple, a multiple of the family's own (the pipeline's ``check_inputs``).
+        frames: frame counts, each valid for the family's rule (``4k+1``, ``8k+1``); default: the preset's ladder.
+        max_pixels: pixels of one frame at most; default: the preset's.
+        aspects: width / height ratios; default: the preset's.
+        min_area_ratio: as for :func:`area_table`.
+
+    Raises:
+        UsageError: a frame count the family's rule forbids (naming the nearest valid ones), or a step that is not a
+            multiple of the family's.
+    """
+    info = VIDEO_PRESET_INFO.get(name)
+    if info is None:
+        raise _unknown(name)
+    rule = FRAME_RULES[name]
+    check_resolution(resolution)
+    step = info.step if step is None else int(step)
+    if step <= 0 or step % info.step:
+        raise UsageError(f"preset {name!r}: bucket sides must be multiples of {info.step} (the pipeline's "
+                         f"check_inputs), so the step must be one too; got step={step}.")
+    counts = list(info.frames) if frames is None else frame_list(frames)
+    bad = [f for f in counts if not (isinstance(f, (int, np.integer)) and rule.is_valid(int(f)))]
+    if bad:
+        f = bad[0]
+        below = rule.floor(int(f)) if isinstance(f, (int, np.integer)) and f >= 1 else 1
+        raise UsageError(f"preset {name!r}: {f!r} frames do not fit the {name} VAE rule ({rule.step}k+1 frames): use "
+                         f"{below} or {below + rule.step}.")
+    w, h, f0 = info.default
+    if resolution is None:
+        budget = w * h * f0  # the pipeline's default clip, whatever the ladder: longer clips get smaller frames
+        cap = info.max_pixels if max_pixels is None else int(max_pixels)
+    else:
+        budget = int(resolution) ** 2 * max(counts)
+        cap = max(info.max_pixels, int(resolution) ** 2) if max_pixels is None else int(max_pixels)
+    return frame_budget_table(budget, counts, info.aspects if aspects is None else aspects, step, cap, min_area_ratio)

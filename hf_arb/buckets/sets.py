@@ -26,11 +26,22 @@ from typing import Any
 
 import numpy as np
 
+from hf_arb.checks import UsageError
+
 from .assignment import AssignmentSummary, as_size_array, bucket_labels, normalise_resolutions
 from .family_tables import parse_buckets_string
+from .frames import frame_rule as _frame_rule
 from .matching import METRICS as _METRICS
 from .matching import SHORT_CLIPS, AspectIndex, FrameIndex, Metric
-from .presets import TABLE_PARAMS, budget_table, novelai_table, preset_table, sdxl_table
+from .presets import (
+    TABLE_PARAMS,
+    budget_table,
+    frame_budget_table,
+    frame_list,
+    novelai_table,
+    preset_table,
+    sdxl_table,
+)
 from .stored import dataset_configs
 
 _FORMAT_VERSION = 1
@@ -130,8 +141,16 @@ class BucketSet:
 
     @classmethod
     def from_budget(cls, resolution: int = 1024, aspects: Iterable[float] | None = None, step: int = 64,
-                    min_area_ratio: float = 0.75, **kwargs: Any) -> BucketSet:
+                    min_area_ratio: float = 0.75, *, frames: Iterable[int] | None = None,
+                    max_pixels: int | None = None, frame_rule: Any = None, **kwargs: Any) -> BucketSet:
         """A pixel-budget ladder: each aspect ratio scaled to about ``resolution²`` pixels.
+
+        With ``frames`` (clip buckets, a ``(k, 3)`` set), the budget is in pixels × frames: ``resolution²`` pixels
+        per frame at the longest frame count, ``resolution² × max(frames) / F`` pixels per frame at ``F`` frames (at
+        most ``max_pixels``, default ``4 × resolution²``: twice the side), so a long low-resolution clip and a short
+        high-resolution one cost the same (:func:`hf_arb.buckets.presets.frame_budget_table`). ``frame_rule`` (a
+        family name of :data:`hf_arb.buckets.frames.FRAME_RULES` or a ``FrameRule``) refuses frame counts its VAE
+        cannot encode. The video families' own: ``BucketSet.preset("wan" | "ltx" | "hunyuan_video")``.
 
         Every side is a multiple of ``step`` and no bucket exceeds ``resolution²`` pixels. For each aspect
         ``a`` (width / height; default: OneTrainer's 4:1 … 1:1 and their inverses), the bucket is the
@@ -139,22 +158,66 @@ class BucketSet:
         ``min_area_ratio`` of the budget (ties: the larger area). Aspects that land on the same shape
         (likely with tiny budgets such as ``resolution=64, step=16``) give one bucket. OneTrainer itself
         rounds to the nearest step instead (``BucketSet.preset("onetrainer")``).
+
+        Example:
+            ```py
+            >>> bs = BucketSet.from_budget(512, [1.0], step=64, frames=[1, 17, 33])
+            >>> bs.labels(), bs.volumes.max() <= 512 * 512 * 33
+            (['1024x1024x1', '704x704x17', '512x512x33'], True)
+            ```
         """
-        return cls(budget_table(resolution, aspects, step, min_area_ratio).tolist(), **kwargs)
+        if frames is None:
+            if max_pixels is not None or frame_rule is not None:
+                raise ValueError("`max_pixels` and `frame_rule` apply to clip buckets: pass `frames` too.")
+            return cls(budget_table(resolution, aspects, step, min_area_ratio).tolist(), **kwargs)
+        counts = cls._frame_counts(frames, frame_rule)
+        budget_table(resolution, aspects, step, min_area_ratio)  # the same checks of resolution, step and aspects
+        side2 = int(resolution) ** 2
+        cap = 4 * side2 if max_pixels is None else int(max_pixels)
+        return cls(frame_budget_table(side2 * max(counts), counts, aspects, step, cap, min_area_ratio).tolist(),
+                   **kwargs)
 
     @classmethod
     def fit(cls, sizes: Any, n_buckets: int, *, step: int = 64, max_pixels: int = 1024 * 1024,
-            max_crop: float | None = None, **kwargs: Any) -> BucketSet:
+            max_crop: float | None = None, frames: Iterable[int] | None = None, frame_rule: Any = None,
+            max_frame_pixels: int | None = None, **kwargs: Any) -> BucketSet:
         """The ``n_buckets`` step-aligned shapes at ``max_pixels`` that minimise the mean crop of ``sizes`` (``(n, 2)``
         or ``(widths, heights)``), none cutting more than ``max_crop``: :func:`hf_arb.buckets.fit.fit_table` (other
-        kwargs:
-        the constructor)."""
+        kwargs: the constructor).
+
+        With ``frames`` (clip buckets), the fitted aspects repeat at every frame count under a budget in pixels ×
+        frames: ``max_pixels`` per frame at the longest count, ``max_pixels × max(frames) / F`` at ``F`` frames (at
+        most ``max_frame_pixels``, default ``4 × max_pixels``), each aspect at its step-aligned shape nearest in log
+        aspect (:func:`hf_arb.buckets.presets.frame_budget_table`); ``frame_rule`` refuses counts its VAE cannot
+        encode. A clip is then matched to the largest frame count ``<=`` its own (:meth:`assign`)."""
         from .fit import FIT_PARAMS, fit_table, split_sizes
         if kwargs.pop("metric", "log") != "log":
             raise ValueError("BucketSet.fit optimises nearest-in-log-aspect assignment: it needs metric='log'.")
         params = {k: kwargs.pop(k) for k in FIT_PARAMS if k in kwargs}  # the rest: constructor arguments
-        return cls(fit_table(*split_sizes(sizes), n_buckets, step=step, max_pixels=max_pixels, max_crop=max_crop,
-                             **params).table.tolist(), **kwargs)
+        table = fit_table(*split_sizes(sizes), n_buckets, step=step, max_pixels=max_pixels, max_crop=max_crop,
+                          **params).table
+        if frames is None:
+            if frame_rule is not None or max_frame_pixels is not None:
+                raise ValueError("`frame_rule` and `max_frame_pixels` apply to clip buckets: pass `frames` too.")
+            return cls(table.tolist(), **kwargs)
+        counts = cls._frame_counts(frames, frame_rule)
+        cap = 4 * int(max_pixels) if max_frame_pixels is None else int(max_frame_pixels)
+        return cls(frame_budget_table(int(max_pixels) * max(counts), counts, (table[:, 0] / table[:, 1]).tolist(),
+                                      step, cap, params.get("min_area_ratio", 0.75)).tolist(), **kwargs)
+
+    @staticmethod
+    def _frame_counts(frames: Iterable[int], frame_rule: Any) -> list[int]:
+        """``frames`` as ints, each allowed by ``frame_rule`` when one is given (else a UsageError naming the nearest
+        valid counts)."""
+        counts = [int(f) for f in frame_list(frames)]
+        if frame_rule is not None:
+            rule = _frame_rule(frame_rule)
+            bad = [f for f in counts if not rule.is_valid(f)]
+            if bad:
+                below = rule.floor(bad[0]) if bad[0] >= 1 else 1
+                raise UsageError(f"{bad[0]} frames do not fit the {rule.name} rule ({rule.step}k+1 frames): use "
+                                 f"{below} or {below + rule.step}.")
+        return counts
 
     @classmethod
     def sdxl(cls, **kwargs: Any) -> BucketSet:
@@ -164,12 +227,15 @@ class BucketSet:
     @classmethod
     def preset(cls, name: str, resolution: int | None = None, step: int | None = None, *,
                metric: Metric | str = "log", **kwargs: Any) -> BucketSet:
-        """Build a named preset (any of :data:`hf_arb.buckets.presets.PRESETS`; tables in
-        :mod:`hf_arb.buckets.presets`).
+        """Build a named preset (any of :data:`hf_arb.buckets.presets.PRESETS`, or a video family's
+        :data:`~hf_arb.buckets.presets.VIDEO_PRESETS`; tables in :mod:`hf_arb.buckets.presets`).
 
         Args:
             name: ``"budget"``, ``"novelai"``, ``"sdxl"``, ``"pixart"``, ``"sana"``, ``"hunyuan_dit"``,
-                ``"flux_kontext"``, ``"diffusers"``, ``"onetrainer"`` or ``"kohya"``.
+                ``"flux_kontext"``, ``"diffusers"``, ``"onetrainer"`` or ``"kohya"``; or ``"wan"``, ``"ltx"``,
+                ``"hunyuan_video"``: ``(width, height, frames)`` buckets under a pixels × frames budget
+                (:func:`hf_arb.buckets.presets.video_preset_table`; table parameters ``frames``, ``max_pixels``,
+                ``aspects``, ``min_area_ratio``).
             resolution: pixel budget side, or the model resolution for ``pixart`` (256/512/1024/2048) and
                 ``sana`` (512/1024/2048/4096). ``None``: the preset's default. Fixed tables ignore it with a
                 ``UserWarning`` saying so (see :func:`hf_arb.buckets.presets.preset_notes`).

@@ -6,6 +6,11 @@ At inference diffusers shifts the sigma schedule by ``mu``, a linear function of
 noise level; these pure functions give each bucket the ``mu`` the stock pipeline uses for that height × width,
 and apply it to training sigmas exactly as ``FlowMatchEulerDiscreteScheduler.set_timesteps`` does.
 
+Clip buckets (``(k, 3)`` tables of ``(width, height, frames)``) count the latent frames too, as the video pipelines
+do (``LTXPipeline``: ``video_sequence_length = latent_num_frames * latent_height * latent_width``, with
+``latent_num_frames = (num_frames - 1) // vae_temporal_compression_ratio + 1``): pass ``frame_step``, the VAE's
+temporal compression (``hf_arb.buckets.frames.FRAME_RULES[family].step``).
+
 Example:
     ```py
     >>> from hf_arb import BucketSet
@@ -66,16 +71,23 @@ class ShiftConfig:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
+def _table(resolutions: Any) -> np.ndarray:
+    """A bucket table as int64 ``(k, D)``: ``(k, 2)`` (width, height) or ``(k, 3)`` (width, height, frames); a flat
+    pair list is read as ``(k, 2)``."""
+    res = np.asarray(getattr(resolutions, "resolutions", resolutions), dtype=np.int64)
+    return res if res.ndim == 2 and res.shape[1] in (2, 3) else res.reshape(-1, 2)
+
+
 def check_latent_sizes(resolutions: Any, vae_scale_factor: int = 8, patch_size: int = 2) -> None:
     """Raise unless every bucket side is divisible by ``vae_scale_factor × patch_size``.
 
     Args:
-        resolutions: ``(k, 2)`` ``(width, height)`` (e.g. ``BucketSet.resolutions``).
+        resolutions: ``(k, 2)`` ``(width, height)`` (e.g. ``BucketSet.resolutions``), or ``(k, 3)`` with frames.
 
     Raises:
         ValueError: naming the first buckets that are not legal and the step the bucket set needs.
     """
-    res = np.asarray(resolutions, dtype=np.int64).reshape(-1, 2)
+    res = _table(resolutions)[:, :2]
     step = int(vae_scale_factor) * int(patch_size)
     bad = np.flatnonzero((res % step != 0).any(axis=1))
     if bad.size:
@@ -88,8 +100,12 @@ def check_latent_sizes(resolutions: Any, vae_scale_factor: int = 8, patch_size: 
         )
 
 
-def image_seq_len(widths: Any, heights: Any, vae_scale_factor: int = 8, patch_size: int = 2) -> np.ndarray:
+def image_seq_len(widths: Any, heights: Any, vae_scale_factor: int = 8, patch_size: int = 2, frames: Any = None,
+                  frame_step: int = 1, patch_size_t: int = 1) -> np.ndarray:
     """Latent tokens after patching, ``(h / vae / patch) * (w / vae / patch)``, vectorised; int64 of shape ``(n,)``.
+
+    With ``frames`` (clips), times the latent frames after temporal patching:
+    ``ceil(((frames - 1) // frame_step + 1) / patch_size_t)`` (1 for an image).
 
     Raises:
         ValueError: a size not divisible by ``vae_scale_factor * patch_size`` (see :func:`check_latent_sizes`).
@@ -98,7 +114,12 @@ def image_seq_len(widths: Any, heights: Any, vae_scale_factor: int = 8, patch_si
     h = np.atleast_1d(np.asarray(heights, dtype=np.int64))
     check_latent_sizes(np.stack([w, h], 1), vae_scale_factor, patch_size)
     step = vae_scale_factor * patch_size
-    return (h // step) * (w // step)
+    tokens = (h // step) * (w // step)
+    if frames is None:
+        return tokens
+    f = np.atleast_1d(np.asarray(frames, dtype=np.int64))
+    latent = (f - 1) // int(frame_step) + 1  # (n,) as every video pipeline counts them
+    return tokens * -(-latent // int(patch_size_t))
 
 
 def calculate_mu(seq_len: Any, config: ShiftConfig) -> np.ndarray:
@@ -142,32 +163,49 @@ def _is_torch(x: Any) -> bool:
 
 
 def bucket_shift_table(buckets: Any, config: ShiftConfig, vae_scale_factor: int = 8,
-                       patch_size: int = 2) -> dict[str, np.ndarray]:
+                       patch_size: int = 2, frame_step: int | None = None,
+                       patch_size_t: int = 1) -> dict[str, np.ndarray]:
     """Each bucket's ``image_seq_len`` and ``mu``, aligned with the bucket ids.
 
     Args:
-        buckets: a :class:`~hf_arb.BucketSet` (or ``(k, 2)`` ``(width, height)``).
+        buckets: a :class:`~hf_arb.BucketSet` (or ``(k, 2)`` ``(width, height)``; ``(k, 3)`` with frames).
         config: the scheduler's values (:meth:`ShiftConfig.from_scheduler_config`).
+        frame_step: clip buckets: the VAE's temporal compression (``FRAME_RULES[family].step``); the token count
+            includes the latent frames (:func:`image_seq_len`). Needed for a ``(k, 3)`` table.
+        patch_size_t: clip buckets: the transformer's temporal patch size.
 
     Returns:
         ``{"image_seq_len": int64 (k,), "mu": float64 (k,)}``; ``mu`` is what the stock pipeline passes to
         ``set_timesteps`` at that size (computed even when the config shifts statically, for the report).
 
     Raises:
-        ValueError: a bucket not divisible by ``vae_scale_factor * patch_size`` (naming the step needed).
+        ValueError: a bucket not divisible by ``vae_scale_factor * patch_size`` (naming the step needed), or clip
+            buckets without ``frame_step``.
     """
-    res = np.asarray(getattr(buckets, "resolutions", buckets), dtype=np.int64).reshape(-1, 2)
-    seq = image_seq_len(res[:, 0], res[:, 1], vae_scale_factor, patch_size)
+    res = _table(buckets)
+    frames = None
+    if res.shape[1] == 3:
+        if frame_step is None:
+            raise ValueError("Clip buckets (width, height, frames) count latent frames in the sequence length: pass "
+                             "frame_step, the VAE's temporal compression (hf_arb.buckets.frames.FRAME_RULES[family]"
+                             ".step: 4 for Wan and HunyuanVideo, 8 for LTX).")
+        frames = res[:, 2]
+    seq = image_seq_len(res[:, 0], res[:, 1], vae_scale_factor, patch_size, frames, frame_step or 1, patch_size_t)
     return {"image_seq_len": seq, "mu": calculate_mu(seq, config)}
 
 
-def shift_table_text(buckets: Any, config: ShiftConfig, vae_scale_factor: int = 8, patch_size: int = 2) -> str:
-    """The per-bucket shift as text: id, width, height, image_seq_len, mu, and the shifted sigma at t = 0.5."""
-    res = np.asarray(getattr(buckets, "resolutions", buckets), dtype=np.int64).reshape(-1, 2)
-    table = bucket_shift_table(res, config, vae_scale_factor, patch_size)
+def shift_table_text(buckets: Any, config: ShiftConfig, vae_scale_factor: int = 8, patch_size: int = 2,
+                     frame_step: int | None = None, patch_size_t: int = 1) -> str:
+    """The per-bucket shift as text: id, width, height (frames for clips), image_seq_len, mu, and the shifted sigma at
+    t = 0.5."""
+    res = _table(buckets)
+    clip = res.shape[1] == 3
+    table = bucket_shift_table(res, config, vae_scale_factor, patch_size, frame_step, patch_size_t)
     mid = shift_sigmas(np.full(len(res), 0.5), table["mu"], config)
-    lines = [f"{'id':>3}  {'width':>5}  {'height':>6}  {'seq_len':>7}  {'mu':>7}  {'sigma(0.5)':>10}"]
-    for i, ((w, h), n, mu, s) in enumerate(zip(res.tolist(), table["image_seq_len"].tolist(), table["mu"].tolist(),
-                                               np.asarray(mid).tolist())):
-        lines.append(f"{i:>3}  {w:>5}  {h:>6}  {n:>7}  {mu:7.4f}  {s:10.4f}")
+    lines = [f"{'id':>3}  {'width':>5}  {'height':>6}" + (f"  {'frames':>6}" if clip else "")
+             + f"  {'seq_len':>7}  {'mu':>7}  {'sigma(0.5)':>10}"]
+    for i, (r, n, mu, s) in enumerate(zip(res.tolist(), table["image_seq_len"].tolist(), table["mu"].tolist(),
+                                          np.asarray(mid).tolist())):
+        lines.append(f"{i:>3}  {r[0]:>5}  {r[1]:>6}" + (f"  {r[2]:>6}" if clip else "")
+                     + f"  {n:>7}  {mu:7.4f}  {s:10.4f}")
     return "\n".join(lines)

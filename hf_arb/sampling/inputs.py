@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from hf_arb.buckets.schema import buckets_from_features, read_bucket_ids, read_resolutions
+from hf_arb.checks import UsageError
 
 from .planning.index import CHUNK
 from .planning.plan import as_bucket_ids, check_leftover, check_nonneg
@@ -56,6 +57,12 @@ def aspects(resolutions: np.ndarray) -> np.ndarray:
     return a
 
 
+def frame_groups(resolutions: np.ndarray) -> np.ndarray:
+    """Frames per bucket, shape (k,): the third column of a clip table, 1 for an image table. Buckets of different
+    frame counts never share a batch (no merge, no catch-all across them)."""
+    return resolutions[:, 2] if resolutions.shape[1] == 3 else np.ones(resolutions.shape[0], np.int64)
+
+
 def leftover_from(drop_last: bool | None, leftover: str | None) -> str:
     """Resolve diffusers' ``drop_last`` and our ``leftover`` into one policy (``drop_last=False`` keeps every row)."""
     if leftover is None:
@@ -96,6 +103,12 @@ def choose_catch_all(leftover: str, catch_all_bucket: int | None, resolutions: n
     most populous; None unless ``leftover="catch_all"``."""
     if leftover != "catch_all":
         return None
+    if resolutions is not None:
+        used = np.unique(frame_groups(resolutions)[: counts.size][counts > 0])
+        if used.size > 1:
+            raise UsageError(f"leftover='catch_all' would put rows of different frame counts ({used.tolist()}: images "
+                             "and clips, or clips of different lengths) into one batch. Use leftover='drop' or 'fill' "
+                             "with clip buckets.")
     if catch_all_bucket is None:
         if resolutions is not None:
             la = np.abs(np.log(aspects(resolutions)))  # NaN for unknown (0 x 0) entries: sorted last

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from .inputs import aspects, check_world, choose_catch_all, fingerprint, leftover_from, read_input
+from .inputs import aspects, check_world, choose_catch_all, fingerprint, frame_groups, leftover_from, read_input
 from .planning.batch_sizes import resolve_batch_sizes
 from .planning.index import LOW_BITS, build_index, count_blocks, open_index
 from .planning.plan import Leftover, check_nonneg, effective_ids, iter_chunks, make_layout, merge_small_buckets
@@ -115,7 +115,7 @@ def prepare_plan(ids: np.ndarray, resolutions: np.ndarray | None, *, batch_size:
             raise ValueError("`merge_small=True` needs bucket resolutions to find the nearest bucket in log aspect: "
                              "pass `buckets=BucketSet(...)` (or an annotated dataset).")
         min_rows = num_replicas * (per_rank if sizes is None else sizes[:k]) if sync_buckets else per_rank
-        merge_map = merge_small_buckets(counts, aspects(resolutions)[:k], min_rows)
+        merge_map = merge_small_buckets(counts, aspects(resolutions)[:k], min_rows, frame_groups(resolutions)[:k])
     catch_all = choose_catch_all(leftover, catch_all_bucket, resolutions, counts)
     n = k if merge_map is None else max(k, merge_map.size)
     if catch_all is not None:

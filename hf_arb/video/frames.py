@@ -23,75 +23,20 @@ resumed run picks the same frames, and each epoch sees another window of a long 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
 
+from hf_arb.buckets.frames import FRAME_RULES, FrameRule, frame_rule, valid_frame_counts  # noqa: F401 (re-exported)
 from hf_arb.checks import UsageError
 from hf_arb.rng import ROW_FRAMES, row_rng
 
+# FrameRule, FRAME_RULES, frame_rule and valid_frame_counts live on the buckets' floor (hf_arb.buckets.frames: a bucket
+# set's frame axis follows them) and are imported from here as before.
+__all__ = ["MODES", "FramePlan", "frame_plan"]
+
 #: frame-window modes of :func:`frame_plan` (``uniform`` and ``slide``, several windows per clip, are the next slice's)
 MODES = ("head", "random")
-
-
-@dataclass(frozen=True)
-class FrameRule:
-    """Clips of ``step * k + 1`` frames (k >= 0), the shape a causal video VAE encodes.
-
-    Attributes:
-        name: the family's name (``"wan"``, ``"ltx"``, ...).
-        step: the VAE's temporal compression: frames per latent frame after the first.
-        pipelines: the diffusers pipelines that state it (their ``vae_scale_factor_temporal`` or
-            ``vae_temporal_compression_ratio``).
-    """
-
-    name: str
-    step: int
-    pipelines: tuple[str, ...] = ()
-
-    def is_valid(self, frames: int) -> bool:
-        """Whether a clip of ``frames`` frames fits the rule."""
-        return frames >= 1 and (frames - 1) % self.step == 0
-
-    def latent_frames(self, frames: int) -> int:
-        """The latent frames of ``frames`` pixel frames, as the pipelines compute them: ``(frames - 1) // step + 1``."""
-        return (frames - 1) // self.step + 1
-
-    def floor(self, frames: int) -> int:
-        """The largest valid frame count <= ``frames`` (``frames >= 1``)."""
-        return (frames - 1) // self.step * self.step + 1
-
-
-#: the frame rule of each video family, named as the family presets will be
-FRAME_RULES: dict[str, FrameRule] = {
-    "wan": FrameRule("wan", 4, ("WanPipeline",)),
-    "hunyuan_video": FrameRule("hunyuan_video", 4, ("HunyuanVideoPipeline", "HunyuanVideo15Pipeline")),
-    "cogvideox": FrameRule("cogvideox", 4, ("CogVideoXPipeline",)),
-    "ltx": FrameRule("ltx", 8, ("LTXPipeline", "LTX2Pipeline")),
-}
-
-
-def frame_rule(rule: str | FrameRule) -> FrameRule:
-    """The :class:`FrameRule` of a family name (a ``FrameRule`` passes through).
-
-    Raises:
-        UsageError: an unknown name; the message lists the known ones.
-    """
-    if isinstance(rule, FrameRule):
-        return rule
-    if rule not in FRAME_RULES:
-        raise UsageError(f"unknown frame rule {rule!r}: use one of {sorted(FRAME_RULES)} (or a FrameRule(name, step)).")
-    return FRAME_RULES[rule]
-
-
-def valid_frame_counts(rule: str | FrameRule, max_frames: int) -> np.ndarray:
-    """Every frame count the rule allows up to ``max_frames``, ascending: int64 of shape ``(max_frames // step + 1,)``
-    for ``max_frames >= 1`` (``1, step + 1, 2 * step + 1, ...``), empty below 1."""
-    r = frame_rule(rule)
-    if max_frames < 1:
-        return np.zeros(0, np.int64)
-    return np.arange(1, int(max_frames) + 1, r.step, dtype=np.int64)
 
 
 class FramePlan(NamedTuple):

@@ -80,19 +80,33 @@ def check_leftover(leftover: Any) -> str:
 
 
 # --------------------------------------------------------------------------------------------------- merging
-def merge_small_buckets(counts: Any, aspects: Any, min_rows: int) -> np.ndarray:
+def merge_small_buckets(counts: Any, aspects: Any, min_rows: int, groups: Any = None) -> np.ndarray:
     """Map every bucket with fewer than ``min_rows`` rows onto the nearest big bucket in log aspect.
 
     Args:
         counts: rows per bucket, shape ``(k,)``.
         aspects: bucket aspect ratios ``width / height``, shape ``(k,)``.
-        min_rows: a bucket is "small" below this many rows (the sampler uses one global batch).
+        min_rows: a bucket is "small" below this many rows (the sampler uses one global batch; ``(k,)`` per bucket).
+        groups: optional ``(k,)`` labels (the buckets' frame counts): a bucket merges only within its group, so an
+            image never joins a clip's batch, nor a 17-frame clip an 81-frame one.
 
     Returns:
         ``np.ndarray[int64]`` of shape ``(k,)``: ``mapping[b]`` is the bucket that serves bucket ``b``'s rows
-        (``b`` itself for big or empty buckets). When no bucket is big, everything merges into the most
-        populous bucket.
+        (``b`` itself for big or empty buckets). When no bucket (of a group) is big, everything (of the group)
+        merges into the most populous bucket.
     """
+    if groups is not None:
+        g = np.asarray(groups)
+        counts = np.asarray(counts, dtype=np.int64)
+        if g.shape != counts.shape:
+            raise ValueError(f"`groups` must have shape {counts.shape}, got {g.shape}.")
+        mapping = np.arange(counts.size, dtype=np.int64)
+        per_bucket = np.ndim(min_rows) > 0  # one minimum per bucket (its global batch) or one for all
+        for label in np.unique(g).tolist():  # the few frame counts
+            members = np.flatnonzero(g == label)
+            mins = np.asarray(min_rows)[members] if per_bucket else min_rows
+            mapping[members] = members[merge_small_buckets(counts[members], np.asarray(aspects)[members], mins)]
+        return mapping
     counts = np.asarray(counts, dtype=np.int64)
     log_aspect = np.log(np.asarray(aspects, dtype=np.float64))
     if counts.shape != log_aspect.shape or counts.ndim != 1:
