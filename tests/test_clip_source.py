@@ -142,13 +142,16 @@ def test_clip_flag_mistakes_are_one_line(family_assets, clip_folder, extra, mess
         clip_args(family_assets["wan"], clip_folder, *extra)
 
 
-def test_clip_flags_without_a_video_column_and_a_clip_run_of_an_image_family_are_refused(family_assets):
+def test_clip_flags_without_a_video_column_and_a_clip_run_of_an_image_family_are_refused(family_assets, clip_folder):
+    from hf_arb.train.sources import build_source
+
     with pytest.raises(script.UsageError, match=r"--frames applies to clips: add --video_column"):
         script.parse_args(["--pretrained_model_name_or_path", family_assets["wan"], "--train_data_dir", "d",
                            "--frames", "1,5"])
-    with pytest.raises(script.UsageError, match=r"clips train in \(width, height, frames\) buckets: pass a video"):
-        script.parse_args(["--pretrained_model_name_or_path", family_assets["wan"], "--train_data_dir", "d",
-                           "--video_column", "video"])
+    args = script.parse_args(["--pretrained_model_name_or_path", family_assets["wan"], "--train_data_dir",
+                              clip_folder, "--video_column", "video"])  # an unannotated folder without a clip table
+    with pytest.raises(script.UsageError, match=r"no clip bucket columns, and clips train in \(width, height, frames"):
+        build_source(args, None)
     with pytest.raises(script.UsageError, match=r"family trains images only"):
         script.parse_args(["--pretrained_model_name_or_path", family_assets["flux2_klein"], "--train_data_dir", "d",
                            "--video_column", "video", "--bucket_preset", "wan"])

@@ -69,9 +69,6 @@ def check_video_flags(args: argparse.Namespace) -> None:
                          f"use one of {', '.join(TRAIN_FRAME_MODES)}.")
     if args.target_fps is not None and not args.target_fps > 0:
         raise UsageError(f"--target_fps {args.target_fps:g}: the model's frame rate must be > 0 (16 for Wan).")
-    if not preset_is_video and not args.frames and args.aspect_ratio_buckets is None:
-        raise UsageError(f"--video_column {video}: clips train in (width, height, frames) buckets: pass a video "
-                         f"preset (--bucket_preset {' / '.join(VIDEO_PRESETS)}) or frame counts (--frames 1,17,33).")
     if args.aspect_ratio_buckets is not None and not args.frames:
         raise UsageError("--aspect_ratio_buckets gives (height, width) buckets: add --frames 1,17,33 for the clips' "
                          "frame counts.")

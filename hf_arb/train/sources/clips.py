@@ -67,6 +67,11 @@ def clip_bucket_table(args: argparse.Namespace) -> Any:
                                  metric=args.bucket_metric, max_aspect_error=args.max_aspect_error, **extra)[0]
         except ValueError as e:
             raise UsageError(f"--bucket_preset {args.bucket_preset}: {e}") from None
+    elif not args.frames:
+        raise UsageError(f"--video_column {args.video_column}: the dataset has no clip bucket columns, and clips train "
+                         f"in (width, height, frames) buckets: pass a video preset (--bucket_preset "
+                         f"{' / '.join(VIDEO_PRESETS)}) or frame counts (--frames 1,17,33), or annotate it first "
+                         "(hf-arb annotate DATA --frames 1,17,33 --output-dir DIR).")
     else:
         flat = bucket_table_from_args(args)[0]
         bs = flat.replace(resolutions=[(w, h, f) for f in args.frames for (w, h) in flat])
@@ -90,9 +95,13 @@ def clip_dataset_with_buckets(args: argparse.Namespace, accelerator: Any) -> tup
         if "bucket" in ds.column_names and "bucket_frames" in ds.column_names:  # hf-arb annotate --video-column
             buckets = BucketSet.from_dataset(ds)
             args.buckets_from_dataset = True
-            if main:
-                logger.info("Dataset already carries clip bucket columns: using its %d buckets as they are.",
-                            len(buckets))
+            given = [f for f in getattr(args, "bucket_flags_given", []) if f != "--resolution"]
+            if args.frames:
+                given.append("--frames")
+            if main:  # a flag that is not applied is named (clip rows are not re-assigned from sizes alone)
+                logger.log(logging.WARNING if given else logging.INFO, "Dataset already carries clip bucket columns: "
+                           "using its %d buckets as they are%s.", len(buckets),
+                           f" ({', '.join(given)} not applied: re-annotate to change them)" if given else "")
         else:
             buckets = clip_bucket_table(args)
             ds = add_bucket_columns(ds, buckets, video_column=args.video_column, target_fps=args.target_fps,
