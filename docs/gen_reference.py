@@ -104,6 +104,7 @@ MODULES: dict[str, str] = {
     "hf_arb.video.temporal": "video.md#frames",
     "hf_arb.video.bad_clips": "video.md#bad-clips",
     "hf_arb.video.decode": "video.md#decoding-only-the-planned-frames",
+    "hf_arb.video.dataset": "video.md#train",
     "hf_arb.train.checkpointing": "training.md",
     "hf_arb.train.flags.args": "training.md",
     "hf_arb.train.flags.arg_checks": "training.md",
