@@ -31,6 +31,10 @@ SD_BASE = ["--resolution", "64", "--bucket_step", "16", "--train_batch_size", "2
 #: the same for SD3 / Flux
 FLOW = ["--resolution", "64", "--bucket_step", "16", "--train_batch_size", "2", "--report_to", "none", "--seed", "0",
         "--lr_warmup_steps", "0", "--log_batches", "--max_sequence_length", "16"]
+#: a clip run (hf_arb.train.sources.clips): Wan's preset at 1, 5 and 9 frames, captions from --instance_prompt
+CLIP = ["--video_column", "video", "--bucket_preset", "wan", "--frames", "1,5,9", "--resolution", "64",
+        "--train_batch_size", "2", "--report_to", "none", "--seed", "0", "--lr_warmup_steps", "0", "--log_batches",
+        "--max_sequence_length", "16", "--instance_prompt", "a slow pan"]
 #: SD3 / Flux packing, full fine-tune
 PACK = [*FLOW, "--packing", "--max_tokens", "40", "--full_finetune", "--learning_rate", "1e-3"]
 #: the bucket set the SDXL run's dataset was annotated with beforehand (not what its --resolution would build)
@@ -281,6 +285,7 @@ def batch_runs(root: Path, train: dict[str, str], flow: dict[str, str], stream: 
         "a dog", "--num_class_images", "4", "--sample_batch_size", "2", *SD_BASE, "--rank", "4",
         "--max_train_steps", "4", "--checkpointing_steps", "2"], "checkpoint-2")
     runs += encoded_runs(root, train)
+    runs += clip_runs(root, families)  # test_clip_source.py: clips and stills on 2 ranks, and the resume
     # test_fault_train.py: SIGTERM reaches rank 1 only, during update 2 (tests/_signal_worker.py; issue 34, item 4)
     out = root / "signal-one-rank"
     runs.append({"name": "signal-one-rank", "out": str(out), "worker": "_signal_worker", "argv": [
@@ -353,6 +358,35 @@ def build_batch(root: Path, train: dict[str, str], flow: dict[str, str], stream:
 
 #: the two-reference pairs' target shapes (test_train_flux2_refs.py, test_train_qwen_edit_plus.py)
 REF2_SIZES = [(96, 64), (64, 96), (64, 64), (80, 48)]
+
+
+def mixed_clip_folder(folder: Path) -> str:
+    """4 MP4 clips of 13 frames, 4 WebM clips of 9 frames (64x48, a window panning across a photo), 4 PNG stills
+    and a cut MP4 (its header unreadable: skipped at annotation)."""
+    import numpy as np
+    from _photos import photo
+    from PIL import Image
+
+    from hf_arb.testing.clips import panning_frames, write_clip
+
+    folder.mkdir(parents=True, exist_ok=True)
+    frames = panning_frames(np.asarray(photo("astronaut.png")), 17)  # (17, 48, 64, 3)
+    for i in range(4):
+        write_clip(folder / f"pan{i}.mp4", frames[i:i + 13])
+        write_clip(folder / f"pan{i}.webm", frames[i:i + 9], suffix=".webm")
+        Image.fromarray(frames[4 * i]).save(folder / f"still{i}.png")
+    (folder / "cut.mp4").write_bytes((folder / "pan0.mp4").read_bytes()[:700])
+    return str(folder)
+
+
+def clip_runs(root: Path, families: dict[str, str]) -> list[dict[str, Any]]:
+    """test_clip_source.py: a Wan LoRA on a mixed folder of clips and stills on 2 ranks, 4 steps (an epoch is 3:
+    two 9-frame steps, one of stills), checkpoint at 2, and its resume."""
+    folder = mixed_clip_folder(root / "clip-folder")
+    return _pair(root, "clips-wan", ["--pretrained_model_name_or_path", families["wan"], "--train_data_dir", folder,
+                                     *CLIP, "--rank", "4", "--learning_rate", "2e-2", "--max_train_steps", "4",
+                                     "--checkpointing_steps", "2", "--random_flip", "--frame_sampling", "random"],
+                 "checkpoint-2")
 
 
 def two_reference_pairs(root: Path, n: int = 12) -> str:

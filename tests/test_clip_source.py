@@ -4,7 +4,9 @@ with (W, H, F) buckets from container headers, planned by the bucket sampler and
 Fast: the clip dataset's samples (a clip's planned frames at the bucket's size in [-1, 1], (3, F, H, W); a still
 through the image path, (3, H, W)), batches of one kind only, a clip damaged after annotation replaced and counted;
 the clip flags' mistakes in one line. Slow: the unchanged script trains a Wan LoRA on a mixed folder of MP4 and WebM
-clips and PNG stills, and a resume from its checkpoint-2 ends at the same LoRA weights."""
+clips and PNG stills, and a resume from its checkpoint-2 ends at the same LoRA weights; the same on 2 processes in the
+shared 2-process batch (tests/_train_fixtures.py ``clip_runs``): every rank trains the same (W, H, F) bucket at every
+step, and the resume is exact across the epoch boundary."""
 
 from __future__ import annotations
 
@@ -17,36 +19,17 @@ import numpy as np
 import pytest
 import test_train
 import torch
-from _photos import photo
+from _train_fixtures import CLIP, batch_result, mixed_clip_folder
 
 import train_text_to_image_arb as script
-from hf_arb.testing.clips import panning_frames, write_clip
 
 _clean_accelerate_state = test_train._clean_accelerate_state
-#: the clip run's table: Wan's preset at 1, 5 and 9 frames (every clip here holds 9 frames or more)
-CLIP_FLAGS = ["--video_column", "video", "--bucket_preset", "wan", "--frames", "1,5,9", "--resolution", "64",
-              "--train_batch_size", "2", "--report_to", "none", "--seed", "0", "--lr_warmup_steps", "0",
-              "--log_batches", "--max_sequence_length", "16", "--instance_prompt", "a slow pan"]
-
-
-def build_clip_folder(folder: Path) -> dict[str, str]:
-    """4 MP4 clips of 13 frames, 4 WebM clips of 9 frames (64x48, a window panning across a photo), 4 PNG stills
-    and a cut MP4 (its header unreadable: skipped at annotation)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    frames = panning_frames(np.asarray(photo("astronaut.png")), 17)  # (17, 48, 64, 3)
-    for i in range(4):
-        write_clip(folder / f"pan{i}.mp4", frames[i:i + 13])
-        write_clip(folder / f"pan{i}.webm", frames[i:i + 9], suffix=".webm")
-        from PIL import Image
-
-        Image.fromarray(frames[4 * i]).save(folder / f"still{i}.png")
-    (folder / "cut.mp4").write_bytes((folder / "pan0.mp4").read_bytes()[:700])
-    return {"folder": str(folder)}
+CLIP_FLAGS = CLIP
 
 
 @pytest.fixture(scope="session")
 def clip_folder(shared_artifact) -> str:
-    return shared_artifact("clip-folder", lambda root: build_clip_folder(root / "mixed"))["folder"]
+    return shared_artifact("clip-folder", lambda root: {"folder": mixed_clip_folder(root / "mixed")})["folder"]
 
 
 def clip_args(model: str, folder: str, *extra: str) -> Any:
@@ -201,3 +184,25 @@ def test_the_unchanged_script_trains_a_wan_lora_on_clips_and_stills_and_resumes_
     a = load_file(str(Path(run["dir"]) / "pytorch_lora_weights.safetensors"))
     b = load_file(str(Path(resumed["dir"]) / "pytorch_lora_weights.safetensors"))
     assert a.keys() == b.keys() and max(float((a[k] - b[k]).abs().max()) for k in a) == 0.0
+
+
+@pytest.mark.slow
+def test_two_processes_train_the_same_clip_bucket_at_every_step_and_resume_exactly(ddp_batch):
+    """Both ranks train one (W, H, F) bucket per step (stills or clips), different rows; the resume from
+    checkpoint-2 replays each rank's steps 3-4 (the 4th in the next epoch) to the same LoRA weights."""
+    from safetensors.torch import load_file
+    from test_train import read_trace
+
+    full, resumed = batch_result(ddp_batch, "clips-wan-full"), batch_result(ddp_batch, "clips-wan-resumed")
+    traces = [read_trace(Path(full["out"]), r) for r in (0, 1)]
+    assert [t["label"] for t in traces[0]] == [t["label"] for t in traces[1]]
+    assert {len(t["shape"]) for t in traces[0]} == {4, 5} and {t["epoch"] for t in traces[0]} == {0, 1}
+    for a, b in zip(*traces):
+        assert not set(a["rows"]) & set(b["rows"])
+    for r in (0, 1):
+        again = read_trace(Path(resumed["out"]), r)
+        assert [(t["step"], t["rows"], t["loss"]) for t in again] == [
+            (t["step"], t["rows"], t["loss"]) for t in traces[r][2:]]
+    a = load_file(str(Path(full["out"]) / "pytorch_lora_weights.safetensors"))
+    b = load_file(str(Path(resumed["out"]) / "pytorch_lora_weights.safetensors"))
+    assert max(float((a[k] - b[k]).abs().max()) for k in a) == 0.0
