@@ -165,7 +165,8 @@ def clip_runs(family_assets, clip_folder, shared_artifact) -> dict[str, Any]:
 @pytest.mark.slow
 def test_the_unchanged_script_trains_a_wan_lora_on_clips_and_stills_and_resumes_exactly(clip_runs):
     """The LoRA trains (W, H, F) clip batches (B, 3, F, H, W) and 1-frame still batches; the start-up table shows the
-    frames; steps 3-4 resumed from checkpoint-2 replay the rows and losses to the same LoRA weights."""
+    frames and the card generates at a clip bucket; steps 3-4 resumed from checkpoint-2 replay the rows and losses to
+    the same LoRA weights."""
     from safetensors.torch import load_file
     from test_train import read_trace
 
@@ -178,6 +179,8 @@ def test_the_unchanged_script_trains_a_wan_lora_on_clips_and_stills_and_resumes_
         frames = int(t["label"].split("x")[2])
         assert (t["shape"][2] == frames) if len(t["shape"]) == 5 else frames == 1
     assert run["family"] == "wan" and "frames      rows" in run["log"]
+    card = (Path(run["dir"]) / "README.md").read_text()  # the card generates at a clip bucket, not a still's
+    assert 'height=96, width=64, num_frames=5' in card and "num_frames=1" not in card
     again = read_trace(Path(resumed["dir"]), 0)
     assert [(t["step"], t["rows"]) for t in again] == [(t["step"], t["rows"]) for t in trace[2:]]
     np.testing.assert_allclose([t["loss"] for t in again], [t["loss"] for t in trace[2:]], rtol=1e-6)

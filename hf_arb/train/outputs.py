@@ -26,17 +26,19 @@ torch: Any = LazyModule("torch")  # loaded when a function needs it: --help and 
 logger = logging.getLogger("train_text_to_image_arb")
 
 
-def validation_shapes(buckets: Any) -> list[tuple[int, int]]:
-    """Portrait, square and landscape bucket ``(w, h)``: the buckets closest to 2:3, 1:1 and 3:2 in log aspect.
+def validation_shapes(buckets: Any) -> list[tuple[int, ...]]:
+    """Portrait, square and landscape bucket ``(w, h)``: the buckets closest to 2:3, 1:1 and 3:2 in log aspect (clip
+    buckets: ``(w, h, frames)``, the most frames at that aspect).
     Several tiers (a :class:`~hf_arb.train.sources.tiers.TierTable`): one bucket of every tier, its portrait one."""
     if getattr(buckets, "bucket_sets", None) is not None:
         return list(dict.fromkeys(validation_shapes(b)[0] for b in buckets.bucket_sets))
     res = np.asarray(buckets.resolutions)
     log_aspect = np.log(res[:, 0] / res[:, 1])
-    out: list[tuple[int, int]] = []
+    out: list[tuple[int, ...]] = []
+    longest = (-res[:, 2],) if res.shape[1] == 3 else ()  # clip buckets: (w, h, frames), the most frames
     for target in (np.log(2 / 3), 0.0, np.log(3 / 2)):
-        i = int(np.lexsort((-res[:, 0] * res[:, 1], np.round(np.abs(log_aspect - target), 9)))[0])
-        wh = (int(res[i, 0]), int(res[i, 1]))
+        i = int(np.lexsort((-res[:, 0] * res[:, 1], *longest, np.round(np.abs(log_aspect - target), 9)))[0])
+        wh = tuple(int(v) for v in res[i])
         if wh not in out:
             out.append(wh)
     return out
@@ -60,18 +62,18 @@ def image_grid(rows: list[list[Any]]) -> Any:
     return grid
 
 
-def _generate(args: argparse.Namespace, accelerator: Any, pipe: Any, shapes: list[tuple[int, int]],
+def _generate(args: argparse.Namespace, accelerator: Any, pipe: Any, shapes: list[tuple[int, ...]],
               bar: Any, family: Family) -> list[list[Any]]:
     """One row of images per validation prompt, one column per shape (and validation image), seeded per image
     (:meth:`~hf_arb.families.Family.generate`: a video family's frames as one strip)."""
     rows = []
     for i, prompt in enumerate(args.validation_prompts):
         row = []
-        for w, h in shapes:
+        for shape in shapes:  # (w, h), or (w, h, frames) for clip buckets
             for j in range(args.num_validation_images):
                 bar.update()
                 g = torch.Generator(device=accelerator.device).manual_seed(args.seed + 1000 * i + j)
-                row.append(family.generate(pipe, (w, h), prompt=prompt,  # by name: Flux.2's first is an image
+                row.append(family.generate(pipe, shape, prompt=prompt,  # by name: Flux.2's first is an image
                                            num_inference_steps=args.num_validation_inference_steps, generator=g,
                                            **pipeline_call_kwargs(args)))
         rows.append(row)
