@@ -118,7 +118,7 @@ def test_a_clip_damaged_after_annotation_is_replaced_and_counted(clip_rows):
 # ------------------------------------------------------------------------------------------ fast: flags
 @pytest.mark.parametrize("extra, message", [
     (["--frame_sampling", "slide"], r"--frame_sampling slide: one clip into several rows is not trained yet"),
-    (["--cache_latents"], r"--cache_latents with --video_column: not with clips yet \(the latent cache is not keyed"),
+    (["--alpha_mask"], r"--masked_loss with --video_column: not with clips yet \(masks are per image\)"),
 ])
 def test_clip_flag_mistakes_are_one_line(family_assets, clip_folder, extra, message):
     with pytest.raises(script.UsageError, match=message):
@@ -143,20 +143,23 @@ def test_clip_flags_without_a_video_column_and_a_clip_run_of_an_image_family_are
 # ------------------------------------------------------------------------------------------ slow: the script
 @pytest.fixture(scope="module")
 def clip_runs(family_assets, clip_folder, shared_artifact) -> dict[str, Any]:
-    """The unchanged script on the mixed folder: a 4-step Wan LoRA (checkpoint at 2) and its resume from
-    checkpoint-2 in a new folder."""
+    """The unchanged script on the mixed folder: a 4-step Wan LoRA (checkpoint at 2), its resume from checkpoint-2 in
+    a new folder, and the same LoRA from cached latents and prompt embeddings."""
     def build(root: Path) -> dict[str, Any]:
         base = ["--pretrained_model_name_or_path", family_assets["wan"], "--train_data_dir", clip_folder,
                 *CLIP_FLAGS, "--rank", "4", "--learning_rate", "2e-2", "--max_train_steps", "4",
                 "--checkpointing_steps", "2", "--random_flip", "--frame_sampling", "random"]
         out = {}
-        for name in ("lora", "resumed"):
+        for name in ("lora", "resumed", "cached"):
             argv = [*base, "--output_dir", str(root / name)]
             if name == "resumed":
                 shutil.copytree(root / "lora" / "checkpoint-2", root / "resumed" / "checkpoint-2")
                 argv += ["--resume_from_checkpoint", "latest"]
+            if name == "cached":
+                argv += ["--cache_latents", "--cache_text_embeddings"]
             stats = test_train.run_script(argv)
-            out[name] = {"dir": str(root / name), "log": stats["log"], "family": stats["family"]}
+            out[name] = {"dir": str(root / name), "log": stats["log"], "family": stats["family"],
+                         "latents_encoded": stats["latents_encoded"]}
         return out
 
     return shared_artifact("clip-runs", build)
@@ -209,3 +212,43 @@ def test_two_processes_train_the_same_clip_bucket_at_every_step_and_resume_exact
     a = load_file(str(Path(full["out"]) / "pytorch_lora_weights.safetensors"))
     b = load_file(str(Path(resumed["out"]) / "pytorch_lora_weights.safetensors"))
     assert max(float((a[k] - b[k]).abs().max()) for k in a) == 0.0
+
+
+def test_a_clips_cache_key_is_its_crop_and_its_frame_plan(clip_rows):
+    """--cache_latents keys a clip by its fit plan plus the frames it trains on: the frame plan (start, stride,
+    count) is what read_clip decodes; a random window moves with the epoch and so does the key, a head window with a
+    centre crop and no flip keeps it; a still's key is the image path's own fit plan."""
+    from hf_arb.images.geometry import FitPlan
+    from hf_arb.video import read_clip
+    from hf_arb.video.dataset import BucketedClipDataset
+
+    source = clip_rows["source"]
+    ds, ids = source.ds, np.asarray(source.ds["bucket"])
+    names = [Path(p).name for p in ds["video"]]
+    row = names.index("pan2.mp4")  # 13 frames in a 9-frame bucket: 5 possible windows
+    common = dict(video_column="video", caption_column="text", seed=0, center_crop=True)
+    drawn = BucketedClipDataset(ds, source.buckets, mode="random", **common)
+    head = BucketedClipDataset(ds, source.buckets, mode="head", **common)
+    keys = [drawn.fit_row(row, int(ids[row]), e) for e in range(6)]
+    assert len({k.key() for k in keys}) > 1 and len({head.fit_row(row, None, e).key() for e in range(6)}) == 1
+    w, h, f = np.asarray(source.buckets.resolutions)[ids[row]].tolist()
+    for e, plan in enumerate(keys):
+        assert plan.fit.key() == FitPlan.key(head.fit_row(row, None, e).fit) and plan.key()[:-5] == plan.fit.key()
+        clip = read_clip(ds[row]["video"], (w, h), f, mode="random", seed=0, epoch=e, row=row)
+        start, stride, count = plan.frames
+        assert np.round(clip.times * 8).astype(int).tolist() == list(range(start, start + stride * count, stride))
+    still = names.index("still0.png")
+    assert isinstance(drawn.fit_row(still), FitPlan)
+
+
+@pytest.mark.slow
+def test_a_clip_lora_from_cached_latents_trains_as_on_the_fly(clip_runs):
+    """--cache_latents --cache_text_embeddings with clips: every (W, H, F) row encoded once, (B, 2, C, F', h, w)
+    latent stats for clips, the on-the-fly run's rows and losses within the float16 cache's tolerance."""
+    from test_train import read_trace
+
+    fly, cached = (read_trace(Path(clip_runs[k]["dir"]), 0) for k in ("lora", "cached"))
+    assert clip_runs["cached"]["latents_encoded"] == 12
+    assert [t["rows"] for t in cached] == [t["rows"] for t in fly]
+    assert {len(t["shape"]) for t in cached} == {5, 6}  # stills' (B, 2, C, h, w), clips' (B, 2, C, F', h, w)
+    np.testing.assert_allclose([t["loss"] for t in cached], [t["loss"] for t in fly], rtol=2e-3)

@@ -6,7 +6,9 @@ and named (:mod:`hf_arb.images.bad_images`), never ending the run."""
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -18,6 +20,26 @@ from hf_arb.images.fitting import to_tensor
 from hf_arb.rng import ROW_FLIP, row_rng
 
 from .decode import ClipFrames, read_clip
+from .temporal import frame_indices, sample_times
+
+
+@dataclass(frozen=True)
+class ClipPlan:
+    """A clip row's geometry and frame plan: :meth:`key` is the fit plan's key plus the frame plan, a complete
+    latent-cache key with the clip's content (``--cache_latents``).
+
+    Attributes:
+        fit: the :class:`~hf_arb.images.geometry.FitPlan` every frame is fitted with (one crop per clip).
+        frames: ``(start, stride, count)`` of the planned source frames (stride 0 for one frame).
+        indices: a digest of every planned source frame index (variable strides, uniform spacing, loops).
+    """
+
+    fit: Any
+    frames: tuple[int, int, int]
+    indices: str
+
+    def key(self) -> tuple[Any, ...]:
+        return (*self.fit.key(), "frames", *self.frames, self.indices)
 
 
 class BucketedClipDataset(BucketedImageDataset):
@@ -48,8 +70,10 @@ class BucketedClipDataset(BucketedImageDataset):
         if self.resolutions.shape[1] != 3:
             raise ValueError("BucketedClipDataset needs (width, height, frames) buckets; use BucketedImageDataset for "
                              "(width, height) ones.")
-        fps = np.asarray(ds.with_format("numpy")["original_fps"], dtype=np.float64)  # (n,) 0: a still
-        self._still = ~(np.nan_to_num(fps) > 0)  # (n,)
+        cols = ds.select_columns(["original_fps", "original_frames"]).with_format("numpy")[:]
+        self._fps = np.nan_to_num(np.asarray(cols["original_fps"], dtype=np.float64))  # (n,) 0: a still
+        self._frames = np.nan_to_num(np.asarray(cols["original_frames"], dtype=np.float64)).astype(np.int64)  # (n,)
+        self._still = ~(self._fps > 0)  # (n,)
         self.target_fps, self.mode, self.loop = target_fps, mode, loop
 
     def resolution(self, bucket: int) -> tuple[int, int]:
@@ -67,6 +91,23 @@ class BucketedClipDataset(BucketedImageDataset):
     def frames(self, bucket: int) -> int:
         """The frame count of bucket ``bucket``."""
         return self.resolution_row(bucket)[2]
+
+    def fit_row(self, row: int, bucket: int | None = None, epoch: int | None = None,
+                size: Sequence[int] | None = None) -> Any:
+        """A still's :class:`~hf_arb.images.geometry.FitPlan`; a clip's :class:`ClipPlan` (the same crop and flip,
+        drawn from the same streams as :func:`read_clip`'s, plus the planned frames), without opening the file."""
+        plan = super().fit_row(row, bucket, epoch, size)
+        row = int(row)
+        if self._still[row]:
+            return plan
+        b = int(self._bucket[row]) if bucket is None else int(bucket)
+        e = self.epoch if epoch is None else int(epoch)
+        times = sample_times(int(self._frames[row]), float(self._fps[row]), self.frames(b), target_fps=self.target_fps,
+                             mode=self.mode, seed=self.seed, epoch=e, row=row, loop=self.loop)
+        idx = frame_indices(int(self._frames[row]), float(self._fps[row]), times)  # (F,) source frames
+        stride = int(idx[1] - idx[0]) if len(idx) > 1 else 0
+        digest = hashlib.sha256(idx.astype(np.int64).tobytes()).hexdigest()[:16]
+        return ClipPlan(plan, (int(idx[0]), stride, len(idx)), digest)
 
     def _render(self, row: int, bucket: int, epoch: int) -> tuple[Any, Any, dict[str, Any]]:
         if self._still[row]:
@@ -113,4 +154,4 @@ class BucketedClipDataset(BucketedImageDataset):
         return batch
 
 
-__all__ = ["BucketedClipDataset"]
+__all__ = ["BucketedClipDataset", "ClipPlan"]

@@ -25,11 +25,14 @@ logger = logging.getLogger("train_text_to_image_arb")
 
 def build_latent_cache(args: argparse.Namespace, accelerator: Any, ds: Any, buckets: Any, models: Models,
                        sampler: Any, schedule: Schedule, weight_dtype: torch.dtype,
-                       references: list[str] | None = None) -> tuple[Any, Any, Any]:
+                       references: list[str] | None = None, images: Any = None,
+                       column: str | None = None) -> tuple[Any, Any, Any]:
     """Encode this rank's share of the missing (image, bucket, crop, flip) entries; return (cache, index, repair).
 
     ``references``: an edit model's reference columns (the sampler's keys carry composite ids; each reference's
-    latents are cached too)."""
+    latents are cached too). ``images``: the torch dataset whose ``fit_row(...).key()`` keys the entries and whose
+    samples are encoded (default: the run's image dataset; clips: :class:`~hf_arb.video.dataset.BucketedClipDataset`,
+    whose keys add the frame plan); ``column``: the column hashed for content (default ``--image_column``)."""
     from accelerate.utils import gather_object
 
     from hf_arb.train.cache import latents as lat
@@ -52,7 +55,7 @@ def build_latent_cache(args: argparse.Namespace, accelerator: Any, ds: Any, buck
         tier_rows = tier_pairs(ds, buckets)
         rows = np.array(sorted({r for r, _ in tier_rows}), np.int64)
     share = rows[lat.plan_share(len(rows), accelerator.process_index, accelerator.num_processes)]
-    mine = dict(zip(share.tolist(), lat.content_hashes(ds, args.image_column, share.tolist(),
+    mine = dict(zip(share.tolist(), lat.content_hashes(ds, column or args.image_column, share.tolist(),
                                                                  show_progress=accelerator.is_local_main_process)))
     hashes_by_row: dict[int, str] = {}
     for part in gather_object([mine]) if accelerator.num_processes > 1 else [mine]:
@@ -60,7 +63,7 @@ def build_latent_cache(args: argparse.Namespace, accelerator: Any, ds: Any, buck
     hashes = [hashes_by_row.get(i, "") for i in range(len(ds))]
     pairs = tier_rows if tiered else planned_pairs(args, ids, sampler, schedule)
     variants = planned_variants(args, schedule)
-    images = image_dataset(args, ds, buckets, refs)
+    images = image_dataset(args, ds, buckets, refs) if images is None else images
     if tiered:  # the BucketedImageDataset over every tier's sizes, keyed (row, combined id, epoch)
         images = images.images
     target_of = (lambda b: int(table[b, 0])) if refs else (lambda b: b)

@@ -5,7 +5,7 @@ encoding of a given (image, bucket, crop, flip) never changes, so it can be comp
 
 Layout of a cache directory (safe to share between runs, datasets and ranks)::
 
-    <root>/ab/ab12…ef.npy    float16, shape (2, C, h, w): the VAE posterior's mean and std
+    <root>/ab/ab12…ef.npy    float16, shape (2, C, h, w) ((2, C, F', h, w) for clips): the posterior's mean and std
     <root>/ab/ab12…ef.json   {"original_size": [h, w], "crop_top_left": [y, x], "target_size": [h, w]}
 
 * **Key.** :func:`entry_key` hashes the image *content* (SHA-256 of its encoded bytes), the exact fit plan
@@ -145,7 +145,7 @@ class LatentCache:
         import io
 
         arr = np.asarray(stats)
-        if arr.ndim != 4 or arr.shape[0] != 2:
+        if arr.ndim not in (4, 5) or arr.shape[0] != 2:  # (2, C, F', h, w) for clips
             raise ValueError(f"Latent stats must have shape (2, C, h, w) (mean and std), got {arr.shape}.")
         if not np.isfinite(arr).all():
             bad = int((~np.isfinite(arr)).sum())

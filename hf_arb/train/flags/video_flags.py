@@ -76,8 +76,7 @@ def check_video_flags(args: argparse.Namespace) -> None:
     if not getattr(family, "frame_rule_name", ""):
         raise UsageError(f"--video_column {video}: the {args.family} family trains images only; clips train a video "
                          "family (Wan: --pretrained_model_name_or_path a WanPipeline checkpoint).")
-    refused = [("--cache_latents", args.cache_latents, "the latent cache is not keyed by the frame plan yet"),
-               ("--streaming", getattr(args, "streaming", False), "clips are planned map-style"),
+    refused = [("--streaming", getattr(args, "streaming", False), "clips are planned map-style"),
                ("--packing", getattr(args, "packing", False), "packs are of images"),
                ("--dataset_config", getattr(args, "dataset_config", None), "one clip dataset per run"),
                ("--encoded_dataset", getattr(args, "encoded_dataset", None), "encoded datasets hold image latents"),

@@ -123,7 +123,12 @@ class ClipSource(BucketedSource):
     ``(B, C, H, W)`` stills with ``kind`` telling which (:class:`~hf_arb.video.dataset.BucketedClipDataset`)."""
 
     def load(self, accelerator: Any) -> None:
+        import datasets
+
         self.ds, self.buckets = clip_dataset_with_buckets(self.args, accelerator)
+        column = self.args.video_column
+        if isinstance(self.ds.features[column], datasets.Video):  # raw {"bytes", "path"}: PyAV reads, hashes see
+            self.ds = self.ds.cast_column(column, datasets.Video(decode=False))
         check_plan(self.args, self.ds, 1 if accelerator is None else accelerator.num_processes)
 
     def dataset(self) -> Any:
@@ -143,8 +148,21 @@ class ClipSource(BucketedSource):
         from hf_arb.sampling.accelerate import fill_deepspeed_micro_batch
         from hf_arb.train.signals import ignore_stop_signals_in_worker
 
-        data = self.dataset()
-        loader = torch.utils.data.DataLoader(data, batch_sampler=self.sampler, collate_fn=data.collate,
+        data: Any = self.dataset()
+        collate = data.collate
+        if self.args.cache_latents:  # keyed by the content, the crop and the frame plan (ClipPlan.key)
+            from hf_arb.train.cache.caches import build_latent_cache
+            from hf_arb.train.cache.latent_dataset import CachedLatentDataset
+
+            a = self.args
+            cache, self.cache_index, repair = build_latent_cache(a, accelerator, self.ds, self.buckets, models,
+                                                                 self.sampler, schedule, weight_dtype, images=data,
+                                                                 column=a.video_column)
+            in_process = a.dataloader_num_workers == 0 or accelerator.device.type == "cpu"
+            data = CachedLatentDataset(cache, self.cache_index, self.ds[a.caption_column], seed=a.seed,
+                                       repair=repair if in_process else None)
+            collate = CachedLatentDataset.collate
+        loader = torch.utils.data.DataLoader(data, batch_sampler=self.sampler, collate_fn=collate,
                                              num_workers=self.args.dataloader_num_workers,
                                              worker_init_fn=ignore_stop_signals_in_worker,
                                              pin_memory=accelerator.device.type == "cuda")
