@@ -252,3 +252,27 @@ def test_a_clip_lora_from_cached_latents_trains_as_on_the_fly(clip_runs):
     assert [t["rows"] for t in cached] == [t["rows"] for t in fly]
     assert {len(t["shape"]) for t in cached} == {5, 6}  # stills' (B, 2, C, h, w), clips' (B, 2, C, F', h, w)
     np.testing.assert_allclose([t["loss"] for t in cached], [t["loss"] for t in fly], rtol=2e-3)
+
+
+def test_an_annotated_clip_dataset_trains_its_own_buckets_at_its_own_frame_rate(family_assets, clip_folder, tmp_path):
+    """A dataset annotated with clip buckets (at --target-fps 4: every 2nd frame of the 8 fps clips) keeps its table
+    without a clip-table flag; training it at another frame rate is refused naming the strides and the fix."""
+    import datasets
+
+    from hf_arb import BucketSet, add_bucket_columns
+    from hf_arb.train.sources import build_source
+
+    files = sorted(str(p) for p in Path(clip_folder).iterdir())
+    table = BucketSet([(w, h, f) for f in (1, 5) for (w, h) in ((64, 48), (48, 64))])
+    ds = add_bucket_columns(datasets.Dataset.from_dict({"video": files}), table, video_column="video", target_fps=4,
+                            show_summary=False)
+    ds.save_to_disk(str(tmp_path / "annotated"))
+    argv = ["--pretrained_model_name_or_path", family_assets["wan"], "--dataset_name", str(tmp_path / "annotated"),
+            "--video_column", "video", "--instance_prompt", "a pan", "--rank", "4", "--train_batch_size", "1",
+            "--output_dir", str(tmp_path / "out")]
+    source = build_source(script.parse_args([*argv, "--target_fps", "4"]), None)
+    assert source.buckets == table and source.args.buckets_from_dataset
+    with pytest.raises(script.UsageError, match=r"^no --target_fps \(each clip's own rate\): the dataset was "
+                                                r"annotated at another frame rate \(8 clips' frame strides differ, "
+                                                r"e.g. row \d+: stride 2 annotated, 1 here\)"):
+        build_source(script.parse_args(argv), None)

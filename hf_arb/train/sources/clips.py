@@ -102,6 +102,7 @@ def clip_dataset_with_buckets(args: argparse.Namespace, accelerator: Any) -> tup
                 logger.log(logging.WARNING if given else logging.INFO, "Dataset already carries clip bucket columns: "
                            "using its %d buckets as they are%s.", len(buckets),
                            f" ({', '.join(given)} not applied: re-annotate to change them)" if given else "")
+            check_strides(args, ds)
         else:
             buckets = clip_bucket_table(args)
             ds = add_bucket_columns(ds, buckets, video_column=args.video_column, target_fps=args.target_fps,
@@ -116,6 +117,27 @@ def clip_dataset_with_buckets(args: argparse.Namespace, accelerator: Any) -> tup
         raise UsageError(f"No trainable clips: {len(ds)} rows, 0 assigned to a bucket (skip reasons: {reasons}). "
                          "Add frame buckets that fit them (--frames), --short_clips loop, or another --bucket_preset.")
     return ds, buckets
+
+
+def check_strides(args: argparse.Namespace, ds: Any) -> None:
+    """An annotated clip dataset matched each clip's frames at its ``frame_stride`` (from the annotation's target
+    frame rate): a ``--target_fps`` that gives other strides would train other windows than those its buckets were
+    matched to (too short ones replaced as bad rows). Refused naming the rows, vectorised over the columns."""
+    from hf_arb.annotate.clips import strides
+
+    if "frame_stride" not in ds.column_names:
+        return
+    cols = ds.select_columns(["bucket", "original_fps", "frame_stride"]).with_format("numpy")[:]
+    kept = (np.asarray(cols["bucket"]) >= 0) & (np.nan_to_num(np.asarray(cols["original_fps"], np.float64)) > 0)
+    stored = np.nan_to_num(np.asarray(cols["frame_stride"], np.float64)).astype(np.int64)  # (n,)
+    wanted = strides(np.nan_to_num(np.asarray(cols["original_fps"], np.float64)), args.target_fps)  # (n,)
+    differ = np.flatnonzero(kept & (stored != wanted))
+    if differ.size:
+        r = int(differ[0])
+        given = f"--target_fps {args.target_fps:g}" if args.target_fps else "no --target_fps (each clip's own rate)"
+        raise UsageError(f"{given}: the dataset was annotated at another frame rate ({differ.size} clips' frame "
+                         f"strides differ, e.g. row {r}: stride {stored[r]} annotated, {wanted[r]} here). Pass the "
+                         "--target_fps it was annotated with (hf-arb annotate --target-fps), or annotate it again.")
 
 
 class ClipSource(BucketedSource):
