@@ -2,11 +2,12 @@
 with (W, H, F) buckets from container headers, planned by the bucket sampler and decoded frame by planned frame.
 
 Fast: the clip dataset's samples (a clip's planned frames at the bucket's size in [-1, 1], (3, F, H, W); a still
-through the image path, (3, H, W)), batches of one kind only, a clip damaged after annotation replaced and counted;
-the clip flags' mistakes in one line. Slow: the unchanged script trains a Wan LoRA on a mixed folder of MP4 and WebM
-clips and PNG stills, and a resume from its checkpoint-2 ends at the same LoRA weights; the same on 2 processes in the
-shared 2-process batch (tests/_train_fixtures.py ``clip_runs``): every rank trains the same (W, H, F) bucket at every
-step, and the resume is exact across the epoch boundary."""
+through the image path, (3, H, W)), batches of one kind only, a clip damaged after annotation replaced and counted, a
+clip's latent-cache key (its crop and its frame plan), an annotated clip dataset's own buckets and frame rate, the clip
+flags' mistakes in one line. Slow: the unchanged script trains a Wan LoRA on a mixed folder of MP4 and WebM clips and
+PNG stills, and the same from cached latents to the same losses; on 2 processes in the shared 2-process batch
+(tests/_train_fixtures.py ``clip_runs``) every rank trains the same (W, H, F) bucket at every step, and the resume
+from checkpoint-2 is exact across the epoch boundary."""
 
 from __future__ import annotations
 
@@ -143,18 +144,15 @@ def test_clip_flags_without_a_video_column_and_a_clip_run_of_an_image_family_are
 # ------------------------------------------------------------------------------------------ slow: the script
 @pytest.fixture(scope="module")
 def clip_runs(family_assets, clip_folder, shared_artifact) -> dict[str, Any]:
-    """The unchanged script on the mixed folder: a 4-step Wan LoRA (checkpoint at 2), its resume from checkpoint-2 in
-    a new folder, and the same LoRA from cached latents and prompt embeddings."""
+    """The unchanged script on the mixed folder: a 4-step Wan LoRA and the same LoRA from cached latents and prompt
+    embeddings."""
     def build(root: Path) -> dict[str, Any]:
         base = ["--pretrained_model_name_or_path", family_assets["wan"], "--train_data_dir", clip_folder,
                 *CLIP_FLAGS, "--rank", "4", "--learning_rate", "2e-2", "--max_train_steps", "4",
                 "--checkpointing_steps", "2", "--random_flip", "--frame_sampling", "random"]
         out = {}
-        for name in ("lora", "resumed", "cached"):
+        for name in ("lora", "cached"):  # the resume: 2 processes, in the shared batch (below)
             argv = [*base, "--output_dir", str(root / name)]
-            if name == "resumed":
-                shutil.copytree(root / "lora" / "checkpoint-2", root / "resumed" / "checkpoint-2")
-                argv += ["--resume_from_checkpoint", "latest"]
             if name == "cached":
                 argv += ["--cache_latents", "--cache_text_embeddings"]
             stats = test_train.run_script(argv)
@@ -166,30 +164,22 @@ def clip_runs(family_assets, clip_folder, shared_artifact) -> dict[str, Any]:
 
 
 @pytest.mark.slow
-def test_the_unchanged_script_trains_a_wan_lora_on_clips_and_stills_and_resumes_exactly(clip_runs):
-    """The LoRA trains (W, H, F) clip batches (B, 3, F, H, W) and 1-frame still batches; the start-up table shows the
-    frames and the card generates at a clip bucket; steps 3-4 resumed from checkpoint-2 replay the rows and losses to
-    the same LoRA weights."""
-    from safetensors.torch import load_file
+def test_the_unchanged_script_trains_a_wan_lora_on_clips_and_stills(clip_runs):
+    """The LoRA trains (W, H, F) clip batches (B, 3, F, H, W) and 1-frame still batches, never mixed; the start-up
+    table shows the frames and the card generates at a clip bucket."""
     from test_train import read_trace
 
-    run, resumed = clip_runs["lora"], clip_runs["resumed"]
+    run = clip_runs["lora"]
     trace = read_trace(Path(run["dir"]), 0)
     assert [t["step"] for t in trace] == [0, 1, 2, 3] and all(np.isfinite(t["loss"]) for t in trace)
-    shapes = {len(t["shape"]) for t in trace}
-    assert shapes == {4, 5}, trace  # stills and clips both trained, never in one batch
+    assert {len(t["shape"]) for t in trace} == {4, 5}, trace  # stills and clips both trained, never in one batch
     for t in trace:
         frames = int(t["label"].split("x")[2])
         assert (t["shape"][2] == frames) if len(t["shape"]) == 5 else frames == 1
     assert run["family"] == "wan" and "frames      rows" in run["log"]
     card = (Path(run["dir"]) / "README.md").read_text()  # the card generates at a clip bucket, not a still's
     assert 'height=96, width=64, num_frames=5' in card and "num_frames=1" not in card
-    again = read_trace(Path(resumed["dir"]), 0)
-    assert [(t["step"], t["rows"]) for t in again] == [(t["step"], t["rows"]) for t in trace[2:]]
-    np.testing.assert_allclose([t["loss"] for t in again], [t["loss"] for t in trace[2:]], rtol=1e-6)
-    a = load_file(str(Path(run["dir"]) / "pytorch_lora_weights.safetensors"))
-    b = load_file(str(Path(resumed["dir"]) / "pytorch_lora_weights.safetensors"))
-    assert a.keys() == b.keys() and max(float((a[k] - b[k]).abs().max()) for k in a) == 0.0
+    assert (Path(run["dir"]) / "pytorch_lora_weights.safetensors").exists()
 
 
 @pytest.mark.slow
