@@ -6,8 +6,8 @@ it), the batch's bucket, its state for checkpoints (a stream writes per-rank fil
 start-up report and run statistics, the step schedule (epochs of fixed or of their own length), where an epoch
 starts and how a resumed run continues. :func:`source_class` is the only place outside argument validation
 (``train/args.py``, ``train/arg_checks.py``) that reads the mode flags (``--streaming``, ``--packing``, several
-``--resolution`` tiers, ``--reference_image_column``, ``--dataset_config``, ``--with_prior_preservation``); adding a
-mode adds a class here.
+``--resolution`` tiers, ``--reference_image_column``, ``--dataset_config``, ``--with_prior_preservation``,
+``--video_column``); adding a mode adds a class here.
 
 Modules:
 
