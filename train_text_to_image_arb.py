@@ -317,6 +317,7 @@ def train_loop(run: Run, tqdm: Any, stopper: StopOnSignal | None = None) -> dict
             logs = {"train_loss": train_loss, "lr": lr_scheduler.get_last_lr()[0]}
             for b, values in bucket_losses.items():
                 logs[f"loss/{labels[b]}"] = sum(values) / len(values)
+            logs.update(source.kind_losses(bucket_losses))  # clips: loss/stills, loss/clips (one key per kind)
             accelerator.log(logs, step=progress.global_step)
             bar.set_postfix(loss=f"{train_loss:.4f}", bucket=labels[bucket])
             train_loss, bucket_losses = 0.0, {}

@@ -266,3 +266,14 @@ def test_an_annotated_clip_dataset_trains_its_own_buckets_at_its_own_frame_rate(
                                                 r"annotated at another frame rate \(8 clips' frame strides differ, "
                                                 r"e.g. row \d+: stride 2 annotated, 1 here\)"):
         build_source(script.parse_args(argv), None)
+
+
+def test_the_loss_per_kind_averages_the_stills_and_the_clips_buckets_of_an_update():
+    """With --gradient_accumulation_steps an update may train both kinds: each gets its own key, the mean of its
+    buckets' losses (every rank's); an update of one kind has that key only."""
+    from hf_arb.train.sources.clips import kind_losses
+
+    frames = np.array([1, 1, 9, 17])
+    assert kind_losses({0: [1.0, 3.0], 1: [2.0], 2: [4.0, 6.0], 3: [8.0]}, frames) == {"loss/stills": 2.0,
+                                                                                         "loss/clips": 6.0}
+    assert kind_losses({3: [0.5, 1.5]}, frames) == {"loss/clips": 1.0}

@@ -133,6 +133,11 @@ class Source:
         """The batch's bucket id in :attr:`buckets` (-1: a pack, no one bucket)."""
         return int(batch["buckets"][0])
 
+    def kind_losses(self, bucket_losses: dict[int, list[float]]) -> dict[str, float]:
+        """Extra loss keys of an update from its ``{bucket: [loss of each rank's micro-batch]}`` (none by default;
+        clips: the loss per kind, stills and clips)."""
+        return {}
+
     def caption_augmenter(self, schedule: Schedule) -> Any:
         """``augment(batch, epoch)``: the run's caption flags (``--shuffle_caption``, ...) on each batch's captions,
         a pure function of (seed, epoch, row) (:mod:`hf_arb.train.captions`)."""

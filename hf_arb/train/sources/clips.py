@@ -140,6 +140,16 @@ def check_strides(args: argparse.Namespace, ds: Any) -> None:
                          "--target_fps it was annotated with (hf-arb annotate --target-fps), or annotate it again.")
 
 
+def kind_losses(bucket_losses: dict[int, list[float]], frames: np.ndarray) -> dict[str, float]:
+    """``{"loss/stills": ..., "loss/clips": ...}``: the mean of the losses of 1-frame buckets and of the others;
+    ``frames``: each bucket's frame count (``(k,)``). A kind without a loss has no key."""
+    out: dict[str, list[float]] = {}
+    for b, values in bucket_losses.items():
+        if b >= 0:
+            out.setdefault("loss/stills" if int(frames[b]) == 1 else "loss/clips", []).extend(values)
+    return {k: sum(v) / len(v) for k, v in out.items()}
+
+
 class ClipSource(BucketedSource):
     """``--video_column``: clips and stills in (W, H, F) buckets; a batch is ``(B, C, F, H, W)`` clips or
     ``(B, C, H, W)`` stills with ``kind`` telling which (:class:`~hf_arb.video.dataset.BucketedClipDataset`)."""
@@ -152,6 +162,11 @@ class ClipSource(BucketedSource):
         if isinstance(self.ds.features[column], datasets.Video):  # raw {"bytes", "path"}: PyAV reads, hashes see
             self.ds = self.ds.cast_column(column, datasets.Video(decode=False))
         check_plan(self.args, self.ds, 1 if accelerator is None else accelerator.num_processes)
+
+    def kind_losses(self, bucket_losses: dict[int, list[float]]) -> dict[str, float]:
+        """``loss/stills`` and ``loss/clips``: the mean loss of the update's 1-frame and multi-frame buckets (a key
+        only for a kind the update trained)."""
+        return kind_losses(bucket_losses, np.asarray(self.buckets.resolutions)[:, 2])
 
     def dataset(self) -> Any:
         """The torch dataset of the run's rows: each (row, bucket, epoch) key decoded and fitted."""
@@ -192,4 +207,5 @@ class ClipSource(BucketedSource):
         return loader
 
 
-__all__ = ["ClipSource", "clip_bucket_table", "clip_dataset_with_buckets", "clip_folder_dataset"]
+__all__ = ["ClipSource", "check_strides", "clip_bucket_table", "clip_dataset_with_buckets", "clip_folder_dataset",
+           "kind_losses"]
