@@ -48,6 +48,10 @@ MODES = {  # name -> (DataLoaderConfiguration kwargs, sampler split_batches, Dat
 PIXEL_MODES = {"pixel_dispatch": ({"dispatch_batches": True}, False, 0)}
 PIXEL_RES = [(512, 512), (1024, 1024), (768, 512), (512, 768), (1024, 576)]  # bucket (width, height)
 PIXEL_BUDGET = 1024 * 1024  # batch sizes [4, 1, 2, 2, 1]
+#: clips (issue 37), run with ``--video``: the same plain prepare over (width, height, frames) buckets, stills (1 frame)
+#: and clips of a mixed dataset (:func:`video_rows`), checkpointed and resumed at the same steps as the other modes
+VIDEO_MODES = {"video": ({}, False, 0)}
+VIDEO_SET = hf_arb.BucketSet([(w, h, f) for f in (1, 9, 17) for (w, h) in ((832, 480), (480, 832), (624, 624))])
 #: ``--sampler tiered``: the same rows as a TieredBatchSampler on 2 tiers whose curriculum switches at step 30 (after
 #: the idioms' checkpoint at IDIOM_SAVE = 25, so every resume crosses the switch); rows of bucket -1 have no size
 SAMPLER = {"kind": "bucket"}
@@ -58,6 +62,19 @@ def bucket_ids() -> np.ndarray:
     """Unequal buckets incl. one smaller than a global batch and skipped rows, shape (N_ROWS,)."""
     rng = np.random.default_rng(0)
     return rng.choice([-1, 0, 1, 2, 3, 4], size=N_ROWS, p=[0.03, 0.4, 0.25, 0.2, 0.11, 0.01])
+
+
+def video_rows() -> tuple[np.ndarray, np.ndarray]:
+    """``(bucket ids, is_clip)`` of N_ROWS rows, stills and clips of 9-40 frames at random sizes, assigned by
+    :data:`VIDEO_SET` as annotation does (~3 % unreadable: -1)."""
+    rng = np.random.default_rng(37)
+    w = rng.integers(300, 1600, N_ROWS).astype(float)
+    h = (w / np.exp(rng.normal(0, 0.5, N_ROWS))).round()
+    clip = rng.random(N_ROWS) < 0.6
+    ids, _ = VIDEO_SET.assign(w, h, np.where(clip, rng.integers(9, 41, N_ROWS), 1))
+    ids = ids.astype(np.int64)
+    ids[rng.random(N_ROWS) < 0.03] = -1
+    return ids, clip
 
 
 class RowDataset(Dataset):
@@ -91,13 +108,16 @@ def setup(mode: str, ids: np.ndarray, batch_size: int, spec: tuple | None = None
     from accelerate import Accelerator
     from accelerate.utils import DataLoaderConfiguration
 
-    cfg, split, workers = spec or {**MODES, **PIXEL_MODES}[mode]
+    cfg, split, workers = spec or {**MODES, **PIXEL_MODES, **VIDEO_MODES}[mode]
     accelerator = Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(**cfg))
     model = torch.nn.Linear(1, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     per_step = batch_size * accelerator.num_processes if split else batch_size
     if SAMPLER["kind"] == "tiered":  # one batch per rank per step (no split_batches)
         sampler = tiered_sampler(ids, per_step)
+    elif mode in VIDEO_MODES:  # (W, H, F) buckets: the sampler knows the clip set
+        sampler = hf_arb.BucketBatchSampler(ids, per_step, drop_last=False, seed=SEED, buckets=VIDEO_SET,
+                                            log_report=False)
     elif mode in PIXEL_MODES:
         sampler = hf_arb.BucketBatchSampler(ids, None, drop_last=False, seed=SEED, buckets=PIXEL_RES,
                                             max_pixels_per_batch=PIXEL_BUDGET)
@@ -356,7 +376,8 @@ def run_phase(phase: str, args, ids: np.ndarray) -> dict:
         finally:
             SAMPLER["kind"] = kind
     run = run_full if phase == "full" else run_resume
-    return {mode: run(mode, args, ids) for mode in (*MODES, *(PIXEL_MODES if args.pixel else ()))}
+    modes = (*MODES, *(PIXEL_MODES if args.pixel else ()), *(VIDEO_MODES if args.video else ()))
+    return {mode: run(mode, args, video_rows()[0] if mode in VIDEO_MODES else ids) for mode in modes}
 
 
 def main() -> None:
@@ -372,6 +393,7 @@ def main() -> None:
     p.add_argument("--save-elastic", default="")
     p.add_argument("--load-elastic", default="")
     p.add_argument("--pixel", action="store_true", help="also run the variable-batch (pixel budget) modes")
+    p.add_argument("--video", action="store_true", help="also run the (width, height, frames) bucket mode")
     p.add_argument("--idiom-workers", type=int, nargs="+", default=list(IDIOM_WORKERS),
                    help="--phase idioms: the DataLoader worker counts to run")
     p.add_argument("--tiered-idiom-workers", type=int, nargs="+", default=[0],

@@ -392,3 +392,76 @@ def _check_edit_cli(engine: str, path: Path, tmp_path: Path, capsys: pytest.Capt
     _check_edit_output(out, path, "own", summarize_annotation(got, EDIT_TARGET))
     assert main(["stats", str(out)]) == 0
     assert composite_summary(_edit_reference(path, "own")) in capsys.readouterr().out
+
+
+# ----------------------------------------------------------------------------------- clips (issue 37)
+CLIPS = BucketSet([(w, h, f) for f in (1, 5, 9) for (w, h) in ((64, 48), (48, 64))])
+
+
+@pytest.fixture(scope="session")
+def clips_parquet(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A datasets-written Parquet with a ``Video`` column: real H.264/VP9 bytes (one rotated), a JPEG still, a cut
+    clip, empty bytes and a null."""
+    pytest.importorskip("av")
+    from hf_arb.testing.clips import panning_frames, write_clip
+
+    frames = panning_frames(np.asarray(photo("astronaut.png")), 13)
+    mp4 = write_clip(None, frames[:9])
+    rows = [{"bytes": mp4, "path": "a.mp4"}, {"bytes": write_clip(None, frames, suffix=".webm"), "path": "b.webm"},
+            {"bytes": write_clip(None, frames[:5], rotation=90), "path": "rot.mp4"},
+            {"bytes": encode(photo("coffee.png", (64, 48)), "JPEG"), "path": "still.jpg"},
+            {"bytes": mp4[: len(mp4) // 2], "path": "cut.mp4"}, {"bytes": b"", "path": "empty.mp4"}, None]
+    ds = datasets.Dataset.from_dict({"id": list(range(len(rows))), "video": rows},
+                                    features=datasets.Features({"id": datasets.Value("int64"),
+                                                                "video": datasets.Video()}))
+    path = tmp_path_factory.mktemp("clips") / "clips.parquet"
+    ds.to_parquet(str(path))
+    return path
+
+
+def _clip_reference(path: Path) -> datasets.Dataset:
+    ds = datasets.load_dataset("parquet", data_files=str(path), split="train")
+    return add_bucket_columns(ds, CLIPS, show_summary=False)
+
+
+def _assert_clip_rows_equal(got: datasets.Dataset, want: datasets.Dataset) -> None:
+    from hf_arb.buckets.schema import CLIP_BUCKET_COLUMNS
+
+    g, w = _by_id(got), _by_id(want)
+    for c in (*BUCKET_COLUMNS, *CLIP_BUCKET_COLUMNS):
+        assert g.column(c).combine_chunks().equals(w.column(c).combine_chunks()), c
+    assert BucketSet.from_dataset(got) == CLIPS  # the frame axis travels in the files
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("engines")  # one worker: the clusters start once and never compete
+def test_cli_engine_ray_on_clip_bytes(ray_cluster, clips_parquet: Path, tmp_path: Path,
+                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """``hf-arb annotate --engine ray --frames 1,5,9`` on a Parquet with a ``Video`` column (detected): the datasets
+    path's rows, the (W, H, F) set in the files and the card."""
+    from hf_arb.cli.app import main
+
+    want = _clip_reference(clips_parquet)
+    assert set(want["skip_reason"]) == {None, "missing", "unreadable: truncated or corrupt container",
+                                        "unreadable: empty (0 bytes)"}
+    out = tmp_path / "out"
+    assert main(["annotate", str(clips_parquet), "--engine", "ray", "--output-dir", str(out), "--aspect-ratio-buckets",
+                 "48,64;64,48", "--frames", "1,5,9", "--metric", "log"]) == 0
+    assert "unreadable 2" in capsys.readouterr().out
+    _assert_clip_rows_equal(datasets.load_dataset("parquet", data_dir=str(out), split="train"), want)
+    assert buckets_from_card(out / "README.md") == CLIPS
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("engines")  # one worker: the clusters start once and never compete
+def test_spark_equals_datasets_map_on_clip_bytes(spark, clips_parquet: Path, tmp_path: Path) -> None:
+    from hf_arb.annotate.engines import spark as hf_spark
+
+    want = _clip_reference(clips_parquet)
+    out = hf_spark.add_bucket_columns(spark.read.parquet(str(clips_parquet)), CLIPS, image_column=None,
+                                      video_column="video")
+    features = datasets.Features.from_arrow_schema(pq.read_schema(clips_parquet))
+    hf_spark.write_parquet(out, str(tmp_path / "out"), CLIPS, features=features)
+    loaded = datasets.load_dataset("parquet", data_dir=str(tmp_path / "out"), split="train")
+    _assert_clip_rows_equal(loaded, want)
+    assert isinstance(loaded.features["video"], datasets.Video)

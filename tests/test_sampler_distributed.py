@@ -52,7 +52,8 @@ def _saves() -> tuple[int, int]:
 def _launch2(out: Path) -> dict[str, Any]:
     return {"dir": str(out), **_torchrun(
         2, out, "plain,full,idioms,tiered_idioms", "--batch-size", str(BATCH2), "--plain-batch-size", "4", "--save-at",
-        *map(str, _saves()), "--save-elastic", str(out / "elastic.json"), "--pixel", "--idiom-workers", "0", "2",
+        *map(str, _saves()), "--save-elastic", str(out / "elastic.json"), "--pixel", "--video", "--idiom-workers", "0",
+        "2",
         timeout=480)}
 
 
@@ -68,7 +69,7 @@ def resumed2(shared_artifact, launch2) -> list[dict]:
     """Each checkpoint of the 2-process launch resumed by a new 2-process launch: per-rank records."""
     return shared_artifact("sampler-resume-2", lambda out: _torchrun(
         2, out, "resume", "--checkpoints", launch2["dir"], "--batch-size", str(BATCH2), "--save-at",
-        *map(str, _saves()), "--pixel")["resume"])
+        *map(str, _saves()), "--pixel", "--video")["resume"])
 
 
 @pytest.fixture(scope="session")
@@ -137,6 +138,7 @@ def test_plain_accelerate_prepare_every_mode_2_and_3_processes(launch2, resumed2
             np.testing.assert_array_equal(rest_epochs, exp_epochs[save_at:], err_msg=where)
     assert "num_replicas=1, but torch.distributed runs" in full[0]["default"]["wrong_world_error"]
     check_pixel_modes(full, resumed, saves)
+    check_video_modes(full, resumed, saves)
     three = launch3["elastic"]
     el_rows, _ = _steps(three, "elastic")  # 3 ranks x 2 continuing 2 ranks x 3
     assert three[0]["elastic"]["saved_world"] == 2 and three[0]["elastic"]["global_batch"] == 6
@@ -169,6 +171,32 @@ def check_pixel_modes(full: list[dict], resumed: list[dict], saves: tuple[int, .
                 bucket = ids[np.array(got)]  # (world, b)
                 assert (bucket == bucket[0, 0]).all() and bucket.shape[1] == sizes[bucket[0, 0]], mode
         assert full[0][mode]["len_after"] == plans[0].num_steps
+
+
+def check_video_modes(full: list[dict], resumed: list[dict], saves: tuple[int, ...]) -> None:
+    """(W, H, F) buckets over stills and clips through a plain prepare on real processes (issue 37): every rank trains
+    its planned batch of every step, all in one bucket, stills and clips never in one step, and each checkpoint (the
+    end of epoch 0, mid-epoch 1 of the image plan; both mid-epoch here) resumes batch for batch."""
+    from _sampler_worker import EPOCHS, SEED, VIDEO_MODES, VIDEO_SET, video_rows
+
+    ids, clip = video_rows()
+    world = len(full)
+    plans = [plan_epoch(ids, BATCH2, world, seed=SEED, epoch=e, leftover="fill") for e in range(EPOCHS)]
+    expected = np.concatenate(plans)  # (steps, world, batch)
+    per_epoch = len(plans[0])
+    assert all(0 < s % per_epoch for s in saves), "a video checkpoint should fall mid-epoch"
+    assert VIDEO_SET.has_frames and set(VIDEO_SET.frames[ids[ids >= 0]].tolist()) == {1, 9, 17}
+    for mode in VIDEO_MODES:
+        rows, _ = _steps(full, mode)
+        np.testing.assert_array_equal(rows, expected, err_msg=f"{mode}: batches differ from the plan")
+        bucket = ids[rows]  # (steps, world, batch)
+        assert (bucket == bucket[:, :1, :1]).all(), f"{mode}: ranks in different buckets at a step"
+        kinds = clip[rows]
+        assert (kinds == kinds[:, :1, :1]).all(), f"{mode}: stills and clips in one step"
+        assert full[0][mode]["len_after"] == per_epoch
+        for save_at in saves:
+            rest, _ = _steps([{mode: r[mode][str(save_at)]} for r in resumed], mode)
+            np.testing.assert_array_equal(rest, expected[save_at:], err_msg=f"{mode}: resume at {save_at} differs")
 
 
 @pytest.mark.slow

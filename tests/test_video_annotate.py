@@ -152,6 +152,13 @@ def test_summary_counts_buckets_frames_and_fps(clip_dir: Path) -> None:
     text = str(s)
     assert "rows per bucket (width x height x frames" in text and "rows per fps (frame rate" in text
     assert "48 x 64    x 17" in text
+    # what push_to_hub writes: the card's YAML restores the (W, H, F) set, its table has the frames and the counts
+    from hf_arb.annotate.hub import update_card_text
+    from hf_arb.buckets.schema import buckets_from_card
+
+    card = update_card_text(None, "me/clips", CLIP_SET, {"default": {"train": d}}, None)
+    assert buckets_from_card(card) == CLIP_SET and "`bucket_frames`" in card
+    assert f"| {CLIP_SET.index((48, 64, 17))} | 48 | 64 | 17 | 0.750 | 1 |" in card
 
 
 def test_refusals_name_the_fix(clip_dir: Path) -> None:
@@ -162,6 +169,24 @@ def test_refusals_name_the_fix(clip_dir: Path) -> None:
         add_bucket_columns(ds, CLIP_SET, target_fps=0)
     with pytest.raises(ValueError, match=r"video_column='clip': the dataset has no such column"):
         add_bucket_columns(ds, CLIP_SET, video_column="clip")
+    with pytest.raises(ValueError, match=r"no such column but a clip column 'video': annotate clips with \(width, "):
+        add_bucket_columns(ds, BucketSet.sdxl())
+
+
+def test_images_and_sizes_with_a_clip_set_are_one_frame_clips(tmp_path: Path) -> None:
+    """A clip set annotates an image column or width/height columns with the same columns: 1 frame at fps 0."""
+    sizes = datasets.Dataset.from_dict({"w": [640, 300, None], "h": [480, 400, 10]})
+    out = add_bucket_columns(sizes, CLIP_SET, width_column="w", height_column="h", show_summary=False)
+    assert out.column_names == ["w", "h", *ADDED]
+    assert out["bucket_frames"] == [1, 1, None] and out["original_frames"] == [1, 1, None]
+    assert out["original_fps"][:2] == [0.0, 0.0] and out["frame_stride"][:2] == [1, 1]
+    assert [CLIP_SET[b] for b in out["bucket"][:2]] == [(64, 48, 1), (48, 64, 1)]
+    images = datasets.Dataset.from_dict({"image": [str(save_photo(tmp_path / "p.png", "coffee.png", "PNG"))]})
+    one = add_bucket_columns(images, CLIP_SET, show_summary=False)[0]
+    assert (one["bucket_frames"], one["original_frames"], one["frames_exact"]) == (1, 1, True)
+    again = add_bucket_columns(add_bucket_columns(images, CLIP_SET, show_summary=False), BucketSet.sdxl(),
+                               show_summary=False)
+    assert again.column_names == ["image", *BUCKET_COLUMNS]  # an image set replaces every clip column
 
 
 def test_cli_annotate_a_folder_of_clips_then_stats(clip_dir: Path, tmp_path: Path,
@@ -189,3 +214,36 @@ def test_cli_annotate_a_folder_of_clips_then_stats(clip_dir: Path, tmp_path: Pat
     with pytest.raises(SystemExit) as exc:
         main(["annotate", str(folder), "--video-column", "video", "--output-dir", str(tmp_path / "x")])
     assert exc.value.code == 2 and "--video-column video needs clip buckets: pass --frames" in capsys.readouterr().err
+
+
+def test_report_rows_batches_histograms_and_frame_strips(clip_dir: Path) -> None:
+    """The report of a clip dataset: per (W, H, F) bucket rows and steps, the frames and fps histograms, and per sample
+    clip a strip of the frames of its epoch-0 window (frame_plan's, at the row's stride) with its one crop; the strip's
+    frames are those frames (checked against decoding every frame) in their displayed orientation."""
+    import av
+
+    from hf_arb.annotate.report import build_report, clip_window, render_html, strip_frames
+
+    ds = datasets.Dataset.from_dict({"video": _paths(clip_dir)})
+    rep = build_report(ds, CLIP_SET, video_column="video", k=2, batch_size=1, seed=5)
+    assert rep.buckets.has_frames and dict(rep.frames_hist)["17"] == 1 and dict(rep.fps_hist)["8"] == 4
+    assert int(rep.steps[CLIP_SET.index((48, 64, 17))]) == 1  # one batch of 1 in the rotated clip's bucket
+    strips = [s for b in rep.samples for s in rep.samples[b] if s.window is not None]
+    assert sorted(s.name for s in strips) == ["a_h264_9.mp4", "b_vp9_13.webm", "c_rot_17.mp4", "d_24fps_24.mp4",
+                                              "e_h264_3.mp4"]  # the still is a thumbnail
+    for s in strips:
+        path = clip_dir / s.name
+        m = clip_metadata(path)
+        bucket = _bucket_of(m.width, m.height, m.frames)
+        window = clip_window(m.frames, m.fps, bucket[2], 1, seed=5, row=s.row)
+        assert s.window == tuple(window) and set(s.frames) <= set(window.indices().tolist())
+        assert s.frames[0] == window.start and s.frames[-1] == window.indices()[-1]
+        with av.open(str(path)) as c:  # ground truth: every frame decoded, in display orientation
+            every = [f.to_image().rotate(f.rotation, expand=True) for f in c.decode(video=0)]
+        got = strip_frames({"bytes": path.read_bytes(), "path": None}, list(s.frames), m.fps)
+        for i, im in zip(s.frames, got):
+            assert im.size == (m.width, m.height), s.name  # displayed: the rotated clip is portrait
+            assert np.abs(np.asarray(im, np.int16) - np.asarray(every[i], np.int16)).max() == 0, (s.name, i)
+    page = render_html(rep)
+    assert "id='clip-histograms'" in page and "data-field='frames'" in page and "trains frames" in page
+    assert "too_few_frames" not in page and "unreadable" in page

@@ -436,3 +436,26 @@ def test_fit_with_a_frame_axis() -> None:
     assert clips.frames[ids].tolist() == [41, 81]
     with pytest.raises(UsageError, match="42 frames do not fit the wan rule"):
         BucketSet.fit(sizes, 3, frames=[1, 42], frame_rule="wan")
+
+
+def test_video_presets_table_in_video_md_is_current() -> None:
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    sys.path.insert(0, str(root / "docs"))
+    import gen_reference
+
+    doc = (root / "docs" / "video.md").read_text()
+    assert gen_reference.video_md(doc) == doc, "docs/video.md video presets table is stale: run docs/gen_reference.py"
+
+
+def test_one_frame_count_is_refused_naming_the_list() -> None:
+    """The habit from diffusers' num_frames=81: frames is a list of frame counts (diffusion-pipe's frame_buckets)."""
+    from hf_arb.checks import UsageError
+
+    for call in (lambda: BucketSet.preset("wan", frames=81), lambda: BucketSet.from_budget(512, frames=17),
+                 lambda: BucketSet.fit([(640, 480)], 1, frames=33)):
+        with pytest.raises(UsageError, match=r"list of frame counts.*frame_buckets.*pass \[\d+\]"):
+            call()
+    assert BucketSet.preset("wan", frames=[81]).frame_counts.tolist() == [81]

@@ -18,6 +18,7 @@ from huggingface_hub.errors import EntryNotFoundError
 from hf_arb import __version__
 from hf_arb.buckets.schema import (
     BUCKET_COLUMNS,
+    CLIP_BUCKET_COLUMNS,
     buckets_from_dataset,
     buckets_from_features,
     read_ids_and_errors,
@@ -52,7 +53,7 @@ def card_metadata(buckets: BucketSet, stats: dict[str, dict[str, Any]], chart: s
         "version": __version__,
         "fingerprint": buckets.fingerprint,
         "buckets": buckets.to_dict(),
-        "columns": list(BUCKET_COLUMNS),
+        "columns": list(BUCKET_COLUMNS) + (list(CLIP_BUCKET_COLUMNS) if buckets.has_frames else []),
         "chart": chart,
         "stats": stats,
     }
@@ -61,14 +62,16 @@ def card_metadata(buckets: BucketSet, stats: dict[str, dict[str, Any]], chart: s
 def card_section(repo_id: str, buckets: BucketSet, stats: dict[str, dict[str, Any]], chart: str | None) -> str:
     """The readable Markdown section: how to load, the bucket table with counts, the chart."""
     splits = [(cfg, split) for cfg, per in stats.items() for split in per]
-    header_cells = ["id", "width", "height", "aspect"] + [
+    clip = buckets.has_frames
+    columns = (*BUCKET_COLUMNS, *(CLIP_BUCKET_COLUMNS if clip else ()))
+    header_cells = ["id", "width", "height", *(["frames"] if clip else []), "aspect"] + [
         f"rows ({split})" if cfg == "default" else f"rows ({cfg}/{split})" for cfg, split in splits]
     lines = [
         _BEGIN,
         "## Aspect-ratio buckets",
         "",
         f"Every row carries bucket columns written by `hf_arb` {__version__}: "
-        + ", ".join(f"`{c}`" for c in BUCKET_COLUMNS) + ". `bucket = -1` marks a skipped row; `skip_reason` says why.",
+        + ", ".join(f"`{c}`" for c in columns) + ". `bucket = -1` marks a skipped row; `skip_reason` says why.",
         "",
         f"- buckets: {len(buckets)}, metric `{buckets.metric}`, max aspect error `{buckets.max_aspect_error}`, "
         f"aspect range `{buckets.aspect_range}`, fingerprint `{buckets.fingerprint}`",
@@ -93,13 +96,12 @@ def card_section(repo_id: str, buckets: BucketSet, stats: dict[str, dict[str, An
         "| " + " | ".join(header_cells) + " |",
         "|" + "---|" * len(header_cells),
     ]
+    labels = buckets.labels()
     for i in buckets.portrait_to_landscape().tolist():
-        w, h = buckets[i]
-        label = f"{w}x{h}"
-        counts = " | ".join(f"{stats[c][s]['counts'].get(label, 0):,}" for c, s in splits)
-        lines.append(
-            f"| {i} | {w} | {h} | {w / h:.3f} | {counts} |" if splits else f"| {i} | {w} | {h} | {w / h:.3f} |"
-        )
+        w, h = buckets[i][:2]
+        sides = f"| {i} | {w} | {h} | " + (f"{buckets[i][2]} | " if clip else "") + f"{w / h:.3f} |"
+        counts = " | ".join(f"{stats[c][s]['counts'].get(labels[i], 0):,}" for c, s in splits)
+        lines.append(f"{sides} {counts} |" if splits else sides)
     if chart:
         lines += ["", f"![rows per bucket and aspect error]({chart})"]
     lines.append(_END)

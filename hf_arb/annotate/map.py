@@ -200,6 +200,15 @@ def add_bucket_columns(
         first = next(iter(ds.values())) if isinstance(names, dict) and ds else ds
         video_column = detect_video_column(getattr(first, "features", None), getattr(first, "column_names", None),
                                            image_column)
+    elif video_column is None and width_column is None:  # clips annotated with an image set: say so, not "no column"
+        names = getattr(ds, "column_names", None)
+        first = next(iter(ds.values())) if isinstance(names, dict) and ds else ds
+        clips = detect_video_column(getattr(first, "features", None), getattr(first, "column_names", None),
+                                    image_column)
+        if clips is not None and not isinstance(names, dict) and names is not None and image_column not in names:
+            raise ValueError(f"image_column={image_column!r}: the dataset has no such column but a clip column "
+                             f"{clips!r}: annotate clips with (width, height, frames) buckets, e.g. "
+                             "BucketSet([(w, h, f), ...]) or hf-arb annotate --frames 1,17,33.")
     check_clip_set(buckets, video_column)
     if target_fps is not None and not target_fps > 0:
         raise ValueError(f"`target_fps` must be > 0 frames per second (e.g. 16 for Wan), got {target_fps!r}.")

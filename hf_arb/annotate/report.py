@@ -14,6 +14,13 @@ the skipped rows with their reasons, histograms of crop fraction and aspect erro
 Cost: the metadata pass (the bucket columns; a raw dataset is annotated first, reading image headers only) plus
 ``k × buckets`` image decodes, each shrunk while decoding (JPEG draft) to a thumbnail. docs/benchmarks.md has the
 figure at 10⁶ rows (benchmarks/bench_report.py).
+
+Clips (a set with a frame axis, ``video_column``): rows and batches per (width, height, frames) bucket, histograms of
+the clips' frame counts and frame rates, and per sample clip a *strip* of the frames it trains on in epoch 0 (the
+window of :func:`hf_arb.video.frames.frame_plan` for the row, at its ``frame_stride``; up to :data:`STRIP_FRAMES` of
+them, evenly spread), each with the clip's one crop drawn. The strip's few frames are decoded here with a small PyAV
+seek (:func:`strip_frames`: seek to the keyframe before the window, decode forward to its last shown frame); this is
+the report's own reader, kept apart from the training decoder.
 """
 
 from __future__ import annotations
@@ -40,6 +47,10 @@ from .report_html import render_html
 _OUTLIERS = 5
 #: long side of the thumbnails, pixels
 THUMBNAIL_SIZE = 192
+#: most frames a sample clip's strip shows (evenly spread over its training window)
+STRIP_FRAMES = 6
+#: long side of each frame of a strip, pixels
+STRIP_SIZE = 112
 
 
 @dataclass(frozen=True)
@@ -52,6 +63,8 @@ class Sample:
     crop_box: tuple[float, float, float, float]
     crop_fraction: float
     uri: str
+    frames: tuple[int, ...] = ()  # a clip: the frame indices the strip shows (of the window start, stride, count)
+    window: tuple[int, int, int] | None = None  # a clip: (start, stride, count) of its epoch-0 training window
 
 
 @dataclass
@@ -83,6 +96,8 @@ class DatasetReport:
     mean_crop: float = math.nan
     decoded: int = 0
     failed_thumbnails: list[tuple[str, str]] = field(default_factory=list)
+    frames_hist: tuple[tuple[str, int], ...] = ()  # a clip set: rows per frame count (value_histogram)
+    fps_hist: tuple[tuple[str, int], ...] = ()  # a clip set: rows per frame rate
 
 
 # ----------------------------------------------------------------------------------- numbers
@@ -111,10 +126,21 @@ def _annotated(ds: Any, buckets: BucketSet | None, image_column: str | None, ann
         return ds, BucketSet.from_dataset(ds)
     bs = buckets if buckets is not None else BucketSet.preset("budget")
     kw = dict(annotate_kwargs)
-    if image_column is None and "width_column" not in kw:
+    if image_column is None and "width_column" not in kw and "video_column" not in kw:
         raise ValueError("The dataset has no bucket columns: pass image_column=... (or width_column/height_column) "
                          "to annotate it first.")
     return add_bucket_columns(ds, bs, image_column=image_column, show_summary=False, **kw), bs
+
+
+def _raw_cells(ds: Any, column: str, rows: list[int]) -> list[Any]:
+    """The undecoded values of ``rows`` of an image or clip column: ``{"bytes", "path"}`` dicts, paths or bytes."""
+    import datasets
+
+    col = ds.select_columns([column])
+    feature = col.features[column]
+    if isinstance(feature, (datasets.Image, datasets.Video)):
+        col = col.cast_column(column, type(feature)(decode=False))
+    return col.select(rows)[column] if rows else []
 
 
 def _file_names(cells: list[Any], rows: list[int]) -> list[str]:
@@ -128,7 +154,8 @@ def _file_names(cells: list[Any], rows: list[int]) -> list[str]:
 def build_report(ds: Any, buckets: BucketSet | None = None, *, k: int = 4, batch_size: int = 1,
                  num_processes: int = 1, leftover: str = "drop", image_column: str | None = "image",
                  center_crop: bool = False, seed: int = 0, title: str | None = None,
-                 max_pixels_per_batch: int | None = None, **annotate_kwargs: Any) -> DatasetReport:
+                 max_pixels_per_batch: int | None = None, video_column: str | None = None,
+                 **annotate_kwargs: Any) -> DatasetReport:
     """The numbers and thumbnails of a report on one split.
 
     Args:
@@ -145,8 +172,11 @@ def build_report(ds: Any, buckets: BucketSet | None = None, *, k: int = 4, batch
         title: page title (default: rows and buckets).
         max_pixels_per_batch: the training script's ``--max_pixels_per_batch`` (a batch size per bucket, capped at
             ``batch_size``), passed to the sampler.
+        video_column: a clip column (with a clip set): sample clips are drawn as strips of the frames they train
+            on; annotation of a raw dataset reads its container headers. Default: detected (a ``Video`` column or one
+            named ``video``) when ``image_column`` is not a column and the set has a frame axis.
         annotate_kwargs: for a raw dataset, to :func:`~hf_arb.add_bucket_columns` (``max_upscale``, ``min_size``,
-            ``num_proc``, ``width_column``/``height_column``).
+            ``num_proc``, ``width_column``/``height_column``, ``target_fps``).
     """
     import datasets
 
@@ -157,10 +187,22 @@ def build_report(ds: Any, buckets: BucketSet | None = None, *, k: int = 4, batch
                         "(for a DatasetDict, pick a split: ds['train']).")
     if k < 0:
         raise ValueError(f"`k` (thumbnails per bucket) must be >= 0, got {k}.")
+    if video_column is not None:
+        if video_column not in ds.column_names:
+            raise ValueError(f"video_column={video_column!r} is not a column of the dataset; its columns are "
+                             f"{ds.column_names}.")
+        if buckets is not None or not all(c in ds.column_names for c in BUCKET_COLUMNS):  # annotated here
+            annotate_kwargs["video_column"] = video_column
+        image_column = None
     if image_column is not None and image_column not in ds.column_names:
         raise ValueError(f"image_column={image_column!r} is not a column of the dataset; its columns are "
                          f"{ds.column_names}. Pass image_column=... (or None for a report without thumbnails).")
     ds, bs = _annotated(ds, buckets, image_column, annotate_kwargs)
+    if video_column is None and image_column is None and bs.has_frames:
+        from .clips import detect_video_column
+
+        video_column = detect_video_column(ds.features, ds.column_names, None)
+    media = video_column or image_column  # the column thumbnails, strips and file names come from
     t = ds.select_columns(list(BUCKET_COLUMNS)).with_format("arrow")[:]
     ids = pc.fill_null(t.column("bucket"), -1).to_numpy().astype(np.int64)  # (n,)
     w = pc.fill_null(t.column("original_width"), 0).to_numpy().astype(np.int64)  # (n,)
@@ -199,6 +241,13 @@ def build_report(ds: Any, buckets: BucketSet | None = None, *, k: int = 4, batch
                         num_processes=num_processes, center_crop=center_crop, seed=seed, leftover=leftover,
                         plan_error=plan_error, max_pixels_per_batch=max_pixels_per_batch)
 
+    if bs.has_frames and "original_frames" in ds.column_names:
+        from .summary import value_histogram
+
+        c = ds.select_columns(["original_frames", "original_fps"]).with_format("arrow")[:]
+        rep.frames_hist = value_histogram(c.column(0), integer=True)
+        rep.fps_hist = value_histogram(c.column(1), integer=False)
+
     # per-row crop and upscale of the kept rows (vectorised)
     res = bs.resolutions
     kr = np.flatnonzero(kept)  # (m,)
@@ -232,7 +281,7 @@ def build_report(ds: Any, buckets: BucketSet | None = None, *, k: int = 4, batch
         rep.skipped = {d["values"]: int(d["counts"]) for d in vc.to_pylist()}
         skipped_rows = np.flatnonzero(~kept)[:20]
         names_needed.update({int(r): "" for r in skipped_rows})
-    names = _names(ds, image_column, sorted(names_needed))
+    names = _names(ds, media, sorted(names_needed))
     for kind, (top, shown) in picks.items():
         rep.outliers[kind] = [(names[int(r)], f"{w[r]}x{h[r]} → {res[ids[r], 0]}x{res[ids[r], 1]}", s)
                               for r, s in zip(top.tolist(), shown)]
@@ -242,10 +291,10 @@ def build_report(ds: Any, buckets: BucketSet | None = None, *, k: int = 4, batch
         rep.skipped_examples = [(names[r], str(reason)) for r, reason in zip(rows_s, why)]
 
     # thumbnails: k evenly spread rows per bucket, the crop of epoch 0 as training draws it
-    if k and image_column is not None and kr.size:
+    if k and media is not None and kr.size:
         crop_all = np.full(n, math.nan)
         crop_all[kr] = crop
-        _thumbnails(rep, ds, bs, ids, (w, h), k, image_column, center_crop, seed, crop_all)
+        _thumbnails(rep, ds, bs, ids, (w, h), k, media, center_crop, seed, crop_all)
     return rep
 
 
@@ -254,13 +303,7 @@ def _names(ds: Any, image_column: str | None, rows: list[int]) -> dict[int, str]
         return {}
     if image_column is None:
         return {r: f"row {r}" for r in rows}
-    import datasets
-
-    col = ds.select_columns([image_column])
-    if isinstance(col.features[image_column], datasets.Image):
-        col = col.cast_column(image_column, datasets.Image(decode=False))
-    cells = col.select(rows)[image_column]
-    return dict(zip(rows, _file_names(cells, rows)))
+    return dict(zip(rows, _file_names(_raw_cells(ds, image_column, rows), rows)))
 
 
 def training_crop(size: tuple[int, int], bucket: tuple[int, int], row: int, *, seed: int, center_crop: bool,
@@ -280,8 +323,6 @@ def training_crop(size: tuple[int, int], bucket: tuple[int, int], row: int, *, s
 
 def _thumbnails(rep: DatasetReport, ds: Any, bs: BucketSet, ids: np.ndarray, sizes: tuple[np.ndarray, np.ndarray],
                 k: int, image_column: str, center_crop: bool, seed: int, crop: np.ndarray) -> None:
-    import datasets
-
     order = np.argsort(ids, kind="stable")  # rows grouped by bucket, ascending inside
     starts = np.searchsorted(ids[order], np.arange(len(bs)))
     ends = np.searchsorted(ids[order], np.arange(len(bs)), side="right")
@@ -292,16 +333,28 @@ def _thumbnails(rep: DatasetReport, ds: Any, bs: BucketSet, ids: np.ndarray, siz
             pos = np.unique(np.linspace(0, m - 1, min(k, m)).round().astype(np.int64))
             chosen[b] = order[starts[b] + pos].tolist()
     rows = sorted(r for rs in chosen.values() for r in rs)
-    col = ds.select_columns([image_column])
-    if isinstance(col.features[image_column], datasets.Image):
-        col = col.cast_column(image_column, datasets.Image(decode=False))
-    cells = dict(zip(rows, col.select(rows)[image_column])) if rows else {}
+    cells = dict(zip(rows, _raw_cells(ds, image_column, rows)))
     names = dict(zip(rows, _file_names([cells[r] for r in rows], rows)))
+    clip_info: dict[int, tuple[int, float, int]] = {}  # row -> (original_frames, original_fps, frame_stride)
+    if bs.has_frames and rows and "original_frames" in ds.column_names:
+        c = ds.select_columns(["original_frames", "original_fps", "frame_stride"]).select(rows).to_dict()
+        clip_info = {r: (int(f or 1), float(fps or 0.0), int(st or 1)) for r, f, fps, st in
+                     zip(rows, c["original_frames"], c["original_fps"], c["frame_stride"])}
     for b, rs in chosen.items():
         out = []
         for r in rs:
-            plan = training_crop((int(sizes[0][r]), int(sizes[1][r])), bs[b], r, seed=seed, center_crop=center_crop)
+            plan = training_crop((int(sizes[0][r]), int(sizes[1][r])), bs[b][:2], r, seed=seed,
+                                 center_crop=center_crop)
+            frames, fps, stride = clip_info.get(r, (1, 0.0, 1))
             try:
+                if frames > 1 and fps > 0:  # a clip: the strip of the frames it trains on
+                    window = clip_window(frames, fps, int(bs[b][2]), stride, seed=seed, row=r)
+                    shown = strip_indices(window)
+                    uri = _strip_uri(cells[r], shown, plan.source_box, plan.size, fps)
+                    rep.decoded += len(shown)
+                    out.append(Sample(r, names[r], plan.size, plan.source_box, float(crop[r]), uri,
+                                      tuple(shown), tuple(window)))
+                    continue
                 uri = _thumbnail_uri(cells[r], plan.source_box, plan.size)
             except Exception as e:  # noqa: BLE001 - a broken file is reported on the page, not fatal
                 rep.failed_thumbnails.append((names[r], f"{type(e).__name__}: {e}"))
@@ -311,18 +364,77 @@ def _thumbnails(rep: DatasetReport, ds: Any, bs: BucketSet, ids: np.ndarray, siz
         rep.samples[b] = out
 
 
-def _thumbnail_uri(cell: Any, box: tuple[float, float, float, float], size: tuple[int, int]) -> str:
-    """Decode one image small (JPEG draft), orient it as displayed, shade what the crop cuts off, outline the crop;
-    a JPEG ``data:`` URI."""
-    from PIL import Image, ImageDraw, ImageOps
+def clip_window(frames: int, fps: float, bucket_frames: int, stride: int, *, seed: int, row: int,
+                epoch: int = 0) -> Any:
+    """The :class:`~hf_arb.video.frames.FramePlan` a clip trains on in ``epoch`` (``frame_plan``'s random window at
+    the row's ``frame_stride``; the bucket's frame count was matched to what the clip holds at that stride)."""
+    from hf_arb.video.frames import FrameRule, frame_plan
 
-    from hf_arb.images.fitting import open_image
+    return frame_plan(frames, fps, bucket_frames, FrameRule("bucket", 1), seed=seed, epoch=epoch, row=row,
+                      target_fps=fps / stride if stride > 1 else None)
 
-    with open_image(cell) as im:
-        im.draft("RGB", (THUMBNAIL_SIZE, THUMBNAIL_SIZE))
-        im = ImageOps.exif_transpose(im)
-        im = im.convert("RGB")
-        im.thumbnail((THUMBNAIL_SIZE, THUMBNAIL_SIZE))
+
+def strip_indices(window: Any, most: int = STRIP_FRAMES) -> list[int]:
+    """Up to ``most`` frame indices of a window, evenly spread, first and last included, ascending."""
+    idx = window.indices()
+    pick = np.unique(np.linspace(0, idx.size - 1, min(most, idx.size)).round().astype(np.int64))
+    return idx[pick].tolist()
+
+
+def strip_frames(cell: Any, indices: list[int], fps: float) -> list[Any]:
+    """Decode the frames ``indices`` (ascending) of a clip, displayed (rotation applied), as PIL images: one PyAV seek
+    to the keyframe at or before the first, then forward to the last. A frame's index is its presentation time
+    times ``fps`` (from the stream's start). Raises when the clip ends before the last index."""
+    import io as _io
+
+    import av
+
+    src = cell.get("bytes") or cell.get("path") if isinstance(cell, dict) else cell
+    fp = _io.BytesIO(src) if isinstance(src, (bytes, bytearray)) else src
+    wanted, out = set(indices), {}
+    with av.open(fp) as container:
+        stream = container.streams.video[0]
+        tb, start = stream.time_base, stream.start_time or 0
+        if indices[0] > 0:
+            container.seek(start + int(indices[0] / fps / tb), stream=stream, backward=True)
+        for frame in container.decode(stream):
+            i = round(float((frame.pts - start) * tb) * fps) if frame.pts is not None else -1
+            if i in wanted and i not in out:
+                im = frame.to_image()
+                rotation = getattr(frame, "rotation", 0) or 0
+                out[i] = im.rotate(rotation, expand=True) if rotation % 360 else im
+            if i >= indices[-1]:
+                break
+    missing = [i for i in indices if i not in out]
+    if missing:
+        raise ValueError(f"the clip ended before frame {missing[0]} of its training window")
+    return [out[i] for i in indices]
+
+
+def _strip_uri(cell: Any, indices: list[int], box: tuple[float, float, float, float], size: tuple[int, int],
+               fps: float) -> str:
+    """The strip: the frames ``indices`` side by side, each shaded outside the clip's crop; a JPEG ``data:`` URI."""
+    from PIL import Image
+
+    frames = [_shade(im, box, size, STRIP_SIZE) for im in strip_frames(cell, indices, fps)]
+    strip = Image.new("RGB", (sum(f.width for f in frames) + 2 * (len(frames) - 1), max(f.height for f in frames)),
+                      (255, 255, 255))
+    x = 0
+    for f in frames:
+        strip.paste(f, (x, 0))
+        x += f.width + 2
+    buf = io.BytesIO()
+    strip.save(buf, "JPEG", quality=80)
+    return "data:image/jpeg;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def _shade(im: Any, box: tuple[float, float, float, float], size: tuple[int, int], side: int) -> Any:
+    """``im`` (the displayed image) shrunk to ``side``, shaded outside the crop ``box`` (in ``size`` coordinates),
+    the crop outlined in red."""
+    from PIL import Image, ImageDraw
+
+    im = im.convert("RGB")
+    im.thumbnail((side, side))
     sx, sy = im.width / size[0], im.height / size[1]
     left, top, right, bottom = box[0] * sx, box[1] * sy, box[2] * sx, box[3] * sy
     shade = Image.new("L", im.size, 0)
@@ -331,6 +443,20 @@ def _thumbnail_uri(cell: Any, box: tuple[float, float, float, float], size: tupl
     d.rectangle([left, top, right - 1, bottom - 1], fill=0)
     im = Image.composite(Image.new("RGB", im.size, (0, 0, 0)), im, shade)
     ImageDraw.Draw(im).rectangle([left, top, right - 1, bottom - 1], outline=(255, 64, 64), width=2)
+    return im
+
+
+def _thumbnail_uri(cell: Any, box: tuple[float, float, float, float], size: tuple[int, int]) -> str:
+    """Decode one image small (JPEG draft), orient it as displayed, shade what the crop cuts off, outline the crop;
+    a JPEG ``data:`` URI."""
+    from PIL import ImageOps
+
+    from hf_arb.images.fitting import open_image
+
+    with open_image(cell) as im:
+        im.draft("RGB", (THUMBNAIL_SIZE, THUMBNAIL_SIZE))
+        im = ImageOps.exif_transpose(im)
+        im = _shade(im, box, size, THUMBNAIL_SIZE)
     buf = io.BytesIO()
     im.save(buf, "JPEG", quality=80)
     return "data:image/jpeg;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
@@ -345,5 +471,5 @@ def write_report(ds: Any, path: str | os.PathLike[str], buckets: BucketSet | Non
     return out
 
 
-__all__ = ["THUMBNAIL_SIZE", "DatasetReport", "Sample", "build_report", "cover_crop", "render_html", "training_crop",
-           "write_report"]
+__all__ = ["STRIP_FRAMES", "THUMBNAIL_SIZE", "DatasetReport", "Sample", "build_report", "clip_window", "cover_crop",
+           "render_html", "strip_frames", "strip_indices", "training_crop", "write_report"]

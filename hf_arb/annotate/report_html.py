@@ -26,6 +26,8 @@ SKIP_FLAGS = {
     "unreadable": "the file is not an image: fix or remove it",
     "truncated": "the file is cut short (an interrupted download): fetch it again",
     "undecodable": "the image data is broken: re-encode or remove it",
+    "too_few_frames": "the clip is shorter than the smallest frame bucket: add a shorter frame count (--frames) or "
+                      "loop short clips (--short-clips loop)",
 }
 #: what finds every image that annotation kept from its header but that does not decode (a truncated JPEG)
 VERIFY_HINT = ("hf-arb annotate DATASET --output-dir DIR --verify decodes every image and skips these (skip_reason "
@@ -85,6 +87,12 @@ def _svg_bars(values: list[float], labels: list[str], *, title: str, xlabel: str
     return "".join(parts)
 
 
+def _values_svg(hist: tuple[tuple[str, int], ...], title: str, xlabel: str) -> str:
+    """A histogram of ``(label, rows)`` bars (frames, fps) as inline SVG."""
+    return _svg_bars([float(c) for _, c in hist], [lab for lab, _ in hist], title=title, xlabel=xlabel, width=460,
+                     color="#55A868")
+
+
 def _hist_svg(hist: tuple[np.ndarray, np.ndarray] | None, title: str, xlabel: str, pct: bool) -> str:
     if hist is None:
         return "<p>no kept rows</p>"
@@ -115,6 +123,7 @@ def render_html(rep: Any) -> str:
     kept = int(rep.counts.sum())
     order = bs.portrait_to_landscape().tolist()
     labels = bs.labels()
+    clip = bs.has_frames
     leftover_note = ("catch-all batches pool the leftovers of every bucket: see the totals above"
                      if rep.leftover == "catch_all" else "")
     out = [f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>{e(rep.title)}</title>"
@@ -152,7 +161,8 @@ def render_html(rep: Any) -> str:
            *([] if p is not None else [f"<p class='error' id='plan-error'><b>No training plan:</b> {e(rep.plan_error)}"
                                        "</p>"]),
            *_problems_html(rep, e),
-           "<h2>Buckets</h2><table id='buckets'><tr><th>id</th><th>bucket</th><th>aspect</th><th>rows</th>"
+           "<h2>Buckets</h2><table id='buckets'><tr><th>id</th><th>bucket</th>"
+           + ("<th>frames</th>" if clip else "") + "<th>aspect</th><th>rows</th>"
            "<th>share</th><th>batch</th><th>steps / epoch</th><th>dropped</th><th>repeated</th></tr>"]
     def batch_of(b: int) -> str:
         if p is None:
@@ -160,18 +170,25 @@ def render_html(rep: Any) -> str:
         return str(p.batch_size_per_bucket.get(b, "—") if p.batch_size_per_bucket else p.batch_size)
 
     for b in order:
-        w, h = bs[b]
+        w, h = bs[b][:2]
         share = rep.counts[b] / kept if kept else 0.0
         dropped = "—" if rep.dropped[b] < 0 else f"{int(rep.dropped[b]):,}"
-        out.append(f"<tr data-bucket='{b}'><td>{b}</td><td class='l'>{w}x{h}</td><td>{w / h:.3f}</td>"
+        frames = f"<td data-field='frames'>{bs[b][2]}</td>" if clip else ""
+        out.append(f"<tr data-bucket='{b}'><td>{b}</td><td class='l'>{labels[b]}</td>{frames}<td>{w / h:.3f}</td>"
                    f"<td data-field='rows'>{int(rep.counts[b]):,}</td><td>{100 * share:.1f}%</td>"
                    f"<td data-field='batch'>{batch_of(b)}</td>"
                    f"<td data-field='steps'>{int(rep.steps[b]):,}</td><td data-field='dropped'>{dropped}</td>"
                    f"<td data-field='repeated'>{int(rep.repeated[b]):,}</td></tr>")
     out.append("</table>")
     out.append("<div class='charts'>" + _svg_bars([float(rep.counts[b]) for b in order], [labels[b] for b in order],
-                                                    title="rows per bucket (portrait → landscape)",
-                                                    xlabel="bucket (width x height)") + "</div>")
+                                                    title="rows per bucket ("
+                                                    + ("by frames, then " if clip else "") + "portrait → landscape)",
+                                                    xlabel="bucket (width x height" + (" x frames)" if clip else ")"))
+               + "</div>")
+    if rep.frames_hist:
+        out.append("<div class='charts' id='clip-histograms'>"
+                   + _values_svg(rep.frames_hist, "rows per clip length (images: 1 frame)", "frames")
+                   + _values_svg(rep.fps_hist, "rows per frame rate (images: 0)", "frames per second") + "</div>")
     out.append("<div class='charts'>" + _hist_svg(rep.crop_hist, "crop fraction (share of area cut off)",
                                                   "crop fraction", True)
                + _hist_svg(rep.error_hist, f"aspect error ({bs.metric})", "aspect error", False) + "</div>")
@@ -183,9 +200,17 @@ def render_html(rep: Any) -> str:
         samples = rep.samples.get(b, [])
         if not samples:
             continue
-        w, h = bs[b]
-        out.append(f"<h3>{w}x{h} — {count(int(rep.counts[b]), 'row')}</h3><div class='thumbs'>")
+        out.append(f"<h3>{labels[b]} — {count(int(rep.counts[b]), 'row')}</h3><div class='thumbs'>")
         for s in samples:
+            if s.window is not None:  # a clip: the strip of the frames it trains on, its one crop on each
+                start, stride, n = s.window
+                out.append(f"<figure class='strip' style='max-width:none'><img src='{s.uri}' alt='{e(s.name)}' "
+                           f"data-row='{s.row}' data-frames='{','.join(map(str, s.frames))}'><figcaption>"
+                           f"{e(s.name)}: {s.size[0]}x{s.size[1]}, crop {percent(s.crop_fraction)}; trains frames "
+                           f"{start}, {start + stride}, … {start + (n - 1) * stride} ({n} frames, stride {stride}); "
+                           f"shown: {', '.join(map(str, s.frames))}</figcaption>"
+                           "</figure>")
+                continue
             out.append(f"<figure><img src='{s.uri}' alt='{e(s.name)}' data-row='{s.row}'><figcaption>"
                        f"{e(s.name)}<br>{s.size[0]}x{s.size[1]}, crop {percent(s.crop_fraction)}</figcaption>"
                        "</figure>")
@@ -211,8 +236,8 @@ def render_html(rep: Any) -> str:
         out.append("</table>")
     else:
         out.append("<p>none</p>")
-    out.append(f"<p class='note'>Bucket set fingerprint {bs.fingerprint}; {rep.decoded} images decoded for "
-               "thumbnails.</p></body></html>")
+    out.append(f"<p class='note'>Bucket set fingerprint {bs.fingerprint}; {rep.decoded} "
+               f"{'images and clip frames' if clip else 'images'} decoded for thumbnails.</p></body></html>")
     return "\n".join(out)
 
 

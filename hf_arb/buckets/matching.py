@@ -180,8 +180,13 @@ class FrameIndex:
 
     def frame_slots(self, frames: np.ndarray) -> np.ndarray:
         """Index into :attr:`frame_counts` of the largest frame count ``<=`` each clip's frames, ``-1`` where the clip
-        is shorter than every frame count; int64 of shape ``(n,)``."""
-        return np.searchsorted(self.frame_counts, frames, side="right") - 1
+        is shorter than every frame count; shape ``(n,)`` (int8 for up to 32 frame counts, else int64)."""
+        if self.frame_counts.size > 32:
+            return np.searchsorted(self.frame_counts, frames, side="right") - 1
+        slot = np.full(np.shape(frames), -1, np.int8)  # a few compares beat a binary search per row
+        for c in self.frame_counts.tolist():
+            slot += frames >= c
+        return slot
 
     def assign(self, w: np.ndarray, h: np.ndarray, frames: np.ndarray,
                loop: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -196,15 +201,20 @@ class FrameIndex:
             gid, index = self._groups[0]
             i, err, x = index.assign(w, h)
             ids = gid[i]
-        else:
-            ids = np.empty(w.size, np.int32)
-            err = np.empty(w.size, np.float32)
-            x = np.empty(w.size, np.float32)
+        else:  # rows grouped by frame count with one stable radix sort: one gather and one scatter in all
+            order = np.argsort(slot if slot.dtype == np.int8 else slot.astype(np.int64), kind="stable")
+            edges = np.concatenate([[0], np.cumsum(np.bincount(slot, minlength=len(self._groups)))])  # (g + 1,)
+            ws, hs = w[order], h[order]  # (n,) by frame count
+            ids_s = np.empty(w.size, np.int32)
+            err_s = np.empty(w.size, np.float32)
+            x_s = np.empty(w.size, np.float32)
             for g, (gid, index) in enumerate(self._groups):
-                rows = np.flatnonzero(slot == g)  # (m,)
-                if rows.size:
-                    i, err[rows], x[rows] = index.assign(w[rows], h[rows])
-                    ids[rows] = gid[i]
+                a, b = int(edges[g]), int(edges[g + 1])
+                if b > a:
+                    i, err_s[a:b], x_s[a:b] = index.assign(ws[a:b], hs[a:b])
+                    ids_s[a:b] = gid[i]
+            ids, err, x = (np.empty_like(v) for v in (ids_s, err_s, x_s))
+            ids[order], err[order], x[order] = ids_s, err_s, x_s
         if not loop:
             ids[short] = -1
         return ids, err, x

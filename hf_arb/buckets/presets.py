@@ -404,6 +404,15 @@ def _window(aspect: float, m: int, budget: int, step: int, min_area_ratio: float
 
 
 
+def frame_list(frames: Any) -> list[Any]:
+    """``frames`` as a list of frame counts; one number is refused in one line (a habit from ``num_frames=81``)."""
+    if isinstance(frames, (int, float, np.integer, np.floating)) or not isinstance(frames, Iterable):
+        raise UsageError(f"`frames` is the list of frame counts of the buckets, e.g. [1, 17, 33, 49, 65, 81] "
+                         f"(diffusion-pipe's frame_buckets, musubi-tuner's target_frames), got {frames!r}; for one "
+                         f"frame count pass [{frames!r}].")
+    return list(frames)
+
+
 def frame_budget_table(budget: int, frames: Iterable[int], aspects: Iterable[float] | None = None, step: int = 16,
                        max_pixels: int | None = None, min_area_ratio: float = 0.75) -> np.ndarray:
     """A clip table under a budget in pixels × frames: ``(k, 3)`` ``(width, height, frames)``, frames ascending.
@@ -426,7 +435,7 @@ def frame_budget_table(budget: int, frames: Iterable[int], aspects: Iterable[flo
         [[1280, 720, 1], [832, 480, 81]]
         ```
     """
-    counts = np.asarray(list(frames))
+    counts = np.asarray(frame_list(frames))
     if counts.ndim != 1 or counts.size == 0 or counts.dtype.kind not in "iu" or (counts < 1).any() or \
             np.unique(counts).size != counts.size:
         raise ValueError(f"`frames` must be distinct positive frame counts, e.g. [1, 17, 33], got {counts.tolist()}.")
@@ -474,7 +483,7 @@ def video_preset_table(name: str, resolution: int | None = None, step: int | Non
     if step <= 0 or step % info.step:
         raise UsageError(f"preset {name!r}: bucket sides must be multiples of {info.step} (the pipeline's "
                          f"check_inputs), so the step must be one too; got step={step}.")
-    counts = list(info.frames if frames is None else frames)
+    counts = list(info.frames) if frames is None else frame_list(frames)
     bad = [f for f in counts if not (isinstance(f, (int, np.integer)) and rule.is_valid(int(f)))]
     if bad:
         f = bad[0]

@@ -33,7 +33,15 @@ from .family_tables import parse_buckets_string
 from .frames import frame_rule as _frame_rule
 from .matching import METRICS as _METRICS
 from .matching import SHORT_CLIPS, AspectIndex, FrameIndex, Metric
-from .presets import TABLE_PARAMS, budget_table, frame_budget_table, novelai_table, preset_table, sdxl_table
+from .presets import (
+    TABLE_PARAMS,
+    budget_table,
+    frame_budget_table,
+    frame_list,
+    novelai_table,
+    preset_table,
+    sdxl_table,
+)
 from .stored import dataset_configs
 
 _FORMAT_VERSION = 1
@@ -201,7 +209,7 @@ class BucketSet:
     def _frame_counts(frames: Iterable[int], frame_rule: Any) -> list[int]:
         """``frames`` as ints, each allowed by ``frame_rule`` when one is given (else a UsageError naming the nearest
         valid counts)."""
-        counts = [int(f) for f in frames]
+        counts = [int(f) for f in frame_list(frames)]
         if frame_rule is not None:
             rule = _frame_rule(frame_rule)
             bad = [f for f in counts if not rule.is_valid(f)]

@@ -155,6 +155,9 @@ def _add_report_arguments(p: argparse.ArgumentParser) -> None:
                    help="draw the training script's --center_crop crops (default: its random crops of epoch 0)")
     p.add_argument("--seed", type=int, default=0, help="the training script's --seed (random crops; default 0)")
     p.add_argument("-k", "--samples", type=int, default=4, help="thumbnails per bucket (default 4)")
+    p.add_argument("--video-column", "--video_column", dest="video_column", default=None,
+                   help="clip column: each sample clip is drawn as a strip of the frames it trains on (default: the "
+                        "Video column of a dataset annotated with frame buckets)")
     p.add_argument("--max-upscale", type=float, default=None,
                    help="annotating here (a raw dataset, or --preset given): annotate's --max-upscale")
     p.add_argument("--min-size", type=int, default=None,
@@ -176,6 +179,8 @@ def _run_report(args: argparse.Namespace) -> int:
     if args.min_size is not None:
         kw["min_size"] = args.min_size
     image_column = args.image_column if args.image_column in ds.column_names else None
+    if args.video_column is not None:
+        kw["video_column"] = args.video_column
     rep = build_report(ds, buckets, k=args.samples, batch_size=args.train_batch_size,
                        num_processes=args.num_processes, leftover=args.bucket_leftover, image_column=image_column,
                        center_crop=args.center_crop, seed=args.seed, title=f"{args.dataset}: what bucketing does",

@@ -38,7 +38,7 @@ def as_counts(counts: Any, buckets: Any = None) -> np.ndarray:
             if buckets is None:
                 raise ValueError("Counts keyed by 'WxH' labels need `buckets` (the BucketSet) to know the bucket ids.")
             res = np.asarray(getattr(buckets, "resolutions", buckets)).tolist()
-            labels = {f"{w}x{h}": i for i, (w, h) in enumerate(res)}
+            labels = {"x".join(map(str, r)): i for i, r in enumerate(res)}  # "WxH", or "WxHxF" for clips
             unknown = [k for k in keys if k not in labels]
             if unknown:
                 raise ValueError(
