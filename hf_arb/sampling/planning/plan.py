@@ -95,7 +95,7 @@ def merge_small_buckets(counts: Any, aspects: Any, min_rows: int, groups: Any = 
         (``b`` itself for big or empty buckets). When no bucket (of a group) is big, everything (of the group)
         merges into the most populous bucket.
     """
-    if groups is not None:
+    if groups is not None and np.unique(np.asarray(groups)).size > 1:  # one group (images): the plain merge
         g = np.asarray(groups)
         counts = np.asarray(counts, dtype=np.int64)
         if g.shape != counts.shape:
