@@ -11,7 +11,7 @@ SD's VAE.
 * encode throughput: ``encode_share`` of the tiny SD run over the 20-photo imagefolder (VAE + text encoder, one
   process), entries per second;
 * peak RSS of a training run: ``--encoded_dataset`` (loads no VAE and no text encoder) against ``--cache_latents
-  --cache_text_embeddings`` (loads both), each a fresh process (its own ``ru_maxrss``), on an SD whose VAE and text
+  --cache_text_embeddings`` (loads both), each a fresh process (its own peak, ``VmHWM``), on an SD whose VAE and text
   encoder have SD 1.5's sizes (``AutoencoderKL`` 84 M and CLIP ViT-L/14's text encoder 123 M parameters, random
   weights) around a tiny UNet, so that the frozen parts weigh what they weigh in practice.
 
@@ -153,7 +153,7 @@ def main() -> None:
         row("peak RSS of a training run (SD 1.5-sized VAE and text encoder, tiny UNet)", rss["encoded"],
             rss["cached"], "MiB", target="less than a run that loads them",
             note=f"--encoded_dataset (no VAE, no text encoder: {rss['encoded_built']}) vs --cache_latents "
-                 f"--cache_text_embeddings ({rss['cached_built']}); one process each, 4 steps, ru_maxrss; the frozen "
+                 f"--cache_text_embeddings ({rss['cached_built']}); one process each, 4 steps, VmHWM; the frozen "
                  f"parts' float32 weights: {rss['frozen_mib']:.0f} MiB"),
     ]
     save_result("encode", f"Encoded dataset vs per-file latent cache ({n:,} entries, tiny VAE, CPU)", rows,
@@ -189,8 +189,10 @@ for base in (ModelMixin, PreTrainedModel):
     base.from_pretrained = classmethod(counting)
 import train_text_to_image_arb as script
 stats = script.main(sys.argv[1:])
-print(json.dumps({"rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "built": built,
-                  "losses": stats["losses"]}))
+# VmHWM: this process's own peak (ru_maxrss would keep the forking parent's RSS across the exec)
+hwm = [line.split()[1] for line in open("/proc/self/status") if line.startswith("VmHWM:")]
+rss = int(hwm[0]) / 1024 if hwm else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+print(json.dumps({"rss_mib": rss, "built": built, "losses": stats["losses"]}))
 """
 
 
@@ -226,7 +228,7 @@ def _peak_rss(tmp: Path, sd: str, images: str) -> dict[str, object]:
     model = _sized_sd(tmp, sd)
     flags = ["--pretrained_model_name_or_path", model, "--train_data_dir", images, "--resolution", "64",
              "--bucket_step", "16", "--train_batch_size", "2", "--max_train_steps", "4", "--seed", "0",
-             "--report_to", "none", "--rank", "4", "--checkpointing_steps", "100"]
+             "--report_to", "none", "--rank", "4", "--checkpointing_steps", "100", "--max_train_samples", "8"]
     root = Path(__file__).resolve().parents[1]
     env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     t0 = time.perf_counter()  # encoded as the training runs compute: a process with the same threads
