@@ -361,6 +361,41 @@ def test_a_dataset_without_the_vae_files_hash_checks_the_loaded_vae(sd: list[str
         source.loader(SimpleNamespace(), SimpleNamespace(vae=vae), None, torch.float32)
 
 
+def test_the_vae_files_hash_is_of_the_tensors_not_of_the_files(tmp_path: Path) -> None:
+    """Same tensors (another order, other header metadata, split into an index's shards): the same hash; one value,
+    dtype or name changed: another; a ``.bin`` VAE has none (the run then fingerprints the loaded module)."""
+    import torch
+    from safetensors.torch import save_file
+
+    from hf_arb.train.encoded.weights import vae_files_hash
+
+    a, b = torch.arange(12.0).reshape(3, 4), torch.ones(5, dtype=torch.float16)
+
+    def folder(name: str, shards: list[dict[str, Any]], meta: dict[str, str] | None = None) -> Path:
+        (tmp_path / name / "vae").mkdir(parents=True)
+        if len(shards) == 1:
+            save_file(shards[0], str(tmp_path / name / "vae" / "diffusion_pytorch_model.safetensors"), metadata=meta)
+            return tmp_path / name
+        weight_map = {}
+        for i, shard in enumerate(shards):
+            file = f"diffusion_pytorch_model-{i:05d}.safetensors"
+            save_file(shard, str(tmp_path / name / "vae" / file))
+            weight_map.update(dict.fromkeys(shard, file))
+        (tmp_path / name / "vae" / "diffusion_pytorch_model.safetensors.index.json").write_text(
+            json.dumps({"weight_map": weight_map}))
+        return tmp_path / name
+
+    base = vae_files_hash(str(folder("a", [{"a": a, "b": b}])), "vae")
+    assert base == vae_files_hash(str(folder("b", [{"b": b, "a": a}], {"format": "pt"})), "vae")
+    assert base == vae_files_hash(str(folder("c", [{"b": b}, {"a": a}])), "vae")
+    assert base != vae_files_hash(str(folder("d", [{"a": a + 1e-3, "b": b}])), "vae")
+    assert base != vae_files_hash(str(folder("e", [{"a": a.half(), "b": b}])), "vae")
+    assert base != vae_files_hash(str(folder("f", [{"a2": a, "b": b}])), "vae")
+    (tmp_path / "g" / "vae").mkdir(parents=True)
+    (tmp_path / "g" / "vae" / "diffusion_pytorch_model.bin").write_bytes(b"pickle")
+    assert vae_files_hash(str(tmp_path / "g"), "vae") is None
+
+
 @pytest.mark.slow
 def test_validation_loads_the_vae_and_text_encoder_when_it_runs(sd: list[str], encoded: dict[str, Any],
                                                                 tmp_path: Path, built: list[str]) -> None:

@@ -19,9 +19,9 @@ class EncodedSource(BucketedSource):
     """A map-style run over an encoded dataset: the same plan as on the source dataset (its bucket columns are
     stored), the same items as ``--cache_latents`` and the same prompt embeddings as ``--cache_text_embeddings``.
 
-    Its fingerprint is checked against the run's flags and model before any model loads (the variant count and the
-    entries the plan needs once the sampler exists; the VAE's weights when the models are loaded): a mismatch is one
-    line naming the field and both values."""
+    Its fingerprint is checked against the run's flags and model before any model loads (the VAE's weights read
+    from its files; the variant count and the entries the plan needs once the sampler exists): a mismatch is one line
+    naming the field and both values. The run loads no VAE and no text encoder (:meth:`frozen_parts`)."""
 
     data: Any = None
 
