@@ -4,8 +4,11 @@ buffer per bucket and serves the scheduled bucket at each step; its state is the
 Reading: the source is read in chunks of ``snapshot_every`` rows with the public
 ``IterableDataset.iter(batch_size=...)`` (datasets formats a whole chunk at once, about 10× cheaper per row than
 iterating rows). Each row is still decided on exactly as if read alone — buffered, or skipped as unassigned,
-small-bucket or surplus — in read order: a few rows at a time in Python, a large fill with numpy
-(:func:`accepted_rows`), with identical results.
+small-bucket or surplus — in read order. The decisions of a chunk are computed once with numpy
+(:func:`accepted_rows`): a bucket's room changes only when a row is buffered, not when a full batch leaves (its
+buffer and its scheduled batches drop together), so they hold until a row is evicted; a step then reads up to the
+row that completes its fill or its batch at once, with identical results to reading row by row (the per-row path
+stays for a full buffer, where every row waits for an eviction).
 
 Resume without pixels: the buffer's rows are re-read from the source on load. Before each chunk the source's own
 ``state_dict()`` (``datasets``' resumable ``IterableDataset``) is snapshotted, so snapshots sit every
@@ -33,7 +36,7 @@ from hf_arb import rng
 
 PICK_BLOCK = 1024  #: steps whose pick uniforms are drawn at once
 REOPEN_ROWS = 1024  #: on load, gaps up to this many rows are read through instead of restoring a snapshot
-VECTOR_ROWS = 32  #: below this many rows to buffer, rows are read one by one (numpy's per-call cost dominates)
+VECTOR_ROWS = 1  #: below this many rows to buffer, rows are read one by one (1: never; the tests compare both paths)
 COUNTERS = ("read", "used", "repeated", "skipped_unassigned", "skipped_small", "skipped_surplus", "evicted", "peak")
 
 
@@ -82,6 +85,7 @@ class RankBuffer:
         self.k, self._scheduled = self.scheduled.size, self.scheduled.tolist()
         self._rows: list[Any] = []  # the current chunk: its rows, their bucket ids, and the next row's position
         self._ids, self._idl, self._pos = np.empty(0, dtype=np.int64), [], 0
+        self._dec: tuple[int, np.ndarray, list[int], list[int], list[int]] | None = None  # see _decisions
         self.source = open_source(None)
         self.chunks = self.source.iter(batch_size=self.every)
         self.exhausted = False
@@ -102,7 +106,7 @@ class RankBuffer:
             self.exhausted = True
             return False
         self._rows, self._ids = chunk_rows(chunk, self.column)
-        self._idl, self._pos = self._ids.tolist(), 0
+        self._idl, self._pos, self._dec = self._ids.tolist(), 0, None
         return True
 
     def _read_one(self) -> None:
@@ -128,40 +132,103 @@ class RankBuffer:
             if self.total + self.reserved > self.c["peak"]:
                 self.c["peak"] = self.total + self.reserved
 
+    def _decisions(self) -> tuple[int, np.ndarray, list[int], list[int], list[int]]:
+        """The current chunk's decisions from the next row on, computed once with numpy (:func:`accepted_rows`):
+        ``(d0, where, accepted, unassigned, schedulable)``: ``d0`` the chunk position of the first row they cover,
+        ``where`` the accepted rows' positions from ``d0``, and three prefix counts (a leading 0) of the rows from
+        ``d0`` that are accepted, unassigned and schedulable.
+
+        They stay valid until a row is evicted: a bucket's room (``remaining * batch - buffered``) changes only when a
+        row is buffered (what the decisions count in read order), when a full batch is emitted (``remaining`` and the
+        buffer both drop by one batch: no change) or when a row is evicted (then they are computed again)."""
+        if self._dec is None:
+            p, ids = self._pos, self._ids[self._pos:]
+            sizes = np.array([len(self.buffers.get(b, ())) for b in range(self.k)], dtype=np.int64)
+            ok, acc = accepted_rows(ids, self.scheduled, self.remaining * self.batch - sizes)
+            zero = np.zeros(1, dtype=np.int64)
+            self._dec = (p, np.flatnonzero(acc), *(np.concatenate([zero, np.cumsum(x)]).tolist()  # lists: read per step
+                                                    for x in (acc, ids < 0, ok)))
+        return self._dec
+
+    def _advance(self, end: int) -> None:
+        """Read the current chunk's rows up to position ``end`` (exclusive) with the precomputed decisions."""
+        d0, where, acc, unassigned, ok = self._decisions()
+        p, a, e = self._pos, self._pos - d0, end - d0
+        n_acc, n_un, n_ok = acc[e] - acc[a], unassigned[e] - unassigned[a], ok[e] - ok[a]
+        self.c["skipped_unassigned"] += n_un
+        self.c["skipped_small"] += (e - a) - n_un - n_ok
+        self.c["skipped_surplus"] += n_ok - n_acc
+        if n_acc:
+            idx0, idl, rows, buffers = self.c["read"] - p, self._idl, self._rows, self.buffers
+            for j in (where[acc[a]:acc[e]] + d0).tolist():
+                buffers[idl[j]].append((idx0 + j, rows[j]))
+            self.total += n_acc
+            if self.total + self.reserved > self.c["peak"]:
+                self.c["peak"] = self.total + self.reserved
+        self.c["read"] += end - p
+        self._pos = end
+
+    def _next_chunk(self) -> bool:
+        """Make sure a row is left in the current chunk (reading the next one if not); False at the source's end."""
+        return self._pos < len(self._rows) or self._fetch()
+
     def _fill(self, fill: int) -> None:
-        """Read until ``fill`` rows are buffered (or the source ends): row by row for a few rows, else a chunk at a
-        time with the same decisions computed with numpy (:func:`accepted_rows`)."""
+        """Read until ``fill`` rows are buffered (or the source ends): row by row below :data:`VECTOR_ROWS`, else up to
+        the row that completes the fill, with the chunk's decisions computed at once (identical results)."""
         while not self.exhausted and self.total < fill:
             need = fill - self.total
             if need < VECTOR_ROWS:
                 self._read_one()
                 continue
-            if self._pos == len(self._rows) and not self._fetch():
+            if not self._next_chunk():
                 return
-            p, ids = self._pos, self._ids[self._pos:]
-            sizes = np.array([len(self.buffers.get(b, ())) for b in range(self.k)], dtype=np.int64)
-            ok, acc = accepted_rows(ids, self.scheduled, self.remaining * self.batch - sizes)
-            cum = np.cumsum(acc)
-            end = ids.size if cum[-1] < need else int(np.searchsorted(cum, need)) + 1  # rows consumed
-            unassigned = int(np.count_nonzero(ids[:end] < 0))
-            self.c["skipped_unassigned"] += unassigned
-            self.c["skipped_small"] += end - unassigned - int(np.count_nonzero(ok[:end]))
-            self.c["skipped_surplus"] += int(np.count_nonzero(ok[:end])) - int(cum[end - 1])
-            idx0, idl, rows = self.c["read"], self._idl, self._rows
-            for j in np.flatnonzero(acc[:end]).tolist():
-                self.buffers[idl[p + j]].append((idx0 + j, rows[p + j]))
-            self.total += int(cum[end - 1])
-            self.c["peak"] = max(self.c["peak"], self.total + self.reserved)
-            self.c["read"] += end
-            self._pos = p + end
+            d0, where, acc, _, _ = self._decisions()
+            k = acc[self._pos - d0] + need  # the accepted row that completes the fill, counted in the chunk
+            self._advance(d0 + int(where[k - 1]) + 1 if k <= where.size else len(self._rows))
+
+    def _fill_bucket(self, b: int, entry: dict[str, Any]) -> None:
+        """Read until bucket ``b`` holds a batch (or the source ends). While the buffer has room, up to the row that
+        completes it at once (or up to the row that fills the buffer); a full buffer evicts (or raises) before each
+        further row, row by row, exactly as the per-row rule does."""
+        s = self.step
+        while not self.exhausted and len(self.buffers[b]) < self.batch:
+            if self.total >= self.buffer_size:
+                if self.on_overflow == "error" or self.total == len(self.buffers[b]):
+                    sizes = {k: len(v) for k, v in self.buffers.items() if v}
+                    raise BufferOverflowError(
+                        f"Rank {self.rank}, step {s}: bucket {b} has {len(self.buffers[b])} of {self.batch} rows and "
+                        f"the buffer is full ({self.buffer_size} rows; per bucket {sizes}). The stream is not mixed "
+                        "enough for this buffer: raise `buffer_size`, shuffle the source's shards "
+                        "(`ds.shuffle(seed=...)`), or pass `on_overflow='evict'` to drop buffered rows (counted).")
+                entry["removed"].append(self._evict(b, entry))
+                self._read_one()
+                continue
+            need = self.batch - len(self.buffers[b])
+            if need < VECTOR_ROWS:
+                self._read_one()
+                continue
+            if not self._next_chunk():
+                return
+            d0, where, acc, _, _ = self._decisions()
+            ahead = where[acc[self._pos - d0]:]  # accepted rows not read yet (positions from d0)
+            mine = ahead[self._ids[ahead + d0] == b]
+            end = len(self._rows)
+            if mine.size >= need:  # the row that completes the batch
+                end = d0 + int(mine[need - 1]) + 1
+            room = self.buffer_size - self.total  # >= 1: the row that fills the buffer ends the vectorised read
+            if ahead.size >= room:
+                end = min(end, d0 + int(ahead[room - 1]) + 1)
+            self._advance(end)
 
     def _set_reserve(self, b: int, rows: list[tuple[int, Any]], entry: dict[str, Any]) -> None:
-        entry["reserve"].append((b, [i for i, _ in self.reserve.get(b, [])]))  # undo log for state_at
-        for i, _ in self.reserve.get(b, []):
-            if i in self.unused:  # an evicted row leaves the reserve unemitted: it stays counted as evicted
-                self.unused.discard(i)
-                entry["unused"].append(("del", i))
-        self.reserved += len(rows) - len(self.reserve.get(b, []))
+        old = self.reserve.get(b, ())
+        entry["reserve"].append((b, [i for i, _ in old]))  # undo log for state_at
+        if self.unused:
+            for i, _ in old:
+                if i in self.unused:  # an evicted row leaves the reserve unemitted: it stays counted as evicted
+                    self.unused.discard(i)
+                    entry["unused"].append(("del", i))
+        self.reserved += len(rows) - len(old)
         self.reserve[b] = rows
 
     def _evict(self, keep: int, entry: dict[str, Any]) -> tuple[int, int]:
@@ -170,6 +237,7 @@ class RankBuffer:
         b = max(sorted(v for v in self.buffers if v != keep and self.buffers[v]), key=lambda v: len(self.buffers[v]))
         idx, row = self.buffers[b].pop(0)
         self.total -= 1
+        self._dec = None  # bucket b has room for one more row: the chunk's decisions change
         self.c["evicted"] += 1
         if not self.reserve.get(b):  # keep it as the bucket's repeat source, so a later step of b can be served
             self._set_reserve(b, [(idx, row)], entry)
@@ -185,17 +253,7 @@ class RankBuffer:
                  "reserve": [], "unused": []}
         self._current = entry  # the step in progress: its reads may prune snapshots its state will need
         self._fill(min(self.fill, self._left * self.batch))  # never read rows no step can use
-        while not self.exhausted and len(self.buffers[b]) < self.batch:
-            if self.total >= self.buffer_size:
-                if self.on_overflow == "error" or self.total == len(self.buffers[b]):
-                    sizes = {k: len(v) for k, v in self.buffers.items() if v}
-                    raise BufferOverflowError(
-                        f"Rank {self.rank}, step {s}: bucket {b} has {len(self.buffers[b])} of {self.batch} rows and "
-                        f"the buffer is full ({self.buffer_size} rows; per bucket {sizes}). The stream is not mixed "
-                        "enough for this buffer: raise `buffer_size`, shuffle the source's shards "
-                        "(`ds.shuffle(seed=...)`), or pass `on_overflow='evict'` to drop buffered rows (counted).")
-                entry["removed"].append(self._evict(b, entry))
-            self._read_one()
+        self._fill_bucket(b, entry)
         buf, u = self.buffers[b], self._step_uniforms(s)
         if len(buf) >= self.batch:  # sequential sampling without replacement; pop keeps the list sorted
             w = min(len(buf), self.window)  # the bucket's oldest rows: bounds a row's age, hence resume replay
@@ -313,7 +371,7 @@ class RankBuffer:
                 got[target] = rows[target - pos + len(rows)]
         self.source, self.chunks, self.exhausted = src, chunks, False
         self._rows, self._ids = chunk_rows_tail(rows, self.column, len(rows) - (pos - read))
-        self._idl, self._pos = self._ids.tolist(), 0
+        self._idl, self._pos, self._dec = self._ids.tolist(), 0, None
         self.buffers = collections.defaultdict(list)
         for i, b in sorted(want_buf.items()):
             self.buffers[b].append((i, got[i]))
