@@ -423,7 +423,8 @@ def warn_unapplied_flags(args: argparse.Namespace) -> None:
                    args.instance_prompt, args.caption_column)
     table = [f"{f} {getattr(args, f[2:])}" for f in getattr(args, "bucket_flags_given", [])]
     resolution = [] if "resolution" in defaults else [f"--resolution {args.resolution}"]
-    if args.streaming and (table or resolution) and len(getattr(args, "resolutions", None) or [0]) < 2:
+    encoded = bool(getattr(args, "encoded_dataset", None))  # its fingerprint checks the bucket flags given
+    if args.streaming and not encoded and (table or resolution) and len(getattr(args, "resolutions", None) or [0]) < 2:
         # (several tiers: the tiers' tables apply, each row's bucket in a tier derived from its stored size)
         _warn_once("%s: not applied, --streaming trains the shards' own bucket columns (re-annotate the shards to "
                    "change them).", ", ".join([*resolution, *table]))
