@@ -124,6 +124,7 @@ MODULES: dict[str, str] = {
     "hf_arb.train.encoded.from_cache": "encode.md#from-an-existing-latent-cache",
     "hf_arb.train.encoded.reader": "encode.md",
     "hf_arb.train.sources.encoded": "encode.md",
+    "hf_arb.train.sources.encoded_stream": "encode.md#streaming",
     "hf_arb.train.models": "training.md",
     "hf_arb.train.progress": "training.md",
     "hf_arb.train.flags.resume_flags": "training.md",
