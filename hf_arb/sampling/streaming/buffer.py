@@ -84,8 +84,9 @@ class RankBuffer:
         self._current: dict[str, Any] | None = None
         self.k, self._scheduled = self.scheduled.size, self.scheduled.tolist()
         self._rows: list[Any] = []  # the current chunk: its rows, their bucket ids, and the next row's position
+        self.names: tuple[str, ...] | None = None  # the columns, in the order of a buffered row's values
         self._ids, self._idl, self._pos = np.empty(0, dtype=np.int64), [], 0
-        self._dec: tuple[int, np.ndarray, list[int], list[int], list[int]] | None = None  # see _decisions
+        self._dec: tuple[int, list[int], list[int], list[int], list[int]] | None = None  # see _decisions
         self.source = open_source(None)
         self.chunks = self.source.iter(batch_size=self.every)
         self.exhausted = False
@@ -105,7 +106,7 @@ class RankBuffer:
         except StopIteration:
             self.exhausted = True
             return False
-        self._rows, self._ids = chunk_rows(chunk, self.column)
+        self.names, self._rows, self._ids = chunk_rows(chunk, self.column, self.names)
         self._idl, self._pos, self._dec = self._ids.tolist(), 0, None
         return True
 
@@ -132,11 +133,11 @@ class RankBuffer:
             if self.total + self.reserved > self.c["peak"]:
                 self.c["peak"] = self.total + self.reserved
 
-    def _decisions(self) -> tuple[int, np.ndarray, list[int], list[int], list[int]]:
+    def _decisions(self) -> tuple[int, list[int], list[int], list[int], list[int]]:
         """The current chunk's decisions from the next row on, computed once with numpy (:func:`accepted_rows`):
         ``(d0, where, accepted, unassigned, schedulable)``: ``d0`` the chunk position of the first row they cover,
-        ``where`` the accepted rows' positions from ``d0``, and three prefix counts (a leading 0) of the rows from
-        ``d0`` that are accepted, unassigned and schedulable.
+        ``where`` the accepted rows' chunk positions (a list), and three prefix counts (lists with a leading 0) of the
+        rows from ``d0`` that are accepted, unassigned and schedulable.
 
         They stay valid until a row is evicted: a bucket's room (``remaining * batch - buffered``) changes only when a
         row is buffered (what the decisions count in read order), when a full batch is emitted (``remaining`` and the
@@ -146,8 +147,8 @@ class RankBuffer:
             sizes = np.array([len(self.buffers.get(b, ())) for b in range(self.k)], dtype=np.int64)
             ok, acc = accepted_rows(ids, self.scheduled, self.remaining * self.batch - sizes)
             zero = np.zeros(1, dtype=np.int64)
-            self._dec = (p, np.flatnonzero(acc), *(np.concatenate([zero, np.cumsum(x)]).tolist()  # lists: read per step
-                                                    for x in (acc, ids < 0, ok)))
+            self._dec = (p, (np.flatnonzero(acc) + p).tolist(),  # lists: a step reads a few of their items
+                         *(np.concatenate([zero, np.cumsum(x)]).tolist() for x in (acc, ids < 0, ok)))
         return self._dec
 
     def _advance(self, end: int) -> None:
@@ -160,7 +161,7 @@ class RankBuffer:
         self.c["skipped_surplus"] += n_ok - n_acc
         if n_acc:
             idx0, idl, rows, buffers = self.c["read"] - p, self._idl, self._rows, self.buffers
-            for j in (where[acc[a]:acc[e]] + d0).tolist():
+            for j in where[acc[a]:acc[e]]:
                 buffers[idl[j]].append((idx0 + j, rows[j]))
             self.total += n_acc
             if self.total + self.reserved > self.c["peak"]:
@@ -184,7 +185,7 @@ class RankBuffer:
                 return
             d0, where, acc, _, _ = self._decisions()
             k = acc[self._pos - d0] + need  # the accepted row that completes the fill, counted in the chunk
-            self._advance(d0 + int(where[k - 1]) + 1 if k <= where.size else len(self._rows))
+            self._advance(where[k - 1] + 1 if k <= len(where) else len(self._rows))
 
     def _fill_bucket(self, b: int, entry: dict[str, Any]) -> None:
         """Read until bucket ``b`` holds a batch (or the source ends). While the buffer has room, up to the row that
@@ -210,14 +211,14 @@ class RankBuffer:
             if not self._next_chunk():
                 return
             d0, where, acc, _, _ = self._decisions()
-            ahead = where[acc[self._pos - d0]:]  # accepted rows not read yet (positions from d0)
-            mine = ahead[self._ids[ahead + d0] == b]
+            ahead = np.array(where[acc[self._pos - d0]:], dtype=np.int64)  # accepted rows not read yet
+            mine = ahead[self._ids[ahead] == b]
             end = len(self._rows)
             if mine.size >= need:  # the row that completes the batch
-                end = d0 + int(mine[need - 1]) + 1
+                end = int(mine[need - 1]) + 1
             room = self.buffer_size - self.total  # >= 1: the row that fills the buffer ends the vectorised read
             if ahead.size >= room:
-                end = min(end, d0 + int(ahead[room - 1]) + 1)
+                end = min(end, int(ahead[room - 1]) + 1)
             self._advance(end)
 
     def _set_reserve(self, b: int, rows: list[tuple[int, Any]], entry: dict[str, Any]) -> None:
@@ -287,7 +288,8 @@ class RankBuffer:
         self.step += 1
         self.history.append(entry)
         self._current = None
-        return [row for _, row in rows]
+        names = self.names or ()
+        return [dict(zip(names, row)) for _, row in rows]  # a row is a dict from here on (buffered: its values)
 
     def _step_uniforms(self, step: int) -> list[float]:
         """``batch_size`` uniforms in [0, 1) for ``step``: row ``step % PICK_BLOCK`` of its block."""
@@ -365,12 +367,12 @@ class RankBuffer:
                 src = self.open_source(snaps[base])
                 chunks, pos, rows = src.iter(batch_size=self.every), base, []
             while pos <= target and (target < read or pos < read):
-                rows = chunk_rows(next(chunks), self.column)[0]
+                self.names, rows, _ = chunk_rows(next(chunks), self.column, self.names)
                 pos += len(rows)
             if target < read:
                 got[target] = rows[target - pos + len(rows)]
         self.source, self.chunks, self.exhausted = src, chunks, False
-        self._rows, self._ids = chunk_rows_tail(rows, self.column, len(rows) - (pos - read))
+        self._rows, self._ids = chunk_rows_tail(rows, self.names, self.column, len(rows) - (pos - read))
         self._idl, self._pos, self._dec = self._ids.tolist(), 0, None
         self.buffers = collections.defaultdict(list)
         for i, b in sorted(want_buf.items()):
@@ -398,21 +400,26 @@ def bucket_ids(values: Any, n: int) -> np.ndarray:
     return np.array([-1 if v is None else int(v) for v in values], dtype=np.int64)
 
 
-def chunk_rows(chunk: Any, column: str) -> tuple[list[dict[str, Any]], np.ndarray]:
-    """A batch of ``IterableDataset.iter`` (a dict of columns) as its row dicts and bucket ids."""
+def chunk_rows(chunk: Any, column: str, names: tuple[str, ...] | None = None
+               ) -> tuple[tuple[str, ...], list[tuple[Any, ...]], np.ndarray]:
+    """A batch of ``IterableDataset.iter`` (a dict of columns) as ``(names, rows, bucket ids)``: each row the tuple of
+    its values in the order of ``names`` (default: the chunk's columns). A buffer holds these tuples, far smaller
+    than dicts, and makes a row's dict when it emits it (``dict(zip(names, row))``: the same keys and values)."""
     if not isinstance(chunk, dict):
         raise TypeError(f"BucketedStream reads its source with `IterableDataset.iter(batch_size=...)`, which gave a "
                         f"{type(chunk).__name__}; use a source with python (or torch/numpy) formatting, not "
                         "arrow/pandas/polars (`ds.with_format(None)`).")
-    names = list(chunk)
-    rows = [dict(zip(names, values)) for values in zip(*chunk.values())] if names else []
-    return rows, bucket_ids(chunk.get(column), len(rows))
+    names = tuple(chunk) if names is None else names
+    rows = list(zip(*(chunk[n] for n in names))) if names else []
+    return names, rows, bucket_ids(chunk.get(column), len(rows))
 
 
-def chunk_rows_tail(rows: list[dict[str, Any]], column: str, start: int) -> tuple[list[dict[str, Any]], np.ndarray]:
-    """Rows ``start:`` of a chunk already split into rows, and their bucket ids."""
+def chunk_rows_tail(rows: list[tuple[Any, ...]], names: tuple[str, ...] | None, column: str,
+                    start: int) -> tuple[list[tuple[Any, ...]], np.ndarray]:
+    """Rows ``start:`` of a chunk already split into rows (:func:`chunk_rows`), and their bucket ids."""
     rows = rows[start:]
-    return rows, bucket_ids([r.get(column) for r in rows], len(rows))
+    at = (names or ()).index(column) if column in (names or ()) else None
+    return rows, bucket_ids(None if at is None else [r[at] for r in rows], len(rows))
 
 
 def accepted_rows(ids: np.ndarray, scheduled: np.ndarray, room: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
