@@ -68,8 +68,9 @@ class RankBuffer:
         self.window = max(int(pick_window), batch_size)
         k = int(schedule.max()) + 1 if schedule.size else 0
         self.scheduled = np.bincount(schedule, minlength=k).astype(np.int64)  # (k,) batches of the epoch
-        self.remaining = self.scheduled.copy()  # (k,) scheduled batches left, this step included
-        self._left = int(self.remaining.sum())
+        self.remaining: list[int] = self.scheduled.tolist()  # scheduled batches left per bucket, this step included
+        self._left = sum(self.remaining)
+        self._sched = schedule.tolist()  # the bucket of every step (a list: read once per step)
         self.buffers: dict[int, list[tuple[int, Any]]] = collections.defaultdict(list)
         self.reserve: dict[int, list[tuple[int, Any]]] = {}
         self.total = 0  # rows in self.buffers
@@ -79,7 +80,7 @@ class RankBuffer:
         self.step = 0
         self.snapshots: dict[int, Any] = {}
         self.history: collections.deque = collections.deque(maxlen=history)
-        self._block, self._uniforms = -1, np.empty((0, batch_size))
+        self._block, self._uniforms = -1, []
         self._prune_at = 8
         self._current: dict[str, Any] | None = None
         self.k, self._scheduled = self.scheduled.size, self.scheduled.tolist()
@@ -145,7 +146,7 @@ class RankBuffer:
         if self._dec is None:
             p, ids = self._pos, self._ids[self._pos:]
             sizes = np.array([len(self.buffers.get(b, ())) for b in range(self.k)], dtype=np.int64)
-            ok, acc = accepted_rows(ids, self.scheduled, self.remaining * self.batch - sizes)
+            ok, acc = accepted_rows(ids, self.scheduled, np.asarray(self.remaining, np.int64) * self.batch - sizes)
             zero = np.zeros(1, dtype=np.int64)
             self._dec = (p, (np.flatnonzero(acc) + p).tolist(),  # lists: a step reads a few of their items
                          *(np.concatenate([zero, np.cumsum(x)]).tolist() for x in (acc, ids < 0, ok)))
@@ -249,12 +250,16 @@ class RankBuffer:
     # ------------------------------------------------------------------------------------------ one step
     def next_batch(self) -> list[Any]:
         """The rows of this rank's batch at the next step (``batch_size`` rows of the scheduled bucket)."""
-        s, b = self.step, int(self.schedule[self.step])
+        s = self.step
+        b = self._sched[s]
         entry = {"step": s, "read": self.c["read"], "counters": dict(self.c), "removed": [],
                  "reserve": [], "unused": []}
         self._current = entry  # the step in progress: its reads may prune snapshots its state will need
-        self._fill(min(self.fill, self._left * self.batch))  # never read rows no step can use
-        self._fill_bucket(b, entry)
+        fill = min(self.fill, self._left * self.batch)  # never read rows no step can use
+        if self.total < fill:
+            self._fill(fill)
+        if len(self.buffers[b]) < self.batch:
+            self._fill_bucket(b, entry)
         buf, u = self.buffers[b], self._step_uniforms(s)
         if len(buf) >= self.batch:  # sequential sampling without replacement; pop keeps the list sorted
             w = min(len(buf), self.window)  # the bucket's oldest rows: bounds a row's age, hence resume replay
@@ -296,8 +301,8 @@ class RankBuffer:
         block = step // PICK_BLOCK
         if block != self._block:
             g = rng.generator(self.seed, self.epoch, rng.STREAM_PICK, self.rank, block)
-            self._block, self._uniforms = block, g.random((PICK_BLOCK, self.batch))
-        return self._uniforms[step % PICK_BLOCK].tolist()
+            self._block, self._uniforms = block, g.random((PICK_BLOCK, self.batch)).tolist()
+        return self._uniforms[step % PICK_BLOCK]
 
     # ------------------------------------------------------------------------------------------ state
     def _prune(self) -> None:
@@ -352,7 +357,8 @@ class RankBuffer:
         """Restore :meth:`state_at`'s output: re-read the buffered rows from the source and position it."""
         self.step, read = int(state["step"]), int(state["read"])
         self.c = {k: int(v) for k, v in state["counters"].items()}
-        self.remaining = np.bincount(self.schedule[self.step:], minlength=self.remaining.size).astype(np.int64)
+        self.remaining = np.bincount(self.schedule[self.step:], minlength=len(self.remaining)).tolist()
+        self._left = sum(self.remaining)  # (was left at the whole epoch's count: a resumed fill then read past it)
         snaps = {int(k): v for k, v in state["snapshots"].items()}
         keys = sorted(snaps)
         want_buf = {int(i): int(b) for i, b in state["buffer"]}
