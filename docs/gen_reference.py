@@ -130,6 +130,7 @@ MODULES: dict[str, str] = {
     "hf_arb.train.encoded.reader": "encode.md",
     "hf_arb.train.encoded.weights": "encode.md#the-fingerprint",
     "hf_arb.train.sources.encoded": "encode.md",
+    "hf_arb.train.sources.encoded_stream": "encode.md#streaming",
     "hf_arb.train.models": "training.md",
     "hf_arb.train.progress": "training.md",
     "hf_arb.train.flags.resume_flags": "training.md",
