@@ -139,7 +139,7 @@ def main(argv: list[str] | argparse.Namespace | None = None) -> dict[str, Any]:
     from diffusers.optimization import get_scheduler
 
     setup_logging(accelerator, ("transformers", "diffusers"))
-    models = load_models(args)  # the family adapter loads them: the script never asks which family it is
+    models = load_models(args, weight_dtype_of(accelerator))  # the family adapter loads them (never asks which)
     family = models.family
     args = updated(args, family_report=source.check_model(models))  # bucket sizes the denoiser takes; flow: shifts
     encode_calls = count_calls(models.vae, "encode")

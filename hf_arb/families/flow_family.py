@@ -179,8 +179,10 @@ class FlowFamily(Family):
 
         return torch.full((count,), float(options.guidance_scale), device=device, dtype=torch.float32)
 
-    def load(self, path: str, revision: str | None = None, variant: str | None = None) -> FlowParts:
-        """Load scheduler, tokenizers, text encoders, VAE and transformer from a diffusers folder or Hub id."""
+    def load(self, path: str, revision: str | None = None, variant: str | None = None,
+             transformer_kw: Mapping[str, Any] | None = None) -> FlowParts:
+        """Load scheduler, tokenizers, text encoders, VAE and transformer from a diffusers folder or Hub id;
+        ``transformer_kw``: more ``from_pretrained`` keywords of the transformer (a quantization config)."""
         raise NotImplementedError
 
     def token_patch(self, transformer: Any) -> int:
@@ -225,9 +227,11 @@ class FlowFamily(Family):
         if args.max_sequence_length is not None and args.max_sequence_length < 1:
             raise UsageError(f"--max_sequence_length must be >= 1, got {args.max_sequence_length}.")
 
-    def load_models(self, args: argparse.Namespace) -> Models:
-        """The family's parts (:meth:`load`), the run's :class:`FlowOptions`; everything but the transformer frozen."""
-        parts = self.load(args.pretrained_model_name_or_path, revision=args.revision, variant=args.variant)
+    def load_models(self, args: argparse.Namespace, transformer_kw: Mapping[str, Any] | None = None) -> Models:
+        """The family's parts (:meth:`load`, ``transformer_kw`` passed on), the run's :class:`FlowOptions`; everything
+        but the transformer frozen."""
+        parts = self.load(args.pretrained_model_name_or_path, revision=args.revision, variant=args.variant,
+                          transformer_kw=transformer_kw)
         if args.pretrained_vae_model_name_or_path:
             from diffusers import AutoencoderKL
 

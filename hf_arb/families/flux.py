@@ -17,6 +17,7 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -110,7 +111,8 @@ class FluxFamily(FlowFamily):
             return False
         return super().detect(path)
 
-    def load(self, path: str, revision: str | None = None, variant: str | None = None) -> FlowParts:
+    def load(self, path: str, revision: str | None = None, variant: str | None = None,
+             transformer_kw: Mapping[str, Any] | None = None) -> FlowParts:
         """Scheduler, CLIP + T5 tokenizers and encoders, VAE and transformer."""
         from diffusers import (
             AutoencoderKL,
@@ -127,7 +129,8 @@ class FluxFamily(FlowFamily):
             text_encoders=[CLIPTextModel.from_pretrained(path, subfolder="text_encoder", variant=variant, **kw),
                            T5EncoderModel.from_pretrained(path, subfolder="text_encoder_2", variant=variant, **kw)],
             vae=AutoencoderKL.from_pretrained(path, subfolder="vae", variant=variant, **kw),
-            transformer=FluxTransformer2DModel.from_pretrained(path, subfolder="transformer", variant=variant, **kw),
+            transformer=FluxTransformer2DModel.from_pretrained(path, subfolder="transformer", variant=variant, **kw,
+                                                               **(transformer_kw or {})),
         )
 
     def token_patch(self, transformer: Any) -> int:

@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -195,7 +196,8 @@ class Flux2Family(FlowFamily):
         """Required. ``(tokenizer, text encoder)`` of the checkpoint."""
         raise NotImplementedError
 
-    def load(self, path: str, revision: str | None = None, variant: str | None = None) -> FlowParts:
+    def load(self, path: str, revision: str | None = None, variant: str | None = None,
+             transformer_kw: Mapping[str, Any] | None = None) -> FlowParts:
         """Scheduler, tokenizer and text encoder (:meth:`load_text`), ``AutoencoderKLFlux2`` and transformer."""
         from diffusers import AutoencoderKLFlux2, FlowMatchEulerDiscreteScheduler, Flux2Transformer2DModel
 
@@ -205,13 +207,15 @@ class Flux2Family(FlowFamily):
             scheduler=FlowMatchEulerDiscreteScheduler.from_pretrained(path, subfolder="scheduler", **kw),
             tokenizers=[tokenizer], text_encoders=[encoder],
             vae=AutoencoderKLFlux2.from_pretrained(path, subfolder="vae", variant=variant, **kw),
-            transformer=Flux2Transformer2DModel.from_pretrained(path, subfolder="transformer", variant=variant, **kw),
+            transformer=Flux2Transformer2DModel.from_pretrained(path, subfolder="transformer", variant=variant, **kw,
+                                                                **(transformer_kw or {})),
         )
 
-    def load_models(self, args: argparse.Namespace) -> Models:
+    def load_models(self, args: argparse.Namespace, transformer_kw: Mapping[str, Any] | None = None) -> Models:
         """:meth:`FlowFamily.load_models`; a VAE flag loads as ``AutoencoderKLFlux2``; the run's :meth:`out_layers`."""
         vae_path = args.pretrained_vae_model_name_or_path
-        models = super().load_models(argparse.Namespace(**{**vars(args), "pretrained_vae_model_name_or_path": None}))
+        models = super().load_models(argparse.Namespace(**{**vars(args), "pretrained_vae_model_name_or_path": None}),
+                                     transformer_kw)
         models.options = dataclasses.replace(models.options, text_layers=self.out_layers(args, models.text_encoders[0]))
         if vae_path:
             from diffusers import AutoencoderKLFlux2

@@ -30,6 +30,7 @@ Example:
 from __future__ import annotations
 
 import argparse
+from collections.abc import Mapping
 from types import SimpleNamespace
 from typing import Any
 
@@ -149,7 +150,8 @@ class QwenImageFamily(FlowFamily):
             raise UsageError("--pretrained_vae_model_name_or_path replaces an AutoencoderKL; Qwen-Image's VAE is "
                              "its own video VAE: drop the flag.")
 
-    def load(self, path: str, revision: str | None = None, variant: str | None = None) -> FlowParts:
+    def load(self, path: str, revision: str | None = None, variant: str | None = None,
+             transformer_kw: Mapping[str, Any] | None = None) -> FlowParts:
         """Scheduler, Qwen2 tokenizer, Qwen2.5-VL encoder, the VAE (as :class:`FramelessVAE`) and transformer."""
         from diffusers import AutoencoderKLQwenImage, FlowMatchEulerDiscreteScheduler, QwenImageTransformer2DModel
         from transformers import AutoTokenizer, Qwen2_5_VLForConditionalGeneration
@@ -162,14 +164,14 @@ class QwenImageFamily(FlowFamily):
                                                                               variant=variant, **kw)],
             vae=FramelessVAE(AutoencoderKLQwenImage.from_pretrained(path, subfolder="vae", variant=variant, **kw)),
             transformer=QwenImageTransformer2DModel.from_pretrained(path, subfolder="transformer", variant=variant,
-                                                                    **kw),
+                                                                    **kw, **(transformer_kw or {})),
         )
 
-    def load_models(self, args: argparse.Namespace) -> Models:
+    def load_models(self, args: argparse.Namespace, transformer_kw: Mapping[str, Any] | None = None) -> Models:
         """:meth:`FlowFamily.load_models`, then freeze what no loss reaches: the last block's text-stream outputs
         (``attn.to_add_out``, ``txt_mlp``) feed only text tokens that no later block reads. They never get a
         gradient, so training is unchanged; frozen, DDP does not wait for their gradients (it would fail)."""
-        models = super().load_models(args)
+        models = super().load_models(args, transformer_kw)
         last = models.unet.transformer_blocks[-1]
         last.attn.to_add_out.requires_grad_(False)
         last.txt_mlp.requires_grad_(False)

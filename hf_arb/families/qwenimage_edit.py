@@ -29,6 +29,7 @@ Example:
 from __future__ import annotations
 
 import argparse
+from collections.abc import Mapping
 from typing import Any
 
 from hf_arb.checks import UsageError
@@ -230,12 +231,13 @@ class QwenImageEditFamily(QwenImageFamily):
             raise UsageError("--validation_prompt: QwenImageEditPipeline needs an input image, which the validation "
                              "step does not have: drop the flag and edit with the saved LoRA (docs/edit.md).")
 
-    def load(self, path: str, revision: str | None = None, variant: str | None = None) -> FlowParts:
+    def load(self, path: str, revision: str | None = None, variant: str | None = None,
+             transformer_kw: Mapping[str, Any] | None = None) -> FlowParts:
         """Qwen-Image's parts, the tokenizer taken from the ``processor`` folder (the one the pipeline's prompts go
         through) and its image processor appended: ``tokenizers = [tokenizer, image_processor]``."""
         from transformers import AutoTokenizer, Qwen2VLImageProcessorPil
 
-        parts = super().load(path, revision, variant)
+        parts = super().load(path, revision, variant, transformer_kw)
         kw = {"subfolder": "processor", "revision": revision}
         parts.tokenizers = [AutoTokenizer.from_pretrained(path, **kw),
                             Qwen2VLImageProcessorPil.from_pretrained(path, **kw)]

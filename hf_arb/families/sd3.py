@@ -16,6 +16,7 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from hf_arb.lazy import LazyModule
@@ -84,7 +85,8 @@ class SD3Family(FlowFamily):
     default_precondition_outputs = True
     default_max_sequence_length = 77
 
-    def load(self, path: str, revision: str | None = None, variant: str | None = None) -> FlowParts:
+    def load(self, path: str, revision: str | None = None, variant: str | None = None,
+             transformer_kw: Mapping[str, Any] | None = None) -> FlowParts:
         """Scheduler, CLIP-L/CLIP-G/T5 tokenizers and encoders, VAE and transformer (T5 ``None`` if absent)."""
         from diffusers import (
             AutoencoderKL,
@@ -110,7 +112,8 @@ class SD3Family(FlowFamily):
             scheduler=FlowMatchEulerDiscreteScheduler.from_pretrained(path, subfolder="scheduler", **kw),
             tokenizers=tokenizers, text_encoders=encoders,
             vae=AutoencoderKL.from_pretrained(path, subfolder="vae", variant=variant, **kw),
-            transformer=SD3Transformer2DModel.from_pretrained(path, subfolder="transformer", variant=variant, **kw),
+            transformer=SD3Transformer2DModel.from_pretrained(path, subfolder="transformer", variant=variant, **kw,
+                                                              **(transformer_kw or {})),
         )
 
     def token_patch(self, transformer: Any) -> int:

@@ -26,6 +26,7 @@ Example:
 from __future__ import annotations
 
 import argparse
+from collections.abc import Mapping
 from typing import Any
 
 from hf_arb.checks import UsageError
@@ -89,7 +90,8 @@ class ZImageFamily(FlowFamily):
             raise UsageError("--train_text_encoder: Z-Image trains the transformer only (its Qwen3 encoder stays "
                              "frozen, as in diffusers' train_dreambooth_lora_z_image.py): drop it.")
 
-    def load(self, path: str, revision: str | None = None, variant: str | None = None) -> FlowParts:
+    def load(self, path: str, revision: str | None = None, variant: str | None = None,
+             transformer_kw: Mapping[str, Any] | None = None) -> FlowParts:
         """Scheduler, Qwen2 tokenizer (Qwen3's chat template), Qwen3 encoder, VAE and transformer."""
         from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, ZImageTransformer2DModel
         from transformers import AutoModel, AutoTokenizer
@@ -100,7 +102,8 @@ class ZImageFamily(FlowFamily):
             tokenizers=[AutoTokenizer.from_pretrained(path, subfolder="tokenizer", **kw)],
             text_encoders=[AutoModel.from_pretrained(path, subfolder="text_encoder", variant=variant, **kw)],
             vae=AutoencoderKL.from_pretrained(path, subfolder="vae", variant=variant, **kw),
-            transformer=ZImageTransformer2DModel.from_pretrained(path, subfolder="transformer", variant=variant, **kw),
+            transformer=ZImageTransformer2DModel.from_pretrained(path, subfolder="transformer", variant=variant, **kw,
+                                                                 **(transformer_kw or {})),
         )
 
     def token_patch(self, transformer: Any) -> int:

@@ -130,11 +130,13 @@ def unwrap(accelerator: Any, model: Any) -> Any:
     return denoiser(accelerator.unwrap_model(model))
 
 
-def load_models(args: argparse.Namespace) -> Models:
+def load_models(args: argparse.Namespace, weight_dtype: torch.dtype | None = None) -> Models:
     """The run's models, loaded by its family adapter (:meth:`hf_arb.families.Family.load_models`).
 
     A Hub id's family was guessed from its name when the flags were checked; here its configs are read (a few
     KB), and a family other than the guessed one warns, naming the defaults that were chosen for the guess.
+    ``--bnb_quantization_config_path`` / ``--do_fp8_training``: the transformer is loaded quantized or converted to
+    FP8 (:mod:`hf_arb.train.quantization`; ``weight_dtype``: the mixed-precision dtype, bitsandbytes' compute dtype).
     """
     found = args.family
     if not Path(args.pretrained_model_name_or_path).is_dir():
@@ -150,7 +152,12 @@ def load_models(args: argparse.Namespace) -> Models:
     if found != args.family and args.family_defaults:
         logger.warning("Defaults %s were chosen for %s, but the model is %s: pass these flags explicitly.",
                        ", ".join(f"--{k} {v}" for k, v in args.family_defaults.items()), args.family, found)
-    return get_family(found).load_models(args)
+    from hf_arb.train.quantization import quantize_transformer, transformer_load_kwargs
+
+    load_kw = transformer_load_kwargs(args, weight_dtype)  # the flow families only (checked with the flags)
+    models = get_family(found).load_models(args, **({"transformer_kw": load_kw} if load_kw else {}))
+    quantize_transformer(args, models.unet)
+    return models
 
 
 def batch_loss(args: argparse.Namespace, models: Models, denoiser: Any, batch: dict[str, Any], text: Any,

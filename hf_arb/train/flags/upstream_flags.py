@@ -13,7 +13,8 @@ Each flag is one of three things (docs/training.md, "Every flag, every mode", ha
   ``--set_grads_to_none`` (the optimizer always sets gradients to ``None``);
 - **refused in one line** saying why and what to do, unless given at upstream's default (:data:`REFUSED`).
 
-Parse-level: nothing here imports torch unless a CUDA-only flag is given.
+``--do_fp8_training`` and ``--bnb_quantization_config_path`` (upstream's quantized training) have their own checks:
+:mod:`hf_arb.train.flags.quant_flags`. Parse-level: nothing here imports torch unless one of those is given.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ import argparse
 from typing import Any, Callable
 
 from hf_arb.checks import UsageError
+
+from .quant_flags import check_quantization_flags
 
 __all__ = ["FLUX2_FAMILIES", "REFUSED", "VALIDATION_SCHEDULERS", "add_upstream_flags", "check_upstream_flags",
            "final_validation_args", "offload_frozen", "pipeline_call_kwargs", "resolve_upstream_aliases",
@@ -67,13 +70,6 @@ REFUSED: dict[str, tuple[Any, str]] = {
     "pretrained_tokenizer_4_name_or_path": (LLAMA, "it is HiDream's fourth tokenizer; Qwen-Image has one, and "
                                                    "upstream's Qwen-Image script never reads the flag. Drop it"),
 }
-#: CUDA-only flags: refused on a machine without CUDA, naming the device; with CUDA, refused as not yet implemented
-CUDA_ONLY = {
-    "do_fp8_training": "trains the transformer's linear layers in FP8 with torchao",
-    "bnb_quantization_config_path": "loads the transformer 4/8-bit quantized with bitsandbytes (QLoRA)",
-}
-
-
 def add_upstream_flags(a: Callable[..., Any]) -> None:
     """Add the flags to the parser (``a`` is its ``add_argument``)."""
     a("--text_encoder_out_layers", type=int, nargs="+", default=None, metavar="LAYER",
@@ -108,12 +104,18 @@ def add_upstream_flags(a: Callable[..., Any]) -> None:
       help="train_dreambooth.py's name for --cache_text_embeddings.")
     a("--set_grads_to_none", action="store_true",
       help="Accepted; changes nothing: the optimizer always sets gradients to None (torch's default).")
-    for flag in ("remote_text_encoder", "fsdp_text_encoder", "do_fp8_training", "text_encoder_use_attention_mask",
+    a("--do_fp8_training", action="store_true",
+      help="Train the transformer's linear layers with FP8 matmuls (torchao's convert_to_float8_training, upstream's "
+           "module filter); a CUDA GPU of compute capability 8.9+, or the CPU. Needs torchao.")
+    a("--bnb_quantization_config_path", type=str, default=None, metavar="JSON",
+      help='LoRA on a 4/8-bit transformer (QLoRA): a JSON file of diffusers.BitsAndBytesConfig arguments, e.g. '
+           '{"load_in_4bit": true, "bnb_4bit_quant_type": "nf4"}. Needs a CUDA GPU and bitsandbytes.')
+    for flag in ("remote_text_encoder", "fsdp_text_encoder", "text_encoder_use_attention_mask",
                  "skip_save_text_encoder"):
         a(f"--{flag}", action="store_true", help="Refused: not supported by this script (the error says why).")
     for flag, nargs in (("validation_image", None), ("validation_images", "+"), ("class_labels_conditioning", None),
                         ("tokenizer_name", None), ("pretrained_text_encoder_4_name_or_path", None),
-                        ("pretrained_tokenizer_4_name_or_path", None), ("bnb_quantization_config_path", None)):
+                        ("pretrained_tokenizer_4_name_or_path", None)):
         a(f"--{flag}", type=str, default=None, nargs=nargs, help="Refused unless unset (the error says why).")
     a("--tokenizer_max_length", type=int, default=None, help="Refused unless unset (the error says why).")
 
@@ -142,15 +144,13 @@ def resolve_upstream_aliases(args: argparse.Namespace) -> None:
 
 
 def check_upstream_flags(args: argparse.Namespace) -> None:
-    """The refusals (:data:`REFUSED`, CUDA-only flags) and the flags that apply to some families only."""
+    """The refusals (:data:`REFUSED`), the quantization flags' checks and the flags that apply to some families only."""
     for flag, (default, why) in REFUSED.items():
         value = getattr(args, flag)
         if value not in (default, None, False):
             shown = "" if isinstance(value, bool) else f" {' '.join(value) if isinstance(value, list) else value}"
             raise UsageError(f"--{flag}{shown} is not supported: {why}.")
-    for flag, what in CUDA_ONLY.items():
-        if getattr(args, flag) not in (None, False):
-            _refuse_cuda_only(flag, what)
+    check_quantization_flags(args)  # --do_fp8_training, --bnb_quantization_config_path (quant_flags.py)
     if args.text_encoder_out_layers is not None:
         if args.family not in FLUX2_FAMILIES:
             raise UsageError(f"--text_encoder_out_layers picks the hidden layers of Flux.2's text encoder; "
@@ -173,15 +173,6 @@ def check_upstream_flags(args: argparse.Namespace) -> None:
     if args.skip_final_inference and args.final_validation_prompt is not None:
         raise UsageError("--final_validation_prompt is generated by the final inference, which "
                          "--skip_final_inference skips: drop one of them.")
-
-
-def _refuse_cuda_only(flag: str, what: str) -> None:
-    import torch
-
-    if not torch.cuda.is_available():
-        raise UsageError(f"--{flag} {what}, which needs a CUDA GPU; this machine has none. Drop --{flag}.")
-    raise UsageError(f"--{flag} {what}; this script does not implement it yet. Drop --{flag} (LoRA already keeps "
-                     "the base weights frozen in --mixed_precision).")
 
 
 # ----------------------------------------------------------------------------------- hooks of the training script
