@@ -284,6 +284,8 @@ def test_fp8_lora_and_full_fine_tune_train_and_load_in_stock_diffusers(fp8_runs,
     lora = load_file(str(Path(fp8_runs["lora"]["dir"]) / "pytorch_lora_weights.safetensors"))
     assert lora and all(k.startswith("transformer.") and ".lora_" in k for k in lora)
     assert (Path(fp8_runs["full"]["dir"]) / "checkpoint-2" / "transformer").is_dir()
+    for run in fp8_runs.values():  # the card says so, as upstream's ("Quant training? FP8 TorchAO")
+        assert "* quantized training: FP8 (torchao)" in (Path(run["dir"]) / "README.md").read_text()
     jobs = {"lora": ("Flux2KleinPipeline", fp8_runs["lora"]["dir"], family_assets["flux2_klein"]),
             "full": ("Flux2KleinPipeline", fp8_runs["full"]["dir"], None)}
     results = job_result(STOCK, [json.dumps(jobs)])  # hf_arb and torchao's layers absent: plain Linear
@@ -303,6 +305,7 @@ def test_qlora_trains_on_a_4bit_transformer_and_loads_in_stock_diffusers(family_
                         "--bnb_quantization_config_path", nf4, "--output_dir", str(out)])
     assert len(stats["losses"]) == 3 and all(0 < x < 10 for x in stats["losses"])
     assert (out / "checkpoint-2" / "pytorch_lora_weights.safetensors").is_file()
+    assert "* quantized training: bitsandbytes" in (out / "README.md").read_text()
     jobs = {"lora": ("Flux2KleinPipeline", str(out), family_assets["flux2_klein"])}
     result = job_result(STOCK, [json.dumps(jobs)])["lora"]
     assert result["finite"] and result["lora_changes_output"] > 0

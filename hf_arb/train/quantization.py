@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+from pathlib import Path
 from typing import Any
 
 from hf_arb.lazy import LazyModule
@@ -23,8 +24,8 @@ from hf_arb.lazy import LazyModule
 torch: Any = LazyModule("torch")
 logger = logging.getLogger("train_text_to_image_arb")
 
-__all__ = ["FP8_SKIPPED_MODULE", "bnb_config_kwargs", "fp8_module_filter", "plain_linear_count", "quantize_transformer",
-           "transformer_load_kwargs"]
+__all__ = ["FP8_SKIPPED_MODULE", "bnb_config_kwargs", "card_lines", "fp8_module_filter", "plain_linear_count",
+           "quantize_transformer", "transformer_load_kwargs"]
 
 #: upstream's filter keeps the transformer's output projection in high precision
 FP8_SKIPPED_MODULE = "proj_out"
@@ -97,3 +98,14 @@ def plain_linear_count(model: Any) -> int:
     """How many of ``model``'s modules are plain ``torch.nn.Linear`` (not a subclass such as torchao's
     ``Float8Linear``)."""
     return sum(type(m) is torch.nn.Linear for m in model.modules())
+
+
+def card_lines(args: argparse.Namespace) -> list[str]:
+    """The model card's line on quantized training (upstream's card says "Quant training? FP8 TorchAO" /
+    "BitsandBytes")."""
+    if getattr(args, "do_fp8_training", False):
+        return ["* quantized training: FP8 (torchao), the transformer's linear layers (not `proj_out`)"]
+    if getattr(args, "bnb_quantization_config_path", None) is not None:
+        return [f"* quantized training: bitsandbytes (QLoRA on the transformer loaded with "
+                f"`{Path(args.bnb_quantization_config_path).name}`)"]
+    return []

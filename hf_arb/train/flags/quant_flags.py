@@ -110,9 +110,14 @@ def _need(flag: str, module: str) -> None:
         raise UsageError(f"{flag} needs {module}, which is not installed: {QUANT_INSTALL[module]}.")
 
 
+def _forced_cpu() -> bool:
+    """``ACCELERATE_USE_CPU`` (as the launchers set it): the run is on the CPU whatever the machine has."""
+    return os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes")
+
+
 def _on_cpu() -> bool:
-    """The run is on the CPU: ``ACCELERATE_USE_CPU`` (as the launchers set it) or no CUDA device."""
-    if os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes"):
+    """The run is on the CPU: :func:`_forced_cpu` or no CUDA device."""
+    if _forced_cpu():
         return True
     import torch
 
@@ -120,14 +125,14 @@ def _on_cpu() -> bool:
 
 
 def _gpu_for_bnb() -> bool:
-    """Where diffusers' bitsandbytes quantizer validates (``validate_environment``): CUDA or XPU (not with
-    ``ACCELERATE_USE_CPU``)."""
+    """Where diffusers' bitsandbytes quantizer validates (``validate_environment``): CUDA or XPU, unless the run is
+    forced onto the CPU."""
     if not _on_cpu():
         return True
     import torch
 
     xpu = getattr(torch, "xpu", None)
-    return not os.environ.get("ACCELERATE_USE_CPU") and bool(xpu is not None and xpu.is_available())
+    return not _forced_cpu() and bool(xpu is not None and xpu.is_available())
 
 
 def _check_fp8_device() -> None:
