@@ -19,7 +19,7 @@ import pytest
 import torch
 from _stock import job_result
 from _train_fixtures import FLOW
-from hypothesis import given
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_train import run_script
 
@@ -67,6 +67,7 @@ def _installed(monkeypatch, **present: bool) -> None:
 NAMES = ["proj_out", "x_embedder", "transformer_blocks.0.proj_out", "single_transformer_blocks.0.attn.to_out"]
 
 
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.integers(1, 80), st.integers(1, 80), st.sampled_from(NAMES))
 def test_the_fp8_filter_is_upstreams_rule(fan_in, fan_out, fqn):
     """Not the output projection (the top-level ``proj_out`` only), not a linear layer with a side that is not a
