@@ -245,8 +245,8 @@ results = {}
 for name, (cls, folder, base) in json.loads(sys.argv[1]).items():
     pipe = getattr(diffusers, cls).from_pretrained(base or folder)
     r = {"linear": sorted({type(m).__name__ for m in pipe.transformer.modules() if isinstance(m, torch.nn.Linear)})}
-    if base:
-        pipe.load_lora_weights(folder)
+    if base:  # (weight_name: diffusers 0.37, the floor, guesses no file name offline)
+        pipe.load_lora_weights(folder, weight_name="pytorch_lora_weights.safetensors")
     def gen():
         return pipe(prompt="a wide photo", height=48, width=80, num_inference_steps=2, output_type="np",
                     max_sequence_length=48, generator=torch.Generator().manual_seed(0)).images
