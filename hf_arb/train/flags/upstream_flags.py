@@ -70,6 +70,8 @@ REFUSED: dict[str, tuple[Any, str]] = {
     "pretrained_tokenizer_4_name_or_path": (LLAMA, "it is HiDream's fourth tokenizer; Qwen-Image has one, and "
                                                    "upstream's Qwen-Image script never reads the flag. Drop it"),
 }
+
+
 def add_upstream_flags(a: Callable[..., Any]) -> None:
     """Add the flags to the parser (``a`` is its ``add_argument``)."""
     a("--text_encoder_out_layers", type=int, nargs="+", default=None, metavar="LAYER",
