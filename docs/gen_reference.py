@@ -138,6 +138,8 @@ MODULES: dict[str, str] = {
     "hf_arb.train.flags.upstream_flags": "training.md",
     "hf_arb.train.flags.prior_flags": "training.md",
     "hf_arb.train.flags.versions": "training.md",
+    "hf_arb.train.flags.quant_flags": "training.md#quantized-training",
+    "hf_arb.train.quantization": "training.md#quantized-training",
     "hf_arb.train.captions": "training.md#captions",
     "hf_arb.train.flags.caption_flags": "training.md#captions",
     "hf_arb.train.flags.optimizer_flags": "training.md#optimizer-prodigy",
