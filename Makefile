@@ -55,7 +55,7 @@ test-fast: venv
 # checks of the families and flags that set the floors (not in .ci/run: the venv build takes minutes).
 VENV_MIN ?= .venv-min
 MIN_TESTS ?= tests/test_versions.py tests/test_upstream_scripts.py tests/test_flag_audit.py tests/test_family_flux2.py \
-	tests/test_family_qwenimage.py tests/test_family_zimage.py tests/test_train_dreambooth.py
+	tests/test_family_qwenimage.py tests/test_family_zimage.py tests/test_train_dreambooth.py tests/test_quantization.py
 test-min:
 	test -x $(VENV_MIN)/bin/python || $(PYTHON) -m venv $(VENV_MIN)
 	$(VENV_MIN)/bin/python -m pip install -q torch==2.13.0 -c constraints-min.txt

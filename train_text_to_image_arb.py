@@ -139,7 +139,8 @@ def main(argv: list[str] | argparse.Namespace | None = None) -> dict[str, Any]:
     from diffusers.optimization import get_scheduler
 
     setup_logging(accelerator, ("transformers", "diffusers"))
-    models = load_models(args, source.frozen_parts())  # by the family adapter; what the data holds stays unloaded
+    # by the family adapter: what the data already holds stays unloaded; the transformer quantized if asked
+    models = load_models(args, source.frozen_parts(), weight_dtype_of(accelerator))
     family = models.family
     args = updated(args, family_report=source.check_model(models))  # bucket sizes the denoiser takes; flow: shifts
     encode_calls = count_calls(models.vae, "encode")

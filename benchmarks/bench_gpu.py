@@ -21,7 +21,11 @@ Three sections, each written to the JSON as soon as it ends (a run stopped by it
    run's checkpoint-2, and for SD ``--use_8bit_adam`` (bitsandbytes) and for Flux ``--packing`` (flex attention,
    ``torch.compile``). Each is compared with the same run on the CPU in float32: every loss finite, each step's
    loss and the final LoRA weights equal within the dtype's tolerance (the noise is drawn on the CPU, so both
-   runs draw the same numbers), the resumed run's last step equal to the uninterrupted one's.
+   runs draw the same numbers), the resumed run's last step equal to the uninterrupted one's. For Flux.2 klein,
+   upstream's quantized training where its library is installed: ``--do_fp8_training`` (torchao, compute capability
+   8.9+) and ``--bnb_quantization_config_path`` (NF4 QLoRA, bitsandbytes), gated on finite losses and a finite LoRA
+   of the same keys; their distance to the float32 run is reported, not yet held to a tolerance (no GPU measurement
+   has set one).
 3. ``loader`` — data-loader throughput at 1024² from real JPEGs (decode + fit, and from the latent cache) on this
    machine's CPUs, against what the GPU consumes per second (section 1's step times): the share of a step the
    GPU would wait for data.
@@ -57,7 +61,10 @@ GIB = 2 ** 30
 #: cards a user picks ``--train_batch_size`` for (GiB of GPU memory)
 CARDS_GIB = (24, 48, 80, 141)
 #: per-step loss tolerance against the CPU float32 run, relative to max(1, |loss|)
-TOLERANCE = {"bf16": 5e-2, "bf16_cudnn": 5e-2, "fp16": 2e-2, "8bit": 5e-2, "pack": 5e-2, "fp32": 1e-5}
+TOLERANCE = {"bf16": 5e-2, "bf16_cudnn": 5e-2, "fp16": 2e-2, "8bit": 5e-2, "pack": 5e-2, "fp32": 1e-5,
+             "fp8": float("inf"), "qlora": float("inf")}  # quantized: reported, not yet measured against a bound
+#: the flags of the quantized cases, dropped from their CPU float32 reference (with the flag's value, if any)
+QUANT_FLAGS = {"--do_fp8_training": 0, "--bnb_quantization_config_path": 1}
 
 # ---------------------------------------------------------------------------------------------------- configs
 
@@ -603,6 +610,36 @@ def compare(run: dict[str, Any], ref: dict[str, Any], tol: float, a: Path | None
     return res
 
 
+def quant_cases(base: list[str], tmp: Path) -> list[tuple[str, list[str]]]:
+    """Upstream's quantized training where its library is installed: FP8 (torchao; a GPU of compute capability
+    8.9+) and NF4 QLoRA (bitsandbytes)."""
+    import importlib.util
+
+    import torch
+
+    cases = []
+    if importlib.util.find_spec("torchao") and torch.cuda.get_device_capability() >= (8, 9):
+        cases.append(("fp8", [*base, "--do_fp8_training"]))
+    if importlib.util.find_spec("bitsandbytes"):
+        nf4 = tmp / "nf4.json"
+        nf4.write_text('{"load_in_4bit": true, "bnb_4bit_quant_type": "nf4"}')
+        cases.append(("qlora", [*base, "--bnb_quantization_config_path", str(nf4)]))
+    return cases
+
+
+def without_quant_flags(argv: list[str]) -> list[str]:
+    """``argv`` without :data:`QUANT_FLAGS` (and their values)."""
+    out, skip = [], 0
+    for a in argv:
+        if skip:
+            skip -= 1
+        elif a in QUANT_FLAGS:
+            skip = QUANT_FLAGS[a]
+        else:
+            out.append(a)
+    return out
+
+
 def run_smoke(opts: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     """The smoke cases of every family (see the module docstring), ``opts.jobs`` runs at a time."""
     from hf_arb.families import family_names
@@ -626,6 +663,8 @@ def run_smoke(opts: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             mixed.append(("pack", pack))
         if family == "flux-kontext" and device == "cuda":  # the default (cuDNN attention off) against it on
             mixed.append(("bf16_cudnn", [*base, "--cudnn_attention"]))
+        if family == "flux2_klein" and device == "cuda":
+            mixed += quant_cases(base, tmp)
         for kind, argv in mixed:
             cases.append({"family": family, "case": kind, "argv": argv})
     logs = tmp / "logs"
@@ -638,7 +677,7 @@ def run_smoke(opts: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     jobs: dict[str, tuple[list[str], str]] = {}
     for case in cases:  # the CPU float32 reference of each distinct command, once
         name = f"{case['family']}-{case['case']}"
-        ref_argv = [a for a in case["argv"] if a not in ("--use_8bit_adam", "--cudnn_attention")]
+        ref_argv = without_quant_flags([a for a in case["argv"] if a not in ("--use_8bit_adam", "--cudnn_attention")])
         case["ref"] = f"{case['family']}-{'pack' if case['case'] == 'pack' else 'ref'}-cpu"
         jobs[case["ref"]] = ([*ref_argv, "--mixed_precision", "no"], "cpu")
         precision = {"fp16": "fp16", "fp32": "no"}.get(case["case"], "bf16")
@@ -688,7 +727,8 @@ def run_smoke(opts: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             "seconds": time.perf_counter() - t0,
             "skipped": [] if device == "cuda" else ["bf16 (on the CPU: fp32 against fp32, the code path only)",
                                                    "fp16 (accelerate's GradScaler needs a GPU)",
-                                                   "8bit (bitsandbytes needs CUDA)", "pack (GPU-only case)"]}
+                                                   "8bit (bitsandbytes needs CUDA)", "pack (GPU-only case)",
+                                                   "fp8, qlora (Flux.2 klein's quantized cases: GPU-only)"]}
 
 
 # ---------------------------------------------------------------------------------------------------- report

@@ -49,7 +49,8 @@ SUBSTITUTIONS: tuple[tuple[str, str, str], ...] = (
      "what hf_arb.push_to_hub uploads (Parquet with the bucket feature) for my_images, as a local folder"),
     (r"/mnt/laion/buckets", "{pushed}", "the same annotated Parquet folder stands in for the engine's output"),
     (r"\bme/naruto-encoded\b", "encoded-naruto",
-     "the folder the page's hf-arb encode block wrote, which push_encoded uploads (tests/test_encoded.py pushes it through the fake Hub and loads it back identically)"),
+     "the folder the page's hf-arb encode block wrote, which push_encoded uploads (tests/test_encoded.py pushes it "
+     "through the fake Hub and loads it back identically)"),
     # CPU-sized buckets and training
     (r"--preset budget --resolution 1024\b", "--preset budget --resolution 128", "5 buckets of ~128² px, not 1 MP"),
     (r"(?<!pixart )--resolution[ =]512\b", "--resolution 128", "the same for the training commands"),

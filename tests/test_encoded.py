@@ -361,6 +361,41 @@ def test_a_dataset_without_the_vae_files_hash_checks_the_loaded_vae(sd: list[str
         source.loader(SimpleNamespace(), SimpleNamespace(vae=vae), None, torch.float32)
 
 
+def test_the_vae_files_hash_is_of_the_tensors_not_of_the_files(tmp_path: Path) -> None:
+    """Same tensors (another order, other header metadata, split into an index's shards): the same hash; one value,
+    dtype or name changed: another; a ``.bin`` VAE has none (the run then fingerprints the loaded module)."""
+    import torch
+    from safetensors.torch import save_file
+
+    from hf_arb.train.encoded.weights import vae_files_hash
+
+    a, b = torch.arange(12.0).reshape(3, 4), torch.ones(5, dtype=torch.float16)
+
+    def folder(name: str, shards: list[dict[str, Any]], meta: dict[str, str] | None = None) -> Path:
+        (tmp_path / name / "vae").mkdir(parents=True)
+        if len(shards) == 1:
+            save_file(shards[0], str(tmp_path / name / "vae" / "diffusion_pytorch_model.safetensors"), metadata=meta)
+            return tmp_path / name
+        weight_map = {}
+        for i, shard in enumerate(shards):
+            file = f"diffusion_pytorch_model-{i:05d}.safetensors"
+            save_file(shard, str(tmp_path / name / "vae" / file))
+            weight_map.update(dict.fromkeys(shard, file))
+        (tmp_path / name / "vae" / "diffusion_pytorch_model.safetensors.index.json").write_text(
+            json.dumps({"weight_map": weight_map}))
+        return tmp_path / name
+
+    base = vae_files_hash(str(folder("a", [{"a": a, "b": b}])), "vae")
+    assert base == vae_files_hash(str(folder("b", [{"b": b, "a": a}], {"format": "pt"})), "vae")
+    assert base == vae_files_hash(str(folder("c", [{"b": b}, {"a": a}])), "vae")
+    assert base != vae_files_hash(str(folder("d", [{"a": a + 1e-3, "b": b}])), "vae")
+    assert base != vae_files_hash(str(folder("e", [{"a": a.half(), "b": b}])), "vae")
+    assert base != vae_files_hash(str(folder("f", [{"a2": a, "b": b}])), "vae")
+    (tmp_path / "g" / "vae").mkdir(parents=True)
+    (tmp_path / "g" / "vae" / "diffusion_pytorch_model.bin").write_bytes(b"pickle")
+    assert vae_files_hash(str(tmp_path / "g"), "vae") is None
+
+
 @pytest.mark.slow
 def test_validation_loads_the_vae_and_text_encoder_when_it_runs(sd: list[str], encoded: dict[str, Any],
                                                                 tmp_path: Path, built: list[str]) -> None:
@@ -544,3 +579,86 @@ def torch_equal(a: Any, b: Any) -> bool:
     import torch
 
     return bool(torch.equal(a, b))
+
+
+# ------------------------------------------------------------------------------------- --encoded_dataset --streaming
+#: the encoded run's flags streamed: no --stream_key_column (the `row` column keys the rows), --max_train_samples
+#: kept (a habit: the encoded dataset holds the rows it chose); 2 variants as encoded
+STREAMED = ["--streaming", "--latent_cache_variants", "2"]
+
+
+def _stream_source(sd: list[str], encoded: dict[str, Any], tmp_path: Path, *extra: str) -> Any:
+    from hf_arb.train.sources import build_source
+
+    source = build_source(_args([*sd, "--encoded_dataset", str(encoded["root"]), *STREAMED, *extra], tmp_path), None)
+    source.start(None)
+    return source
+
+
+def test_a_streamed_encoded_dataset_gives_the_map_style_items(sd: list[str], encoded: dict[str, Any],
+                                                              tmp_path: Path) -> None:
+    """Every streamed batch equals EncodedSource's items for the same (row, bucket, epoch) keys, tensor for tensor;
+    each epoch reads its own variant and every row of a full batch once (no VAE, no text encoder, no model)."""
+    import torch
+
+    from hf_arb.train.encoded.reader import EncodedLatents, LazyColumn, open_encoded
+    from hf_arb.train.sources.encoded_stream import EncodedStreamSource
+
+    source = _stream_source(sd, encoded, tmp_path)
+    assert type(source) is EncodedStreamSource
+    data = open_encoded(str(encoded["root"]))
+    latents = EncodedLatents(data, LazyColumn(data.rows, data.info["caption_column"]), seed=0)
+    plan_rows = np.asarray(data.rows.with_format("numpy")["bucket"])
+    for epoch in (0, 1):
+        source.sampler.set_epoch(epoch)  # what the loop does through accelerate's prepared loader
+        batches = list(source.dataloader)
+        assert len(batches) == source.sampler.steps_per_epoch > 0
+        rows = [int(r) for b in batches for r in b["rows"]]
+        assert len(set(rows)) == len(rows)  # each row once an epoch (this stream has no repeats)
+        for batch in batches:
+            keys = [(int(r), int(b), epoch) for r, b in zip(batch["rows"], batch["buckets"])]
+            assert all(plan_rows[r] == b for r, b, _ in keys)  # every row at its own bucket
+            want = EncodedLatents.collate([latents[k] for k in keys])
+            assert set(batch) == set(want)
+            for name, value in want.items():
+                got = batch[name]
+                assert (torch.equal(got, value) if isinstance(value, torch.Tensor) else got == value), name
+
+
+@pytest.mark.slow
+def test_streamed_encoded_training_resumes_mid_epoch_as_the_uninterrupted_run(sd: list[str], encoded: dict[str, Any],
+                                                                               tmp_path: Path) -> None:
+    """4 steps streamed from the encoded dataset (3 per epoch: a checkpoint at step 2 is mid-epoch), then the same
+    command resumed from checkpoint-2: the same rows and the same loss at every step after it; no VAE call."""
+    flags = [*sd, "--encoded_dataset", str(encoded["root"]), *STREAMED, "--checkpointing_steps", "2"]
+    full = _train([*flags, "--output_dir", str(tmp_path / "full")])
+    assert len(full["losses"]) == 4 and full["vae_encode_calls"] == 0
+    trace = _trace(str(tmp_path / "full"))
+    assert [t["epoch"] for t in trace] == [0, 0, 0, 1]
+    assert (tmp_path / "full" / "checkpoint-2" / "stream_rank0.json").exists()
+    shutil.copytree(tmp_path / "full" / "checkpoint-2", tmp_path / "resumed" / "checkpoint-2")
+    resumed = _train([*flags, "--output_dir", str(tmp_path / "resumed"), "--resume_from_checkpoint", "latest"])
+    assert resumed["losses"] == full["losses"][2:]  # exactly
+    again = _trace(str(tmp_path / "resumed"))
+    assert [(t["step"], t["rows"], t["captions"]) for t in again] == [(t["step"], t["rows"], t["captions"])
+                                                                      for t in trace[2:]]
+
+
+def test_streamed_encoded_flags_and_a_resume_across_sources(sd: list[str], tmp_path: Path) -> None:
+    """The image stream's habits: --stream_key_column is not needed (kept if given), --stream_counts is refused;
+    a stream checkpoint resumes only from the same kind of source (its state positions that source's shards)."""
+    from hf_arb.train.flags.resume_flags import flag_differences, shaping_flags
+
+    enc = _args([*sd, "--encoded_dataset", "somewhere", *STREAMED], tmp_path)
+    assert enc.stream_key_column is None
+    assert _args([*sd, "--encoded_dataset", "x", *STREAMED, "--stream_key_column", "id"], tmp_path).streaming
+    counts = tmp_path / "counts.json"
+    counts.write_text("{}")
+    with pytest.raises(UsageError, match="--stream_counts with --encoded_dataset x: the stream counts the encoded"):
+        _args([*sd, "--encoded_dataset", "x", *STREAMED, "--stream_counts", str(counts)], tmp_path)
+    whole = [f for i, f in enumerate(sd) if "--max_train_samples" not in (f, sd[i - 1])]  # refused by image streams
+    images = _args([*whole, "--streaming", "--stream_key_column", "id"], tmp_path)
+    lines = flag_differences(shaping_flags(images), shaping_flags(enc))
+    assert lines == ["it was saved with no --encoded_dataset, this run has --encoded_dataset: drop --encoded_dataset"]
+    plain = _args([*sd, "--encoded_dataset", "somewhere"], tmp_path)  # map-style: cached latents and images mix
+    assert flag_differences(shaping_flags(_args(sd, tmp_path)), shaping_flags(plain)) == []

@@ -21,6 +21,7 @@ from hf_arb.train.sources import build_source, source_class  # noqa: E402
 from hf_arb.train.sources.base import Source  # noqa: E402
 from hf_arb.train.sources.bucketed import BucketedSource, ReferenceSource, TieredSource  # noqa: E402
 from hf_arb.train.sources.encoded import EncodedSource  # noqa: E402
+from hf_arb.train.sources.encoded_stream import EncodedStreamSource  # noqa: E402
 from hf_arb.train.sources.multi import MultiPriorSource, MultiSource  # noqa: E402
 from hf_arb.train.sources.packed import PackedSource, TieredPackedSource  # noqa: E402
 from hf_arb.train.sources.prior import PriorSource  # noqa: E402
@@ -40,6 +41,7 @@ MODES = [
     (dict(dataset_config="kohya.toml", dataset_specs=[DatasetSpec("a"), DatasetSpec("reg", regularization=True)]),
      MultiPriorSource),
     (dict(encoded_dataset="encoded"), EncodedSource),
+    (dict(encoded_dataset="encoded", streaming=True), EncodedStreamSource),
 ]
 #: what every concrete source must answer itself (the base class has no answer)
 OWN_ANSWERS = ("load", "start", "loader", "report")

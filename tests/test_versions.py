@@ -23,9 +23,11 @@ def pins(name: str) -> dict[str, str]:
 
 
 def requirements() -> dict[str, str]:
+    """The direct requirements and the quant extra's (--do_fp8_training, --bnb_quantization_config_path)."""
     import tomllib
 
-    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    deps = [*project["dependencies"], *project["optional-dependencies"]["quant"]]
     return {re.match(r"[\w-]+", d)[0].lower().replace("-", "_"): d for d in deps}
 
 
@@ -45,6 +47,15 @@ def test_the_lower_bounds_are_the_lowest_set():
             assert versions.parse_version(low[name])[:len(versions.parse_version(floor))] == \
                 versions.parse_version(floor), (name, spec, low[name])
     assert "<5.24" in reqs["transformers"]  # peft 0.22 is not released: transformers 5.24 breaks text-encoder LoRA
+    assert reqs["torchao"] == "torchao>=0.16"  # peft >= 0.19 refuses an older torchao for every LoRA run
+    test_extra = tomllib_project()["optional-dependencies"]["test"]
+    assert "torchao>=0.16" in test_extra  # the FP8 runs are tested on the CPU
+
+
+def tomllib_project() -> dict:
+    import tomllib
+
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 
 
 def args_of(*extra: str):
@@ -67,6 +78,22 @@ def test_text_encoder_lora_is_refused_with_the_broken_pair_naming_what_to_instal
     versions.check_versions(args_of("--rank", "4"), fake(transformers="5.24.0", peft="0.21.2"))  # no encoder LoRA
     versions.check_versions(te, fake(transformers="5.24.0", peft="0.22.0"))  # the pair that works
     assert versions.check_versions(te, fake()) == []
+
+
+def test_lora_is_refused_with_a_torchao_that_peft_refuses_naming_what_to_install():
+    """peft >= 0.19 raises "Found an incompatible version of torchao" in every add_adapter when torchao < 0.16 is
+    installed (peft 0.18 accepted 0.4+); a run says so before any model loads."""
+    lora = args_of("--rank", "4")
+    with pytest.raises(script.UsageError) as err:
+        versions.check_versions(lora, fake(peft="0.19.0", torchao="0.15.0"))
+    message = str(err.value)
+    assert message.startswith("LoRA (peft checks the installed torchao") and "\n" not in message
+    assert "pip install 'torchao>=0.16'" in message and "torchao 0.15.0" in message
+    for fine in (fake(peft="0.18.0", torchao="0.15.0"), fake(peft="0.21.2", torchao="0.16.0"),
+                 lambda p: None if p == "torchao" else fake()(p)):
+        versions.check_versions(lora, fine)
+    versions.check_versions(args_of("--full_finetune", "--learning_rate", "1e-5"), fake(peft="0.21.2",
+                                                                                         torchao="0.15.0"))
 
 
 def test_the_check_runs_at_start_up_before_any_model(monkeypatch, tmp_path):

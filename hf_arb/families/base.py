@@ -7,7 +7,9 @@ families. A :class:`Family` answers, in the order the script asks:
 1. **flags**: its defaults (``--resolution``, ``--output_dir``), the flags that do not apply to it
    (:attr:`Family.refused_flags`), whether ``--packing`` applies;
 2. **loading**: :meth:`Family.load_models` returns :class:`Models` (frozen VAE and text encoders, the trained
-   denoiser), :meth:`Family.check_buckets` checks the bucket sizes the denoiser can take;
+   denoiser; only the frozen parts the run's data needs: :meth:`Family.load_frozen`, :meth:`Family.complete_models`
+   loads the rest when validation or the saved pipeline asks), :meth:`Family.check_buckets` checks the bucket sizes
+   the denoiser can take;
 3. **training**: :meth:`Family.encode_text` (prompt embeddings, cacheable), :meth:`Family.training_loss` (the
    noise, the target and the conditioning: SDXL time ids, resolution conditioning, the per-bucket shift);
 4. **LoRA**: :meth:`Family.lora_targets`, :meth:`Family.lora_text_encoders`, :attr:`Family.denoiser_name`;

@@ -179,13 +179,15 @@ class FlowFamily(Family):
 
         return torch.full((count,), float(options.guidance_scale), device=device, dtype=torch.float32)
 
-    def load(self, path: str, revision: str | None = None, variant: str | None = None) -> FlowParts:
+    def load(self, path: str, revision: str | None = None, variant: str | None = None,
+             transformer_kw: Mapping[str, Any] | None = None) -> FlowParts:
         """Load scheduler, tokenizers, text encoders (:meth:`load_text_encoders`), VAE (:meth:`load_vae`) and
-        transformer from a diffusers folder or Hub id."""
+        transformer from a diffusers folder or Hub id; ``transformer_kw``: more ``from_pretrained`` keywords of the
+        transformer (a quantization config)."""
         args = argparse.Namespace(pretrained_model_name_or_path=path, revision=revision, variant=variant)
         tokenizers, encoders, vae = self.load_frozen(args, FROZEN_PARTS)
         return FlowParts(self.load_scheduler(path, revision), tokenizers, encoders, vae,
-                         self.load_transformer(path, revision, variant))
+                         self.load_transformer(path, revision, variant, transformer_kw))
 
     def load_scheduler(self, path: str, revision: str | None = None) -> Any:
         """The checkpoint's ``FlowMatchEulerDiscreteScheduler``."""
@@ -193,10 +195,12 @@ class FlowFamily(Family):
 
         return FlowMatchEulerDiscreteScheduler.from_pretrained(path, subfolder="scheduler", revision=revision)
 
-    def load_transformer(self, path: str, revision: str | None = None, variant: str | None = None) -> Any:
-        """The checkpoint's transformer (:meth:`transformer_class`)."""
+    def load_transformer(self, path: str, revision: str | None = None, variant: str | None = None,
+                         transformer_kw: Mapping[str, Any] | None = None) -> Any:
+        """The checkpoint's transformer (:meth:`transformer_class`); ``transformer_kw``: more ``from_pretrained``
+        keywords (a quantization config, :mod:`hf_arb.train.quantization`)."""
         return self.transformer_class().from_pretrained(path, subfolder="transformer", revision=revision,
-                                                        variant=variant)
+                                                        variant=variant, **(transformer_kw or {}))
 
     def token_patch(self, transformer: Any) -> int:
         """Latent pixels per token side (SD3: the transformer's ``patch_size``; Flux: the 2×2 packing)."""
@@ -240,14 +244,16 @@ class FlowFamily(Family):
         if args.max_sequence_length is not None and args.max_sequence_length < 1:
             raise UsageError(f"--max_sequence_length must be >= 1, got {args.max_sequence_length}.")
 
-    def load_models(self, args: argparse.Namespace, parts: frozenset[str] = FROZEN_PARTS) -> Models:
-        """The scheduler, the transformer and the frozen ``parts`` (:meth:`~Family.load_frozen`), the run's
-        :class:`FlowOptions`; everything but the transformer frozen."""
+    def load_models(self, args: argparse.Namespace, parts: frozenset[str] = FROZEN_PARTS,
+                    transformer_kw: Mapping[str, Any] | None = None) -> Models:
+        """The scheduler, the transformer (``transformer_kw``: more ``from_pretrained`` keywords, a quantization
+        config) and the frozen ``parts`` (:meth:`~Family.load_frozen`), the run's :class:`FlowOptions`; everything
+        but the transformer frozen."""
         path = args.pretrained_model_name_or_path
         parts = frozenset(parts) | self.loss_reads
         tokenizers, encoders, vae = self.load_frozen(args, parts)
         loaded = FlowParts(self.load_scheduler(path, args.revision), tokenizers, encoders, vae,
-                           self.load_transformer(path, args.revision, args.variant))
+                           self.load_transformer(path, args.revision, args.variant, transformer_kw))
         options = self.options(loaded.scheduler.config, loaded.transformer, weighting_scheme=args.weighting_scheme,
                                logit_mean=args.logit_mean, logit_std=args.logit_std, mode_scale=args.mode_scale,
                                precondition_outputs=None if args.precondition_outputs is None

@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -201,10 +202,11 @@ class Flux2Family(FlowFamily):
         tokenizer, encoder = self.load_text(path, revision=revision, variant=variant)
         return [tokenizer], [encoder]
 
-    def load_models(self, args: argparse.Namespace, parts: frozenset[str] = FROZEN_PARTS) -> Models:
+    def load_models(self, args: argparse.Namespace, parts: frozenset[str] = FROZEN_PARTS,
+                    transformer_kw: Mapping[str, Any] | None = None) -> Models:
         """:meth:`FlowFamily.load_models`, with the run's :meth:`out_layers` (checked against the text encoder where
         it is loaded)."""
-        models = super().load_models(args, parts)
+        models = super().load_models(args, parts, transformer_kw)
         layers = (self.out_layers(args, models.text_encoders[0]) if models.text_encoders
                   else tuple(getattr(args, "text_encoder_out_layers", None) or self.hidden_layers))
         models.options = dataclasses.replace(models.options, text_layers=layers)

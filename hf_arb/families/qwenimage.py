@@ -30,13 +30,14 @@ Example:
 from __future__ import annotations
 
 import argparse
+from collections.abc import Mapping
 from types import SimpleNamespace
 from typing import Any
 
 from hf_arb.checks import UsageError
 from hf_arb.lazy import LazyModule
 
-from .base import Models, builtin_family
+from .base import FROZEN_PARTS, Models, builtin_family
 from .flow_family import FlowFamily, FlowOptions
 from .sample_weights import SAMPLE_WEIGHTS
 
@@ -164,11 +165,12 @@ class QwenImageFamily(FlowFamily):
         """``AutoencoderKLQwenImage``, as :class:`FramelessVAE`."""
         return FramelessVAE(super().load_vae(args))
 
-    def load_models(self, args: argparse.Namespace) -> Models:
+    def load_models(self, args: argparse.Namespace, parts: frozenset[str] = FROZEN_PARTS,
+                    transformer_kw: Mapping[str, Any] | None = None) -> Models:
         """:meth:`FlowFamily.load_models`, then freeze what no loss reaches: the last block's text-stream outputs
         (``attn.to_add_out``, ``txt_mlp``) feed only text tokens that no later block reads. They never get a
         gradient, so training is unchanged; frozen, DDP does not wait for their gradients (it would fail)."""
-        models = super().load_models(args)
+        models = super().load_models(args, parts, transformer_kw)
         last = models.unet.transformer_blocks[-1]
         last.attn.to_add_out.requires_grad_(False)
         last.txt_mlp.requires_grad_(False)

@@ -225,7 +225,8 @@ class WanFamily(FlowFamily):
         """The checkpoint's ``AutoencoderKLWan``, as :class:`ClipVAE` (clips and stills through one encode)."""
         return ClipVAE(super().load_vae(args))
 
-    def load_models(self, args: argparse.Namespace, parts: frozenset[str] = FROZEN_PARTS) -> Models:
+    def load_models(self, args: argparse.Namespace, parts: frozenset[str] = FROZEN_PARTS,
+                    transformer_kw: Mapping[str, Any] | None = None) -> Models:
         """Refuse a two-expert checkpoint (Wan 2.2 A14B) before any weight loads, then :meth:`FlowFamily.load_models`;
         ``models.extra["expand_timesteps"]``: the pipeline's per-token timesteps (Wan 2.2 TI2V)."""
         config = read_pipeline_config(args.pretrained_model_name_or_path, args.revision)
@@ -235,7 +236,7 @@ class WanFamily(FlowFamily):
                 f"{args.pretrained_model_name_or_path} has two experts (transformer and transformer_2, boundary_ratio "
                 f"{config.get('boundary_ratio')}): training one expert on its noise range is not supported yet. Use "
                 "a single-transformer Wan checkpoint (Wan 2.1 T2V, Wan 2.2 TI2V-5B).")
-        models = super().load_models(args, parts)
+        models = super().load_models(args, parts, transformer_kw)
         models.extra["expand_timesteps"] = bool(config.get("expand_timesteps", False))
         return models
 

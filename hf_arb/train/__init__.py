@@ -16,6 +16,8 @@
   (``hf-arb encode``), its fingerprint, shards and reader (trained by the ``--encoded_dataset`` source);
 - :mod:`~hf_arb.train.outputs` — validation grids, the saved pipeline or LoRA, the model card, the push;
 - :mod:`~hf_arb.train.lora` — LoRA helpers (targets, saved metadata, portable weights);
+- :mod:`~hf_arb.train.quantization` — ``--do_fp8_training`` (torchao FP8) and ``--bnb_quantization_config_path``
+  (bitsandbytes QLoRA): the transformer's load keywords and its conversion;
 - :mod:`~hf_arb.train.captions` — captions from ``.txt`` files beside a folder's images, and their per-epoch tag
   shuffle, kept tokens, caption and tag dropout (pure in seed, epoch and row);
 - :mod:`~hf_arb.train.files` — the names of the files a run writes beside accelerate's.

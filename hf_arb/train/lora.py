@@ -55,7 +55,8 @@ def add_lora(model: Any, *, rank: int, target_modules: tuple[str, ...] | list[st
         target_modules: names of the linear layers to adapt.
         alpha: ``lora_alpha`` (default: ``rank``, i.e. scale 1, as diffusers' text-to-image LoRA scripts).
         dropout: LoRA dropout probability.
-        dtype: dtype of the frozen base weights (the mixed-precision dtype); adapter weights stay float32.
+        dtype: dtype of the frozen base weights (the mixed-precision dtype; a quantized model keeps its own);
+            adapter weights stay float32.
         use_dora: train DoRA (weight-decomposed) adapters, peft's ``use_dora``.
     """
     from diffusers.training_utils import cast_training_params
@@ -64,7 +65,8 @@ def add_lora(model: Any, *, rank: int, target_modules: tuple[str, ...] | list[st
     if rank < 1:
         raise ValueError(f"LoRA rank must be >= 1, got {rank}.")
     model.requires_grad_(False)
-    if model.dtype != dtype:  # (diffusers warns on every dtype cast, a no-op one too)
+    # (diffusers warns on every dtype cast, a no-op one too; a quantized model refuses any: QLoRA keeps its dtypes)
+    if model.dtype != dtype and not getattr(model, "is_quantized", False):
         model.to(dtype=dtype)
     config = LoraConfig(r=rank, lora_alpha=rank if alpha is None else alpha, lora_dropout=dropout,
                         init_lora_weights="gaussian", target_modules=list(target_modules), use_dora=use_dora)

@@ -140,12 +140,16 @@ def unwrap(accelerator: Any, model: Any) -> Any:
     return denoiser(accelerator.unwrap_model(model))
 
 
-def load_models(args: argparse.Namespace, parts: frozenset[str] = FROZEN_PARTS) -> Models:
+def load_models(args: argparse.Namespace, parts: frozenset[str] = FROZEN_PARTS,
+                weight_dtype: torch.dtype | None = None) -> Models:
     """The run's models, loaded by its family adapter (:meth:`hf_arb.families.Family.load_models`): the denoiser and
-    the frozen ``parts`` the run's data needs (:meth:`hf_arb.train.sources.base.Source.frozen_parts`).
+    the frozen ``parts`` the run's data needs (:meth:`hf_arb.train.sources.base.Source.frozen_parts`); the
+    transformer quantized where the flags ask (:mod:`hf_arb.train.quantization`, ``weight_dtype``: the run's).
 
     A Hub id's family was guessed from its name when the flags were checked; here its configs are read (a few
     KB), and a family other than the guessed one warns, naming the defaults that were chosen for the guess.
+    ``--bnb_quantization_config_path`` / ``--do_fp8_training``: the transformer is loaded quantized or converted to
+    FP8 (:mod:`hf_arb.train.quantization`; ``weight_dtype``: the mixed-precision dtype, bitsandbytes' compute dtype).
     """
     found = args.family
     if not Path(args.pretrained_model_name_or_path).is_dir():
@@ -161,9 +165,17 @@ def load_models(args: argparse.Namespace, parts: frozenset[str] = FROZEN_PARTS) 
     if found != args.family and args.family_defaults:
         logger.warning("Defaults %s were chosen for %s, but the model is %s: pass these flags explicitly.",
                        ", ".join(f"--{k} {v}" for k, v in args.family_defaults.items()), args.family, found)
+    from hf_arb.train.quantization import quantize_transformer, transformer_load_kwargs
+
     family = get_family(found)
+    load_kw = transformer_load_kwargs(args, weight_dtype)  # the flow families only (checked with the flags)
     # a plugin family written before parts existed takes (args) only: asked so where every part loads
-    return family.load_models(args) if parts == FROZEN_PARTS else family.load_models(args, parts)
+    if load_kw:
+        models = family.load_models(args, parts, transformer_kw=load_kw)
+    else:
+        models = family.load_models(args) if parts == FROZEN_PARTS else family.load_models(args, parts)
+    quantize_transformer(args, models.unet)
+    return models
 
 
 def batch_loss(args: argparse.Namespace, models: Models, denoiser: Any, batch: dict[str, Any], text: Any,

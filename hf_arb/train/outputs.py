@@ -19,6 +19,7 @@ from .files import BUCKETS_FILE, SKIPPED_ROWS_FILE
 from .flags.upstream_flags import pipeline_call_kwargs, use_validation_scheduler
 from .models import complete_models, place, unwrap
 from .progress import Progress
+from .quantization import card_lines as quant_card_lines
 from .sources.dataset import bucket_origin
 from .sources.multi import mix_card_lines
 
@@ -144,6 +145,7 @@ def save_model_card(args: argparse.Namespace, repo_id: str, buckets: Any, family
         f"per device, gradient accumulation {args.gradient_accumulation_steps}, learning rate {args.learning_rate}",
         f"* mixed precision: {(stats or {}).get('mixed_precision', args.mixed_precision)}; dataset: "
         f"{args.dataset_name or args.train_data_dir or args.instance_data_dir or getattr(args, 'dataset_config', '')}",
+        *quant_card_lines(args),  # --do_fp8_training, --bnb_quantization_config_path
         *mix_card_lines(stats), "",  # --dataset_config: rows, repeats and shares per dataset
     ]
     if getattr(args, "lora", False):

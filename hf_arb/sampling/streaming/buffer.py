@@ -4,8 +4,11 @@ buffer per bucket and serves the scheduled bucket at each step; its state is the
 Reading: the source is read in chunks of ``snapshot_every`` rows with the public
 ``IterableDataset.iter(batch_size=...)`` (datasets formats a whole chunk at once, about 10× cheaper per row than
 iterating rows). Each row is still decided on exactly as if read alone — buffered, or skipped as unassigned,
-small-bucket or surplus — in read order: a few rows at a time in Python, a large fill with numpy
-(:func:`accepted_rows`), with identical results.
+small-bucket or surplus — in read order. The decisions of a chunk are computed once with numpy
+(:func:`accepted_rows`): a bucket's room changes only when a row is buffered, not when a full batch leaves (its
+buffer and its scheduled batches drop together), so they hold until a row is evicted; a step then reads up to the
+row that completes its fill or its batch at once, with identical results to reading row by row (the per-row path
+stays for a full buffer, where every row waits for an eviction).
 
 Resume without pixels: the buffer's rows are re-read from the source on load. Before each chunk the source's own
 ``state_dict()`` (``datasets``' resumable ``IterableDataset``) is snapshotted, so snapshots sit every
@@ -33,7 +36,7 @@ from hf_arb import rng
 
 PICK_BLOCK = 1024  #: steps whose pick uniforms are drawn at once
 REOPEN_ROWS = 1024  #: on load, gaps up to this many rows are read through instead of restoring a snapshot
-VECTOR_ROWS = 32  #: below this many rows to buffer, rows are read one by one (numpy's per-call cost dominates)
+VECTOR_ROWS = 1  #: below this many rows to buffer, rows are read one by one (1: never; the tests compare both paths)
 COUNTERS = ("read", "used", "repeated", "skipped_unassigned", "skipped_small", "skipped_surplus", "evicted", "peak")
 
 
@@ -65,8 +68,9 @@ class RankBuffer:
         self.window = max(int(pick_window), batch_size)
         k = int(schedule.max()) + 1 if schedule.size else 0
         self.scheduled = np.bincount(schedule, minlength=k).astype(np.int64)  # (k,) batches of the epoch
-        self.remaining = self.scheduled.copy()  # (k,) scheduled batches left, this step included
-        self._left = int(self.remaining.sum())
+        self.remaining: list[int] = self.scheduled.tolist()  # scheduled batches left per bucket, this step included
+        self._left = sum(self.remaining)
+        self._sched = schedule.tolist()  # the bucket of every step (a list: read once per step)
         self.buffers: dict[int, list[tuple[int, Any]]] = collections.defaultdict(list)
         self.reserve: dict[int, list[tuple[int, Any]]] = {}
         self.total = 0  # rows in self.buffers
@@ -76,12 +80,14 @@ class RankBuffer:
         self.step = 0
         self.snapshots: dict[int, Any] = {}
         self.history: collections.deque = collections.deque(maxlen=history)
-        self._block, self._uniforms = -1, np.empty((0, batch_size))
+        self._block, self._uniforms = -1, []
         self._prune_at = 8
         self._current: dict[str, Any] | None = None
         self.k, self._scheduled = self.scheduled.size, self.scheduled.tolist()
         self._rows: list[Any] = []  # the current chunk: its rows, their bucket ids, and the next row's position
+        self.names: tuple[str, ...] | None = None  # the columns, in the order of a buffered row's values
         self._ids, self._idl, self._pos = np.empty(0, dtype=np.int64), [], 0
+        self._dec: tuple[int, list[int], list[int], list[int], list[int]] | None = None  # see _decisions
         self.source = open_source(None)
         self.chunks = self.source.iter(batch_size=self.every)
         self.exhausted = False
@@ -101,8 +107,8 @@ class RankBuffer:
         except StopIteration:
             self.exhausted = True
             return False
-        self._rows, self._ids = chunk_rows(chunk, self.column)
-        self._idl, self._pos = self._ids.tolist(), 0
+        self.names, self._rows, self._ids = chunk_rows(chunk, self.column, self.names)
+        self._idl, self._pos, self._dec = self._ids.tolist(), 0, None
         return True
 
     def _read_one(self) -> None:
@@ -128,63 +134,65 @@ class RankBuffer:
             if self.total + self.reserved > self.c["peak"]:
                 self.c["peak"] = self.total + self.reserved
 
+    def _decisions(self) -> tuple[int, list[int], list[int], list[int], list[int]]:
+        """The current chunk's decisions from the next row on, computed once with numpy (:func:`accepted_rows`):
+        ``(d0, where, accepted, unassigned, schedulable)``: ``d0`` the chunk position of the first row they cover,
+        ``where`` the accepted rows' chunk positions (a list), and three prefix counts (lists with a leading 0) of the
+        rows from ``d0`` that are accepted, unassigned and schedulable.
+
+        They stay valid until a row is evicted: a bucket's room (``remaining * batch - buffered``) changes only when a
+        row is buffered (what the decisions count in read order), when a full batch is emitted (``remaining`` and the
+        buffer both drop by one batch: no change) or when a row is evicted (then they are computed again)."""
+        if self._dec is None:
+            p, ids = self._pos, self._ids[self._pos:]
+            sizes = np.array([len(self.buffers.get(b, ())) for b in range(self.k)], dtype=np.int64)
+            ok, acc = accepted_rows(ids, self.scheduled, np.asarray(self.remaining, np.int64) * self.batch - sizes)
+            zero = np.zeros(1, dtype=np.int64)
+            self._dec = (p, (np.flatnonzero(acc) + p).tolist(),  # lists: a step reads a few of their items
+                         *(np.concatenate([zero, np.cumsum(x)]).tolist() for x in (acc, ids < 0, ok)))
+        return self._dec
+
+    def _advance(self, end: int) -> None:
+        """Read the current chunk's rows up to position ``end`` (exclusive) with the precomputed decisions."""
+        d0, where, acc, unassigned, ok = self._decisions()
+        p, a, e = self._pos, self._pos - d0, end - d0
+        n_acc, n_un, n_ok = acc[e] - acc[a], unassigned[e] - unassigned[a], ok[e] - ok[a]
+        self.c["skipped_unassigned"] += n_un
+        self.c["skipped_small"] += (e - a) - n_un - n_ok
+        self.c["skipped_surplus"] += n_ok - n_acc
+        if n_acc:
+            idx0, idl, rows, buffers = self.c["read"] - p, self._idl, self._rows, self.buffers
+            for j in where[acc[a]:acc[e]]:
+                buffers[idl[j]].append((idx0 + j, rows[j]))
+            self.total += n_acc
+            if self.total + self.reserved > self.c["peak"]:
+                self.c["peak"] = self.total + self.reserved
+        self.c["read"] += end - p
+        self._pos = end
+
+    def _next_chunk(self) -> bool:
+        """Make sure a row is left in the current chunk (reading the next one if not); False at the source's end."""
+        return self._pos < len(self._rows) or self._fetch()
+
     def _fill(self, fill: int) -> None:
-        """Read until ``fill`` rows are buffered (or the source ends): row by row for a few rows, else a chunk at a
-        time with the same decisions computed with numpy (:func:`accepted_rows`)."""
+        """Read until ``fill`` rows are buffered (or the source ends): row by row below :data:`VECTOR_ROWS`, else up to
+        the row that completes the fill, with the chunk's decisions computed at once (identical results)."""
         while not self.exhausted and self.total < fill:
             need = fill - self.total
             if need < VECTOR_ROWS:
                 self._read_one()
                 continue
-            if self._pos == len(self._rows) and not self._fetch():
+            if not self._next_chunk():
                 return
-            p, ids = self._pos, self._ids[self._pos:]
-            sizes = np.array([len(self.buffers.get(b, ())) for b in range(self.k)], dtype=np.int64)
-            ok, acc = accepted_rows(ids, self.scheduled, self.remaining * self.batch - sizes)
-            cum = np.cumsum(acc)
-            end = ids.size if cum[-1] < need else int(np.searchsorted(cum, need)) + 1  # rows consumed
-            unassigned = int(np.count_nonzero(ids[:end] < 0))
-            self.c["skipped_unassigned"] += unassigned
-            self.c["skipped_small"] += end - unassigned - int(np.count_nonzero(ok[:end]))
-            self.c["skipped_surplus"] += int(np.count_nonzero(ok[:end])) - int(cum[end - 1])
-            idx0, idl, rows = self.c["read"], self._idl, self._rows
-            for j in np.flatnonzero(acc[:end]).tolist():
-                self.buffers[idl[p + j]].append((idx0 + j, rows[p + j]))
-            self.total += int(cum[end - 1])
-            self.c["peak"] = max(self.c["peak"], self.total + self.reserved)
-            self.c["read"] += end
-            self._pos = p + end
+            d0, where, acc, _, _ = self._decisions()
+            k = acc[self._pos - d0] + need  # the accepted row that completes the fill, counted in the chunk
+            self._advance(where[k - 1] + 1 if k <= len(where) else len(self._rows))
 
-    def _set_reserve(self, b: int, rows: list[tuple[int, Any]], entry: dict[str, Any]) -> None:
-        entry["reserve"].append((b, [i for i, _ in self.reserve.get(b, [])]))  # undo log for state_at
-        for i, _ in self.reserve.get(b, []):
-            if i in self.unused:  # an evicted row leaves the reserve unemitted: it stays counted as evicted
-                self.unused.discard(i)
-                entry["unused"].append(("del", i))
-        self.reserved += len(rows) - len(self.reserve.get(b, []))
-        self.reserve[b] = rows
-
-    def _evict(self, keep: int, entry: dict[str, Any]) -> tuple[int, int]:
-        """Drop the oldest row of the fullest bucket other than ``keep``; returns its ``(read index, bucket)``."""
-        # ties go to the lowest bucket id (never to dict order, which a resumed buffer does not share)
-        b = max(sorted(v for v in self.buffers if v != keep and self.buffers[v]), key=lambda v: len(self.buffers[v]))
-        idx, row = self.buffers[b].pop(0)
-        self.total -= 1
-        self.c["evicted"] += 1
-        if not self.reserve.get(b):  # keep it as the bucket's repeat source, so a later step of b can be served
-            self._set_reserve(b, [(idx, row)], entry)
-            self.unused.add(idx)
-            entry["unused"].append(("add", idx))
-        return idx, b
-
-    # ------------------------------------------------------------------------------------------ one step
-    def next_batch(self) -> list[Any]:
-        """The rows of this rank's batch at the next step (``batch_size`` rows of the scheduled bucket)."""
-        s, b = self.step, int(self.schedule[self.step])
-        entry = {"step": s, "read": self.c["read"], "counters": dict(self.c), "removed": [],
-                 "reserve": [], "unused": []}
-        self._current = entry  # the step in progress: its reads may prune snapshots its state will need
-        self._fill(min(self.fill, self._left * self.batch))  # never read rows no step can use
+    def _fill_bucket(self, b: int, entry: dict[str, Any]) -> None:
+        """Read until bucket ``b`` holds a batch (or the source ends). While the buffer has room, up to the row that
+        completes it at once (or up to the row that fills the buffer); a full buffer evicts (or raises) before each
+        further row, row by row, exactly as the per-row rule does."""
+        s = self.step
         while not self.exhausted and len(self.buffers[b]) < self.batch:
             if self.total >= self.buffer_size:
                 if self.on_overflow == "error" or self.total == len(self.buffers[b]):
@@ -195,7 +203,63 @@ class RankBuffer:
                         "enough for this buffer: raise `buffer_size`, shuffle the source's shards "
                         "(`ds.shuffle(seed=...)`), or pass `on_overflow='evict'` to drop buffered rows (counted).")
                 entry["removed"].append(self._evict(b, entry))
-            self._read_one()
+                self._read_one()
+                continue
+            need = self.batch - len(self.buffers[b])
+            if need < VECTOR_ROWS:
+                self._read_one()
+                continue
+            if not self._next_chunk():
+                return
+            d0, where, acc, _, _ = self._decisions()
+            ahead = np.array(where[acc[self._pos - d0]:], dtype=np.int64)  # accepted rows not read yet
+            mine = ahead[self._ids[ahead] == b]
+            end = len(self._rows)
+            if mine.size >= need:  # the row that completes the batch
+                end = int(mine[need - 1]) + 1
+            room = self.buffer_size - self.total  # >= 1: the row that fills the buffer ends the vectorised read
+            if ahead.size >= room:
+                end = min(end, int(ahead[room - 1]) + 1)
+            self._advance(end)
+
+    def _set_reserve(self, b: int, rows: list[tuple[int, Any]], entry: dict[str, Any]) -> None:
+        old = self.reserve.get(b, ())
+        entry["reserve"].append((b, [i for i, _ in old]))  # undo log for state_at
+        if self.unused:
+            for i, _ in old:
+                if i in self.unused:  # an evicted row leaves the reserve unemitted: it stays counted as evicted
+                    self.unused.discard(i)
+                    entry["unused"].append(("del", i))
+        self.reserved += len(rows) - len(old)
+        self.reserve[b] = rows
+
+    def _evict(self, keep: int, entry: dict[str, Any]) -> tuple[int, int]:
+        """Drop the oldest row of the fullest bucket other than ``keep``; returns its ``(read index, bucket)``."""
+        # ties go to the lowest bucket id (never to dict order, which a resumed buffer does not share)
+        b = max(sorted(v for v in self.buffers if v != keep and self.buffers[v]), key=lambda v: len(self.buffers[v]))
+        idx, row = self.buffers[b].pop(0)
+        self.total -= 1
+        self._dec = None  # bucket b has room for one more row: the chunk's decisions change
+        self.c["evicted"] += 1
+        if not self.reserve.get(b):  # keep it as the bucket's repeat source, so a later step of b can be served
+            self._set_reserve(b, [(idx, row)], entry)
+            self.unused.add(idx)
+            entry["unused"].append(("add", idx))
+        return idx, b
+
+    # ------------------------------------------------------------------------------------------ one step
+    def next_batch(self) -> list[Any]:
+        """The rows of this rank's batch at the next step (``batch_size`` rows of the scheduled bucket)."""
+        s = self.step
+        b = self._sched[s]
+        entry = {"step": s, "read": self.c["read"], "counters": dict(self.c), "removed": [],
+                 "reserve": [], "unused": []}
+        self._current = entry  # the step in progress: its reads may prune snapshots its state will need
+        fill = min(self.fill, self._left * self.batch)  # never read rows no step can use
+        if self.total < fill:
+            self._fill(fill)
+        if len(self.buffers[b]) < self.batch:
+            self._fill_bucket(b, entry)
         buf, u = self.buffers[b], self._step_uniforms(s)
         if len(buf) >= self.batch:  # sequential sampling without replacement; pop keeps the list sorted
             w = min(len(buf), self.window)  # the bucket's oldest rows: bounds a row's age, hence resume replay
@@ -229,15 +293,16 @@ class RankBuffer:
         self.step += 1
         self.history.append(entry)
         self._current = None
-        return [row for _, row in rows]
+        names = self.names or ()
+        return [dict(zip(names, row)) for _, row in rows]  # a row is a dict from here on (buffered: its values)
 
     def _step_uniforms(self, step: int) -> list[float]:
         """``batch_size`` uniforms in [0, 1) for ``step``: row ``step % PICK_BLOCK`` of its block."""
         block = step // PICK_BLOCK
         if block != self._block:
             g = rng.generator(self.seed, self.epoch, rng.STREAM_PICK, self.rank, block)
-            self._block, self._uniforms = block, g.random((PICK_BLOCK, self.batch))
-        return self._uniforms[step % PICK_BLOCK].tolist()
+            self._block, self._uniforms = block, g.random((PICK_BLOCK, self.batch)).tolist()
+        return self._uniforms[step % PICK_BLOCK]
 
     # ------------------------------------------------------------------------------------------ state
     def _prune(self) -> None:
@@ -292,7 +357,8 @@ class RankBuffer:
         """Restore :meth:`state_at`'s output: re-read the buffered rows from the source and position it."""
         self.step, read = int(state["step"]), int(state["read"])
         self.c = {k: int(v) for k, v in state["counters"].items()}
-        self.remaining = np.bincount(self.schedule[self.step:], minlength=self.remaining.size).astype(np.int64)
+        self.remaining = np.bincount(self.schedule[self.step:], minlength=len(self.remaining)).tolist()
+        self._left = sum(self.remaining)  # (was left at the whole epoch's count: a resumed fill then read past it)
         snaps = {int(k): v for k, v in state["snapshots"].items()}
         keys = sorted(snaps)
         want_buf = {int(i): int(b) for i, b in state["buffer"]}
@@ -307,13 +373,13 @@ class RankBuffer:
                 src = self.open_source(snaps[base])
                 chunks, pos, rows = src.iter(batch_size=self.every), base, []
             while pos <= target and (target < read or pos < read):
-                rows = chunk_rows(next(chunks), self.column)[0]
+                self.names, rows, _ = chunk_rows(next(chunks), self.column, self.names)
                 pos += len(rows)
             if target < read:
                 got[target] = rows[target - pos + len(rows)]
         self.source, self.chunks, self.exhausted = src, chunks, False
-        self._rows, self._ids = chunk_rows_tail(rows, self.column, len(rows) - (pos - read))
-        self._idl, self._pos = self._ids.tolist(), 0
+        self._rows, self._ids = chunk_rows_tail(rows, self.names, self.column, len(rows) - (pos - read))
+        self._idl, self._pos, self._dec = self._ids.tolist(), 0, None
         self.buffers = collections.defaultdict(list)
         for i, b in sorted(want_buf.items()):
             self.buffers[b].append((i, got[i]))
@@ -340,21 +406,26 @@ def bucket_ids(values: Any, n: int) -> np.ndarray:
     return np.array([-1 if v is None else int(v) for v in values], dtype=np.int64)
 
 
-def chunk_rows(chunk: Any, column: str) -> tuple[list[dict[str, Any]], np.ndarray]:
-    """A batch of ``IterableDataset.iter`` (a dict of columns) as its row dicts and bucket ids."""
+def chunk_rows(chunk: Any, column: str, names: tuple[str, ...] | None = None
+               ) -> tuple[tuple[str, ...], list[tuple[Any, ...]], np.ndarray]:
+    """A batch of ``IterableDataset.iter`` (a dict of columns) as ``(names, rows, bucket ids)``: each row the tuple of
+    its values in the order of ``names`` (default: the chunk's columns). A buffer holds these tuples, far smaller
+    than dicts, and makes a row's dict when it emits it (``dict(zip(names, row))``: the same keys and values)."""
     if not isinstance(chunk, dict):
         raise TypeError(f"BucketedStream reads its source with `IterableDataset.iter(batch_size=...)`, which gave a "
                         f"{type(chunk).__name__}; use a source with python (or torch/numpy) formatting, not "
                         "arrow/pandas/polars (`ds.with_format(None)`).")
-    names = list(chunk)
-    rows = [dict(zip(names, values)) for values in zip(*chunk.values())] if names else []
-    return rows, bucket_ids(chunk.get(column), len(rows))
+    names = tuple(chunk) if names is None else names
+    rows = list(zip(*(chunk[n] for n in names))) if names else []
+    return names, rows, bucket_ids(chunk.get(column), len(rows))
 
 
-def chunk_rows_tail(rows: list[dict[str, Any]], column: str, start: int) -> tuple[list[dict[str, Any]], np.ndarray]:
-    """Rows ``start:`` of a chunk already split into rows, and their bucket ids."""
+def chunk_rows_tail(rows: list[tuple[Any, ...]], names: tuple[str, ...] | None, column: str,
+                    start: int) -> tuple[list[tuple[Any, ...]], np.ndarray]:
+    """Rows ``start:`` of a chunk already split into rows (:func:`chunk_rows`), and their bucket ids."""
     rows = rows[start:]
-    return rows, bucket_ids([r.get(column) for r in rows], len(rows))
+    at = (names or ()).index(column) if column in (names or ()) else None
+    return rows, bucket_ids(None if at is None else [r[at] for r in rows], len(rows))
 
 
 def accepted_rows(ids: np.ndarray, scheduled: np.ndarray, room: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

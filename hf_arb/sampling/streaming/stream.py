@@ -125,13 +125,17 @@ class BucketedStream(torch.utils.data.IterableDataset):
             ``"shuffle"`` (uniform, as the map-style plan; needs a much larger buffer for rare buckets).
         pick_window: a batch is drawn uniformly from its bucket's ``pick_window`` oldest buffered rows (default
             ``8 * batch_size``): larger mixes more, but rows wait longer in the buffer and a resume re-reads more.
+        epoch_dataset: ``epoch_dataset(epoch)`` is the ``IterableDataset`` read in that epoch instead of ``dataset``
+            (the same columns and the rows ``counts`` counts, e.g. the epoch's crop variant of an encoded dataset);
+            it must return the same dataset for the same epoch, since a resume re-reads it.
     """
 
     def __init__(self, dataset: Any, batch_size: int, *, counts: Any, buckets: Any = None, num_replicas: int = 1,
                  rank: int | None = None, seed: int = 0, buffer_size: int = 2048, shuffle_rows: int | None = None,
                  on_overflow: str = "error", bucket_column: str = "bucket",
                  collate_fn: Callable[[list[Any]], Any] | None = None, snapshot_every: int = 256,
-                 history: int = 8, pick_window: int | None = None, schedule: str = "arrival") -> None:
+                 history: int = 8, pick_window: int | None = None, schedule: str = "arrival",
+                 epoch_dataset: Callable[[int], Any] | None = None) -> None:
         import datasets
 
         if not isinstance(dataset, datasets.IterableDataset):
@@ -159,6 +163,7 @@ class BucketedStream(torch.utils.data.IterableDataset):
         self.counts = as_counts(counts, buckets)
         self.seed, self.buffer_size, self.shuffle_rows = int(seed), int(buffer_size), shuffle_rows
         self.on_overflow, self.bucket_column, self.collate_fn = on_overflow, bucket_column, collate_fn
+        self.epoch_dataset = epoch_dataset
         self.snapshot_every, self.history = int(snapshot_every), int(history)
         self.pick_window = 8 * self.batch_size if pick_window is None else int(pick_window)
         if self.pick_window < self.batch_size:
@@ -219,7 +224,8 @@ class BucketedStream(torch.utils.data.IterableDataset):
         from datasets.distributed import split_dataset_by_node
 
         # a new IterableDataset even for one rank: loading a state must never touch the caller's dataset
-        src = split_dataset_by_node(self.dataset, rank=rank, world_size=self.num_replicas)
+        dataset = self.dataset if self.epoch_dataset is None else self.epoch_dataset(epoch)
+        src = split_dataset_by_node(dataset, rank=rank, world_size=self.num_replicas)
         src.set_epoch(epoch)
         if state is not None:
             src.load_state_dict(state)

@@ -52,8 +52,9 @@ def resolve(name: str, cache_dir: str | None = None) -> Path:
                          "folder hf-arb encode wrote, or its Hub id.") from None
 
 
-def open_encoded(name: str, cache_dir: str | None = None) -> EncodedData:
-    """Open an encoded dataset; refuses (one line) one that is unfinished or of another format version."""
+def open_encoded(name: str, cache_dir: str | None = None, tables: Sequence[str] = TABLES) -> EncodedData:
+    """Open an encoded dataset; refuses (one line) one that is unfinished or of another format version. Only
+    ``tables`` are loaded (map-style); the others are None (a stream reads the ``latents`` shards itself)."""
     import datasets
 
     root = resolve(name, cache_dir)
@@ -66,13 +67,14 @@ def open_encoded(name: str, cache_dir: str | None = None) -> EncodedData:
     if version != FORMAT_VERSION:
         raise UsageError(f"--encoded_dataset {name}: format_version: encoded {version}, this hf_arb reads "
                          f"{FORMAT_VERSION}: encode it again with this hf_arb (hf-arb encode).")
-    tables = {}
+    loaded = {}
     for table in TABLES:
         files = sorted(str(p) for p in (root / "data" / table).glob("*.parquet"))
         if not files:
             raise UsageError(f"--encoded_dataset {name}: no {table} shards under {root / 'data' / table}.")
-        tables[table] = datasets.load_dataset("parquet", data_files=files, split="train", cache_dir=cache_dir)
-    return EncodedData(root, info, tables["latents"], tables["prompts"], tables["rows"])
+        loaded[table] = (datasets.load_dataset("parquet", data_files=files, split="train", cache_dir=cache_dir)
+                         if table in tables else None)
+    return EncodedData(root, info, loaded["latents"], loaded["prompts"], loaded["rows"])
 
 
 def decode(data: bytes, shape: Sequence[int], dtype: Any) -> np.ndarray:
@@ -121,26 +123,32 @@ class EncodedLatents:
                                                               self.variants))
 
     def __getitem__(self, key: tuple[int, int, int]) -> dict[str, Any]:
-        import torch
-
         row, bucket, epoch = (int(x) for x in key)
         at = int(self.positions(np.array([row]), np.array([bucket]), np.array([epoch % self.variants]))[0])
         if at < 0:
             raise KeyError(f"Row {row} has no encoded entry at bucket {bucket}, variant {epoch % self.variants}: the "
                            "encoded dataset was made for another plan; encode it again with this run's flags.")
-        rec = self.table[at]
-        stats = decode(rec["latent_stats"], rec["latent_shape"], np.float16)
-        return {"latent_stats": torch.from_numpy(np.array(stats, dtype=np.float32)),
-                "original_size": rec["original_size"], "crop_top_left": rec["crop_top_left"],
-                "target_size": rec["target_size"],
-                "caption": choose_caption(self.captions[row], seed=self.seed, epoch=epoch, row=row),
-                "row": row, "source_row": int(rec["source_row"]), "bucket": bucket}
+        caption = choose_caption(self.captions[row], seed=self.seed, epoch=epoch, row=row)
+        return entry_item(self.table[at], caption)
 
     @staticmethod
     def collate(items: list[dict[str, Any]]) -> dict[str, Any]:
         from hf_arb.train.cache.latent_dataset import CachedLatentDataset
 
         return CachedLatentDataset.collate(items)
+
+
+def entry_item(rec: dict[str, Any], caption: str) -> dict[str, Any]:
+    """A ``latents`` table row (a dict of its columns) as the latent cache's item: the posterior as float32, the fit
+    metadata, ``caption`` (the epoch's pick), ``row``, ``source_row`` and ``bucket`` (what
+    :class:`EncodedLatents` and the encoded stream both give)."""
+    import torch
+
+    stats = decode(rec["latent_stats"], rec["latent_shape"], np.float16)
+    return {"latent_stats": torch.from_numpy(np.array(stats, dtype=np.float32)),
+            "original_size": rec["original_size"], "crop_top_left": rec["crop_top_left"],
+            "target_size": rec["target_size"], "caption": caption, "row": int(rec["row"]),
+            "source_row": int(rec["source_row"]), "bucket": int(rec["bucket"])}
 
 
 class EncodedPrompts:
@@ -169,4 +177,5 @@ class EncodedPrompts:
         return hidden, pooled
 
 
-__all__ = ["EncodedData", "EncodedLatents", "EncodedPrompts", "LazyColumn", "decode", "open_encoded", "resolve"]
+__all__ = ["EncodedData", "EncodedLatents", "EncodedPrompts", "LazyColumn", "decode", "entry_item", "open_encoded",
+           "resolve"]

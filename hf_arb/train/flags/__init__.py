@@ -3,6 +3,8 @@
 - :mod:`~hf_arb.train.flags.args` — the parser (diffusers' flags plus the bucketing ones) and :func:`parse_args`;
 - :mod:`~hf_arb.train.flags.arg_checks` — the flag checks, each naming its fix;
 - :mod:`~hf_arb.train.flags.upstream_flags` — the flags of upstream's dreambooth scripts: aliases, no-ops, refusals;
+- :mod:`~hf_arb.train.flags.quant_flags` — ``--do_fp8_training`` (torchao) and ``--bnb_quantization_config_path``
+  (bitsandbytes, QLoRA): where they can run, the library to install, the JSON config;
 - :mod:`~hf_arb.train.flags.mask_flags` — the masked-loss flags (``--masked_loss`` and its mask source);
 - :mod:`~hf_arb.train.flags.video_flags` — the clip flags (``--video_column``, ``--frames``, ``--target_fps``, ...);
 - :mod:`~hf_arb.train.flags.prior_flags` — prior preservation's flags (upstream's names and defaults) and their checks;

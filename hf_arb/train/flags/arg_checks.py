@@ -204,12 +204,13 @@ def check_streaming_flags(args: argparse.Namespace) -> None:
     if args.cache_latents:
         raise UsageError("--cache_latents does not apply to --streaming (a stream is read once per epoch): "
                          "drop one of them.")
-    if args.stream_key_column is None:
+    encoded = bool(getattr(args, "encoded_dataset", None))  # its `row` column keys the rows; its rows are chosen
+    if args.stream_key_column is None and not encoded:
         raise UsageError("--streaming needs --stream_key_column: an integer id column of the rows (e.g. `id`, "
                          "the row number written with the shards); it seeds each row's crop, flip and caption.")
     if args.stream_buffer_size < 1:
         raise UsageError(f"--stream_buffer_size must be >= 1, got {args.stream_buffer_size}.")
-    if args.max_train_samples is not None:
+    if args.max_train_samples is not None and not encoded:
         raise UsageError("--max_train_samples is not supported with --streaming: write fewer shards instead.")
     if args.stream_counts is not None and not Path(args.stream_counts).is_file():
         raise UsageFileError(f"--stream_counts {args.stream_counts}: no such file (JSON {{bucket id: rows}}).")
@@ -223,7 +224,7 @@ def check_encoded_flags(args: argparse.Namespace) -> None:
     refused = [("cache_latents", "the encoded dataset is the latent cache: drop --cache_latents"),
                ("train_text_encoder", "its prompt embeddings are fixed: drop --train_text_encoder, or train from "
                                       "images"),
-               ("streaming", "not supported with --encoded_dataset yet: drop --streaming"),
+               ("stream_counts", "the stream counts the encoded dataset's own rows: drop --stream_counts"),
                ("packing", "not supported with --encoded_dataset yet: drop --packing"),
                ("reference_image_column", "not supported with --encoded_dataset yet: drop --reference_image_column"),
                ("dataset_config", "the encoded dataset is the run's data: drop --dataset_config (encode the datasets "
@@ -426,7 +427,8 @@ def warn_unapplied_flags(args: argparse.Namespace) -> None:
                    args.instance_prompt, args.caption_column)
     table = [f"{f} {getattr(args, f[2:])}" for f in getattr(args, "bucket_flags_given", [])]
     resolution = [] if "resolution" in defaults else [f"--resolution {args.resolution}"]
-    if args.streaming and (table or resolution) and len(getattr(args, "resolutions", None) or [0]) < 2:
+    encoded = bool(getattr(args, "encoded_dataset", None))  # its fingerprint checks the bucket flags given
+    if args.streaming and not encoded and (table or resolution) and len(getattr(args, "resolutions", None) or [0]) < 2:
         # (several tiers: the tiers' tables apply, each row's bucket in a tier derived from its stored size)
         _warn_once("%s: not applied, --streaming trains the shards' own bucket columns (re-annotate the shards to "
                    "change them).", ", ".join([*resolution, *table]))

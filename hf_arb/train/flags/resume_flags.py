@@ -57,6 +57,8 @@ SHAPING_FLAGS: dict[str, Callable[[argparse.Namespace], Any]] = {
     "reference_policy": lambda a: a.reference_policy if getattr(a, "reference_image_column", None) else None,
     # prior preservation: every batch carries class images too (a resume without it would train other batches)
     "with_prior_preservation": lambda a: bool(getattr(a, "with_prior_preservation", False)),
+    # a stream's per-rank state positions its source: an encoded dataset's latents shards, or the image shards
+    "encoded_dataset": lambda a: bool(getattr(a, "encoded_dataset", None)) if getattr(a, "streaming", False) else None,
     # the optimizer's state: AdamW's moments or Prodigy's step-size estimate (its load would fail deep in torch)
     "optimizer": lambda a: "prodigy" if str(getattr(a, "optimizer", "AdamW")).lower() == "prodigy" else "AdamW",
 }

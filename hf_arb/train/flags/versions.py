@@ -5,7 +5,8 @@
 - A feature that cannot work with the installed versions is refused in one line naming the version to install
   (:data:`BROKEN`): transformers 5.24 needs peft >= 0.22 (not released) for ``text_encoder.add_adapter``, so
   ``--train_text_encoder`` LoRA fails there; pyproject excludes that transformers, but an older install or a manual
-  upgrade can still meet it.
+  upgrade can still meet it. peft >= 0.19 refuses an installed torchao older than 0.16 whenever it adds an adapter
+  ("Found an incompatible version of torchao"), so every LoRA run fails there; the ``quant`` extra asks for 0.16+.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ TESTED: dict[str, tuple[str, str]] = {
     "accelerate": ("1.0.0", "1.15.0"),
     "datasets": ("3.0.0", "5.2.0"),
     "huggingface_hub": ("1.5.0", "2.4.0"),
+    "torchao": ("0.16.0", "0.18.0"),  # --do_fp8_training (the quant and test extras); absent: nothing to say
 }
 
 
@@ -78,6 +80,12 @@ BROKEN: list[BrokenPair] = [
                lambda v: _at_least(v("transformers"), "5.24.0") and not _at_least(v("peft"), "0.22.0"),
                "transformers {transformers} needs peft >= 0.22 for it, and peft {peft} is installed (0.22 is not "
                "released): pip install 'transformers<5.24'"),
+    BrokenPair("LoRA (peft checks the installed torchao whenever it adds an adapter)",
+               lambda args: bool(getattr(args, "lora", False)),
+               lambda v: v("torchao") is not None and not _at_least(v("torchao"), "0.16.0")
+               and _at_least(v("peft"), "0.19.0"),
+               "peft {peft} needs torchao >= 0.16 whenever torchao is installed, and torchao {torchao} is: "
+               "pip install 'torchao>=0.16' (or pip uninstall torchao)"),
 ]
 
 

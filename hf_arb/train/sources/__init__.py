@@ -19,6 +19,7 @@ Modules:
 - :mod:`~hf_arb.train.sources.streamed` — ``--streaming``: a bucketed stream (one tier or several);
 - :mod:`~hf_arb.train.sources.clips` — ``--video_column``: clips and stills in (width, height, frames) buckets;
 - :mod:`~hf_arb.train.sources.encoded` — ``--encoded_dataset``: stored latents and prompt embeddings;
+- :mod:`~hf_arb.train.sources.encoded_stream` — ``--encoded_dataset --streaming``: the same, streamed;
 - :mod:`~hf_arb.train.sources.reports` — the start-up tables of the map-style and packed sources;
 - :mod:`~hf_arb.train.sources.dataset` — the map-style dataset, its bucket columns and the pre-model checks;
 - :mod:`~hf_arb.train.sources.loaders` — samplers and DataLoaders of the map-style and packed sources;
@@ -55,8 +56,9 @@ def mode_class(args: argparse.Namespace) -> type:
     tiered = len(getattr(args, "resolutions", None) or []) > 1
     if getattr(args, "encoded_dataset", None):  # the flag checks refuse it with the other modes
         from .encoded import EncodedSource
+        from .encoded_stream import EncodedStreamSource
 
-        return EncodedSource
+        return EncodedStreamSource if getattr(args, "streaming", False) else EncodedSource
     if getattr(args, "video_column", None):  # clips in (W, H, F) buckets (the flag checks refuse the other modes)
         from .clips import ClipSource
 

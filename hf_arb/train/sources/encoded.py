@@ -19,27 +19,18 @@ class EncodedSource(BucketedSource):
     """A map-style run over an encoded dataset: the same plan as on the source dataset (its bucket columns are
     stored), the same items as ``--cache_latents`` and the same prompt embeddings as ``--cache_text_embeddings``.
 
-    Its fingerprint is checked against the run's flags and model before any model loads (the variant count and the
-    entries the plan needs once the sampler exists; the VAE's weights when the models are loaded): a mismatch is one
-    line naming the field and both values."""
+    Its fingerprint is checked against the run's flags and model before any model loads (the VAE's weights read
+    from its files; the variant count and the entries the plan needs once the sampler exists): a mismatch is one line
+    naming the field and both values. The run loads no VAE and no text encoder (:meth:`frozen_parts`)."""
 
     data: Any = None
 
     def load(self, accelerator: Any) -> None:
-        from hf_arb.buckets.sets import BucketSet
-        from hf_arb.train.encoded.fingerprint import check_fingerprint, run_fingerprint
         from hf_arb.train.encoded.reader import open_encoded
-
-        from .dataset import bucket_table_from_args
 
         a = self.args
         self.data = open_encoded(a.encoded_dataset, getattr(a, "cache_dir", None))
-        stored = BucketSet.from_dataset(self.data.rows)
-        asked = bucket_table_from_args(a)[0] if a.bucket_flags_given else stored
-        fp = {k: v for k, v in self.data.fingerprint.items() if k not in ("variants", "num_source_rows")}
-        check_fingerprint(fp, run_fingerprint(a, asked), a.encoded_dataset)
-        check_vae_files(self.data.info, a)  # the VAE's weights, from its files: no VAE loads
-        self.ds, self.buckets = self.data.rows, stored
+        self.ds, self.buckets = self.data.rows, checked_buckets(a, self.data)
         check_plan(a, self.ds, 1 if accelerator is None else accelerator.num_processes)
         check_upscale(a, self.ds, self.buckets)
 
@@ -71,13 +62,9 @@ class EncodedSource(BucketedSource):
         import torch
 
         from hf_arb.sampling.accelerate import fill_deepspeed_micro_batch
-        from hf_arb.train.cache.cache_keys import vae_fingerprint
-        from hf_arb.train.encoded.fingerprint import check_fingerprint
         from hf_arb.train.signals import ignore_stop_signals_in_worker
 
-        if not self.data.info.get("vae_files"):  # weights not in safetensors: the loaded module is fingerprinted
-            check_fingerprint({"vae_weights": self.data.info["vae_weights"]},
-                              {"vae_weights": vae_fingerprint(models.vae)}, self.args.encoded_dataset)
+        check_vae_weights(self.args, self.data, models)
         loader = torch.utils.data.DataLoader(self.latents, batch_sampler=self.sampler,
                                              collate_fn=self.latents.collate,
                                              num_workers=self.args.dataloader_num_workers,
@@ -107,4 +94,32 @@ def check_vae_files(info: dict[str, Any], args: Any) -> None:
                           args.encoded_dataset)
 
 
-__all__ = ["EncodedSource", "check_vae_files"]
+def checked_buckets(args: Any, data: Any) -> Any:
+    """The encoded dataset's bucket table, its fingerprint checked against the run's flags and model before any
+    model loads (the VAE's weights from its files, :func:`check_vae_files`; the variant count is checked once the
+    schedule is known)."""
+    from hf_arb.buckets.sets import BucketSet
+    from hf_arb.train.encoded.fingerprint import check_fingerprint, run_fingerprint
+
+    from .dataset import bucket_table_from_args
+
+    stored = BucketSet.from_dataset(data.rows)
+    asked = bucket_table_from_args(args)[0] if args.bucket_flags_given else stored
+    fp = {k: v for k, v in data.fingerprint.items() if k not in ("variants", "num_source_rows")}
+    check_fingerprint(fp, run_fingerprint(args, asked), args.encoded_dataset)
+    check_vae_files(data.info, args)  # the VAE's weights, from its files: no VAE loads
+    return stored
+
+
+def check_vae_weights(args: Any, data: Any, models: Any) -> None:
+    """A dataset without ``vae_files`` (weights not in safetensors): the loaded VAE's weights must be those the
+    dataset was encoded with (one line otherwise)."""
+    from hf_arb.train.cache.cache_keys import vae_fingerprint
+    from hf_arb.train.encoded.fingerprint import check_fingerprint
+
+    if not data.info.get("vae_files"):
+        check_fingerprint({"vae_weights": data.info["vae_weights"]}, {"vae_weights": vae_fingerprint(models.vae)},
+                          args.encoded_dataset)
+
+
+__all__ = ["EncodedSource", "check_vae_files", "check_vae_weights", "checked_buckets"]
