@@ -148,7 +148,7 @@ MODULES: dict[str, str] = {
     "hf_arb.train.files": "training.md",
     "hf_arb.train.sources.tiers": "tiers.md",
     "hf_arb.train.sources.masks": "training.md#masked-loss",
-    "hf_arb.train.sources.mask_data": "training.md#masked-loss",
+    "hf_arb.train.sources.masks.data": "training.md#masked-loss",
     "hf_arb.train.flags.mask_flags": "training.md#masked-loss",
     "hf_arb.images.masks": "training.md#masked-loss",
     "hf_arb.families.loss_mask": "training.md#masked-loss",

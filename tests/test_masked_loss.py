@@ -26,7 +26,7 @@ from hf_arb.checks import UsageError
 from hf_arb.families.flow import flow_matching_loss
 from hf_arb.families.loss_mask import apply_loss_mask
 from hf_arb.images.masks import MaskedImageDataset, MaskSpec, find_mask_file, latent_weights, mask_files
-from hf_arb.train.sources.mask_data import CachedLatentsWithMasks, rows_with_masks
+from hf_arb.train.sources.masks.data import CachedLatentsWithMasks, rows_with_masks
 
 BUCKETS = BucketSet([(64, 32), (32, 64), (48, 48)])
 #: (width, height) of the test images: each covers its bucket with a real resize and crop
@@ -300,7 +300,7 @@ def test_a_pack_carries_each_images_mask_on_its_own_latent_grid(data) -> None:
     """--packing: every image of a pack at its own fitted size, its mask on that image's latent grid, in a list that
     packed_flow_step hands the packed loss (which tokenises it as the latent: tested above)."""
     from hf_arb import PackBatchSampler
-    from hf_arb.train.sources.mask_data import MaskedPackedImageDataset
+    from hf_arb.train.sources.masks.data import MaskedPackedImageDataset
 
     ds = data["ds"]
     sampler = PackBatchSampler(ds, 64, num_replicas=1, rank=0, seed=0, log_report=False, max_image_tokens=48)
@@ -323,7 +323,7 @@ def test_a_packs_masks_reach_the_packed_step(data, flux_pipe) -> None:
     from hf_arb.families import get_family
     from hf_arb.packing.family import packed_flow_step
     from hf_arb.packing.loss import PackedFlowModel
-    from hf_arb.train.sources.mask_data import MaskedPackedImageDataset
+    from hf_arb.train.sources.masks.data import MaskedPackedImageDataset
 
     ds, family = data["ds"], get_family("flux")
     model = PackedFlowModel(flux_pipe.transformer.eval(), backend="sdpa")

@@ -26,8 +26,8 @@ Modules:
 - :mod:`~hf_arb.train.sources.stream` — the streamed dataset, its counts, loader and per-rank resume files;
 - :mod:`~hf_arb.train.sources.tiers` — several ``--resolution`` tiers: flags, the combined bucket table, images;
 - :mod:`~hf_arb.train.sources.multi` — ``--dataset_config``: several datasets, their shares, one global plan;
-- :mod:`~hf_arb.train.sources.masks` — ``--masked_loss``: the map-style and packed sources with a loss mask per image;
-- :mod:`~hf_arb.train.sources.mask_data` — their data: the mask flags read, rows with masks, packed and cached masks.
+- :mod:`~hf_arb.train.sources.masks` — ``--masked_loss``: the map-style and packed sources with a loss mask per image
+  (a subfolder: ``data``, the mask flags read, rows with masks, packed and cached masks);
 
 The path of one batch through a source: docs/code_map.md. Part of floor 7 (``train/``): imports the floors below
 and ``train/``'s own modules, never the script.

@@ -153,7 +153,7 @@ def build_dataloader(args: argparse.Namespace, accelerator: Any, ds: Any, bucket
             dataset = CachedLatentsWithReferences(dataset, image_dataset(args, ds, buckets, references))
             collate = dataset.collate
         if masks is not None:  # masks recomputed with each cached variant's plan (hf_arb.train.sources.masks)
-            from .mask_data import CachedLatentsWithMasks
+            from .masks.data import CachedLatentsWithMasks
 
             dataset = CachedLatentsWithMasks(dataset, image_dataset(args, ds, buckets, masks=masks))
             collate = dataset.collate
@@ -164,7 +164,7 @@ def build_dataloader(args: argparse.Namespace, accelerator: Any, ds: Any, bucket
 
             packed: Any = PackedImageDataset
             if masks is not None:  # each image's loss mask on its own latent grid
-                from .mask_data import MaskedPackedImageDataset as packed
+                from .masks.data import MaskedPackedImageDataset as packed
             dataset = packed(
                 ds, sampler.sizes, **({} if masks is None else {"masks": masks}), image_column=args.image_column,
                 caption_column=args.caption_column, seed=args.seed,

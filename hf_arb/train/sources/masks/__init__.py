@@ -6,13 +6,16 @@ batch then carries ``loss_mask`` (each latent cell's weight) and every family's 
 (:mod:`hf_arb.families.loss_mask`); the loop never asks whether the run is masked.
 
 - Images: the dataset renders each mask with its image's plan (:class:`~hf_arb.images.masks.MaskedImageDataset`,
-  :class:`~hf_arb.train.sources.mask_data.MaskedPackedImageDataset`); a row without a usable mask is replaced and
+  :class:`~hf_arb.train.sources.masks.data.MaskedPackedImageDataset`); a row without a usable mask is replaced and
   counted like a broken image.
 - ``--cache_latents``: the cache holds image latents only (its keys and entries do not depend on masks, so masked
   and unmasked runs share them); each batch's masks are recomputed from the mask files with the cached variant's
-  exact plan (:class:`~hf_arb.train.sources.mask_data.CachedLatentsWithMasks`; ``--alpha_mask`` opens the image
+  exact plan (:class:`~hf_arb.train.sources.masks.data.CachedLatentsWithMasks`; ``--alpha_mask`` opens the image
   for its alpha, no VAE), and a row whose mask is missing is replaced by a cached row of its bucket, counted the
   same way.
+
+Modules: this package's ``__init__`` (the sources) and :mod:`~hf_arb.train.sources.masks.data` (their data: the
+mask flags read, rows with masks, packed and cached masks).
 """
 
 from __future__ import annotations
@@ -27,10 +30,10 @@ import numpy as np
 from hf_arb.checks import UsageError
 from hf_arb.images.masks import MaskSpec
 
-from ..files import SKIPPED_ROWS_FILE
-from .bucketed import BucketedSource
-from .mask_data import latent_factor, mask_spec, rows_with_masks
-from .packed import PackedSource
+from ...files import SKIPPED_ROWS_FILE
+from ..bucketed import BucketedSource
+from ..packed import PackedSource
+from .data import latent_factor, mask_spec, rows_with_masks
 
 #: the reason every mask line of skipped_rows.jsonl starts with (hf_arb.images.masks.MaskError's messages)
 MASK_REASON = "mask "
