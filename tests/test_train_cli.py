@@ -256,7 +256,10 @@ def test_validation_shows_a_progress_bar_of_its_images(tmp_path, capsys):
                               "--bucket_step", "16", "--validation_prompts", "a", "b", "--seed", "0"])
     buckets = train_data.bucket_set_from_args(args)
     main = SimpleNamespace(is_main_process=True, device="cpu", trackers=[])
-    script.log_validation(args, main, None, None, buckets, 1, None, pipe=Pipe())
+    from hf_arb.families import get_family
+
+    models = SimpleNamespace(family=get_family("sd"))  # the family generates each image (a video family: a strip)
+    script.log_validation(args, main, models, None, buckets, 1, None, pipe=Pipe())
     n = 2 * len(train_outputs.validation_shapes(buckets)) * args.num_validation_images
     err = capsys.readouterr().err  # one bar (leave=False: cleared once the grid is saved), counts and rate
     assert err.count(f"Validation images:   0%|          | 0/{n} [") == 1 and "img/s" in err

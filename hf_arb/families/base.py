@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["BUILTIN_MODULES", "FROZEN_PARTS", "Family", "Models", "UnloadedVAE", "builtin_family",
+__all__ = ["BUILTIN_MODULES", "FROZEN_PARTS", "Family", "Models", "PartNames", "UnloadedVAE", "builtin_family",
            "claiming_families", "detect_family", "family_names", "get_family", "read_class_name", "register_family",
            "unregister_family"]
 
@@ -46,9 +46,17 @@ BUILTIN_MODULES: tuple[str, ...] = ("hf_arb.families.sd3", "hf_arb.families.flux
                                     "hf_arb.families.qwenimage_edit_plus", "hf_arb.families.qwenimage_edit",
                                     "hf_arb.families.qwenimage", "hf_arb.families.zimage", "hf_arb.families.wan",
                                     "hf_arb.families.sdxl", "hf_arb.families.sd")
+class PartNames(frozenset):
+    """A frozenset of part names whose ``repr`` is sorted (a set's order follows the run's string hashing, and the
+    generated API reference shows the default)."""
+
+    def __repr__(self) -> str:
+        return f"frozenset({{{', '.join(map(repr, sorted(self)))}}})"
+
+
 #: the frozen parts a run may leave unloaded where its data already holds what they compute (an encoded dataset: the
 #: latents and the prompt embeddings); the denoiser and the scheduler always load
-FROZEN_PARTS: frozenset[str] = frozenset({"vae", "text_encoders"})
+FROZEN_PARTS: frozenset[str] = PartNames({"vae", "text_encoders"})
 
 
 class UnloadedVAE:
