@@ -37,6 +37,7 @@ from hf_arb import rng
 PICK_BLOCK = 1024  #: steps whose pick uniforms are drawn at once
 REOPEN_ROWS = 1024  #: on load, gaps up to this many rows are read through instead of restoring a snapshot
 VECTOR_ROWS = 1  #: below this many rows to buffer, rows are read one by one (1: never; the tests compare both paths)
+ONE_HOT_CELLS = 1 << 16  #: chunks of rows x buckets up to this size decide through a one-hot cumsum, larger by a sort
 COUNTERS = ("read", "used", "repeated", "skipped_unassigned", "skipped_small", "skipped_surplus", "evicted", "peak")
 
 
@@ -147,9 +148,11 @@ class RankBuffer:
             p, ids = self._pos, self._ids[self._pos:]
             sizes = np.array([len(self.buffers.get(b, ())) for b in range(self.k)], dtype=np.int64)
             ok, acc = accepted_rows(ids, self.scheduled, np.asarray(self.remaining, np.int64) * self.batch - sizes)
-            zero = np.zeros(1, dtype=np.int64)
-            self._dec = (p, (np.flatnonzero(acc) + p).tolist(),  # lists: a step reads a few of their items
-                         *(np.concatenate([zero, np.cumsum(x)]).tolist() for x in (acc, ids < 0, ok)))
+            prefix = np.zeros((3, ids.size + 1), dtype=np.int64)  # one cumsum and one tolist for the three counts
+            prefix[0, 1:], prefix[1, 1:], prefix[2, 1:] = acc, ids < 0, ok
+            np.cumsum(prefix, axis=1, out=prefix)
+            # lists: a step reads a few of their items
+            self._dec = (p, (np.flatnonzero(acc) + p).tolist(), *prefix.tolist())
         return self._dec
 
     def _advance(self, end: int, dec: tuple[int, list[int], list[int], list[int], list[int]] | None = None) -> None:
@@ -486,6 +489,11 @@ def accepted_rows(ids: np.ndarray, scheduled: np.ndarray, room: np.ndarray) -> t
         ``(schedulable, accepted)``, boolean arrays of shape ``(n,)``.
     """
     k = scheduled.size
+    if ids.size * k <= ONE_HOT_CELLS:  # a row's rank among its bucket's rows from a cumsum of the one-hot ids
+        at = np.where(ids < 0, k, np.minimum(ids, k))  # -1 and ids >= k: column k, never schedulable
+        ok = np.r_[scheduled > 0, False][at]
+        seen = np.cumsum(at[:, None] == np.arange(k + 1), axis=0)[np.arange(ids.size), at]  # rows so far, this one too
+        return ok, ok & (seen <= np.r_[room, 0][at])
     ok = (ids >= 0) & (ids < k)
     ok[ok] = scheduled[ids[ok]] > 0
     where = np.flatnonzero(ok)
