@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from unittest import mock
 
 import datasets
 import numpy as np
@@ -205,15 +206,17 @@ def test_bad_inputs():
 @given(ids=st.lists(st.integers(-1, 5), min_size=1, max_size=60), room=st.lists(st.integers(-2, 6), min_size=5,
        max_size=5), scheduled=st.lists(st.integers(0, 2), min_size=5, max_size=5))
 def test_accepted_rows_decides_as_row_by_row(ids, room, scheduled):
-    from hf_arb.sampling.streaming.buffer import accepted_rows
+    from hf_arb.sampling.streaming import buffer
 
-    ok, acc = accepted_rows(np.array(ids), np.array(scheduled), np.array(room))
-    left = list(room)
-    for j, b in enumerate(ids):  # the per-row rule of RankBuffer._read_one
-        assert ok[j] == (0 <= b < 5 and scheduled[b] > 0)
-        assert acc[j] == (ok[j] and left[b] > 0)
-        if acc[j]:
-            left[b] -= 1
+    for cells in (buffer.ONE_HOT_CELLS, 0):  # both ways of ranking a row in its bucket: one-hot cumsum, sort
+        with mock.patch.object(buffer, "ONE_HOT_CELLS", cells):
+            ok, acc = buffer.accepted_rows(np.array(ids), np.array(scheduled), np.array(room))
+        left = list(room)
+        for j, b in enumerate(ids):  # the per-row rule of RankBuffer._read_one
+            assert ok[j] == (0 <= b < 5 and scheduled[b] > 0)
+            assert acc[j] == (ok[j] and left[b] > 0)
+            if acc[j]:
+                left[b] -= 1
 
 
 @pytest.mark.parametrize("fmt", ["numpy", "torch"])

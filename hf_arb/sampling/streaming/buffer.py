@@ -37,6 +37,7 @@ from hf_arb import rng
 PICK_BLOCK = 1024  #: steps whose pick uniforms are drawn at once
 REOPEN_ROWS = 1024  #: on load, gaps up to this many rows are read through instead of restoring a snapshot
 VECTOR_ROWS = 1  #: below this many rows to buffer, rows are read one by one (1: never; the tests compare both paths)
+ONE_HOT_CELLS = 1 << 16  #: chunks of rows x buckets up to this size decide through a one-hot cumsum, larger by a sort
 COUNTERS = ("read", "used", "repeated", "skipped_unassigned", "skipped_small", "skipped_surplus", "evicted", "peak")
 
 
@@ -147,27 +148,32 @@ class RankBuffer:
             p, ids = self._pos, self._ids[self._pos:]
             sizes = np.array([len(self.buffers.get(b, ())) for b in range(self.k)], dtype=np.int64)
             ok, acc = accepted_rows(ids, self.scheduled, np.asarray(self.remaining, np.int64) * self.batch - sizes)
-            zero = np.zeros(1, dtype=np.int64)
-            self._dec = (p, (np.flatnonzero(acc) + p).tolist(),  # lists: a step reads a few of their items
-                         *(np.concatenate([zero, np.cumsum(x)]).tolist() for x in (acc, ids < 0, ok)))
+            prefix = np.zeros((3, ids.size + 1), dtype=np.int64)  # one cumsum and one tolist for the three counts
+            prefix[0, 1:], prefix[1, 1:], prefix[2, 1:] = acc, ids < 0, ok
+            np.cumsum(prefix, axis=1, out=prefix)
+            # lists: a step reads a few of their items
+            self._dec = (p, (np.flatnonzero(acc) + p).tolist(), *prefix.tolist())
         return self._dec
 
-    def _advance(self, end: int) -> None:
-        """Read the current chunk's rows up to position ``end`` (exclusive) with the precomputed decisions."""
-        d0, where, acc, unassigned, ok = self._decisions()
-        p, a, e = self._pos, self._pos - d0, end - d0
+    def _advance(self, end: int, dec: tuple[int, list[int], list[int], list[int], list[int]] | None = None) -> None:
+        """Read the current chunk's rows up to position ``end`` (exclusive) with the precomputed decisions ``dec``
+        (default: :meth:`_decisions`)."""
+        d0, where, acc, unassigned, ok = dec or self._decisions()
+        p, c = self._pos, self.c
+        a, e = p - d0, end - d0
         n_acc, n_un, n_ok = acc[e] - acc[a], unassigned[e] - unassigned[a], ok[e] - ok[a]
-        self.c["skipped_unassigned"] += n_un
-        self.c["skipped_small"] += (e - a) - n_un - n_ok
-        self.c["skipped_surplus"] += n_ok - n_acc
+        if n_acc != e - a:  # some rows skipped
+            c["skipped_unassigned"] += n_un
+            c["skipped_small"] += (e - a) - n_un - n_ok
+            c["skipped_surplus"] += n_ok - n_acc
         if n_acc:
-            idx0, idl, rows, buffers = self.c["read"] - p, self._idl, self._rows, self.buffers
+            idx0, idl, rows, buffers = c["read"] - p, self._idl, self._rows, self.buffers
             for j in where[acc[a]:acc[e]]:
                 buffers[idl[j]].append((idx0 + j, rows[j]))
             self.total += n_acc
-            if self.total + self.reserved > self.c["peak"]:
-                self.c["peak"] = self.total + self.reserved
-        self.c["read"] += end - p
+            if self.total + self.reserved > c["peak"]:
+                c["peak"] = self.total + self.reserved
+        c["read"] += end - p
         self._pos = end
 
     def _next_chunk(self) -> bool:
@@ -184,11 +190,12 @@ class RankBuffer:
                 continue
             if not self._next_chunk():
                 return
-            d0, where, acc, _, _ = self._decisions()
+            dec = self._decisions()
+            d0, where, acc = dec[0], dec[1], dec[2]
             k = acc[self._pos - d0] + need  # the accepted row that completes the fill, counted in the chunk
-            self._advance(where[k - 1] + 1 if k <= len(where) else len(self._rows))
+            self._advance(where[k - 1] + 1 if k <= len(where) else len(self._rows), dec)
 
-    def _fill_bucket(self, b: int, entry: dict[str, Any]) -> None:
+    def _fill_bucket(self, b: int, entry: list[Any]) -> None:
         """Read until bucket ``b`` holds a batch (or the source ends). While the buffer has room, up to the row that
         completes it at once (or up to the row that fills the buffer); a full buffer evicts (or raises) before each
         further row, row by row, exactly as the per-row rule does."""
@@ -202,7 +209,7 @@ class RankBuffer:
                         f"the buffer is full ({self.buffer_size} rows; per bucket {sizes}). The stream is not mixed "
                         "enough for this buffer: raise `buffer_size`, shuffle the source's shards "
                         "(`ds.shuffle(seed=...)`), or pass `on_overflow='evict'` to drop buffered rows (counted).")
-                entry["removed"].append(self._evict(b, entry))
+                _log(entry)[0].append(self._evict(b, entry))
                 self._read_one()
                 continue
             need = self.batch - len(self.buffers[b])
@@ -222,18 +229,24 @@ class RankBuffer:
                 end = min(end, int(ahead[room - 1]) + 1)
             self._advance(end)
 
-    def _set_reserve(self, b: int, rows: list[tuple[int, Any]], entry: dict[str, Any]) -> None:
+    def _set_reserve(self, b: int, rows: list[tuple[int, Any]], entry: list[Any]) -> None:
+        """Make ``rows`` bucket ``b``'s repeat reserve (an eviction's; a step's own batch is set in next_batch)."""
         old = self.reserve.get(b, ())
-        entry["reserve"].append((b, [i for i, _ in old]))  # undo log for state_at
-        if self.unused:
-            for i, _ in old:
-                if i in self.unused:  # an evicted row leaves the reserve unemitted: it stays counted as evicted
-                    self.unused.discard(i)
-                    entry["unused"].append(("del", i))
+        _log(entry)[1].append((b, [i for i, _ in old]))  # undo log for state_at
+        self._drop_unused(old, entry)
         self.reserved += len(rows) - len(old)
         self.reserve[b] = rows
 
-    def _evict(self, keep: int, entry: dict[str, Any]) -> tuple[int, int]:
+    def _drop_unused(self, old: Any, entry: list[Any]) -> None:
+        """Rows of a replaced reserve leave ``unused``: an evicted row leaves the reserve unemitted, so it stays
+        counted as evicted."""
+        if self.unused:
+            for i, _ in old:
+                if i in self.unused:
+                    self.unused.discard(i)
+                    _log(entry)[2].append(("del", i))
+
+    def _evict(self, keep: int, entry: list[Any]) -> tuple[int, int]:
         """Drop the oldest row of the fullest bucket other than ``keep``; returns its ``(read index, bucket)``."""
         # ties go to the lowest bucket id (never to dict order, which a resumed buffer does not share)
         b = max(sorted(v for v in self.buffers if v != keep and self.buffers[v]), key=lambda v: len(self.buffers[v]))
@@ -244,27 +257,33 @@ class RankBuffer:
         if not self.reserve.get(b):  # keep it as the bucket's repeat source, so a later step of b can be served
             self._set_reserve(b, [(idx, row)], entry)
             self.unused.add(idx)
-            entry["unused"].append(("add", idx))
+            _log(entry)[2].append(("add", idx))
         return idx, b
 
     # ------------------------------------------------------------------------------------------ one step
     def next_batch(self) -> list[Any]:
         """The rows of this rank's batch at the next step (``batch_size`` rows of the scheduled bucket)."""
-        s = self.step
+        s, c, batch = self.step, self.c, self.batch
         b = self._sched[s]
-        entry = {"step": s, "read": self.c["read"], "counters": dict(self.c), "removed": [],
-                 "reserve": [], "unused": []}
+        # the step's undo record for state_at (see _expand): its start, its bucket, its batch's fresh rows, the
+        # reserve they replace, and a log of the rarer changes (evictions, unused rows), made when needed
+        entry = [s, c["read"], c.copy(), b, None, None, None]
         self._current = entry  # the step in progress: its reads may prune snapshots its state will need
-        fill = min(self.fill, self._left * self.batch)  # never read rows no step can use
+        fill = self._left * batch  # never read rows no step can use
+        if self.fill < fill:
+            fill = self.fill
         if self.total < fill:
             self._fill(fill)
-        if len(self.buffers[b]) < self.batch:
+        buf = self.buffers[b]
+        if len(buf) < batch:
             self._fill_bucket(b, entry)
-        buf, u = self.buffers[b], self._step_uniforms(s)
-        if len(buf) >= self.batch:  # sequential sampling without replacement; pop keeps the list sorted
+        if s // PICK_BLOCK != self._block:
+            self._step_uniforms(s)
+        u = self._uniforms[s % PICK_BLOCK]
+        if len(buf) >= batch:  # sequential sampling without replacement; pop keeps the list sorted
             w = min(len(buf), self.window)  # the bucket's oldest rows: bounds a row's age, hence resume replay
-            fresh = [buf.pop(int(u[j] * (w - j))) for j in range(self.batch)]
-            rows = fresh
+            pop = buf.pop
+            fresh = rows = [pop(int(x * m)) for x, m in zip(u, range(w, w - batch, -1))]
         else:  # the source is exhausted: complete with repeats of this bucket's rows
             fresh, self.buffers[b] = list(buf), []
             pool = fresh or self.reserve.get(b, [])
@@ -274,23 +293,28 @@ class RankBuffer:
                     f"of it left and never emitted one. The counts passed ({int(self.remaining[b])} batches of it "
                     "left) do not match this rank's shards: check `counts`, or use more and smaller shards "
                     "(`to_iterable_dataset(num_shards=...)`) so every rank sees every bucket.")
-            rows = fresh + [pool[int(u[j] * len(pool))] for j in range(len(fresh), self.batch)]
+            rows = fresh + [pool[int(u[j] * len(pool))] for j in range(len(fresh), batch)]
             for i, _ in rows[len(fresh):]:
                 if i in self.unused:  # an evicted row emitted for the first time: used after all
                     self.unused.discard(i)
-                    entry["unused"].append(("del", i))
-                    self.c["used"] += 1
-                    self.c["evicted"] -= 1
+                    _log(entry)[2].append(("del", i))
+                    c["used"] += 1
+                    c["evicted"] -= 1
                 else:
-                    self.c["repeated"] += 1
-        self.total -= len(fresh)
-        self.c["used"] += len(fresh)
-        entry["removed"] += [(i, b) for i, _ in fresh]
-        if fresh:
-            self._set_reserve(b, fresh, entry)
+                    c["repeated"] += 1
+        n = len(fresh)
+        self.total -= n
+        c["used"] += n
+        entry[4] = fresh
+        if n:  # the batch's rows become the bucket's repeat reserve
+            old = entry[5] = self.reserve.get(b, ())
+            if self.unused:
+                self._drop_unused(old, entry)
+            self.reserved += n - len(old)
+            self.reserve[b] = fresh
         self.remaining[b] -= 1
         self._left -= 1
-        self.step += 1
+        self.step = s + 1
         self.history.append(entry)
         self._current = None
         names = self.names or ()
@@ -311,8 +335,9 @@ class RankBuffer:
         need |= {i for v in self.reserve.values() for i, _ in v}
         entries = [*self.history, *([self._current] if self._current else [])]
         for e in entries:
-            need |= {i for i, _ in e["removed"]} | {i for _, before in e["reserve"] for i in before}
-        oldest = entries[0]["read"] if entries else self.c["read"]
+            removed, reserve = _expand(e)[:2]
+            need |= {i for i, _ in removed} | {i for _, before in reserve for i in before}
+        oldest = entries[0][1] if entries else self.c["read"]
         keys = np.array(sorted(self.snapshots), dtype=np.int64)
         need_arr = np.fromiter(need | {oldest}, dtype=np.int64)
         keep = set(keys[np.searchsorted(keys, need_arr, side="right") - 1].tolist())
@@ -324,18 +349,18 @@ class RankBuffer:
         if step == self.step:
             read, counters, removed, reserve, unused = self.c["read"], dict(self.c), [], {}, set(self.unused)
         else:
-            back = [e for e in self.history if e["step"] >= step]
-            if not back or back[0]["step"] != step:
+            back = [_expand(e) for e in self.history if e[0] >= step]
+            if not back or back[0][3] != step:
                 raise ValueError(f"Rank {self.rank}: the state of step {step} is no longer known (produced up to step "
                                  f"{self.step}, history of {self.history.maxlen} steps); pass a later step or raise "
                                  "`history`.")
-            read, counters = back[0]["read"], back[0]["counters"]
-            removed = [x for e in back for x in e["removed"]]
+            read, counters = back[0][4], back[0][5]
+            removed = [x for e in back for x in e[0]]
             reserve, unused = {}, set(self.unused)
             for e in reversed(back):  # undo the reserve changes, newest first
-                for op, i in reversed(e["unused"]):
+                for op, i in reversed(e[2]):
                     (unused.discard if op == "add" else unused.add)(i)
-                for bucket, before in reversed(e["reserve"]):
+                for bucket, before in reversed(e[1]):
                     reserve[bucket] = before
         rows = sorted({(i, b) for b, v in self.buffers.items() for i, _ in v} | set(removed))
         rows = [[i, b] for i, b in rows if i < read]
@@ -391,6 +416,27 @@ class RankBuffer:
         self.history.clear()
 
 
+def _log(entry: list[Any]) -> tuple[list[Any], list[Any], list[Any]]:
+    """A step record's log of its rarer changes, made on first use: ``(removed, reserve, unused)``, the evicted rows'
+    ``(read index, bucket)``, the reserves evictions replaced ``(bucket, read indices before)`` and the ``unused``
+    changes ``("add"|"del", read index)``, each in order."""
+    if entry[6] is None:
+        entry[6] = ([], [], [])
+    return entry[6]
+
+
+def _expand(entry: list[Any]) -> tuple[list[Any], list[Any], list[Any], int, int, dict[str, int]]:
+    """A step record ``[step, read, counters, bucket, fresh, old reserve, log]`` (see :meth:`RankBuffer.next_batch`)
+    as ``(removed, reserve, unused, step, read, counters)``: every row that left the buffer in the step, in order (the
+    evicted ones, then the batch's fresh rows), every reserve it replaced ``(bucket, read indices before)`` in order
+    (the evictions', then the batch's) and its ``unused`` changes."""
+    step, read, counters, b, fresh, old, log = entry
+    removed, reserve, unused = log or ((), (), ())
+    removed = [*removed, *((i, b) for i, _ in fresh or ())]
+    reserve = [*reserve, (b, [i for i, _ in old])] if fresh else list(reserve)
+    return removed, reserve, list(unused), step, read, counters
+
+
 def floor_key(keys: list[int], i: int) -> int:
     """The largest of the sorted ``keys`` that is ``<= i`` (there always is one: 0 is snapshotted first)."""
     return keys[bisect.bisect_right(keys, i) - 1]
@@ -443,6 +489,11 @@ def accepted_rows(ids: np.ndarray, scheduled: np.ndarray, room: np.ndarray) -> t
         ``(schedulable, accepted)``, boolean arrays of shape ``(n,)``.
     """
     k = scheduled.size
+    if ids.size * k <= ONE_HOT_CELLS:  # a row's rank among its bucket's rows from a cumsum of the one-hot ids
+        at = np.where(ids < 0, k, np.minimum(ids, k))  # -1 and ids >= k: column k, never schedulable
+        ok = np.r_[scheduled > 0, False][at]
+        seen = np.cumsum(at[:, None] == np.arange(k + 1), axis=0)[np.arange(ids.size), at]  # rows so far, this one too
+        return ok, ok & (seen <= np.r_[room, 0][at])
     ok = (ids >= 0) & (ids < k)
     ok[ok] = scheduled[ids[ok]] > 0
     where = np.flatnonzero(ok)
