@@ -17,10 +17,12 @@ import io
 import os
 from fractions import Fraction
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-__all__ = ["CODECS", "audio_only_clip", "cut_clip", "empty_video_clip", "flip_bytes", "panning_frames", "write_clip"]
+__all__ = ["CODECS", "audio_only_clip", "cut_clip", "empty_video_clip", "flip_bytes", "mux_silence", "panning_frames",
+           "write_clip"]
 
 #: (codec, container format) by file suffix
 CODECS = {".mp4": ("libx264", "mp4"), ".webm": ("libvpx-vp9", "webm"), ".mkv": ("libx264", "matroska")}
@@ -116,14 +118,21 @@ def audio_only_clip(seconds: float = 1.0, fmt: str = "mp4") -> bytes:
     buf = io.BytesIO()
     with av.open(buf, "w", format=fmt) as out:
         stream = out.add_stream("aac", rate=8000)
-        for i in range(max(1, int(seconds * 8000 / 1024))):
-            frame = av.AudioFrame.from_ndarray(np.zeros((1, 1024), np.float32), format="fltp", layout="mono")
-            frame.sample_rate, frame.pts = 8000, i * 1024
-            for packet in stream.encode(frame):
-                out.mux(packet)
-        for packet in stream.encode():
-            out.mux(packet)
+        mux_silence(out, stream, seconds)
     return buf.getvalue()
+
+
+def mux_silence(out: Any, stream: Any, seconds: float) -> None:
+    """Encode ``seconds`` of mono silence at 8 kHz into the audio ``stream`` of the open container ``out``."""
+    import av
+
+    for i in range(max(1, int(seconds * 8000 / 1024))):
+        frame = av.AudioFrame.from_ndarray(np.zeros((1, 1024), np.float32), format="fltp", layout="mono")
+        frame.sample_rate, frame.pts = 8000, i * 1024
+        for packet in stream.encode(frame):
+            out.mux(packet)
+    for packet in stream.encode():
+        out.mux(packet)
 
 
 def empty_video_clip(seconds: float = 2.0, width: int = 64, height: int = 48, fps: int = 8) -> bytes:
@@ -137,11 +146,5 @@ def empty_video_clip(seconds: float = 2.0, width: int = 64, height: int = 48, fp
         video.width, video.height, video.pix_fmt = width, height, "yuv420p"
         audio = out.add_stream("aac", rate=8000)
         out.start_encoding()
-        for i in range(max(1, int(seconds * 8000 / 1024))):
-            frame = av.AudioFrame.from_ndarray(np.zeros((1, 1024), np.float32), format="fltp", layout="mono")
-            frame.sample_rate, frame.pts = 8000, i * 1024
-            for packet in audio.encode(frame):
-                out.mux(packet)
-        for packet in audio.encode():
-            out.mux(packet)
+        mux_silence(out, audio, seconds)
     return buf.getvalue()
