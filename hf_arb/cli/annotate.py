@@ -21,6 +21,7 @@ from typing import Any
 
 from hf_arb.buckets.sets import BucketSet
 from hf_arb.flag_parser import in_flags
+from hf_arb.train.flags.video_flags import frame_counts
 
 from .buckets import UsageError, add_bucket_arguments, buckets_from_args, positive_int
 from .tier_stats import add_tier_arguments, run_tier_stats, tiers_from_stats_args
@@ -111,17 +112,6 @@ def with_frames(bs: BucketSet, frames: list[int], short_clips: str = "skip") -> 
     return bs.replace(resolutions=[(w, h, f) for f in frames for (w, h) in bs], short_clips=short_clips)
 
 
-def _frame_counts(text: str) -> list[int]:
-    """argparse type: ``1,9,17``: distinct positive frame counts, ascending."""
-    try:
-        values = sorted({int(x) for x in text.split(",") if x.strip()})
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected frame counts like 1,9,17, got {text!r}") from None
-    if not values or values[0] < 1:
-        raise argparse.ArgumentTypeError(f"frame counts must be >= 1 (1: images), got {text!r}")
-    return values
-
-
 def _reference_buckets(args: argparse.Namespace) -> BucketSet | None:
     """The references' BucketSet for ``--reference-policy own --reference-resolution PX`` (else None)."""
     if args.reference_resolution is None:
@@ -166,7 +156,7 @@ def _add_annotate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--video-column", "--video_column", dest="video_column", default=None,
                    help="clip column (datasets.Video, paths or bytes; images in it are 1-frame clips): container "
                         "headers only. Default: detected with --frames when there is no image column")
-    p.add_argument("--frames", type=_frame_counts, default=None, metavar="F1,F2,...",
+    p.add_argument("--frames", type=frame_counts, default=None, metavar="F1,F2,...",
                    help="give every bucket these frame counts: (width, height, frames) buckets, 1 for images (e.g. "
                         "1,17,33,49 for Wan's 4k+1 rule)")
     p.add_argument("--target-fps", "--target_fps", dest="target_fps", type=_positive_float, default=None,
