@@ -45,6 +45,7 @@ BUILTIN_MODULES: tuple[str, ...] = ("hf_arb.families.sd3", "hf_arb.families.flux
                                     "hf_arb.families.flux",
                                     "hf_arb.families.qwenimage_edit_plus", "hf_arb.families.qwenimage_edit",
                                     "hf_arb.families.qwenimage", "hf_arb.families.zimage", "hf_arb.families.wan",
+                                    "hf_arb.families.ltx",
                                     "hf_arb.families.sdxl", "hf_arb.families.sd")
 class PartNames(frozenset):
     """A frozenset of part names whose ``repr`` is sorted (a set's order follows the run's string hashing, and the

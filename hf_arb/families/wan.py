@@ -284,13 +284,13 @@ class WanFamily(FlowFamily):
             shown = ", ".join("x".join(map(str, r)) for r in res[bad[:5], :2].tolist())
             raise UsageError(f"{bad.size} bucket(s) ({shown}) are not divisible by {step} (VAE factor "
                              f"{self.vae_scale_factor(models.vae)} x patch {self.token_patch(models.unet)}). For this "
-                             f"Wan model: --bucket_step {step} (or a multiple of it).")
+                             f"{self.title} model: --bucket_step {step} (or a multiple of it).")
         if res.shape[1] > 2:
             rule = self.frame_rule(models)
             frames = res[:, 2]
             wrong = sorted({int(f) for f in frames if not rule.is_valid(int(f))})
             if wrong:
-                raise UsageError(f"bucket frame counts {wrong} do not fit Wan's {rule.step}k+1 frames: use "
+                raise UsageError(f"bucket frame counts {wrong} do not fit {self.title}'s {rule.step}k+1 frames: use "
                                  f"{', '.join(str(rule.floor(f)) for f in wrong[:3])} (the counts below).")
 
     def startup_lines(self, models: Models, buckets: Any) -> str:
