@@ -58,6 +58,7 @@ def build_family_assets(root: Path) -> dict[str, str]:
     from hf_arb.testing.tiny import save_tiny_imagefolder
     from hf_arb.testing.tiny_flow import save_tiny_flux_kontext
     from hf_arb.testing.tiny_flux2 import save_tiny_flux2
+    from hf_arb.testing.tiny_ltx import save_tiny_ltx
     from hf_arb.testing.tiny_qwen import save_tiny_qwenimage, save_tiny_qwenimage_edit
     from hf_arb.testing.tiny_wan import save_tiny_wan
     from hf_arb.testing.tiny_zimage import save_tiny_zimage
@@ -69,7 +70,7 @@ def build_family_assets(root: Path) -> dict[str, str]:
             "qwen_edit": save_tiny_qwenimage_edit(root / "tiny-qwen-edit"),
             "qwen_edit_plus": save_tiny_qwenimage_edit(root / "tiny-qwen-edit-plus", plus=True),
             "pairs2": two_reference_pairs(root), "images": save_tiny_imagefolder(root / "images"),
-            "wan": save_tiny_wan(root / "tiny-wan")}
+            "wan": save_tiny_wan(root / "tiny-wan"), "ltx": save_tiny_ltx(root / "tiny-ltx")}
 
 
 def build_flow_assets(root: Path) -> dict[str, str]:
@@ -286,6 +287,7 @@ def batch_runs(root: Path, train: dict[str, str], flow: dict[str, str], stream: 
         "--max_train_steps", "4", "--checkpointing_steps", "2"], "checkpoint-2")
     runs += encoded_runs(root, train)
     runs += clip_runs(root, families)  # test_clip_source.py: clips and stills on 2 ranks, and the resume
+    runs += ltx_clip_runs(root, families)  # test_family_ltx.py: an LTX-Video full fine-tune on them, and the resume
     # test_fault_train.py: SIGTERM reaches rank 1 only, during update 2 (tests/_signal_worker.py; issue 34, item 4)
     out = root / "signal-one-rank"
     runs.append({"name": "signal-one-rank", "out": str(out), "worker": "_signal_worker", "argv": [
@@ -387,6 +389,21 @@ def clip_runs(root: Path, families: dict[str, str]) -> list[dict[str, Any]]:
                                      *CLIP, "--rank", "4", "--learning_rate", "2e-2", "--max_train_steps", "4",
                                      "--checkpointing_steps", "2", "--random_flip", "--frame_sampling", "random"],
                  "checkpoint-2")
+
+
+#: an LTX-Video clip run: sides of 32 (LTXPipeline's), stills and 9-frame clips (8k+1) in 96x64-sized buckets
+LTX_CLIP = ["--video_column", "video", "--bucket_preset", "budget", "--resolution", "80", "--bucket_step", "32",
+            "--frames", "1,9", "--train_batch_size", "2", "--report_to", "none", "--seed", "0", "--lr_warmup_steps",
+            "0", "--log_batches", "--max_sequence_length", "16", "--instance_prompt", "a slow pan"]
+
+
+def ltx_clip_runs(root: Path, families: dict[str, str]) -> list[dict[str, Any]]:
+    """test_family_ltx.py: an LTX-Video full fine-tune on the mixed folder of clips and stills on 2 ranks, 4 steps (an
+    epoch is 3: two 9-frame steps, one of stills), checkpoint at 2, and its resume."""
+    folder = mixed_clip_folder(root / "clip-folder-ltx")
+    return _pair(root, "clips-ltx", ["--pretrained_model_name_or_path", families["ltx"], "--train_data_dir", folder,
+                                     *LTX_CLIP, "--full_finetune", "--learning_rate", "1e-3", "--max_train_steps",
+                                     "4", "--checkpointing_steps", "2", "--random_flip"], "checkpoint-2")
 
 
 def two_reference_pairs(root: Path, n: int = 12) -> str:

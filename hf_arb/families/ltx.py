@@ -291,8 +291,13 @@ class LTXFamily(WanFamily):
 
     # ------------------------------------------------------------------------------------------ outputs
     def card_lines(self, args: argparse.Namespace) -> list[str]:
+        fps = getattr(args, "target_fps", None)
+        rate = f"resampled to {fps:g} fps" if fps else "at each clip's own frame rate"
         lines = ["LTX-Video trains on clips of 8k+1 frames (stills as 1-frame clips), each bucket's timesteps shifted "
-                 "by its video sequence length as `LTXPipeline` computes `mu` at that size and length.", ""]
+                 "by its video sequence length as `LTXPipeline` computes `mu` at that size and length.", "",
+                 f"Frame plan: `--frame_sampling {getattr(args, 'frame_sampling', 'head')}` windows of each bucket's "
+                 f"frame count, {rate}; the transformer's rotary positions assume "
+                 f"{fps or pipeline_frame_rate():g} fps (`frame_rate`).", ""]
         if getattr(args, "family_report", None):
             lines += ["```", args.family_report, "```", ""]
         return lines
