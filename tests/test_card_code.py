@@ -149,7 +149,9 @@ for name, job in json.loads(sys.argv[1]).items():
     if "image" in card:
         size, video = list(card["image"].size), None
     else:  # a video family: frames (F, H, W, 3), written to the MP4 the card names, in the user's folder
-        size, video = [card["frames"].shape[2], card["frames"].shape[1]], os.path.join(job["inputs"], "video.mp4")
+        frames = card["frames"]  # (F, H, W, 3) numpy (Wan's default output_type) or a list of PIL frames (LTX's)
+        size = list(frames[0].size) if isinstance(frames, list) else [frames.shape[2], frames.shape[1]]
+        video = os.path.join(job["inputs"], "video.mp4")
     results[name] = {"size": size, "cls": type(card["pipe"]).__name__,
                      "mp4": None if video is None else os.path.getsize(video),
                      "saved_cls": type(pipe).__name__, "adapters": list(adapters),

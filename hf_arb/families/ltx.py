@@ -245,11 +245,14 @@ class LTXFamily(WanFamily):
         return shift_sigmas(t, float(calculate_mu(ltx_sequence_length(f, h, w), options.shift)), options.shift)
 
     def predict(self, transformer: Any, noisy: Any, sigmas: Any, prompt_embeds: Any, mask: Any,  # type: ignore[override]
-                options: FlowOptions, frame_rate: float = 25.0, vae_factors: tuple[int, int] = (8, 32)) -> Any:
+                options: FlowOptions, frame_rate: float = 25.0, vae_factors: tuple[int, int] = (8, 32),
+                patch: tuple[int, int] | None = None) -> Any:
         """The velocity ``(B, C, F', h, w)`` at ``sigmas (B,)``: the latents packed into tokens, the transformer at
         timestep ``sigma * num_train_timesteps`` with the prompt ``mask`` and ``rope_interpolation_scale = (temporal
-        / frame_rate, spatial, spatial)`` (``vae_factors``: the VAE's temporal and spatial compression), unpacked."""
-        p, pt = int(transformer.config.patch_size), int(transformer.config.patch_size_t)
+        / frame_rate, spatial, spatial)`` (``vae_factors``: the VAE's temporal and spatial compression), unpacked.
+        ``patch``: the transformer's ``(patch_size, patch_size_t)`` (default: its config; a DDP-wrapped transformer
+        has none)."""
+        p, pt = patch or (int(transformer.config.patch_size), int(transformer.config.patch_size_t))
         f, h, w = noisy.shape[2:]
         t = sigmas.to(noisy.device, torch.float32) * options.num_train_timesteps
         temporal, spatial = vae_factors
@@ -276,8 +279,9 @@ class LTXFamily(WanFamily):
         captions = drop_captions(batch["captions"], args.proportion_empty_prompts, generator)
         embeds, mask = text(captions)
         factors = (int(models.vae.temporal_compression_ratio), self.vae_scale_factor(models.vae))
+        patch = (int(models.unet.config.patch_size), int(models.unet.config.patch_size_t))
         pred = self.predict(denoiser, noisy.to(dtype), sigmas, embeds, mask, options,
-                            models.extra.get("frame_rate", 25.0), factors)
+                            models.extra.get("frame_rate", 25.0), factors, patch)
         loss_mask = batch_loss_mask(batch, device)
         if loss_mask is not None and loss_mask.ndim == 4:  # a still's (B, 1, h, w) mask on its one latent frame
             loss_mask = loss_mask.unsqueeze(2)
