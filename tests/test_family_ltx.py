@@ -221,6 +221,22 @@ def test_frame_rule_and_spatial_multiple_are_what_the_pipeline_keeps_and_accepts
         family.check_buckets(models, SimpleNamespace(resolutions=np.array([[64, 32, 9], [64, 32, 5]])))
 
 
+def test_target_fps_sets_the_rotary_frame_rate_and_the_card_passes_it(ltx_path, pipe):
+    """--target_fps (the clips' rate) is the frame rate the transformer's rotary positions assume in training, and
+    the card's generation passes it as frame_rate; without it, the pipeline's default 25 and no frame_rate. Validation
+    draws a bucket's frames side by side (1 frame for a bucket of stills)."""
+    family = get_family("ltx")
+    args = ltx_args(ltx_path, "--rank", "4", "--video_column", "video", "--frames", "1,9", "--target_fps", "16")
+    assert family.load_models(args).extra["frame_rate"] == 16.0
+    assert family.generation_args(args, (64, 96, 9))[-2:] == ["num_frames=9", "frame_rate=16"]
+    plain = ltx_args(ltx_path, "--rank", "4")
+    assert family.generation_args(plain, (64, 96, 9))[-1] == "num_frames=9"
+    assert "rotary positions assume 16 fps" in "\n".join(family.card_lines(args))
+    kw = {"prompt": "a", "num_inference_steps": 1, "guidance_scale": 1.0, "max_sequence_length": 8}
+    assert family.generate(pipe, (64, 32, 9), **kw).size == (9 * 64, 32)
+    assert family.generate(pipe, (32, 64), **kw).size == (32, 64)
+
+
 # ------------------------------------------------------------------------------------------ fast: the loss
 def test_clip_loss_backprops_takes_stills_as_one_frame_clips_and_caches_train_as_on_the_fly(ltx_path, models):
     """On a clip batch (B, C, F, H, W) the loss is finite and reaches every block; stills (B, C, H, W) train exactly
