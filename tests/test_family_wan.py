@@ -194,12 +194,17 @@ def test_frame_rule_and_spatial_multiple_are_what_the_pipeline_accepts(pipe, wan
         family.check_buckets(models, SimpleNamespace(resolutions=np.array([[48, 32, 9], [48, 32, 6]])))
 
 
-def test_validation_draws_each_frame_of_a_bucket_side_by_side(pipe):
-    """Family.generate (validation): the bucket's frames in one strip, 1 frame for a bucket of stills."""
+def test_validation_generates_the_buckets_frames_as_a_video_and_draws_them_side_by_side(pipe):
+    """Family.generate (validation): the pipeline's ``.frames`` at the bucket's (W, H, F), 1 frame for a bucket of
+    stills; hf_arb.train.videos reads them as (F, H, W, 3) uint8 and draws them in one strip."""
+    from hf_arb.train.videos import frame_strip, is_video, video_array
+
     family = get_family("wan")
     kw = {"prompt": "a", "num_inference_steps": 1, "guidance_scale": 1.0, "max_sequence_length": 8}
-    assert family.generate(pipe, (48, 32, 5), **kw).size == (5 * 48, 32)
-    assert family.generate(pipe, (32, 48), **kw).size == (32, 48)
+    clip, still = family.generate(pipe, (48, 32, 5), **kw), family.generate(pipe, (32, 48), **kw)
+    assert is_video(clip) and is_video(still)
+    assert video_array(clip).shape == (5, 32, 48, 3) and video_array(still).shape == (1, 48, 32, 3)
+    assert frame_strip(video_array(clip)).size == (5 * 48, 32)
 
 
 # ------------------------------------------------------------------------------------------ fast: the loss
