@@ -12,6 +12,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from _train_fixtures import batch_result
 from PIL import Image
 
 import train_text_to_image_arb as script
@@ -156,3 +157,19 @@ def test_a_family_that_does_not_read_its_latent_patch_refuses_the_token_budget(w
     with pytest.raises(script.UsageError, match=r"--video_token_budget: the .* family does not read its latent "
                                                 r"patch yet; use --max_pixels_per_batch"):
         get_family("flux2").latent_patch(script.parse_args(clip_argv(wan)))
+
+
+@pytest.mark.slow
+def test_two_processes_train_the_same_bucket_with_the_same_batch_size_at_every_step(ddp_batch):
+    """--video_token_budget 64 --image_train_batch_size 2 on 2 ranks, one epoch (tests/_train_fixtures.py
+    ``clip_budget_runs``): at every step both ranks train one bucket with one batch size, different rows; the 9-frame
+    clip steps hold 1 row per rank, the still step 2 (4 stills: one global batch; 8 clips: four)."""
+    from test_train import read_trace
+
+    run = batch_result(ddp_batch, "clips-wan-budget")
+    traces = [read_trace(run["out"], r) for r in (0, 1)]
+    assert [(t["label"], t["shape"]) for t in traces[0]] == [(t["label"], t["shape"]) for t in traces[1]]
+    for a, b in zip(*traces):
+        assert not set(a["rows"]) & set(b["rows"])
+    steps = sorted((int(t["label"].split("x")[2]), t["shape"][0]) for t in traces[0])
+    assert steps == [(1, 2), (9, 1), (9, 1), (9, 1), (9, 1)], steps
