@@ -109,6 +109,8 @@ def clip_argv(wan: str, *extra: str) -> list[str]:
     (["--image_train_batch_size", "0"], r"--image_train_batch_size must be >= 1, got 0"),
     (["--video_token_budget", "64", "--max_pixels_per_batch", "9000"],
      r"--video_token_budget 64 with --max_pixels_per_batch 9000: two budgets for one batch; pass one"),
+    (["--image_train_batch_size", "2", "--max_pixels_per_batch", "9000"],
+     r"--image_train_batch_size with --max_pixels_per_batch 9000: the pixel budget sizes the stills' batches too"),
 ])
 def test_batch_size_flag_mistakes_are_refused_in_one_line(wan, extra, message):
     with pytest.raises(script.UsageError, match=message):

@@ -105,7 +105,7 @@ def check_video_flags(args: argparse.Namespace) -> None:
 
 def check_batch_flags(args: argparse.Namespace) -> None:
     """``--video_token_budget`` and ``--image_train_batch_size``: positive, and not with ``--max_pixels_per_batch``
-    (two budgets for one batch)."""
+    (two rules for one batch's size)."""
     for flag in ("video_token_budget", "image_train_batch_size"):
         value = getattr(args, flag, None)
         if value is not None and value < 1:
@@ -114,6 +114,10 @@ def check_batch_flags(args: argparse.Namespace) -> None:
         raise UsageError(f"--video_token_budget {args.video_token_budget} with --max_pixels_per_batch "
                          f"{args.max_pixels_per_batch}: two budgets for one batch; pass one (latent tokens count "
                          "what the transformer attends over).")
+    if getattr(args, "image_train_batch_size", None) is not None and getattr(args, "max_pixels_per_batch", None):
+        raise UsageError(f"--image_train_batch_size with --max_pixels_per_batch {args.max_pixels_per_batch}: the "
+                         "pixel budget sizes the stills' batches too; for a batch size of their own use "
+                         "--video_token_budget instead of --max_pixels_per_batch.")
 
 
 __all__ = ["TRAIN_FRAME_MODES", "add_video_flags", "check_batch_flags", "check_video_flags", "frame_counts"]
