@@ -175,3 +175,23 @@ def test_two_processes_train_the_same_bucket_with_the_same_batch_size_at_every_s
         assert not set(a["rows"]) & set(b["rows"])
     steps = sorted((int(t["label"].split("x")[2]), t["shape"][0]) for t in traces[0])
     assert steps == [(1, 2), (9, 1), (9, 1), (9, 1), (9, 1)], steps
+
+
+def test_the_plans_advice_names_the_clip_batch_flags(wan, caplog):
+    """A plan that drops rows with a batch size per bucket advises the flags that set those sizes, not
+    --max_pixels_per_batch (which the run does not use)."""
+    import logging
+
+    import datasets
+
+    from hf_arb import BucketSet
+    from hf_arb.train.sources.loaders import make_sampler
+
+    args = script.parse_args(clip_argv(wan, "--video_token_budget", "96", "--rank", "4", "--seed", "0"))
+    ds = datasets.Dataset.from_dict({"bucket": [0, 1, 1, 1]})  # one still in a bucket of 2: dropped
+    with caplog.at_level(logging.WARNING, logger="train_text_to_image_arb"):
+        make_sampler(args, ds, BucketSet([(224, 160, 1), (80, 48, 9)]),
+                     SimpleNamespace(num_processes=1, is_main_process=True), batch_sizes={0: 2, 1: 1})
+    advice = [r.getMessage() for r in caplog.records if "Remedies" in r.getMessage()]
+    assert len(advice) == 1 and "smaller batches (--video_token_budget, --image_train_batch_size)" in advice[0]
+    assert "max_pixels_per_batch" not in advice[0]

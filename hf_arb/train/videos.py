@@ -118,7 +118,7 @@ def log_videos(trackers: Any, videos: list[tuple[Path, np.ndarray]], step: int, 
         elif tracker.name == "wandb":
             import wandb
 
-            tracker.log({"validation_video": [wandb.Video(str(p), caption=p.stem, format="mp4") for p, _ in videos]})
+            tracker.log({"validation_video": [wandb.Video(str(p), caption=p.stem) for p, _ in videos]})
 
 
 def read_mp4(path: str | Path) -> np.ndarray:

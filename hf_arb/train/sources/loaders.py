@@ -67,7 +67,10 @@ def make_sampler(args: argparse.Namespace, ds: Any, buckets: Any, accelerator: A
         if not issubclass(w.category, UserWarning) or "Remedies:" not in str(w.message):
             warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
         elif accelerator.is_main_process:  # one line, in flags, without the warning's source line
-            logger.warning("%s", in_flags(str(w.message), SAMPLER_FLAG_NAMES))
+            names = SAMPLER_FLAG_NAMES if batch_sizes is None else {  # a clip run's sizes: its flags
+                **SAMPLER_FLAG_NAMES,
+                "a smaller batch per bucket": "smaller batches (--video_token_budget, --image_train_batch_size)"}
+            logger.warning("%s", in_flags(str(w.message), names))
     return sampler
 
 
