@@ -445,8 +445,9 @@ def test_a_full_fine_tune_on_clips_and_stills_trains_each_bucket_at_its_token_bu
 @pytest.mark.slow
 def test_validation_writes_a_playable_mp4_per_prompt_and_bucket_and_a_tensorboard_strip(wan_clip_runs):
     """--validation_prompt on a video family: one H.264 MP4 per prompt and validation bucket whose frame count and
-    size are the bucket's (read back with PyAV), the grid PNG with each video's frames side by side, and TensorBoard
-    images of the grid and of each video's strip (moviepy is not installed: no add_video)."""
+    size are the bucket's (read back with PyAV), linked from the model card, the grid PNG with each video's frames
+    side by side, and TensorBoard images of the grid and of each video's strip (moviepy is not installed: no
+    add_video)."""
     import av
     from PIL import Image
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -466,6 +467,8 @@ def test_validation_writes_a_playable_mp4_per_prompt_and_bucket_and_a_tensorboar
             assert container.streams.video[0].codec_context.name == "h264"
             frames = [fr.to_ndarray(format="rgb24") for fr in container.decode(video=0)]
         assert len(frames) == f and all(fr.shape == (h, w, 3) for fr in frames), path.name
+    card = (out / "README.md").read_text()
+    assert all(f"[{v.name}](validation/step-000004/{v.name})" in card for v in videos)
     grid = Image.open(out / "validation" / "step-000004.png")
     assert grid.size == (sum(w * f for w, h, f in shapes), max(h for w, h, f in shapes))
     events = EventAccumulator(str(next((out / "logs").rglob("events.out.tfevents.*"))), size_guidance={"images": 0})

@@ -164,6 +164,8 @@ def save_model_card(args: argparse.Namespace, repo_id: str, buckets: Any, family
     if args.validation_prompts:
         body += ["## Validation", "", "Prompts: " + "; ".join(f"`{p}`" for p in args.validation_prompts), ""]
         body += [f"![validation]({Path(p).relative_to(args.output_dir).as_posix()})" for p in images or []]
+        body += [f"[{v.name}]({v.relative_to(args.output_dir).as_posix()})" for p in images or []  # a video family
+                 for v in sorted(Path(p).with_suffix("").glob("*.mp4"))]  # its MP4s beside the grid
         body += [""]
     if args.report_to not in (None, "none", ""):
         body += [f"Training curves were logged to {args.report_to} (project `{args.tracker_project_name}`).", ""]
