@@ -147,6 +147,7 @@ MODULES: dict[str, str] = {
     "hf_arb.train.flags.caption_flags": "training.md#captions",
     "hf_arb.train.flags.optimizer_flags": "training.md#optimizer-prodigy",
     "hf_arb.train.outputs": "training.md",
+    "hf_arb.train.videos": "video.md#validation",
     "hf_arb.train.files": "training.md",
     "hf_arb.train.sources.tiers": "tiers.md",
     "hf_arb.train.sources.masks": "training.md#masked-loss",

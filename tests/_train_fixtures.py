@@ -288,6 +288,7 @@ def batch_runs(root: Path, train: dict[str, str], flow: dict[str, str], stream: 
     runs += encoded_runs(root, train)
     runs += clip_runs(root, families)  # test_clip_source.py: clips and stills on 2 ranks, and the resume
     runs += ltx_clip_runs(root, families)  # test_family_ltx.py: an LTX-Video full fine-tune on them, and the resume
+    runs += clip_budget_runs(root, families)  # test_video_validation.py: a batch size per (W, H, F) bucket, 2 ranks
     # test_fault_train.py: SIGTERM reaches rank 1 only, during update 2 (tests/_signal_worker.py; issue 34, item 4)
     out = root / "signal-one-rank"
     runs.append({"name": "signal-one-rank", "out": str(out), "worker": "_signal_worker", "argv": [
@@ -404,6 +405,18 @@ def ltx_clip_runs(root: Path, families: dict[str, str]) -> list[dict[str, Any]]:
     return _pair(root, "clips-ltx", ["--pretrained_model_name_or_path", families["ltx"], "--train_data_dir", folder,
                                      *LTX_CLIP, "--full_finetune", "--learning_rate", "1e-3", "--max_train_steps",
                                      "4", "--checkpointing_steps", "2", "--random_flip"], "checkpoint-2")
+
+
+def clip_budget_runs(root: Path, families: dict[str, str]) -> list[dict[str, Any]]:
+    """test_video_validation.py: a Wan LoRA on the mixed folder on 2 ranks for one epoch (5 steps) with
+    ``--video_token_budget 64 --image_train_batch_size 2``: the 9-frame clips 1 row per rank, the stills 2."""
+    folder = root / "clip-folder"
+    out = root / "clips-wan-budget"
+    return [{"name": "clips-wan-budget", "out": str(out), "argv": [
+        "--pretrained_model_name_or_path", families["wan"], "--train_data_dir",
+        str(folder) if folder.exists() else mixed_clip_folder(folder), *CLIP, "--rank", "4", "--learning_rate",
+        "2e-2", "--max_train_steps", "5", "--checkpointing_steps", "100", "--video_token_budget", "64",
+        "--image_train_batch_size", "2", "--output_dir", str(out)]}]
 
 
 def two_reference_pairs(root: Path, n: int = 12) -> str:

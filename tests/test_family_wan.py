@@ -21,7 +21,7 @@ import test_train
 import torch
 from _family_runs import check_full_resume
 from _stock import job_result
-from _train_fixtures import FLOW
+from _train_fixtures import CLIP, FLOW, mixed_clip_folder
 
 import train_text_to_image_arb as script
 from hf_arb.families import detect_family, detect_flow_family, get_family
@@ -194,12 +194,33 @@ def test_frame_rule_and_spatial_multiple_are_what_the_pipeline_accepts(pipe, wan
         family.check_buckets(models, SimpleNamespace(resolutions=np.array([[48, 32, 9], [48, 32, 6]])))
 
 
-def test_validation_draws_each_frame_of_a_bucket_side_by_side(pipe):
-    """Family.generate (validation): the bucket's frames in one strip, 1 frame for a bucket of stills."""
+def test_the_latent_patch_of_the_token_budget_is_the_pipelines_read_before_any_weight(pipe, wan_assets):
+    """Family.latent_patch (--video_token_budget's token count, read from the configs): the pipeline's
+    vae_scale_factor_spatial x the transformer's spatial patch, its vae_scale_factor_temporal and the temporal patch;
+    so a bucket's tokens are the transformer's sequence length at that (W, H, F)."""
+    from hf_arb.sampling.planning.batch_sizes import tokens_per_sample
+
+    spatial, frame_step, patch_t = get_family("wan").latent_patch(wan_args(wan_assets["wan"]))
+    pt, ph, _ = pipe.transformer.config.patch_size
+    assert (spatial, frame_step, patch_t) == (pipe.vae_scale_factor_spatial * ph, pipe.vae_scale_factor_temporal, pt)
+    w, h, f = 80, 48, 9
+    latents = torch.zeros(1, pipe.transformer.config.in_channels, (f - 1) // frame_step + 1,
+                          h // pipe.vae_scale_factor_spatial, w // pipe.vae_scale_factor_spatial)
+    tokens = pipe.transformer.patch_embedding(latents).flatten(2).shape[2]
+    assert tokens == int(tokens_per_sample([(w, h, f)], spatial=spatial, frame_step=frame_step, patch_t=patch_t)[0])
+
+
+def test_validation_generates_the_buckets_frames_as_a_video_and_draws_them_side_by_side(pipe):
+    """Family.generate (validation): the pipeline's ``.frames`` at the bucket's (W, H, F), 1 frame for a bucket of
+    stills; hf_arb.train.videos reads them as (F, H, W, 3) uint8 and draws them in one strip."""
+    from hf_arb.train.videos import frame_strip, is_video, video_array
+
     family = get_family("wan")
     kw = {"prompt": "a", "num_inference_steps": 1, "guidance_scale": 1.0, "max_sequence_length": 8}
-    assert family.generate(pipe, (48, 32, 5), **kw).size == (5 * 48, 32)
-    assert family.generate(pipe, (32, 48), **kw).size == (32, 48)
+    clip, still = family.generate(pipe, (48, 32, 5), **kw), family.generate(pipe, (32, 48), **kw)
+    assert is_video(clip) and is_video(still)
+    assert video_array(clip).shape == (5, 32, 48, 3) and video_array(still).shape == (1, 48, 32, 3)
+    assert frame_strip(video_array(clip)).size == (5 * 48, 32)
 
 
 # ------------------------------------------------------------------------------------------ fast: the loss
@@ -367,6 +388,117 @@ def test_a_full_fine_tune_on_stills_resumes_exactly(wan_runs):
     check_full_resume(wan_runs, "wan", "WanPipeline", "Timestep shift: fixed flow_shift 3 from the scheduler")
 
 
+#: the clip runs' shared flags: a full fine-tune on the mixed folder of clips and stills, each 9-frame clip bucket
+#: one row per batch under the token budget (80x48x9: 45 latent tokens, 64 // 45 = 1) and the still bucket two rows
+#: (--image_train_batch_size); seed 2's plan trains a still batch first, then clips
+CLIP_FULL = [*CLIP, "--seed", "2", "--full_finetune", "--learning_rate", "1e-3", "--max_train_steps", "4",
+             "--checkpointing_steps", "2", "--gradient_checkpointing", "--mixed_precision", "bf16",
+             "--video_token_budget", "64", "--image_train_batch_size", "2"]
+
+
+@pytest.fixture(scope="module")
+def wan_clip_runs(wan_assets, shared_artifact) -> dict[str, Any]:
+    """The unchanged script on the mixed folder of MP4 / WebM clips and PNG stills: a 4-step full fine-tune with the
+    token budget, --gradient_checkpointing and --mixed_precision bf16, checkpoint at 2, validating one prompt into
+    TensorBoard at the end; its resume from checkpoint-2 (same flags, no validation); the resume with another budget
+    (refused before anything loads: its message)."""
+    def build(root: Path) -> dict[str, Any]:
+        folder = mixed_clip_folder(root / "clips")
+        base = ["--pretrained_model_name_or_path", wan_assets["wan"], "--train_data_dir", folder, *CLIP_FULL]
+        out = {"folder": folder}
+        for name, extra in (("full", ["--validation_prompt", "a slow pan", "--num_validation_inference_steps", "2"]),
+                            ("resumed", ["--resume_from_checkpoint", "latest"])):
+            if name == "resumed":
+                shutil.copytree(root / "full" / "checkpoint-2", root / "resumed" / "checkpoint-2")
+            argv = [*base, *extra, "--output_dir", str(root / name)]
+            if name == "full":
+                argv[argv.index("--report_to") + 1] = "tensorboard"
+            stats = test_train.run_script(argv)
+            out[name] = {"dir": str(root / name), "log": stats["log"], "global_step": stats["global_step"]}
+        changed = [*base, "--video_token_budget", "128", "--resume_from_checkpoint", "latest", "--output_dir",
+                   str(root / "resumed")]
+        with pytest.raises(script.UsageError) as refused:
+            script.main(changed)
+        out["refused"] = str(refused.value)
+        return out
+
+    return shared_artifact("wan-clip-runs", build)
+
+
+@pytest.mark.slow
+def test_a_full_fine_tune_on_clips_and_stills_trains_each_bucket_at_its_token_budget_batch(wan_clip_runs):
+    """--video_token_budget 64 --image_train_batch_size 2: the 9-frame clip bucket trains 1 row per batch, the still
+    bucket 2 (the start-up table's batch column says so); both kinds trained, never in one batch, with gradient
+    checkpointing in bf16, to finite losses."""
+    from test_train import read_trace
+
+    run = wan_clip_runs["full"]
+    trace = read_trace(Path(run["dir"]), 0)
+    assert [t["step"] for t in trace] == [0, 1, 2, 3] and all(np.isfinite(t["loss"]) for t in trace)
+    sizes = {int(t["label"].split("x")[2]): t["shape"][0] for t in trace}
+    assert sizes == {1: 2, 9: 1}, trace  # a still batch of 2, clip batches of 1
+    assert {len(t["shape"]) for t in trace} == {4, 5}
+    assert "batch per bucket {3: 2, 12: 1}" in run["log"] and "(at most: each bucket its own" in run["log"]
+    assert "mixed precision: bf16" in (Path(run["dir"]) / "README.md").read_text()
+
+
+@pytest.mark.slow
+def test_validation_writes_a_playable_mp4_per_prompt_and_bucket_and_a_tensorboard_strip(wan_clip_runs):
+    """--validation_prompt on a video family: one H.264 MP4 per prompt and validation bucket whose frame count and
+    size are the bucket's (read back with PyAV), linked from the model card, the grid PNG with each video's frames
+    side by side, and TensorBoard images of the grid and of each video's strip (moviepy is not installed: no
+    add_video)."""
+    import av
+    from PIL import Image
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from hf_arb.train.outputs import validation_shapes
+
+    out = Path(wan_clip_runs["full"]["dir"])
+    buckets = SimpleNamespace(resolutions=np.asarray(json.loads((out / "hf_arb_buckets.json").read_text())
+                                                     ["resolutions"]))
+    shapes = validation_shapes(buckets)
+    assert all(len(s) == 3 and s[2] > 1 for s in shapes)  # clip buckets: the most frames at each aspect
+    videos = sorted((out / "validation" / "step-000004").glob("*.mp4"))
+    assert [v.name for v in videos] == sorted(f"prompt-0-{w}x{h}x{f}.mp4" for w, h, f in shapes)
+    for path in videos:
+        w, h, f = (int(v) for v in path.stem.split("-")[-1].split("x"))
+        with av.open(str(path)) as container:
+            assert container.streams.video[0].codec_context.name == "h264"
+            frames = [fr.to_ndarray(format="rgb24") for fr in container.decode(video=0)]
+        assert len(frames) == f and all(fr.shape == (h, w, 3) for fr in frames), path.name
+    card = (out / "README.md").read_text()
+    assert all(f"[{v.name}](validation/step-000004/{v.name})" in card for v in videos)
+    grid = Image.open(out / "validation" / "step-000004.png")
+    assert grid.size == (sum(w * f for w, h, f in shapes), max(h for w, h, f in shapes))
+    events = EventAccumulator(str(next((out / "logs").rglob("events.out.tfevents.*"))), size_guidance={"images": 0})
+    events.Reload()
+    tags = {t: events.Images(t)[-1] for t in events.Tags()["images"]}
+    assert set(tags) == {"validation", *(f"validation_video/{v.stem}" for v in videos)}
+    for v in videos:
+        w, h, f = (int(x) for x in v.stem.split("-")[-1].split("x"))
+        assert (tags[f"validation_video/{v.stem}"].width, tags[f"validation_video/{v.stem}"].height) == (w * f, h)
+
+
+@pytest.mark.slow
+def test_the_clip_run_resumes_exactly_and_refuses_another_token_budget_in_one_line(wan_clip_runs):
+    """From checkpoint-2 the resume replays steps 2-3 (rows, batch sizes, losses) to the same transformer (max abs
+    diff 0.0); the same resume with --video_token_budget 128 fails before anything loads, one line naming the flag,
+    both values and the fix."""
+    from _family_runs import transformer_weights
+    from test_train import read_trace
+
+    full, resumed = (Path(wan_clip_runs[k]["dir"]) for k in ("full", "resumed"))
+    trace, again = read_trace(full, 0), read_trace(resumed, 0)
+    assert [(t["step"], t["rows"], t["shape"], t["loss"]) for t in again] == [
+        (t["step"], t["rows"], t["shape"], t["loss"]) for t in trace[2:]]
+    a, b = transformer_weights(full), transformer_weights(resumed)
+    assert max(float((a[k] - b[k]).abs().max()) for k in a) == 0.0
+    refused = wan_clip_runs["refused"]
+    assert "\n" not in refused and "--video_token_budget 64, this run has --video_token_budget 128: pass " \
+        "--video_token_budget 64" in refused, refused
+
+
 STOCK = r"""
 import json, sys
 import numpy as np, torch
@@ -387,18 +519,20 @@ print("RESULT" + json.dumps(results))
 
 @pytest.mark.slow
 def test_every_output_loads_in_stock_diffusers_and_generates_a_non_square_9_frame_clip(wan_assets, adapter_outputs,
-                                                                                         wan_runs):
+                                                                                         wan_runs, wan_clip_runs):
     """Where hf_arb cannot be imported: WanPipeline.from_pretrained(tiny) + load_lora_weights for both LoRAs (the
-    script's, trained on stills; the adapter's, on clips), WanPipeline.from_pretrained for both full fine-tunes; each
-    generates 9 frames at 48x32 (not the default 81 at 832x480), other than the base model's."""
+    script's, trained on stills; the adapter's, on clips), WanPipeline.from_pretrained for the three full fine-tunes
+    (the script's on stills and on clips and stills, the adapter's); each generates 9 frames at 48x32 (not the
+    default 81 at 832x480), other than the base model's."""
     jobs = {"script-lora": {"model": wan_assets["wan"], "lora": wan_runs["lora"]["dir"]},
             "script-full": {"model": wan_runs["full"]["dir"], "lora": None},
+            "clips-full": {"model": wan_clip_runs["full"]["dir"], "lora": None},
             "adapter-lora": {"model": wan_assets["wan"], "lora": adapter_outputs["lora"]},
             "adapter-full": {"model": adapter_outputs["full"], "lora": None},
             "base": {"model": wan_assets["wan"], "lora": None}}
     results = job_result(STOCK, [json.dumps(jobs)])
     base = np.asarray(results["base"]["frames"])
-    for name in ("script-lora", "script-full", "adapter-lora", "adapter-full"):
+    for name in ("script-lora", "script-full", "clips-full", "adapter-lora", "adapter-full"):
         r = results[name]
         assert r["cls"] == "WanPipeline" and r["shape"] == [1, 9, 32, 48, 3] and r["finite"], (name, r["shape"])
         assert bool(r["adapters"]) == (jobs[name]["lora"] is not None), name

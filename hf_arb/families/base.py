@@ -277,6 +277,15 @@ class Family:
 
         return frame_rule(self.frame_rule_name)
 
+    def latent_patch(self, args: argparse.Namespace) -> tuple[int, int, int]:
+        """``(spatial, frame_step, patch_t)``: pixels per latent token side (VAE factor x patch), frames per latent
+        frame, latent frames per token, read from the checkpoint's configs before any weight loads (a clip run's
+        ``--video_token_budget``). A family that does not say refuses the flag."""
+        from hf_arb.checks import UsageError
+
+        raise UsageError(f"--video_token_budget: the {self.title} family does not read its latent patch yet; use "
+                         "--max_pixels_per_batch (pixels x frames per batch) instead.")
+
     def startup_lines(self, models: Models, buckets: Any) -> str:
         """Family-specific lines of the startup report (flow families: each bucket's shift); ``""`` for none."""
         return ""
@@ -388,9 +397,14 @@ class Family:
         return [f"image = pipe({call}).images[0]  # a trained bucket shape"]
 
     def generate(self, pipe: Any, shape: tuple[int, ...], **kwargs: Any) -> Any:
-        """One validation image (PIL) of ``pipe`` at ``shape`` (width, height[, frames]); ``kwargs``: the prompt,
-        the generator and the run's pipeline keywords. A video family returns its frames as one strip."""
-        return pipe(height=shape[1], width=shape[0], **kwargs).images[0]
+        """One validation sample of ``pipe`` at ``shape`` (width, height[, frames]); ``kwargs``: the prompt, the
+        generator and the run's pipeline keywords. An image (PIL) from ``.images``; a video family (a
+        :attr:`frame_rule_name`) asks for ``num_frames`` (the bucket's frames, 1 for a 2-D bucket) and returns the
+        pipeline's ``.frames[0]`` (:mod:`hf_arb.train.videos` writes it as an MP4 and draws its frame strip)."""
+        if self.frame_rule_name:
+            kwargs["num_frames"] = int(shape[2]) if len(shape) > 2 else 1
+        out = pipe(height=shape[1], width=shape[0], **kwargs)
+        return out.frames[0] if hasattr(out, "frames") else out.images[0]
 
     def saved_message(self, args: argparse.Namespace, output_dir: str) -> str:
         """What the run prints last: where the output is and the code that loads it (:meth:`load_code`). One line

@@ -178,6 +178,7 @@ class WanFamily(FlowFamily):
     supports_packing = False  # --packing's block-diagonal step is written for SD3 / Flux's transformers
     supports_vae_encode_mode = False  # its own loss (not flow_loss): --vae_encode_mode is refused
     frame_rule_name = "wan"
+    video_fps = 16  # Wan's frame rate (its model cards' export_to_video): the validation MP4s and the card's code
     # WanPipeline's default height (480 x 832 at 81 frames); one validation video per shape
     full_defaults = (480, 1, 1)
     lora_defaults = (480, 1, 1)
@@ -271,6 +272,17 @@ class WanFamily(FlowFamily):
         if models is None:
             return rule
         return FrameRule(rule.name, int(models.vae.config.scale_factor_temporal), rule.pipelines)
+
+    def latent_patch(self, args: argparse.Namespace) -> tuple[int, int, int]:
+        """``(scale_factor_spatial x patch, scale_factor_temporal, patch_t)`` from the checkpoint's VAE and
+        transformer configs (16, 4, 1 for Wan 2.1), as the pipeline patchifies; no weight loads."""
+        import diffusers
+
+        path, rev = args.pretrained_model_name_or_path, args.revision
+        vae = diffusers.AutoencoderKLWan.load_config(path, subfolder="vae", revision=rev)
+        patch_t, ph, pw = diffusers.WanTransformer3DModel.load_config(path, subfolder="transformer",
+                                                                      revision=rev)["patch_size"]
+        return int(vae["scale_factor_spatial"]) * int(ph), int(vae["scale_factor_temporal"]), int(patch_t)
 
     def check_buckets(self, models: Models, buckets: Any) -> None:
         """Every side a multiple of :meth:`spatial_multiple`, every frame count (a third column) fits
@@ -388,21 +400,9 @@ class WanFamily(FlowFamily):
     def generation_lines(self, call: str) -> list[str]:
         """Generate the frames and write them as an MP4 with diffusers' ``export_to_video`` (16 fps, Wan's rate)."""
         return [f"frames = pipe({call}).frames[0]  # a trained bucket shape",
-                'export_to_video(frames, "video.mp4", fps=16)  # imageio + imageio-ffmpeg write the MP4']
+                f'export_to_video(frames, "video.mp4", fps={self.video_fps})  # imageio + imageio-ffmpeg write the MP4']
 
     def card_code(self, args: argparse.Namespace, repo_id: str, shape: tuple[int, ...]) -> list[str]:
         """:meth:`Family.card_code` with ``export_to_video``'s import after the pipeline's."""
         code = super().card_code(args, repo_id, shape)
         return [*code[:2], "from diffusers.utils import export_to_video", *code[2:]]
-
-    def generate(self, pipe: Any, shape: tuple[int, ...], **kwargs: Any) -> Any:
-        """The frames at ``shape`` (width, height[, frames]; 1 frame for a bucket of stills), side by side as one
-        PIL image."""
-        from PIL import Image
-
-        frames = int(shape[2]) if len(shape) > 2 else 1
-        video = pipe(height=shape[1], width=shape[0], num_frames=frames, output_type="pil", **kwargs).frames[0]
-        strip = Image.new("RGB", (shape[0] * len(video), shape[1]))
-        for i, frame in enumerate(video):
-            strip.paste(frame, (i * shape[0], 0))
-        return strip

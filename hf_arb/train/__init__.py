@@ -15,6 +15,7 @@
 - :mod:`~hf_arb.train.encoded` — encode once, train anywhere: latents and prompt embeddings as a sharded dataset
   (``hf-arb encode``), its fingerprint, shards and reader (trained by the ``--encoded_dataset`` source);
 - :mod:`~hf_arb.train.outputs` — validation grids, the saved pipeline or LoRA, the model card, the push;
+- :mod:`~hf_arb.train.videos` — a video family's validation samples as MP4s (PyAV), frame strips and tracker entries;
 - :mod:`~hf_arb.train.lora` — LoRA helpers (targets, saved metadata, portable weights);
 - :mod:`~hf_arb.train.quantization` — ``--do_fp8_training`` (torchao FP8) and ``--bnb_quantization_config_path``
   (bitsandbytes QLoRA): the transformer's load keywords and its conversion;

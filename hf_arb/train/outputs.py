@@ -22,6 +22,7 @@ from .progress import Progress
 from .quantization import card_lines as quant_card_lines
 from .sources.dataset import bucket_origin
 from .sources.multi import mix_card_lines
+from .videos import DEFAULT_FPS, log_videos, save_videos
 
 torch: Any = LazyModule("torch")  # loaded when a function needs it: --help and flag errors answer before torch
 logger = logging.getLogger("train_text_to_image_arb")
@@ -107,8 +108,11 @@ def log_validation(args: argparse.Namespace, accelerator: Any, models: Models, u
     with torch.autocast(accelerator.device.type, dtype=dtype) if half else contextlib.nullcontext():
         rows = _generate(args, accelerator, pipe, shapes, bar, models.family)
     bar.close()
-    grid = image_grid(rows)
     path = Path(args.output_dir) / "validation" / f"{name or f'step-{step:06d}'}.png"
+    # a video family's samples: an MP4 per prompt and shape, at the run's (or the family's) frame rate
+    fps = getattr(args, "target_fps", None) or getattr(models.family, "video_fps", DEFAULT_FPS)
+    rows, videos = save_videos(rows, shapes, args.num_validation_images, path.with_suffix(""), fps)
+    grid = image_grid(rows)
     path.parent.mkdir(parents=True, exist_ok=True)
     grid.save(path)
     for tracker in accelerator.trackers:
@@ -118,7 +122,9 @@ def log_validation(args: argparse.Namespace, accelerator: Any, models: Models, u
             import wandb
 
             tracker.log({"validation": [wandb.Image(grid, caption=" | ".join(args.validation_prompts))]})
-    logger.info("Validation grid (%s at %s) saved to %s", args.validation_prompts, shapes, path)
+    log_videos(accelerator.trackers, videos, step, fps)
+    logger.info("Validation grid (%s at %s) saved to %s%s", args.validation_prompts, shapes, path,
+                f", {len(videos)} MP4(s) in {path.with_suffix('')}" if videos else "")
     del pipe
     return path
 
@@ -158,6 +164,8 @@ def save_model_card(args: argparse.Namespace, repo_id: str, buckets: Any, family
     if args.validation_prompts:
         body += ["## Validation", "", "Prompts: " + "; ".join(f"`{p}`" for p in args.validation_prompts), ""]
         body += [f"![validation]({Path(p).relative_to(args.output_dir).as_posix()})" for p in images or []]
+        body += [f"[{v.name}]({v.relative_to(args.output_dir).as_posix()})" for p in images or []  # a video family
+                 for v in sorted(Path(p).with_suffix("").glob("*.mp4"))]  # its MP4s beside the grid
         body += [""]
     if args.report_to not in (None, "none", ""):
         body += [f"Training curves were logged to {args.report_to} (project `{args.tracker_project_name}`).", ""]

@@ -77,7 +77,7 @@ def micro_step_generator(seed: int, micro_step: int, rank: int) -> torch.Generat
     return g
 
 
-def image_loss_weights(args: argparse.Namespace, sampler: Any) -> Any:
+def image_loss_weights(args: argparse.Namespace, sampler: Any, per_bucket: bool = False) -> Any:
     """``weight(micro_step) -> float``: the factor on a micro-batch's mean loss (``micro_step``: batches this rank
     trained before it since the start; the sampler's ``locate`` gives its epoch and step, epochs of any length).
 
@@ -87,10 +87,11 @@ def image_loss_weights(args: argparse.Namespace, sampler: Any) -> Any:
     division by ``A`` and DDP's mean over devices the step's gradient is the mean loss over all its images: every
     image weighs the same (:func:`hf_arb.sampling.batch_sizes.accumulation_weights`). All devices train the same
     bucket at each step, so ``n`` is the same on every device and needs no communication; it is a pure function of
-    the plan, so a resumed run weights exactly as the uninterrupted one.
+    the plan, so a resumed run weights exactly as the uninterrupted one. ``per_bucket``: the source gave the sampler
+    a batch size per bucket (a clip run's token budget), weighted the same way.
     """
     varied = getattr(sampler, "batch_sizes", None) is not None or hasattr(sampler, "step_tiers")  # tiers: per tier
-    if args.max_pixels_per_batch is None or not varied:
+    if (args.max_pixels_per_batch is None and not per_bucket) or not varied:
         return lambda micro: 1.0
     from hf_arb.sampling.planning.batch_sizes import accumulation_weights
 

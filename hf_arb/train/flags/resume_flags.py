@@ -59,6 +59,9 @@ SHAPING_FLAGS: dict[str, Callable[[argparse.Namespace], Any]] = {
     "with_prior_preservation": lambda a: bool(getattr(a, "with_prior_preservation", False)),
     # a stream's per-rank state positions its source: an encoded dataset's latents shards, or the image shards
     "encoded_dataset": lambda a: bool(getattr(a, "encoded_dataset", None)) if getattr(a, "streaming", False) else None,
+    # a clip run's batch size per bucket: the sampler's plan (its state holds each bucket's global batch)
+    "video_token_budget": lambda a: getattr(a, "video_token_budget", None),
+    "image_train_batch_size": lambda a: getattr(a, "image_train_batch_size", None),
     # the optimizer's state: AdamW's moments or Prodigy's step-size estimate (its load would fail deep in torch)
     "optimizer": lambda a: "prodigy" if str(getattr(a, "optimizer", "AdamW")).lower() == "prodigy" else "AdamW",
 }

@@ -1,9 +1,11 @@
 """The clip flags (issues 37/38): ``--video_column`` turns a run into a clip run (:class:`~hf_arb.train.sources.clips.
 ClipSource`), ``--frames`` gives a 2-D table a frame axis (or picks a video preset's frame ladder), ``--target_fps``
 resamples clips to the model's frame rate, ``--frame_sampling`` picks which instants train (musubi-tuner's
-``frame_extraction``), ``--short_clips`` loops or skips clips shorter than the smallest frame bucket. The names are
-``hf-arb annotate``'s (``--video-column``, ``--frames``, ``--target-fps``, ``--short-clips``) in the script's
-underscore spelling. Parsed here and checked before anything loads; the clip source reads them, the loop never does."""
+``frame_extraction``), ``--short_clips`` loops or skips clips shorter than the smallest frame bucket,
+``--video_token_budget`` and ``--image_train_batch_size`` give each bucket its batch size (diffusion-pipe's per-bucket
+micro batches). The names are ``hf-arb annotate``'s (``--video-column``, ``--frames``, ``--target-fps``,
+``--short-clips``) in the script's underscore spelling. Parsed here and checked before anything loads; the clip
+source reads them, the loop never does."""
 
 from __future__ import annotations
 
@@ -46,6 +48,14 @@ def add_video_flags(a: Callable[..., Any]) -> None:
     a("--short_clips", type=str, default="skip", choices=("skip", "loop"),
       help="NEW (hf-arb annotate --short-clips): a clip shorter than the smallest frame bucket is skipped (named in "
            "the summary) or played again to fill it.")
+    a("--video_token_budget", type=int, default=None, metavar="TOKENS",
+      help="NEW (diffusion-pipe's per-bucket micro batches): latent tokens per batch per device; each (W, H, F) "
+           "bucket trains floor(TOKENS / its tokens) rows, its tokens (W/s)(H/s)((F-1)/t+1) read from the model's VAE "
+           "and patch (Wan 2.1: s=16, t=4), at most --train_batch_size. A rare long or large bucket gets a batch "
+           "that fits instead of running out of memory.")
+    a("--image_train_batch_size", type=int, default=None,
+      help="NEW (diffusion-pipe's image_micro_batch_size_per_gpu): rows per batch per device of the 1-frame (still) "
+           "buckets; the clip buckets keep --train_batch_size (or the --video_token_budget).")
 
 
 def check_video_flags(args: argparse.Namespace) -> None:
@@ -59,6 +69,8 @@ def check_video_flags(args: argparse.Namespace) -> None:
         given = [f for f, v in (("--frames", args.frames), ("--target_fps", args.target_fps),
                                 ("--frame_sampling", args.frame_sampling != "head"),
                                 ("--short_clips", args.short_clips != "skip"),
+                                ("--video_token_budget", getattr(args, "video_token_budget", None) is not None),
+                                ("--image_train_batch_size", getattr(args, "image_train_batch_size", None) is not None),
                                 (f"--bucket_preset {args.bucket_preset}", preset_is_video)) if v]
         if given:
             raise UsageError(f"{given[0]} applies to clips: add --video_column COLUMN (with --train_data_dir: "
@@ -67,6 +79,7 @@ def check_video_flags(args: argparse.Namespace) -> None:
     if args.frame_sampling not in TRAIN_FRAME_MODES:
         raise UsageError(f"--frame_sampling {args.frame_sampling}: one clip into several rows is not trained yet; "
                          f"use one of {', '.join(TRAIN_FRAME_MODES)}.")
+    check_batch_flags(args)
     if args.target_fps is not None and not args.target_fps > 0:
         raise UsageError(f"--target_fps {args.target_fps:g}: the model's frame rate must be > 0 (16 for Wan).")
     if args.aspect_ratio_buckets is not None and not args.frames:
@@ -90,4 +103,21 @@ def check_video_flags(args: argparse.Namespace) -> None:
             raise UsageError(f"{flag} with --video_column: not with clips yet ({why}); drop {flag.split()[0]}.")
 
 
-__all__ = ["TRAIN_FRAME_MODES", "add_video_flags", "check_video_flags", "frame_counts"]
+def check_batch_flags(args: argparse.Namespace) -> None:
+    """``--video_token_budget`` and ``--image_train_batch_size``: positive, and not with ``--max_pixels_per_batch``
+    (two rules for one batch's size)."""
+    for flag in ("video_token_budget", "image_train_batch_size"):
+        value = getattr(args, flag, None)
+        if value is not None and value < 1:
+            raise UsageError(f"--{flag} must be >= 1, got {value}.")
+    if getattr(args, "video_token_budget", None) is not None and getattr(args, "max_pixels_per_batch", None):
+        raise UsageError(f"--video_token_budget {args.video_token_budget} with --max_pixels_per_batch "
+                         f"{args.max_pixels_per_batch}: two budgets for one batch; pass one (latent tokens count "
+                         "what the transformer attends over).")
+    if getattr(args, "image_train_batch_size", None) is not None and getattr(args, "max_pixels_per_batch", None):
+        raise UsageError(f"--image_train_batch_size with --max_pixels_per_batch {args.max_pixels_per_batch}: the "
+                         "pixel budget sizes the stills' batches too; for a batch size of their own use "
+                         "--video_token_budget instead of --max_pixels_per_batch.")
+
+
+__all__ = ["TRAIN_FRAME_MODES", "add_video_flags", "check_batch_flags", "check_video_flags", "frame_counts"]

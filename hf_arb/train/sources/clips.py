@@ -20,9 +20,10 @@ import numpy as np
 from hf_arb.checks import UsageError
 
 from ..files import SKIPPED_ROWS_FILE
-from ..schedule import Schedule
+from ..schedule import Schedule, image_loss_weights
 from .bucketed import BucketedSource
 from .dataset import annotation_note, bucket_table_from_args, check_plan, instance_captions, load_raw_dataset
+from .loaders import make_sampler
 
 logger = logging.getLogger("train_text_to_image_arb")
 
@@ -140,6 +141,33 @@ def check_strides(args: argparse.Namespace, ds: Any) -> None:
                          "--target_fps it was annotated with (hf-arb annotate --target-fps), or annotate it again.")
 
 
+def clip_batch_sizes(args: argparse.Namespace, ds: Any, buckets: Any, family: Any) -> dict[int, int] | None:
+    """``{bucket: rows per device}`` from ``--video_token_budget`` (each bucket's latent tokens, from the family's
+    :meth:`~hf_arb.families.Family.latent_patch`; at most ``--train_batch_size``) and ``--image_train_batch_size``
+    (the 1-frame buckets'); None when neither is given (one ``--train_batch_size`` for every bucket)."""
+    from hf_arb.sampling.planning.batch_sizes import batch_sizes_for_tokens
+
+    budget, images = args.video_token_budget, args.image_train_batch_size
+    if budget is None and images is None:
+        return None
+    res = np.asarray(buckets.resolutions, dtype=np.int64)
+    if budget is None:
+        sizes = np.where(res[:, 2] == 1, images, args.train_batch_size)
+    else:
+        ids = np.asarray(ds.with_format("numpy")["bucket"])
+        needed = np.bincount(ids[ids >= 0], minlength=len(res))[: len(res)] > 0  # buckets with rows must fit one
+        spatial, frame_step, patch_t = family.latent_patch(args)
+        try:
+            sizes = batch_sizes_for_tokens(res, budget, spatial=spatial, frame_step=frame_step, patch_t=patch_t,
+                                           image_batch_size=images, max_batch_size=args.train_batch_size,
+                                           needed=needed)
+        except ValueError as e:
+            raise UsageError(f"--video_token_budget {budget}: "
+                             + str(e).replace(f"max_tokens_per_batch={budget:,}", "it")
+                             .replace("Raise it", "Raise --video_token_budget")) from None
+    return {b: int(n) for b, n in enumerate(sizes.tolist())}
+
+
 def kind_losses(bucket_losses: dict[int, list[float]], frames: np.ndarray) -> dict[str, float]:
     """``{"loss/stills": ..., "loss/clips": ...}``: the mean of the losses of 1-frame buckets and of the others;
     ``frames``: each bucket's frame count (``(k,)``). A kind without a loss has no key."""
@@ -161,7 +189,22 @@ class ClipSource(BucketedSource):
         column = self.args.video_column
         if isinstance(self.ds.features[column], datasets.Video):  # raw {"bytes", "path"}: PyAV reads, hashes see
             self.ds = self.ds.cast_column(column, datasets.Video(decode=False))
-        check_plan(self.args, self.ds, 1 if accelerator is None else accelerator.num_processes)
+        if self.args.video_token_budget is None and self.args.image_train_batch_size is None:
+            check_plan(self.args, self.ds, 1 if accelerator is None else accelerator.num_processes)
+
+    def start(self, accelerator: Any) -> None:
+        """The sampler over the (W, H, F) buckets, each with its batch size where ``--video_token_budget`` or
+        ``--image_train_batch_size`` gives one (every rank trains the same bucket, so the same size, at each step)."""
+        from hf_arb.families import get_family
+
+        sizes = clip_batch_sizes(self.args, self.ds, self.buckets, get_family(self.args.family))
+        self.sampler = make_sampler(self.args, self.ds, self.buckets, accelerator, batch_sizes=sizes)
+
+    def loss_weights(self) -> Any:
+        """With a batch size per bucket, each micro-batch's loss weighted so every sample of an optimizer step
+        weighs the same (:func:`~hf_arb.train.schedule.image_loss_weights`)."""
+        per_bucket = self.args.video_token_budget is not None or self.args.image_train_batch_size is not None
+        return image_loss_weights(self.args, self.sampler, per_bucket=per_bucket)
 
     def kind_losses(self, bucket_losses: dict[int, list[float]]) -> dict[str, float]:
         """``loss/stills`` and ``loss/clips``: the mean loss of the update's 1-frame and multi-frame buckets (a key
@@ -207,5 +250,5 @@ class ClipSource(BucketedSource):
         return loader
 
 
-__all__ = ["ClipSource", "check_strides", "clip_bucket_table", "clip_dataset_with_buckets", "clip_folder_dataset",
-           "kind_losses"]
+__all__ = ["ClipSource", "check_strides", "clip_batch_sizes", "clip_bucket_table", "clip_dataset_with_buckets",
+           "clip_folder_dataset", "kind_losses"]

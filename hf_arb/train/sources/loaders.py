@@ -26,9 +26,10 @@ logger = logging.getLogger("train_text_to_image_arb")
 
 
 def make_sampler(args: argparse.Namespace, ds: Any, buckets: Any, accelerator: Any,
-                 references: list[str] | None = None) -> Any:
+                 references: list[str] | None = None, batch_sizes: dict[int, int] | None = None) -> Any:
     """The global epoch plan over all ranks; a plain ``accelerator.prepare`` deals each rank its batches.
-    ``references``: an edit model's reference columns (a batch stacks rows of one composite key)."""
+    ``references``: an edit model's reference columns (a batch stacks rows of one composite key); ``batch_sizes``:
+    ``{bucket: rows per device}`` instead of ``--train_batch_size`` (a clip run's token budget)."""
     from hf_arb import BucketBatchSampler
 
     if args.packing and isinstance(buckets, TierTable):  # packs over tiers: a tier is a token cap per image
@@ -50,7 +51,8 @@ def make_sampler(args: argparse.Namespace, ds: Any, buckets: Any, accelerator: A
                 ids, table = read_composite(ds, references)
                 table_buckets = np.asarray(getattr(buckets, "resolutions", buckets))[table[:, 0]]  # (c, 2) targets
             sampler = BucketBatchSampler(
-                ids, args.train_batch_size, num_replicas=accelerator.num_processes,  # no rank=: prepare deals the plan
+                ids, args.train_batch_size if batch_sizes is None else batch_sizes,
+                num_replicas=accelerator.num_processes,  # no rank=: prepare deals the plan
                 seed=args.seed, shuffle=True, sync_buckets=not args.no_bucket_sync, leftover=args.bucket_leftover,
                 return_keys=True, buckets=table_buckets, max_pixels_per_batch=args.max_pixels_per_batch,
                 log_report=False,  # startup_report prints it
@@ -65,7 +67,10 @@ def make_sampler(args: argparse.Namespace, ds: Any, buckets: Any, accelerator: A
         if not issubclass(w.category, UserWarning) or "Remedies:" not in str(w.message):
             warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
         elif accelerator.is_main_process:  # one line, in flags, without the warning's source line
-            logger.warning("%s", in_flags(str(w.message), SAMPLER_FLAG_NAMES))
+            names = SAMPLER_FLAG_NAMES if batch_sizes is None else {  # a clip run's sizes: its flags
+                **SAMPLER_FLAG_NAMES,
+                "a smaller batch per bucket": "smaller batches (--video_token_budget, --image_train_batch_size)"}
+            logger.warning("%s", in_flags(str(w.message), names))
     return sampler
 
 

@@ -36,7 +36,7 @@ def bucketed_report(accelerator: Any, source: Any, schedule: Schedule, models: A
     print(f"***** Running training ({models.family.title}) *****\n"
           f"  Num examples = {int((ids >= 0).sum())}\n  Num Epochs = {schedule.num_train_epochs}\n"
           f"  Instantaneous batch size per device = {per_device}"
-          f"{f' (at most; per bucket with --max_pixels_per_batch {args.max_pixels_per_batch})' if sizes else ''}\n"
+          f"{' (at most: each bucket its own, the batch column above)' if sizes else ''}\n"
           f"  Total train batch size (w. parallel, distributed & accumulation) = {total}\n"
           + step_lines(args, schedule), flush=True)
 
