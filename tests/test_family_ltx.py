@@ -159,6 +159,23 @@ def test_predict_is_the_velocity_the_pipelines_scheduler_steps_with(pipe, models
     assert not torch.allclose(velocity, at_one) and not torch.allclose(velocity, at_16)
 
 
+def test_the_token_budgets_latent_patch_is_the_transformers_sequence_length_read_before_any_weight(pipe, ltx_path):
+    """Family.latent_patch (--video_token_budget's token count, from the configs on the meta device): the pipeline's
+    vae_spatial_compression_ratio x patch, its vae_temporal_compression_ratio and patch_size_t; a bucket's tokens are
+    the length of the sequence LTXPipeline packs at that (W, H, F) (Wan's values would count 16x more here)."""
+    from hf_arb.sampling.planning.batch_sizes import tokens_per_sample
+
+    spatial, frame_step, patch_t = get_family("ltx").latent_patch(ltx_args(ltx_path))
+    cfg = pipe.transformer.config
+    assert (spatial, frame_step, patch_t) == (pipe.vae_spatial_compression_ratio * cfg.patch_size,
+                                              pipe.vae_temporal_compression_ratio, cfg.patch_size_t)
+    w, h, f = 96, 64, 17
+    latents = torch.zeros(1, cfg.in_channels, (f - 1) // frame_step + 1, h // pipe.vae_spatial_compression_ratio,
+                          w // pipe.vae_spatial_compression_ratio)
+    tokens = pack_latents(latents).shape[1]
+    assert tokens == int(tokens_per_sample([(w, h, f)], spatial=spatial, frame_step=frame_step, patch_t=patch_t)[0])
+
+
 @pytest.mark.parametrize("bucket", [(64, 32, 9), (32, 64, 17), (96, 64, 1), (64, 96, 25)])
 def test_each_buckets_shift_is_the_mu_the_pipeline_computes_at_that_size_and_length(pipe, models, bucket):
     """LTXPipeline passes mu = calculate_shift(latent frames x latent pixels) to the scheduler: recorded from a real

@@ -194,6 +194,22 @@ class LTXFamily(WanFamily):
         """:meth:`FlowFamily.options`: the scheduler's dynamic shift (``mu`` per bucket, as ``LTXPipeline``)."""
         return FlowFamily.options(self, scheduler_config, transformer, **kwargs)
 
+    def latent_patch(self, args: argparse.Namespace) -> tuple[int, int, int]:
+        """``(spatial_compression_ratio x patch_size, temporal_compression_ratio, patch_size_t)`` (32, 8, 1 for the
+        released checkpoints): ``--video_token_budget``'s token count, as ``LTXPipeline`` packs its latents. The VAE's
+        ratios are derived from its config in its constructor, so it is built on the meta device (accelerate's
+        ``init_empty_weights``: no weight allocates or loads)."""
+        import diffusers
+        from accelerate import init_empty_weights
+
+        path, rev = args.pretrained_model_name_or_path, args.revision
+        with init_empty_weights():
+            vae = diffusers.AutoencoderKLLTXVideo.from_config(
+                diffusers.AutoencoderKLLTXVideo.load_config(path, subfolder="vae", revision=rev))
+        config = diffusers.LTXVideoTransformer3DModel.load_config(path, subfolder="transformer", revision=rev)
+        return (int(vae.spatial_compression_ratio) * int(config["patch_size"]), int(vae.temporal_compression_ratio),
+                int(config["patch_size_t"]))
+
     @staticmethod
     def vae_scale_factor(vae: Any) -> int:
         """The VAE's ``spatial_compression_ratio`` (32): ``LTXPipeline.vae_spatial_compression_ratio``."""
