@@ -81,7 +81,7 @@ class RankBuffer:
         self.step = 0
         self.snapshots: dict[int, Any] = {}
         self.history: collections.deque = collections.deque(maxlen=history)
-        self._block, self._uniforms = -1, []
+        self._block, self._uniforms = -1, np.empty((0, batch_size))
         self._prune_at = 8
         self._current: dict[str, Any] | None = None
         self.k, self._scheduled = self.scheduled.size, self.scheduled.tolist()
@@ -92,7 +92,7 @@ class RankBuffer:
         self._mine: list[list[int]] | None = None  # per bucket, its accepted rows' indices into _dec's `where`
         self._okmap = np.r_[self.scheduled > 0, False]  # bucket id (k: unassigned or unknown) -> schedulable
         self._ok = np.empty(0, dtype=bool)  # the current chunk's schedulable rows
-        self._picks: list[list[int]] = []  # the block's pick positions for a full window (see _step_uniforms)
+        self._picks = np.empty((0, batch_size), dtype=np.int64)  # a full window's pick positions (_step_uniforms)
         self.source = open_source(None)
         self.chunks = self.source.iter(batch_size=self.every)
         self.exhausted = False
@@ -303,9 +303,26 @@ class RankBuffer:
         if total < fill:
             p, dec = self._pos, self._dec
             if dec is not None and p < len(self._rows):  # the common case: the chunk's decisions are known
-                k = dec[2][p - dec[0]] + fill - total  # the accepted row that completes the fill
-                if k <= len(dec[1]):
-                    self._advance(dec[1][k - 1] + 1, dec)
+                d0, where, acc = dec[0], dec[1], dec[2]
+                ka = acc[p - d0]
+                k = ka + fill - total  # the accepted row that completes the fill
+                if k <= len(where):  # _advance(where[k - 1] + 1, dec), inline
+                    end = where[k - 1] + 1
+                    a, e = p - d0, end - d0
+                    if k - ka != e - a:  # some rows skipped
+                        un, ok = dec[3], dec[4]
+                        n_un, n_ok = un[e] - un[a], ok[e] - ok[a]
+                        c["skipped_unassigned"] += n_un
+                        c["skipped_small"] += (e - a) - n_un - n_ok
+                        c["skipped_surplus"] += n_ok - (k - ka)
+                    idl, rows, buffers = self._idl, self._rows, self.buffers
+                    for j in where[ka:k]:
+                        buffers[idl[j]].append(rows[j])
+                    self.total = fill
+                    if fill + self.reserved > c["peak"]:
+                        c["peak"] = fill + self.reserved
+                    c["read"] += end - p
+                    self._pos = end
                 else:
                     self._fill(fill)
             else:
@@ -315,13 +332,12 @@ class RankBuffer:
             self._fill_bucket(b, entry)
         if s // PICK_BLOCK != self._block:
             self._step_uniforms(s)
-        u = self._uniforms[s % PICK_BLOCK]
         if len(buf) >= batch:  # sequential sampling without replacement; pop keeps the list sorted
             pop = buf.pop
             if len(buf) >= self.window:  # positions computed for the whole block at once
-                fresh = rows = [pop(i) for i in self._picks[s % PICK_BLOCK]]
+                fresh = rows = [pop(i) for i in self._picks[s % PICK_BLOCK].tolist()]
             else:  # the bucket's oldest rows: bounds a row's age, hence resume replay
-                w = len(buf)
+                w, u = len(buf), self._uniforms[s % PICK_BLOCK].tolist()
                 fresh = rows = [pop(int(x * m)) for x, m in zip(u, range(w, w - batch, -1))]
         else:  # the source is exhausted: complete with repeats of this bucket's rows
             fresh, self.buffers[b] = list(buf), []
@@ -332,6 +348,7 @@ class RankBuffer:
                     f"of it left and never emitted one. The counts passed ({int(self.remaining[b])} batches of it "
                     "left) do not match this rank's shards: check `counts`, or use more and smaller shards "
                     "(`to_iterable_dataset(num_shards=...)`) so every rank sees every bucket.")
+            u = self._uniforms[s % PICK_BLOCK].tolist()
             rows = fresh + [pool[int(u[j] * len(pool))] for j in range(len(fresh), batch)]
             for r in rows[len(fresh):]:
                 i = r[-1]
@@ -369,8 +386,8 @@ class RankBuffer:
             u = g.random((PICK_BLOCK, self.batch))
             # int(x * m) of a float64 x and an int m, as numpy computes it: the same product, truncated alike
             full = (u * np.arange(self.window, self.window - self.batch, -1)).astype(np.int64)
-            self._block, self._uniforms, self._picks = block, u.tolist(), full.tolist()
-        return self._uniforms[step % PICK_BLOCK]
+            self._block, self._uniforms, self._picks = block, u, full
+        return self._uniforms[step % PICK_BLOCK].tolist()
 
     # ------------------------------------------------------------------------------------------ state
     def _prune(self) -> None:
