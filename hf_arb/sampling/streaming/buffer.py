@@ -10,6 +10,14 @@ buffer and its scheduled batches drop together), so they hold until a row is evi
 row that completes its fill or its batch at once, with identical results to reading row by row (the per-row path
 stays for a full buffer, where every row waits for an eviction).
 
+What a step needs is planned per chunk or per block of steps, so that a step only hands it out: when every bucket
+has room for all of the chunk's rows (the common case), the decisions need no per-bucket rank count; a step's fill
+(the next accepted rows up to the fill level) is two list lookups and the appends, inline in :meth:`next_batch`; a
+bucket short of a batch finds its next rows by bisect in per-bucket position lists made once per decisions; and the
+pick positions of a full window are computed for :data:`PICK_BLOCK` steps at once. A buffered row is its value
+tuple with its read index appended (``dict(zip(names, row))`` leaves the index out). The batches and states equal
+the step-by-step buffer's (tests/test_stream_blocks.py runs both side by side: benchmarks/_stream_v1).
+
 Resume without pixels: the buffer's rows are re-read from the source on load. Before each chunk the source's own
 ``state_dict()`` (``datasets``' resumable ``IterableDataset``) is snapshotted, so snapshots sit every
 ``snapshot_every`` rows, at chunk boundaries; the state keeps the snapshots that precede a buffered row, and
