@@ -201,7 +201,8 @@ def main() -> None:
     details = (f"{n:,} rows, {FILES} parquet files, {size_mb:.0f} MB (metadata + a 16×16 PNG per row, not decoded); "
                f"{WORLD} ranks simulated in one process, batch {BATCH}, buffer_size {BUFFER}; epoch report: {rep}")
     save_result("stream", f"Streaming ({n:,} parquet rows, 2 ranks simulated, batch {BATCH})", rows,
-                command="python benchmarks/bench_stream.py" + ("" if args.quick or n == 1_000_000 else f" --rows {n}"),
+                command="python benchmarks/bench_stream.py" + ("" if args.quick or n == 1_000_000 else f" --rows {n}")
+                + ("" if args.repeats == 3 else f" --repeats {args.repeats}"),
                 baseline="plain datasets streaming of the same splits (split_dataset_by_node, row by row), "
                          "batches of 8, no bucketing", details=details,
                 extra={"report": rep.to_dict(), "runs_wall_cpu_s": runs, "cpu_us_per_row_median": us})
