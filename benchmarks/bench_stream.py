@@ -9,9 +9,11 @@ published proportions in random order. Two ranks, *simulated in one process* (th
 * baseline: the same two splits read with plain ``datasets`` streaming (``for row in split``, what a
   ``DataLoader`` over the stream does) and cut into batches of 8 with no bucketing (rank 0's split, then rank 1's);
 * floor (for reference): the same splits read the way BucketedStream reads them, in chunks of 256 rows
-  (``split.iter(batch_size=256)``, split into row dicts), cut into batches of 8 — reading without bucketing.
+  (``split.iter(batch_size=256)``, split into row dicts), cut into batches of 8 — reading without bucketing;
+* before (for reference): ours with the previous step-by-step rank buffer (frozen in ``benchmarks/_stream_v1``),
+  the same batches, to compare the two in one process.
 
-Repeats alternate baseline, ours and floor (3 by default); every repeat is reported with wall time and CPU time
+Repeats alternate baseline, ours, floor and before (3 by default); every repeat is reported with wall time and CPU time
 per row (CPU time is what the machine's load does not change much; the machine is shared). Also measured: peak
 rows held by a rank (buffer + repeat reserve, bounded by ``buffer_size + k × batch``) and their memory, the
 state size and the time to resume mid-epoch (``load_state_dict`` + first batch).
@@ -35,6 +37,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _stream_v1  # noqa: E402
 from _util import row, save_result  # noqa: E402
 from bench_sampler import novelai_ids  # noqa: E402
 
@@ -103,9 +106,8 @@ def row_bytes_in_memory(ds) -> float:
     return float(np.mean(sizes))
 
 
-def ours(ds, counts: np.ndarray) -> tuple[int, BucketedStream]:
-    stream = BucketedStream(ds, BATCH, counts=counts, num_replicas=WORLD, seed=0, buffer_size=BUFFER,
-                            on_overflow="evict")
+def ours(ds, counts: np.ndarray, cls: type = BucketedStream) -> tuple[int, BucketedStream]:
+    stream = cls(ds, BATCH, counts=counts, num_replicas=WORLD, seed=0, buffer_size=BUFFER, on_overflow="evict")
     return sum(1 for _ in stream), stream
 
 
@@ -124,7 +126,8 @@ def main() -> None:
         files = sorted(str(p) for p in Path(tmp).glob("*.parquet"))
         ds = load_dataset("parquet", data_files=files, split="train", streaming=True)
         size_mb = sum(Path(f).stat().st_size for f in files) / 1e6
-        runs: dict[str, list[tuple[float, float]]] = {"plain": [], "ours": [], "floor": []}  # (wall s, CPU s)
+        # (wall s, CPU s) per run of each side
+        runs: dict[str, list[tuple[float, float]]] = {"plain": [], "ours": [], "floor": [], "before": []}
         for _ in range(args.repeats):  # alternated, on a shared machine
             for name, times in runs.items():
                 t0, c0 = time.perf_counter(), time.process_time()
@@ -132,6 +135,8 @@ def main() -> None:
                     nb_plain = plain(ds)
                 elif name == "ours":
                     nb_ours, stream = ours(ds, counts)
+                elif name == "before":
+                    ours(ds, counts, _stream_v1.BucketedStreamV1)
                 else:
                     floor(ds)
                 times.append((time.perf_counter() - t0, time.process_time() - c0))
@@ -178,7 +183,11 @@ def main() -> None:
             note=f"ours / floor = {med['ours'][1] / med['floor'][1]:.2f}× (per run: "
                  + ", ".join(f"{o[1] / f[1]:.2f}×" for o, f in zip(runs["ours"], runs["floor"]))
                  + "); the floor reads the same splits in the same chunks into row dicts and cuts batches of 8, "
-                 "without bucketing"),
+                 "without bucketing; before (the previous step-by-step rank buffer, benchmarks/_stream_v1, same "
+                 f"batches) / floor = {med['before'][1] / med['floor'][1]:.2f}× (per run: "
+                 + ", ".join(f"{o[1] / f[1]:.2f}×" for o, f in zip(runs["before"], runs["floor"]))
+                 + f"); min over runs: ours {min(c for _, c in runs['ours']):.2f} s, before "
+                 f"{min(c for _, c in runs['before']):.2f} s, floor {min(c for _, c in runs['floor']):.2f} s"),
         row("peak rows held by one rank (buffer + repeat reserve)", float(rep.peak_buffered), None, "rows",
             target=f"≤ buffer_size + k × batch = {bound:,}",
             note=f"≈ {rep.peak_buffered * mem_row / 1e6:.1f} MB as decoded Python rows ({mem_row:.0f} B/row; "
@@ -192,7 +201,8 @@ def main() -> None:
     details = (f"{n:,} rows, {FILES} parquet files, {size_mb:.0f} MB (metadata + a 16×16 PNG per row, not decoded); "
                f"{WORLD} ranks simulated in one process, batch {BATCH}, buffer_size {BUFFER}; epoch report: {rep}")
     save_result("stream", f"Streaming ({n:,} parquet rows, 2 ranks simulated, batch {BATCH})", rows,
-                command="python benchmarks/bench_stream.py" + ("" if args.quick or n == 1_000_000 else f" --rows {n}"),
+                command="python benchmarks/bench_stream.py" + ("" if args.quick or n == 1_000_000 else f" --rows {n}")
+                + ("" if args.repeats == 3 else f" --repeats {args.repeats}"),
                 baseline="plain datasets streaming of the same splits (split_dataset_by_node, row by row), "
                          "batches of 8, no bucketing", details=details,
                 extra={"report": rep.to_dict(), "runs_wall_cpu_s": runs, "cpu_us_per_row_median": us})

@@ -306,12 +306,15 @@ def encoded_argv(train: dict[str, str]) -> list[str]:
 
 def encoded_runs(root: Path, train: dict[str, str]) -> list[dict[str, Any]]:
     """test_encoded.py: ``hf-arb encode`` on the batch's 2 ranks, then a 2-process run from the encoded dataset and a
-    resume of its checkpoint-2, and the same run with ``--cache_latents --cache_text_embeddings``."""
+    resume of its checkpoint-2, the same streamed (``--streaming``, each rank its split of the shards; checkpoint-2 is
+    mid-epoch) and resumed, and the same run with ``--cache_latents --cache_text_embeddings``."""
     flags, data = encoded_argv(train), root / "encoded-sd-data"
     cached = root / "encoded-sd-cached"
     return [{"name": "encoded-sd-encode", "out": str(data), "worker": "_encode_worker",
              "argv": [str(data), "--shard-size", "8", "--", *flags]},
             *_pair(root, "encoded-sd", [*flags, "--encoded_dataset", str(data)], "checkpoint-2"),
+            *_pair(root, "encoded-sd-stream", [*flags, "--encoded_dataset", str(data), "--streaming"],
+                   "checkpoint-2"),
             {"name": "encoded-sd-cached", "out": str(cached), "argv": [*flags, "--cache_latents",
                                                                        "--cache_text_embeddings", "--output_dir",
                                                                        str(cached)]}]

@@ -575,6 +575,37 @@ def test_two_processes_train_from_the_encoded_dataset_as_from_the_caches_and_res
     assert a.keys() == b.keys() and all(torch_equal(a[k], b[k]) for k in a)
 
 
+@pytest.mark.slow
+@pytest.mark.xdist_group(GROUP)
+def test_two_processes_stream_the_encoded_dataset_in_step_and_resume_exactly(ddp_batch) -> None:
+    """tests/_train_fixtures.py ``encoded_runs``: the batch's encoded dataset streamed on 2 processes
+    (``--streaming``, each rank its split of the latents shards), checkpoint-2 mid-epoch, and its resume: both ranks
+    train the same bucket at every step, each its own rows, and the resumed run equals the uninterrupted one."""
+    from test_train import read_trace, unet_weights
+
+    full, resumed = (batch_result(ddp_batch, f"encoded-sd-stream-{k}") for k in ("full", "resumed"))
+    stats = full["stats"]
+    assert stats["num_processes"] == 2 and len(stats["losses"]) == 4 and stats["vae_encode_calls"] == 0
+    assert stats["schedule"]["batches_per_epoch"] > 2  # checkpoint-2 is mid-epoch
+    assert stats["stream_report"]["num_replicas"] == 2
+    r0, r1 = read_trace(full["out"], 0), read_trace(full["out"], 1)
+    assert [t["step"] for t in r0] == [t["step"] for t in r1] == [0, 1, 2, 3]
+    assert [t["bucket"] for t in r0] == [t["bucket"] for t in r1]  # the same bucket on both ranks at every step
+    assert [t["shape"] for t in r0] == [t["shape"] for t in r1]
+    assert len({t["bucket"] for t in r0}) > 1
+    for a, b in zip(r0, r1):  # each rank its own rows
+        assert not set(a["rows"]) & set(b["rows"])
+    for rank in (0, 1):
+        assert (full["out"] / "checkpoint-2" / f"stream_rank{rank}.json").exists()
+        tail = [t for t in read_trace(full["out"], rank) if t["step"] >= 2]
+        again = read_trace(resumed["out"], rank)
+        assert [(t["step"], t["bucket"], t["rows"], t["captions"], t["loss"]) for t in again] == \
+               [(t["step"], t["bucket"], t["rows"], t["captions"], t["loss"]) for t in tail]
+    assert resumed["stats"]["losses"] == stats["losses"][2:]  # exactly
+    a, b = unet_weights(full["out"]), unet_weights(resumed["out"])
+    assert a.keys() == b.keys() and all(torch_equal(a[k], b[k]) for k in a)
+
+
 def torch_equal(a: Any, b: Any) -> bool:
     import torch
 

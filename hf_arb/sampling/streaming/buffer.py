@@ -10,6 +10,14 @@ buffer and its scheduled batches drop together), so they hold until a row is evi
 row that completes its fill or its batch at once, with identical results to reading row by row (the per-row path
 stays for a full buffer, where every row waits for an eviction).
 
+What a step needs is planned per chunk or per block of steps, so that a step only hands it out: when every bucket
+has room for all of the chunk's rows (the common case), the decisions need no per-bucket rank count; a step's fill
+(the next accepted rows up to the fill level) is two list lookups and the appends, inline in :meth:`next_batch`; a
+bucket short of a batch finds its next rows by bisect in per-bucket position lists made once per decisions; and the
+pick positions of a full window are computed for :data:`PICK_BLOCK` steps at once. A buffered row is its value
+tuple with its read index appended (``dict(zip(names, row))`` leaves the index out). The batches and states equal
+the step-by-step buffer's (tests/test_stream_blocks.py runs both side by side: benchmarks/_stream_v1).
+
 Resume without pixels: the buffer's rows are re-read from the source on load. Before each chunk the source's own
 ``state_dict()`` (``datasets``' resumable ``IterableDataset``) is snapshotted, so snapshots sit every
 ``snapshot_every`` rows, at chunk boundaries; the state keeps the snapshots that precede a buffered row, and
@@ -81,7 +89,7 @@ class RankBuffer:
         self.step = 0
         self.snapshots: dict[int, Any] = {}
         self.history: collections.deque = collections.deque(maxlen=history)
-        self._block, self._uniforms = -1, []
+        self._block, self._uniforms = -1, np.empty((0, batch_size))
         self._prune_at = 8
         self._current: dict[str, Any] | None = None
         self.k, self._scheduled = self.scheduled.size, self.scheduled.tolist()
@@ -89,6 +97,10 @@ class RankBuffer:
         self.names: tuple[str, ...] | None = None  # the columns, in the order of a buffered row's values
         self._ids, self._idl, self._pos = np.empty(0, dtype=np.int64), [], 0
         self._dec: tuple[int, list[int], list[int], list[int], list[int]] | None = None  # see _decisions
+        self._mine: list[list[int]] | None = None  # per bucket, its accepted rows' indices into _dec's `where`
+        self._okmap = np.r_[self.scheduled > 0, False]  # bucket id (k: unassigned or unknown) -> schedulable
+        self._ok = np.empty(0, dtype=bool)  # the current chunk's schedulable rows
+        self._picks = np.empty((0, batch_size), dtype=np.int64)  # a full window's pick positions (_step_uniforms)
         self.source = open_source(None)
         self.chunks = self.source.iter(batch_size=self.every)
         self.exhausted = False
@@ -108,9 +120,15 @@ class RankBuffer:
         except StopIteration:
             self.exhausted = True
             return False
-        self.names, self._rows, self._ids = chunk_rows(chunk, self.column, self.names)
-        self._idl, self._pos, self._dec = self._ids.tolist(), 0, None
+        self.names, self._rows, self._ids = chunk_rows(chunk, self.column, self.names, idx)
+        self._set_chunk()
         return True
+
+    def _set_chunk(self) -> None:
+        """Derive the current chunk's per-row lists and masks from its bucket ids (``self._ids``)."""
+        ids, k = self._ids, self.k
+        self._idl, self._pos, self._dec = ids.tolist(), 0, None
+        self._ok = self._okmap[np.where((ids < 0) | (ids >= k), k, ids)] if ids.size else np.empty(0, dtype=bool)
 
     def _read_one(self) -> None:
         """Read one row into its bucket's buffer or a skip counter (the per-row path, for a few rows)."""
@@ -130,7 +148,7 @@ class RankBuffer:
         elif len(self.buffers[b]) >= self.remaining[b] * self.batch:
             self.c["skipped_surplus"] += 1
         else:
-            self.buffers[b].append((idx, self._rows[p]))
+            self.buffers[b].append(self._rows[p])
             self.total += 1
             if self.total + self.reserved > self.c["peak"]:
                 self.c["peak"] = self.total + self.reserved
@@ -145,9 +163,14 @@ class RankBuffer:
         row is buffered (what the decisions count in read order), when a full batch is emitted (``remaining`` and the
         buffer both drop by one batch: no change) or when a row is evicted (then they are computed again)."""
         if self._dec is None:
-            p, ids = self._pos, self._ids[self._pos:]
-            sizes = np.array([len(self.buffers.get(b, ())) for b in range(self.k)], dtype=np.int64)
-            ok, acc = accepted_rows(ids, self.scheduled, np.asarray(self.remaining, np.int64) * self.batch - sizes)
+            p, ids, ok = self._pos, self._ids[self._pos:], self._ok[self._pos:]
+            get = self.buffers.get
+            room = np.array([r * self.batch - len(get(b, ())) for b, r in enumerate(self.remaining)], dtype=np.int64)
+            if (np.bincount(ids[ok], minlength=self.k) <= room).all():  # every bucket has room for all its rows
+                acc = ok
+            else:
+                acc = accepted_rows(ids, self.scheduled, room)[1]
+            self._mine = None
             prefix = np.zeros((3, ids.size + 1), dtype=np.int64)  # one cumsum and one tolist for the three counts
             prefix[0, 1:], prefix[1, 1:], prefix[2, 1:] = acc, ids < 0, ok
             np.cumsum(prefix, axis=1, out=prefix)
@@ -167,9 +190,9 @@ class RankBuffer:
             c["skipped_small"] += (e - a) - n_un - n_ok
             c["skipped_surplus"] += n_ok - n_acc
         if n_acc:
-            idx0, idl, rows, buffers = c["read"] - p, self._idl, self._rows, self.buffers
+            idl, rows, buffers = self._idl, self._rows, self.buffers
             for j in where[acc[a]:acc[e]]:
-                buffers[idl[j]].append((idx0 + j, rows[j]))
+                buffers[idl[j]].append(rows[j])
             self.total += n_acc
             if self.total + self.reserved > c["peak"]:
                 c["peak"] = self.total + self.reserved
@@ -219,20 +242,30 @@ class RankBuffer:
             if not self._next_chunk():
                 return
             d0, where, acc, _, _ = self._decisions()
-            ahead = np.array(where[acc[self._pos - d0]:], dtype=np.int64)  # accepted rows not read yet
-            mine = ahead[self._ids[ahead] == b]
-            end = len(self._rows)
-            if mine.size >= need:  # the row that completes the batch
-                end = int(mine[need - 1]) + 1
+            a = acc[self._pos - d0]  # where[a:]: the accepted rows not read yet
+            mine = self._bucket_rows()[b]
+            i = bisect.bisect_left(mine, a) + need - 1
+            end = where[mine[i]] + 1 if i < len(mine) else len(self._rows)  # the row that completes the batch
             room = self.buffer_size - self.total  # >= 1: the row that fills the buffer ends the vectorised read
-            if ahead.size >= room:
-                end = min(end, int(ahead[room - 1]) + 1)
+            if len(where) - a >= room and where[a + room - 1] < end:
+                end = where[a + room - 1] + 1
             self._advance(end)
+
+    def _bucket_rows(self) -> list[list[int]]:
+        """Per bucket, the indices into the decisions' ``where`` of its accepted rows (made once per decisions)."""
+        if self._mine is None:
+            where = self._dec[1]  # chunk positions
+            b = self._ids[np.asarray(where, dtype=np.int64)] if where else np.empty(0, dtype=np.int64)
+            order = np.argsort(b, kind="stable")
+            cuts = np.searchsorted(b[order], np.arange(self.k + 1)).tolist()
+            order = order.tolist()
+            self._mine = [order[cuts[v]:cuts[v + 1]] for v in range(self.k)]
+        return self._mine
 
     def _set_reserve(self, b: int, rows: list[tuple[int, Any]], entry: list[Any]) -> None:
         """Make ``rows`` bucket ``b``'s repeat reserve (an eviction's; a step's own batch is set in next_batch)."""
         old = self.reserve.get(b, ())
-        _log(entry)[1].append((b, [i for i, _ in old]))  # undo log for state_at
+        _log(entry)[1].append((b, [r[-1] for r in old]))  # undo log for state_at
         self._drop_unused(old, entry)
         self.reserved += len(rows) - len(old)
         self.reserve[b] = rows
@@ -241,7 +274,8 @@ class RankBuffer:
         """Rows of a replaced reserve leave ``unused``: an evicted row leaves the reserve unemitted, so it stays
         counted as evicted."""
         if self.unused:
-            for i, _ in old:
+            for r in old:
+                i = r[-1]
                 if i in self.unused:
                     self.unused.discard(i)
                     _log(entry)[2].append(("del", i))
@@ -250,12 +284,13 @@ class RankBuffer:
         """Drop the oldest row of the fullest bucket other than ``keep``; returns its ``(read index, bucket)``."""
         # ties go to the lowest bucket id (never to dict order, which a resumed buffer does not share)
         b = max(sorted(v for v in self.buffers if v != keep and self.buffers[v]), key=lambda v: len(self.buffers[v]))
-        idx, row = self.buffers[b].pop(0)
+        row = self.buffers[b].pop(0)
+        idx = row[-1]
         self.total -= 1
         self._dec = None  # bucket b has room for one more row: the chunk's decisions change
         self.c["evicted"] += 1
         if not self.reserve.get(b):  # keep it as the bucket's repeat source, so a later step of b can be served
-            self._set_reserve(b, [(idx, row)], entry)
+            self._set_reserve(b, [row], entry)
             self.unused.add(idx)
             _log(entry)[2].append(("add", idx))
         return idx, b
@@ -272,18 +307,46 @@ class RankBuffer:
         fill = self._left * batch  # never read rows no step can use
         if self.fill < fill:
             fill = self.fill
-        if self.total < fill:
-            self._fill(fill)
+        total = self.total
+        if total < fill:
+            p, dec = self._pos, self._dec
+            if dec is not None and p < len(self._rows):  # the common case: the chunk's decisions are known
+                d0, where, acc = dec[0], dec[1], dec[2]
+                ka = acc[p - d0]
+                k = ka + fill - total  # the accepted row that completes the fill
+                if k <= len(where):  # _advance(where[k - 1] + 1, dec), inline
+                    end = where[k - 1] + 1
+                    a, e = p - d0, end - d0
+                    if k - ka != e - a:  # some rows skipped
+                        un, ok = dec[3], dec[4]
+                        n_un, n_ok = un[e] - un[a], ok[e] - ok[a]
+                        c["skipped_unassigned"] += n_un
+                        c["skipped_small"] += (e - a) - n_un - n_ok
+                        c["skipped_surplus"] += n_ok - (k - ka)
+                    idl, rows, buffers = self._idl, self._rows, self.buffers
+                    for j in where[ka:k]:
+                        buffers[idl[j]].append(rows[j])
+                    self.total = fill
+                    if fill + self.reserved > c["peak"]:
+                        c["peak"] = fill + self.reserved
+                    c["read"] += end - p
+                    self._pos = end
+                else:
+                    self._fill(fill)
+            else:
+                self._fill(fill)
         buf = self.buffers[b]
         if len(buf) < batch:
             self._fill_bucket(b, entry)
         if s // PICK_BLOCK != self._block:
             self._step_uniforms(s)
-        u = self._uniforms[s % PICK_BLOCK]
         if len(buf) >= batch:  # sequential sampling without replacement; pop keeps the list sorted
-            w = min(len(buf), self.window)  # the bucket's oldest rows: bounds a row's age, hence resume replay
             pop = buf.pop
-            fresh = rows = [pop(int(x * m)) for x, m in zip(u, range(w, w - batch, -1))]
+            if len(buf) >= self.window:  # positions computed for the whole block at once
+                fresh = rows = [pop(i) for i in self._picks[s % PICK_BLOCK].tolist()]
+            else:  # the bucket's oldest rows: bounds a row's age, hence resume replay
+                w, u = len(buf), self._uniforms[s % PICK_BLOCK].tolist()
+                fresh = rows = [pop(int(x * m)) for x, m in zip(u, range(w, w - batch, -1))]
         else:  # the source is exhausted: complete with repeats of this bucket's rows
             fresh, self.buffers[b] = list(buf), []
             pool = fresh or self.reserve.get(b, [])
@@ -293,8 +356,10 @@ class RankBuffer:
                     f"of it left and never emitted one. The counts passed ({int(self.remaining[b])} batches of it "
                     "left) do not match this rank's shards: check `counts`, or use more and smaller shards "
                     "(`to_iterable_dataset(num_shards=...)`) so every rank sees every bucket.")
+            u = self._uniforms[s % PICK_BLOCK].tolist()
             rows = fresh + [pool[int(u[j] * len(pool))] for j in range(len(fresh), batch)]
-            for i, _ in rows[len(fresh):]:
+            for r in rows[len(fresh):]:
+                i = r[-1]
                 if i in self.unused:  # an evicted row emitted for the first time: used after all
                     self.unused.discard(i)
                     _log(entry)[2].append(("del", i))
@@ -318,21 +383,25 @@ class RankBuffer:
         self.history.append(entry)
         self._current = None
         names = self.names or ()
-        return [dict(zip(names, row)) for _, row in rows]  # a row is a dict from here on (buffered: its values)
+        # a row is a dict from here on (buffered: its values, then its read index, which zip leaves out)
+        return [dict(zip(names, row)) for row in rows]
 
     def _step_uniforms(self, step: int) -> list[float]:
         """``batch_size`` uniforms in [0, 1) for ``step``: row ``step % PICK_BLOCK`` of its block."""
         block = step // PICK_BLOCK
         if block != self._block:
             g = rng.generator(self.seed, self.epoch, rng.STREAM_PICK, self.rank, block)
-            self._block, self._uniforms = block, g.random((PICK_BLOCK, self.batch)).tolist()
-        return self._uniforms[step % PICK_BLOCK]
+            u = g.random((PICK_BLOCK, self.batch))
+            # int(x * m) of a float64 x and an int m, as numpy computes it: the same product, truncated alike
+            full = (u * np.arange(self.window, self.window - self.batch, -1)).astype(np.int64)
+            self._block, self._uniforms, self._picks = block, u, full
+        return self._uniforms[step % PICK_BLOCK].tolist()
 
     # ------------------------------------------------------------------------------------------ state
     def _prune(self) -> None:
         """Keep only the snapshots a state in the history window can need."""
-        need = {i for v in self.buffers.values() for i, _ in v}
-        need |= {i for v in self.reserve.values() for i, _ in v}
+        need = {r[-1] for v in self.buffers.values() for r in v}
+        need |= {r[-1] for v in self.reserve.values() for r in v}
         entries = [*self.history, *([self._current] if self._current else [])]
         for e in entries:
             removed, reserve = _expand(e)[:2]
@@ -362,9 +431,9 @@ class RankBuffer:
                     (unused.discard if op == "add" else unused.add)(i)
                 for bucket, before in reversed(e[1]):
                     reserve[bucket] = before
-        rows = sorted({(i, b) for b, v in self.buffers.items() for i, _ in v} | set(removed))
+        rows = sorted({(r[-1], b) for b, v in self.buffers.items() for r in v} | set(removed))
         rows = [[i, b] for i, b in rows if i < read]
-        res = {b: [i for i, _ in v] for b, v in self.reserve.items()}
+        res = {b: [r[-1] for r in v] for b, v in self.reserve.items()}
         res.update(reserve)
         res = {str(b): v for b, v in res.items() if v}
         need = {i for i, _ in rows} | {i for v in res.values() for i in v} | {read}
@@ -398,18 +467,18 @@ class RankBuffer:
                 src = self.open_source(snaps[base])
                 chunks, pos, rows = src.iter(batch_size=self.every), base, []
             while pos <= target and (target < read or pos < read):
-                self.names, rows, _ = chunk_rows(next(chunks), self.column, self.names)
+                self.names, rows, _ = chunk_rows(next(chunks), self.column, self.names, pos)
                 pos += len(rows)
             if target < read:
                 got[target] = rows[target - pos + len(rows)]
         self.source, self.chunks, self.exhausted = src, chunks, False
         self._rows, self._ids = chunk_rows_tail(rows, self.names, self.column, len(rows) - (pos - read))
-        self._idl, self._pos, self._dec = self._ids.tolist(), 0, None
+        self._set_chunk()
         self.buffers = collections.defaultdict(list)
         for i, b in sorted(want_buf.items()):
-            self.buffers[b].append((i, got[i]))
+            self.buffers[b].append(got[i])
         self.total = len(want_buf)
-        self.reserve = {int(b): [(int(i), got[int(i)]) for i in v] for b, v in state["reserve"].items()}
+        self.reserve = {int(b): [got[int(i)] for i in v] for b, v in state["reserve"].items()}
         self.reserved = sum(len(v) for v in self.reserve.values())
         self.unused = {int(i) for i in state["unused"]}
         self.snapshots = dict(snaps)
@@ -432,8 +501,8 @@ def _expand(entry: list[Any]) -> tuple[list[Any], list[Any], list[Any], int, int
     (the evictions', then the batch's) and its ``unused`` changes."""
     step, read, counters, b, fresh, old, log = entry
     removed, reserve, unused = log or ((), (), ())
-    removed = [*removed, *((i, b) for i, _ in fresh or ())]
-    reserve = [*reserve, (b, [i for i, _ in old])] if fresh else list(reserve)
+    removed = [*removed, *((r[-1], b) for r in fresh or ())]
+    reserve = [*reserve, (b, [r[-1] for r in old])] if fresh else list(reserve)
     return removed, reserve, list(unused), step, read, counters
 
 
@@ -452,17 +521,19 @@ def bucket_ids(values: Any, n: int) -> np.ndarray:
     return np.array([-1 if v is None else int(v) for v in values], dtype=np.int64)
 
 
-def chunk_rows(chunk: Any, column: str, names: tuple[str, ...] | None = None
+def chunk_rows(chunk: Any, column: str, names: tuple[str, ...] | None = None, start: int = 0
                ) -> tuple[tuple[str, ...], list[tuple[Any, ...]], np.ndarray]:
     """A batch of ``IterableDataset.iter`` (a dict of columns) as ``(names, rows, bucket ids)``: each row the tuple of
-    its values in the order of ``names`` (default: the chunk's columns). A buffer holds these tuples, far smaller
-    than dicts, and makes a row's dict when it emits it (``dict(zip(names, row))``: the same keys and values)."""
+    its values in the order of ``names`` (default: the chunk's columns), then its read index (``start`` for the
+    chunk's first row). A buffer holds these tuples, far smaller than dicts, and makes a row's dict when it emits it
+    (``dict(zip(names, row))``: the same keys and values; zip stops before the read index)."""
     if not isinstance(chunk, dict):
         raise TypeError(f"BucketedStream reads its source with `IterableDataset.iter(batch_size=...)`, which gave a "
                         f"{type(chunk).__name__}; use a source with python (or torch/numpy) formatting, not "
                         "arrow/pandas/polars (`ds.with_format(None)`).")
     names = tuple(chunk) if names is None else names
-    rows = list(zip(*(chunk[n] for n in names))) if names else []
+    n = len(chunk[names[0]]) if names else 0
+    rows = list(zip(*(chunk[c] for c in names), range(start, start + n)))
     return names, rows, bucket_ids(chunk.get(column), len(rows))
 
 
