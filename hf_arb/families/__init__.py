@@ -21,6 +21,8 @@ SD3/3.5, Flux.1, Flux.2, Qwen-Image, Z-Image, Wan and the edit models, behind on
 - :mod:`~hf_arb.families.zimage` — Z-Image;
 - :mod:`~hf_arb.families.wan` — Wan 2.1 / 2.2 text-to-video: clips ``(B, C, F, H, W)`` (stills as 1-frame clips), its
   video VAE's frame rule (:meth:`~hf_arb.families.base.Family.frame_rule`) and fixed shift;
+- :mod:`~hf_arb.families.hunyuan_video15` — HunyuanVideo 1.5 text-to-video: Qwen2.5-VL + ByT5 prompts, 4k+1 frames,
+  fixed shift, LoRA loaded with the transformer's ``load_lora_adapter``;
 - :mod:`~hf_arb.families.loss_mask` — the masked loss (``--masked_loss``): every family's per-element error weighted
   by the batch's ``loss_mask``, in one place.
 - :mod:`~hf_arb.families.sample_weights` — per-sample loss weights, one reduction for every
