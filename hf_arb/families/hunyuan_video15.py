@@ -389,7 +389,7 @@ class HunyuanVideo15Family(FlowFamily):
 
     def generation_lines(self, call: str) -> list[str]:
         """Generate the frames and write them as an MP4 with diffusers' ``export_to_video``."""
-        return [f'frames = pipe({call}, output_type="pil").frames[0]  # a trained bucket shape',
+        return [f"frames = pipe({call}).frames[0]  # a trained bucket shape: (F, H, W, 3) in [0, 1]",
                 f'export_to_video(frames, "video.mp4", fps={self.fps})  # imageio + imageio-ffmpeg write the MP4']
 
     def card_code(self, args: argparse.Namespace, repo_id: str, shape: tuple[int, ...]) -> list[str]:

@@ -91,7 +91,8 @@ def tiny_hunyuan_video_pipeline(seed: int = 0, shift: float = 5.0) -> Any:
         torch.random.manual_seed(seed + 2)
         text_encoder = Qwen2_5_VLTextModel(Qwen2_5_VLTextConfig(
             hidden_size=_TEXT_DIM, intermediate_size=16, num_hidden_layers=3, num_attention_heads=2,
-            num_key_value_heads=2, vocab_size=len(tok),
+            num_key_value_heads=2, vocab_size=len(tok), bos_token_id=tok.convert_tokens_to_ids("<|endoftext|>"),
+            eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"), pad_token_id=tok.pad_token_id,
             rope_scaling={"mrope_section": [1, 1, 2], "rope_type": "default", "type": "default"},
             rope_theta=1000000.0)).eval()
         torch.random.manual_seed(seed + 3)
