@@ -66,11 +66,13 @@ def loss_of(family, args, models, batch, seed=0, dtype=torch.float32):
 # ------------------------------------------------------------------------------------------ fast: parts
 def test_detected_from_the_checkpoint_and_the_hub_names_with_its_defaults(hyv_assets, tmp_path):
     assert detect_family(hyv_assets["hyv"]) == detect_flow_family(hyv_assets["hyv"]) == NAME
-    for hub_id in ("hunyuanvideo-community/HunyuanVideo-1.5-480p_t2v", "hunyuanvideo-community/HunyuanVideo-1.5-720p_t2v"):
+    for hub_id in ("hunyuanvideo-community/HunyuanVideo-1.5-480p_t2v",
+                   "hunyuanvideo-community/HunyuanVideo-1.5-720p_t2v"):
         assert detect_family(hub_id) == NAME, hub_id
     assert detect_family("hunyuanvideo-community/HunyuanVideo-1.5-480p_i2v") != NAME  # image to video
     (tmp_path / "i2v").mkdir()
-    (tmp_path / "i2v" / "model_index.json").write_text(json.dumps({"_class_name": "HunyuanVideo15ImageToVideoPipeline"}))
+    i2v = {"_class_name": "HunyuanVideo15ImageToVideoPipeline"}
+    (tmp_path / "i2v" / "model_index.json").write_text(json.dumps(i2v))
     assert detect_family(str(tmp_path / "i2v")) != NAME
     args = hyv_args(hyv_assets["hyv"], "--rank", "4")
     assert args.family == NAME and args.output_dir == f"{NAME}-model-finetuned-lora" and args.resolution == 480

@@ -39,7 +39,8 @@ import torch
 
 from .tiny_qwen import tiny_qwen2_tokenizer
 
-__all__ = ["QWEN_CHAT_TEMPLATE", "hunyuan_video_tokenizer", "save_tiny_hunyuan_video", "tiny_hunyuan_video_pipeline", "tiny_hunyuan_video_vae"]
+__all__ = ["QWEN_CHAT_TEMPLATE", "hunyuan_video_tokenizer", "save_tiny_hunyuan_video", "tiny_hunyuan_video_pipeline",
+           "tiny_hunyuan_video_vae"]
 
 #: Qwen2.5-VL's chat template for text messages (system, user, then the assistant's generation prompt)
 QWEN_CHAT_TEMPLATE = ("{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}"
