@@ -301,7 +301,7 @@ def test_the_unchanged_script_trains_a_lora_on_clips_and_stills_and_validates_th
     run, out = hyv_runs["lora"], Path(hyv_runs["lora"]["dir"])
     trace = read_trace(out, 0)
     assert [t["step"] for t in trace] == [0, 1, 2] and all(np.isfinite(t["loss"]) for t in trace)
-    assert {len(t["shape"]) for t in trace} == {4, 5}  # stills (B, C, H, W) and clips (B, C, F, H, W)
+    assert {len(t["shape"]) for t in trace} == {5, 6}  # cached stills (B, 2, C, h, w), clips (B, 2, C, F', h, w)
     assert run["stats"]["family"] == NAME and run["stats"]["latents_encoded"] > 0
     assert "Timestep shift: fixed shift 5 from the scheduler" in run["log"]
     with safe_open(str(out / "pytorch_lora_weights.safetensors"), "pt") as f:
