@@ -310,7 +310,8 @@ def test_the_unchanged_script_trains_a_lora_on_clips_and_stills_and_validates_th
     assert all(k.startswith("transformer.") for k in keys)
     assert modules == {"attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0", "attn.add_q_proj", "attn.add_k_proj",
                        "attn.add_v_proj", "ff.net.0.proj", "ff.net.2"}
-    assert json.loads(json.loads(meta["lora_adapter_metadata"])["transformer"])["r"] == 4
+    config = json.loads(meta["lora_adapter_metadata"])  # the LoraConfig, keys prefixed "transformer."
+    assert config["transformer.r"] == 4 and config["transformer.lora_alpha"] == 4
     assert any(p.name.startswith("final-") for p in (out / "validation").iterdir())
     card = (out / "README.md").read_text()
     assert 'pipe.transformer.load_lora_adapter(' in card and "has no `load_lora_weights`" in card
