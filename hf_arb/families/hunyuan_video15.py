@@ -282,13 +282,14 @@ class HunyuanVideo15Family(FlowFamily):
         return shift_sigmas(t, 0.0, options.shift)
 
     def predict(self, transformer: Any, noisy: Any, sigmas: Any, prompt_embeds: Any, pooled: Any,
-                options: FlowOptions) -> Any:
+                options: FlowOptions, config: Any = None) -> Any:
         """The velocity ``(B, C, F', h, w)`` at ``sigmas (B,)``, called as the text-to-video pipeline calls the
         transformer: the latents then zero condition latents and a zero mask on the channel axis, zero image
         embeddings, the timestep ``sigma * num_train_timesteps`` and both text streams (``pooled``: the packed masks
-        and glyphs of :func:`pack_glyphs`)."""
+        and glyphs of :func:`pack_glyphs`). ``config``: the transformer's config where ``transformer`` is wrapped
+        (DDP)."""
         b, c, f, h, w = noisy.shape
-        cfg = transformer.config
+        cfg = config if config is not None else transformer.config
         mask, embeds_2, mask_2 = unpack_glyphs(pooled.to(noisy.device), prompt_embeds.shape[1],
                                                int(cfg.text_embed_2_dim))
         hidden = torch.cat([noisy, torch.zeros_like(noisy), noisy.new_zeros(b, 1, f, h, w)], dim=1)
@@ -316,7 +317,7 @@ class HunyuanVideo15Family(FlowFamily):
                                              sigmas_of=lambda t, _: self.sigmas(options, t))
         captions = drop_captions(batch["captions"], args.proportion_empty_prompts, generator)
         embeds, packed = text(captions)
-        pred = self.predict(denoiser, noisy.to(dtype), sigmas, embeds, packed, options)
+        pred = self.predict(denoiser, noisy.to(dtype), sigmas, embeds, packed, options, models.unet.config)
         mask = batch_loss_mask(batch, device)
         if mask is not None and mask.ndim == 4:  # a still's (B, 1, h, w) mask on its one latent frame
             mask = mask.unsqueeze(2)
