@@ -1,6 +1,6 @@
 """Floor 5, ``families/``: one adapter per model family — everything that differs between SD 1.x/2.x, SDXL,
-SD3/3.5, Flux.1, Flux.2, Qwen-Image, Z-Image, Wan, HunyuanVideo 1.5 and the edit models, behind one interface the training script asks
-(:class:`~hf_arb.families.base.Family`).
+SD3/3.5, Flux.1, Flux.2, Qwen-Image, Z-Image, Wan, HunyuanVideo 1.5 and the edit models, behind one interface the
+training script asks (:class:`~hf_arb.families.base.Family`).
 
 - :mod:`~hf_arb.families.base` — :class:`Family`, :class:`Models` and the registry (:func:`detect_family`,
   :func:`get_family`, :func:`register_family`);
