@@ -257,6 +257,42 @@ def test_gradient_checkpointing_gives_the_same_gradients_and_bf16_trains(hyv_ass
     loss.backward()
 
 
+def test_lora_file_round_trips_for_resume_and_loads_in_the_stock_pipelines_transformer(pipe, hyv_assets, tmp_path):
+    """HunyuanVideo15Pipeline has no save/load_lora_weights: the family's LoRA file class writes the adapters (with
+    lora_alpha != r) and reads them back into a fresh adapter exactly (a LoRA checkpoint's resume), and
+    Family.load_lora_into puts them in a stock pipeline's transformer at the trained strength (alpha / r)."""
+    from diffusers import HunyuanVideo15Transformer3DModel
+    from peft.utils import get_peft_model_state_dict
+
+    from hf_arb.train.lora import add_lora, load_lora, save_lora
+
+    family = get_family(NAME)
+    assert not hasattr(pipe, "load_lora_weights") and not hasattr(type(pipe), "save_lora_weights")
+    args = hyv_args(hyv_assets["hyv"], "--rank", "4")
+    cls = family.lora_file_class(args)
+    models = []
+    for seed in (0, 1):
+        model = HunyuanVideo15Transformer3DModel.from_pretrained(hyv_assets["hyv"], subfolder="transformer")
+        add_lora(model, rank=4, alpha=8, target_modules=family.lora_targets(args))
+        with torch.no_grad():
+            for p in model.parameters():
+                if p.requires_grad:
+                    p.copy_(torch.randn(p.shape, generator=torch.Generator().manual_seed(seed)))
+        models.append(model)
+    save_lora(cls, tmp_path, models[0], denoiser="transformer")
+    load_lora(cls, tmp_path, models[1], denoiser="transformer")
+    want, got = get_peft_model_state_dict(models[0]), get_peft_model_state_dict(models[1])
+    assert want.keys() == got.keys() and all(torch.equal(want[k], got[k]) for k in want)
+    family.load_lora_into(pipe, str(tmp_path))
+    try:
+        config = next(iter(pipe.transformer.peft_config.values()))
+        assert (config.r, config.lora_alpha) == (4, 8)
+        loaded = get_peft_model_state_dict(pipe.transformer, adapter_name=next(iter(pipe.transformer.peft_config)))
+        assert loaded.keys() == want.keys() and all(torch.equal(loaded[k], want[k]) for k in want)
+    finally:
+        pipe.transformer.delete_adapters(list(pipe.transformer.peft_config))
+
+
 # ------------------------------------------------------------------------------------------ slow: the script
 @pytest.fixture(scope="module")
 def hyv_runs(hyv_assets, shared_artifact) -> dict[str, Any]:
