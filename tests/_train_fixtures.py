@@ -58,6 +58,7 @@ def build_family_assets(root: Path) -> dict[str, str]:
     from hf_arb.testing.tiny import save_tiny_imagefolder
     from hf_arb.testing.tiny_flow import save_tiny_flux_kontext
     from hf_arb.testing.tiny_flux2 import save_tiny_flux2
+    from hf_arb.testing.tiny_hunyuan_video import save_tiny_hunyuan_video
     from hf_arb.testing.tiny_ltx import save_tiny_ltx
     from hf_arb.testing.tiny_qwen import save_tiny_qwenimage, save_tiny_qwenimage_edit
     from hf_arb.testing.tiny_wan import save_tiny_wan
@@ -70,7 +71,8 @@ def build_family_assets(root: Path) -> dict[str, str]:
             "qwen_edit": save_tiny_qwenimage_edit(root / "tiny-qwen-edit"),
             "qwen_edit_plus": save_tiny_qwenimage_edit(root / "tiny-qwen-edit-plus", plus=True),
             "pairs2": two_reference_pairs(root), "images": save_tiny_imagefolder(root / "images"),
-            "wan": save_tiny_wan(root / "tiny-wan"), "ltx": save_tiny_ltx(root / "tiny-ltx")}
+            "wan": save_tiny_wan(root / "tiny-wan"), "ltx": save_tiny_ltx(root / "tiny-ltx"),
+            "hyv": save_tiny_hunyuan_video(root / "tiny-hyv")}
 
 
 def build_flow_assets(root: Path) -> dict[str, str]:
@@ -289,6 +291,7 @@ def batch_runs(root: Path, train: dict[str, str], flow: dict[str, str], stream: 
     runs += clip_runs(root, families)  # test_clip_source.py: clips and stills on 2 ranks, and the resume
     runs += ltx_clip_runs(root, families)  # test_family_ltx.py: an LTX-Video full fine-tune on them, and the resume
     runs += clip_budget_runs(root, families)  # test_video_validation.py: a batch size per (W, H, F) bucket, 2 ranks
+    runs.append(hyv_clip_run(root, families))  # test_family_hunyuan_video.py: a LoRA on clips and stills, 2 ranks
     # test_fault_train.py: SIGTERM reaches rank 1 only, during update 2 (tests/_signal_worker.py; issue 34, item 4)
     out = root / "signal-one-rank"
     runs.append({"name": "signal-one-rank", "out": str(out), "worker": "_signal_worker", "argv": [
@@ -420,6 +423,16 @@ def clip_budget_runs(root: Path, families: dict[str, str]) -> list[dict[str, Any
         str(folder) if folder.exists() else mixed_clip_folder(folder), *CLIP, "--rank", "4", "--learning_rate",
         "2e-2", "--max_train_steps", "5", "--checkpointing_steps", "100", "--video_token_budget", "64",
         "--image_train_batch_size", "2", "--output_dir", str(out)]}]
+
+
+def hyv_clip_run(root: Path, families: dict[str, str]) -> dict[str, Any]:
+    """test_family_hunyuan_video.py: a HunyuanVideo 1.5 LoRA on clip_runs' mixed folder on 2 ranks, 3 steps (clips and
+    stills, its own preset)."""
+    out, preset = root / "clips-hyv", CLIP.index("--bucket_preset") + 1
+    return {"name": "clips-hyv", "out": str(out), "argv": [
+        "--pretrained_model_name_or_path", families["hyv"], "--train_data_dir", str(root / "clip-folder"),
+        *CLIP[:preset], "hunyuan_video", *CLIP[preset + 1:], "--rank", "4", "--learning_rate", "2e-2",
+        "--max_train_steps", "3", "--checkpointing_steps", "100", "--output_dir", str(out)]}
 
 
 def two_reference_pairs(root: Path, n: int = 12) -> str:

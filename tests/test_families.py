@@ -67,7 +67,8 @@ BUILDERS = [("save_tiny_sd", {}, "train_assets", "sd", "sd"), ("save_tiny_sdxl",
             ("save_tiny_qwenimage_edit", {}, "family_assets", "qwen_edit", "qwenimage-edit"),
             ("save_tiny_qwenimage_edit", {"plus": True}, "family_assets", "qwen_edit_plus", "qwenimage-edit-plus"),
             ("save_tiny_zimage", {}, "family_assets", "zimage", "zimage"),
-            ("save_tiny_wan", {}, "family_assets", "wan", "wan"), ("save_tiny_ltx", {}, "family_assets", "ltx", "ltx")]
+            ("save_tiny_wan", {}, "family_assets", "wan", "wan"), ("save_tiny_ltx", {}, "family_assets", "ltx", "ltx"),
+            ("save_tiny_hunyuan_video", {}, "family_assets", "hyv", "hunyuan_video15")]
 #: Hub ids and the family each means
 HUB_IDS = {"stabilityai/stable-diffusion-xl-base-1.0": "sdxl", "runwayml/stable-diffusion-v1-5": "sd",
            "stabilityai/stable-diffusion-3.5-large": "sd3", "black-forest-labs/FLUX.1-dev": "flux",
@@ -76,7 +77,7 @@ HUB_IDS = {"stabilityai/stable-diffusion-xl-base-1.0": "sdxl", "runwayml/stable-
            "Qwen/Qwen-Image-Edit": "qwenimage-edit", "Qwen/Qwen-Image-Edit-2509": "qwenimage-edit-plus",
            "Qwen/Qwen-Image-Edit-2511": "qwenimage-edit-plus", "Tongyi-MAI/Z-Image-Turbo": "zimage",
            "Wan-AI/Wan2.1-T2V-1.3B-Diffusers": "wan", "Wan-AI/Wan2.2-TI2V-5B-Diffusers": "wan",
-           "Lightricks/LTX-Video": "ltx"}
+           "Lightricks/LTX-Video": "ltx", "hunyuanvideo-community/HunyuanVideo-1.5-480p_t2v": "hunyuan_video15"}
 
 
 def test_every_builder_is_detected_as_exactly_its_family_whatever_the_order(request, monkeypatch):
@@ -123,7 +124,7 @@ def test_detection_and_flag_defaults_do_not_import_torch(train_assets):
 
 def test_unknown_family_and_bad_registration_are_refused():
     known = ", ".join(family_names())  # every registered family, the fallback last
-    assert known.startswith("sd3, flux2_klein, flux2, ") and known.endswith(", wan, ltx, sdxl, sd")
+    assert known.startswith("sd3, flux2_klein, flux2, ") and known.endswith(", wan, ltx, hunyuan_video15, sdxl, sd")
     with pytest.raises(ValueError, match=f"Unknown model family 'nope'; known: {re.escape(known)}\\."):
         get_family("nope")
     with pytest.raises(TypeError, match="Family subclass with a `name`"):

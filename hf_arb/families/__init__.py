@@ -1,6 +1,6 @@
 """Floor 5, ``families/``: one adapter per model family — everything that differs between SD 1.x/2.x, SDXL,
-SD3/3.5, Flux.1, Flux.2, Qwen-Image, Z-Image, Wan and the edit models, behind one interface the training script asks
-(:class:`~hf_arb.families.base.Family`).
+SD3/3.5, Flux.1, Flux.2, Qwen-Image, Z-Image, Wan, HunyuanVideo 1.5 and the edit models, behind one interface the
+training script asks (:class:`~hf_arb.families.base.Family`).
 
 - :mod:`~hf_arb.families.base` — :class:`Family`, :class:`Models` and the registry (:func:`detect_family`,
   :func:`get_family`, :func:`register_family`);
@@ -23,6 +23,8 @@ SD3/3.5, Flux.1, Flux.2, Qwen-Image, Z-Image, Wan and the edit models, behind on
   video VAE's frame rule (:meth:`~hf_arb.families.base.Family.frame_rule`) and fixed shift;
 - :mod:`~hf_arb.families.ltx` — LTX-Video text-to-video: Wan's clips, T5 prompts with their mask, packed latents and
   the per-bucket shift over the video sequence length;
+- :mod:`~hf_arb.families.hunyuan_video15` — HunyuanVideo 1.5 text-to-video: Qwen2.5-VL + ByT5 prompts, 4k+1 frames,
+  fixed shift, LoRA loaded with the transformer's ``load_lora_adapter``;
 - :mod:`~hf_arb.families.loss_mask` — the masked loss (``--masked_loss``): every family's per-element error weighted
   by the batch's ``loss_mask``, in one place.
 - :mod:`~hf_arb.families.sample_weights` — per-sample loss weights, one reduction for every

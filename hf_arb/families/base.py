@@ -46,6 +46,7 @@ BUILTIN_MODULES: tuple[str, ...] = ("hf_arb.families.sd3", "hf_arb.families.flux
                                     "hf_arb.families.qwenimage_edit_plus", "hf_arb.families.qwenimage_edit",
                                     "hf_arb.families.qwenimage", "hf_arb.families.zimage", "hf_arb.families.wan",
                                     "hf_arb.families.ltx",
+                                    "hf_arb.families.hunyuan_video15",
                                     "hf_arb.families.sdxl", "hf_arb.families.sd")
 class PartNames(frozenset):
     """A frozenset of part names whose ``repr`` is sorted (a set's order follows the run's string hashing, and the
@@ -322,6 +323,15 @@ class Family:
     def lora_text_encoders(self, models: Models) -> list[Any]:
         """The text encoders ``--train_text_encoder`` adapts (default: all)."""
         return list(models.text_encoders)
+
+    def lora_file_class(self, args: argparse.Namespace | None = None) -> Any:
+        """The diffusers class whose ``save_lora_weights`` writes (and ``lora_state_dict`` reads) the run's LoRA file:
+        the pipeline class, or a LoRA loader mixin where the pipeline has none (HunyuanVideo 1.5)."""
+        return self.pipeline_class(args)
+
+    def load_lora_into(self, pipe: Any, folder: str) -> None:
+        """Load a saved LoRA folder into a stock pipeline as users will (default ``pipe.load_lora_weights``)."""
+        pipe.load_lora_weights(folder)
 
     # ------------------------------------------------------------------------------------------ outputs
     def register_checkpoint_hooks(self, accelerator: Any, models: Models, unwrap: Any) -> None:

@@ -7,6 +7,7 @@
 - :mod:`~hf_arb.testing.tiny_zimage` — a tiny Z-Image pipeline;
 - :mod:`~hf_arb.testing.tiny_wan` — a tiny Wan 2.1 text-to-video pipeline (UMT5, ``AutoencoderKLWan``, 4k+1 frames);
 - :mod:`~hf_arb.testing.tiny_ltx` — a tiny LTX-Video pipeline (T5, ``AutoencoderKLLTXVideo``, 8k+1 frames, sides of 32);
+- :mod:`~hf_arb.testing.tiny_hunyuan_video` — a tiny HunyuanVideo 1.5 text-to-video pipeline (Qwen2.5-VL + ByT5);
 - :mod:`~hf_arb.testing.tiny_text` — CLIP/T5 tokenizers built locally (no Hub);
 - :mod:`~hf_arb.testing.clips` — tiny real video clips (H.264/MP4, VP9/WebM, rotated) encoded locally with PyAV.
 

@@ -80,7 +80,7 @@ def register_lora_checkpoint_hooks(accelerator: Any, models: Models, args: argpa
     they were prepared: the UNet, then the trained text encoders."""
     from hf_arb.train.lora import load_lora, save_lora
 
-    cls, denoiser = models.family.pipeline_class(args), models.family.denoiser_name
+    cls, denoiser = models.family.lora_file_class(args), models.family.denoiser_name
 
     def save_hook(hook_models: list[Any], weights: list[Any], output_dir: str) -> None:
         if accelerator.is_main_process:

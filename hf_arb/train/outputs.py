@@ -220,7 +220,8 @@ def save_final_lora(args: argparse.Namespace, accelerator: Any, models: Models, 
         return
     cls = models.family.pipeline_class(args)
     encoders = [accelerator.unwrap_model(te) for te in models.trained_text_encoders or []]
-    save_lora(cls, args.output_dir, unwrap(accelerator, unet), encoders or None, denoiser=models.family.denoiser_name)
+    save_lora(models.family.lora_file_class(args), args.output_dir, unwrap(accelerator, unet), encoders or None,
+              denoiser=models.family.denoiser_name)
     if getattr(args, "output_kohya_format", False):  # train_dreambooth_lora_sdxl.py's second file, kohya's keys
         save_kohya_lora(args.output_dir, alpha=float(args.rank if args.lora_alpha is None else args.lora_alpha))
     (Path(args.output_dir) / BUCKETS_FILE).write_text(json.dumps(buckets.to_dict(), indent=1))
@@ -233,7 +234,7 @@ def save_final_lora(args: argparse.Namespace, accelerator: Any, models: Models, 
         from hf_arb.logs import no_text_encoder_lora_note
 
         with no_text_encoder_lora_note() if not encoders else contextlib.nullcontext():  # expected: UNet-only LoRA
-            pipe.load_lora_weights(args.output_dir)
+            models.family.load_lora_into(pipe, args.output_dir)
         last = log_validation(args, accelerator, models, None, buckets, progress.global_step, torch.float32,
                               pipe=pipe, name=f"final-{progress.global_step:06d}")
         if last is not None:
