@@ -56,7 +56,9 @@ def run_engine(args: argparse.Namespace, buckets: BucketSet, reference_buckets: 
 
         video = detect_video_column(features, list(features), args.image_column)
     if video is not None:
-        kwargs.update(image_column=None, video_column=video, target_fps=getattr(args, "target_fps", None))
+        kwargs.update(image_column=None, video_column=video, target_fps=getattr(args, "target_fps", None),
+                      frame_sampling=getattr(args, "frame_sampling", None),
+                      slide_stride=getattr(args, "slide_stride", None))
     refs: dict[str, Any] = {}
     if getattr(args, "reference_columns", None):
         refs = dict(reference_columns=tuple(args.reference_columns), reference_policy=args.reference_policy,
