@@ -72,6 +72,8 @@ def frame_plan(original_frames: int, fps: float, target_frames: int, rule: str |
                          f"{below + r.step}.")
     if target_fps is not None and not target_fps > 0:
         raise UsageError(f"target_fps must be > 0 frames per second (e.g. 16 for Wan), got {target_fps!r}.")
+    if fps <= 0 and original_frames > 1:  # frames but no rate: consecutive frames (stride 1), as the clip stores them
+        fps, target_fps = 1.0, None
     count = min(int(target_frames), r.floor(int(held_frames(original_frames, fps, target_fps))))
     return plan_frames(int(original_frames), float(fps), count, target_fps=target_fps, mode=mode, seed=seed,
                        epoch=epoch, row=row)
