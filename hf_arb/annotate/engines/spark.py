@@ -111,7 +111,7 @@ def add_bucket_columns(df: Any, buckets: BucketSet, image_column: str | None = "
                                height_column=height_column, max_upscale=max_upscale, min_size=min_size,
                                reference_columns=reference_columns, reference_policy=reference_policy,
                                reference_buckets=reference_buckets, video_column=video_column,
-                               target_fps=target_fps)
+                               target_fps=target_fps, frame_sampling=frame_sampling, slide_stride=slide_stride)
     missing = [c for c in fn.input_columns if c not in df.columns]
     if missing:
         raise ValueError(f"Column(s) {missing} are not in the DataFrame; its columns are {df.columns}. Pass the right "
