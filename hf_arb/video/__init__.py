@@ -8,8 +8,8 @@ a frame axis and the sampler's (W, H, F) keys are other slices of issue 37).
 - :mod:`~hf_arb.video.frames` — the VAEs' ``step * k + 1`` frame rules and :func:`frame_plan`, a clip's window;
 - :mod:`~hf_arb.video.temporal` — :func:`plan_frames`, the one frame-planning rule annotation, training and decoding
   follow (a :class:`FramePlan` of source frames); :func:`sample_times`: the ``head``, ``random``, ``uniform`` and
-  ``slide`` modes at the model's frame rate, :func:`nearest_frames` (resampling by timestamps), :func:`slide_rows` (clips into
-  windows, vectorised);
+  ``slide`` modes at the model's frame rate, :func:`nearest_frames` (resampling by timestamps), :func:`slide_rows`
+  (clips into windows, vectorised);
 - :mod:`~hf_arb.video.bad_clips` — :class:`BadClip` kinds, :class:`ClipLimits`, :func:`clip_problems` (vectorised)
   and :class:`BadClipLog`: bad clips counted and named, never ending a run;
 - :mod:`~hf_arb.video.decode` — :func:`decode_frames` / :func:`read_clip`: seek, decode only the planned frames, fit
