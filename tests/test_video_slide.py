@@ -187,7 +187,23 @@ def test_slide_turns_a_long_clip_into_windows_counted_in_the_summary(clip_dir: P
 
 
 def test_slide_refusals_name_the_fix(clip_dir: Path) -> None:
+    """A slide stride without slide, a stream, an image set; and training a dataset of slide windows with another
+    --frame_sampling (or whole clips with slide): each one line naming the fix."""
+    import argparse
+
+    from hf_arb.checks import UsageError
+    from hf_arb.train.sources.clips import check_windows
+
     raw = _dataset(clip_dir)
+    windows = add_bucket_columns(raw, CLIP_SET, frame_sampling="slide", show_summary=False)
+    whole = add_bucket_columns(raw, CLIP_SET, show_summary=False)
+    with pytest.raises(UsageError, match=r"--frame_sampling head: the dataset was annotated with --frame-sampling "
+                                         r"slide \(\d+ rows are clip windows"):
+        check_windows(argparse.Namespace(frame_sampling="head"), windows)
+    with pytest.raises(UsageError, match="annotate it with hf-arb annotate --frame-sampling slide"):
+        check_windows(argparse.Namespace(frame_sampling="slide"), whole)
+    check_windows(argparse.Namespace(frame_sampling="slide"), windows)
+    check_windows(argparse.Namespace(frame_sampling="random"), whole)
     with pytest.raises(ValueError, match="slide_stride=4 applies to frame_sampling='slide'"):
         add_bucket_columns(raw, CLIP_SET, video_column="video", slide_stride=4)
     with pytest.raises(ValueError, match="annotate a map-style Dataset"):
