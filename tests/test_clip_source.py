@@ -118,7 +118,7 @@ def test_a_clip_damaged_after_annotation_is_replaced_and_counted(clip_rows):
 
 # ------------------------------------------------------------------------------------------ fast: flags
 @pytest.mark.parametrize("extra, message", [
-    (["--frame_sampling", "slide"], r"--frame_sampling slide: one clip into several rows is not trained yet"),
+    (["--slide_stride", "4"], r"--slide_stride 4: applies to --frame_sampling slide; add it or drop --slide_stride"),
     (["--alpha_mask"], r"--masked_loss with --video_column: not with clips yet \(masks are per image\)"),
 ])
 def test_clip_flag_mistakes_are_one_line(family_assets, clip_folder, extra, message):

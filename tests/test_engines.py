@@ -465,3 +465,36 @@ def test_spark_equals_datasets_map_on_clip_bytes(spark, clips_parquet: Path, tmp
     loaded = datasets.load_dataset("parquet", data_dir=str(tmp_path / "out"), split="train")
     _assert_clip_rows_equal(loaded, want)
     assert isinstance(loaded.features["video"], datasets.Video)
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("engines")  # one worker: the clusters start once and never compete
+def test_spark_slide_windows_equal_datasets_map(spark, clips_parquet: Path, tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """``frame_sampling="slide"`` changes the row count inside the one Arrow-batch function: Spark's ``mapInArrow``
+    gives the datasets path's rows (the 13-frame WebM clip, 9-frame windows 2 frames apart: 3 rows) and summary, and
+    ``hf-arb annotate --engine spark --frame-sampling slide`` prints the count."""
+    from hf_arb.annotate.engines import spark as hf_spark
+    from hf_arb.annotate.summary import summarize_annotation
+    from hf_arb.cli.app import main
+
+    ds = datasets.load_dataset("parquet", data_files=str(clips_parquet), split="train")
+    want = add_bucket_columns(ds, CLIPS, frame_sampling="slide", slide_stride=2, show_summary=False)
+    assert [r["frame_start"] for r in want.select_columns(["id", "frame_start"]).to_list() if r["id"] == 1] == [0, 2, 4]
+    out = hf_spark.add_bucket_columns(spark.read.parquet(str(clips_parquet)), CLIPS, image_column=None,
+                                      video_column="video", frame_sampling="slide", slide_stride=2)
+    features = datasets.Features.from_arrow_schema(pq.read_schema(clips_parquet))
+    hf_spark.write_parquet(out, str(tmp_path / "out"), CLIPS, features=features)
+    loaded = datasets.load_dataset("parquet", data_dir=str(tmp_path / "out"), split="train")
+    assert len(loaded) == len(want) == len(ds) + 2
+    key = ["id", "frame_start"]
+    got_rows = sorted(loaded.remove_columns(["video"]).to_list(), key=lambda r: (r["id"], r["frame_start"] or 0))
+    want_rows = sorted(want.remove_columns(["video"]).to_list(), key=lambda r: (r["id"], r["frame_start"] or 0))
+    assert [[r[k] for k in key] for r in got_rows] == [[r[k] for k in key] for r in want_rows]
+    assert got_rows == want_rows
+    assert str(summarize_annotation(loaded, CLIPS)).splitlines()[1] == "slide: 3 clips -> 5 rows (2 added by windows)"
+    capsys.readouterr()
+    assert main(["annotate", str(clips_parquet), "--engine", "spark", "--output-dir", str(tmp_path / "cli"),
+                 "--aspect-ratio-buckets", "48,64;64,48", "--frames", "1,5,9", "--metric", "log",
+                 "--frame-sampling", "slide", "--slide-stride", "2"]) == 0
+    assert "slide: 3 clips -> 5 rows (2 added by windows)" in capsys.readouterr().out

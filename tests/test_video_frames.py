@@ -45,6 +45,7 @@ from hf_arb.video import (  # noqa: E402
     frame_plan,
     held_frames,
     nearest_frames,
+    plan_frames,
     read_clip,
     sample_times,
     slide_rows,
@@ -89,15 +90,18 @@ def _fitted(images: list, idx: np.ndarray, plan, orientation: int = 1) -> np.nda
                                               ("slide", 16.0)])
 def test_decoded_frames_equal_a_full_decode(clips: dict[str, Path], kind: str, mode: str,
                                             target_fps: float | None) -> None:
-    """The frames at the planned instants are bit-equal to a full decode's frames nearest the same instants (by
-    their timestamps), all fitted with one crop; and the decoder stops after the last planned frame."""
+    """The decoded frames are bit-equal to a full decode's frames of the plan (the one rule, ``plan_frames``), all
+    fitted with one crop, even where WebM's millisecond timestamps would tip an instant half-way between two frames
+    (uniform's position 29.5) to the later one; and the decoder stops after the last planned frame."""
     path = clips[kind]
     pts, images = _full_decode(path)
     m = clip_metadata(path)
     times = sample_times(m.frames, m.fps, 13, target_fps=target_fps, mode=mode, seed=1, epoch=2, row=3, window=1)
     res = read_clip(path, (32, 40), 13, target_fps=target_fps, mode=mode, seed=1, epoch=2, row=3, window=1,
                     crop="random")
-    idx = nearest_frames(pts, times)
+    idx = plan_frames(m.frames, m.fps, 13, target_fps=target_fps, mode=mode, seed=1, epoch=2, row=3,
+                      window=1).indices()
+    assert np.array_equal(idx, frame_indices(m.frames, m.fps, times))  # the plan's frames are its instants' nearest
     plan = plan_fit((64, 48), (32, 40), crop="random", rng=row_rng(1, 2, 3, ROW_CROP))
     assert res.frames.shape == (13, 3, 40, 32) and res.frames.dtype == np.uint8
     assert np.array_equal(res.target_times, times) and np.array_equal(res.times, pts[idx])
@@ -305,9 +309,14 @@ def test_slide_rows_expand_each_clip_into_its_windows(frames: list[int], target:
     fps = np.full(n.shape, 24.0)
     out = slide_rows(n, fps, target, target_fps, stride, loop)
     want_rows, want_windows = [], []
-    for r, f in enumerate(frames):  # the obvious loop
+    step = 24.0 / (target_fps or 24.0)  # source frames per target frame
+    apart = max(1, int(np.ceil((stride or target) * step - 0.5 - 1e-6)))  # window starts, in source frames
+    for r, f in enumerate(frames):  # the obvious loop: every start `apart` frames on whose window ends in the clip
         held = int(held_frames(f, 24.0, target_fps))
-        count = (held - target) // (stride or target) + 1 if held >= target else int(loop and f > 0)
+        count = 0
+        while held >= target and count * apart + (target - 1) * step <= f - 1 + 1e-6:
+            count += 1
+        count = count or int(loop and f > 0)
         want_rows += [r] * count
         want_windows += list(range(count))
         for w in {0, count - 1} if count else ():  # the first and last windows are valid ones for sample_times

@@ -26,6 +26,7 @@ from hf_arb.video import (  # noqa: E402
     clip_columns,
     clip_metadata,
     frame_plan,
+    held_frames,
     skip_counts,
     valid_frame_counts,
 )
@@ -231,8 +232,9 @@ def test_frame_plan_refuses_what_the_rule_forbids() -> None:
         frame_plan(0, 30, 17, "wan")
     with pytest.raises(UsageError, match="target_fps must be > 0"):
         frame_plan(100, 30, 17, "wan", target_fps=0)
-    assert frame_plan(1, 0.0, 81, "wan", target_fps=16) == (0, 1, 1)  # an image: one frame
-    assert frame_plan(100, 30, 17, "wan", target_fps=16, mode="head") == (0, 2, 17)  # 30 fps -> ~16 fps: stride 2
+    assert frame_plan(1, 0.0, 81, "wan", target_fps=16) == (0, 0.0, 1)  # an image: one frame
+    plan = frame_plan(100, 30, 17, "wan", target_fps=16, mode="head")  # 30 fps -> 16 fps: 1.875 frames apart
+    assert plan == (0, 1.875, 17) and plan.indices().tolist()[:6] == [0, 2, 4, 6, 7, 9]
 
 
 @settings(max_examples=200, deadline=None)
@@ -248,11 +250,14 @@ def test_frame_plan_window_is_valid_inside_and_deterministic(frames: int, fps: f
     plan = frame_plan(frames, fps, target, rule, seed=seed, epoch=epoch, row=row, target_fps=target_fps, mode=mode)
     assert plan.count in valid_frame_counts(rule, target)
     idx = plan.indices()
-    assert idx.min() == plan.start >= 0 and idx.max() < frames and np.all(np.diff(idx) == plan.stride)
-    if frames >= (target - 1) * plan.stride + 1:
+    assert idx.min() == plan.start >= 0 and idx.max() < frames
+    gaps = np.diff(idx)  # the nearest frames to positions `stride` apart: floor or ceil of it
+    assert np.all((gaps >= np.floor(plan.stride)) & (gaps <= np.ceil(plan.stride)))
+    held = int(held_frames(frames, fps, target_fps))  # frames at the target rate: the one rule's count
+    if held >= target:
         assert plan.count == target  # the bucket's count whenever the clip holds it
     else:
-        assert plan.count + r.step > (frames - 1) // plan.stride + 1  # else the longest the rule allows
+        assert plan.count + r.step > held  # else the longest the rule allows
     if mode == "head":
         assert plan.start == 0
     assert plan == frame_plan(frames, fps, target, rule, seed=seed, epoch=epoch, row=row, target_fps=target_fps,

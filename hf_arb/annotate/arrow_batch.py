@@ -30,7 +30,7 @@ from hf_arb.buckets.schema import BUCKET_COLUMNS, CLIP_BUCKET_COLUMNS, arrow_sch
 from hf_arb.buckets.sets import BucketSet
 from hf_arb.images.values import arrow_values, sizes_of
 
-from .clips import check_clip_set, clip_bucket_columns, image_clip_columns
+from .clips import check_clip_set, check_frame_sampling, clip_bucket_columns, image_clip_columns, slide_windows
 from .core import annotate_sizes, size_column
 from .references import annotate_references
 
@@ -66,7 +66,7 @@ def bucket_columns(batch: pa.RecordBatch | pa.Table, buckets: BucketSet, *, imag
                    max_upscale: float | None = None, min_size: int | None = None, verify: bool = False,
                    reference_columns: tuple[str, ...] | list[str] = (), reference_policy: str = "strict",
                    reference_buckets: BucketSet | None = None, video_column: str | None = None,
-                   target_fps: float | None = None) -> pa.Table:
+                   target_fps: float | None = None, frame_sampling: str | None = None) -> pa.Table:
     """The bucket columns of one Arrow batch: the pure function every engine maps.
 
     Args:
@@ -82,6 +82,9 @@ def bucket_columns(batch: pa.RecordBatch | pa.Table, buckets: BucketSet, *, imag
             paths; an image in it is a 1-frame clip), read instead of ``image_column``: container headers only
             (:func:`hf_arb.video.clip_columns`). Needs a clip set (``buckets.has_frames``).
         target_fps: the model's frame rate for a clip set: the frame plan's stride (:mod:`hf_arb.annotate.clips`).
+        frame_sampling: the temporal mode clips train with (``"uniform"`` matches a clip's own frame count; the
+            others the frames it holds at ``target_fps``). ``"slide"``'s one row per window is :func:`annotate_batch`'s
+            (this function keeps one row per input row).
 
     Returns:
         A ``pyarrow.Table`` with the :data:`~hf_arb.buckets.schema.BUCKET_COLUMNS` (schema
@@ -97,7 +100,8 @@ def bucket_columns(batch: pa.RecordBatch | pa.Table, buckets: BucketSet, *, imag
         table = _table(batch)
         _need(table, (video_column,))
         meta = clip_columns(pa.table({video_column: table.column(video_column)}), video_column)
-        target = clip_bucket_columns(meta, buckets, target_fps=target_fps, max_upscale=max_upscale, min_size=min_size)
+        target = clip_bucket_columns(meta, buckets, target_fps=target_fps, max_upscale=max_upscale, min_size=min_size,
+                                     frame_sampling=frame_sampling)
     else:
         target = _target_columns(batch, buckets, image_column=image_column, width_column=width_column,
                                  height_column=height_column, max_upscale=max_upscale, min_size=min_size,
@@ -205,12 +209,14 @@ def annotate_batch(batch: pa.RecordBatch | pa.Table, buckets: BucketSet, *, feat
         batch: a ``RecordBatch`` or ``Table``.
         buckets: the BucketSet.
         features: optional ``datasets.Features`` of the input columns, for the metadata (see :func:`output_schema`).
-        **kwargs: ``image_column``, ``width_column``, ``height_column``, ``max_upscale``, ``min_size`` of
-            :func:`bucket_columns`.
+        **kwargs: ``image_column``, ``width_column``, ``height_column``, ``max_upscale``, ``min_size``,
+            ``video_column``, ``target_fps``, ``frame_sampling`` of :func:`bucket_columns`, and ``slide_stride``.
 
     Returns:
         The input columns (minus any old bucket columns) followed by the :data:`~hf_arb.buckets.schema.BUCKET_COLUMNS`;
-        the schema metadata holds the ``datasets`` features, so Parquet written from it restores the BucketSet.
+        the schema metadata holds the ``datasets`` features, so Parquet written from it restores the BucketSet. With
+        ``frame_sampling="slide"`` and a clip set, each kept clip is one row per window
+        (:func:`~hf_arb.annotate.clips.slide_windows`): the only annotation that changes the row count.
     """
     return _annotate(batch, buckets, _features_json(features), bucket_features_json(buckets.to_json()), kwargs)
 
@@ -218,12 +224,19 @@ def annotate_batch(batch: pa.RecordBatch | pa.Table, buckets: BucketSet, *, feat
 def _annotate(batch: pa.RecordBatch | pa.Table, buckets: BucketSet, features: str | None, bucket_json: str,
               kwargs: dict[str, Any]) -> pa.RecordBatch | pa.Table:
     table = _table(batch)
+    kwargs = dict(kwargs)
+    slide_stride = kwargs.pop("slide_stride", None)
     new = bucket_columns(table, buckets, **kwargs)
     keep = [c for c in table.column_names if c not in new.column_names and c not in ANNOTATION_COLUMNS]
     base = pa.schema([table.schema.field(c) for c in keep], metadata=table.schema.metadata)
     schema = pa.schema(list(base) + list(new.schema),
                        metadata=arrow_metadata(_input_metadata(table.schema), features, bucket_json))
     arrays = [table.column(c) for c in keep] + list(new.columns)
+    if kwargs.get("frame_sampling") == "slide" and buckets.has_frames:  # one row per window
+        out = slide_windows(pa.Table.from_arrays(arrays, schema=schema), buckets,
+                            target_fps=kwargs.get("target_fps"), slide_stride=slide_stride)
+        return pa.RecordBatch.from_arrays([c.combine_chunks() for c in out.columns], schema=schema) \
+            if isinstance(batch, pa.RecordBatch) else out
     if isinstance(batch, pa.RecordBatch):
         return pa.RecordBatch.from_arrays([a.combine_chunks() for a in arrays], schema=schema)
     return pa.Table.from_arrays(arrays, schema=schema)
@@ -253,6 +266,8 @@ class BatchAnnotator:
     reference_config: str | None = None
     video_column: str | None = None
     target_fps: float | None = None
+    frame_sampling: str | None = None
+    slide_stride: int | None = None
 
     @classmethod
     def create(cls, buckets: BucketSet, *, features: Any = None, **kwargs: Any) -> BatchAnnotator:
@@ -282,6 +297,7 @@ class BatchAnnotator:
             raise ValueError(f"Pass both `width_column` and `height_column` or neither, got "
                              f"width_column={out.width_column!r}, height_column={out.height_column!r}.")
         check_clip_set(buckets, out.video_column)
+        check_frame_sampling(out.frame_sampling, out.slide_stride)
         if out.target_fps is not None and not out.target_fps > 0:
             raise ValueError(f"`target_fps` must be > 0 frames per second (e.g. 16 for Wan), got {out.target_fps!r}.")
         if out.width_column is None and out.image_column is None and out.video_column is None:
@@ -313,7 +329,8 @@ class BatchAnnotator:
             max_upscale=self.max_upscale, min_size=self.min_size, reference_columns=self.reference_columns,
             reference_policy=self.reference_policy,
             reference_buckets=None if self.reference_config is None else _buckets(self.reference_config),
-            video_column=self.video_column, target_fps=self.target_fps))
+            video_column=self.video_column, target_fps=self.target_fps, frame_sampling=self.frame_sampling,
+            slide_stride=self.slide_stride))
 
     def iter_batches(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         """Generator form (Spark's ``mapInArrow``)."""

@@ -25,8 +25,8 @@ from hf_arb.buckets.schema import BUCKET_COLUMNS, CONFIG_ID_PREFIX, arrow_schema
 from hf_arb.buckets.sets import BucketSet
 from hf_arb.images.values import arrow_values, decoding_images, sizes_of  # noqa: F401  (decoding_images re-exported)
 
-from .arrow_batch import ANNOTATION_COLUMNS, bucket_columns
-from .clips import check_clip_set, detect_video_column, image_clip_columns
+from .arrow_batch import ANNOTATION_COLUMNS, BatchAnnotator, bucket_columns
+from .clips import check_clip_set, check_frame_sampling, detect_video_column, image_clip_columns
 from .core import annotate_sizes, size_column  # noqa: F401  (annotate_sizes re-exported)
 from .summary import AnnotationSummary, summarize_annotation, summarize_columns  # noqa: F401  (re-exported)
 
@@ -56,13 +56,14 @@ def _image_batch(values: Any, *, config: str, max_upscale: float | None, min_siz
 
 
 def _video_batch(values: Any, *, config: str, target_fps: float | None, max_upscale: float | None,
-                 min_size: int | None, as_dict: bool) -> Any:
+                 min_size: int | None, as_dict: bool, frame_sampling: str | None = None) -> Any:
     """``map`` function for the clip path: container headers → the bucket and clip columns for one batch, by the
     Arrow-batch function every engine runs. ``values``: an Arrow column (map-style) or a Python list (streaming)."""
     if not isinstance(values, (pa.ChunkedArray, pa.Array)):
         values = _clip_array(values)
     table = bucket_columns(pa.table({"video": values}), _buckets_from_json(config), video_column="video",
-                           target_fps=target_fps, max_upscale=max_upscale, min_size=min_size)
+                           target_fps=target_fps, max_upscale=max_upscale, min_size=min_size,
+                           frame_sampling=frame_sampling)
     return table.to_pydict() if as_dict else table
 
 
@@ -123,6 +124,8 @@ def add_bucket_columns(
     reference_buckets: BucketSet | None = None,
     video_column: str | None = None,
     target_fps: float | None = None,
+    frame_sampling: str | None = None,
+    slide_stride: int | None = None,
 ) -> Any:
     """Add the bucket columns to an image or clip dataset, reading only headers (or no file at all).
 
@@ -162,8 +165,15 @@ def add_bucket_columns(
             headers are read (:func:`hf_arb.video.clip_columns`: displayed size with rotation, frames, fps). Needs a
             clip set (``(width, height, frames)`` buckets). Default: detected when the dataset has no
             ``image_column`` but one ``Video`` column (or a column named ``video``) and ``buckets`` has a frame axis.
-        target_fps: with clips, the model's frame rate (16 for Wan): every ``round(fps / target_fps)``-th frame trains
-            (``frame_stride``) and the bucket's frames are matched against the frames a clip holds at that stride.
+        target_fps: with clips, the model's frame rate (16 for Wan): ``fps / target_fps`` source frames per trained
+            frame (``frame_stride``), and the bucket's frames are matched against the frames a clip holds at that rate
+            by the rule training and decoding plan with (:func:`hf_arb.video.temporal.plan_frames`).
+        frame_sampling: with clips, the temporal mode they will train with: ``"uniform"`` matches a clip's own frame
+            count; ``"slide"`` turns each kept clip into one row per window of its bucket's frame count (every column
+            repeated, ``frame_start`` the window's first source frame; map-style datasets only), counted in the
+            summary; default (``"head"``/``"random"``): one row per clip, matched at ``target_fps``.
+        slide_stride: with ``"slide"``, target frames between window starts (default: the bucket's frame count,
+            windows that do not overlap).
 
     Returns:
         The same kind of object as ``ds`` with :data:`BUCKET_COLUMNS` appended (existing bucket columns are
@@ -173,9 +183,10 @@ def add_bucket_columns(
         ``"upscale"``). No row is removed and nothing raises mid-map. The ``bucket`` feature carries the BucketSet,
         so ``BucketSet.from_dataset(result)`` restores it. A clip set (``buckets.has_frames``) also adds
         :data:`~hf_arb.buckets.schema.CLIP_BUCKET_COLUMNS`: ``bucket_frames`` (the bucket's frame count),
-        ``original_frames``, ``original_fps`` (0 for an image), ``frames_exact`` and ``frame_stride``, for clips and
-        images alike; a clip shorter than the smallest frame bucket is skipped (``"too_few_frames: ..."``) unless the
-        set loops short clips, and a bad clip gets ``"unreadable: <reason>"``.
+        ``original_frames``, ``original_fps`` (0 for an image), ``frames_exact``, ``frame_stride`` and ``frame_start``
+        (null but for ``slide`` windows), for clips and images alike; a clip shorter than the smallest frame bucket
+        is skipped (``"too_few_frames: ..."``) unless the set loops short clips, and a bad clip gets
+        ``"unreadable: <reason>"``.
 
     Example:
         ```py
@@ -210,6 +221,10 @@ def add_bucket_columns(
                              f"{clips!r}: annotate clips with (width, height, frames) buckets, e.g. "
                              "BucketSet([(w, h, f), ...]) or hf-arb annotate --frames 1,17,33.")
     check_clip_set(buckets, video_column)
+    check_frame_sampling(frame_sampling, slide_stride)
+    if frame_sampling is not None and video_column is None:
+        raise ValueError(f"frame_sampling={frame_sampling!r} applies to clips: pass video_column=... (a clip column, "
+                         "with a (width, height, frames) BucketSet) or drop frame_sampling.")
     if target_fps is not None and not target_fps > 0:
         raise ValueError(f"`target_fps` must be > 0 frames per second (e.g. 16 for Wan), got {target_fps!r}.")
     if width_column is None and image_column is None and video_column is None:
@@ -234,7 +249,11 @@ def add_bucket_columns(
         if refs:
             raise ValueError("reference_columns are images of an edit dataset; a clip dataset (video_column=...) takes "
                              "none. Drop reference_columns or annotate the images with image_column=...")
-        kwargs.update(video_column=video_column, target_fps=target_fps)
+        kwargs.update(video_column=video_column, target_fps=target_fps, frame_sampling=frame_sampling,
+                      slide_stride=slide_stride)
+    if frame_sampling == "slide" and isinstance(ds, (datasets.IterableDataset, datasets.IterableDatasetDict)):
+        raise ValueError("frame_sampling='slide' turns one clip into several rows, planned over the whole dataset: "
+                         "annotate a map-style Dataset (load_dataset(..., streaming=False)) or drop frame_sampling.")
     if isinstance(ds, (datasets.DatasetDict, datasets.IterableDatasetDict)):
         return type(ds)({split: add_bucket_columns(d, buckets, **kwargs) for split, d in ds.items()})  # type: ignore[arg-type]
     if isinstance(ds, datasets.IterableDataset):
@@ -259,13 +278,20 @@ def _annotate_dataset(ds: Any, buckets: BucketSet, *, image_column: str | None, 
                       min_size: int | None, desc: str | None, show_summary: bool,
                       load_from_cache_file: bool | None, verify: bool = False, reference_columns: tuple[str, ...] = (),
                       reference_policy: str = "strict", reference_buckets: BucketSet | None = None,
-                      video_column: str | None = None, target_fps: float | None = None) -> Any:
+                      video_column: str | None = None, target_fps: float | None = None,
+                      frame_sampling: str | None = None, slide_stride: int | None = None) -> Any:
     import datasets
 
     added = _added_columns(buckets, reference_columns, reference_policy, reference_buckets)
     base = ds.remove_columns([c for c in dict.fromkeys((*ANNOTATION_COLUMNS, *added)) if c in ds.column_names])
     features = added
-    if video_column is not None:
+    if video_column is not None and frame_sampling == "slide":
+        _check_columns(base.column_names, {"video_column": video_column})
+        out = _annotate_slide(base, buckets, added, video_column=video_column, target_fps=target_fps,
+                              slide_stride=slide_stride, max_upscale=max_upscale, min_size=min_size,
+                              batch_size=batch_size, num_proc=num_proc, desc=desc,
+                              load_from_cache_file=load_from_cache_file)
+    elif video_column is not None:
         _check_columns(base.column_names, {"video_column": video_column})
         src = base.select_columns([video_column])
         if isinstance(src.features[video_column], (datasets.Video, datasets.Image)):
@@ -274,7 +300,7 @@ def _annotate_dataset(ds: Any, buckets: BucketSet, *, image_column: str | None, 
             _video_batch, batched=True, batch_size=batch_size, num_proc=num_proc, input_columns=[video_column],
             remove_columns=[video_column], features=features, desc=desc or "Reading clip headers",
             fn_kwargs=dict(config=buckets.to_json(), target_fps=target_fps, max_upscale=max_upscale,
-                           min_size=min_size, as_dict=False),
+                           min_size=min_size, as_dict=False, frame_sampling=frame_sampling),
             load_from_cache_file=load_from_cache_file,
         ).with_format(None)
     elif reference_columns:
@@ -315,12 +341,39 @@ def _annotate_dataset(ds: Any, buckets: BucketSet, *, image_column: str | None, 
                            verify=verify),
             load_from_cache_file=load_from_cache_file,
         ).with_format(None)
-    out = datasets.concatenate_datasets([base, new], axis=1)
+    if not (video_column is not None and frame_sampling == "slide"):
+        out = datasets.concatenate_datasets([base, new], axis=1)
     if show_summary:
         print(
             (f"== {out.split} ==\n" if out.split is not None else "")
             + str(summarize_annotation(out, buckets, image_column=video_column or image_column or "image"))
         )
+    return out
+
+
+def _annotate_slide(base: Any, buckets: BucketSet, added: Any, *, video_column: str, target_fps: float | None,
+                    slide_stride: int | None, max_upscale: float | None, min_size: int | None, batch_size: int,
+                    num_proc: int | None, desc: str | None, load_from_cache_file: bool | None) -> Any:
+    """``frame_sampling="slide"`` on a map-style dataset: one batched ``map`` over every column, by the Arrow-batch
+    function the engines map (:class:`~hf_arb.annotate.arrow_batch.BatchAnnotator`), each batch's clips expanded into
+    their windows. The row count changes, so every input column is replaced by the function's output (the clip and
+    image columns read undecoded, their features restored after)."""
+    import datasets
+
+    src = base
+    decoded = {k: v for k, v in base.features.items() if isinstance(v, (datasets.Video, datasets.Image)) and v.decode}
+    for k, v in decoded.items():
+        src = src.cast_column(k, type(v)(decode=False))
+    fn = BatchAnnotator.create(buckets, features=src.features, image_column=None, video_column=video_column,
+                               target_fps=target_fps, frame_sampling="slide", slide_stride=slide_stride,
+                               max_upscale=max_upscale, min_size=min_size)
+    out = src.with_format("arrow").map(
+        fn, batched=True, batch_size=batch_size, num_proc=num_proc, remove_columns=src.column_names,
+        features=datasets.Features({**src.features, **added}), desc=desc or "Reading clip headers (slide windows)",
+        load_from_cache_file=load_from_cache_file,
+    ).with_format(None)
+    for k, v in decoded.items():
+        out = out.cast_column(k, v)
     return out
 
 
@@ -330,7 +383,8 @@ def _annotate_iterable(ds: Any, buckets: BucketSet, *, image_column: str | None,
                        load_from_cache_file: bool | None, verify: bool = False,
                        reference_columns: tuple[str, ...] = (), reference_policy: str = "strict",
                        reference_buckets: BucketSet | None = None, video_column: str | None = None,
-                       target_fps: float | None = None) -> Any:
+                       target_fps: float | None = None, frame_sampling: str | None = None,
+                       slide_stride: int | None = None) -> Any:
     import datasets
 
     names = ds.column_names
@@ -352,7 +406,7 @@ def _annotate_iterable(ds: Any, buckets: BucketSet, *, image_column: str | None,
             src = base.cast_column(video_column, type(feature)(decode=False))
         out = src.map(_video_batch, batched=True, batch_size=batch_size, input_columns=[video_column],
                       fn_kwargs=dict(config=buckets.to_json(), target_fps=target_fps, max_upscale=max_upscale,
-                                     min_size=min_size, as_dict=True))
+                                     min_size=min_size, as_dict=True, frame_sampling=frame_sampling))
         return out.cast(features) if features is not None else out
     if reference_columns:
         _check_columns(names, {f"reference_columns[{i}]": c for i, c in enumerate(reference_columns)})

@@ -335,20 +335,22 @@ def _thumbnails(rep: DatasetReport, ds: Any, bs: BucketSet, ids: np.ndarray, siz
     rows = sorted(r for rs in chosen.values() for r in rs)
     cells = dict(zip(rows, _raw_cells(ds, image_column, rows)))
     names = dict(zip(rows, _file_names([cells[r] for r in rows], rows)))
-    clip_info: dict[int, tuple[int, float, int]] = {}  # row -> (original_frames, original_fps, frame_stride)
+    clip_info: dict[int, tuple[int, float, float, int | None]] = {}  # row -> (frames, fps, frame_stride, frame_start)
     if bs.has_frames and rows and "original_frames" in ds.column_names:
-        c = ds.select_columns(["original_frames", "original_fps", "frame_stride"]).select(rows).to_dict()
-        clip_info = {r: (int(f or 1), float(fps or 0.0), int(st or 1)) for r, f, fps, st in
-                     zip(rows, c["original_frames"], c["original_fps"], c["frame_stride"])}
+        cols = [c for c in ("original_frames", "original_fps", "frame_stride", "frame_start") if c in ds.column_names]
+        c = ds.select_columns(cols).select(rows).to_dict()
+        c.setdefault("frame_start", [None] * len(rows))
+        clip_info = {r: (int(f or 1), float(fps or 0.0), float(st or 1.0), s) for r, f, fps, st, s in
+                     zip(rows, c["original_frames"], c["original_fps"], c["frame_stride"], c["frame_start"])}
     for b, rs in chosen.items():
         out = []
         for r in rs:
             plan = training_crop((int(sizes[0][r]), int(sizes[1][r])), bs[b][:2], r, seed=seed,
                                  center_crop=center_crop)
-            frames, fps, stride = clip_info.get(r, (1, 0.0, 1))
+            frames, fps, stride, start = clip_info.get(r, (1, 0.0, 1.0, None))
             try:
                 if frames > 1 and fps > 0:  # a clip: the strip of the frames it trains on
-                    window = clip_window(frames, fps, int(bs[b][2]), stride, seed=seed, row=r)
+                    window = clip_window(frames, fps, int(bs[b][2]), stride, seed=seed, row=r, start=start)
                     shown = strip_indices(window)
                     uri = _strip_uri(cells[r], shown, plan.source_box, plan.size, fps)
                     rep.decoded += len(shown)
@@ -364,14 +366,19 @@ def _thumbnails(rep: DatasetReport, ds: Any, bs: BucketSet, ids: np.ndarray, siz
         rep.samples[b] = out
 
 
-def clip_window(frames: int, fps: float, bucket_frames: int, stride: int, *, seed: int, row: int,
-                epoch: int = 0) -> Any:
-    """The :class:`~hf_arb.video.frames.FramePlan` a clip trains on in ``epoch`` (``frame_plan``'s random window at
-    the row's ``frame_stride``; the bucket's frame count was matched to what the clip holds at that stride)."""
+def clip_window(frames: int, fps: float, bucket_frames: int, stride: float, *, seed: int, row: int,
+                epoch: int = 0, start: int | None = None) -> Any:
+    """The :class:`~hf_arb.video.temporal.FramePlan` a clip trains on in ``epoch``: a ``slide`` row's annotated window
+    (``start``, its ``frame_start``), else a random window at the row's ``frame_stride`` (the one rule,
+    :func:`~hf_arb.video.temporal.plan_frames`; the bucket's frame count was matched to what the clip holds at it)."""
     from hf_arb.video.frames import FrameRule, frame_plan
+    from hf_arb.video.temporal import plan_frames
 
+    target_fps = fps / stride if stride != 1 else None
+    if start is not None:
+        return plan_frames(frames, fps, bucket_frames, target_fps=target_fps, mode="slide", start=int(start))
     return frame_plan(frames, fps, bucket_frames, FrameRule("bucket", 1), seed=seed, epoch=epoch, row=row,
-                      target_fps=fps / stride if stride > 1 else None)
+                      target_fps=target_fps)
 
 
 def strip_indices(window: Any, most: int = STRIP_FRAMES) -> list[int]:

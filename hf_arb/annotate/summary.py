@@ -116,6 +116,8 @@ class AnnotationSummary:
             file name where the image column records one, else ``None``); :func:`skipped_files` lists them all.
         frames_histogram, fps_histogram: a clip set's rows (read ones, kept or not) per frame count and per frame rate
             (:func:`value_histogram`; images count as 1 frame at fps 0); empty for an image set.
+        slide: ``(clips, windows)`` of a dataset annotated with ``frame_sampling="slide"``: the clips cut into windows
+            and the rows they became (from the ``frame_start`` column); None otherwise.
     """
 
     rows: int
@@ -126,6 +128,7 @@ class AnnotationSummary:
     skipped_files: tuple[tuple[int, str | None, str], ...] = ()
     frames_histogram: tuple[tuple[str, int], ...] = ()
     fps_histogram: tuple[tuple[str, int], ...] = ()
+    slide: tuple[int, int] | None = None
 
     @property
     def skipped(self) -> int:
@@ -146,11 +149,16 @@ class AnnotationSummary:
             "counts": dict(zip(bucket_labels(a.resolutions), (int(c) for c in a.counts.tolist()))),
             **({"frames": dict(self.frames_histogram), "fps": dict(self.fps_histogram)} if self.frames_histogram
                else {}),
+            **({"slide": {"clips": self.slide[0], "rows": self.slide[1]}} if self.slide else {}),
         }
 
     def __str__(self) -> str:
         a = self.assignment
         lines = [f"rows: {self.rows:,}  kept: {self.kept:,}  skipped: {self.skipped:,}"]
+        if self.slide:
+            clips, windows = self.slide
+            lines.append(f"slide: {count(clips, 'clip')} -> {count(windows, 'row')} ({windows - clips:,} added by "
+                         "windows)")
         if self.skipped_by_reason:
             lines.append(
                 "skipped by reason: " + ", ".join(f"{k} {v:,}" for k, v in sorted(self.skipped_by_reason.items()))
@@ -184,7 +192,7 @@ class AnnotationSummary:
 def summarize_columns(bucket: Any, aspect_error: Any, skip_reason: Any, buckets: BucketSet, *,
                       sizes: tuple[Any, Any] | None = None, warn_aspect_error: float | None = WARN_ASPECT_ERROR,
                       warn_upscale: float | None = WARN_UPSCALE,
-                      clips: tuple[Any, Any] | None = None) -> AnnotationSummary:
+                      clips: tuple[Any, Any] | None = None, frame_start: Any = None) -> AnnotationSummary:
     """:class:`AnnotationSummary` from the three columns (arrays or pyarrow arrays), vectorised.
 
     Args:
@@ -199,6 +207,7 @@ def summarize_columns(bucket: Any, aspect_error: Any, skip_reason: Any, buckets:
         warn_upscale: report kept rows whose cover scale ``max(bucket_w / w, bucket_h / h)`` exceeds this (``None``:
             no warning, e.g. when ``max_upscale`` already skipped them).
         clips: a clip set's ``original_frames`` and ``original_fps`` columns, shape ``(n,)`` each: the histograms.
+        frame_start: a clip set's ``frame_start`` column, shape ``(n,)``: the ``slide`` windows counted.
     """
     ids = pc.cast(_chunked(bucket), pa.int64()).to_numpy()  # (n,)
     err = pc.cast(_chunked(aspect_error), pa.float64()).to_numpy()  # (n,) NaN for null
@@ -226,8 +235,12 @@ def summarize_columns(bucket: Any, aspect_error: Any, skip_reason: Any, buckets:
     if buckets.max_aspect_error is not None:
         warn_aspect_error = None  # the BucketSet prunes by its own threshold: every kept row is within it
     outliers = _outliers(ids, err, sizes, buckets, warn_aspect_error, warn_upscale)
-    hists = {} if clips is None else {"frames_histogram": value_histogram(clips[0], integer=True),
+    hists: dict[str, Any] = {} if clips is None else {"frames_histogram": value_histogram(clips[0], integer=True),
                                       "fps_histogram": value_histogram(clips[1], integer=False)}
+    if frame_start is not None:
+        from .clips import slide_counts_of
+
+        hists["slide"] = slide_counts_of(_chunked(frame_start))
     return AnnotationSummary(int(ids.size), by_reason, buckets.summarize(ids, err), tuple(examples), outliers,
                              **hists)
 
@@ -299,14 +312,17 @@ def summarize_annotation(ds: Any, buckets: BucketSet | None = None, *,
     cols = ["bucket", "aspect_error", "skip_reason"]
     names = getattr(ds, "column_names", None) or []
     size_cols = [c for c in ("original_width", "original_height") if c in names]
-    clip_cols = [c for c in ("original_frames", "original_fps") if c in names] if buckets.has_frames else []
+    clip_cols = [c for c in ("original_frames", "original_fps", "frame_start") if c in names] \
+        if buckets.has_frames else []
     warn: dict[str, Any] = {"warn_aspect_error": warn_aspect_error, "warn_upscale": warn_upscale}
     if isinstance(ds, datasets.Dataset):
         require_columns(ds, cols, "Summarising the annotation")
         t = ds.select_columns(cols + size_cols + clip_cols).with_format("arrow")[:]
         sizes = (t.column("original_width"), t.column("original_height")) if len(size_cols) == 2 else None
-        if len(clip_cols) == 2:
+        if len(clip_cols) >= 2:
             warn["clips"] = (t.column("original_frames"), t.column("original_fps"))
+        if "frame_start" in clip_cols:
+            warn["frame_start"] = t.column("frame_start")
         summary = summarize_columns(t.column(0), t.column(1), t.column(2), buckets, sizes=sizes, **warn)
         shown = skipped_files(ds, image_column, limit=SKIPPED_SHOWN) if summary.skipped else []
         outliers = tuple(dataclasses.replace(o, paths=tuple(row_paths(ds, image_column, [e[0] for e in o.examples])))
@@ -319,9 +335,11 @@ def summarize_annotation(ds: Any, buckets: BucketSet | None = None, *,
                 values.extend(batch[c])
         sizes = (pa.array(parts["original_width"], pa.int64()), pa.array(parts["original_height"], pa.int64())) \
             if len(size_cols) == 2 else None
-        if len(clip_cols) == 2:
+        if len(clip_cols) >= 2:
             warn["clips"] = (pa.array(parts["original_frames"], pa.int64()), pa.array(parts["original_fps"],
                                                                                        pa.float64()))
+        if "frame_start" in clip_cols:
+            warn["frame_start"] = pa.array(parts["frame_start"], pa.int64())
         return summarize_columns(pa.array(parts["bucket"], pa.int64()), pa.array(parts["aspect_error"], pa.float64()),
                                  pa.array(parts["skip_reason"], pa.string()), buckets, sizes=sizes, **warn)
     raise TypeError(f"`ds` must be a datasets Dataset or IterableDataset, got {type(ds).__name__}.")

@@ -41,10 +41,12 @@ BUCKET_COLUMNS: tuple[str, ...] = (
 )
 #: The columns a clip set (``BucketSet.has_frames``) adds after :data:`BUCKET_COLUMNS`: the bucket's frame count, the
 #: clip's frames and frame rate from its header (an image is 1 frame at fps 0), whether the count is the container's
-#: own (``False``: duration x fps), and the frame plan's stride (every ``frame_stride``-th frame trains, to match the
-#: model's frame rate; the window's start is drawn per epoch by :func:`hf_arb.video.frames.frame_plan`).
+#: own (``False``: duration x fps), and the frame plan (:func:`hf_arb.video.temporal.plan_frames`, the one rule):
+#: ``frame_stride``, source frames per trained frame (``fps / target_fps``, float64 as the plan uses it) and
+#: ``frame_start``, a ``slide`` window's first source frame (null where the run's sampling mode picks the start:
+#: ``head`` at 0, ``random`` drawn per epoch); the plan's count is ``bucket_frames``.
 CLIP_BUCKET_COLUMNS: tuple[str, ...] = ("bucket_frames", "original_frames", "original_fps", "frames_exact",
-                                        "frame_stride")
+                                        "frame_stride", "frame_start")
 
 
 # ----------------------------------------------------------------------------------- write
@@ -54,7 +56,8 @@ def bucket_features(buckets: BucketSet) -> Any:
     from datasets import Features, Value
 
     clip = {"bucket_frames": Value("int32"), "original_frames": Value("int32"), "original_fps": Value("float32"),
-            "frames_exact": Value("bool"), "frame_stride": Value("int32")} if buckets.has_frames else {}
+            "frames_exact": Value("bool"), "frame_stride": Value("float64"),
+            "frame_start": Value("int32")} if buckets.has_frames else {}
     return Features({
         "bucket": Value("int32", id=CONFIG_ID_PREFIX + buckets.to_json()),
         "bucket_width": Value("int32"),
@@ -80,7 +83,7 @@ def clip_arrow_schema() -> pa.Schema:
     """The Arrow schema of a clip set's bucket columns: :func:`arrow_schema`, then :data:`CLIP_BUCKET_COLUMNS`."""
     return pa.schema(list(arrow_schema()) + [
         ("bucket_frames", pa.int32()), ("original_frames", pa.int32()), ("original_fps", pa.float32()),
-        ("frames_exact", pa.bool_()), ("frame_stride", pa.int32())])
+        ("frames_exact", pa.bool_()), ("frame_stride", pa.float64()), ("frame_start", pa.int32())])
 
 
 def with_stored_buckets(ds: Any, buckets: BucketSet) -> Any:

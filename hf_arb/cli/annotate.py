@@ -160,7 +160,16 @@ def _add_annotate_arguments(p: argparse.ArgumentParser) -> None:
                    help="give every bucket these frame counts: (width, height, frames) buckets, 1 for images (e.g. "
                         "1,17,33,49 for Wan's 4k+1 rule)")
     p.add_argument("--target-fps", "--target_fps", dest="target_fps", type=_positive_float, default=None,
-                   metavar="FPS", help="the model's frame rate (Wan 16): every round(fps / FPS)-th frame trains")
+                   metavar="FPS", help="the model's frame rate (Wan 16): clips are planned at FPS, fps / FPS source "
+                                       "frames per trained frame")
+    p.add_argument("--frame-sampling", "--frame_sampling", dest="frame_sampling", default=None,
+                   choices=("head", "random", "uniform", "slide"),
+                   help="the temporal mode the clips will train with: 'slide' cuts each clip into one row per window "
+                        "of its bucket's frames (each row's frame_start); 'uniform' matches a clip's own frame count; "
+                        "default: one row per clip, matched at --target-fps")
+    p.add_argument("--slide-stride", "--slide_stride", dest="slide_stride", type=positive_int, default=None,
+                   metavar="F", help="with --frame-sampling slide: target frames between window starts (default: the "
+                                     "bucket's frame count, windows that do not overlap)")
     p.add_argument("--short-clips", choices=("skip", "loop"), default="skip",
                    help="a clip shorter than the smallest frame count: skip it (default, skip_reason "
                         "'too_few_frames') or loop it into that count")
@@ -211,10 +220,14 @@ def _run_annotate(args: argparse.Namespace) -> int:
     if args.video_column is not None and not buckets.has_frames:
         raise UsageError(f"--video-column {args.video_column} needs clip buckets: pass --frames (e.g. --frames "
                          "1,17,33) to give the bucket table a frame axis")
+    if args.slide_stride is not None and args.frame_sampling != "slide":
+        raise UsageError(f"--slide-stride {args.slide_stride} applies to --frame-sampling slide (one row per window): "
+                         "add --frame-sampling slide or drop --slide-stride")
     ds = load_source(args.source, split=args.split, streaming=args.streaming)
     image_column = None if args.width_column else args.image_column
-    clips = {} if args.video_column is None and args.target_fps is None else dict(
-        video_column=args.video_column, target_fps=args.target_fps)
+    clips = {} if args.video_column is None and args.target_fps is None and args.frame_sampling is None else dict(
+        video_column=args.video_column, target_fps=args.target_fps, frame_sampling=args.frame_sampling,
+        slide_stride=args.slide_stride)
     annotated = add_bucket_columns(ds, buckets, image_column=image_column, width_column=args.width_column,
                                    **clips,
                                    height_column=args.height_column, num_proc=args.num_proc,

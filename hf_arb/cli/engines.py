@@ -56,7 +56,9 @@ def run_engine(args: argparse.Namespace, buckets: BucketSet, reference_buckets: 
 
         video = detect_video_column(features, list(features), args.image_column)
     if video is not None:
-        kwargs.update(image_column=None, video_column=video, target_fps=getattr(args, "target_fps", None))
+        kwargs.update(image_column=None, video_column=video, target_fps=getattr(args, "target_fps", None),
+                      frame_sampling=getattr(args, "frame_sampling", None),
+                      slide_stride=getattr(args, "slide_stride", None))
     refs: dict[str, Any] = {}
     if getattr(args, "reference_columns", None):
         refs = dict(reference_columns=tuple(args.reference_columns), reference_policy=args.reference_policy,
@@ -93,6 +95,13 @@ def run_engine(args: argparse.Namespace, buckets: BucketSet, reference_buckets: 
         finally:
             if active is None:
                 spark.stop()
+    if kwargs.get("frame_sampling") == "slide":  # the windows, counted from the one column written (no clip read)
+        import dataclasses
+
+        from hf_arb.annotate.clips import slide_counts_of
+
+        starts = pq.read_table(out, columns=["frame_start"]).column("frame_start")
+        summary = dataclasses.replace(summary, slide=slide_counts_of(starts))
     # The dataset card (README.md) with the hf_arb YAML block: `hf upload-large-folder` pushes it with the files.
     from hf_arb.annotate.hub import update_card_text
 

@@ -6,9 +6,10 @@ a frame axis and the sampler's (W, H, F) keys are other slices of issue 37).
   codec from the container's header (PyAV's demuxer); an image is a 1-frame clip;
 - :mod:`~hf_arb.video.arrow_batch` — :func:`clip_columns`: the clip columns of one Arrow batch, bad clips counted;
 - :mod:`~hf_arb.video.frames` — the VAEs' ``step * k + 1`` frame rules and :func:`frame_plan`, a clip's window;
-- :mod:`~hf_arb.video.temporal` — :func:`sample_times`: the ``head``, ``random``, ``uniform`` and ``slide`` modes
-  at the model's frame rate, :func:`nearest_frames` (resampling by timestamps), :func:`slide_rows` (clips into
-  windows, vectorised);
+- :mod:`~hf_arb.video.temporal` — :func:`plan_frames`, the one frame-planning rule annotation, training and decoding
+  follow (a :class:`FramePlan` of source frames); :func:`sample_times`: the ``head``, ``random``, ``uniform`` and
+  ``slide`` modes at the model's frame rate, :func:`nearest_frames` (resampling by timestamps), :func:`slide_rows`
+  (clips into windows, vectorised);
 - :mod:`~hf_arb.video.bad_clips` — :class:`BadClip` kinds, :class:`ClipLimits`, :func:`clip_problems` (vectorised)
   and :class:`BadClipLog`: bad clips counted and named, never ending a run;
 - :mod:`~hf_arb.video.decode` — :func:`decode_frames` / :func:`read_clip`: seek, decode only the planned frames, fit
@@ -29,11 +30,15 @@ from .temporal import (
     TEMPORAL_MODES,
     SlideRows,
     frame_indices,
+    frame_steps,
     held_frames,
     nearest_frames,
+    nearest_index,
+    plan_frames,
     sample_times,
     slide_counts,
     slide_rows,
+    slide_strides,
 )
 
 __all__ = [
@@ -59,12 +64,16 @@ __all__ = [
     "frame_indices",
     "frame_plan",
     "frame_rule",
+    "frame_steps",
     "held_frames",
     "nearest_frames",
+    "nearest_index",
+    "plan_frames",
     "read_clip",
     "sample_times",
     "skip_counts",
     "slide_counts",
     "slide_rows",
+    "slide_strides",
     "valid_frame_counts",
 ]

@@ -20,7 +20,7 @@ from hf_arb.images.fitting import to_tensor
 from hf_arb.rng import ROW_FLIP, row_rng
 
 from .decode import ClipFrames, read_clip
-from .temporal import frame_indices, sample_times
+from .temporal import FramePlan, plan_frames
 
 
 @dataclass(frozen=True)
@@ -42,6 +42,15 @@ class ClipPlan:
         return (*self.fit.key(), "frames", *self.frames, self.indices)
 
 
+def window_starts(ds: Any) -> np.ndarray:
+    """int64 ``(n,)``: each row's annotated ``frame_start`` (a ``slide`` window's first source frame), ``-1`` where
+    the row has none (the run's ``--frame_sampling`` plans it) or the dataset has no such column."""
+    if "frame_start" not in ds.column_names:
+        return np.full(len(ds), -1, np.int64)
+    col = ds.select_columns(["frame_start"]).with_format("arrow")[:].column(0)
+    return np.asarray(col.fill_null(-1).to_numpy(), np.int64)
+
+
 class BucketedClipDataset(BucketedImageDataset):
     """Clips and stills of an annotated clip dataset, one sample per ``(row, bucket, epoch)`` key.
 
@@ -55,7 +64,7 @@ class BucketedClipDataset(BucketedImageDataset):
         buckets: the clip set (``(k, 3)`` resolutions).
         video_column: the clip column (paths, bytes, ``{"bytes", "path"}`` or a ``datasets.Video`` feature).
         target_fps, mode, loop: :func:`read_clip`'s (the run's ``--target_fps``, ``--frame_sampling``,
-            ``--short_clips loop``).
+            ``--short_clips loop``). A row annotated with a ``slide`` window (``frame_start``) trains that window.
         **kwargs: :class:`~hf_arb.BucketedImageDataset`'s (seed, crops, flips, filter, bad-row policy and log).
     """
 
@@ -74,7 +83,17 @@ class BucketedClipDataset(BucketedImageDataset):
         self._fps = np.nan_to_num(np.asarray(cols["original_fps"], dtype=np.float64))  # (n,) 0: a still
         self._frames = np.nan_to_num(np.asarray(cols["original_frames"], dtype=np.float64)).astype(np.int64)  # (n,)
         self._still = ~(self._fps > 0)  # (n,)
+        self._start = window_starts(ds)  # (n,) an annotated slide row's first source frame, -1 elsewhere
         self.target_fps, self.mode, self.loop = target_fps, mode, loop
+
+    def frame_plan(self, row: int, bucket: int, epoch: int) -> FramePlan:
+        """The row's :class:`~hf_arb.video.temporal.FramePlan` in ``bucket`` and ``epoch``, from its annotated columns
+        (``original_frames``, ``original_fps``, and a slide row's ``frame_start``) by the one rule
+        (:func:`~hf_arb.video.temporal.plan_frames`): the cache key and the decoder use this very plan."""
+        start = int(self._start[row])
+        return plan_frames(int(self._frames[row]), float(self._fps[row]), self.frames(bucket),
+                           target_fps=self.target_fps, mode=self.mode, seed=self.seed, epoch=epoch, row=row,
+                           loop=self.loop, start=start if start >= 0 else None)
 
     def resolution(self, bucket: int) -> tuple[int, int]:
         """``(width, height)`` of bucket ``bucket``."""
@@ -102,9 +121,7 @@ class BucketedClipDataset(BucketedImageDataset):
             return plan
         b = int(self._bucket[row]) if bucket is None else int(bucket)
         e = self.epoch if epoch is None else int(epoch)
-        times = sample_times(int(self._frames[row]), float(self._fps[row]), self.frames(b), target_fps=self.target_fps,
-                             mode=self.mode, seed=self.seed, epoch=e, row=row, loop=self.loop)
-        idx = frame_indices(int(self._frames[row]), float(self._fps[row]), times)  # (F,) source frames
+        idx = self.frame_plan(row, b, e).indices(int(self._frames[row]))  # (F,) source frames
         stride = int(idx[1] - idx[0]) if len(idx) > 1 else 0
         digest = hashlib.sha256(idx.astype(np.int64).tobytes()).hexdigest()[:16]
         return ClipPlan(plan, (int(idx[0]), stride, len(idx)), digest)
@@ -116,9 +133,11 @@ class BucketedClipDataset(BucketedImageDataset):
         source = record[self.image_column]
         flip = self.random_flip and bool(row_rng(self.seed, epoch, row, ROW_FLIP).random() < 0.5)
         try:
+            plan = self.frame_plan(row, bucket, epoch)  # a stale annotation (ValueError) is a bad row
             clip = read_clip(source, self.resolution(bucket), self.frames(bucket), target_fps=self.target_fps,
                              mode=self.mode, seed=self.seed, epoch=epoch, row=row, loop=self.loop,
-                             crop="center" if self.center_crop else "random", flip=flip, resample=self.resample)
+                             crop="center" if self.center_crop else "random", flip=flip, resample=self.resample,
+                             plan=plan)
         except (UsageError, ImportError):
             raise  # the run's mistake (an option, PyAV missing), not one clip's
         except Exception as e:  # noqa: BLE001 - a bad clip is a bad row: replaced, counted, named
@@ -154,4 +173,4 @@ class BucketedClipDataset(BucketedImageDataset):
         return batch
 
 
-__all__ = ["BucketedClipDataset", "ClipPlan"]
+__all__ = ["BucketedClipDataset", "ClipPlan", "window_starts"]

@@ -37,7 +37,7 @@ from hf_arb.rng import ROW_CROP, row_rng
 
 from .bad_clips import BadClip, BadClipLog, ClipLimits, clip_problems
 from .metadata import ClipMetadata, ClipMetadataError, ClipSource, metadata_of_open
-from .temporal import TIE_S, held_frames, sample_times
+from .temporal import TIE_S, FramePlan, held_frames, plan_frames
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -304,39 +304,56 @@ def read_clip(source: ClipSource, size: tuple[int, int], target_frames: int, *, 
               mode: str = "head", seed: int = 0, epoch: int = 0, row: int = 0, window: int = 0,
               stride: int | None = None, loop: bool = False, crop: CropMode = "center", flip: bool = False,
               resample: str = "lanczos", limits: ClipLimits | None = None,
-              metadata: ClipMetadata | None = None) -> ClipFrames:
-    """One row's frames: header, limits, instants (:func:`~hf_arb.video.temporal.sample_times`), decode and fit.
+              metadata: ClipMetadata | None = None, plan: FramePlan | None = None) -> ClipFrames:
+    """One row's frames: header, limits, the frame plan (:func:`~hf_arb.video.temporal.plan_frames`), decode and fit.
+
+    The decoder is given the planned frames' own times (``indices / fps``), so a constant-rate clip yields exactly the
+    planned source frames (no instant half-way between two frames is left to the container's timestamp rounding), and
+    a variable-rate one the frame nearest each planned frame's time by its own timestamps.
 
     Args:
         source: the clip (as :func:`decode_frames`).
         size: the bucket's ``(width, height)``; ``target_frames`` its frame count.
-        target_fps, mode, seed, epoch, row, window, stride, loop: as :func:`~hf_arb.video.temporal.sample_times`.
+        target_fps, mode, seed, epoch, row, window, stride, loop: as :func:`~hf_arb.video.temporal.plan_frames`.
         crop: ``"center"`` or ``"random"`` (drawn from ``row_rng(seed, epoch, row, ROW_CROP)``, the image path's
             stream), one crop for every frame; ``flip`` mirrors them all.
         resample: the resize filter.
         limits: the :class:`~hf_arb.video.bad_clips.ClipLimits` (default thresholds when None).
         metadata: the header when already read.
+        plan: the row's :class:`~hf_arb.video.temporal.FramePlan` when already planned (a training dataset plans from
+            its annotated columns): decoded as it is (``plan.count`` must be ``target_frames``) instead of planning
+            from the header.
 
     Returns:
-        :class:`ClipFrames` (``looped`` set when the clip was shorter than the bucket and ``loop`` was asked).
+        :class:`ClipFrames` (``looped`` set when the clip was shorter than the bucket and ``loop`` was asked;
+        ``target_times`` the plan's instants, :func:`~hf_arb.video.temporal.sample_times`).
 
     Raises:
         BadClip: every kind of :data:`~hf_arb.video.bad_clips.BAD_CLIP_KINDS`, named.
     """
     meta = metadata if metadata is not None else _with_file(source, _metadata)
     name = _describe(source)
+    if plan is not None and plan.count != target_frames:
+        raise UsageError(f"a plan of {plan.count} frames for a bucket of {target_frames}.")
     problem = clip_problems(np.array([meta.width]), np.array([meta.height]), np.array([meta.frames]),
-                            np.array([meta.fps]), limits, target_frames=target_frames, target_fps=target_fps,
-                            loop=loop, mode=mode)[0]
+                            np.array([meta.fps]), limits, target_frames=None if plan is not None else target_frames,
+                            target_fps=target_fps, loop=loop, mode=mode)[0]
     if problem is not None:
         kind, _, detail = problem.partition(": ")
         raise BadClip(kind, name, detail)
-    times = sample_times(meta.frames, meta.fps, target_frames, target_fps=target_fps, mode=mode, seed=seed,
-                         epoch=epoch, row=row, window=window, stride=stride, loop=loop)
+    if plan is None:
+        plan = plan_frames(meta.frames, meta.fps, target_frames, target_fps=target_fps, mode=mode, seed=seed,
+                           epoch=epoch, row=row, window=window, stride=stride, loop=loop)
+    idx = plan.indices(meta.frames if loop else None)
+    if not meta.is_image and int(idx.max()) >= meta.frames:
+        raise BadClip("too_short", name, f"{meta.frames} frames at {meta.fps:g} fps, the plan needs frame "
+                                         f"{int(idx.max())}")
+    times = idx / meta.fps if meta.fps > 0 else np.zeros(idx.shape)  # the planned frames' own times
     rng = row_rng(seed, epoch, row, ROW_CROP) if crop == "random" else None
     out = decode_frames(source, times, size, crop=crop, rng=rng, flip=flip, resample=resample, metadata=meta)
     held = int(meta.frames if mode == "uniform" else held_frames(meta.frames, meta.fps, target_fps))
-    return replace(out, looped=not meta.is_image and held < target_frames)
+    asked = (plan.positions() % meta.frames) / meta.fps if meta.fps > 0 else out.target_times  # the plan's instants
+    return replace(out, target_times=asked, looped=not meta.is_image and held < target_frames)
 
 
 class ClipFrameReader:

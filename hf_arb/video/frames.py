@@ -13,8 +13,9 @@ in each pipeline (``tests/test_video_meta.py`` reads it from them):
 Every pipeline computes the latent frames as ``(num_frames - 1) // step + 1`` (:meth:`FrameRule.latent_frames`).
 
 :func:`frame_plan` picks the frames of a clip for a bucket of ``target_frames``: a window of ``count`` frames,
-``stride`` apart, starting at ``start``. The stride matches a target frame rate by an integer step (``round(fps /
-target_fps)``, 1 when none is asked; resampling by timestamps is the next slice's). ``count`` is the bucket's frame
+``stride`` source frames apart, starting at source frame ``start`` (:class:`~hf_arb.video.temporal.FramePlan`, the one
+rule of :func:`~hf_arb.video.temporal.plan_frames`: ``stride = fps / target_fps``, each position rounded to the
+nearest source frame, so a 24 fps clip for 16 fps takes frames 0, 1, 3, 4, 6, ...). ``count`` is the bucket's frame
 count, or, for a clip too short for it, the longest count the rule allows. The start is ``0`` (``mode="head"``) or
 drawn uniformly from every start that keeps the window inside the clip (``mode="random"``), from the row's own stream
 ``hf_arb.rng.row_rng(seed, epoch, row, ROW_FRAMES)``: a pure function of (seed, epoch, row), so every rank, worker and
@@ -23,13 +24,10 @@ resumed run picks the same frames, and each epoch sees another window of a long 
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
-import numpy as np
-
 from hf_arb.buckets.frames import FRAME_RULES, FrameRule, frame_rule, valid_frame_counts  # noqa: F401 (re-exported)
 from hf_arb.checks import UsageError
-from hf_arb.rng import ROW_FRAMES, row_rng
+
+from .temporal import FramePlan, held_frames, plan_frames
 
 # FrameRule, FRAME_RULES, frame_rule and valid_frame_counts live on the buckets' floor (hf_arb.buckets.frames: a bucket
 # set's frame axis follows them) and are imported from here as before.
@@ -37,18 +35,6 @@ __all__ = ["MODES", "FramePlan", "frame_plan"]
 
 #: frame-window modes of :func:`frame_plan` (``uniform`` and ``slide``, several windows per clip, are the next slice's)
 MODES = ("head", "random")
-
-
-class FramePlan(NamedTuple):
-    """The frames of a clip that train: ``start, start + stride, ..., start + (count - 1) * stride``."""
-
-    start: int
-    stride: int
-    count: int
-
-    def indices(self) -> np.ndarray:
-        """The frame indices, int64 of shape ``(count,)``."""
-        return self.start + self.stride * np.arange(self.count, dtype=np.int64)
 
 
 def frame_plan(original_frames: int, fps: float, target_frames: int, rule: str | FrameRule, *, seed: int = 0,
@@ -62,13 +48,14 @@ def frame_plan(original_frames: int, fps: float, target_frames: int, rule: str |
         target_frames: the bucket's frame count; valid for ``rule``.
         rule: a family name of :data:`FRAME_RULES` or a :class:`FrameRule`.
         seed, epoch, row: the run's seed, the epoch and the dataset row (``mode="random"`` draws from their stream).
-        target_fps: the model's frame rate; the stride is ``max(1, round(fps / target_fps))``. None: stride 1.
+        target_fps: the model's frame rate; the stride is ``fps / target_fps`` source frames. None: stride 1.
         mode: ``"head"`` (the window starts at frame 0) or ``"random"`` (a uniform start among those that keep the
             window inside the clip).
 
     Returns:
         ``FramePlan(start, stride, count)``: ``count`` is ``target_frames`` when the clip holds that many frames at
-        the stride, else the largest valid count it holds; ``start + (count - 1) * stride < original_frames``.
+        the target rate, else the largest valid count it holds; every frame of ``indices()`` is below
+        ``original_frames``.
 
     Raises:
         UsageError: a clip with no frame, a ``target_frames`` the rule does not allow (the message names the nearest
@@ -85,9 +72,8 @@ def frame_plan(original_frames: int, fps: float, target_frames: int, rule: str |
                          f"{below + r.step}.")
     if target_fps is not None and not target_fps > 0:
         raise UsageError(f"target_fps must be > 0 frames per second (e.g. 16 for Wan), got {target_fps!r}.")
-    stride = max(1, round(fps / target_fps)) if target_fps is not None and fps > 0 else 1
-    available = (int(original_frames) - 1) // stride + 1
-    count = min(int(target_frames), r.floor(available))
-    slack = int(original_frames) - ((count - 1) * stride + 1)
-    start = 0 if mode == "head" or slack == 0 else int(row_rng(seed, epoch, row, ROW_FRAMES).integers(0, slack + 1))
-    return FramePlan(start, stride, count)
+    if fps <= 0 and original_frames > 1:  # frames but no rate: consecutive frames (stride 1), as the clip stores them
+        fps, target_fps = 1.0, None
+    count = min(int(target_frames), r.floor(int(held_frames(original_frames, fps, target_fps))))
+    return plan_frames(int(original_frames), float(fps), count, target_fps=target_fps, mode=mode, seed=seed,
+                       epoch=epoch, row=row)

@@ -15,8 +15,18 @@ Modes:
   which it equals where that one applies): every rank, worker and resumed run picks the same frames;
 - ``uniform``: ``target_frames`` instants spread evenly from the first frame to the last, whatever ``target_fps``
   (the whole clip in one row; it needs ``target_frames`` distinct frames);
-- ``slide``: window ``window`` of the consecutive windows ``stride`` target frames apart (``target_frames`` by
-  default: windows that do not overlap): one long clip becomes several rows, :func:`slide_rows` lists them.
+- ``slide``: window ``window`` of the windows ``stride`` target frames apart (``target_frames`` by default: windows
+  that do not overlap); window ``w`` starts at source frame ``w * nearest(stride * fps / target_fps)`` (at least 1
+  apart): one long clip becomes several rows, :func:`slide_rows` lists them.
+
+**One frame-planning rule.** :func:`plan_frames` is the single rule that annotation, training and decoding follow: a
+:class:`FramePlan` ``(start, stride, count)`` in source frames: trained frame ``k`` is the source frame nearest the
+position ``start + k * stride`` (ties to the earlier, :func:`nearest_index`), where ``start`` is a whole source frame
+and ``stride = fps / target_fps`` (source frames per trained frame; 1 without a target rate, ``(frames - 1) /
+(count - 1)`` for ``uniform``). :func:`sample_times` is the plan's positions in seconds; the decoder is given the
+planned frames' own times (``indices / fps``), so on a constant-rate clip it returns exactly the planned frames, and
+``hf-arb annotate`` matches each clip to the frame count the same rule holds (:func:`held_frames`) and, for
+``slide``, writes each window's plan into its row.
 
 A clip holds ``held_frames(frames, fps, target_fps)`` frames at the target rate. One that holds fewer than the
 bucket's count is *short*: the caller skips it (:func:`hf_arb.video.bad_clips.clip_problems` names it), or, with
@@ -70,18 +80,75 @@ def held_frames(frames: np.ndarray | int, fps: np.ndarray | float, target_fps: f
     return np.where(n < 1, 0, held)
 
 
+def nearest_index(positions: np.ndarray | float) -> np.ndarray:
+    """The source frame nearest each position (in source frames, from the clip's first frame): the one rounding rule
+    of :class:`FramePlan`. A position half-way between two frames (and float noise within ``1e-6`` frames of it)
+    takes the earlier frame, as :func:`nearest_frames` does by time. int64 of the shape of ``positions``."""
+    return np.ceil(np.asarray(positions, np.float64) - 0.5 - _EPS).astype(np.int64)
+
+
+def frame_steps(fps: np.ndarray | float, target_fps: float | None = None) -> np.ndarray:
+    """Source frames per trained frame: ``fps / target_fps`` (1 without a target rate, and for an image, fps 0).
+    float64 of the shape of ``fps``: the ``stride`` of every :class:`FramePlan` but ``uniform``'s."""
+    _check(1, target_fps)
+    f = np.asarray(fps, np.float64)
+    if target_fps is None:
+        return np.ones(f.shape, np.float64)
+    return np.where(f > 0, f / float(target_fps), 1.0)
+
+
+class FramePlan(NamedTuple):
+    """The source frames a row trains on: frame ``k`` is the one nearest position ``start + k * stride``.
+
+    Attributes:
+        start: the first source frame (a whole frame).
+        stride: source frames per trained frame (``fps / target_fps``; 1 at the clip's own rate; 0 for an image).
+        count: the trained frames (the bucket's frame count).
+    """
+
+    start: int
+    stride: float
+    count: int
+
+    def positions(self) -> np.ndarray:
+        """float64 ``(count,)``: ``start + k * stride``, in source frames."""
+        return self.start + self.stride * np.arange(self.count, dtype=np.float64)
+
+    def indices(self, frames: int | None = None) -> np.ndarray:
+        """int64 ``(count,)``: the planned source frames (:func:`nearest_index` of the positions); with the clip's
+        ``frames``, a plan that runs past its end (a looped short clip) plays it again from the start."""
+        idx = nearest_index(self.positions())
+        return idx % int(frames) if frames else idx
+
+
+def _slack(frames: np.ndarray, step: np.ndarray, target_frames: int) -> np.ndarray:
+    """Whole source frames a window of ``target_frames`` can start at beyond frame 0 (negative: it does not fit)."""
+    return np.floor((frames - 1) - (int(target_frames) - 1) * step + _EPS).astype(np.int64)
+
+
+def slide_strides(fps: np.ndarray | float, target_frames: int, target_fps: float | None = None,
+                  stride: int | None = None) -> np.ndarray:
+    """Source frames between the starts of consecutive ``slide`` windows: the nearest whole frame to ``stride``
+    target frames (default ``target_frames``), at least 1. int64 of the shape of ``fps``."""
+    _check(target_frames, target_fps, stride)
+    step = int(target_frames if stride is None else stride)
+    return np.maximum(nearest_index(step * frame_steps(fps, target_fps)), 1)
+
+
 def slide_counts(frames: np.ndarray | int, fps: np.ndarray | float, target_frames: int,
                  target_fps: float | None = None, stride: int | None = None, loop: bool = False) -> np.ndarray:
-    """Windows of ``target_frames`` frames, ``stride`` target frames apart, in each clip (``mode="slide"``).
+    """Windows of ``target_frames`` frames in each clip (``mode="slide"``): window ``w`` starts at source frame ``w *
+    slide_strides(...)``, and every start that keeps the window inside the clip is taken.
 
     Returns:
-        int64 of the shape of ``frames``: ``(held - target_frames) // stride + 1``, 0 for a short clip (1 with
-        ``loop``: it loops once into one window).
+        int64 of the shape of ``frames``: ``slack // slide_stride + 1`` where ``slack`` is the last start that fits,
+        0 for a short clip (1 with ``loop``: it loops once into one window).
     """
     _check(target_frames, target_fps, stride)
-    held = held_frames(frames, fps, target_fps)
-    step = int(target_frames if stride is None else stride)
-    count = np.where(held >= target_frames, (held - int(target_frames)) // step + 1, 0)
+    n = np.asarray(frames, np.int64)
+    held = held_frames(n, fps, target_fps)
+    slack = np.maximum(_slack(n, frame_steps(fps, target_fps), target_frames), 0)
+    count = np.where(held >= target_frames, slack // slide_strides(fps, target_frames, target_fps, stride) + 1, 0)
     if loop:
         count = np.where(held > 0, np.maximum(count, 1), 0)
     return count
@@ -139,10 +206,13 @@ def slide_rows(frames: np.ndarray, fps: np.ndarray, target_frames: int, target_f
     return SlideRows(rows, windows, counts)
 
 
-def sample_times(frames: int, fps: float, target_frames: int, *, target_fps: float | None = None,
-                 mode: str = "head", seed: int = 0, epoch: int = 0, row: int = 0, window: int = 0,
-                 stride: int | None = None, loop: bool = False) -> np.ndarray:
-    """The instants of a clip that train in a bucket of ``target_frames`` frames: a pure function of its arguments.
+def plan_frames(frames: int, fps: float, target_frames: int, *, target_fps: float | None = None,
+                mode: str = "head", seed: int = 0, epoch: int = 0, row: int = 0, window: int = 0,
+                stride: int | None = None, loop: bool = False, start: int | None = None) -> FramePlan:
+    """The one frame-planning rule: the :class:`FramePlan` of a clip for a bucket of ``target_frames`` frames.
+
+    Annotation (the frame count a clip holds, a ``slide`` row's plan), training (each row's plan and its cache key) and
+    decoding (the frames asked of the decoder) all call it, so the annotated ``bucket_frames`` is what decoding returns.
 
     Args:
         frames: the clip's frame count (1 for an image).
@@ -153,53 +223,81 @@ def sample_times(frames: int, fps: float, target_frames: int, *, target_fps: flo
         seed, epoch, row: ``mode="random"`` draws its start from ``row_rng(seed, epoch, row, ROW_FRAMES)``.
         window, stride: ``mode="slide"``: which window, and target frames between window starts (default
             ``target_frames``); ``window < slide_counts(...)``.
-        loop: a short clip plays again from its start (period ``frames / fps``) instead of being refused.
+        loop: a short clip plays again from its start instead of being refused.
+        start: a start already planned (an annotated ``slide`` row's ``frame_start``), instead of the mode's.
 
     Returns:
-        float64, shape ``(target_frames,)``: seconds from the clip's first frame. ``head``, ``random`` and ``slide``
-        are ``1 / target_fps`` apart (``1 / fps`` without a target), ``uniform`` spans the clip evenly; without
-        ``loop`` all lie in ``[0, (frames - 1) / fps]`` and increase. :func:`frame_indices` gives the frames.
+        :class:`FramePlan`; without ``loop`` every planned frame lies in ``[0, frames)``.
 
     Raises:
         UsageError: a bad argument (mode, counts, a window past the last one).
-        ValueError: a short clip without ``loop`` (check with :func:`held_frames` or ``clip_problems`` first), or
-            a clip of several frames with no frame rate.
+        ValueError: a short clip without ``loop`` (check with :func:`held_frames` or ``clip_problems`` first), a clip
+            of several frames with no frame rate, or a ``start`` that does not keep the window inside the clip.
     """
     _check(target_frames, target_fps, stride)
     if mode not in TEMPORAL_MODES:
         raise UsageError(f"unknown temporal mode {mode!r}: use one of {list(TEMPORAL_MODES)}.")
     if frames < 1:
         raise ValueError(f"a clip of {frames} frames has nothing to train on: skip it before sampling.")
+    count = int(target_frames)
     if fps <= 0:
         if frames > 1:
             raise ValueError(f"a clip of {frames} frames with frame rate {fps!r} cannot be sampled in time.")
-        return np.zeros(int(target_frames), np.float64)  # an image: its one frame, repeated if asked
-    rate = float(fps if target_fps is None else target_fps)
-    steps = np.arange(int(target_frames), dtype=np.float64)
+        return FramePlan(0, 0.0, count)  # an image: its one frame, repeated if asked
+    step = float(frame_steps(fps, target_fps))
     held = int(held_frames(frames, fps, target_fps))
-    fits = frames >= target_frames if mode == "uniform" else held >= target_frames
+    fits = frames >= count if mode == "uniform" else held >= count
     if not fits:
         if not loop:
+            rate = float(fps if target_fps is None else target_fps)
             raise ValueError(f"a clip of {frames} frames at {fps:g} fps holds {held} frames at {rate:g} fps, fewer "
-                             f"than {target_frames}: skip it (clip_problems names it) or pass loop=True.")
+                             f"than {count}: skip it (clip_problems names it) or pass loop=True.")
         if mode == "slide" and window != 0:
             raise UsageError(f"a short clip loops into one window; window {window} does not exist.")
-        return (steps / rate) % (frames / fps)  # played again from the start: period frames / fps
+        return FramePlan(0, step, count)  # played again from the start (FramePlan.indices(frames) wraps)
     if mode == "uniform":
-        if target_frames == 1:
-            return np.zeros(1, np.float64)
-        return np.linspace(0.0, frames - 1, int(target_frames)) / fps
-    start = 0.0
-    if mode == "random":
-        slack = int(np.floor((frames - 1) - (target_frames - 1) * fps / rate + _EPS))  # in source frames
-        if slack > 0:
-            start = int(row_rng(seed, epoch, row, ROW_FRAMES).integers(0, slack + 1)) / fps
+        return FramePlan(0, (frames - 1) / (count - 1) if count > 1 else 0.0, count)
+    slack = int(_slack(np.int64(frames), np.float64(step), count))
+    if start is not None:
+        if not 0 <= int(start) <= slack:
+            raise ValueError(f"a window of {count} frames starting at source frame {start} does not fit a clip of "
+                             f"{frames} frames at {fps:g} fps (the last start that fits is {slack}): annotate again.")
+        return FramePlan(int(start), step, count)
+    first = 0
+    if mode == "random" and slack > 0:
+        first = int(row_rng(seed, epoch, row, ROW_FRAMES).integers(0, slack + 1))
     elif mode == "slide":
-        count = int(slide_counts(frames, fps, target_frames, target_fps, stride))
-        if not 0 <= window < count:
-            raise UsageError(f"window {window} does not exist: this clip has {count} windows (slide_rows lists them).")
-        start = window * int(target_frames if stride is None else stride) / rate
-    return start + steps / rate
+        n_windows = int(slide_counts(frames, fps, count, target_fps, stride))
+        if not 0 <= window < n_windows:
+            raise UsageError(f"window {window} does not exist: this clip has {n_windows} windows (slide_rows lists "
+                             "them).")
+        first = window * int(slide_strides(fps, count, target_fps, stride))
+    return FramePlan(first, step, count)
+
+
+def sample_times(frames: int, fps: float, target_frames: int, *, target_fps: float | None = None,
+                 mode: str = "head", seed: int = 0, epoch: int = 0, row: int = 0, window: int = 0,
+                 stride: int | None = None, loop: bool = False) -> np.ndarray:
+    """The instants of a clip that train in a bucket of ``target_frames`` frames: :func:`plan_frames`' positions in
+    seconds, a pure function of its arguments.
+
+    Args:
+        frames, fps, target_frames, target_fps, mode, seed, epoch, row, window, stride, loop: as :func:`plan_frames`.
+
+    Returns:
+        float64, shape ``(target_frames,)``: seconds from the clip's first frame. ``head``, ``random`` and ``slide``
+        are ``1 / target_fps`` apart (``1 / fps`` without a target), ``uniform`` spans the clip evenly; without
+        ``loop`` all lie in ``[0, (frames - 1) / fps]`` and increase. :func:`frame_indices` gives the frames (those of
+        :meth:`FramePlan.indices`).
+
+    Raises:
+        UsageError, ValueError: as :func:`plan_frames`.
+    """
+    plan = plan_frames(frames, fps, target_frames, target_fps=target_fps, mode=mode, seed=seed, epoch=epoch, row=row,
+                       window=window, stride=stride, loop=loop)
+    if fps <= 0:
+        return np.zeros(plan.count, np.float64)
+    return (plan.positions() % frames) / fps  # a looped clip plays again: period frames / fps
 
 
 def nearest_frames(frame_times: np.ndarray, times: np.ndarray) -> np.ndarray:

@@ -36,7 +36,8 @@ def add_bucket_columns(ds: Any, buckets: BucketSet, image_column: str | None = "
                        features: Any = None, batch_size: int | None = None,
                        reference_columns: Sequence[str] | None = None, reference_policy: str = "strict",
                        reference_buckets: BucketSet | None = None, video_column: str | None = None,
-                       target_fps: float | None = None, **map_batches_kwargs: Any) -> Any:
+                       target_fps: float | None = None, frame_sampling: str | None = None,
+                       slide_stride: int | None = None, **map_batches_kwargs: Any) -> Any:
     """Add the bucket columns to a ``ray.data.Dataset`` (lazy, like every Ray transform).
 
     Args:
@@ -56,6 +57,8 @@ def add_bucket_columns(ds: Any, buckets: BucketSet, image_column: str | None = "
         batch_size: rows per batch for ``map_batches`` (``None``: whole blocks, fastest for width/height columns).
         video_column, target_fps: a clip column (``datasets.Video`` storage, paths or bytes; headers only) and the
             model's frame rate, with a clip set, as in :func:`hf_arb.add_bucket_columns`.
+        frame_sampling, slide_stride: as in :func:`hf_arb.add_bucket_columns`; ``"slide"`` turns each kept clip into
+            one row per window (the only annotation that changes the row count).
         **map_batches_kwargs: passed to ``Dataset.map_batches`` (e.g. ``num_cpus``, ``concurrency``).
 
     Returns:
@@ -68,7 +71,8 @@ def add_bucket_columns(ds: Any, buckets: BucketSet, image_column: str | None = "
                                height_column=height_column, max_upscale=max_upscale, min_size=min_size,
                                features=features, reference_columns=reference_columns,
                                reference_policy=reference_policy, reference_buckets=reference_buckets,
-                               video_column=video_column, target_fps=target_fps)
+                               video_column=video_column, target_fps=target_fps,
+                               frame_sampling=frame_sampling, slide_stride=slide_stride)
     schema = ds.schema(fetch_if_missing=False)  # known without running anything (e.g. read_parquet); else checked
     names = list(schema.names) if schema is not None else None  # in the tasks with the same message
     missing = [c for c in fn.input_columns if names is not None and c not in names]

@@ -59,12 +59,13 @@ def _require_spark() -> Any:
 
 
 def _bucket_struct_fields(clips: bool = False) -> list[Any]:
-    from pyspark.sql.types import BooleanType, FloatType, IntegerType, StringType, StructField
+    from pyspark.sql.types import BooleanType, DoubleType, FloatType, IntegerType, StringType, StructField
 
     types = {"bucket": IntegerType(), "bucket_width": IntegerType(), "bucket_height": IntegerType(),
              "original_width": IntegerType(), "original_height": IntegerType(), "aspect_error": FloatType(),
              "skip_reason": StringType(), "bucket_frames": IntegerType(), "original_frames": IntegerType(),
-             "original_fps": FloatType(), "frames_exact": BooleanType(), "frame_stride": IntegerType()}
+             "original_fps": FloatType(), "frames_exact": BooleanType(), "frame_stride": DoubleType(),
+             "frame_start": IntegerType()}
     return [StructField(c, types[c], True) for c in (*BUCKET_COLUMNS, *(CLIP_BUCKET_COLUMNS if clips else ()))]
 
 
@@ -79,7 +80,8 @@ def add_bucket_columns(df: Any, buckets: BucketSet, image_column: str | None = "
                        max_upscale: float | None = None, min_size: int | None = None,
                        reference_columns: Sequence[str] | None = None, reference_policy: str = "strict",
                        reference_buckets: BucketSet | None = None, video_column: str | None = None,
-                       target_fps: float | None = None) -> Any:
+                       target_fps: float | None = None, frame_sampling: str | None = None,
+                       slide_stride: int | None = None) -> Any:
     """Add the bucket columns to a Spark ``DataFrame`` (lazy, like every Spark transformation).
 
     Args:
@@ -94,6 +96,8 @@ def add_bucket_columns(df: Any, buckets: BucketSet, image_column: str | None = "
             ``skip_reason`` ``"reference <name>: ..."``). Pass the same three to :func:`write_parquet`.
         video_column, target_fps: a clip column (``datasets.Video`` storage, paths or bytes; headers only) and the
             model's frame rate, with a clip set, as in :func:`hf_arb.add_bucket_columns`.
+        frame_sampling, slide_stride: as in :func:`hf_arb.add_bucket_columns`; ``"slide"`` turns each kept clip into
+            one row per window (the only annotation that changes the row count).
 
     Returns:
         A ``DataFrame`` with the :data:`~hf_arb.buckets.schema.BUCKET_COLUMNS` appended (old ones replaced), then each
@@ -107,7 +111,7 @@ def add_bucket_columns(df: Any, buckets: BucketSet, image_column: str | None = "
                                height_column=height_column, max_upscale=max_upscale, min_size=min_size,
                                reference_columns=reference_columns, reference_policy=reference_policy,
                                reference_buckets=reference_buckets, video_column=video_column,
-                               target_fps=target_fps)
+                               target_fps=target_fps, frame_sampling=frame_sampling, slide_stride=slide_stride)
     missing = [c for c in fn.input_columns if c not in df.columns]
     if missing:
         raise ValueError(f"Column(s) {missing} are not in the DataFrame; its columns are {df.columns}. Pass the right "

@@ -14,8 +14,8 @@ from typing import Any, Callable
 
 from hf_arb.checks import UsageError
 
-#: the temporal modes the clip source trains (``slide``: one clip into several rows, not wired into training yet)
-TRAIN_FRAME_MODES = ("head", "uniform", "random")
+#: the temporal modes the clip source trains (``slide``: one clip into several rows, one per window)
+TRAIN_FRAME_MODES = ("head", "uniform", "random", "slide")
 
 
 def frame_counts(text: str) -> list[int]:
@@ -44,7 +44,11 @@ def add_video_flags(a: Callable[..., Any]) -> None:
            "timestamps; default: each clip's own rate.")
     a("--frame_sampling", type=str, default="head", choices=("head", "uniform", "slide", "random"),
       help="NEW (musubi-tuner's frame_extraction): which instants of a clip train: 'head' (the first F frames, "
-           "default), 'random' (a window drawn per epoch), 'uniform' (F frames spread over the whole clip).")
+           "default), 'random' (a window drawn per epoch), 'uniform' (F frames spread over the whole clip), 'slide' "
+           "(each clip cut into windows of F frames, one row each; hf-arb annotate --frame-sampling slide).")
+    a("--slide_stride", type=int, default=None, metavar="F",
+      help="NEW (musubi-tuner's frame_stride; hf-arb annotate --slide-stride): with --frame_sampling slide, target "
+           "frames between window starts (default: the bucket's frame count, windows that do not overlap).")
     a("--short_clips", type=str, default="skip", choices=("skip", "loop"),
       help="NEW (hf-arb annotate --short-clips): a clip shorter than the smallest frame bucket is skipped (named in "
            "the summary) or played again to fill it.")
@@ -68,6 +72,7 @@ def check_video_flags(args: argparse.Namespace) -> None:
     if not video:
         given = [f for f, v in (("--frames", args.frames), ("--target_fps", args.target_fps),
                                 ("--frame_sampling", args.frame_sampling != "head"),
+                                ("--slide_stride", getattr(args, "slide_stride", None) is not None),
                                 ("--short_clips", args.short_clips != "skip"),
                                 ("--video_token_budget", getattr(args, "video_token_budget", None) is not None),
                                 ("--image_train_batch_size", getattr(args, "image_train_batch_size", None) is not None),
@@ -76,9 +81,11 @@ def check_video_flags(args: argparse.Namespace) -> None:
             raise UsageError(f"{given[0]} applies to clips: add --video_column COLUMN (with --train_data_dir: "
                              "--video_column video), or drop it.")
         return
-    if args.frame_sampling not in TRAIN_FRAME_MODES:
-        raise UsageError(f"--frame_sampling {args.frame_sampling}: one clip into several rows is not trained yet; "
-                         f"use one of {', '.join(TRAIN_FRAME_MODES)}.")
+    stride = getattr(args, "slide_stride", None)
+    if stride is not None and (args.frame_sampling != "slide" or stride < 1):
+        raise UsageError(f"--slide_stride {stride}: " + ("a positive number of target frames between window starts "
+                         "(e.g. 17)" if stride < 1 else "applies to --frame_sampling slide; add it or drop "
+                         "--slide_stride") + ".")
     check_batch_flags(args)
     if args.target_fps is not None and not args.target_fps > 0:
         raise UsageError(f"--target_fps {args.target_fps:g}: the model's frame rate must be > 0 (16 for Wan).")

@@ -99,15 +99,19 @@ def clip_dataset_with_buckets(args: argparse.Namespace, accelerator: Any) -> tup
             given = [f for f in getattr(args, "bucket_flags_given", []) if f != "--resolution"]
             if args.frames:
                 given.append("--frames")
+            if getattr(args, "slide_stride", None) is not None:
+                given.append("--slide_stride")
             if main:  # a flag that is not applied is named (clip rows are not re-assigned from sizes alone)
                 logger.log(logging.WARNING if given else logging.INFO, "Dataset already carries clip bucket columns: "
                            "using its %d buckets as they are%s.", len(buckets),
                            f" ({', '.join(given)} not applied: re-annotate to change them)" if given else "")
             check_strides(args, ds)
+            check_windows(args, ds)
         else:
             buckets = clip_bucket_table(args)
             ds = add_bucket_columns(ds, buckets, video_column=args.video_column, target_fps=args.target_fps,
-                                    show_summary=False)
+                                    frame_sampling=args.frame_sampling, show_summary=False,
+                                    slide_stride=getattr(args, "slide_stride", None))
             if main:
                 print(annotation_note(ds, buckets, args.video_column), flush=True)
     ids = np.asarray(ds.with_format("numpy")["bucket"])
@@ -130,14 +134,14 @@ def check_strides(args: argparse.Namespace, ds: Any) -> None:
         return
     cols = ds.select_columns(["bucket", "original_fps", "frame_stride"]).with_format("numpy")[:]
     kept = (np.asarray(cols["bucket"]) >= 0) & (np.nan_to_num(np.asarray(cols["original_fps"], np.float64)) > 0)
-    stored = np.nan_to_num(np.asarray(cols["frame_stride"], np.float64)).astype(np.int64)  # (n,)
+    stored = np.nan_to_num(np.asarray(cols["frame_stride"], np.float64))  # (n,)
     wanted = strides(np.nan_to_num(np.asarray(cols["original_fps"], np.float64)), args.target_fps)  # (n,)
-    differ = np.flatnonzero(kept & (stored != wanted))
+    differ = np.flatnonzero(kept & ~np.isclose(stored, wanted, rtol=1e-6, atol=0))
     if differ.size:
         r = int(differ[0])
         given = f"--target_fps {args.target_fps:g}" if args.target_fps else "no --target_fps (each clip's own rate)"
         raise UsageError(f"{given}: the dataset was annotated at another frame rate ({differ.size} clips' frame "
-                         f"strides differ, e.g. row {r}: stride {stored[r]} annotated, {wanted[r]} here). Pass the "
+                         f"strides differ, e.g. row {r}: stride {stored[r]:g} annotated, {wanted[r]:g} here). Pass the "
                          "--target_fps it was annotated with (hf-arb annotate --target-fps), or annotate it again.")
 
 
@@ -166,6 +170,23 @@ def clip_batch_sizes(args: argparse.Namespace, ds: Any, buckets: Any, family: An
                              + str(e).replace(f"max_tokens_per_batch={budget:,}", "it")
                              .replace("Raise it", "Raise --video_token_budget")) from None
     return {b: int(n) for b, n in enumerate(sizes.tolist())}
+
+
+def check_windows(args: argparse.Namespace, ds: Any) -> None:
+    """An annotated clip dataset's rows are ``slide`` windows (a ``frame_start``) or whole clips; ``--frame_sampling``
+    must say the same, else the run would train other frames than the rows were annotated for. Refused in one line
+    naming the fix (vectorised over the column)."""
+    from hf_arb.video.dataset import window_starts
+
+    windows = int((window_starts(ds) >= 0).sum())
+    if windows and args.frame_sampling != "slide":
+        raise UsageError(f"--frame_sampling {args.frame_sampling}: the dataset was annotated with --frame-sampling "
+                         f"slide ({windows} rows are clip windows, each with its frame_start): pass --frame_sampling "
+                         "slide, or annotate the clips again without it.")
+    if not windows and args.frame_sampling == "slide":
+        raise UsageError("--frame_sampling slide: the dataset was annotated with one row per clip (no frame_start): "
+                         "annotate it with hf-arb annotate --frame-sampling slide, or train the raw clips "
+                         "(--dataset_name/--train_data_dir before annotation) with --frame_sampling slide.")
 
 
 def kind_losses(bucket_losses: dict[int, list[float]], frames: np.ndarray) -> dict[str, float]:
@@ -250,5 +271,5 @@ class ClipSource(BucketedSource):
         return loader
 
 
-__all__ = ["ClipSource", "check_strides", "clip_batch_sizes", "clip_bucket_table", "clip_dataset_with_buckets",
-           "clip_folder_dataset", "kind_losses"]
+__all__ = ["ClipSource", "check_strides", "check_windows", "clip_batch_sizes", "clip_bucket_table",
+           "clip_dataset_with_buckets", "clip_folder_dataset", "kind_losses"]
