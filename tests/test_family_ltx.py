@@ -27,6 +27,7 @@ import train_text_to_image_arb as script
 from hf_arb.families import detect_family, detect_flow_family, get_family
 from hf_arb.families.flow import unshifted_times
 from hf_arb.families.ltx import normalize_ltx_latents, pack_latents, unpack_latents
+from hf_arb.train.videos import video_array
 from hf_arb.video.frames import FRAME_RULES
 
 _clean_accelerate_state = test_train._clean_accelerate_state
@@ -241,7 +242,7 @@ def test_frame_rule_and_spatial_multiple_are_what_the_pipeline_keeps_and_accepts
 def test_target_fps_sets_the_rotary_frame_rate_and_the_card_passes_it(ltx_path, pipe):
     """--target_fps (the clips' rate) is the frame rate the transformer's rotary positions assume in training, and
     the card's generation passes it as frame_rate; without it, the pipeline's default 25 and no frame_rate. Validation
-    draws a bucket's frames side by side (1 frame for a bucket of stills)."""
+    generates a bucket's frames (1 frame for a bucket of stills), which hf_arb.train.videos writes as an MP4."""
     family = get_family("ltx")
     args = ltx_args(ltx_path, "--rank", "4", "--video_column", "video", "--frames", "1,9", "--target_fps", "16")
     assert family.load_models(args).extra["frame_rate"] == 16.0
@@ -250,8 +251,8 @@ def test_target_fps_sets_the_rotary_frame_rate_and_the_card_passes_it(ltx_path, 
     assert family.generation_args(plain, (64, 96, 9))[-1] == "num_frames=9"
     assert "rotary positions assume 16 fps" in "\n".join(family.card_lines(args))
     kw = {"prompt": "a", "num_inference_steps": 1, "guidance_scale": 1.0, "max_sequence_length": 8}
-    assert family.generate(pipe, (64, 32, 9), **kw).size == (9 * 64, 32)
-    assert family.generate(pipe, (32, 64), **kw).size == (32, 64)
+    assert video_array(family.generate(pipe, (64, 32, 9), **kw)).shape == (9, 32, 64, 3)
+    assert video_array(family.generate(pipe, (32, 64), **kw)).shape == (1, 64, 32, 3)
 
 
 # ------------------------------------------------------------------------------------------ fast: the loss
