@@ -445,23 +445,15 @@ def test_nan_latents_are_counted_named_and_never_written(sd: list[str], encoded:
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("engines")  # the Ray cluster of tests/test_engines.py: one worker starts it
-def test_ray_data_writes_the_same_dataset_with_the_same_per_batch_function(encoded: dict[str, Any],
+@pytest.mark.xdist_group("engines")  # the Ray cluster test_engines.py uses (tests/conftest.py): started once
+def test_ray_data_writes_the_same_dataset_with_the_same_per_batch_function(ray_cluster, encoded: dict[str, Any],
                                                                            tmp_path: Path) -> None:
-    ray = pytest.importorskip("ray")
-    from hf_arb.train.encoded.encode import encode_with_ray
-
-    started = not ray.is_initialized()
-    if started:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    ray.data.DataContext.get_current().enable_progress_bars = False
     import torch
 
-    try:  # the actors with this process's threads: a CPU convolution's last bits depend on the count
-        info = encode_with_ray(encoded["args"], tmp_path / "ds", shard_size=4, threads=torch.get_num_threads())
-    finally:
-        if started:
-            ray.shutdown()
+    from hf_arb.train.encoded.encode import encode_with_ray
+
+    # the actors with this process's threads: a CPU convolution's last bits depend on the count
+    info = encode_with_ray(encoded["args"], tmp_path / "ds", shard_size=4, threads=torch.get_num_threads())
     assert info["entries"] == 16
     ours, local = _files(tmp_path / "ds"), _files(encoded["root"])
     prompts = "data/prompts/prompts-00000-of-00001.parquet"

@@ -1,7 +1,9 @@
 """Ray Data and Spark run the same Arrow-batch function as ``datasets.map``: row-for-row equal results.
 
-The clusters are real and local (``ray.init(num_cpus=2)``, ``local[2]``), started once per session and shared; the
-cluster tests share one xdist group, so under ``-n 2 --dist loadgroup`` one worker runs them all.
+The clusters are real and local (``ray.init(num_cpus=2)``, ``local[2]``): tests/conftest.py's ``ray_cluster`` and
+``spark`` start each once per process (test_encoded.py's Ray test shares the cluster) and stop it after the last test
+that asks for it; the cluster tests share one xdist group, so under ``-n 2 --dist loadgroup`` one worker runs them
+all.
 """
 
 from __future__ import annotations
@@ -80,29 +82,6 @@ def _reference(path: Path, **kwargs: object) -> datasets.Dataset:
 @pytest.fixture(scope="session")
 def sizes_reference(sizes_parquet: Path) -> datasets.Dataset:
     return _reference(sizes_parquet, width_column="WIDTH", height_column="HEIGHT")
-
-
-@pytest.fixture(scope="session")
-def ray_cluster():  # type: ignore[no-untyped-def]
-    ray = pytest.importorskip("ray")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    ctx = ray.data.DataContext.get_current()
-    ctx.enable_progress_bars = False
-    yield ray
-    ray.shutdown()
-
-
-@pytest.fixture(scope="session")
-def spark():  # type: ignore[no-untyped-def]
-    pytest.importorskip("pyspark")
-    from pyspark.sql import SparkSession
-
-    os.environ["PYSPARK_PYTHON"] = sys.executable  # workers use this interpreter (and its hf_arb)
-    session = (SparkSession.builder.master("local[2]").appName("hf_arb-tests").config("spark.ui.enabled", "false")
-               .config("spark.sql.shuffle.partitions", "2").getOrCreate())
-    session.sparkContext.setLogLevel("ERROR")
-    yield session
-    session.stop()
 
 
 def _by_id(ds: datasets.Dataset) -> pa.Table:
