@@ -21,7 +21,7 @@ import test_train
 import torch
 from _family_runs import check_full_resume
 from _stock import job_result
-from _train_fixtures import CLIP, FLOW, GROUP, batch_result, mixed_clip_folder
+from _train_fixtures import CLIP, GROUP, batch_result, mixed_clip_folder
 
 import train_text_to_image_arb as script
 from hf_arb.families import detect_family, detect_flow_family, get_family
@@ -315,16 +315,14 @@ def test_lora_file_round_trips_for_resume_and_loads_in_the_stock_pipelines_trans
 @pytest.fixture(scope="module")
 def hyv_runs(hyv_assets, shared_artifact) -> dict[str, Any]:
     """The unchanged script, one process each: a 3-step LoRA on a mixed folder of clips and stills (cached latents
-    and prompts, final validation loading the saved LoRA as users do); a 4-step full fine-tune on stills (checkpoint
-    at 2) and its resume from checkpoint-2 in a new folder."""
+    and prompts, final validation loading the saved LoRA as users do); a 4-step full fine-tune on the same folder
+    (checkpoint at 2) and its resume from checkpoint-2 in a new folder."""
     def build(root: Path) -> dict[str, Any]:
         folder = mixed_clip_folder(root / "clips")
         preset = CLIP.index("--bucket_preset") + 1
         clips = ["--pretrained_model_name_or_path", hyv_assets["hyv"], "--train_data_dir", folder, *CLIP[:preset],
                  "hunyuan_video", *CLIP[preset + 1:]]
-        stills = ["--pretrained_model_name_or_path", hyv_assets["hyv"], "--train_data_dir", hyv_assets["images"],
-                  *FLOW]
-        full = [*stills, "--full_finetune", "--learning_rate", "1e-3", "--max_train_steps", "4",
+        full = [*clips, "--full_finetune", "--learning_rate", "1e-3", "--max_train_steps", "4",
                 "--checkpointing_steps", "2", "--random_flip"]
         argvs = {"lora": [*clips, "--rank", "4", "--learning_rate", "2e-2", "--max_train_steps", "3",
                           "--cache_text_embeddings", "--cache_latents", "--validation_prompt", "a pan",
@@ -374,11 +372,14 @@ def test_the_unchanged_script_trains_a_lora_on_clips_and_stills_and_validates_th
 
 
 @pytest.mark.slow
-def test_a_full_fine_tune_on_stills_resumes_exactly(hyv_runs):
-    """Steps 3-4 resumed from checkpoint-2 replay the rows and losses to the same transformer weights, which steps
-    3-4 changed (measured: max abs diff 0.0 on CPU, asserted exactly); the saved pipeline is a
-    HunyuanVideo15Pipeline."""
+def test_a_full_fine_tune_on_clips_and_stills_resumes_exactly(hyv_runs):
+    """The full fine-tune trains clips (5-D batches) and stills (4-D) of the mixed folder, never in one batch; steps
+    3-4 resumed from checkpoint-2 replay the rows and losses to the same transformer weights, which steps 3-4
+    changed (measured: max abs diff 0.0 on CPU, asserted exactly); the saved pipeline is a HunyuanVideo15Pipeline."""
     from _family_runs import transformer_weights
+    from test_train import read_trace
+
+    assert {len(t["shape"]) for t in read_trace(Path(hyv_runs["full"]["dir"]), 0)} == {4, 5}
 
     check_full_resume(hyv_runs, NAME, "HunyuanVideo15Pipeline", "Timestep shift: fixed shift 5 from the scheduler")
     full, resumed = (transformer_weights(Path(hyv_runs[k]["dir"])) for k in ("full", "resumed"))

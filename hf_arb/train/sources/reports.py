@@ -11,6 +11,15 @@ from ..schedule import Schedule
 from .loaders import packable_rows, packing_report
 
 
+def batch_size_flags(args: Any) -> str:
+    """The flags that gave each bucket its own batch size, as the user typed them (for the run's report)."""
+    if getattr(args, "max_pixels_per_batch", None):
+        return f"--max_pixels_per_batch {args.max_pixels_per_batch}"
+    given = [f"--{k} {getattr(args, k)}" for k in ("video_token_budget", "image_train_batch_size")
+             if getattr(args, k, None) is not None]
+    return " and ".join(given)
+
+
 def bucketed_report(accelerator: Any, source: Any, schedule: Schedule, models: Any) -> None:
     """The table users look at first: buckets, rows per bucket, the sampler's report, the step arithmetic."""
     if not accelerator.is_main_process:
@@ -36,7 +45,7 @@ def bucketed_report(accelerator: Any, source: Any, schedule: Schedule, models: A
     print(f"***** Running training ({models.family.title}) *****\n"
           f"  Num examples = {int((ids >= 0).sum())}\n  Num Epochs = {schedule.num_train_epochs}\n"
           f"  Instantaneous batch size per device = {per_device}"
-          f"{' (at most: each bucket its own, the batch column above)' if sizes else ''}\n"
+          f"{f' (at most; per bucket with {batch_size_flags(args)}: the batch column above)' if sizes else ''}\n"
           f"  Total train batch size (w. parallel, distributed & accumulation) = {total}\n"
           + step_lines(args, schedule), flush=True)
 
@@ -76,4 +85,4 @@ def packed_report(accelerator: Any, source: Any, schedule: Schedule, models: Any
           + step_lines(args, schedule), flush=True)
 
 
-__all__ = ["bucketed_report", "packed_report", "step_lines", "tiered_report"]
+__all__ = ["batch_size_flags", "bucketed_report", "packed_report", "step_lines", "tiered_report"]
