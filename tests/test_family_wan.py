@@ -438,7 +438,8 @@ def test_a_full_fine_tune_on_clips_and_stills_trains_each_bucket_at_its_token_bu
     sizes = {int(t["label"].split("x")[2]): t["shape"][0] for t in trace}
     assert sizes == {1: 2, 9: 1}, trace  # a still batch of 2, clip batches of 1
     assert {len(t["shape"]) for t in trace} == {4, 5}
-    assert "batch per bucket {3: 2, 12: 1}" in run["log"] and "(at most; per bucket with --video_token_budget 64 and --image_train_batch_size 2:" in run["log"]
+    assert "batch per bucket {3: 2, 12: 1}" in run["log"]
+    assert "(at most; per bucket with --video_token_budget 64 and --image_train_batch_size 2:" in run["log"]
     assert "mixed precision: bf16" in (Path(run["dir"]) / "README.md").read_text()
 
 
