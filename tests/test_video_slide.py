@@ -263,3 +263,8 @@ def test_slide_rows_train_each_window_and_resume_exactly(clip_dir: Path, tmp_pat
     assert [t["step"] for t in full] == [0, 1, 2] and all(len(t["shape"]) == 5 for t in full)
     assert [(t["step"], t["rows"], t["loss"]) for t in again] == [(t["step"], t["rows"], t["loss"])
                                                                   for t in full[2:]]
+    # a resume that would cut the clips into other windows, or train whole clips, stops in one line naming the flag
+    for changed, fix in ((["--slide_stride", "5"], "drop --slide_stride"),
+                         (["--frame_sampling", "head"], "pass --frame_sampling slide")):
+        with pytest.raises(script.UsageError, match=fix):  # argparse: the later flag wins
+            run_script([*argv, *changed, "--output_dir", str(tmp_path / "full"), "--resume_from_checkpoint", "latest"])

@@ -29,6 +29,11 @@ def _lora(read: Callable[[argparse.Namespace], Any]) -> Callable[[argparse.Names
     return lambda a: read(a) if getattr(a, "lora", False) else None
 
 
+def _clips(read: Callable[[argparse.Namespace], Any]) -> Callable[[argparse.Namespace], Any]:
+    """A clip run's setting (``--video_column``): recorded as None in an image run (where its flag is refused)."""
+    return lambda a: read(a) if getattr(a, "video_column", None) else None
+
+
 def _tiers(read: Callable[[argparse.Namespace], Any]) -> Callable[[argparse.Namespace], Any]:
     """A tier setting: recorded as None with one tier (where its flag is refused)."""
     return lambda a: read(a) if len(getattr(a, "resolutions", None) or []) > 1 else None
@@ -62,6 +67,13 @@ SHAPING_FLAGS: dict[str, Callable[[argparse.Namespace], Any]] = {
     # a clip run's batch size per bucket: the sampler's plan (its state holds each bucket's global batch)
     "video_token_budget": lambda a: getattr(a, "video_token_budget", None),
     "image_train_batch_size": lambda a: getattr(a, "image_train_batch_size", None),
+    # a clip run's rows and their frame plans: slide windows are rows, and the frame buckets, the model's rate and the
+    # short-clip policy decide each clip's bucket (a resume with others would train other rows, or other frames)
+    "frame_sampling": _clips(lambda a: a.frame_sampling),
+    "slide_stride": _clips(lambda a: getattr(a, "slide_stride", None)),
+    "frames": _clips(lambda a: ",".join(map(str, a.frames)) if a.frames else None),
+    "target_fps": _clips(lambda a: None if a.target_fps is None else float(a.target_fps)),
+    "short_clips": _clips(lambda a: a.short_clips),
     # the optimizer's state: AdamW's moments or Prodigy's step-size estimate (its load would fail deep in torch)
     "optimizer": lambda a: "prodigy" if str(getattr(a, "optimizer", "AdamW")).lower() == "prodigy" else "AdamW",
 }
