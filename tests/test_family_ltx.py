@@ -255,6 +255,37 @@ def test_target_fps_sets_the_rotary_frame_rate_and_the_card_passes_it(ltx_path, 
     assert video_array(family.generate(pipe, (32, 64), **kw)).shape == (1, 64, 32, 3)
 
 
+def test_validation_generates_at_the_target_fps_the_rotary_positions_trained_at(ltx_path, tmp_path):
+    """log_validation passes the family's validation keywords to every pipeline call: --target_fps 16 reaches
+    LTXPipeline as frame_rate=16 (not its default 25 fps rotary rate); without --target_fps no frame_rate is passed."""
+    family = get_family("ltx")
+    calls: list[dict[str, Any]] = []
+
+    class Pipe:  # records each call's keywords; returns black frames
+        def to(self, device):
+            return self
+
+        def set_progress_bar_config(self, **kwargs):
+            pass
+
+        def __call__(self, **kwargs):
+            calls.append(kwargs)
+            return SimpleNamespace(frames=[np.zeros((kwargs["num_frames"], kwargs["height"], kwargs["width"], 3),
+                                                    np.uint8)])
+
+    buckets = SimpleNamespace(resolutions=[(64, 96, 9), (64, 64, 9), (96, 64, 9)])
+    main = SimpleNamespace(is_main_process=True, device=torch.device("cpu"), trackers=[])
+    for extra, rate in ((["--target_fps", "16"], 16.0), ([], None)):
+        calls.clear()
+        args = ltx_args(ltx_path, "--rank", "4", "--video_column", "video", "--frames", "9", "--output_dir",
+                        str(tmp_path / str(rate)), "--validation_prompts", "a fox", "--seed", "0", *extra)
+        assert family.validation_kwargs(args) == ({"frame_rate": rate} if rate else {})
+        script.log_validation(args, main, SimpleNamespace(family=family), None, buckets, 1, None, pipe=Pipe())
+        assert len(calls) == 3 * args.num_validation_images
+        assert [c.get("frame_rate") for c in calls] == [rate] * len(calls)
+        assert {c["num_frames"] for c in calls} == {9}
+
+
 # ------------------------------------------------------------------------------------------ fast: the loss
 def test_clip_loss_backprops_takes_stills_as_one_frame_clips_and_caches_train_as_on_the_fly(ltx_path, models):
     """On a clip batch (B, C, F, H, W) the loss is finite and reaches every block; stills (B, C, H, W) train exactly

@@ -406,6 +406,11 @@ class Family:
         family's write a video file instead."""
         return [f"image = pipe({call}).images[0]  # a trained bucket shape"]
 
+    def validation_kwargs(self, args: argparse.Namespace) -> dict[str, Any]:
+        """The family's own keywords for its validation pipeline calls (:meth:`generate`), read from the run's flags;
+        none by default (LTX-Video: ``frame_rate``, the ``--target_fps`` its rotary positions trained at)."""
+        return {}
+
     def generate(self, pipe: Any, shape: tuple[int, ...], **kwargs: Any) -> Any:
         """One validation sample of ``pipe`` at ``shape`` (width, height[, frames]); ``kwargs``: the prompt, the
         generator and the run's pipeline keywords. An image (PIL) from ``.images``; a video family (a

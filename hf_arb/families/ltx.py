@@ -329,6 +329,12 @@ class LTXFamily(WanFamily):
         fps = getattr(args, "target_fps", None)
         return [*call, f"frame_rate={fps:g}"] if fps and fps != pipeline_frame_rate() else call
 
+    def validation_kwargs(self, args: argparse.Namespace) -> dict[str, Any]:
+        """``frame_rate``: ``--target_fps`` where given, the rate the rotary positions trained at (else none: the
+        pipeline's default, which training assumed too)."""
+        fps = getattr(args, "target_fps", None)
+        return {"frame_rate": fps} if fps else {}
+
     def generation_lines(self, call: str) -> list[str]:
         """Generate the frames and write them as an MP4 with diffusers' ``export_to_video`` at :attr:`video_fps`."""
         return [f"frames = pipe({call}).frames[0]  # a trained bucket shape",

@@ -77,7 +77,7 @@ def _generate(args: argparse.Namespace, accelerator: Any, pipe: Any, shapes: lis
                 g = torch.Generator(device=accelerator.device).manual_seed(args.seed + 1000 * i + j)
                 row.append(family.generate(pipe, shape, prompt=prompt,  # by name: Flux.2's first is an image
                                            num_inference_steps=args.num_validation_inference_steps, generator=g,
-                                           **pipeline_call_kwargs(args)))
+                                           **pipeline_call_kwargs(args), **family.validation_kwargs(args)))
         rows.append(row)
     return rows
 
