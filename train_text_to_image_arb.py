@@ -329,7 +329,7 @@ def train_loop(run: Run, tqdm: Any, stopper: StopOnSignal | None = None) -> dict
                 raise TrainingStopped(halt, progress.global_step)
             if validation_due(args, progress.global_step):  # --validation_steps (train_dreambooth.py)
                 path = log_validation(args, accelerator, models, unwrap(accelerator, unet), source.buckets,
-                                      progress.global_step, weight_dtype)
+                                      progress.global_step, weight_dtype, rows=source.bucket_rows())
                 validation_images.extend([str(path)] if path else [])
             if progress.global_step >= schedule.max_train_steps:
                 break
@@ -339,7 +339,7 @@ def train_loop(run: Run, tqdm: Any, stopper: StopOnSignal | None = None) -> dict
                 models.ema_unet.store(unet.parameters())
                 models.ema_unet.copy_to(unet.parameters())
             path = log_validation(args, accelerator, models, unwrap(accelerator, unet), source.buckets,
-                                  progress.global_step, weight_dtype)
+                                  progress.global_step, weight_dtype, rows=source.bucket_rows())
             if path:
                 validation_images.append(str(path))
             if models.ema_unet is not None:

@@ -217,6 +217,44 @@ def test_validation_shapes_are_portrait_square_landscape():
     assert aspects[0] < 1 and aspects[1] == 1 and aspects[2] > 1
 
 
+def test_validation_shapes_choose_only_among_buckets_with_rows():
+    """With the run's rows per bucket, the portrait / square / landscape picks are those of the buckets with rows
+    (a clip table's most-frames bucket without rows gives way to the next with rows); no rows anywhere, or no counts,
+    choose from the whole table as before."""
+    from types import SimpleNamespace
+
+    from hf_arb import BucketSet
+
+    buckets = BucketSet.from_budget(64, step=16)
+    res = [tuple(int(v) for v in r) for r in buckets.resolutions]
+    whole = train_outputs.validation_shapes(buckets)
+    assert train_outputs.validation_shapes(buckets, None) == whole
+    assert train_outputs.validation_shapes(buckets, np.zeros(len(res), np.int64)) == whole
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        rows = rng.integers(0, 3, len(res)) * (rng.random(len(res)) < 0.3)
+        rows = rows[: rng.integers(1, len(res) + 1)]  # ids past its end: no rows
+        shapes = train_outputs.validation_shapes(buckets, rows)
+        kept = [r for i, r in enumerate(res) if i < len(rows) and rows[i] > 0]
+        if not kept:
+            assert shapes == whole
+            continue
+        assert set(shapes) <= set(kept)  # never a bucket without rows
+        assert shapes == train_outputs.validation_shapes(SimpleNamespace(resolutions=kept))  # the same choice rule
+    clips = SimpleNamespace(resolutions=[(64, 64, 1), (64, 64, 9), (64, 64, 17), (48, 80, 17), (80, 48, 9)])
+    assert train_outputs.validation_shapes(clips) == [(48, 80, 17), (64, 64, 17), (80, 48, 9)]
+    assert train_outputs.validation_shapes(clips, [3, 2, 0, 0, 1]) == [(64, 64, 9), (80, 48, 9)]
+
+
+def test_a_map_style_source_counts_the_rows_of_each_bucket():
+    from types import SimpleNamespace
+
+    from hf_arb.train.sources import bucketed
+
+    ds = datasets.Dataset.from_dict({"bucket": [0, 2, -1, 2, 2]})
+    assert bucketed.BucketedSource.bucket_rows(SimpleNamespace(ds=ds)).tolist() == [1, 0, 3]
+
+
 def test_image_grid_pastes_mixed_sizes():
     from PIL import Image
 

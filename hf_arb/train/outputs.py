@@ -28,13 +28,20 @@ torch: Any = LazyModule("torch")  # loaded when a function needs it: --help and 
 logger = logging.getLogger("train_text_to_image_arb")
 
 
-def validation_shapes(buckets: Any) -> list[tuple[int, ...]]:
+def validation_shapes(buckets: Any, rows: Any = None) -> list[tuple[int, ...]]:
     """Portrait, square and landscape bucket ``(w, h)``: the buckets closest to 2:3, 1:1 and 3:2 in log aspect (clip
     buckets: ``(w, h, frames)``, the most frames at that aspect).
-    Several tiers (a :class:`~hf_arb.train.sources.tiers.TierTable`): one bucket of every tier, its portrait one."""
+    ``rows``: rows per bucket id (:meth:`~hf_arb.train.sources.base.Source.bucket_rows`; ids past its end have none):
+    only buckets with rows are chosen, every bucket where none has rows or ``rows`` is None.
+    Several tiers (a :class:`~hf_arb.train.sources.tiers.TierTable`): one bucket of every tier, its portrait one
+    (``rows`` not used)."""
     if getattr(buckets, "bucket_sets", None) is not None:
         return list(dict.fromkeys(validation_shapes(b)[0] for b in buckets.bucket_sets))
     res = np.asarray(buckets.resolutions)
+    if rows is not None:
+        counts = np.asarray(rows, dtype=np.int64)[: len(res)]
+        trained = np.flatnonzero(counts > 0)
+        res = res[trained] if len(trained) else res
     log_aspect = np.log(res[:, 0] / res[:, 1])
     out: list[tuple[int, ...]] = []
     longest = (-res[:, 2],) if res.shape[1] == 3 else ()  # clip buckets: (w, h, frames), the most frames
@@ -83,8 +90,10 @@ def _generate(args: argparse.Namespace, accelerator: Any, pipe: Any, shapes: lis
 
 
 def log_validation(args: argparse.Namespace, accelerator: Any, models: Models, unet: Any, buckets: Any,
-                   step: int, dtype: torch.dtype, *, pipe: Any = None, name: str | None = None) -> Path | None:
+                   step: int, dtype: torch.dtype, *, pipe: Any = None, name: str | None = None,
+                   rows: Any = None) -> Path | None:
     """Generate every prompt at portrait / square / landscape buckets, save one grid PNG, log it to trackers.
+    ``rows``: the run's rows per bucket (:func:`validation_shapes` picks among buckets with rows).
 
     ``pipe``: a ready pipeline (the final LoRA check loads the saved adapter into the base model); by default one
     is built around ``unet`` (which carries the adapter in LoRA mode).
@@ -98,7 +107,7 @@ def log_validation(args: argparse.Namespace, accelerator: Any, models: Models, u
         pipe = pipe.to(accelerator.device)
     use_validation_scheduler(args, pipe)  # --validation_scheduler (train_dreambooth.py)
     pipe.set_progress_bar_config(disable=True)
-    shapes = validation_shapes(buckets)
+    shapes = validation_shapes(buckets, rows)
     from tqdm.auto import tqdm
 
     bar = tqdm(total=len(args.validation_prompts) * len(shapes) * args.num_validation_images, unit="img",

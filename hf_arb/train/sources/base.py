@@ -153,6 +153,11 @@ class Source:
         """``{file name: JSON state}`` this rank writes into a checkpoint beside accelerate's (none by default)."""
         return {}
 
+    def bucket_rows(self) -> Any:
+        """Rows per bucket id of :attr:`buckets` (an int array; ids past its end have none), for the validation
+        shapes (:func:`hf_arb.train.outputs.validation_shapes`); None where the mode does not count them."""
+        return None
+
     def stats(self, micro_step: int) -> dict[str, Any]:
         """What the run statistics (``hf_arb_run.json``) report about the data: the latent cache's counts."""
         index = self.cache_index

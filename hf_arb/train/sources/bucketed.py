@@ -39,6 +39,13 @@ class BucketedSource(Source):
         fill_deepspeed_micro_batch(accelerator, self.sampler)  # DeepSpeed cannot read a batch sampler's batch size
         return dataloader
 
+    def bucket_rows(self) -> Any:
+        """The dataset's ``bucket`` column counted (skipped rows, id -1, left out)."""
+        import numpy as np
+
+        ids = np.asarray(self.ds.with_format("numpy")["bucket"])
+        return np.bincount(ids[ids >= 0])
+
     def register(self, accelerator: Any) -> None:
         accelerator.register_for_checkpointing(self.sampler)  # its plan check refuses another dataset's checkpoint
 

@@ -51,6 +51,10 @@ class StreamSource(Source):
     def loader(self, accelerator: Any, models: Any, schedule: Schedule, weight_dtype: Any) -> Any:
         return self.dataloader
 
+    def bucket_rows(self) -> Any:
+        """The stream's rows per bucket (the card's, the shards' or ``--stream_counts``)."""
+        return self.counts
+
     def report(self, accelerator: Any, schedule: Schedule, models: Any) -> None:
         stream_startup_report(accelerator, self.buckets, self.counts, self.sampler, schedule, self.args)
 
