@@ -210,7 +210,7 @@ def main(argv: list[str] | argparse.Namespace | None = None) -> dict[str, Any]:
     restore_frozen(args, models)  # --offload: the weights back in place, for the saved pipeline
     finish = save_final_lora if args.lora else save_final
     finish(final_validation_args(args), accelerator, models, unet, source.buckets, progress,  # --skip_final_inference
-           stats.setdefault("validation_images", []), stats)
+           stats.setdefault("validation_images", []), stats, rows=source.bucket_rows())
     if accelerator.is_main_process:
         (Path(args.output_dir) / STATS_FILE).write_text(json.dumps(stats, indent=1, default=str))
     accelerator.end_training()

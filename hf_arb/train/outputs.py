@@ -197,7 +197,8 @@ def saved_line(args: argparse.Namespace, family: Family) -> str:
 
 
 def save_final(args: argparse.Namespace, accelerator: Any, models: Models, unet: Any, buckets: Any,
-               progress: Progress, validation_images: list[str], stats: dict[str, Any]) -> None:
+               progress: Progress, validation_images: list[str], stats: dict[str, Any],
+               rows: Any = None) -> None:
     """Save the pipeline (the family's stock diffusers class), buckets, card, push."""
     accelerator.wait_for_everyone()
     if not accelerator.is_main_process:
@@ -212,14 +213,16 @@ def save_final(args: argparse.Namespace, accelerator: Any, models: Models, unet:
     (Path(args.output_dir) / BUCKETS_FILE).write_text(json.dumps(buckets.to_dict(), indent=1))
     done = Path(args.output_dir) / "validation" / f"step-{progress.global_step:06d}.png"
     if not done.exists():  # the last epoch's validation may already show these weights
-        last = log_validation(args, accelerator, models, unet, buckets, progress.global_step, torch.float32)
+        last = log_validation(args, accelerator, models, unet, buckets, progress.global_step, torch.float32,
+                              rows=rows)
         if last is not None:
             validation_images.append(str(last))
     finish_outputs(args, buckets, models, validation_images, stats)
 
 
 def save_final_lora(args: argparse.Namespace, accelerator: Any, models: Models, unet: Any, buckets: Any,
-                    progress: Progress, validation_images: list[str], stats: dict[str, Any]) -> None:
+                    progress: Progress, validation_images: list[str], stats: dict[str, Any],
+                    rows: Any = None) -> None:
     """Write ``pytorch_lora_weights.safetensors`` (no pipeline, as upstream), then validate by loading that file
     into a fresh base pipeline with ``load_lora_weights``, the way users will."""
     from hf_arb.train.lora import save_kohya_lora, save_lora
@@ -245,7 +248,7 @@ def save_final_lora(args: argparse.Namespace, accelerator: Any, models: Models, 
         with no_text_encoder_lora_note() if not encoders else contextlib.nullcontext():  # expected: UNet-only LoRA
             models.family.load_lora_into(pipe, args.output_dir)
         last = log_validation(args, accelerator, models, None, buckets, progress.global_step, torch.float32,
-                              pipe=pipe, name=f"final-{progress.global_step:06d}")
+                              pipe=pipe, name=f"final-{progress.global_step:06d}", rows=rows)
         if last is not None:
             validation_images.append(str(last))
     finish_outputs(args, buckets, models, validation_images, stats)
