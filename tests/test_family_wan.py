@@ -458,8 +458,10 @@ def test_validation_writes_a_playable_mp4_per_prompt_and_bucket_and_a_tensorboar
     out = Path(wan_clip_runs["full"]["dir"])
     buckets = SimpleNamespace(resolutions=np.asarray(json.loads((out / "hf_arb_buckets.json").read_text())
                                                      ["resolutions"]))
-    shapes = validation_shapes(buckets)
+    rows = np.bincount([3, 12], minlength=len(buckets.resolutions))  # the buckets with rows (the start-up table)
+    shapes = validation_shapes(buckets, rows)
     assert all(len(s) == 3 and s[2] > 1 for s in shapes)  # clip buckets: the most frames at each aspect
+    assert shapes == [tuple(int(v) for v in buckets.resolutions[12])]  # the one clip bucket with rows
     videos = sorted((out / "validation" / "step-000004").glob("*.mp4"))
     assert [v.name for v in videos] == sorted(f"prompt-0-{w}x{h}x{f}.mp4" for w, h, f in shapes)
     for path in videos:

@@ -244,6 +244,9 @@ def test_validation_shapes_choose_only_among_buckets_with_rows():
     clips = SimpleNamespace(resolutions=[(64, 64, 1), (64, 64, 9), (64, 64, 17), (48, 80, 17), (80, 48, 9)])
     assert train_outputs.validation_shapes(clips) == [(48, 80, 17), (64, 64, 17), (80, 48, 9)]
     assert train_outputs.validation_shapes(clips, [3, 2, 0, 0, 1]) == [(64, 64, 9), (80, 48, 9)]
+    # a still bucket nearer every target than the one clip bucket with rows: a video run still validates a clip
+    assert train_outputs.validation_shapes(clips, [3, 0, 0, 0, 1]) == [(80, 48, 9)]
+    assert train_outputs.validation_shapes(clips, [3]) == [(64, 64, 1)]  # stills only: a still
 
 
 def test_a_map_style_source_counts_the_rows_of_each_bucket():

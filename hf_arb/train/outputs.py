@@ -32,7 +32,8 @@ def validation_shapes(buckets: Any, rows: Any = None) -> list[tuple[int, ...]]:
     """Portrait, square and landscape bucket ``(w, h)``: the buckets closest to 2:3, 1:1 and 3:2 in log aspect (clip
     buckets: ``(w, h, frames)``, the most frames at that aspect).
     ``rows``: rows per bucket id (:meth:`~hf_arb.train.sources.base.Source.bucket_rows`; ids past its end have none):
-    only buckets with rows are chosen, every bucket where none has rows or ``rows`` is None.
+    only buckets with rows are chosen (of a clip table, those of more than 1 frame where any has rows: a video run
+    validates clips), every bucket where none has rows or ``rows`` is None.
     Several tiers (a :class:`~hf_arb.train.sources.tiers.TierTable`): one bucket of every tier, its portrait one
     (``rows`` not used)."""
     if getattr(buckets, "bucket_sets", None) is not None:
@@ -42,6 +43,8 @@ def validation_shapes(buckets: Any, rows: Any = None) -> list[tuple[int, ...]]:
         counts = np.asarray(rows, dtype=np.int64)[: len(res)]
         trained = np.flatnonzero(counts > 0)
         res = res[trained] if len(trained) else res
+        if res.shape[1] == 3 and (res[:, 2] > 1).any():
+            res = res[res[:, 2] > 1]
     log_aspect = np.log(res[:, 0] / res[:, 1])
     out: list[tuple[int, ...]] = []
     longest = (-res[:, 2],) if res.shape[1] == 3 else ()  # clip buckets: (w, h, frames), the most frames
