@@ -182,6 +182,7 @@ MODULES: dict[str, str] = {
     "hf_arb.families.qwenimage": "training.md#qwen-image",
     "hf_arb.families.zimage": "training.md#z-image",
     "hf_arb.families.wan": "video.md#wan-model-side",
+    "hf_arb.families.video_family": "video.md#wan-model-side",
     "hf_arb.families.ltx": "video.md#ltx-video",
     "hf_arb.families.hunyuan_video15": "video.md#hunyuanvideo-15-model-side",
     "hf_arb.packing.family": "packing.md#training-with-packing",

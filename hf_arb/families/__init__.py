@@ -19,6 +19,8 @@ training script asks (:class:`~hf_arb.families.base.Family`).
   reference image) and :mod:`~hf_arb.families.qwenimage_edit_plus` — Qwen-Image-Edit-2509/2511 (several), with
   :mod:`~hf_arb.families.qwen_processor` (their Qwen2-VL processor, images only);
 - :mod:`~hf_arb.families.zimage` — Z-Image;
+- :mod:`~hf_arb.families.video_family` — what every video family shares: (W, H, F) bucket checks against its frame
+  rule and spatial multiple, and the card's MP4 of a trained bucket;
 - :mod:`~hf_arb.families.wan` — Wan 2.1 / 2.2 text-to-video: clips ``(B, C, F, H, W)`` (stills as 1-frame clips), its
   video VAE's frame rule (:meth:`~hf_arb.families.base.Family.frame_rule`) and fixed shift;
 - :mod:`~hf_arb.families.ltx` — LTX-Video text-to-video: Wan's clips, T5 prompts with their mask, packed latents and

@@ -57,8 +57,9 @@ from hf_arb.checks import UsageError
 from hf_arb.lazy import LazyModule
 
 from .base import FROZEN_PARTS, Models, builtin_family
-from .flow_family import FlowFamily, FlowOptions
+from .flow_family import FlowOptions
 from .sample_weights import SAMPLE_WEIGHTS
+from .video_family import VideoFamily
 from .wan import ClipVAE, inner_vae, wan_scheduler_shift
 
 torch: Any = LazyModule("torch")  # family detection must not import torch
@@ -133,7 +134,7 @@ def encode_hunyuan_video_prompts(tokenizers: list[Any], text_encoders: list[Any]
 
 
 @builtin_family
-class HunyuanVideo15Family(FlowFamily):
+class HunyuanVideo15Family(VideoFamily):
     """HunyuanVideo 1.5 text-to-video (``HunyuanVideo15Pipeline``, ``HunyuanVideo15Transformer3DModel``,
     ``AutoencoderKLHunyuanVideo15``, Qwen2.5-VL + ByT5)."""
 
@@ -254,26 +255,6 @@ class HunyuanVideo15Family(FlowFamily):
             return rule
         return FrameRule(rule.name, int(models.vae.config.temporal_compression_ratio), rule.pipelines)
 
-    def check_buckets(self, models: Models, buckets: Any) -> None:
-        """Every side a multiple of :meth:`spatial_multiple`, every frame count (a third column) fits
-        :meth:`frame_rule`; else a UsageError naming the buckets and the fix."""
-        import numpy as np
-
-        res = np.asarray(buckets.resolutions, dtype=np.int64)
-        step = self.spatial_multiple(models)
-        bad = np.flatnonzero((res[:, :2] % step != 0).any(axis=1))
-        if bad.size:
-            shown = ", ".join("x".join(map(str, r)) for r in res[bad[:5], :2].tolist())
-            raise UsageError(f"{bad.size} bucket(s) ({shown}) are not divisible by {step} (VAE factor "
-                             f"{self.vae_scale_factor(models.vae)} x patch {self.token_patch(models.unet)}). For "
-                             f"HunyuanVideo 1.5: --bucket_step {step} (or a multiple of it).")
-        if res.shape[1] > 2:
-            rule = self.frame_rule(models)
-            wrong = sorted({int(f) for f in res[:, 2] if not rule.is_valid(int(f))})
-            if wrong:
-                raise UsageError(f"bucket frame counts {wrong} do not fit HunyuanVideo 1.5's {rule.step}k+1 frames: "
-                                 f"use {', '.join(str(rule.floor(f)) for f in wrong[:3])} (the counts below).")
-
     def startup_lines(self, models: Models, buckets: Any) -> str:
         rule = self.frame_rule(models)
         return (f"Timestep shift: fixed shift {models.options.shift.shift:g} from the scheduler, every bucket "
@@ -393,19 +374,3 @@ class HunyuanVideo15Family(FlowFamily):
                          f'pipe.transformer.load_lora_adapter("{repo_id}", weight_name="{LORA_FILE}", '
                          f'prefix="{LORA_PREFIX}")  # no pipe.load_lora_weights for this pipeline']
         return cls, [f'pipe = {cls}.from_pretrained("{repo_id}")']
-
-    def generation_args(self, args: argparse.Namespace, shape: tuple[int, ...]) -> list[str]:
-        """The prompt, ``height``, ``width`` and ``num_frames``: the bucket's frames (``shape[2]``), 1 for a bucket
-        of stills."""
-        frames = int(shape[2]) if len(shape) > 2 else 1
-        return [*super().generation_args(args, shape), f"num_frames={frames}"]
-
-    def generation_lines(self, call: str) -> list[str]:
-        """Generate the frames and write them as an MP4 with diffusers' ``export_to_video``."""
-        return [f"frames = pipe({call}).frames[0]  # a trained bucket shape: (F, H, W, 3) in [0, 1]",
-                f'export_to_video(frames, "video.mp4", fps={self.video_fps})  # imageio + imageio-ffmpeg write the MP4']
-
-    def card_code(self, args: argparse.Namespace, repo_id: str, shape: tuple[int, ...]) -> list[str]:
-        """:meth:`Family.card_code` with ``export_to_video``'s import after the pipeline's."""
-        code = super().card_code(args, repo_id, shape)
-        return [*code[:2], "from diffusers.utils import export_to_video", *code[2:]]

@@ -56,8 +56,9 @@ from hf_arb.checks import UsageError
 from hf_arb.lazy import LazyModule
 
 from .base import FROZEN_PARTS, Models, builtin_family
-from .flow_family import FlowFamily, FlowOptions
+from .flow_family import FlowOptions
 from .sample_weights import SAMPLE_WEIGHTS
+from .video_family import VideoFamily
 
 torch: Any = LazyModule("torch")  # family detection must not import torch
 
@@ -160,7 +161,7 @@ def read_pipeline_config(path: str, revision: str | None = None) -> dict[str, An
 
 
 @builtin_family
-class WanFamily(FlowFamily):
+class WanFamily(VideoFamily):
     """Wan 2.1 / 2.2 text-to-video (``WanPipeline``, ``WanTransformer3DModel``, ``AutoencoderKLWan``, UMT5)."""
 
     name = "wan"
@@ -284,27 +285,6 @@ class WanFamily(FlowFamily):
                                                                       revision=rev)["patch_size"]
         return int(vae["scale_factor_spatial"]) * int(ph), int(vae["scale_factor_temporal"]), int(patch_t)
 
-    def check_buckets(self, models: Models, buckets: Any) -> None:
-        """Every side a multiple of :meth:`spatial_multiple`, every frame count (a third column) fits
-        :meth:`frame_rule`; else a UsageError naming the buckets and the fix."""
-        import numpy as np
-
-        res = np.asarray(buckets.resolutions, dtype=np.int64)
-        step = self.spatial_multiple(models)
-        bad = np.flatnonzero((res[:, :2] % step != 0).any(axis=1))
-        if bad.size:
-            shown = ", ".join("x".join(map(str, r)) for r in res[bad[:5], :2].tolist())
-            raise UsageError(f"{bad.size} bucket(s) ({shown}) are not divisible by {step} (VAE factor "
-                             f"{self.vae_scale_factor(models.vae)} x patch {self.token_patch(models.unet)}). For this "
-                             f"{self.title} model: --bucket_step {step} (or a multiple of it).")
-        if res.shape[1] > 2:
-            rule = self.frame_rule(models)
-            frames = res[:, 2]
-            wrong = sorted({int(f) for f in frames if not rule.is_valid(int(f))})
-            if wrong:
-                raise UsageError(f"bucket frame counts {wrong} do not fit {self.title}'s {rule.step}k+1 frames: use "
-                                 f"{', '.join(str(rule.floor(f)) for f in wrong[:3])} (the counts below).")
-
     def startup_lines(self, models: Models, buckets: Any) -> str:
         rule = self.frame_rule(models)
         return (f"Timestep shift: fixed flow_shift {models.options.shift.shift:g} from the scheduler, every bucket "
@@ -390,19 +370,3 @@ class WanFamily(FlowFamily):
         if getattr(args, "family_report", None):
             lines += ["```", args.family_report, "```", ""]
         return lines
-
-    def generation_args(self, args: argparse.Namespace, shape: tuple[int, ...]) -> list[str]:
-        """The prompt, ``height``, ``width`` and ``num_frames``: the bucket's frames (``shape[2]``), 1 for a bucket
-        of stills."""
-        frames = int(shape[2]) if len(shape) > 2 else 1
-        return [*super().generation_args(args, shape), f"num_frames={frames}"]
-
-    def generation_lines(self, call: str) -> list[str]:
-        """Generate the frames and write them as an MP4 with diffusers' ``export_to_video`` (16 fps, Wan's rate)."""
-        return [f"frames = pipe({call}).frames[0]  # a trained bucket shape",
-                f'export_to_video(frames, "video.mp4", fps={self.video_fps})  # imageio + imageio-ffmpeg write the MP4']
-
-    def card_code(self, args: argparse.Namespace, repo_id: str, shape: tuple[int, ...]) -> list[str]:
-        """:meth:`Family.card_code` with ``export_to_video``'s import after the pipeline's."""
-        code = super().card_code(args, repo_id, shape)
-        return [*code[:2], "from diffusers.utils import export_to_video", *code[2:]]
