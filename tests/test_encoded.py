@@ -197,6 +197,46 @@ def test_an_interrupted_encode_resumes_to_the_same_bytes(sd: list[str], encoded:
     assert (root / "hf_arb_encoded.json").read_text() == (encoded["root"] / "hf_arb_encoded.json").read_text()
 
 
+def test_every_rank_returns_from_encode_once_the_dataset_is_finished(encoded: dict[str, Any],
+                                                                    tmp_path: Path) -> None:
+    """encode_dataset on 2 ranks (threads, a real barrier): no rank returns before the main process has written the
+    fingerprint, so a script that trains from the dataset next in the same processes finds it finished (rank 1 once
+    left at the first barrier and opened it too early). The main process is held back after the barrier to make the
+    old order fail every time."""
+    import threading
+    import time
+
+    from hf_arb.train.encoded.encode import encode_dataset
+    from hf_arb.train.encoded.fingerprint import INFO_FILE
+
+    root = tmp_path / "ds"
+    shutil.copytree(encoded["root"], root)
+    (root / INFO_FILE).unlink()  # every shard is in; the main process has not finished yet
+    barrier, seen, errors = threading.Barrier(2, timeout=60), {}, []
+
+    def rank(r: int) -> None:
+        def wait() -> None:
+            barrier.wait()
+            if r == 0:
+                time.sleep(0.5)  # the main process is slow to write the fingerprint
+
+        acc = SimpleNamespace(process_index=r, num_processes=2, device="cpu", is_local_main_process=r == 0,
+                              is_main_process=r == 0, wait_for_everyone=wait)
+        try:
+            encode_dataset(encoded["args"], root, num_processes=1, shard_size=4, accelerator=acc,
+                           show_progress=False)
+            seen[r] = (root / INFO_FILE).exists()
+        except Exception as err:  # noqa: BLE001 - reported by the assertion below
+            errors.append(err)
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors and seen == {0: True, 1: True}, (errors, seen)
+
+
 @pytest.mark.parametrize(("change", "field"), [
     (["--center_crop"], "fit"),
     (["--resolution", "96"], "buckets"),

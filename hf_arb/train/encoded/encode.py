@@ -426,9 +426,19 @@ def encode_dataset(args: argparse.Namespace, out_dir: str | Path, *, num_process
                           prompt_shard_size=prompt_shard_size, device=accelerator.device,
                           show_progress=show_progress and accelerator.is_local_main_process, plan=plan)
     accelerator.wait_for_everyone()
-    if not accelerator.is_main_process:
+    info, error = None, None
+    if accelerator.is_main_process:
+        try:
+            info = finish(args, out_dir, plan, shard_size=shard_size, prompt_shard_size=prompt_shard_size)
+        except Exception as err:  # noqa: BLE001 - raised below, after the other ranks are released
+            error = err
+    # every rank returns once the fingerprint is written: a script that goes on to train from the dataset in the same
+    # processes (a rank that left at the first barrier opened it before the main process had finished it)
+    accelerator.wait_for_everyone()
+    if error is not None:
+        raise error
+    if info is None:
         return None
-    info = finish(args, out_dir, plan, shard_size=shard_size, prompt_shard_size=prompt_shard_size)
     return {**info, **{k: v for k, v in counts.items() if k != "bad"}}
 
 
