@@ -284,6 +284,42 @@ def test_model_card_with_and_without_validation(tmp_path, with_validation):
     assert ("`a cat`" in text) == with_validation and "logged to" not in text
 
 
+def test_model_card_generates_at_a_bucket_with_rows(tmp_path):
+    """The card's "Use" code asks for the shape validation picks among the run's buckets with rows: not the table's
+    closest-to-2:3 bucket when it has none, and a clip run's multi-frame bucket, not a 1-frame one (the old card
+    chose from the whole table)."""
+    import re
+
+    from hf_arb import BucketSet
+
+    def card_shape(buckets, family, rows, *extra):
+        args = script.parse_args(["--pretrained_model_name_or_path", "base/model", "--train_data_dir", "d",
+                                  "--output_dir", str(tmp_path), "--report_to", "none", "--full_finetune", *extra])
+        text = train_outputs.save_model_card(args, "me/arb-model", buckets, get_family(family), rows=rows).read_text()
+        call = re.search(r"^(?:image|frames) = pipe\((.*)\)", text, re.M).group(1)
+        kw = dict(re.findall(r"\b(width|height|num_frames)=(\d+)", call))
+        return tuple(int(kw[k]) for k in ("width", "height", "num_frames") if k in kw)
+
+    buckets = BucketSet.from_budget(64, step=16)
+    res = [tuple(int(v) for v in r) for r in buckets.resolutions]
+    portrait = train_outputs.validation_shapes(buckets)[0]
+    assert card_shape(buckets, "sd", None) == portrait  # no counts: the whole table, as before
+    rows = np.ones(len(res), np.int64)
+    rows[res.index(portrait)] = 0
+    shape = card_shape(buckets, "sd", rows)  # 48x80 untrained: 64x64 is nearer 2:3 in log aspect than 32x96
+    assert shape != portrait and rows[res.index(shape)] > 0 and shape == train_outputs.validation_shapes(buckets,
+                                                                                                        rows)[0]
+    only = np.zeros(len(res), np.int64)
+    only[res.index((128, 32))] = 5  # one trained bucket: the card's, however far from 2:3
+    assert card_shape(buckets, "sd", only) == (128, 32)
+    # a clip table whose exact 2:3 bucket is a still: the whole table's pick is 1 frame; clips trained elsewhere
+    clips = BucketSet([(64, 96, 1), (80, 80, 1), (64, 64, 5), (96, 64, 5), (48, 80, 9), (64, 64, 9)])
+    assert card_shape(clips, "wan", None) == (64, 96, 1)
+    assert card_shape(clips, "wan", [0, 0, 3, 2, 1]) == (48, 80, 9)  # rows only in clip buckets: a clip
+    assert card_shape(clips, "wan", [7, 7, 3]) == (64, 64, 5)  # stills and one clip bucket: the clip
+    assert card_shape(clips, "wan", [0, 7]) == (80, 80, 1)  # stills only: a still with rows
+
+
 # ------------------------------------------------------------------------------- fast: argument errors
 @pytest.fixture(autouse=True)
 def _clean_accelerate_state():

@@ -144,9 +144,10 @@ def log_validation(args: argparse.Namespace, accelerator: Any, models: Models, u
 
 
 def save_model_card(args: argparse.Namespace, repo_id: str, buckets: Any, family: Family, *,
-                    images: list[str] | None = None, stats: dict[str, Any] | None = None) -> Path:
+                    images: list[str] | None = None, stats: dict[str, Any] | None = None, rows: Any = None) -> Path:
     """Write ``README.md`` in output_dir: works with or without validation images and trackers; the family gives
-    its tags, license, paragraphs and loading code."""
+    its tags, license, paragraphs and loading code. ``rows``: the run's rows per bucket (as for validation): the
+    "Use" code generates at a bucket the run trained (:func:`validation_shapes`)."""
     base = args.pretrained_model_name_or_path
     tags = [*family.card_tags, "text-to-image", "diffusers", "diffusers-training", "aspect-ratio-bucketing", "hf_arb"]
     front = ["---", f"license: {family.card_license}", f"base_model: {base}", "library_name: diffusers", "tags:"]
@@ -171,8 +172,8 @@ def save_model_card(args: argparse.Namespace, repo_id: str, buckets: Any, family
                  f"{family.denoiser_title}" + (" and the text encoder(s)" if args.train_text_encoder else "")
                  + f", in `pytorch_lora_weights.safetensors`; load them into **{base}**.", ""]
     body += family.card_lines(args)
-    body += ["## Use", "", "```python", *usage_snippet(args, repo_id, family, shape=validation_shapes(buckets)[0]),
-             "```", ""]
+    shape = validation_shapes(buckets, rows)[0]  # a bucket the run trained, as validation's
+    body += ["## Use", "", "```python", *usage_snippet(args, repo_id, family, shape=shape), "```", ""]
     if args.validation_prompts:
         body += ["## Validation", "", "Prompts: " + "; ".join(f"`{p}`" for p in args.validation_prompts), ""]
         body += [f"![validation]({Path(p).relative_to(args.output_dir).as_posix()})" for p in images or []]
@@ -220,7 +221,7 @@ def save_final(args: argparse.Namespace, accelerator: Any, models: Models, unet:
                               rows=rows)
         if last is not None:
             validation_images.append(str(last))
-    finish_outputs(args, buckets, models, validation_images, stats)
+    finish_outputs(args, buckets, models, validation_images, stats, rows)
 
 
 def save_final_lora(args: argparse.Namespace, accelerator: Any, models: Models, unet: Any, buckets: Any,
@@ -254,19 +255,20 @@ def save_final_lora(args: argparse.Namespace, accelerator: Any, models: Models, 
                               pipe=pipe, name=f"final-{progress.global_step:06d}", rows=rows)
         if last is not None:
             validation_images.append(str(last))
-    finish_outputs(args, buckets, models, validation_images, stats)
+    finish_outputs(args, buckets, models, validation_images, stats, rows)
 
 
 def finish_outputs(args: argparse.Namespace, buckets: Any, models: Models, validation_images: list[str],
-                   stats: dict[str, Any]) -> None:
-    """Model card in output_dir (always: it says how to load the folder), then the push if asked."""
+                   stats: dict[str, Any], rows: Any = None) -> None:
+    """Model card in output_dir (always: it says how to load the folder; ``rows``: the run's rows per bucket, for
+    the card's shape), then the push if asked."""
     repo_id = args.output_dir
     if args.push_to_hub:
         from huggingface_hub import create_repo
 
         repo_id = create_repo(repo_id=args.hub_model_id or Path(args.output_dir).name, exist_ok=True,
                               token=args.hub_token).repo_id
-    save_model_card(args, repo_id, buckets, models.family, images=validation_images, stats=stats)
+    save_model_card(args, repo_id, buckets, models.family, images=validation_images, stats=stats, rows=rows)
     print(saved_line(args, models.family), flush=True)
     if args.push_to_hub:
         from huggingface_hub import upload_folder
