@@ -1,6 +1,6 @@
 """Lines that must run as printed (issue #34, item 6): every family's model card code and the run's last line ("Saved
 to …: load it with …") run exactly as printed where ``import hf_arb`` fails and torchvision is missing (this
-machine), and the card's generation comes out at the size it asks for (a trained bucket).
+machine), and the card's generation comes out at the size it asks for (a trained bucket, one with rows).
 
 The code comes from one place, the family adapter (:meth:`hf_arb.families.Family.card_code` and
 :meth:`~hf_arb.families.Family.saved_message`). The slow test reads the outputs of runs other files make anyway (the
@@ -77,6 +77,27 @@ def requested_size(card: str) -> tuple[int, int]:
     return int(kw["width"]), int(kw["height"])
 
 
+#: the start-up table's header (:func:`hf_arb.train.sources.reports.bucketed_report`): bucket, aspect[, frames],
+#: rows[, batch]
+TABLE_HEADER = re.compile(r"^ +bucket +aspect( +frames)? +rows( +batch)?$", re.M)
+
+
+def trained_sizes(log: str) -> set[tuple[int, int]] | None:
+    """(width, height) of the buckets with rows in the run's start-up table (the rows the card picks among), or None
+    where the log has no such table (a packed, tiered or streamed run)."""
+    head = TABLE_HEADER.search(log)
+    if head is None:
+        return None
+    rows_at = 3 + bool(head.group(1))  # w, h, aspect[, frames], rows
+    block = log[head.end():log.index("\nskipped: ", head.end())].strip("\n")
+    sizes = set()
+    for line in block.split("\n"):
+        cells = line.replace(" x ", " ").split()
+        if int(cells[rows_at].replace(",", "")):
+            sizes.add((int(cells[0]), int(cells[1])))
+    return sizes
+
+
 def input_files(card: str) -> list[str]:
     """The image files the card opens (the input images of an edit model), in the order it names them."""
     return re.findall(r'Image\.open\("([^"]+)"\)', card)
@@ -130,6 +151,30 @@ def test_kontext_asks_for_its_max_area_and_qwen_edit_builds_its_processor() -> N
         assert 'from_pretrained("org/base-model", subfolder="processor")' in load
         assert family.saved_message(fake_args(False, ["before"]), "me/out").startswith(
             "Saved to me/out: load it with:\n```python\nfrom diffusers import ")
+
+
+def test_trained_sizes_reads_the_start_up_table(capsys) -> None:
+    """The start-up table as the script prints it (a clip table, per-bucket batch sizes): the sizes with rows."""
+    from types import SimpleNamespace
+
+    import datasets
+
+    from hf_arb.buckets.sets import BucketSet
+    from hf_arb.train.sources.reports import bucketed_report
+
+    buckets = BucketSet([(64, 96, 1), (80, 80, 1), (64, 64, 5), (96, 64, 5), (48, 80, 9)])
+    for sizes in (None, {0: 2, 2: 1}):
+        source = SimpleNamespace(
+            args=argparse.Namespace(train_batch_size=1, gradient_accumulation_steps=1, video_token_budget=64),
+            buckets=buckets, ds=datasets.Dataset.from_dict({"bucket": [0, 2, 2, -1, 4] + [1] * 1200}),
+            sampler=SimpleNamespace(report=lambda: "sampler", batch_sizes=sizes, per_rank_batch_size=2),
+            family_report=None)
+        bucketed_report(SimpleNamespace(is_main_process=True, num_processes=1), source,
+                        SimpleNamespace(num_train_epochs=1, max_train_steps=3),
+                        SimpleNamespace(family=SimpleNamespace(title="Wan")))
+        log = "warmup\n" + capsys.readouterr().out
+        assert trained_sizes(log) == {(64, 96), (80, 80), (64, 64), (48, 80)}  # not 96x64 (no rows)
+    assert trained_sizes("a streamed run\n") is None
 
 
 # ------------------------------------------------------------------------------------------- slow: as printed
@@ -201,6 +246,8 @@ def test_every_familys_card_and_last_line_run_as_printed_without_hf_arb(outputs,
         size = requested_size(card)
         buckets = BucketSet.from_dict(json.loads((out / "hf_arb_buckets.json").read_text()))
         assert list(size) in buckets.resolutions[:, :2].tolist(), (name, size)  # a trained bucket (clips: W, H, F)
+        trained = trained_sizes(run["log"])
+        assert trained is None or size in trained, (name, size, trained)  # one with rows (the start-up table)
         assert size[0] != size[1], name  # non-square: a rescaling pipeline would show
         expected[name] = {"size": list(size), "cls": family.pipeline_class_name, "lora": '.load_lora_weights(' in card
                           or '.load_lora_adapter(' in card}
