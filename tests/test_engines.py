@@ -176,6 +176,47 @@ def test_summary_from_groups_equals_column_summary() -> None:
     _assert_summary_equal(got, want)
 
 
+def test_summary_from_groups_counts_slide_windows_as_the_column_summary() -> None:
+    """The engines' partial sums of ``frame_start`` (a window: any start; a clip: start 0) give the datasets path's
+    ``slide`` (``slide_counts_of``), however the windows of one clip fall into batches; none without windows."""
+    from hf_arb.annotate.clips import slide_counts_of
+
+    rng = np.random.default_rng(7)
+    n = 3000
+    kind = rng.choice(3, n, p=[0.6, 0.3, 0.1])  # 0: a clip, 1: a still, 2: skipped
+    counts = np.where(kind == 0, rng.integers(1, 6, n), 1)  # windows per input row
+    row = np.repeat(np.arange(n), counts)
+    window = np.arange(row.size) - np.repeat(np.cumsum(counts) - counts, counts)
+    clip = kind[row] == 0
+    ids = np.where(kind[row] == 2, -1, rng.integers(0, len(CLIPS), n)[row])
+    t = pa.table({"bucket": pa.array(ids, pa.int32()),
+                  "aspect_error": pa.array(np.where(ids >= 0, rng.random(n)[row] * 0.1, np.nan), from_pandas=True),
+                  "skip_reason": pa.array([None if i >= 0 else "too_few_frames" for i in ids.tolist()], pa.string()),
+                  "frame_start": pa.array((window * 3).astype(np.int32), pa.int32(), mask=~clip)})
+    want = summarize_columns(t.column("bucket"), t.column("aspect_error"), t.column("skip_reason"), CLIPS,
+                             frame_start=t.column("frame_start"))
+    expected = (int((kind == 0).sum()), int(counts[kind == 0].sum()))  # (clips, windows)
+    assert want.slide == slide_counts_of(t.column("frame_start")) == expected
+
+    def grouped(table: pa.Table) -> pa.Table:
+        parts = pa.concat_tables([summary_partials(b) for b in table.to_batches(max_chunksize=701)])
+        return parts.group_by(["bucket", "skip_reason", "error_bin"]).aggregate(
+            [("count", "sum"), ("error_sum", "sum"), ("error_max", "max"), ("windows", "sum"), ("clips", "sum")])
+
+    g = grouped(t)
+    cols = ("bucket", "skip_reason", "error_bin", "count_sum", "error_sum_sum", "error_max_max")
+    got = summary_from_groups(*(g.column(c).to_pylist() for c in cols), CLIPS,
+                              windows=g.column("windows_sum").to_pylist(), clips=g.column("clips_sum").to_pylist())
+    assert got.slide == want.slide
+    assert str(got).splitlines()[1] == str(want).splitlines()[1]  # "slide: N clips -> M rows (K added by windows)"
+    _assert_summary_equal(got, want)
+    # head / uniform (no start) and an image set (no column): no slide line
+    for table in (t.set_column(3, "frame_start", pa.nulls(t.num_rows, pa.int32())), t.drop_columns(["frame_start"])):
+        g = grouped(table)
+        assert summary_from_groups(*(g.column(c).to_pylist() for c in cols), CLIPS, windows=g.column("windows_sum"),
+                                   clips=g.column("clips_sum")).slide is None
+
+
 # ----------------------------------------------------------------------------------- Ray
 @pytest.mark.slow
 @pytest.mark.xdist_group("engines")  # one worker: the clusters start once and never compete
@@ -416,17 +457,27 @@ def _assert_clip_rows_equal(got: datasets.Dataset, want: datasets.Dataset) -> No
 @pytest.mark.xdist_group("engines")  # one worker: the clusters start once and never compete
 def test_cli_engine_ray_on_clip_bytes(ray_cluster, clips_parquet: Path, tmp_path: Path,
                                       capsys: pytest.CaptureFixture[str]) -> None:
-    """``hf-arb annotate --engine ray --frames 1,5,9`` on a Parquet with a ``Video`` column (detected): the datasets
-    path's rows, the (W, H, F) set in the files and the card."""
+    """``hf-arb annotate --engine ray --frames 1,5,9 --frame-sampling slide`` on a Parquet with a ``Video`` column
+    (detected): the datasets path's rows (the 13-frame WebM clip, 9-frame windows 2 frames apart: 3 rows), the
+    (W, H, F) set in the files and the card, and Ray's summary (``summarize``, the Python entry point the CLI calls)
+    counts the clips and windows as the datasets path's does."""
     from hf_arb.cli.app import main
 
-    want = _clip_reference(clips_parquet)
+    ds = datasets.load_dataset("parquet", data_files=str(clips_parquet), split="train")
+    want = add_bucket_columns(ds, CLIPS, frame_sampling="slide", slide_stride=2, show_summary=False)
     assert set(want["skip_reason"]) == {None, "missing", "unreadable: truncated or corrupt container",
                                         "unreadable: empty (0 bytes)"}
+    want_summary = summarize_annotation(want, CLIPS)
+    assert want_summary.slide == (3, 5) and len(want) == len(ds) + 2
     out = tmp_path / "out"
+    capsys.readouterr()
     assert main(["annotate", str(clips_parquet), "--engine", "ray", "--output-dir", str(out), "--aspect-ratio-buckets",
-                 "48,64;64,48", "--frames", "1,5,9", "--metric", "log"]) == 0
-    assert "unreadable 2" in capsys.readouterr().out
+                 "48,64;64,48", "--frames", "1,5,9", "--metric", "log", "--frame-sampling", "slide",
+                 "--slide-stride", "2"]) == 0
+    printed = capsys.readouterr().out
+    assert "unreadable 2" in printed
+    assert str(want_summary).splitlines()[:2] == [  # rows, then "slide: 3 clips -> 5 rows (2 added by windows)"
+        line for line in printed.splitlines() if line.startswith(("rows: ", "slide: "))]
     _assert_clip_rows_equal(datasets.load_dataset("parquet", data_dir=str(out), split="train"), want)
     assert buckets_from_card(out / "README.md") == CLIPS
 
@@ -451,8 +502,9 @@ def test_spark_equals_datasets_map_on_clip_bytes(spark, clips_parquet: Path, tmp
 def test_spark_slide_windows_equal_datasets_map(spark, clips_parquet: Path, tmp_path: Path,
                                                 capsys: pytest.CaptureFixture[str]) -> None:
     """``frame_sampling="slide"`` changes the row count inside the one Arrow-batch function: Spark's ``mapInArrow``
-    gives the datasets path's rows (the 13-frame WebM clip, 9-frame windows 2 frames apart: 3 rows) and summary, and
-    ``hf-arb annotate --engine spark --frame-sampling slide`` prints the count."""
+    gives the datasets path's rows (the 13-frame WebM clip, 9-frame windows 2 frames apart: 3 rows); Spark's
+    ``summarize`` counts the clips and windows as the datasets path's summary does, and ``hf-arb annotate --engine
+    spark --frame-sampling slide`` prints them."""
     from hf_arb.annotate.engines import spark as hf_spark
     from hf_arb.annotate.summary import summarize_annotation
     from hf_arb.cli.app import main
@@ -471,9 +523,16 @@ def test_spark_slide_windows_equal_datasets_map(spark, clips_parquet: Path, tmp_
     want_rows = sorted(want.remove_columns(["video"]).to_list(), key=lambda r: (r["id"], r["frame_start"] or 0))
     assert [[r[k] for k in key] for r in got_rows] == [[r[k] for k in key] for r in want_rows]
     assert got_rows == want_rows
+    want_summary = summarize_annotation(want, CLIPS)
     assert str(summarize_annotation(loaded, CLIPS)).splitlines()[1] == "slide: 3 clips -> 5 rows (2 added by windows)"
+    got = hf_spark.summarize(spark.read.parquet(str(tmp_path / "out")), CLIPS)  # the Python entry point (native)
+    assert got.slide == want_summary.slide == (3, 5)
+    assert str(got).splitlines()[:2] == str(want_summary).splitlines()[:2]  # rows, then the slide line
+    _assert_summary_equal(got, want_summary)
     capsys.readouterr()
     assert main(["annotate", str(clips_parquet), "--engine", "spark", "--output-dir", str(tmp_path / "cli"),
                  "--aspect-ratio-buckets", "48,64;64,48", "--frames", "1,5,9", "--metric", "log",
                  "--frame-sampling", "slide", "--slide-stride", "2"]) == 0
-    assert "slide: 3 clips -> 5 rows (2 added by windows)" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert str(want_summary).splitlines()[:2] == [line for line in printed.splitlines()
+                                                  if line.startswith(("rows: ", "slide: "))]

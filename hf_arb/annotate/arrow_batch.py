@@ -345,11 +345,15 @@ def summary_partials(batch: pa.RecordBatch | pa.Table) -> pa.Table:
     Returns:
         One row per group: keys ``bucket`` (int32), ``skip_reason`` (string, ``""`` when kept: engines group null keys
         unevenly), ``error_bin`` (int64: ``floor(aspect_error / ERROR_BIN)`` for kept rows, ``-1`` otherwise); values
-        ``count`` (int64), ``error_sum`` and ``error_max`` (float64 over kept rows' ``aspect_error``, null otherwise).
-        Summing ``count``/``error_sum`` and maxing ``error_max`` over equal keys merges partials exactly.
+        ``count`` (int64), ``error_sum`` and ``error_max`` (float64 over kept rows' ``aspect_error``, null otherwise),
+        ``windows`` and ``clips`` (int64: rows with a ``frame_start`` and those at 0, the ``slide`` windows and the
+        clips they came from, as :func:`~hf_arb.annotate.clips.slide_counts_of` counts them; 0 without the column).
+        Summing ``count``/``error_sum``/``windows``/``clips`` and maxing ``error_max`` over equal keys merges
+        partials exactly.
     """
     t = _table(batch)
     _need(t, ("bucket", "aspect_error", "skip_reason"))
+    start = t.column("frame_start") if "frame_start" in t.column_names else pa.nulls(t.num_rows, pa.int32())
     ids = pc.fill_null(t.column("bucket"), -1).to_numpy().astype(np.int32)  # (n,)
     err = pc.cast(t.column("aspect_error"), pa.float64()).to_numpy(zero_copy_only=False)  # (n,) NaN for null
     kept = (ids >= 0) & np.isfinite(err)
@@ -359,22 +363,27 @@ def summary_partials(batch: pa.RecordBatch | pa.Table) -> pa.Table:
         "skip_reason": pc.fill_null(pc.cast(t.column("skip_reason"), pa.string()), ""),
         "error_bin": pa.array(bins, pa.int64()),
         "aspect_error": pa.array(err, pa.float64(), mask=~kept),
+        "window": pc.cast(pc.is_valid(start), pa.int64()),  # a slide window (any frame_start)
+        "clip": pc.cast(pc.fill_null(pc.equal(start, 0), False), pa.int64()),  # a clip's first window
     })
     g = keys.group_by(["bucket", "skip_reason", "error_bin"]).aggregate(
-        [([], "count_all"), ("aspect_error", "sum"), ("aspect_error", "max")])
+        [([], "count_all"), ("aspect_error", "sum"), ("aspect_error", "max"), ("window", "sum"), ("clip", "sum")])
     return pa.table({"bucket": g.column("bucket"), "skip_reason": g.column("skip_reason"),
                      "error_bin": g.column("error_bin"), "count": g.column("count_all"),
-                     "error_sum": g.column("aspect_error_sum"), "error_max": g.column("aspect_error_max")})
+                     "error_sum": g.column("aspect_error_sum"), "error_max": g.column("aspect_error_max"),
+                     "windows": g.column("window_sum"), "clips": g.column("clip_sum")})
 
 
 def summary_from_groups(bucket: Any, skip_reason: Any, error_bin: Any, count: Any, error_sum: Any, error_max: Any,
-                        buckets: BucketSet) -> Any:
+                        buckets: BucketSet, windows: Any = None, clips: Any = None) -> Any:
     """:class:`~hf_arb.annotate.AnnotationSummary` from the engine's grouped rows (few; on the driver).
 
     Args:
         bucket, skip_reason, error_bin: the group keys of :func:`summary_partials`, one entry per group.
         count: rows per group; error_sum, error_max: sum and max of ``aspect_error`` per group (null/NaN if none).
         buckets: the BucketSet the ids refer to.
+        windows, clips: ``slide`` windows and clips per group (:func:`summary_partials`' sums; None: not counted):
+            the summary's ``slide``, ``(clips, windows)``, where any row has a window.
 
     Returns:
         The summary. Counts, skip reasons, mean and max are exact; the median is read from the ``ERROR_BIN``-wide
@@ -383,7 +392,7 @@ def summary_from_groups(bucket: Any, skip_reason: Any, error_bin: Any, count: An
     """
     from hf_arb.buckets.sets import AssignmentSummary
 
-    from .summary import AnnotationSummary
+    from .summary import EXAMPLE_REASONS, AnnotationSummary
 
     ids = np.asarray(bucket, dtype=np.int64)  # (g,)
     reasons = list(skip_reason)
@@ -400,7 +409,7 @@ def summary_from_groups(bucket: Any, skip_reason: Any, error_bin: Any, count: An
     for reason, c in zip(np.asarray(reasons, dtype=object)[skipped].tolist(), n[skipped].tolist()):
         cat = reason.split(":", 1)[0].strip() if reason else "unknown"
         by_reason[cat] = by_reason.get(cat, 0) + int(c)
-        if cat == "unreadable" and len(examples) < 5 and reason not in examples:
+        if cat in EXAMPLE_REASONS and len(examples) < 5 and reason not in examples:
             examples.append(reason)
     kept = ~skipped
     counts = np.bincount(ids[kept], weights=n[kept], minlength=len(buckets)).astype(np.int64)
@@ -422,7 +431,13 @@ def summary_from_groups(bucket: Any, skip_reason: Any, error_bin: Any, count: An
     rows = int(n.sum())
     assignment = AssignmentSummary(rows, int(n[skipped].sum()), counts, mean, median, emax,
                                    resolutions=np.asarray(buckets.resolutions))
-    return AnnotationSummary(rows, by_reason, assignment, tuple(examples))
+    return AnnotationSummary(rows, by_reason, assignment, tuple(examples), slide=_slide(windows, clips))
+
+
+def _slide(windows: Any, clips: Any) -> tuple[int, int] | None:
+    """``(clips, windows)`` summed over the groups; None where no row has a window (not a ``slide`` annotation)."""
+    total = 0 if windows is None else int(np.asarray(windows, dtype=np.int64).sum())
+    return (int(np.asarray(clips, dtype=np.int64).sum()), total) if total else None
 
 
 def _floats(values: Any) -> np.ndarray:

@@ -29,6 +29,8 @@ WARN_ASPECT_ERROR = 0.25
 #: default threshold of the upscale warning: kept rows that must be enlarged more than this to cover their bucket
 WARN_UPSCALE = 2.0
 _EXAMPLES = 3
+#: skip reason categories whose full reasons the summary shows as examples (the datasets path's and the engines')
+EXAMPLE_REASONS = ("unreadable", "truncated", "undecodable", "too_few_frames")
 #: most bars of a frames / fps histogram (distinct values are shown as they are up to this many)
 HIST_BINS = 12
 
@@ -223,7 +225,7 @@ def summarize_columns(bucket: Any, aspect_error: Any, skip_reason: Any, buckets:
         full, c = item["values"], item["counts"]
         cat = full.split(":", 1)[0].strip()
         by_reason[cat] = by_reason.get(cat, 0) + int(c)
-        if cat in ("unreadable", "truncated", "undecodable", "too_few_frames") and len(examples) < 5:
+        if cat in EXAMPLE_REASONS and len(examples) < 5:
             examples.append(full)
     if ids.size and ids.max(initial=-1) >= len(buckets):
         raise ValueError(f"Bucket id {int(ids.max())} is out of range for a BucketSet of {len(buckets)} buckets; "

@@ -95,13 +95,6 @@ def run_engine(args: argparse.Namespace, buckets: BucketSet, reference_buckets: 
         finally:
             if active is None:
                 spark.stop()
-    if kwargs.get("frame_sampling") == "slide":  # the windows, counted from the one column written (no clip read)
-        import dataclasses
-
-        from hf_arb.annotate.clips import slide_counts_of
-
-        starts = pq.read_table(out, columns=["frame_start"]).column("frame_start")
-        summary = dataclasses.replace(summary, slide=slide_counts_of(starts))
     # The dataset card (README.md) with the hf_arb YAML block: `hf upload-large-folder` pushes it with the files.
     from hf_arb.annotate.hub import update_card_text
 

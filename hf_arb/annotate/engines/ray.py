@@ -91,16 +91,19 @@ def summarize(ds: Any, buckets: BucketSet, *, num_partitions: int = 8) -> Annota
     merges the partials over ``num_partitions`` reducers, and only the merged groups (one per bucket and error bin, one
     per distinct skip reason) reach the driver. Everything is exact but the median, which is within
     ``hf_arb.annotate.arrow_batch.ERROR_BIN`` (see :func:`~hf_arb.annotate.arrow_batch.summary_from_groups`).
+    A clip set's ``frame_start`` is summed in the same pass: a ``slide`` annotation's clips and windows (``slide``).
     """
     _require_ray()
     from ray.data.aggregate import Max, Sum
 
-    partials = ds.select_columns(["bucket", "aspect_error", "skip_reason"]).map_batches(
+    columns = ["bucket", "aspect_error", "skip_reason"] + (["frame_start"] if buckets.has_frames else [])
+    partials = ds.select_columns(columns).map_batches(
         summary_partials, batch_format="pyarrow", batch_size=None, zero_copy_batch=True)
     grouped = partials.groupby(["bucket", "skip_reason", "error_bin"], num_partitions=num_partitions).aggregate(
         Sum("count", alias_name="count"), Sum("error_sum", alias_name="error_sum"),
-        Max("error_max", alias_name="error_max"))
+        Max("error_max", alias_name="error_max"), Sum("windows", alias_name="windows"),
+        Sum("clips", alias_name="clips"))
     rows = grouped.take_all()
-    return summary_from_groups([r["bucket"] for r in rows], [r["skip_reason"] for r in rows],
-                               [r["error_bin"] for r in rows], [r["count"] for r in rows],
-                               [r["error_sum"] for r in rows], [r["error_max"] for r in rows], buckets)
+    return summary_from_groups(*([r[c] for r in rows] for c in ("bucket", "skip_reason", "error_bin", "count",
+                                                                 "error_sum", "error_max")), buckets,
+                               windows=[r["windows"] for r in rows], clips=[r["clips"] for r in rows])

@@ -127,7 +127,8 @@ def summarize(df: Any, buckets: BucketSet) -> AnnotationSummary:
     """Counts per bucket, skips by reason and aspect-error statistics, aggregated with Spark's ``groupBy``.
 
     Runs as native Spark expressions (no Python workers); only the grouped rows reach the driver. Everything is
-    exact but the median, which is within ``hf_arb.annotate.arrow_batch.ERROR_BIN``.
+    exact but the median, which is within ``hf_arb.annotate.arrow_batch.ERROR_BIN``. A clip set's ``frame_start`` is
+    summed in the same pass: a ``slide`` annotation's clips and windows (``slide``).
     """
     from pyspark.sql import functions as F
 
@@ -138,13 +139,19 @@ def summarize(df: Any, buckets: BucketSet) -> AnnotationSummary:
         bucket.alias("bucket"), F.coalesce(F.col("skip_reason"), F.lit("")).alias("skip_reason"),
         F.when(kept, F.floor(err / F.lit(ERROR_BIN))).otherwise(F.lit(-1)).cast("long").alias("error_bin"),
         F.when(kept, err).alias("aspect_error"),
+        *([F.col("frame_start")] if buckets.has_frames else []),
     ).groupBy("bucket", "skip_reason", "error_bin").agg(
         F.count(F.lit(1)).alias("count"), F.sum("aspect_error").alias("error_sum"),
-        F.max("aspect_error").alias("error_max"))
+        F.max("aspect_error").alias("error_max"),
+        # a slide window: any frame_start; a clip: its first window (hf_arb.annotate.clips.slide_counts_of)
+        *([F.count("frame_start").alias("windows"),
+           F.count(F.when(F.col("frame_start") == 0, 1)).alias("clips")] if buckets.has_frames else []))
     t = grouped.toArrow()
+    slide = {k: t.column(k).to_numpy(zero_copy_only=False) for k in ("windows", "clips")} if buckets.has_frames else {}
     return summary_from_groups(t.column("bucket").to_numpy(), t.column("skip_reason").to_pylist(),
                                t.column("error_bin").to_numpy(), t.column("count").to_numpy(),
-                               t.column("error_sum").to_pylist(), t.column("error_max").to_pylist(), buckets)
+                               t.column("error_sum").to_pylist(), t.column("error_max").to_pylist(), buckets,
+                               **slide)
 
 
 # ----------------------------------------------------------------------------------- parquet with metadata
