@@ -36,6 +36,7 @@ from __future__ import annotations
 import bisect
 import collections
 from collections.abc import Callable
+from itertools import repeat
 from typing import Any
 
 import numpy as np
@@ -112,9 +113,9 @@ class RankBuffer:
         idx = self.c["read"]
         if idx % self.every == 0 and idx not in self.snapshots:
             self.snapshots[idx] = self.source.state_dict()
-            if len(self.snapshots) >= self._prune_at:  # amortised: prune when the count has doubled
-                self._prune()
-                self._prune_at = 2 * len(self.snapshots) + 8
+            if len(self.snapshots) >= self._prune_at:  # amortised: prune when the count has grown fourfold
+                self._prune()  # (it reads every held row's index: rarely; extra snapshots change no state)
+                self._prune_at = 4 * len(self.snapshots) + 32
         try:
             chunk = next(self.chunks)
         except StopIteration:
@@ -382,9 +383,8 @@ class RankBuffer:
         self.step = s + 1
         self.history.append(entry)
         self._current = None
-        names = self.names or ()
         # a row is a dict from here on (buffered: its values, then its read index, which zip leaves out)
-        return [dict(zip(names, row)) for row in rows]
+        return list(map(dict, map(zip, repeat(self.names or ()), rows)))
 
     def _step_uniforms(self, step: int) -> list[float]:
         """``batch_size`` uniforms in [0, 1) for ``step``: row ``step % PICK_BLOCK`` of its block."""
