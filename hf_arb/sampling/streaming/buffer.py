@@ -101,7 +101,7 @@ class RankBuffer:
         self._mine: list[list[int]] | None = None  # per bucket, its accepted rows' indices into _dec's `where`
         self._okmap = np.r_[self.scheduled > 0, False]  # bucket id (k: unassigned or unknown) -> schedulable
         self._ok = np.empty(0, dtype=bool)  # the current chunk's schedulable rows
-        self._picks = np.empty((0, batch_size), dtype=np.int64)  # a full window's pick positions (_step_uniforms)
+        self._picks: list[list[int]] = []  # a full window's pick positions per step of the block (_step_uniforms)
         self.source = open_source(None)
         self.chunks = self.source.iter(batch_size=self.every)
         self.exhausted = False
@@ -344,7 +344,7 @@ class RankBuffer:
         if len(buf) >= batch:  # sequential sampling without replacement; pop keeps the list sorted
             pop = buf.pop
             if len(buf) >= self.window:  # positions computed for the whole block at once
-                fresh = rows = [pop(i) for i in self._picks[s % PICK_BLOCK].tolist()]
+                fresh = rows = [pop(i) for i in self._picks[s % PICK_BLOCK]]
             else:  # the bucket's oldest rows: bounds a row's age, hence resume replay
                 w, u = len(buf), self._uniforms[s % PICK_BLOCK].tolist()
                 fresh = rows = [pop(int(x * m)) for x, m in zip(u, range(w, w - batch, -1))]
@@ -394,7 +394,8 @@ class RankBuffer:
             u = g.random((PICK_BLOCK, self.batch))
             # int(x * m) of a float64 x and an int m, as numpy computes it: the same product, truncated alike
             full = (u * np.arange(self.window, self.window - self.batch, -1)).astype(np.int64)
-            self._block, self._uniforms, self._picks = block, u, full
+            # as lists: one conversion per block of steps, not one per step
+            self._block, self._uniforms, self._picks = block, u, full.tolist()
         return self._uniforms[step % PICK_BLOCK].tolist()
 
     # ------------------------------------------------------------------------------------------ state
