@@ -107,8 +107,9 @@ def floor(ds, chunk: int = 256) -> int:
 def hold(ds, chunk: int = 256, fill: int = BUFFER // 2, block: int = 1024) -> int:
     """A bare shuffle buffer of the same size as ours, without buckets: the same chunked reads, each rank's split
     read into one list of row tuples kept at ``fill`` rows (``shuffle_rows``' default), and at every step each rank's
-    batch popped at uniform positions (drawn in blocks of steps) and made row dicts; the ranks interleaved step by step
-    as ours. What holding the rows costs, without the bucketing's bookkeeping."""
+    batch taken at uniform positions (drawn in blocks of steps; a taken row's slot gets the list's last row, so no
+    list is shifted) and made row dicts; the ranks interleaved step by step as ours. What holding the rows costs,
+    without the bucketing's bookkeeping."""
     from datasets.distributed import split_dataset_by_node
 
     g = np.random.default_rng(0)
@@ -131,8 +132,13 @@ def hold(ds, chunk: int = 256, fill: int = BUFFER // 2, block: int = 1024) -> in
             if len(q) < BATCH:
                 serving.discard(r)
                 continue
-            n = len(q)
-            batch = [dict(zip(names[r], q.pop(int(x * (n - j))))) for j, x in enumerate(u[step % block][r])]
+            n, rows = len(q), []
+            for x in u[step % block][r]:
+                i, n = int(x * n), n - 1
+                rows.append(q[i])
+                q[i] = q[n]
+                del q[n]
+            batch = [dict(zip(names[r], row)) for row in rows]
             batches += len(batch) // BATCH
         step += 1
     return batches
