@@ -10,11 +10,15 @@ published proportions in random order. Two ranks, *simulated in one process* (th
   ``DataLoader`` over the stream does) and cut into batches of 8 with no bucketing (rank 0's split, then rank 1's);
 * floor (for reference): the same splits read the way BucketedStream reads them, in chunks of 256 rows
   (``split.iter(batch_size=256)``, split into row dicts), cut into batches of 8 — reading without bucketing;
-* before (for reference): ours with the previous step-by-step rank buffer (frozen in ``benchmarks/_stream_v1``),
-  the same batches, to compare the two in one process.
+* before (for reference): ours with the previous rank buffer (the one of commit 83fc72e, frozen in
+  ``benchmarks/_stream_v2``), the same batches, to compare the two in one process;
+* hold (for reference): a bare shuffle buffer of the same size, without buckets (:func:`hold`): the same chunked
+  reads, each rank holding ``shuffle_rows`` (= ``buffer_size // 2``) rows and popping its batch at random positions,
+  the ranks interleaved step by step as ours. What holding that many rows costs by itself: the part of ours over the
+  floor that no bookkeeping can remove while the rows are held as Python objects.
 
-Repeats alternate baseline, ours, floor and before (3 by default); every repeat is reported with wall time and CPU time
-per row (CPU time is what the machine's load does not change much; the machine is shared). Also measured: peak
+Repeats alternate baseline, ours, floor, before and hold (3 by default); every repeat is reported with wall time and
+CPU time per row (CPU time is what the machine's load does not change much; the machine is shared). Also measured: peak
 rows held by a rank (buffer + repeat reserve, bounded by ``buffer_size + k × batch``) and their memory, the
 state size and the time to resume mid-epoch (``load_state_dict`` + first batch).
 
@@ -37,7 +41,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _stream_v1  # noqa: E402
+import _stream_v2  # noqa: E402
 from _util import row, save_result  # noqa: E402
 from bench_sampler import novelai_ids  # noqa: E402
 
@@ -100,6 +104,46 @@ def floor(ds, chunk: int = 256) -> int:
     return batches
 
 
+def hold(ds, chunk: int = 256, fill: int = BUFFER // 2, block: int = 1024) -> int:
+    """A bare shuffle buffer of the same size as ours, without buckets: the same chunked reads, each rank's split
+    read into one list of row tuples kept at ``fill`` rows (``shuffle_rows``' default), and at every step each rank's
+    batch taken at uniform positions (drawn in blocks of steps; a taken row's slot gets the list's last row, so no
+    list is shifted) and made row dicts; the ranks interleaved step by step as ours. What holding the rows costs,
+    without the bucketing's bookkeeping."""
+    from datasets.distributed import split_dataset_by_node
+
+    g = np.random.default_rng(0)
+    its = [iter(split_dataset_by_node(ds, rank=r, world_size=WORLD).iter(batch_size=chunk)) for r in range(WORLD)]
+    held: list[list[tuple]] = [[] for _ in range(WORLD)]
+    names: list[tuple[str, ...]] = [() for _ in range(WORLD)]
+    reading, serving, batches, step = set(range(WORLD)), set(range(WORLD)), 0, 0
+    while serving:
+        if step % block == 0:  # uniforms for a block of steps, as ours draws them
+            u = g.random((block, WORLD, BATCH)).tolist()
+        for r in sorted(serving):
+            q = held[r]
+            while len(q) < fill + BATCH and r in reading:
+                cols = next(its[r], None)
+                if cols is None:
+                    reading.discard(r)
+                else:
+                    names[r] = tuple(cols)
+                    q.extend(zip(*cols.values()))
+            if len(q) < BATCH:
+                serving.discard(r)
+                continue
+            n, rows = len(q), []
+            for x in u[step % block][r]:
+                i, n = int(x * n), n - 1
+                rows.append(q[i])
+                q[i] = q[n]
+                del q[n]
+            batch = [dict(zip(names[r], row)) for row in rows]
+            batches += len(batch) // BATCH
+        step += 1
+    return batches
+
+
 def row_bytes_in_memory(ds) -> float:
     """Mean Python memory of a decoded row (the dict and its values), over the first 1,000 rows."""
     sizes = [sys.getsizeof(ex) + sum(sys.getsizeof(v) for v in ex.values()) for ex in ds.take(1000)]
@@ -127,7 +171,7 @@ def main() -> None:
         ds = load_dataset("parquet", data_files=files, split="train", streaming=True)
         size_mb = sum(Path(f).stat().st_size for f in files) / 1e6
         # (wall s, CPU s) per run of each side
-        runs: dict[str, list[tuple[float, float]]] = {"plain": [], "ours": [], "floor": [], "before": []}
+        runs: dict[str, list[tuple[float, float]]] = {"plain": [], "ours": [], "floor": [], "before": [], "hold": []}
         for _ in range(args.repeats):  # alternated, on a shared machine
             for name, times in runs.items():
                 t0, c0 = time.perf_counter(), time.process_time()
@@ -136,7 +180,9 @@ def main() -> None:
                 elif name == "ours":
                     nb_ours, stream = ours(ds, counts)
                 elif name == "before":
-                    ours(ds, counts, _stream_v1.BucketedStreamV1)
+                    ours(ds, counts, _stream_v2.BucketedStreamV2)
+                elif name == "hold":
+                    hold(ds)
                 else:
                     floor(ds)
                 times.append((time.perf_counter() - t0, time.process_time() - c0))
@@ -166,6 +212,12 @@ def main() -> None:
         return ", ".join(f"{w:.1f} s/{c / n * 1e6:.1f}" for w, c in runs[name])
 
     us = {name: med[name][1] / n * 1e6 for name in runs}
+
+    def ratios(a: str, b: str) -> str:
+        """CPU time of side ``a`` over side ``b``: the ratio of the medians, then each run's (in run order)."""
+        per = ", ".join(f"{x[1] / y[1]:.2f}×" for x, y in zip(runs[a], runs[b]))
+        return f"{med[a][1] / med[b][1]:.2f}× (per run: {per})"
+
     rows = [
         row("rows/s read, 2 ranks simulated in one process (median)", n / med["ours"][0], n / med["plain"][0],
             "rows/s", higher_is_better=True, target="within 1.3× of plain streaming (ratio ≥ 0.77)",
@@ -180,14 +232,13 @@ def main() -> None:
         row("bucketing's own cost: CPU time of ours over the floor's (median)", med["ours"][1], med["floor"][1],
             "s CPU",
             target="≤ 1.5× (issue #39)",
-            note=f"ours / floor = {med['ours'][1] / med['floor'][1]:.2f}× (per run: "
-                 + ", ".join(f"{o[1] / f[1]:.2f}×" for o, f in zip(runs["ours"], runs["floor"]))
-                 + "); the floor reads the same splits in the same chunks into row dicts and cuts batches of 8, "
-                 "without bucketing; before (the previous step-by-step rank buffer, benchmarks/_stream_v1, same "
-                 f"batches) / floor = {med['before'][1] / med['floor'][1]:.2f}× (per run: "
-                 + ", ".join(f"{o[1] / f[1]:.2f}×" for o, f in zip(runs["before"], runs["floor"]))
-                 + f"); min over runs: ours {min(c for _, c in runs['ours']):.2f} s, before "
-                 f"{min(c for _, c in runs['before']):.2f} s, floor {min(c for _, c in runs['floor']):.2f} s"),
+            note=f"ours / floor = {ratios('ours', 'floor')}; the floor reads the same splits in the same chunks "
+                 "into row dicts and cuts batches of 8, without bucketing; before (the rank buffer of commit 83fc72e, "
+                 f"benchmarks/_stream_v2, same batches) / floor = {ratios('before', 'floor')}; hold (a bare shuffle "
+                 f"buffer of shuffle_rows = {BUFFER // 2} rows per rank, no buckets, the same reads) / floor = "
+                 f"{ratios('hold', 'floor')}, ours / hold = {ratios('ours', 'hold')}; min over runs: ours "
+                 f"{min(c for _, c in runs['ours']):.2f} s, before {min(c for _, c in runs['before']):.2f} s, "
+                 f"hold {min(c for _, c in runs['hold']):.2f} s, floor {min(c for _, c in runs['floor']):.2f} s"),
         row("peak rows held by one rank (buffer + repeat reserve)", float(rep.peak_buffered), None, "rows",
             target=f"≤ buffer_size + k × batch = {bound:,}",
             note=f"≈ {rep.peak_buffered * mem_row / 1e6:.1f} MB as decoded Python rows ({mem_row:.0f} B/row; "

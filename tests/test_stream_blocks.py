@@ -1,7 +1,9 @@
-"""The block-planned RankBuffer against the step-by-step one it replaced (frozen in benchmarks/_stream_v1): the same
-batches, reports and JSON state_dicts at every step (hypothesis over bucket weights, unassigned rows, 1-3 ranks, small
-buffers that evict heavily, pick windows, fill levels, chunk sizes and pick blocks), and a state saved in the middle
-of a chunk or a pick block resumes exactly, on either buffer, to the uninterrupted run's batches."""
+"""The stream's RankBuffer against the buffers it replaced, run side by side: the step-by-step one (frozen in
+benchmarks/_stream_v1) and the block-planned one of 83fc72e (benchmarks/_stream_v2). The same batches, reports and
+JSON state_dicts at every step (hypothesis over bucket weights, unassigned rows, 1-3 ranks, small buffers that evict
+heavily, pick windows, fill levels, chunk sizes and pick blocks), a state saved in the middle of a chunk or a pick
+block resumes exactly, on either buffer, to the uninterrupted run's batches, and every state stays small: the read
+indices of the rows it holds and only the snapshots they need."""
 
 from __future__ import annotations
 
@@ -20,7 +22,9 @@ from hf_arb.sampling.streaming.stream import BucketedStream
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import _stream_v1  # noqa: E402
-from _stream_v1 import buffer as old_buffer  # noqa: E402
+import _stream_v2  # noqa: E402
+from _stream_v1 import buffer as v1_buffer  # noqa: E402
+from _stream_v2 import buffer as v2_buffer  # noqa: E402
 
 from hf_arb.sampling.streaming import buffer as new_buffer  # noqa: E402
 
@@ -39,11 +43,25 @@ def _stream(ids: np.ndarray, shards: int, batch: int, cls: type, **kw) -> Bucket
     return cls(ds, batch, counts=counts, **kw)
 
 
-OLD, NEW = _stream_v1.BucketedStreamV1, BucketedStream
+NEW = BucketedStream
+REFERENCES = {"v1": (_stream_v1.BucketedStreamV1, v1_buffer), "v2": (_stream_v2.BucketedStreamV2, v2_buffer)}
 
 
 def _keys(item) -> list[tuple[int, int]] | None:
     return None if item is None else [(int(r["key"]), int(r["bucket"])) for r in item]
+
+
+def _check_small(state: dict, stream: BucketedStream) -> None:
+    """A state holds what a resume needs and no more: per rank the read indices of the rows buffered (at most
+    ``buffer_size``) and in the repeat reserve (at most a batch per bucket), and exactly the source snapshots that
+    precede one of them or the read position (the latest at or before each)."""
+    for rank in state["ranks"].values():
+        assert len(rank["buffer"]) <= stream.buffer_size
+        reserve = [i for v in rank["reserve"].values() for i in v]
+        assert all(len(v) <= stream.batch_size for v in rank["reserve"].values())
+        keys = sorted(int(k) for k in rank["snapshots"])
+        need = [i for i, _ in rank["buffer"]] + reserve + [rank["read"]]
+        assert sorted({max(k for k in keys if k <= i) for i in need}) == keys
 
 
 def _lockstep(old: BucketedStream, new: BucketedStream, world: int, back: int) -> tuple[list, list[dict]]:
@@ -60,12 +78,14 @@ def _lockstep(old: BucketedStream, new: BucketedStream, world: int, back: int) -
             a, b = json.dumps(old.state_dict(step=k)), json.dumps(new.state_dict(step=k))
             assert a == b, f"state at step {k} after step {s}"
         states.append(json.loads(json.dumps(new.state_dict(step=s + 1))))
+        _check_small(states[-1], new)
         assert old.report() == new.report()
     for it in (it_old, it_new):
         assert next(it, "end") == "end"
     return items, states
 
 
+@pytest.mark.parametrize("reference", sorted(REFERENCES))
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow],
           phases=[Phase.explicit, Phase.reuse, Phase.generate])
 @given(weights=st.lists(st.integers(1, 20), min_size=1, max_size=6), unassigned=st.integers(0, 3),
@@ -73,13 +93,14 @@ def _lockstep(old: BucketedStream, new: BucketedStream, world: int, back: int) -
        shards=st.integers(1, 6), seed=st.integers(0, 5), window=st.integers(1, 12), every=st.sampled_from([3, 7, 32]),
        fill=st.floats(0, 1), order=st.sampled_from(["arrival", "shuffle"]), cut=st.floats(0, 1),
        block=st.sampled_from([4, 1024]))
-def test_blocks_equal_the_step_by_step_buffer(weights, unassigned, n, world, batch, buffer_mult, shards,
+def test_buffer_equals_the_buffers_it_replaced(reference, weights, unassigned, n, world, batch, buffer_mult, shards,
                                               seed, window, every, fill, order, cut, block):
     ids = _ids(weights, unassigned, n, seed)
     buffer_size = batch * buffer_mult  # small multiples: heavy eviction
     kw = dict(num_replicas=world, seed=seed, buffer_size=buffer_size, on_overflow="evict", snapshot_every=every,
               pick_window=batch * window, schedule=order, shuffle_rows=int(fill * buffer_size), history=4)
     # PICK_BLOCK 4: the steps' pick positions are planned in blocks of 4 steps (many block boundaries)
+    OLD, old_buffer = REFERENCES[reference]
     with mock.patch.object(new_buffer, "PICK_BLOCK", block), mock.patch.object(old_buffer, "PICK_BLOCK", block):
         try:
             list(_stream(ids, shards, batch, OLD, **kw))

@@ -16,7 +16,8 @@ has room for all of the chunk's rows (the common case), the decisions need no pe
 bucket short of a batch finds its next rows by bisect in per-bucket position lists made once per decisions; and the
 pick positions of a full window are computed for :data:`PICK_BLOCK` steps at once. A buffered row is its value
 tuple with its read index appended (``dict(zip(names, row))`` leaves the index out). The batches and states equal
-the step-by-step buffer's (tests/test_stream_blocks.py runs both side by side: benchmarks/_stream_v1).
+the step-by-step buffer's and those of the buffer of commit 83fc72e (tests/test_stream_blocks.py runs them side by
+side: benchmarks/_stream_v1, benchmarks/_stream_v2).
 
 Resume without pixels: the buffer's rows are re-read from the source on load. Before each chunk the source's own
 ``state_dict()`` (``datasets``' resumable ``IterableDataset``) is snapshotted, so snapshots sit every
@@ -36,6 +37,7 @@ from __future__ import annotations
 import bisect
 import collections
 from collections.abc import Callable
+from itertools import repeat
 from typing import Any
 
 import numpy as np
@@ -100,7 +102,7 @@ class RankBuffer:
         self._mine: list[list[int]] | None = None  # per bucket, its accepted rows' indices into _dec's `where`
         self._okmap = np.r_[self.scheduled > 0, False]  # bucket id (k: unassigned or unknown) -> schedulable
         self._ok = np.empty(0, dtype=bool)  # the current chunk's schedulable rows
-        self._picks = np.empty((0, batch_size), dtype=np.int64)  # a full window's pick positions (_step_uniforms)
+        self._picks: list[list[int]] = []  # a full window's pick positions per step of the block (_step_uniforms)
         self.source = open_source(None)
         self.chunks = self.source.iter(batch_size=self.every)
         self.exhausted = False
@@ -112,9 +114,9 @@ class RankBuffer:
         idx = self.c["read"]
         if idx % self.every == 0 and idx not in self.snapshots:
             self.snapshots[idx] = self.source.state_dict()
-            if len(self.snapshots) >= self._prune_at:  # amortised: prune when the count has doubled
-                self._prune()
-                self._prune_at = 2 * len(self.snapshots) + 8
+            if len(self.snapshots) >= self._prune_at:  # amortised: prune when the count has grown fourfold
+                self._prune()  # (it reads every held row's index: rarely; extra snapshots change no state)
+                self._prune_at = 4 * len(self.snapshots) + 32
         try:
             chunk = next(self.chunks)
         except StopIteration:
@@ -343,7 +345,7 @@ class RankBuffer:
         if len(buf) >= batch:  # sequential sampling without replacement; pop keeps the list sorted
             pop = buf.pop
             if len(buf) >= self.window:  # positions computed for the whole block at once
-                fresh = rows = [pop(i) for i in self._picks[s % PICK_BLOCK].tolist()]
+                fresh = rows = [pop(i) for i in self._picks[s % PICK_BLOCK]]
             else:  # the bucket's oldest rows: bounds a row's age, hence resume replay
                 w, u = len(buf), self._uniforms[s % PICK_BLOCK].tolist()
                 fresh = rows = [pop(int(x * m)) for x, m in zip(u, range(w, w - batch, -1))]
@@ -382,9 +384,8 @@ class RankBuffer:
         self.step = s + 1
         self.history.append(entry)
         self._current = None
-        names = self.names or ()
         # a row is a dict from here on (buffered: its values, then its read index, which zip leaves out)
-        return [dict(zip(names, row)) for row in rows]
+        return list(map(dict, map(zip, repeat(self.names or ()), rows)))
 
     def _step_uniforms(self, step: int) -> list[float]:
         """``batch_size`` uniforms in [0, 1) for ``step``: row ``step % PICK_BLOCK`` of its block."""
@@ -394,7 +395,8 @@ class RankBuffer:
             u = g.random((PICK_BLOCK, self.batch))
             # int(x * m) of a float64 x and an int m, as numpy computes it: the same product, truncated alike
             full = (u * np.arange(self.window, self.window - self.batch, -1)).astype(np.int64)
-            self._block, self._uniforms, self._picks = block, u, full
+            # as lists: one conversion per block of steps, not one per step
+            self._block, self._uniforms, self._picks = block, u, full.tolist()
         return self._uniforms[step % PICK_BLOCK].tolist()
 
     # ------------------------------------------------------------------------------------------ state
