@@ -79,14 +79,22 @@ def reset_accelerate() -> None:
     GradientState._reset_state()
 
 
+#: the launcher of the suite's multi-process runs: tests/_fork_launch.py, torchrun's worker environment with the
+#: imports paid once before the ranks fork (about 10 CPU-s less per rank); real torchrun where the launcher is the
+#: subject (``real=True``, the signal tests, the docs' commands)
+FORK_LAUNCH = Path(__file__).with_name("_fork_launch.py")
+
+
 def torchrun(script_path: Path, args: list[str], nproc: int, timeout: int = 300,
-             cwd: Path = ROOT) -> subprocess.CompletedProcess:
-    """``torchrun --nproc_per_node nproc script_path *args`` on CPU (gloo); retried on a fresh port if another
-    process took the chosen one meanwhile; fails the test with the log tail."""
+             cwd: Path = ROOT, real: bool = False) -> subprocess.CompletedProcess:
+    """``torchrun --nproc_per_node nproc script_path *args`` on CPU (gloo), through :data:`FORK_LAUNCH` unless
+    ``real``; retried on a fresh port if another process took the chosen one meanwhile; fails the test with the log
+    tail."""
     env = {**os.environ, "ACCELERATE_USE_CPU": "1", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",
            "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(ROOT)}
     for _attempt in range(3):
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
+        launcher = ["-m", "torch.distributed.run"] if real else [str(FORK_LAUNCH)]
+        cmd = [sys.executable, *launcher, "--nproc_per_node", str(nproc),
                "--master_addr", "127.0.0.1", "--master_port", str(_free_port()), str(script_path), *args]
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=cwd)
         if proc.returncode == 0 or "address already in use" not in (proc.stdout + proc.stderr).lower():

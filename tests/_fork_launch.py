@@ -1,0 +1,124 @@
+"""A ``torchrun --nproc_per_node N`` stand-in for the suite's multi-process runs: import once, fork the ranks.
+
+``python tests/_fork_launch.py --nproc_per_node N --master_addr A --master_port P script.py [args...]``
+
+torchrun starts each rank as a fresh interpreter, and each pays the imports of torch, diffusers, transformers,
+accelerate, datasets and peft again: about 10 CPU-s per process on a 2-core test machine, most of a tiny run's cost
+(measured 2026-11-27: a 4-step tiny SD run took 15 CPU-s, 12 of them imports). This launcher imports that stack
+once (no tensor op runs here, so no thread pool exists to be copied), then ``os.fork()``s one child per rank with the
+environment torchrun gives its workers (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``,
+``GROUP_RANK``, ``ROLE_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``, ``TORCHELASTIC_RUN_ID``, ...: the env:// contract of
+``torch.distributed.init_process_group``, which accelerate reads), and runs the script in it as ``__main__`` with
+``sys.argv`` and ``sys.path[0]`` as ``python script.py`` sets them. The ranks are real processes with their own gloo
+process group; what differs from torchrun is only that their imports were paid once, before the fork.
+
+Like torchrun: the children write to this process's stdout/stderr; when a rank fails, the others are stopped
+(SIGTERM, then SIGKILL after 10 s) and the launcher exits 1 naming it; a signal to the launcher is passed on.
+
+Not used where the launcher itself is the subject: the docs' commands run ``torchrun`` as written
+(tests/test_doc_snippets.py), and the signal tests (tests/test_signals.py) send signals through a real torchrun.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import runpy
+import signal
+import sys
+import traceback
+import uuid
+
+#: imported before the fork: what every rank of the suite's scripts imports anyway (the costly part of start-up)
+PRELOAD = ("torch", "torch.distributed", "numpy", "pyarrow", "accelerate", "datasets", "transformers", "peft",
+           "diffusers", "diffusers.models.unets", "diffusers.models.autoencoders", "diffusers.models.transformers",
+           "diffusers.optimization", "hf_arb")
+
+
+def _run_rank(script: str, args: list[str], env: dict[str, str]) -> int:
+    os.environ.update(env)
+    sys.argv = [script, *args]
+    sys.path[0] = os.path.dirname(os.path.abspath(script))  # as `python script.py` sets it
+    for stream in (sys.stdout, sys.stderr):  # torchrun starts its workers with `python -u`
+        stream.reconfigure(line_buffering=True)
+    for s in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(s, signal.SIG_DFL if s == signal.SIGTERM else signal.default_int_handler)
+    try:
+        runpy.run_path(script, run_name="__main__")
+        return 0
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except BaseException:  # noqa: BLE001 - a rank's uncaught error: printed as the interpreter would, exit 1
+        traceback.print_exc()
+        return 1
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--nproc_per_node", type=int, required=True)
+    p.add_argument("--master_addr", default="127.0.0.1")
+    p.add_argument("--master_port", type=int, required=True)
+    p.add_argument("--preload", default=",".join(PRELOAD), help="modules to import before the fork (comma-separated)")
+    p.add_argument("script")
+    p.add_argument("args", nargs=argparse.REMAINDER)
+    a = p.parse_args()
+    os.environ.setdefault("OMP_NUM_THREADS", "1")  # torchrun's default for its workers, before torch loads
+    for name in filter(None, a.preload.split(",")):
+        importlib.import_module(name)
+    n, run_id = a.nproc_per_node, uuid.uuid4().hex
+    children: dict[int, int] = {}  # pid -> rank
+    for rank in range(n):
+        env = {"RANK": str(rank), "LOCAL_RANK": str(rank), "GROUP_RANK": "0", "ROLE_RANK": str(rank),
+               "ROLE_NAME": "default", "WORLD_SIZE": str(n), "LOCAL_WORLD_SIZE": str(n), "GROUP_WORLD_SIZE": "1",
+               "ROLE_WORLD_SIZE": str(n), "MASTER_ADDR": a.master_addr, "MASTER_PORT": str(a.master_port),
+               "TORCHELASTIC_RUN_ID": run_id, "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "0"}
+        pid = os.fork()
+        if pid == 0:
+            code = _run_rank(a.script, a.args, env)
+            os._exit(code)
+        children[pid] = rank
+
+    def forward(signum, _frame):  # a signal to the launcher reaches every rank, as torchrun passes it on
+        for pid in children:
+            try:
+                os.kill(pid, signum)
+            except ProcessLookupError:
+                pass
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    failed: list[tuple[int, int]] = []
+    while children:
+        pid, status = os.wait()
+        rank = children.pop(pid)
+        code = os.waitstatus_to_exitcode(status)
+        if code != 0 and not failed:
+            failed.append((rank, code))
+            print(f"_fork_launch: rank {rank} exited with {code}; stopping the other ranks", file=sys.stderr,
+                  flush=True)
+            _stop(children)
+    if failed:
+        return 1
+    return 0
+
+
+def _stop(children: dict[int, int]) -> None:
+    """SIGTERM to the ranks still running; SIGKILL to those left 10 s later (the wait loop reaps them)."""
+    def kill(signum: int) -> None:
+        for pid in children:
+            try:
+                os.kill(pid, signum)
+            except ProcessLookupError:
+                pass
+
+    kill(signal.SIGTERM)
+    signal.signal(signal.SIGALRM, lambda *_: kill(signal.SIGKILL))
+    signal.alarm(10)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
