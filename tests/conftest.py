@@ -28,7 +28,7 @@ The stock-diffusers checks ("the output loads and generates without hf_arb") sen
 interpreter per test process where ``import hf_arb`` fails (tests/_stock.py ``run_job``; ``stock_generate`` in
 tests/_family_runs.py for model-card snippets) rather than starting a fresh interpreter (~5 s of imports) each.
 
-Scheduling (``pytest -n 2 --dist loadgroup``)
+Scheduling (``pytest -n 3 --dist loadgroup``, ``make test``)
 ---------------------------------------------
 xdist hands out work units (an ``xdist_group``, or one test) in collection order. The hooks below put the
 longest units first, so both workers start on the multi-process runs and the short tests fill in at the end:

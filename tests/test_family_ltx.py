@@ -12,6 +12,7 @@ losses; a 2-process full fine-tune in the shared batch (tests/_train_fixtures.py
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -22,6 +23,7 @@ import test_train
 import torch
 from _stock import job_result
 from _train_fixtures import GROUP, LTX_CLIP, batch_result, mixed_clip_folder
+from test_card_code import trained_sizes
 
 import train_text_to_image_arb as script
 from hf_arb.families import detect_family, detect_flow_family, get_family
@@ -399,7 +401,9 @@ def test_the_script_trains_an_ltx_lora_on_clips_and_stills_and_from_caches_to_th
     card = (Path(run["dir"]) / "README.md").read_text()
     assert "64x96x9" in card and "96x64x1" in card  # the buckets
     assert "--frame_sampling random" in card and "windows of each bucket's frame count" in card  # the frame plan
-    assert "height=96, width=64, num_frames=9" in card and 'export_to_video(frames, "video.mp4", fps=24)' in card
+    h, w, f = map(int, re.search(r"height=(\d+), width=(\d+), num_frames=(\d+)", card).groups())
+    assert f == 9 and (w, h) in trained_sizes(run["log"])  # a clip bucket with rows (not the table's 2:3 one)
+    assert 'export_to_video(frames, "video.mp4", fps=24)' in card
     assert 'pipe.load_lora_weights("' in card  # LTXPipeline's own LoRA loader
     fly, cached = trace, read_trace(Path(ltx_runs["cached"]["dir"]), 0)
     assert ltx_runs["cached"]["stats"]["latents_encoded"] >= 6
