@@ -20,9 +20,10 @@ cluster). Example: ``ddp_runs`` (test_train.py), ``sd_lora`` (test_train_lora.py
 
 The 2-process runs that tests only read (SD3/Flux, packing, SDXL LoRA, streaming, broken images under DDP) go
 further: ``ddp_batch`` (below) runs them all in one torchrun launch, since a launch costs each process ~7 s of
-imports and a tiny run ~1 s (tests/_train_fixtures.py). Add a run there rather than launching torchrun per test. Every such launch goes through tests/_fork_launch.py (``test_train.torchrun``): torchrun's
-worker environment, with the imports paid once before the ranks fork; real torchrun only where the launcher is the
-subject (the docs' commands, the signal tests).
+imports and a tiny run ~1 s (tests/_train_fixtures.py). Add a run there rather than launching torchrun per test.
+Every such launch goes through tests/_fork_launch.py (``test_train.torchrun``): torchrun's worker environment, with
+the imports paid once before the ranks fork; real torchrun only where the launcher is the subject (the docs'
+commands, the signal tests).
 
 The stock-diffusers checks ("the output loads and generates without hf_arb") send their code to one persistent
 interpreter per test process where ``import hf_arb`` fails (tests/_stock.py ``run_job``; ``stock_generate`` in
