@@ -29,10 +29,10 @@ sys.exit(int(sys.argv[3]) if rank == "1" else 0)
 def _launch(launcher: list[str], tmp: Path, code: int = 0) -> subprocess.CompletedProcess:
     script = tmp / "show_env.py"
     script.write_text(SCRIPT)
-    from test_train import _free_port
+    from test_train import free_port
 
     return subprocess.run([sys.executable, *launcher, "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-                           "--master_port", str(_free_port()), str(script), str(tmp), json.dumps(sorted(os.environ)),
+                           "--master_port", str(free_port()), str(script), str(tmp), json.dumps(sorted(os.environ)),
                            str(code)], capture_output=True, text=True, timeout=120, env={**os.environ})
 
 

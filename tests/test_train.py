@@ -47,7 +47,7 @@ def assets(train_assets: dict[str, str]) -> dict[str, str]:
     return train_assets
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -95,7 +95,7 @@ def torchrun(script_path: Path, args: list[str], nproc: int, timeout: int = 300,
     for _attempt in range(3):
         launcher = ["-m", "torch.distributed.run"] if real else [str(FORK_LAUNCH)]
         cmd = [sys.executable, *launcher, "--nproc_per_node", str(nproc),
-               "--master_addr", "127.0.0.1", "--master_port", str(_free_port()), str(script_path), *args]
+               "--master_addr", "127.0.0.1", "--master_port", str(free_port()), str(script_path), *args]
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=cwd)
         if proc.returncode == 0 or "address already in use" not in (proc.stdout + proc.stderr).lower():
             break
