@@ -1,5 +1,5 @@
-"""The stream's RankBuffer against the buffers it replaced, run side by side: the step-by-step one (frozen in
-benchmarks/_stream_v1) and the block-planned one of 83fc72e (benchmarks/_stream_v2). The same batches, reports and
+"""The stream's RankBuffer against the one it replaced, run side by side: the block-planned buffer of 83fc72e
+(benchmarks/_stream_v2, itself checked here against the step-by-step buffer before it). The same batches, reports and
 JSON state_dicts at every step (hypothesis over bucket weights, unassigned rows, 1-3 ranks, small buffers that evict
 heavily, pick windows, fill levels, chunk sizes and pick blocks), a state saved in the middle of a chunk or a pick
 block resumes exactly, on either buffer, to the uninterrupted run's batches, and every state stays small: the read
@@ -21,9 +21,7 @@ from hypothesis import strategies as st
 from hf_arb.sampling.streaming.stream import BucketedStream
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import _stream_v1  # noqa: E402
 import _stream_v2  # noqa: E402
-from _stream_v1 import buffer as v1_buffer  # noqa: E402
 from _stream_v2 import buffer as v2_buffer  # noqa: E402
 
 from hf_arb.sampling.streaming import buffer as new_buffer  # noqa: E402
@@ -44,7 +42,7 @@ def _stream(ids: np.ndarray, shards: int, batch: int, cls: type, **kw) -> Bucket
 
 
 NEW = BucketedStream
-REFERENCES = {"v1": (_stream_v1.BucketedStreamV1, v1_buffer), "v2": (_stream_v2.BucketedStreamV2, v2_buffer)}
+REFERENCES = {"v2": (_stream_v2.BucketedStreamV2, v2_buffer)}
 
 
 def _keys(item) -> list[tuple[int, int]] | None:

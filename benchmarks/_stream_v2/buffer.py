@@ -16,7 +16,7 @@ has room for all of the chunk's rows (the common case), the decisions need no pe
 bucket short of a batch finds its next rows by bisect in per-bucket position lists made once per decisions; and the
 pick positions of a full window are computed for :data:`PICK_BLOCK` steps at once. A buffered row is its value
 tuple with its read index appended (``dict(zip(names, row))`` leaves the index out). The batches and states equal
-the step-by-step buffer's (tests/test_stream_blocks.py runs both side by side: benchmarks/_stream_v1).
+the step-by-step buffer's (checked side by side until this buffer replaced it as the reference).
 
 Resume without pixels: the buffer's rows are re-read from the source on load. Before each chunk the source's own
 ``state_dict()`` (``datasets``' resumable ``IterableDataset``) is snapshotted, so snapshots sit every

@@ -16,8 +16,8 @@ has room for all of the chunk's rows (the common case), the decisions need no pe
 bucket short of a batch finds its next rows by bisect in per-bucket position lists made once per decisions; and the
 pick positions of a full window are computed for :data:`PICK_BLOCK` steps at once. A buffered row is its value
 tuple with its read index appended (``dict(zip(names, row))`` leaves the index out). The batches and states equal
-the step-by-step buffer's and those of the buffer of commit 83fc72e (tests/test_stream_blocks.py runs them side by
-side: benchmarks/_stream_v1, benchmarks/_stream_v2).
+those of the buffer of commit 83fc72e (tests/test_stream_blocks.py runs them side by side: benchmarks/_stream_v2),
+whose equal the step-by-step buffer before it was.
 
 Resume without pixels: the buffer's rows are re-read from the source on load. Before each chunk the source's own
 ``state_dict()`` (``datasets``' resumable ``IterableDataset``) is snapshotted, so snapshots sit every
