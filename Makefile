@@ -16,7 +16,8 @@ help:
 	@echo "make demo   - annotate, train tiny SD and Flux pipelines on 2 processes, write pictures (offline); its own"
 	@echo "             light install (torch, the project and its demo extra: no ray, spark, JRE or Chromium)"
 	@echo "make bench  - run every benchmark side by side with its baseline, write docs/benchmarks.md"
-	@echo "make bench-gpu - on a CUDA machine: full-size models, data loading and the CUDA smoke run (benchmarks/bench_gpu.py)"
+	@echo "make bench-gpu - on a CUDA machine: full-size models, data loading and the CUDA smoke run (benchmarks/bench_gpu.py),"
+	@echo "             Wan 2.1 1.3B's step per (W, H, F) bucket against fixed-size clips (benchmarks/bench_gpu_video.py)"
 	@echo "make docs   - build the documentation site into site/ (offline, strict: a broken link fails)"
 	@echo "             (the venv has the ray and spark extras; a JRE and Chromium, for the report's browser test, are"
 	@echo "             installed from the OS packages if missing)"
@@ -74,6 +75,7 @@ bench: venv
 # network); the results go to benchmarks/results/gpu/<card>.json and, through make bench, docs/benchmarks.md
 bench-gpu: venv
 	$(PY) benchmarks/bench_gpu.py
+	$(PY) benchmarks/bench_gpu_video.py
 
 docs: venv
 	$(PY) -m mkdocs build --strict -d site

@@ -104,6 +104,15 @@ def render() -> str:
         parts.append(markdown(gpu))
         parts.append(f"\nReproduce: `make bench-gpu` (`python benchmarks/bench_gpu.py`; measured {gpu.get('date')}, "
                      f"file benchmarks/results/gpu/{path.name}).\n")
+    for path in sorted((RESULTS / "gpu_video").glob("*.json")):  # bench_gpu_video.py's results, one file per card
+        from bench_gpu_video import markdown as video_markdown
+
+        gpu = json.loads(path.read_text())
+        parts.append(f"\n## Wan 2.1 1.3B on a GPU: (W, H, F) buckets against fixed-size clips, "
+                     f"{gpu['environment'].get('gpu', path.stem)}\n")
+        parts.append(video_markdown(gpu))
+        parts.append(f"\nReproduce: `{gpu['command']}` (measured {gpu.get('date')}, "
+                     f"file benchmarks/results/gpu_video/{path.name}).\n")
     return "\n".join(parts)
 
 

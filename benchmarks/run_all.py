@@ -23,7 +23,7 @@ def main() -> int:
                    help="small sizes (seconds each); figures then are not the documented ones")
     p.add_argument("--only", default="", help="comma-separated benchmark names (bench_<name>.py)")
     args = p.parse_args()
-    scripts = [s for s in sorted(HERE.glob("bench_*.py")) if s.name != "bench_gpu.py"]  # make bench-gpu, on a GPU
+    scripts = [s for s in sorted(HERE.glob("bench_*.py")) if not s.name.startswith("bench_gpu")]  # make bench-gpu
     if args.only:
         wanted = {n.strip() for n in args.only.split(",")}
         scripts = [s for s in scripts if s.stem.removeprefix("bench_") in wanted]
