@@ -506,21 +506,29 @@ def run_loader(opts: argparse.Namespace, tmp: Path, gpu_rates: dict[str, float])
 # ---------------------------------------------------------------------------------------------------- smoke
 
 
+#: each family's tiny pipeline builder in :mod:`hf_arb.testing` (``module.function``, keyword arguments);
+#: tests/test_bench_gpu.py checks that it covers every family
+TINY_BUILDERS: dict[str, tuple[str, dict[str, Any]]] = {
+    "sd": ("tiny.save_tiny_sd", {}), "sdxl": ("tiny.save_tiny_sdxl", {}),
+    "sd3": ("tiny_flow.save_tiny_sd3", {}), "flux": ("tiny_flow.save_tiny_flux", {}),
+    "flux-kontext": ("tiny_flow.save_tiny_flux_kontext", {}), "flux2": ("tiny_flux2.save_tiny_flux2", {}),
+    "flux2_klein": ("tiny_flux2.save_tiny_flux2", {"klein": True}),
+    "qwenimage": ("tiny_qwen.save_tiny_qwenimage", {}),
+    "qwenimage-edit": ("tiny_qwen.save_tiny_qwenimage_edit", {}),
+    "qwenimage-edit-plus": ("tiny_qwen.save_tiny_qwenimage_edit", {"plus": True}),
+    "zimage": ("tiny_zimage.save_tiny_zimage", {}), "wan": ("tiny_wan.save_tiny_wan", {}),
+    "ltx": ("tiny_ltx.save_tiny_ltx", {}),
+    "hunyuan_video15": ("tiny_hunyuan_video.save_tiny_hunyuan_video", {}),
+}
+
+
 def tiny_models(root: Path, families: list[str]) -> dict[str, str]:
     """Every wanted family's tiny pipeline, built offline."""
     import importlib
 
-    builders = {"sd": ("tiny.save_tiny_sd", {}), "sdxl": ("tiny.save_tiny_sdxl", {}),
-                "sd3": ("tiny_flow.save_tiny_sd3", {}), "flux": ("tiny_flow.save_tiny_flux", {}),
-                "flux-kontext": ("tiny_flow.save_tiny_flux_kontext", {}), "flux2": ("tiny_flux2.save_tiny_flux2", {}),
-                "flux2_klein": ("tiny_flux2.save_tiny_flux2", {"klein": True}),
-                "qwenimage": ("tiny_qwen.save_tiny_qwenimage", {}),
-                "qwenimage-edit": ("tiny_qwen.save_tiny_qwenimage_edit", {}),
-                "qwenimage-edit-plus": ("tiny_qwen.save_tiny_qwenimage_edit", {"plus": True}),
-                "zimage": ("tiny_zimage.save_tiny_zimage", {})}
     out = {}
     for name in families:
-        path, kwargs = builders[name]
+        path, kwargs = TINY_BUILDERS[name]
         module, fn = path.split(".")
         out[name] = getattr(importlib.import_module(f"hf_arb.testing.{module}"), fn)(root / name, **kwargs)
     return out
@@ -543,9 +551,40 @@ def edit_pairs(images: str, root: Path) -> str:
     return str(out)
 
 
-def smoke_argv(family: str, model: str, images: str, pairs: str) -> list[str]:
-    """A 3-step LoRA run of one family (checkpoint at 2), the tests' tiny settings."""
+def clip_folder(images: str, root: Path) -> str:
+    """A mixed folder of clips and stills, as the video families train on: 4 MP4 clips of 13 frames and 4 WebM clips
+    of 9 (64x48, a window panning across the tiny image folder's largest photo crop) and 4 PNG stills."""
+    import numpy as np
+    from PIL import Image
+
+    from hf_arb.testing.clips import panning_frames, write_clip
+
+    pictures = [Image.open(p).convert("RGB") for p in sorted(Path(images).glob("*.png"))]
+    source = max(pictures, key=lambda im: im.width * im.height).resize((160, 120), Image.Resampling.BICUBIC)
+    frames = panning_frames(np.asarray(source), 17)  # (17, 48, 64, 3)
+    folder = root / "clips"
+    folder.mkdir(parents=True, exist_ok=True)
+    for i in range(4):
+        write_clip(folder / f"pan{i}.mp4", frames[i:i + 13])
+        write_clip(folder / f"pan{i}.webm", frames[i:i + 9], suffix=".webm")
+        Image.fromarray(frames[4 * i]).save(folder / f"still{i}.png")
+    return str(folder)
+
+
+def video_flags(family: Any) -> list[str]:
+    """A video family's clip flags: (W, H, F) buckets at sides of 32 (every video family's spatial multiple divides
+    it), stills and the clips' frame counts under the family's frame rule (``1, step + 1, 2 step + 1`` up to 9)."""
+    step = family.frame_rule().step
+    frames = sorted({f for f in (1, step + 1, 2 * step + 1) if f <= 9})
+    return ["--video_column", "video", "--bucket_preset", "budget", "--resolution", "80", "--bucket_step", "32",
+            "--frames", ",".join(map(str, frames)), "--instance_prompt", "a slow pan"]
+
+
+def smoke_argv(family: str, model: str, images: str, pairs: str, clips: str | None = None) -> list[str]:
+    """A 3-step LoRA run of one family (checkpoint at 2), the tests' tiny settings; a video family trains on
+    ``clips`` (:func:`clip_folder`)."""
     from hf_arb.families import get_family
+    from hf_arb.families.video_family import VideoFamily
 
     tokens = "48" if family.startswith("flux2") else "16"
     argv = ["--pretrained_model_name_or_path", model, "--resolution", "64", "--bucket_step", "16",
@@ -554,6 +593,10 @@ def smoke_argv(family: str, model: str, images: str, pairs: str) -> list[str]:
             "--gradient_checkpointing", "--allow_tf32", "--cache_latents", "--dataloader_num_workers", "2"]
     if get_family(family).objective == "flow":
         argv += ["--max_sequence_length", tokens]
+    if isinstance(get_family(family), VideoFamily):  # clips and stills in (W, H, F) buckets
+        resolution = argv.index("--resolution")
+        argv = argv[:resolution] + argv[resolution + 4:]  # video_flags' own resolution and step
+        return [*argv, "--train_data_dir", clips or "", *video_flags(get_family(family))]
     if get_family(family).image_argument:  # an edit model: before/after pairs
         return [*argv, "--dataset_name", pairs, "--reference_image_column", "before", "--bucket_leftover", "fill"]
     return [*argv, "--train_data_dir", images]
@@ -642,17 +685,19 @@ def without_quant_flags(argv: list[str]) -> list[str]:
 
 def run_smoke(opts: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     """The smoke cases of every family (see the module docstring), ``opts.jobs`` runs at a time."""
-    from hf_arb.families import family_names
+    from hf_arb.families import family_names, get_family
+    from hf_arb.families.video_family import VideoFamily
     from hf_arb.testing.tiny import save_tiny_imagefolder
 
     families = opts.families.split(",") if opts.families else list(reversed(family_names()))
     models = tiny_models(tmp / "tiny", families)
     images = save_tiny_imagefolder(tmp / "images")
     pairs = edit_pairs(images, tmp)
+    clips = clip_folder(images, tmp) if any(isinstance(get_family(f), VideoFamily) for f in families) else None
     device = opts.device
     cases: list[dict[str, Any]] = []
     for family in families:
-        base = smoke_argv(family, models[family], images, pairs)
+        base = smoke_argv(family, models[family], images, pairs, clips)
         mixed = [("bf16", base)] if device == "cuda" else [("fp32", base)]  # (CPU bf16 autocast: minutes)
         if device == "cuda":
             mixed.append(("fp16", base))
