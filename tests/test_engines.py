@@ -351,60 +351,6 @@ def test_cli_engine_ray_on_image_bytes(ray_cluster, images_parquet: Path, tmp_pa
     _check_cli("ray", images_parquet, tmp_path, capsys)
 
 
-# ----------------------------------------------------------------------------------- Spark
-@pytest.mark.slow
-@pytest.mark.xdist_group("engines")  # one worker: the clusters start once and never compete
-def test_spark_equals_datasets_map_on_20k_rows(spark, sizes_parquet: Path, sizes_reference: datasets.Dataset,
-                                               tmp_path: Path) -> None:
-    from hf_arb.annotate.engines import spark as hf_spark
-
-    df = spark.read.parquet(str(sizes_parquet))
-    out = hf_spark.add_bucket_columns(df, BUCKETS, width_column="WIDTH", height_column="HEIGHT", **OPTS).cache()
-    hf_spark.write_parquet(out, str(tmp_path / "out"), BUCKETS)
-    assert not (tmp_path / "out" / "_temporary").exists()
-    _check_round_trip(tmp_path / "out", sizes_reference)
-    from pyspark.sql import functions as F
-
-    ids = F.col("id")  # a clip set's columns, as _clip_values computes them
-    null, image = ids % 50 == 0, ids % 10 == 3
-    clip = out.select(
-        "bucket", "aspect_error", "skip_reason", F.lit(None).cast("int").alias("frame_start"),
-        F.when(null, None).when(image, 1).otherwise(ids * 7919 % 397 + 1).alias("original_frames"),
-        F.when(null, None).when(image, 0.0).when(ids % 101 == 0, float("nan"))
-        .otherwise(ids * 104729 % 100003 / F.lit(977.0)).alias("original_fps"))
-    # the summary of the same job, read as a clip set's: counts and skips as before, and the frames / fps histograms
-    # (12 ranges, summed from the partitions' rows per value) equal to the datasets path's
-    got = hf_spark.summarize(clip, BUCKETS_F)
-    want = _clip_view_summary(sizes_reference)
-    _assert_summary_equal(got, want)
-    _assert_histograms_equal(got, want)
-    out.unpersist()
-
-
-@pytest.mark.slow
-@pytest.mark.xdist_group("engines")  # one worker: the clusters start once and never compete
-def test_spark_equals_datasets_map_on_image_bytes(spark, images_parquet: Path, tmp_path: Path) -> None:
-    from hf_arb.annotate.engines import spark as hf_spark
-
-    want = _reference(images_parquet)
-    df = spark.read.parquet(str(images_parquet))
-    out = hf_spark.add_bucket_columns(df, BUCKETS, **OPTS)
-    features = datasets.Features.from_arrow_schema(pq.read_schema(images_parquet))
-    hf_spark.write_parquet(out, str(tmp_path / "out"), BUCKETS, features=features)
-    loaded = datasets.load_dataset("parquet", data_dir=str(tmp_path / "out"), split="train")
-    _assert_rows_equal(loaded, want)
-    assert isinstance(loaded.features["image"], datasets.Image)
-    assert BucketSet.from_dataset(loaded) == BUCKETS
-    _assert_summary_equal(hf_spark.summarize(out, BUCKETS), summarize_annotation(want, BUCKETS))
-
-
-@pytest.mark.slow
-@pytest.mark.xdist_group("engines")  # one worker: the clusters start once and never compete
-def test_cli_engine_spark_on_image_bytes(spark, images_parquet: Path, tmp_path: Path,
-                                         capsys: pytest.CaptureFixture[str]) -> None:
-    _check_cli("spark", images_parquet, tmp_path, capsys)
-
-
 def _check_cli(engine: str, images_parquet: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """``hf-arb annotate --engine`` (the API underneath, with the source's features) on image bytes."""
     from hf_arb.cli.app import main
@@ -507,21 +453,6 @@ def test_ray_reference_columns_equal_datasets_map(ray_cluster, pairs_parquet: Pa
     _check_edit_cli("ray", pairs_parquet, tmp_path, capsys)
 
 
-@pytest.mark.slow
-@pytest.mark.xdist_group("engines")  # one worker: the clusters start once and never compete
-def test_spark_reference_columns_equal_datasets_map(spark, pairs_parquet: Path, tmp_path: Path,
-                                                    capsys: pytest.CaptureFixture[str]) -> None:
-    from hf_arb.annotate.engines import spark as hf_spark
-
-    features = datasets.Features.from_arrow_schema(pq.read_schema(pairs_parquet))
-    refs = dict(reference_columns=["before"], reference_policy="strict")
-    out = hf_spark.add_bucket_columns(spark.read.parquet(str(pairs_parquet)), EDIT_TARGET, **refs).cache()
-    hf_spark.write_parquet(out, str(tmp_path / "strict"), EDIT_TARGET, features=features, **refs)
-    _check_edit_output(tmp_path / "strict", pairs_parquet, "strict", hf_spark.summarize(out, EDIT_TARGET))
-    out.unpersist()
-    _check_edit_cli("spark", pairs_parquet, tmp_path, capsys)
-
-
 def _check_edit_cli(engine: str, path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """``hf-arb annotate --engine E --reference-column before --reference-policy own``, and ``hf-arb stats`` of
     its output prints the datasets path's rows per composite bucket."""
@@ -607,6 +538,77 @@ def test_cli_engine_ray_on_clip_bytes(ray_cluster, clips_parquet: Path, tmp_path
     assert len(hists) == 2 and all(line in printed.splitlines() for line in hists)  # the frames and fps histograms
     _assert_clip_rows_equal(datasets.load_dataset("parquet", data_dir=str(out), split="train"), want)
     assert buckets_from_card(out / "README.md") == CLIPS
+
+
+# ----------------------------------------------------------------------------------- Spark
+# After every Ray test (here and in test_encoded.py, collected earlier): tests/conftest.py stops each cluster after
+# its last test, so the Ray daemons and Spark's JVM never idle through the other engine's tests.
+@pytest.mark.slow
+@pytest.mark.xdist_group("engines")  # one worker: the clusters start once and never compete
+def test_spark_equals_datasets_map_on_20k_rows(spark, sizes_parquet: Path, sizes_reference: datasets.Dataset,
+                                               tmp_path: Path) -> None:
+    from hf_arb.annotate.engines import spark as hf_spark
+
+    df = spark.read.parquet(str(sizes_parquet))
+    out = hf_spark.add_bucket_columns(df, BUCKETS, width_column="WIDTH", height_column="HEIGHT", **OPTS).cache()
+    hf_spark.write_parquet(out, str(tmp_path / "out"), BUCKETS)
+    assert not (tmp_path / "out" / "_temporary").exists()
+    _check_round_trip(tmp_path / "out", sizes_reference)
+    from pyspark.sql import functions as F
+
+    ids = F.col("id")  # a clip set's columns, as _clip_values computes them
+    null, image = ids % 50 == 0, ids % 10 == 3
+    clip = out.select(
+        "bucket", "aspect_error", "skip_reason", F.lit(None).cast("int").alias("frame_start"),
+        F.when(null, None).when(image, 1).otherwise(ids * 7919 % 397 + 1).alias("original_frames"),
+        F.when(null, None).when(image, 0.0).when(ids % 101 == 0, float("nan"))
+        .otherwise(ids * 104729 % 100003 / F.lit(977.0)).alias("original_fps"))
+    # the summary of the same job, read as a clip set's: counts and skips as before, and the frames / fps histograms
+    # (12 ranges, summed from the partitions' rows per value) equal to the datasets path's
+    got = hf_spark.summarize(clip, BUCKETS_F)
+    want = _clip_view_summary(sizes_reference)
+    _assert_summary_equal(got, want)
+    _assert_histograms_equal(got, want)
+    out.unpersist()
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("engines")  # one worker: the clusters start once and never compete
+def test_spark_equals_datasets_map_on_image_bytes(spark, images_parquet: Path, tmp_path: Path) -> None:
+    from hf_arb.annotate.engines import spark as hf_spark
+
+    want = _reference(images_parquet)
+    df = spark.read.parquet(str(images_parquet))
+    out = hf_spark.add_bucket_columns(df, BUCKETS, **OPTS)
+    features = datasets.Features.from_arrow_schema(pq.read_schema(images_parquet))
+    hf_spark.write_parquet(out, str(tmp_path / "out"), BUCKETS, features=features)
+    loaded = datasets.load_dataset("parquet", data_dir=str(tmp_path / "out"), split="train")
+    _assert_rows_equal(loaded, want)
+    assert isinstance(loaded.features["image"], datasets.Image)
+    assert BucketSet.from_dataset(loaded) == BUCKETS
+    _assert_summary_equal(hf_spark.summarize(out, BUCKETS), summarize_annotation(want, BUCKETS))
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("engines")  # one worker: the clusters start once and never compete
+def test_cli_engine_spark_on_image_bytes(spark, images_parquet: Path, tmp_path: Path,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    _check_cli("spark", images_parquet, tmp_path, capsys)
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("engines")  # one worker: the clusters start once and never compete
+def test_spark_reference_columns_equal_datasets_map(spark, pairs_parquet: Path, tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    from hf_arb.annotate.engines import spark as hf_spark
+
+    features = datasets.Features.from_arrow_schema(pq.read_schema(pairs_parquet))
+    refs = dict(reference_columns=["before"], reference_policy="strict")
+    out = hf_spark.add_bucket_columns(spark.read.parquet(str(pairs_parquet)), EDIT_TARGET, **refs).cache()
+    hf_spark.write_parquet(out, str(tmp_path / "strict"), EDIT_TARGET, features=features, **refs)
+    _check_edit_output(tmp_path / "strict", pairs_parquet, "strict", hf_spark.summarize(out, EDIT_TARGET))
+    out.unpersist()
+    _check_edit_cli("spark", pairs_parquet, tmp_path, capsys)
 
 
 @pytest.mark.slow
