@@ -174,7 +174,14 @@ def ray_cluster(request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
     """One local Ray cluster (``num_cpus=2``) for every test of this process that asks for it (test_engines.py,
     test_encoded.py: one xdist group), stopped after the last of them."""
     ray = pytest.importorskip("ray")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    # Two knobs that keep the Ray tests from starting dozens of worker processes (~2.5-6 CPU-s of imports each; one
+    # test file started ~50, measured 2026-11-27): ray.data.read_parquet's footer reader starts a pool of actors per
+    # read (RAY_DATA_PARQUET_FOOTER_NUM_ACTORS, the env override ray.data documents there; default 32, each a
+    # process; one footer per test file here), and raylet killed idle task workers after 1 s, so every test re-started
+    # them (kill_idle_workers_interval_ms 0: the pool of num_cpus workers stays warm until ray.shutdown).
+    os.environ["RAY_DATA_PARQUET_FOOTER_NUM_ACTORS"] = "1"
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False,
+             _system_config={"kill_idle_workers_interval_ms": 0})
     ctx = ray.data.DataContext.get_current()
     ctx.enable_progress_bars = False
     # One hash-shuffle aggregator actor per groupby (the engine's summary) instead of Ray's default of 2 per CPU:

@@ -19,6 +19,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from _photos import PHOTOS, encode, photo
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from hf_arb import BucketBatchSampler, BucketSet, add_bucket_columns
 from hf_arb.annotate.arrow_batch import (
@@ -125,6 +127,35 @@ def _check_round_trip(folder: Path, want: datasets.Dataset) -> None:
     assert batches and all(len(set(ids[b].tolist())) == 1 and ids[b[0]] >= 0 for b in batches)
 
 
+#: BUCKETS with a frame axis of 1: the same bucket ids, summarised as a clip set's (frames and fps histograms)
+BUCKETS_F = BucketSet([(w, h, 1) for w, h in BUCKETS.resolutions.tolist()]).replace(max_aspect_error=0.12)
+
+
+def _clip_values(ids: np.ndarray) -> tuple[pa.Array, pa.Array]:
+    """``original_frames`` and ``original_fps`` as a function of ``id`` (the Spark test writes the same as Spark
+    expressions): hundreds of frame counts and rates (12 ranges each), images (1 frame at fps 0), nulls and NaN."""
+    frames = (ids * 7919) % 397 + 1
+    fps = ((ids * 104729) % 100003) / 977.0
+    image = ids % 10 == 3
+    frames, fps = np.where(image, 1, frames), np.where(image, 0.0, np.where(ids % 101 == 0, np.nan, fps))
+    null = ids % 50 == 0
+    return pa.array(frames, pa.int64(), mask=null), pa.array(fps, pa.float64(), mask=null)
+
+
+def _clip_view_summary(reference: datasets.Dataset):  # type: ignore[no-untyped-def]
+    """The datasets path's summary of the 20k rows read as a clip set (BUCKETS_F, :func:`_clip_values`)."""
+    t = reference.with_format("arrow")[:]
+    want = summarize_columns(t.column("bucket"), t.column("aspect_error"), t.column("skip_reason"), BUCKETS_F,
+                             clips=_clip_values(t.column("id").to_numpy()))
+    assert len(want.frames_histogram) == len(want.fps_histogram) == 12  # ranges, not distinct values
+    return want
+
+
+def _assert_histograms_equal(got, want) -> None:  # type: ignore[no-untyped-def]
+    assert want.frames_histogram and want.fps_histogram
+    assert got.frames_histogram == want.frames_histogram and got.fps_histogram == want.fps_histogram
+
+
 # ----------------------------------------------------------------------------------- pure, no cluster
 def test_arrow_batch_keeps_type_metadata_and_matches_the_core() -> None:
     t = _sizes_table(3000, seed=3)
@@ -217,6 +248,69 @@ def test_summary_from_groups_counts_slide_windows_as_the_column_summary() -> Non
                                    clips=g.column("clips_sum")).slide is None
 
 
+def _clip_value_columns(n: int, rng: np.random.Generator, distinct: int) -> tuple[pa.Array, pa.Array]:
+    """``original_frames`` (int32) and ``original_fps`` (float32, as the annotation writes them) for ``n`` rows:
+    ``distinct`` frame counts and rates (NTSC's 29.97..., VFR averages with many decimals), images (1 frame at fps 0),
+    nulls (unreadable rows) and NaN."""
+    frames = rng.choice(rng.integers(2, 2000, distinct), n).astype(np.int32)
+    fps = rng.choice(np.r_[30000 / 1001, 24000 / 1001, rng.random(max(distinct - 2, 0)) * 120], n).astype(np.float32)
+    image = rng.random(n) < 0.1
+    frames[image], fps[image] = 1, 0.0
+    fps[rng.random(n) < 0.01] = np.nan
+    null = rng.random(n) < 0.05
+    return pa.array(frames, mask=null), pa.array(fps, mask=null)
+
+
+@given(seed=st.integers(0, 2**32 - 1), distinct=st.sampled_from([1, 5, 12, 13, 40, 400]),
+       chunk=st.integers(97, 700))
+@settings(max_examples=15, deadline=None)
+def test_histogram_partials_add_up_to_the_datasets_histograms(seed: int, distinct: int, chunk: int) -> None:
+    """The engines' frames / fps histograms: rows per value summed over any split into batches (each batch's
+    ``summary_partials``, then the engines' groupby) give the datasets path's ``value_histogram`` bars, distinct values
+    (<= 12) or 12 ranges alike; an image set's summary shows none."""
+    from hf_arb.annotate.summary import value_histogram
+
+    rng = np.random.default_rng(seed)
+    n = 1500
+    frames, fps = _clip_value_columns(n, rng, distinct)
+    ids = rng.integers(-1, len(CLIPS), n)
+    t = pa.table({"bucket": pa.array(ids, pa.int32()),
+                  "aspect_error": pa.array(np.where(ids >= 0, rng.random(n) * 0.1, np.nan), from_pandas=True),
+                  "skip_reason": pa.array([None if i >= 0 else "unreadable: x" for i in ids.tolist()], pa.string()),
+                  "original_frames": frames, "original_fps": fps})
+    want = summarize_columns(t.column("bucket"), t.column("aspect_error"), t.column("skip_reason"), CLIPS,
+                             clips=(frames, fps))
+    assert want.frames_histogram == value_histogram(frames, integer=True) and want.fps_histogram
+    parts = pa.concat_tables([summary_partials(b) for b in t.to_batches(max_chunksize=chunk)])
+    g = parts.group_by(["bucket", "skip_reason", "error_bin"]).aggregate(
+        [("count", "sum"), ("error_sum", "sum"), ("error_max", "max")])
+    cols = [g.column(c).to_pylist() for c in ("bucket", "skip_reason", "error_bin", "count_sum", "error_sum_sum",
+                                              "error_max_max")]
+    got = summary_from_groups(*cols, CLIPS)
+    assert got.frames_histogram == want.frames_histogram and got.fps_histogram == want.fps_histogram
+    assert str(got).splitlines()[-2:] == str(want).splitlines()[-2:]  # "rows per frames (...)", "rows per fps (...)"
+    _assert_summary_equal(got, want)  # the histogram rows are not counted as rows or skips
+    assert summary_from_groups(*cols, BUCKETS).frames_histogram == ()  # an image set: none
+
+
+@given(values=st.lists(st.one_of(st.none(), st.integers(0, 10**6)), max_size=300))
+@settings(max_examples=100, deadline=None)
+def test_value_histogram_of_integers_is_numpys(values: list[int | None]) -> None:
+    """The frames histogram, now drawn from rows per value, is the one numpy draws from the values themselves."""
+    from hf_arb.annotate.summary import value_histogram
+
+    v = np.asarray([x for x in values if x is not None], dtype=np.float64)
+    uniq, counts = np.unique(v, return_counts=True)
+    if uniq.size <= 12:
+        want = tuple((str(int(u)), int(c)) for u, c in zip(uniq.tolist(), counts.tolist()))
+    else:
+        counts, edges = np.histogram(v, bins=12)
+        lo, hi = np.ceil(edges[:-1]), np.floor(edges[1:]) - np.r_[np.ones(11), 0]
+        want = tuple((f"{int(a)}-{int(b)}", int(c)) for a, b, c in zip(lo.tolist(), np.maximum(lo, hi).tolist(),
+                                                                       counts.tolist()))
+    assert value_histogram(pa.array(values, pa.int64()), integer=True) == want
+
+
 # ----------------------------------------------------------------------------------- Ray
 @pytest.mark.slow
 @pytest.mark.xdist_group("engines")  # one worker: the clusters start once and never compete
@@ -229,7 +323,24 @@ def test_ray_equals_datasets_map_on_20k_rows(ray_cluster, sizes_parquet: Path, s
     out = out.materialize()
     out.write_parquet(str(tmp_path / "out"))
     _check_round_trip(tmp_path / "out", sizes_reference)
-    _assert_summary_equal(hf_ray.summarize(out, BUCKETS), summarize_annotation(sizes_reference, BUCKETS))
+
+    def clip_columns(batch: pa.Table) -> pa.Table:  # a clip set's columns, computed as _clip_values does
+        ids = batch.column("id").to_numpy()
+        frames = (ids * 7919) % 397 + 1
+        fps = ((ids * 104729) % 100003) / 977.0
+        image = ids % 10 == 3
+        frames, fps = np.where(image, 1, frames), np.where(image, 0.0, np.where(ids % 101 == 0, np.nan, fps))
+        null = ids % 50 == 0
+        return (batch.append_column("original_frames", pa.array(frames, pa.int64(), mask=null))
+                .append_column("original_fps", pa.array(fps, pa.float64(), mask=null))
+                .append_column("frame_start", pa.nulls(batch.num_rows, pa.int32())))
+
+    # the summary of the same job, read as a clip set's: counts and skips as before, and the frames / fps histograms
+    # (12 ranges, summed from the blocks' rows per value) equal to the datasets path's
+    got = hf_ray.summarize(out.map_batches(clip_columns, batch_format="pyarrow"), BUCKETS_F)
+    want = _clip_view_summary(sizes_reference)
+    _assert_summary_equal(got, want)
+    _assert_histograms_equal(got, want)
 
 
 @pytest.mark.slow
@@ -238,46 +349,6 @@ def test_cli_engine_ray_on_image_bytes(ray_cluster, images_parquet: Path, tmp_pa
                                        capsys: pytest.CaptureFixture[str]) -> None:
     """Ray's image-bytes equality with datasets, through the CLI (which reuses the running cluster)."""
     _check_cli("ray", images_parquet, tmp_path, capsys)
-
-
-# ----------------------------------------------------------------------------------- Spark
-@pytest.mark.slow
-@pytest.mark.xdist_group("engines")  # one worker: the clusters start once and never compete
-def test_spark_equals_datasets_map_on_20k_rows(spark, sizes_parquet: Path, sizes_reference: datasets.Dataset,
-                                               tmp_path: Path) -> None:
-    from hf_arb.annotate.engines import spark as hf_spark
-
-    df = spark.read.parquet(str(sizes_parquet))
-    out = hf_spark.add_bucket_columns(df, BUCKETS, width_column="WIDTH", height_column="HEIGHT", **OPTS).cache()
-    hf_spark.write_parquet(out, str(tmp_path / "out"), BUCKETS)
-    assert not (tmp_path / "out" / "_temporary").exists()
-    _check_round_trip(tmp_path / "out", sizes_reference)
-    _assert_summary_equal(hf_spark.summarize(out, BUCKETS), summarize_annotation(sizes_reference, BUCKETS))
-    out.unpersist()
-
-
-@pytest.mark.slow
-@pytest.mark.xdist_group("engines")  # one worker: the clusters start once and never compete
-def test_spark_equals_datasets_map_on_image_bytes(spark, images_parquet: Path, tmp_path: Path) -> None:
-    from hf_arb.annotate.engines import spark as hf_spark
-
-    want = _reference(images_parquet)
-    df = spark.read.parquet(str(images_parquet))
-    out = hf_spark.add_bucket_columns(df, BUCKETS, **OPTS)
-    features = datasets.Features.from_arrow_schema(pq.read_schema(images_parquet))
-    hf_spark.write_parquet(out, str(tmp_path / "out"), BUCKETS, features=features)
-    loaded = datasets.load_dataset("parquet", data_dir=str(tmp_path / "out"), split="train")
-    _assert_rows_equal(loaded, want)
-    assert isinstance(loaded.features["image"], datasets.Image)
-    assert BucketSet.from_dataset(loaded) == BUCKETS
-    _assert_summary_equal(hf_spark.summarize(out, BUCKETS), summarize_annotation(want, BUCKETS))
-
-
-@pytest.mark.slow
-@pytest.mark.xdist_group("engines")  # one worker: the clusters start once and never compete
-def test_cli_engine_spark_on_image_bytes(spark, images_parquet: Path, tmp_path: Path,
-                                         capsys: pytest.CaptureFixture[str]) -> None:
-    _check_cli("spark", images_parquet, tmp_path, capsys)
 
 
 def _check_cli(engine: str, images_parquet: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -382,21 +453,6 @@ def test_ray_reference_columns_equal_datasets_map(ray_cluster, pairs_parquet: Pa
     _check_edit_cli("ray", pairs_parquet, tmp_path, capsys)
 
 
-@pytest.mark.slow
-@pytest.mark.xdist_group("engines")  # one worker: the clusters start once and never compete
-def test_spark_reference_columns_equal_datasets_map(spark, pairs_parquet: Path, tmp_path: Path,
-                                                    capsys: pytest.CaptureFixture[str]) -> None:
-    from hf_arb.annotate.engines import spark as hf_spark
-
-    features = datasets.Features.from_arrow_schema(pq.read_schema(pairs_parquet))
-    refs = dict(reference_columns=["before"], reference_policy="strict")
-    out = hf_spark.add_bucket_columns(spark.read.parquet(str(pairs_parquet)), EDIT_TARGET, **refs).cache()
-    hf_spark.write_parquet(out, str(tmp_path / "strict"), EDIT_TARGET, features=features, **refs)
-    _check_edit_output(tmp_path / "strict", pairs_parquet, "strict", hf_spark.summarize(out, EDIT_TARGET))
-    out.unpersist()
-    _check_edit_cli("spark", pairs_parquet, tmp_path, capsys)
-
-
 def _check_edit_cli(engine: str, path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """``hf-arb annotate --engine E --reference-column before --reference-policy own``, and ``hf-arb stats`` of
     its output prints the datasets path's rows per composite bucket."""
@@ -478,8 +534,81 @@ def test_cli_engine_ray_on_clip_bytes(ray_cluster, clips_parquet: Path, tmp_path
     assert "unreadable 2" in printed
     assert str(want_summary).splitlines()[:2] == [  # rows, then "slide: 3 clips -> 5 rows (2 added by windows)"
         line for line in printed.splitlines() if line.startswith(("rows: ", "slide: "))]
+    hists = [line for line in str(want_summary).splitlines() if line.startswith("rows per f")]
+    assert len(hists) == 2 and all(line in printed.splitlines() for line in hists)  # the frames and fps histograms
     _assert_clip_rows_equal(datasets.load_dataset("parquet", data_dir=str(out), split="train"), want)
     assert buckets_from_card(out / "README.md") == CLIPS
+
+
+# ----------------------------------------------------------------------------------- Spark
+# After every Ray test (here and in test_encoded.py, collected earlier): tests/conftest.py stops each cluster after
+# its last test, so the Ray daemons and Spark's JVM never idle through the other engine's tests.
+@pytest.mark.slow
+@pytest.mark.xdist_group("engines")  # one worker: the clusters start once and never compete
+def test_spark_equals_datasets_map_on_20k_rows(spark, sizes_parquet: Path, sizes_reference: datasets.Dataset,
+                                               tmp_path: Path) -> None:
+    from hf_arb.annotate.engines import spark as hf_spark
+
+    df = spark.read.parquet(str(sizes_parquet))
+    out = hf_spark.add_bucket_columns(df, BUCKETS, width_column="WIDTH", height_column="HEIGHT", **OPTS).cache()
+    hf_spark.write_parquet(out, str(tmp_path / "out"), BUCKETS)
+    assert not (tmp_path / "out" / "_temporary").exists()
+    _check_round_trip(tmp_path / "out", sizes_reference)
+    from pyspark.sql import functions as F
+
+    ids = F.col("id")  # a clip set's columns, as _clip_values computes them
+    null, image = ids % 50 == 0, ids % 10 == 3
+    clip = out.select(
+        "bucket", "aspect_error", "skip_reason", F.lit(None).cast("int").alias("frame_start"),
+        F.when(null, None).when(image, 1).otherwise(ids * 7919 % 397 + 1).alias("original_frames"),
+        F.when(null, None).when(image, 0.0).when(ids % 101 == 0, float("nan"))
+        .otherwise(ids * 104729 % 100003 / F.lit(977.0)).alias("original_fps"))
+    # the summary of the same job, read as a clip set's: counts and skips as before, and the frames / fps histograms
+    # (12 ranges, summed from the partitions' rows per value) equal to the datasets path's
+    got = hf_spark.summarize(clip, BUCKETS_F)
+    want = _clip_view_summary(sizes_reference)
+    _assert_summary_equal(got, want)
+    _assert_histograms_equal(got, want)
+    out.unpersist()
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("engines")  # one worker: the clusters start once and never compete
+def test_spark_equals_datasets_map_on_image_bytes(spark, images_parquet: Path, tmp_path: Path) -> None:
+    from hf_arb.annotate.engines import spark as hf_spark
+
+    want = _reference(images_parquet)
+    df = spark.read.parquet(str(images_parquet))
+    out = hf_spark.add_bucket_columns(df, BUCKETS, **OPTS)
+    features = datasets.Features.from_arrow_schema(pq.read_schema(images_parquet))
+    hf_spark.write_parquet(out, str(tmp_path / "out"), BUCKETS, features=features)
+    loaded = datasets.load_dataset("parquet", data_dir=str(tmp_path / "out"), split="train")
+    _assert_rows_equal(loaded, want)
+    assert isinstance(loaded.features["image"], datasets.Image)
+    assert BucketSet.from_dataset(loaded) == BUCKETS
+    _assert_summary_equal(hf_spark.summarize(out, BUCKETS), summarize_annotation(want, BUCKETS))
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("engines")  # one worker: the clusters start once and never compete
+def test_cli_engine_spark_on_image_bytes(spark, images_parquet: Path, tmp_path: Path,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    _check_cli("spark", images_parquet, tmp_path, capsys)
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("engines")  # one worker: the clusters start once and never compete
+def test_spark_reference_columns_equal_datasets_map(spark, pairs_parquet: Path, tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    from hf_arb.annotate.engines import spark as hf_spark
+
+    features = datasets.Features.from_arrow_schema(pq.read_schema(pairs_parquet))
+    refs = dict(reference_columns=["before"], reference_policy="strict")
+    out = hf_spark.add_bucket_columns(spark.read.parquet(str(pairs_parquet)), EDIT_TARGET, **refs).cache()
+    hf_spark.write_parquet(out, str(tmp_path / "strict"), EDIT_TARGET, features=features, **refs)
+    _check_edit_output(tmp_path / "strict", pairs_parquet, "strict", hf_spark.summarize(out, EDIT_TARGET))
+    out.unpersist()
+    _check_edit_cli("spark", pairs_parquet, tmp_path, capsys)
 
 
 @pytest.mark.slow
@@ -529,6 +658,7 @@ def test_spark_slide_windows_equal_datasets_map(spark, clips_parquet: Path, tmp_
     assert got.slide == want_summary.slide == (3, 5)
     assert str(got).splitlines()[:2] == str(want_summary).splitlines()[:2]  # rows, then the slide line
     _assert_summary_equal(got, want_summary)
+    _assert_histograms_equal(got, want_summary)  # rows (windows) per frame count and rate, the datasets path's
     capsys.readouterr()
     assert main(["annotate", str(clips_parquet), "--engine", "spark", "--output-dir", str(tmp_path / "cli"),
                  "--aspect-ratio-buckets", "48,64;64,48", "--frames", "1,5,9", "--metric", "log",

@@ -39,6 +39,10 @@ ANNOTATION_COLUMNS = (*BUCKET_COLUMNS, *CLIP_BUCKET_COLUMNS)
 
 #: Width of the aspect-error histogram bins used for the engine summary's median (the median is exact to this).
 ERROR_BIN = 2.0 ** -14
+#: ``bucket`` of the engine summary's histogram rows (:func:`summary_partials`): rows per ``original_frames`` and per
+#: ``original_fps`` value, keyed in ``error_bin`` by :func:`hf_arb.annotate.summary.value_keys`. Below every bucket id
+#: and ``-1`` (skipped), so the engines' one ``groupby`` on the three keys merges them with the rest.
+FRAMES_ROW, FPS_ROW = -2, -3
 
 
 @functools.lru_cache(maxsize=16)
@@ -349,7 +353,10 @@ def summary_partials(batch: pa.RecordBatch | pa.Table) -> pa.Table:
         ``windows`` and ``clips`` (int64: rows with a ``frame_start`` and those at 0, the ``slide`` windows and the
         clips they came from, as :func:`~hf_arb.annotate.clips.slide_counts_of` counts them; 0 without the column).
         Summing ``count``/``error_sum``/``windows``/``clips`` and maxing ``error_max`` over equal keys merges
-        partials exactly.
+        partials exactly. Where the batch has a clip set's ``original_frames`` and ``original_fps``, one more row
+        per distinct value of each: ``bucket`` :data:`FRAMES_ROW` / :data:`FPS_ROW`, ``error_bin`` the value's key
+        (:func:`~hf_arb.annotate.summary.value_keys`), ``count`` its rows: the histograms' partial counts, which add up
+        over batches because the bars are drawn only from the summed counts.
     """
     t = _table(batch)
     _need(t, ("bucket", "aspect_error", "skip_reason"))
@@ -368,10 +375,27 @@ def summary_partials(batch: pa.RecordBatch | pa.Table) -> pa.Table:
     })
     g = keys.group_by(["bucket", "skip_reason", "error_bin"]).aggregate(
         [([], "count_all"), ("aspect_error", "sum"), ("aspect_error", "max"), ("window", "sum"), ("clip", "sum")])
-    return pa.table({"bucket": g.column("bucket"), "skip_reason": g.column("skip_reason"),
-                     "error_bin": g.column("error_bin"), "count": g.column("count_all"),
-                     "error_sum": g.column("aspect_error_sum"), "error_max": g.column("aspect_error_max"),
-                     "windows": g.column("window_sum"), "clips": g.column("clip_sum")})
+    out = pa.table({"bucket": g.column("bucket"), "skip_reason": g.column("skip_reason"),
+                    "error_bin": g.column("error_bin"), "count": g.column("count_all"),
+                    "error_sum": g.column("aspect_error_sum"), "error_max": g.column("aspect_error_max"),
+                    "windows": g.column("window_sum"), "clips": g.column("clip_sum")})
+    if "original_frames" not in t.column_names or "original_fps" not in t.column_names:
+        return out
+    from .summary import value_keys
+
+    hist = [_histogram_rows(row, value_keys(t.column(c)), out.schema)
+            for row, c in ((FRAMES_ROW, "original_frames"), (FPS_ROW, "original_fps"))]
+    return pa.concat_tables([out, *hist])
+
+
+def _histogram_rows(row: int, keys: np.ndarray, schema: pa.Schema) -> pa.Table:
+    """One :func:`summary_partials` row per distinct key: ``bucket`` ``row``, ``error_bin`` the key, ``count``."""
+    uk, n = np.unique(keys, return_counts=True)  # (u,)
+    zeros = pa.array(np.zeros(uk.size, np.int64))
+    return pa.table({"bucket": pa.array(np.full(uk.size, row, np.int32)), "skip_reason": pa.array([""] * uk.size),
+                     "error_bin": pa.array(uk, pa.int64()), "count": pa.array(n.astype(np.int64)),
+                     "error_sum": pa.nulls(uk.size, pa.float64()), "error_max": pa.nulls(uk.size, pa.float64()),
+                     "windows": zeros, "clips": zeros}, schema=schema)
 
 
 def summary_from_groups(bucket: Any, skip_reason: Any, error_bin: Any, count: Any, error_sum: Any, error_max: Any,
@@ -384,6 +408,8 @@ def summary_from_groups(bucket: Any, skip_reason: Any, error_bin: Any, count: An
         buckets: the BucketSet the ids refer to.
         windows, clips: ``slide`` windows and clips per group (:func:`summary_partials`' sums; None: not counted):
             the summary's ``slide``, ``(clips, windows)``, where any row has a window.
+        A clip set's groups with ``bucket`` :data:`FRAMES_ROW` / :data:`FPS_ROW` give the frames and fps histograms
+        (:func:`~hf_arb.annotate.summary.histogram_from_counts`), exactly the datasets path's.
 
     Returns:
         The summary. Counts, skip reasons, mean and max are exact; the median is read from the ``ERROR_BIN``-wide
@@ -400,6 +426,13 @@ def summary_from_groups(bucket: Any, skip_reason: Any, error_bin: Any, count: An
     n = np.asarray(count, dtype=np.int64)
     s = _floats(error_sum)  # (g,)
     m = _floats(error_max)
+    hists = _histograms(ids, bins, n) if buckets.has_frames else {}
+    rest = ids >= -1  # the histogram rows set aside
+    if not rest.all():
+        ids, bins, n, s, m = ids[rest], bins[rest], n[rest], s[rest], m[rest]
+        reasons = [r for r, keep in zip(reasons, rest.tolist()) if keep]
+        windows = None if windows is None else np.asarray(windows, dtype=np.int64)[rest]
+        clips = None if clips is None else np.asarray(clips, dtype=np.int64)[rest]
     if ids.size and ids.max(initial=-1) >= len(buckets):
         raise ValueError(f"Bucket id {int(ids.max())} is out of range for a BucketSet of {len(buckets)} buckets; "
                          "the data was annotated with a different BucketSet.")
@@ -431,7 +464,16 @@ def summary_from_groups(bucket: Any, skip_reason: Any, error_bin: Any, count: An
     rows = int(n.sum())
     assignment = AssignmentSummary(rows, int(n[skipped].sum()), counts, mean, median, emax,
                                    resolutions=np.asarray(buckets.resolutions))
-    return AnnotationSummary(rows, by_reason, assignment, tuple(examples), slide=_slide(windows, clips))
+    return AnnotationSummary(rows, by_reason, assignment, tuple(examples), slide=_slide(windows, clips), **hists)
+
+
+def _histograms(ids: np.ndarray, keys: np.ndarray, n: np.ndarray) -> dict[str, Any]:
+    """A clip set's ``frames_histogram`` and ``fps_histogram`` from the grouped :data:`FRAMES_ROW` / :data:`FPS_ROW`
+    rows (empty where there are none, as the datasets path's for a clip set without values)."""
+    from .summary import histogram_from_counts
+
+    return {name: histogram_from_counts(keys[ids == row], n[ids == row], integer=row == FRAMES_ROW)
+            for name, row in (("frames_histogram", FRAMES_ROW), ("fps_histogram", FPS_ROW))}
 
 
 def _slide(windows: Any, clips: Any) -> tuple[int, int] | None:

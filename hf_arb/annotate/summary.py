@@ -35,25 +35,54 @@ EXAMPLE_REASONS = ("unreadable", "truncated", "undecodable", "too_few_frames")
 HIST_BINS = 12
 
 
-def value_histogram(values: Any, *, integer: bool, bins: int = HIST_BINS) -> tuple[tuple[str, int], ...]:
-    """``(label, rows)`` per bar of a histogram of ``values`` (nulls and NaN left out), ascending: one bar per
-    distinct value when there are at most ``bins`` of them (``"81"``, ``"29.97"``), else ``bins`` equal ranges
-    (``"17-32"``). Vectorised; empty for no value."""
+#: a histogram value's key: the value in thousandths, ``rint(v * HIST_SCALE)`` (numpy's ``round(v, 3)`` before its
+#: division), the grain the bars show. Rows per key add up over batches: the engines' partial sums (ray, spark).
+HIST_SCALE = 1000
+#: keys at or beyond this magnitude (values beyond ~4.6e15) are left out with NaN and nulls: they would overflow int64
+_KEY_LIMIT = 2.0 ** 62
+
+
+def value_keys(values: Any) -> np.ndarray:
+    """Int64 keys, shape ``(m,)``, of the finite ``values`` (nulls and NaN left out): ``rint(v * HIST_SCALE)``."""
     v = pc.cast(_chunked(values), pa.float64()).to_numpy(zero_copy_only=False)  # (n,) NaN for null
-    v = v[np.isfinite(v)]
-    if v.size == 0:
+    y = np.rint(v * HIST_SCALE)
+    return y[np.abs(y) < _KEY_LIMIT].astype(np.int64)  # NaN / inf compare False: left out
+
+
+def histogram_from_counts(keys: Any, counts: Any, *, integer: bool,
+                          bins: int = HIST_BINS) -> tuple[tuple[str, int], ...]:
+    """:func:`value_histogram` from rows per key (:func:`value_keys`): ``keys`` and ``counts`` of shape ``(g,)``, a key
+    may repeat (partials of several batches are summed). The bars depend only on the summed counts, so any grouping of
+    the rows gives the same histogram."""
+    k = np.asarray(keys, dtype=np.int64)  # (g,)
+    c = np.asarray(counts, dtype=np.int64)
+    uk, inverse = np.unique(k, return_inverse=True)
+    n = np.bincount(inverse, weights=c, minlength=uk.size).astype(np.int64)  # (u,) rows per distinct key
+    keep = n > 0
+    uk, n = uk[keep], n[keep]
+    if uk.size == 0:
         return ()
+    uniq = uk / HIST_SCALE  # (u,) == numpy.round(v, 3), the bars' values
     fmt = (lambda x: f"{int(round(x))}") if integer else (lambda x: f"{x:.3g}")
-    uniq, counts = np.unique(np.round(v, 3), return_counts=True)
     if uniq.size <= bins:
-        return tuple((fmt(u), int(c)) for u, c in zip(uniq.tolist(), counts.tolist()))
-    counts, edges = np.histogram(v, bins=bins)
+        return tuple((fmt(u), int(m)) for u, m in zip(uniq.tolist(), n.tolist()))
+    weighted, edges = np.histogram(uniq, bins=bins, weights=n)
     if integer:
         lo, hi = np.ceil(edges[:-1]), np.floor(edges[1:]) - np.r_[np.ones(bins - 1), 0]
         labels = [f"{int(a)}-{int(b)}" for a, b in zip(lo.tolist(), np.maximum(lo, hi).tolist())]
     else:
         labels = [f"{a:.3g}-{b:.3g}" for a, b in zip(edges[:-1].tolist(), edges[1:].tolist())]
-    return tuple((lab, int(c)) for lab, c in zip(labels, counts.tolist()))
+    return tuple((lab, int(m)) for lab, m in zip(labels, np.rint(weighted).astype(np.int64).tolist()))
+
+
+def value_histogram(values: Any, *, integer: bool, bins: int = HIST_BINS) -> tuple[tuple[str, int], ...]:
+    """``(label, rows)`` per bar of a histogram of ``values`` (nulls and NaN left out), ascending: one bar per
+    distinct value (to 3 decimals) when there are at most ``bins`` of them (``"81"``, ``"29.97"``), else ``bins``
+    equal ranges between the smallest and largest such value (``"17-32"``), each counting the values that round into
+    it. Vectorised; empty for no value. Built from rows per value (:func:`histogram_from_counts`), which is what lets
+    Ray and Spark, which only see partial counts, give the same bars."""
+    keys, counts = np.unique(value_keys(values), return_counts=True)
+    return histogram_from_counts(keys, counts, integer=integer, bins=bins)
 
 
 @dataclass(frozen=True)

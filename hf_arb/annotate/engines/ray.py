@@ -91,12 +91,15 @@ def summarize(ds: Any, buckets: BucketSet, *, num_partitions: int = 8) -> Annota
     merges the partials over ``num_partitions`` reducers, and only the merged groups (one per bucket and error bin, one
     per distinct skip reason) reach the driver. Everything is exact but the median, which is within
     ``hf_arb.annotate.arrow_batch.ERROR_BIN`` (see :func:`~hf_arb.annotate.arrow_batch.summary_from_groups`).
-    A clip set's ``frame_start`` is summed in the same pass: a ``slide`` annotation's clips and windows (``slide``).
+    A clip set's ``frame_start`` is summed in the same pass: a ``slide`` annotation's clips and windows (``slide``);
+    and its rows per ``original_frames`` / ``original_fps`` value, the frames and fps histograms, equal to the
+    datasets path's (bars drawn from the summed counts, :func:`~hf_arb.annotate.summary.histogram_from_counts`).
     """
     _require_ray()
     from ray.data.aggregate import Max, Sum
 
-    columns = ["bucket", "aspect_error", "skip_reason"] + (["frame_start"] if buckets.has_frames else [])
+    clip = ["frame_start", "original_frames", "original_fps"] if buckets.has_frames else []
+    columns = ["bucket", "aspect_error", "skip_reason"] + clip
     partials = ds.select_columns(columns).map_batches(
         summary_partials, batch_format="pyarrow", batch_size=None, zero_copy_batch=True)
     grouped = partials.groupby(["bucket", "skip_reason", "error_bin"], num_partitions=num_partitions).aggregate(

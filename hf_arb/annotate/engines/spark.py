@@ -30,12 +30,15 @@ import pyarrow as pa
 
 from hf_arb.annotate.arrow_batch import (
     ERROR_BIN,
+    FPS_ROW,
+    FRAMES_ROW,
     BatchAnnotator,
     added_features_json,
     arrow_metadata,
     summary_from_groups,
 )
 from hf_arb.annotate.map import AnnotationSummary
+from hf_arb.annotate.summary import HIST_SCALE
 from hf_arb.buckets.references import check_policy, check_reference_columns, reference_arrow_fields
 from hf_arb.buckets.schema import BUCKET_COLUMNS, CLIP_BUCKET_COLUMNS
 from hf_arb.buckets.sets import BucketSet
@@ -128,19 +131,25 @@ def summarize(df: Any, buckets: BucketSet) -> AnnotationSummary:
 
     Runs as native Spark expressions (no Python workers); only the grouped rows reach the driver. Everything is
     exact but the median, which is within ``hf_arb.annotate.arrow_batch.ERROR_BIN``. A clip set's ``frame_start`` is
-    summed in the same pass: a ``slide`` annotation's clips and windows (``slide``).
+    summed in the same pass: a ``slide`` annotation's clips and windows (``slide``); and its rows per
+    ``original_frames`` / ``original_fps`` value (a union into the same ``groupBy``), the frames and fps histograms,
+    equal to the datasets path's (bars drawn from the summed counts).
     """
     from pyspark.sql import functions as F
 
     err = F.col("aspect_error").cast("double")
     bucket = F.coalesce(F.col("bucket"), F.lit(-1))
     kept = (bucket >= 0) & err.isNotNull() & ~F.isnan(err)
-    grouped = df.select(
+    rows = df.select(
         bucket.alias("bucket"), F.coalesce(F.col("skip_reason"), F.lit("")).alias("skip_reason"),
         F.when(kept, F.floor(err / F.lit(ERROR_BIN))).otherwise(F.lit(-1)).cast("long").alias("error_bin"),
         F.when(kept, err).alias("aspect_error"),
         *([F.col("frame_start")] if buckets.has_frames else []),
-    ).groupBy("bucket", "skip_reason", "error_bin").agg(
+    )
+    if buckets.has_frames:  # rows per frames / fps value, into the same groupBy
+        for row, name in ((FRAMES_ROW, "original_frames"), (FPS_ROW, "original_fps")):
+            rows = rows.unionByName(_histogram_rows(F, df, row, name))
+    grouped = rows.groupBy("bucket", "skip_reason", "error_bin").agg(
         F.count(F.lit(1)).alias("count"), F.sum("aspect_error").alias("error_sum"),
         F.max("aspect_error").alias("error_max"),
         # a slide window: any frame_start; a clip: its first window (hf_arb.annotate.clips.slide_counts_of)
@@ -152,6 +161,16 @@ def summarize(df: Any, buckets: BucketSet) -> AnnotationSummary:
                                t.column("error_bin").to_numpy(), t.column("count").to_numpy(),
                                t.column("error_sum").to_pylist(), t.column("error_max").to_pylist(), buckets,
                                **slide)
+
+
+def _histogram_rows(F: Any, df: Any, row: int, name: str) -> Any:
+    """The rows of ``df`` as histogram rows of ``name`` (:func:`~hf_arb.annotate.arrow_batch.summary_partials`'
+    ``bucket`` ``row``, ``error_bin`` the value's key ``rint(v * HIST_SCALE)``, as
+    :func:`~hf_arb.annotate.summary.value_keys` computes it in numpy), nulls, NaN and out-of-range keys left out."""
+    key = F.rint(F.col(name).cast("double") * F.lit(float(HIST_SCALE)))
+    return df.where(key.isNotNull() & ~F.isnan(key) & (F.abs(key) < F.lit(2.0 ** 62))).select(
+        F.lit(row).alias("bucket"), F.lit("").alias("skip_reason"), key.cast("long").alias("error_bin"),
+        F.lit(None).cast("double").alias("aspect_error"), F.lit(None).cast("int").alias("frame_start"))
 
 
 # ----------------------------------------------------------------------------------- parquet with metadata
