@@ -43,10 +43,10 @@ import tempfile
 import time
 from pathlib import Path
 
+import _fork_launch
+
 #: imported before the fork: tests/_fork_launch.py's list plus the training script's own modules
-PRELOAD = ("torch", "torch.distributed", "numpy", "pyarrow", "accelerate", "datasets", "transformers", "peft",
-           "diffusers", "diffusers.models.unets", "diffusers.models.autoencoders", "diffusers.models.transformers",
-           "diffusers.optimization", "hf_arb", "hf_arb.train.models", "hf_arb.train.outputs", "hf_arb.train.progress",
+PRELOAD = (*_fork_launch.PRELOAD, "hf_arb.train.models", "hf_arb.train.outputs", "hf_arb.train.progress",
            "hf_arb.train.sources", "hf_arb.train.flags.args", "hf_arb.train.signals", "safetensors.torch")
 #: variables that differ between requests of one test process and that no library reads at import
 NOT_READ_AT_IMPORT = frozenset({"PYTEST_CURRENT_TEST"})
