@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+import _zygote as zygote
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -174,12 +175,17 @@ def test_bad_argument_fails_fast_with_one_line(extra, message, cli_assets, tmp_p
     assert cpu < 5 and wall < 30, f"{extra}: failed after {wall:.1f} s ({cpu:.1f} s CPU)"
 
 
-@pytest.mark.slow  # the script in a fresh interpreter, up to loading a model
+@pytest.mark.slow  # the script in a process of its own, up to loading a model
+@pytest.mark.xdist_group(zygote.GROUP)  # on the worker whose pre-imported server the other script runs share
 def test_internal_error_keeps_its_traceback(cli_assets, tmp_path):
-    proc, *_ = run_cli(["--pretrained_model_name_or_path", cli_assets["broken"], "--train_data_dir",
+    """Not a UsageError: the process ends as the interpreter ends a script with an uncaught error, status 1 and the
+    traceback. Forked from a pre-imported server (tests/_zygote.py; what it imports is not the subject here)."""
+    proc = zygote.run([str(SCRIPT), "--pretrained_model_name_or_path", cli_assets["broken"], "--train_data_dir",
                        cli_assets["images"], "--output_dir", str(tmp_path), "--report_to", "none",
-                       "--learning_rate", "1e-5", "--train_batch_size", "1", "--max_train_steps", "1"], timeout=120)
-    assert proc.returncode == 1 and "Traceback (most recent call last)" in proc.stderr
+                       "--learning_rate", "1e-5", "--train_batch_size", "1", "--max_train_steps", "1"],
+                      env=zygote.script_env(), cwd=ROOT, timeout=120)
+    assert proc.returncode == 1 and "Traceback (most recent call last)" in proc.stderr, proc.stderr[-2000:]
+    assert not [line for line in proc.stderr.splitlines() if line.startswith("error: ")]  # not the one-line path
 
 
 def test_process_count_mismatch_names_the_cpu_launch(monkeypatch):
