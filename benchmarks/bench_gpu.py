@@ -21,11 +21,12 @@ Three sections, each written to the JSON as soon as it ends (a run stopped by it
    run's checkpoint-2, and for SD ``--use_8bit_adam`` (bitsandbytes) and for Flux ``--packing`` (flex attention,
    ``torch.compile``). Each is compared with the same run on the CPU in float32: every loss finite, each step's
    loss and the final LoRA weights equal within the dtype's tolerance (the noise is drawn on the CPU, so both
-   runs draw the same numbers), the resumed run's last step equal to the uninterrupted one's. For Flux.2 klein,
-   upstream's quantized training where its library is installed: ``--do_fp8_training`` (torchao, compute capability
-   8.9+) and ``--bnb_quantization_config_path`` (NF4 QLoRA, bitsandbytes), gated on finite losses and a finite LoRA
-   of the same keys; their distance to the float32 run is reported, not yet held to a tolerance (no GPU measurement
-   has set one).
+   runs draw the same numbers), the resumed run's last step equal to the uninterrupted one's (with ``--device
+   cpu`` the fp32 case is that float32 run itself: one command on one device runs once, ``same_as``). For Flux.2
+   klein, upstream's quantized training where its library is installed: ``--do_fp8_training`` (torchao, compute
+   capability 8.9+) and ``--bnb_quantization_config_path`` (NF4 QLoRA, bitsandbytes), gated on finite losses and a
+   finite LoRA of the same keys; their distance to the float32 run is reported, not yet held to a tolerance (no GPU
+   measurement has set one).
 3. ``loader`` — data-loader throughput at 1024² from real JPEGs (decode + fit, and from the latent cache) on this
    machine's CPUs, against what the GPU consumes per second (section 1's step times): the share of a step the
    GPU would wait for data.
@@ -329,32 +330,41 @@ RETRIES = (({}, "as is"), ({"HF_ARB_BENCH_SDPA": "no_cudnn"}, "cuDNN attention o
 def run_models_isolated(opts: argparse.Namespace, deadline: float, tmp: Path) -> dict[str, Any]:
     """:func:`run_models` for each model in its own process: a CUDA fault (an illegal memory access poisons the
     process's context) costs that model, not the rest of the run. A model whose process fails with a CUDA error is
-    retried with cuDNN attention off, then with the math attention kernel alone; every attempt is recorded."""
+    retried with cuDNN attention off, then with the math attention kernel alone; every attempt is recorded. With
+    ``--device cpu`` (no CUDA context to poison) the models share one process, which pays the imports once."""
     out: dict[str, Any] = {}
-    for spec in load_specs(opts.tiny):
-        if opts.models and spec["name"] not in opts.models.split(","):
-            continue
-        attempts = []
+    wanted = [s for s in load_specs(opts.tiny) if not opts.models or s["name"] in opts.models.split(",")]
+    groups = [[spec] for spec in wanted] if opts.device == "cuda" else [wanted] if wanted else []
+    for group in groups:
+        names = ",".join(spec["name"] for spec in group)
+        attempts: list[dict[str, Any]] = []
+        entries: dict[str, Any] = {}
         for extra_env, why in RETRIES:
             left = deadline - time.monotonic()
             if left <= 0:
                 attempts.append({"attempt": why, "skipped": "out of time (--budget_s)"})
                 break
-            part = tmp / f"model-{spec['name']}-{len(attempts)}.json"
-            cmd = [sys.executable, str(Path(__file__).resolve()), "--sections", "models", "--models", spec["name"],
+            part = tmp / f"model-{names.replace(',', '+')}-{len(attempts)}.json"
+            cmd = [sys.executable, str(Path(__file__).resolve()), "--sections", "models", "--models", names,
                    "--device", opts.device, "--budget_s", str(left), "--out", str(part), "--worker"]
             proc = subprocess.run([*cmd, *(["--tiny"] if opts.tiny else [])], capture_output=True, text=True,
                                   env={**os.environ, **extra_env}, cwd=ROOT)
-            entry = json.loads(part.read_text()).get("models", {}).get(spec["name"]) if part.exists() else None
-            failed = proc.returncode != 0 or entry is None or "error" in entry or any(
-                "error" in s for s in entry.get("steps", []) if "OOM" not in s.get("error", "OOM"))
+            got = json.loads(part.read_text()).get("models", {}) if part.exists() else {}
+            entries = {spec["name"]: got.get(spec["name"]) for spec in group}
+            bad = [e for e in entries.values() if e is None or "error" in e or any(
+                "error" in s for s in e.get("steps", []) if "OOM" not in s.get("error", "OOM"))]
+            failed = proc.returncode != 0 or bool(bad)
+            entry = bad[0] if bad else None
             attempts.append({"attempt": why, "returncode": proc.returncode, "ok": not failed,
                              **({"error": (entry or {}).get("error"), "traceback": (entry or {}).get("traceback"),
                                  "log_tail": (proc.stdout + proc.stderr)[-1500:]} if failed else {})})
-            if not failed or "CUDA" not in proc.stdout + proc.stderr + json.dumps(entry or {}):
+            if not failed or "CUDA" not in proc.stdout + proc.stderr + json.dumps(entries):
                 break
-        out[spec["name"]] = {**(entry or {"title": spec["title"], "error": "the model's process failed: see attempts"}),
-                             "attempts": attempts}
+        for spec in group:
+            entry = entries.get(spec["name"])
+            out[spec["name"]] = {**(entry or {"title": spec["title"],
+                                              "error": "the model's process failed: see attempts"}),
+                                 "attempts": attempts}
     return out
 
 
@@ -720,6 +730,7 @@ def run_smoke(opts: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         return launch(argv, runs / name, dev, logs / f"{name}.log")
 
     jobs: dict[str, tuple[list[str], str]] = {}
+    same: dict[str, str] = {}  # case -> its reference, where both are one command on one device (the CPU's fp32)
     for case in cases:  # the CPU float32 reference of each distinct command, once
         name = f"{case['family']}-{case['case']}"
         ref_argv = without_quant_flags([a for a in case["argv"] if a not in ("--use_8bit_adam", "--cudnn_attention")])
@@ -727,15 +738,18 @@ def run_smoke(opts: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         jobs[case["ref"]] = ([*ref_argv, "--mixed_precision", "no"], "cpu")
         precision = {"fp16": "fp16", "fp32": "no"}.get(case["case"], "bf16")
         jobs[name] = ([*case["argv"], "--mixed_precision", precision], device)
+        if jobs[name] == jobs[case["ref"]]:  # a second run of the same command would only repeat it
+            same[name] = case["ref"]
+    folder = {name: runs / same.get(name, name) for name in jobs}
     t0 = time.perf_counter()
     with ThreadPoolExecutor(max(1, opts.jobs)) as pool:
-        futures = {name: pool.submit(job, name, argv, dev) for name, (argv, dev) in jobs.items()}
-        done = {name: f.result() for name, f in futures.items()}
+        futures = {name: pool.submit(job, name, argv, dev) for name, (argv, dev) in jobs.items() if name not in same}
+        done = {name: futures[same.get(name, name)].result() for name in jobs}
         resumes = {}
         for case in cases:  # resume from the bf16 run's checkpoint-2: step 3 again, exactly
             name = f"{case['family']}-{case['case']}"
             if case["case"] in ("bf16", "fp32") and "error" not in done[name]:
-                shutil.copytree(runs / name / "checkpoint-2", runs / f"{name}-resumed" / "checkpoint-2")
+                shutil.copytree(folder[name] / "checkpoint-2", runs / f"{name}-resumed" / "checkpoint-2")
                 argv = [*jobs[name][0], "--resume_from_checkpoint", "latest"]
                 resumes[name] = pool.submit(job, f"{name}-resumed", argv, device)
         resumed = {name: f.result() for name, f in resumes.items()}
@@ -744,9 +758,9 @@ def run_smoke(opts: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         name = f"{case['family']}-{case['case']}"
         run, ref = done[name], done[case["ref"]]
         flat.append({"family": case["family"], "case": case["case"], "device": device,
-                     "seconds": run.get("seconds", 0),
-                     **compare(run, ref, TOLERANCE[case["case"]], None if "error" in run else runs / name,
-                               None if "error" in ref else runs / case["ref"])})
+                     "seconds": run.get("seconds", 0), **({"same_as": same[name]} if name in same else {}),
+                     **compare(run, ref, TOLERANCE[case["case"]], None if "error" in run else folder[name],
+                               None if "error" in ref else folder[case["ref"]])})
         if name not in resumed:
             continue
         again, res = resumed[name], {"family": case["family"], "case": "resume", "device": device}
@@ -755,7 +769,7 @@ def run_smoke(opts: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         else:
             tail, full = again["losses"], run["losses"][2:]
             diff = max((abs(x - y) for x, y in zip(tail, full)), default=float("inf"))
-            wa, wb = lora_weights(runs / f"{name}-resumed"), lora_weights(runs / name)
+            wa, wb = lora_weights(runs / f"{name}-resumed"), lora_weights(folder[name])
             wdiff = max(float((wa[k].float() - wb[k].float()).abs().max()) for k in wb)
             # exact: the weights, optimizer, data and noise came back exactly, and the step's kernels are
             # deterministic (cuDNN attention's backward was not: a weight difference of ~lr on the H200)

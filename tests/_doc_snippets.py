@@ -15,7 +15,9 @@ no language) need no marker. ``docs/api.md`` and ``docs/cli.md`` are generated (
 (a later block may use what an earlier one defined, as a reader would). ``python`` blocks are executed; blocks of
 ``>>>`` lines run as doctests (output compared, whitespace normalised). A ``bash`` block made only of ``hf-arb``
 commands runs each through ``hf_arb.cli.app`` (what the ``hf-arb`` console script calls) in the same process;
-any other ``bash`` block runs in ``bash -euo pipefail`` with the venv's ``bin`` first on ``PATH``.
+any other ``bash`` block runs in ``bash -euo pipefail`` with the venv's ``bin`` first on ``PATH`` (a one-process
+``accelerate launch`` that is the whole block, or ends it after shell lines that leave its folder and environment
+alone, runs in the runner's process: tests/_run_doc_blocks.py).
 
 **The fixture.** Before a block runs, :data:`SUBSTITUTIONS` rewrite it (every rewrite is listed here, with why): Hub
 ids become local tiny stand-ins built once per test run (``shared_artifact``), and training sizes shrink to CPU

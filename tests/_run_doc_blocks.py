@@ -12,6 +12,7 @@ import contextlib
 import doctest
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -48,6 +49,51 @@ def _one_process_launch(source: str) -> list[str] | None:
     if any(tok in {"|", "&&", "||", ";", ">", "<", "&"} for tok in argv) or any(c in source for c in "$`"):
         return None
     return argv[2:]
+
+
+#: shell commands that change what a later command of the same script sees (its folder, its environment, or whether
+#: it runs at all): a block whose lines before its launch use one runs whole in bash (:func:`_trailing_launch`)
+_SHELL_STATE = frozenset({"cd", "pushd", "popd", "export", "source", ".", "unset", "alias", "umask", "ulimit", "exec",
+                          "exit", "return", "set", "shopt", "trap", "declare", "typeset", "readonly", "local", "eval",
+                          "builtin", "command", "enable", "hash"})
+#: tokens after which a new command starts
+_COMMAND_START = frozenset({";", "&", "|", "&&", "||", "(", ")", "{", "}", "then", "do", "else", "elif", "if", "while",
+                            "until", "!", ";;", "|&"})
+
+
+def _changes_shell_state(script: str) -> bool:
+    """Whether ``script`` may change the folder or environment of the commands after it (a command of
+    :data:`_SHELL_STATE` or a variable assignment in command position); True when it cannot be tokenized."""
+    lexer = shlex.shlex(script.replace("\\\n", " ").replace("\n", " ;\n"), posix=True, punctuation_chars=True)
+    lexer.whitespace_split = True
+    try:
+        tokens = list(lexer)
+    except ValueError:
+        return True
+    first = True
+    for tok in tokens:
+        if first and (tok in _SHELL_STATE or re.match(r"^[A-Za-z_][A-Za-z0-9_]*(\[.*\])?\+?=", tok)):
+            return True
+        first = tok in _COMMAND_START
+    return False
+
+
+def _trailing_launch(source: str) -> tuple[str, list[str]] | None:
+    """``(prefix, [script, *args])`` when ``source`` ends with a one-process ``accelerate launch`` command
+    (:func:`_one_process_launch`: a line of its own, unindented, with its ``\\`` continuations) after plain shell
+    lines that do not change its folder or environment (no ``cd``, ``export``, assignments, ``exit``, ...): the
+    prefix then runs in bash and the launch in this process, as a shell runs them one after the other; else None."""
+    lines = source.rstrip("\n").split("\n")
+    start = len(lines) - 1
+    while start > 0 and lines[start - 1].endswith("\\"):
+        start -= 1
+    prefix, last = "\n".join(lines[:start]), "\n".join(lines[start:]) + "\n"
+    if not prefix.strip() or not last.startswith("accelerate launch ") or prefix.rstrip().endswith("\\"):
+        return None
+    argv = _one_process_launch(last)
+    if argv is None or "<<" in prefix or _changes_shell_state(prefix):
+        return None
+    return prefix + "\n", argv
 
 
 def _run_script(argv: list[str]) -> None:
@@ -104,6 +150,16 @@ def _run_python_c(code: str) -> None:
         sys.argv = saved
 
 
+def _run_shell(source: str) -> None:
+    """``source`` in ``bash -euo pipefail`` with the venv's ``bin`` first on ``PATH``."""
+    env = {**os.environ, "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")}
+    proc = subprocess.run(["bash", "-euo", "pipefail", "-c", source], env=env, capture_output=True, text=True,
+                          check=False)
+    sys.stdout.write(proc.stdout[-3000:])
+    if proc.returncode != 0:
+        raise RuntimeError(f"bash exited with {proc.returncode}:\n{proc.stderr[-4000:]}")
+
+
 def _run_bash(source: str) -> None:
     codes, source = _leading_python_c(source)
     for code in codes:
@@ -116,12 +172,10 @@ def _run_bash(source: str) -> None:
         return
     commands = _hf_arb_commands(source)
     if commands is None:
-        env = {**os.environ, "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")}
-        proc = subprocess.run(["bash", "-euo", "pipefail", "-c", source], env=env, capture_output=True, text=True,
-                              check=False)
-        sys.stdout.write(proc.stdout[-3000:])
-        if proc.returncode != 0:
-            raise RuntimeError(f"bash exited with {proc.returncode}:\n{proc.stderr[-4000:]}")
+        tail = _trailing_launch(source)
+        _run_shell(source if tail is None else tail[0])
+        if tail is not None:
+            _run_script(tail[1])
         return
     from hf_arb.cli.app import main
 

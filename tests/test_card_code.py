@@ -69,6 +69,20 @@ def saved_code(log: str, out: str) -> str:
     return rest[len(":\n```python\n"):].split("\n```", 1)[0]
 
 
+#: the lines a model card adds to the run's last line's code before its device and generation lines (imports of
+#: torch, PIL and ``export_to_video``; blank lines)
+CARD_ONLY = frozenset({"import torch", "from PIL import Image", "from diffusers.utils import export_to_video", ""})
+
+
+def card_opens_with(card: str, saved: str) -> bool:
+    """Whether the card's code, apart from :data:`CARD_ONLY` lines, opens with the statements of ``saved`` (the run's
+    last line: its ``; ``-joined statements, or the lines of its fenced block) in order: running the card then runs
+    the last line's code as printed, and with nothing but imports between its statements."""
+    lines = saved.split("\n") if "\n" in saved else saved.split("; ")
+    lines = [line for line in lines if line not in CARD_ONLY]
+    return [line for line in card.splitlines() if line not in CARD_ONLY][:len(lines)] == lines
+
+
 def requested_size(card: str) -> tuple[int, int]:
     """(width, height) the card's generation asks for."""
     call = CALL.search(card)
@@ -128,6 +142,8 @@ def test_card_code_is_one_python_program_that_asks_for_a_trained_bucket(name: st
     code = saved_code(message + "\n", "me/out")
     ast.parse(code)
     assert code.splitlines() == load or code.split("; ") == load
+    # the card runs the last line's statements as printed (the slow test then runs the card alone for both)
+    assert card_opens_with(card, code) and not card_opens_with(card, code.replace("from_pretrained(", "f(", 1))
     call = CALL.search(card).group(1)
     if family.image_argument == "one":
         assert call.startswith('image=Image.open("before.jpg"), ')
@@ -179,7 +195,9 @@ def test_trained_sizes_reads_the_start_up_table(capsys) -> None:
 
 # ------------------------------------------------------------------------------------------- slow: as printed
 #: Runs in the stock interpreter (tests/_stock.py: hf_arb blocked; no torchvision here): for each output, the
-#: card's code as printed, in a folder holding the input images it opens, then the run's last line as printed.
+#: card's code as printed, in a folder holding the input images it opens, then the run's last line as printed
+#: (``saved``; None where the card opens with its statements, :func:`card_opens_with`: the card's run ran them, and
+#: its ``pipe`` is theirs).
 STOCK = r"""
 import json, os, sys
 results = {}
@@ -189,7 +207,10 @@ for name, job in json.loads(sys.argv[1]).items():
     try:
         card, saved = {}, {}
         exec(compile(job["card"], f"<{name} card>", "exec"), card)
-        exec(compile(job["saved"], f"<{name} last line>", "exec"), saved)
+        if job["saved"] is None:
+            saved = card
+        else:
+            exec(compile(job["saved"], f"<{name} last line>", "exec"), saved)
     finally:
         os.chdir(here)
     pipe = saved["pipe"]
@@ -242,7 +263,9 @@ def test_every_familys_card_and_last_line_run_as_printed_without_hf_arb(outputs,
         # the user's photos, not at the bucket's size (Flux.2 takes >= 64 px)
         for i, file in enumerate(input_files(card)):
             photo(list(PHOTOS)[i], (120, 88)).convert("RGB").save(folder / file)
-        jobs[name] = {"card": card, "saved": saved_code(run["log"], str(out)), "inputs": str(folder)}
+        saved = saved_code(run["log"], str(out))
+        assert "hf_arb" not in card + saved
+        jobs[name] = {"card": card, "saved": None if card_opens_with(card, saved) else saved, "inputs": str(folder)}
         size = requested_size(card)
         buckets = BucketSet.from_dict(json.loads((out / "hf_arb_buckets.json").read_text()))
         assert list(size) in buckets.resolutions[:, :2].tolist(), (name, size)  # a trained bucket (clips: W, H, F)
@@ -251,7 +274,6 @@ def test_every_familys_card_and_last_line_run_as_printed_without_hf_arb(outputs,
         assert size[0] != size[1], name  # non-square: a rescaling pipeline would show
         expected[name] = {"size": list(size), "cls": family.pipeline_class_name, "lora": '.load_lora_weights(' in card
                           or '.load_lora_adapter(' in card}
-        assert "hf_arb" not in card + jobs[name]["saved"]
     results = job_result(STOCK, [json.dumps(jobs)], timeout=900)
     for name, want in expected.items():
         got = results[name]

@@ -124,6 +124,36 @@ def test_runner_reports_every_kind_of_failure(tmp_path: Path, capsys: pytest.Cap
         _run_doc_blocks._run_script([str(tmp_path / "t.py"), "--bad"])
 
 
+def test_a_launch_after_shell_lines_runs_in_the_runners_process(tmp_path: Path, monkeypatch) -> None:
+    """A block of shell lines that end in one ``accelerate launch`` (docs/video.md's ``mkdir && cp`` before its
+    run, docs/training.md's caption loop): the lines run in bash, then the launch in the runner's process (the
+    imports paid once), as a shell runs them in turn; a line that could change the launch's folder or environment
+    keeps the whole block in bash."""
+    import _run_doc_blocks
+
+    tail = _run_doc_blocks._trailing_launch
+    assert tail("mkdir -p m && cp a m/\nfor f in m/*; do echo \"$f\" > \"${f%.png}.txt\"; done\n"
+                "accelerate launch t.py \\\n  --a 1  # c\n") == (
+        "mkdir -p m && cp a m/\nfor f in m/*; do echo \"$f\" > \"${f%.png}.txt\"; done\n", ["t.py", "--a", "1"])
+    for changes in ("cd m", "export A=1", "A=1", "mkdir m && cd m", "for f in a; do set -x; done", "exit 0",
+                    "source env.sh", "python - <<'EOF'\nprint(1)\nEOF"):
+        assert tail(f"{changes}\naccelerate launch t.py --a 1\n") is None, changes
+    assert tail("accelerate launch t.py\n") is None and tail("echo\naccelerate launch --cpu t.py\n") is None
+    assert tail("echo\naccelerate launch t.py $X\n") is None and tail("accelerate launch t.py\necho\n") is None
+    (tmp_path / "t.py").write_text("import os, sys\nopen('pid', 'w').write(str(os.getpid()))\n"
+                                   "sys.exit(0 if os.path.exists('made') and sys.argv[1:] == ['--ok'] else 5)\n")
+    monkeypatch.chdir(tmp_path)
+    _run_doc_blocks._run_bash("mkdir -p sub && touch made\naccelerate launch t.py \\\n  --ok\n")
+    assert (tmp_path / "pid").read_text() == str(os.getpid())  # in this process, after the shell's line
+    (tmp_path / "made").unlink()
+    with pytest.raises(RuntimeError, match="exited with status 5"):  # the launch's own exit status
+        _run_doc_blocks._run_bash("true\naccelerate launch t.py --ok\n")
+    (tmp_path / "pid").unlink()
+    with pytest.raises(RuntimeError, match="bash exited with 1"):  # a failing line stops the block before the launch
+        _run_doc_blocks._run_bash("touch made && false\naccelerate launch t.py --ok\n")
+    assert (tmp_path / "made").exists() and not (tmp_path / "pid").exists()
+
+
 # ------------------------------------------------------------------------------------------- running
 def _build_assets(root: Path) -> dict[str, str]:
     """The stand-ins of the substitution table and the starting files (``_doc_snippets.FILES``)."""
