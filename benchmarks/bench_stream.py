@@ -150,8 +150,10 @@ def row_bytes_in_memory(ds) -> float:
     return float(np.mean(sizes))
 
 
-def ours(ds, counts: np.ndarray, cls: type = BucketedStream) -> tuple[int, BucketedStream]:
-    stream = cls(ds, BATCH, counts=counts, num_replicas=WORLD, seed=0, buffer_size=BUFFER, on_overflow="evict")
+def ours(ds, counts: np.ndarray, cls: type = BucketedStream, **kw) -> tuple[int, BucketedStream]:
+    kw = {"reader": "arrow", **kw} if cls is BucketedStream else kw  # the frozen buffer has the source reader only
+    stream = cls(ds, BATCH, counts=counts, num_replicas=WORLD, seed=0, buffer_size=BUFFER, on_overflow="evict",
+                 **kw)
     return sum(1 for _ in stream), stream
 
 
