@@ -126,10 +126,10 @@ def _without_reader(state: dict) -> dict:
     return {**state, "config": {k: v for k, v in state["config"].items() if k != "reader"}}
 
 
-@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow],
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow],
           phases=[Phase.explicit, Phase.reuse, Phase.generate])
 @given(weights=st.lists(st.integers(1, 20), min_size=1, max_size=6), unassigned=st.integers(0, 3),
-       n=st.integers(40, 300), world=st.integers(1, 3), batch=st.integers(1, 4), buffer_mult=st.integers(1, 30),
+       n=st.integers(40, 200), world=st.integers(1, 3), batch=st.integers(1, 4), buffer_mult=st.integers(1, 30),
        shards=st.integers(1, 6), seed=st.integers(0, 5), every=st.sampled_from([3, 7, 32]), cut=st.floats(0, 1))
 def test_arrow_reader_equals_the_source_reader(weights, unassigned, n, world, batch, buffer_mult, shards, seed,
                                                every, cut):
