@@ -8,7 +8,10 @@ small-bucket or surplus — in read order. The decisions of a chunk are computed
 (:func:`accepted_rows`): a bucket's room changes only when a row is buffered, not when a full batch leaves (its
 buffer and its scheduled batches drop together), so they hold until a row is evicted; a step then reads up to the
 row that completes its fill or its batch at once, with identical results to reading row by row (the per-row path
-stays for a full buffer, where every row waits for an eviction).
+stays for a full buffer, where every row waits for an eviction). With ``reader="arrow"`` the chunks come from the
+source formatted as Arrow and are made python columns at once (:func:`arrow_chunks`): datasets' python formatting
+builds a dict per row and then the columns, which cost about as much as the rest of the stream together; the rows,
+decisions and source snapshots are the same.
 
 What a step needs is planned per chunk or per block of steps, so that a step only hands it out: when every bucket
 has room for all of the chunk's rows (the common case), the decisions need no per-bucket rank count; a step's fill
