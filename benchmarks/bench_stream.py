@@ -4,23 +4,27 @@ Source: 1,000,000 rows in 16 parquet files (metadata — key, caption, bucket co
 per row, 16×16, drawn from a pool of 64, stored as bytes so neither side decodes it), bucket ids with NovelAI's
 published proportions in random order. Two ranks, *simulated in one process* (the machine has 2 shared cores):
 
-* ours: ``BucketedStream(num_replicas=2, rank=None, batch_size=8, buffer_size=4096)`` — every rank's split read
-  through ``split_dataset_by_node``, buffered per bucket, one batch per rank and step of the global schedule;
+* ours: ``BucketedStream(num_replicas=2, rank=None, batch_size=8, buffer_size=4096, reader="arrow")`` — every
+  rank's split read through ``split_dataset_by_node`` as Arrow chunks made python columns at once, buffered per
+  bucket, one batch per rank and step of the global schedule (the same batches as the source reader gives);
 * baseline: the same two splits read with plain ``datasets`` streaming (``for row in split``, what a
   ``DataLoader`` over the stream does) and cut into batches of 8 with no bucketing (rank 0's split, then rank 1's);
 * floor (for reference): the same splits read the way BucketedStream reads them, in chunks of 256 rows
   (``split.iter(batch_size=256)``, split into row dicts), cut into batches of 8 — reading without bucketing;
+* floor_arrow (for reference): the floor read the way ours reads (``with_format("arrow")``, each chunk made python
+  columns with ``Table.to_pydict()``): reading without bucketing at the cost ours reads at;
 * before (for reference): ours with the previous rank buffer (the one of commit 83fc72e, frozen in
-  ``benchmarks/_stream_v2``), the same batches, to compare the two in one process;
+  ``benchmarks/_stream_v2``, which reads through the source's python formatting), the same batches, to compare the
+  two in one process;
 * hold (for reference): a bare shuffle buffer of the same size, without buckets (:func:`hold`): the same chunked
   reads, each rank holding ``shuffle_rows`` (= ``buffer_size // 2``) rows and popping its batch at random positions,
   the ranks interleaved step by step as ours. What holding that many rows costs by itself: the part of ours over the
   floor that no bookkeeping can remove while the rows are held as Python objects.
 
-Repeats alternate baseline, ours, floor, before and hold (3 by default); every repeat is reported with wall time and
-CPU time per row (CPU time is what the machine's load does not change much; the machine is shared). Also measured: peak
-rows held by a rank (buffer + repeat reserve, bounded by ``buffer_size + k × batch``) and their memory, the
-state size and the time to resume mid-epoch (``load_state_dict`` + first batch).
+Repeats alternate baseline, ours, floor, before, hold and floor_arrow (3 by default); every repeat is reported with
+wall time and CPU time per row (CPU time is what the machine's load does not change much; the machine is shared).
+Also measured: peak rows held by a rank (buffer + repeat reserve, bounded by ``buffer_size + k × batch``) and their
+memory, the state size and the time to resume mid-epoch (``load_state_dict`` + first batch).
 
 Usage: ``python benchmarks/bench_stream.py [--quick] [--rows N] [--repeats R]``
 """
@@ -104,6 +108,23 @@ def floor(ds, chunk: int = 256) -> int:
     return batches
 
 
+def floor_arrow(ds, chunk: int = 256) -> int:
+    """The floor read the way ``reader="arrow"`` reads: the same splits as Arrow tables of ``chunk`` rows, each made
+    python columns at once (``Table.to_pydict()``), split into row dicts and cut into batches of 8."""
+    from datasets.distributed import split_dataset_by_node
+
+    batches = 0
+    for r in range(WORLD):
+        batch = []
+        for table in split_dataset_by_node(ds, rank=r, world_size=WORLD).with_format("arrow").iter(batch_size=chunk):
+            cols = table.to_pydict()
+            for ex in (dict(zip(cols, values)) for values in zip(*cols.values())):
+                batch.append(ex)
+                if len(batch) == BATCH:
+                    batches, batch = batches + 1, []
+    return batches
+
+
 def hold(ds, chunk: int = 256, fill: int = BUFFER // 2, block: int = 1024) -> int:
     """A bare shuffle buffer of the same size as ours, without buckets: the same chunked reads, each rank's split
     read into one list of row tuples kept at ``fill`` rows (``shuffle_rows``' default), and at every step each rank's
@@ -150,8 +171,10 @@ def row_bytes_in_memory(ds) -> float:
     return float(np.mean(sizes))
 
 
-def ours(ds, counts: np.ndarray, cls: type = BucketedStream) -> tuple[int, BucketedStream]:
-    stream = cls(ds, BATCH, counts=counts, num_replicas=WORLD, seed=0, buffer_size=BUFFER, on_overflow="evict")
+def ours(ds, counts: np.ndarray, cls: type = BucketedStream, **kw) -> tuple[int, BucketedStream]:
+    kw = {"reader": "arrow", **kw} if cls is BucketedStream else kw  # the frozen buffer has the source reader only
+    stream = cls(ds, BATCH, counts=counts, num_replicas=WORLD, seed=0, buffer_size=BUFFER, on_overflow="evict",
+                 **kw)
     return sum(1 for _ in stream), stream
 
 
@@ -171,7 +194,8 @@ def main() -> None:
         ds = load_dataset("parquet", data_files=files, split="train", streaming=True)
         size_mb = sum(Path(f).stat().st_size for f in files) / 1e6
         # (wall s, CPU s) per run of each side
-        runs: dict[str, list[tuple[float, float]]] = {"plain": [], "ours": [], "floor": [], "before": [], "hold": []}
+        runs: dict[str, list[tuple[float, float]]] = {"plain": [], "ours": [], "floor": [], "before": [], "hold": [],
+                                                      "floor_arrow": []}
         for _ in range(args.repeats):  # alternated, on a shared machine
             for name, times in runs.items():
                 t0, c0 = time.perf_counter(), time.process_time()
@@ -183,6 +207,8 @@ def main() -> None:
                     ours(ds, counts, _stream_v2.BucketedStreamV2)
                 elif name == "hold":
                     hold(ds)
+                elif name == "floor_arrow":
+                    floor_arrow(ds)
                 else:
                     floor(ds)
                 times.append((time.perf_counter() - t0, time.process_time() - c0))
@@ -238,7 +264,10 @@ def main() -> None:
                  f"buffer of shuffle_rows = {BUFFER // 2} rows per rank, no buckets, the same reads) / floor = "
                  f"{ratios('hold', 'floor')}, ours / hold = {ratios('ours', 'hold')}; min over runs: ours "
                  f"{min(c for _, c in runs['ours']):.2f} s, before {min(c for _, c in runs['before']):.2f} s, "
-                 f"hold {min(c for _, c in runs['hold']):.2f} s, floor {min(c for _, c in runs['floor']):.2f} s"),
+                 f"hold {min(c for _, c in runs['hold']):.2f} s, floor {min(c for _, c in runs['floor']):.2f} s; "
+                 f"ours reads with reader='arrow': against the floor read the same way (Arrow chunks made python "
+                 f"columns, floor_arrow, {us['floor_arrow']:.1f} µs/row) ours / floor_arrow = "
+                 f"{ratios('ours', 'floor_arrow')}, floor / floor_arrow = {ratios('floor', 'floor_arrow')}"),
         row("peak rows held by one rank (buffer + repeat reserve)", float(rep.peak_buffered), None, "rows",
             target=f"≤ buffer_size + k × batch = {bound:,}",
             note=f"≈ {rep.peak_buffered * mem_row / 1e6:.1f} MB as decoded Python rows ({mem_row:.0f} B/row; "

@@ -1,6 +1,6 @@
 """The stream's own cost in simulated CPU events, which the machine's load does not change: instructions, L1 and
-last-level cache misses of one pass of each side of ``bench_stream.py`` (floor, hold, ours, before), counted by
-valgrind's callgrind with its cache simulator.
+last-level cache misses of one pass of each side of ``bench_stream.py`` (floor, hold, ours, before, floor_arrow),
+counted by valgrind's callgrind with its cache simulator.
 
 On the shared 2-core machine the CPU time of a memory-bound loop depends on what the other processes do to the
 caches, and ``bench_stream.py``'s ratios move by ±20 % between runs. Here each side runs once to warm up, then once
@@ -12,7 +12,7 @@ each side does, not what it costs on a loaded machine.
 
 Needs ``valgrind`` (with ``callgrind_control``). Runs take about 2 minutes per side (the imports under valgrind).
 
-Usage: ``python benchmarks/stream_cachegrind.py [--rows 20000] [--sides floor,hold,ours,before]``
+Usage: ``python benchmarks/stream_cachegrind.py [--rows 20000] [--sides floor,hold,ours,before,floor_arrow]``
 """
 
 from __future__ import annotations
@@ -28,13 +28,13 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-SIDES = ("floor", "hold", "ours", "before")
+SIDES = ("floor", "hold", "ours", "before", "floor_arrow")
 
 
 def child(rows: int, side: str, data: Path, sig: Path) -> None:
     """Run ``side`` once to warm up, then once between the ``ready``/``go`` and ``done``/``exit`` signal files."""
     import _stream_v2
-    from bench_stream import floor, hold, ours
+    from bench_stream import floor, floor_arrow, hold, ours
     from datasets import load_dataset
 
     ids = np.load(data / "ids.npy")
@@ -42,7 +42,7 @@ def child(rows: int, side: str, data: Path, sig: Path) -> None:
     ds = load_dataset("parquet", data_files=sorted(str(p) for p in data.glob("*.parquet")), split="train",
                       streaming=True)
     fn = {"floor": lambda: floor(ds), "hold": lambda: hold(ds), "ours": lambda: ours(ds, counts),
-          "before": lambda: ours(ds, counts, _stream_v2.BucketedStreamV2)}[side]
+          "before": lambda: ours(ds, counts, _stream_v2.BucketedStreamV2), "floor_arrow": lambda: floor_arrow(ds)}[side]
     fn()
     (sig / "ready").touch()
     while not (sig / "go").exists():
@@ -106,7 +106,7 @@ def main() -> None:
         ll = e["ILmr"] + e["DLmr"] + e["DLmw"]
         cycles = e["Ir"] + 10 * l1 + 50 * ll
         base = base or (e["Ir"], ll, cycles)
-        print(f"{side:>7}: {e['Ir'] / args.rows:8.0f} instr ({e['Ir'] / base[0]:.2f}×), {l1 / args.rows:6.0f} L1, "
+        print(f"{side:>11}: {e['Ir'] / args.rows:8.0f} instr ({e['Ir'] / base[0]:.2f}×), {l1 / args.rows:6.0f} L1, "
               f"{ll / args.rows:6.0f} LL ({ll / base[1]:.2f}×), {cycles / args.rows:8.0f} cycles "
               f"({cycles / base[2]:.2f}×)")
 

@@ -391,3 +391,24 @@ def test_shuffle_shards_reads_one_shard_at_a_time_in_a_seeded_order(tmp_path) ->
     assert sorted(runs) == list(range(6))  # each shard one contiguous run: never interleaved
     assert rows == [r for s in runs for r in range(s * 7, s * 7 + 7)]  # a shard's rows in file order
     assert order(0) == (shards, rows) and {tuple(order(seed)[0]) for seed in range(1, 6)} != {tuple(shards)}
+
+
+def test_arrow_reader_refuses_what_it_cannot_read_the_same():
+    """reader='arrow' is refused, naming the column and the fix, where datasets would decode a column (the python
+    rows hold decoded images, Arrow's the bytes); an unknown reader is refused; a formatted source read as Arrow
+    yields python rows (the formatting is not applied, as documented), with the same keys and buckets."""
+    ids = np.random.default_rng(0).integers(-1, 2, 120)
+    with pytest.raises(ValueError, match="'source' or 'arrow'"):
+        BucketedStream(_stream_ds(ids, 2), 4, counts=_counts(ids), reader="python")
+    img = datasets.Dataset.from_dict({"image": [None] * 4, "bucket": [0] * 4},
+                                     features=datasets.Features({"image": datasets.Image(),
+                                                                 "bucket": datasets.Value("int64")}))
+    with pytest.raises(ValueError, match=r"\['image'\].*decode=False"):
+        BucketedStream(img.to_iterable_dataset(), 4, counts=[4], reader="arrow")
+    BucketedStream(img.cast_column("image", datasets.Image(decode=False)).to_iterable_dataset(), 4, counts=[4],
+                   reader="arrow")  # undecoded bytes: fine
+    plain, _ = _run(BucketedStream(_stream_ds(ids, 2), 4, counts=_counts(ids), buffer_size=40))
+    rows = list(BucketedStream(_stream_ds(ids, 2).with_format("numpy"), 4, counts=_counts(ids), buffer_size=40,
+                               reader="arrow"))
+    assert [[(r["key"], r["bucket"]) for r in item] for item in rows] == plain
+    assert all(type(r["key"]) is int for item in rows for r in item)

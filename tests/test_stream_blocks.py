@@ -119,3 +119,52 @@ def test_buffer_equals_the_buffers_it_replaced(reference, weights, unassigned, n
             rest[cls] = ([_keys(item) for item in resumed], resumed.report())
     assert rest[NEW] == rest[OLD]
     assert rest[NEW][0] == items[(k + 1) * world:]  # and equal the uninterrupted run
+
+
+def _without_reader(state: dict) -> dict:
+    """A state with its config's ``reader`` field left out (the one field the Arrow reader adds)."""
+    return {**state, "config": {k: v for k, v in state["config"].items() if k != "reader"}}
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow],
+          phases=[Phase.explicit, Phase.reuse, Phase.generate])
+@given(weights=st.lists(st.integers(1, 20), min_size=1, max_size=6), unassigned=st.integers(0, 3),
+       n=st.integers(40, 200), world=st.integers(1, 3), batch=st.integers(1, 4), buffer_mult=st.integers(1, 30),
+       shards=st.integers(1, 6), seed=st.integers(0, 5), every=st.sampled_from([3, 7, 32]), cut=st.floats(0, 1))
+def test_arrow_reader_equals_the_source_reader(weights, unassigned, n, world, batch, buffer_mult, shards, seed,
+                                               every, cut):
+    """reader='arrow' (Arrow chunks made python columns at once) gives the frozen buffer's row dicts (every column),
+    reports and states at every step: the same read indices, counters and source snapshots, only the config names
+    the reader; its states resume exactly to the uninterrupted run's batches, and the source reader refuses them."""
+    ids = _ids(weights, unassigned, n, seed)
+    kw = dict(num_replicas=world, seed=seed, buffer_size=batch * buffer_mult, on_overflow="evict",
+              snapshot_every=every, history=4)
+    try:
+        list(_stream(ids, shards, batch, _stream_v2.BucketedStreamV2, **kw))
+    except RuntimeError as err:  # a rank without a row of a scheduled bucket: both refuse at the same step
+        with pytest.raises(RuntimeError) as again:
+            list(_stream(ids, shards, batch, NEW, reader="arrow", **kw))
+        assert str(again.value) == str(err)
+        return
+    old, new = _stream(ids, shards, batch, _stream_v2.BucketedStreamV2, **kw), _stream(ids, shards, batch, NEW,
+                                                                                          reader="arrow", **kw)
+    items, states, it_old, it_new = [], [], iter(old), iter(new)
+    for s in range(old.steps_per_epoch):
+        for _ in range(world):
+            got, want = next(it_new), next(it_old)
+            assert got == want, f"step {s}"
+            items.append(_keys(got))
+        a, b = old.state_dict(step=s + 1), json.loads(json.dumps(new.state_dict(step=s + 1)))
+        assert b["config"]["reader"] == "arrow" and json.dumps(_without_reader(b)) == json.dumps(a), f"step {s}"
+        _check_small(b, new)
+        states.append(b)
+        assert old.report() == new.report()
+    assert next(it_new, "end") == "end"
+    if len(states) < 2:
+        return
+    k = min(int(cut * len(states)), len(states) - 2)
+    resumed = _stream(ids, shards, batch, NEW, reader="arrow", **kw)
+    resumed.load_state_dict(states[k])
+    assert [_keys(item) for item in resumed] == items[(k + 1) * world:]
+    with pytest.raises(ValueError, match="'reader': 'arrow'"):  # the config names the reader that saved it
+        _stream(ids, shards, batch, NEW, **kw).load_state_dict(states[k])

@@ -8,7 +8,10 @@ small-bucket or surplus — in read order. The decisions of a chunk are computed
 (:func:`accepted_rows`): a bucket's room changes only when a row is buffered, not when a full batch leaves (its
 buffer and its scheduled batches drop together), so they hold until a row is evicted; a step then reads up to the
 row that completes its fill or its batch at once, with identical results to reading row by row (the per-row path
-stays for a full buffer, where every row waits for an eviction).
+stays for a full buffer, where every row waits for an eviction). With ``reader="arrow"`` the chunks come from the
+source formatted as Arrow and are made python columns at once (:func:`arrow_chunks`): datasets' python formatting
+builds a dict per row and then the columns, which cost about as much as the rest of the stream together; the rows,
+decisions and source snapshots are the same.
 
 What a step needs is planned per chunk or per block of steps, so that a step only hands it out: when every bucket
 has room for all of the chunk's rows (the common case), the decisions need no per-bucket rank count; a step's fill
@@ -72,8 +75,9 @@ class RankBuffer:
 
     def __init__(self, open_source: Callable[[Any], Any], schedule: np.ndarray, *, rank: int, batch_size: int,
                  buffer_size: int, fill: int, seed: int, epoch: int, on_overflow: str, bucket_column: str,
-                 snapshot_every: int, history: int, pick_window: int) -> None:
+                 snapshot_every: int, history: int, pick_window: int, reader: str = "source") -> None:
         self.open_source, self.schedule, self.rank, self.batch = open_source, schedule, rank, batch_size
+        self.reader = reader
         self.buffer_size, self.fill, self.seed, self.epoch = buffer_size, fill, seed, epoch
         self.on_overflow, self.column, self.every = on_overflow, bucket_column, snapshot_every
         self.window = max(int(pick_window), batch_size)
@@ -103,12 +107,21 @@ class RankBuffer:
         self._okmap = np.r_[self.scheduled > 0, False]  # bucket id (k: unassigned or unknown) -> schedulable
         self._ok = np.empty(0, dtype=bool)  # the current chunk's schedulable rows
         self._picks: list[list[int]] = []  # a full window's pick positions per step of the block (_step_uniforms)
-        self.source = open_source(None)
-        self.chunks = self.source.iter(batch_size=self.every)
+        self.source, self.chunks = self._open(None)
         self.exhausted = False
         self.snapshots[0] = self.source.state_dict()
 
     # ------------------------------------------------------------------------------------------ reading
+    def _open(self, state: Any) -> tuple[Any, Any]:
+        """The rank's source positioned at ``state`` (None: its start) and its chunk iterator, through the
+        source's own formatting (``reader="source"``) or as Arrow tables made python columns (``"arrow"``,
+        :func:`arrow_chunks`)."""
+        if self.reader == "arrow":
+            src = arrow_source(self.open_source(None), state)
+            return src, arrow_chunks(src, self.every)
+        src = self.open_source(state)
+        return src, src.iter(batch_size=self.every)
+
     def _fetch(self) -> bool:
         """Read the source's next chunk of ``snapshot_every`` rows (snapshotting its state first); False at its end."""
         idx = self.c["read"]
@@ -466,8 +479,8 @@ class RankBuffer:
             base = floor_key(keys, target)
             # restoring a snapshot costs about as much as reading ~1000 rows: read on through short gaps
             if chunks is None or pos - len(rows) > target or (pos < base and target - pos > REOPEN_ROWS):
-                src = self.open_source(snaps[base])
-                chunks, pos, rows = src.iter(batch_size=self.every), base, []
+                src, chunks = self._open(snaps[base])
+                pos, rows = base, []
             while pos <= target and (target < read or pos < read):
                 self.names, rows, _ = chunk_rows(next(chunks), self.column, self.names, pos)
                 pos += len(rows)
@@ -506,6 +519,30 @@ def _expand(entry: list[Any]) -> tuple[list[Any], list[Any], list[Any], int, int
     removed = [*removed, *((r[-1], b) for r in fresh or ())]
     reserve = [*reserve, (b, [r[-1] for r in old])] if fresh else list(reserve)
     return removed, reserve, list(unused), step, read, counters
+
+
+def arrow_source(src: Any, state: Any) -> Any:
+    """``src`` (a rank's split, its epoch set) formatted as Arrow, with its epoch and positioned at ``state``
+    (``with_format`` makes a new dataset, so both are set on it)."""
+    fmt = src.with_format("arrow")
+    fmt.set_epoch(src.epoch)
+    if state is not None:
+        fmt.load_state_dict(state)
+    return fmt
+
+
+def arrow_chunks(src: Any, every: int) -> Any:
+    """The chunks of an Arrow-formatted source as dicts of python columns: ``Table.to_pydict()`` makes a chunk's
+    values a column at a time in C++, what datasets' python formatting yields row by row (through a dict per row)
+    for features that need no decoding (:func:`decoding_columns`)."""
+    return (table.to_pydict() for table in src.iter(batch_size=every))
+
+
+def decoding_columns(features: Any) -> list[str]:
+    """The columns whose feature datasets decodes when it formats python rows (``Image()``, ``Audio()``, ...)."""
+    from datasets.features.features import require_decoding
+
+    return [name for name, f in (features or {}).items() if require_decoding(f)]
 
 
 def floor_key(keys: list[int], i: int) -> int:

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .buffer import COUNTERS, BufferOverflowError, RankBuffer
+from .buffer import COUNTERS, BufferOverflowError, RankBuffer, decoding_columns
 from .plan import StreamReport, as_counts, stream_schedule
 
 __all__ = ["BucketedStream", "BufferOverflowError", "build_stream_loader", "shuffle_shards"]
@@ -91,6 +91,18 @@ def shuffle_shards(dataset: Any, seed: int) -> Any:
     return dataset.shuffle(**kwargs)
 
 
+def check_reader(reader: Any, dataset: Any) -> None:
+    """Refuse a ``reader`` other than ``"source"``/``"arrow"``, and ``"arrow"`` over a column datasets decodes (its
+    python rows would hold the decoded values, which the Arrow reader does not make)."""
+    if reader not in ("source", "arrow"):
+        raise ValueError(f"`reader` must be 'source' or 'arrow', got {reader!r}.")
+    decoded = decoding_columns(dataset.features) if reader == "arrow" else []
+    if decoded:
+        raise ValueError(f"reader='arrow' yields undecoded values, but datasets decodes the column(s) {decoded} of "
+                         "this stream; stream them undecoded (`ds.cast_column(name, datasets.Image(decode=False))`) "
+                         "and decode in `collate_fn`, or use reader='source'.")
+
+
 class BucketedStream(torch.utils.data.IterableDataset):
     """Full one-bucket batches from a streaming dataset, the same bucket on every rank at every step.
 
@@ -128,6 +140,13 @@ class BucketedStream(torch.utils.data.IterableDataset):
         epoch_dataset: ``epoch_dataset(epoch)`` is the ``IterableDataset`` read in that epoch instead of ``dataset``
             (the same columns and the rows ``counts`` counts, e.g. the epoch's crop variant of an encoded dataset);
             it must return the same dataset for the same epoch, since a resume re-reads it.
+        reader: how a chunk of the source is read. ``"source"`` (default): ``dataset.iter(batch_size=...)`` through
+            the dataset's own formatting (python, numpy or torch). ``"arrow"``: the dataset read as Arrow tables
+            (``with_format("arrow")``), each chunk made python columns at once (``Table.to_pydict()``), for an
+            unformatted source (python rows) whose columns need no decoding: the same rows and batches as
+            ``"source"`` gives such a source, at a fraction of the reading cost (datasets' python formatting goes
+            through a dict per row); a source's numpy/torch formatting is not applied. A state resumes only with
+            the reader that saved it (its source snapshots are the reader's).
     """
 
     def __init__(self, dataset: Any, batch_size: int, *, counts: Any, buckets: Any = None, num_replicas: int = 1,
@@ -135,7 +154,7 @@ class BucketedStream(torch.utils.data.IterableDataset):
                  on_overflow: str = "error", bucket_column: str = "bucket",
                  collate_fn: Callable[[list[Any]], Any] | None = None, snapshot_every: int = 256,
                  history: int = 8, pick_window: int | None = None, schedule: str = "arrival",
-                 epoch_dataset: Callable[[int], Any] | None = None) -> None:
+                 epoch_dataset: Callable[[int], Any] | None = None, reader: str = "source") -> None:
         import datasets
 
         if not isinstance(dataset, datasets.IterableDataset):
@@ -156,6 +175,7 @@ class BucketedStream(torch.utils.data.IterableDataset):
             raise ValueError(f"`rank` must be None or in [0, {num_replicas}), got {rank!r}.")
         if on_overflow not in ("error", "evict"):
             raise ValueError(f"`on_overflow` must be 'error' or 'evict', got {on_overflow!r}.")
+        check_reader(reader, dataset)
         shuffle_rows = buffer_size // 2 if shuffle_rows is None else int(shuffle_rows)
         if not 0 <= shuffle_rows <= buffer_size:
             raise ValueError(f"`shuffle_rows` must be in [0, buffer_size={buffer_size}], got {shuffle_rows}.")
@@ -163,7 +183,7 @@ class BucketedStream(torch.utils.data.IterableDataset):
         self.counts = as_counts(counts, buckets)
         self.seed, self.buffer_size, self.shuffle_rows = int(seed), int(buffer_size), shuffle_rows
         self.on_overflow, self.bucket_column, self.collate_fn = on_overflow, bucket_column, collate_fn
-        self.epoch_dataset = epoch_dataset
+        self.epoch_dataset, self.reader = epoch_dataset, reader
         self.snapshot_every, self.history = int(snapshot_every), int(history)
         self.pick_window = 8 * self.batch_size if pick_window is None else int(pick_window)
         if self.pick_window < self.batch_size:
@@ -236,7 +256,8 @@ class BucketedStream(torch.utils.data.IterableDataset):
                               batch_size=self.batch_size, buffer_size=self.buffer_size, fill=self.shuffle_rows,
                               seed=self.seed, epoch=self.epoch, on_overflow=self.on_overflow,
                               bucket_column=self.bucket_column, snapshot_every=self.snapshot_every,
-                              history=self.history, pick_window=self.pick_window) for r in self.ranks}
+                              history=self.history, pick_window=self.pick_window, reader=self.reader)
+                for r in self.ranks}
 
     def __iter__(self) -> Iterator[Any]:
         """The rest of the epoch: per step, one item per rank (``None`` for ranks this process does not read)."""
@@ -260,7 +281,8 @@ class BucketedStream(torch.utils.data.IterableDataset):
         return {"num_replicas": self.num_replicas, "batch_size": self.batch_size, "seed": self.seed,
                 "pick_window": self.pick_window, "buffer_size": self.buffer_size, "shuffle_rows": self.shuffle_rows,
                 "on_overflow": self.on_overflow, "schedule": self.schedule_order,
-                "counts_sha1": digest, "bucket_column": self.bucket_column}
+                "counts_sha1": digest, "bucket_column": self.bucket_column,
+                **({"reader": self.reader} if self.reader != "source" else {})}  # (the source reader's as before)
 
     def state_dict(self, step: int | None = None) -> dict[str, Any]:
         """The JSON-serialisable position: config, epoch, step and, per rank read here, its buffered rows' read

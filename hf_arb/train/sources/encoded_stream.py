@@ -148,7 +148,7 @@ class EncodedStreamSource(StreamSource):
         self.dataloader, self.sampler = hf_arb.build_stream_loader(
             self.ds, a.train_batch_size, counts=self.counts, accelerator=accelerator, seed=a.seed,
             buffer_size=a.stream_buffer_size, on_overflow=a.stream_on_overflow, collate_fn=collate,
-            epoch_dataset=lambda epoch: self.variant(epoch % self.variants))
+            epoch_dataset=lambda epoch: self.variant(epoch % self.variants), reader="arrow")  # Arrow chunks
         world = 1 if accelerator is None else accelerator.num_processes
         check_fingerprint(self.data.fingerprint, {"variants": planned_variants(a, self.schedule(world))},
                           a.encoded_dataset)
