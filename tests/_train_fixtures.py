@@ -347,6 +347,25 @@ def run_batch(root: Path, runs: list[dict[str, Any]], nproc: int = 2, timeout: i
     return results
 
 
+#: what the ranks of a launch of the suite's non-training workers (sampler, stream) import: preloaded once by the
+#: launcher instead of the training stack's tests/_fork_launch.py PRELOAD (~5 CPU-s instead of ~16 per launch)
+LIGHT_PRELOAD = ("torch", "torch.distributed", "numpy", "pyarrow", "accelerate", "datasets", "hf_arb")
+
+
+def launch_stages(root: Path, stages: list[dict[str, Any]], preload: tuple[str, ...] | None = None,
+                  timeout: int = 600) -> None:
+    """Several launches in one launcher (tests/_fork_launch.py's stage list): each stage ``{"name", "script",
+    "args", "nproc"[, "cwd", "log"]}`` on fresh forked ranks, in turn, after one import of ``preload`` (default: the
+    launcher's whole training stack). A stage reading the previous stage's checkpoint is a real restart."""
+    from test_train import torchrun
+
+    spec = {"stages": [{**st, "script": str(st["script"])} for st in stages]}
+    if preload is not None:
+        spec["preload"] = list(preload)
+    (root / "stages.json").write_text(json.dumps(spec, indent=1))
+    torchrun(root / "stages.json", [], stages[0]["nproc"], timeout)
+
+
 def batch_result(batch: dict[str, Any], name: str) -> dict[str, Any]:
     """One run of the batch, failing the test with that run's traceback and log tail if it failed."""
     import pytest
