@@ -31,6 +31,7 @@ Not used where the launcher itself is the subject: the docs' commands run ``torc
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib
 import json
 import os
@@ -85,6 +86,9 @@ def main() -> int:
         preload, stages = a.preload.split(","), [{"name": a.script, "script": a.script, "args": a.args}]
     for name in filter(None, preload):
         importlib.import_module(name)
+    # the imports' objects into the collector's permanent generation (Python's advice before fork without exec): the
+    # collections of the ranks and their DataLoader workers then never walk, and so never copy, those shared pages
+    gc.freeze()
     for i, stage in enumerate(stages):
         port = a.master_port if i == 0 else _free_port()
         failed = _launch(stage["script"], stage.get("args", []), stage.get("nproc", a.nproc_per_node), a.master_addr,

@@ -339,7 +339,7 @@ def test_resume_idioms_every_mode_with_and_without_workers(request, world: int, 
     """Issue 23's table, on real processes: accelerate modes (default, dispatch_batches, split_batches,
     even_batches=False; and the stateful loader) x DataLoader workers {0, 2} (3 processes: 0, to keep the launch
     short) x the resume idioms (accelerate's ``skip_first_batches`` after ``load_state``, ``hf_arb.resume_dataloader``,
-    iterating the prepared loader again), 613 rows, batch 4, checkpoint after 25 steps, all in one launch per world
+    iterating the prepared loader again), 300 rows, batch 4, checkpoint after 12 steps, all in one launch per world
     size (the 2- and 3-process launches' last phase). Every cell is exact (batch for batch the uninterrupted run) or
     refused before serving a batch."""
     sys.path.insert(0, str(ROOT / "tests"))
@@ -360,7 +360,7 @@ def test_resume_idioms_every_mode_with_and_without_workers(request, world: int, 
 @GROUP
 def test_dispatch_skip_first_batches_is_the_same_on_every_rank_and_run(launch3) -> None:
     """Issue 34, item 11: 3 processes, ``dispatch_batches=True``, accelerate's ``skip_first_batches(loader, k)`` after
-    ``load_state`` (613 rows, batch 4, checkpoint after IDIOM_SAVE steps), each k resumed twice in a row while a busy
+    ``load_state`` (300 rows, batch 4, checkpoint after IDIOM_SAVE steps), each k resumed twice in a row while a busy
     process loads the CPU. Only rank 0 reads the sampler under dispatch, so a k past the count rank 0 had handed out
     (its read-ahead) used to be refused on rank 0 alone, inside accelerate's fetch: the other ranks waited in the
     broadcast (a hang, or gloo's SIGABRT). Now the pass starts at step k on every rank and every run, whatever rank 0
@@ -388,8 +388,8 @@ def test_dispatch_skip_first_batches_is_the_same_on_every_rank_and_run(launch3) 
 @pytest.mark.slow
 @GROUP
 def test_tiered_sampler_resume_idioms_on_two_processes(launch2) -> None:
-    """Issue 27: the same idiom table on a TieredBatchSampler (2 tiers, a curriculum switching at step 30, after the
-    checkpoint at step 25) in the first 2-process launch, DataLoader workers 0: accelerate's ``skip_first_batches``
+    """Issue 27: the same idiom table on a TieredBatchSampler (2 tiers, a curriculum switching at step 15, after the
+    checkpoint at step 12) in the first 2-process launch, DataLoader workers 0: accelerate's ``skip_first_batches``
     after ``load_state`` and ``hf_arb.resume_dataloader`` continue exactly across the switch in every accelerate
     mode but split_batches (batch sizes vary by tier), the stateful loader restores itself, and iterating the
     prepared loader again after a mid-epoch restore is refused before its first batch."""
