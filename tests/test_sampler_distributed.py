@@ -3,9 +3,9 @@
 The worker (tests/_sampler_worker.py) is a diffusers-style script (everything in one plain
 ``accelerator.prepare``); each rank records what it trained and these tests assert on the records. The
 2-process run (batch 3) checkpoints exactly at the end of epoch 0 (a state saved at the end of a pass is the case
-torchdata restores through a dropped pass) and mid-epoch 1, in every accelerate mode, and a second launch resumes
-each checkpoint; a 3-process launch (batch 2) continues the 2-process run's sampler state (the same global batch of
-6): elastic resume across real launches. World sizes 1-8 of every mode are simulated in-process in
+torchdata restores through a dropped pass) and mid-epoch 1, in every accelerate mode, and new processes (the next
+stage of the launch) resume each checkpoint; 3 processes (batch 2) continue the 2-process run's sampler state (the
+same global batch of 6): elastic resume across real restarts. World sizes 1-8 of every mode are simulated in-process in
 tests/test_sampler.py and tests/test_sampler_stateful_resume.py.
 """
 
