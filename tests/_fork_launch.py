@@ -90,6 +90,8 @@ def main() -> int:
     # collections of the ranks and their DataLoader workers then never walk, and so never copy, those shared pages
     gc.freeze()
     for i, stage in enumerate(stages):
+        if _SIGNALLED:
+            return 1
         port = a.master_port if i == 0 else _free_port()
         failed = _launch(stage["script"], stage.get("args", []), stage.get("nproc", a.nproc_per_node), a.master_addr,
                          port, stage.get("cwd"), stage.get("log"))
@@ -100,6 +102,10 @@ def main() -> int:
                       f"{failed[1]}); later stages not run", file=sys.stderr, flush=True)
             return 1
     return 0
+
+
+#: the signals the launcher passed on to its ranks
+_SIGNALLED: list[int] = []
 
 
 def _free_port() -> int:
@@ -132,6 +138,7 @@ def _launch(script: str, args: list[str], n: int, addr: str, port: int, cwd: str
         children[pid] = rank
 
     def forward(signum, _frame):  # a signal to the launcher reaches every rank, as torchrun passes it on
+        _SIGNALLED.append(signum)  # and no later stage starts
         for pid in children:
             try:
                 os.kill(pid, signum)
