@@ -9,8 +9,8 @@ TCP store can pair the wrong ranks; accelerate's state keeps the same ranks). A 
 a checkpoint folder before it starts (rank 0 copies, every rank waits), which is how a "resumed" run gets the full
 run's checkpoint. A run with ``"worker": "<module>"`` calls that module's ``main(argv)`` (a test worker of tests/, e.g.
 ``_stream_worker``) instead of the script's. Each rank's output of a run goes to ``logs/<name>.rank<r>.log`` (file
-descriptors 1 and 2, so tqdm and logging land there too); ``status.rank<r>.json`` says which runs failed, with their
-tracebacks.
+descriptors 1 and 2, so tqdm and logging land there too); a status file says which runs failed, with their
+tracebacks (``status.<runs file's stem>.rank<r>.json``).
 
 Usage: ``torchrun --nproc_per_node 2 tests/_train_batch_worker.py <root>/runs.json <root>``
 """
@@ -56,13 +56,15 @@ def _restore(saved: tuple[int, int]) -> None:
 def main() -> None:
     runs = json.loads(Path(sys.argv[1]).read_text())
     root = Path(sys.argv[2])
+    stage = Path(sys.argv[1]).stem  # runs.json, or runs-restart.json (run_batch's second stage)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     (root / "logs").mkdir(parents=True, exist_ok=True)
     status: dict[str, str] = {}
     for i, run in enumerate(runs):
-        if i and not dist.is_initialized():  # the previous run's end_training destroyed it
-            # a store of its own for each new group: keys left by the previous group cannot mix ranks up
-            dist.init_process_group("gloo", init_method=(root / f"pg-{i}").as_uri(), rank=rank, world_size=world)
+        if not dist.is_initialized() and (i or run.get("copy")):  # the previous run's end_training destroyed it
+            # a store of its own for each new group: keys left by the previous group (or stage) cannot mix ranks up
+            dist.init_process_group("gloo", init_method=(root / f"pg-{stage}-{i}").as_uri(), rank=rank,
+                                    world_size=world)
         if run.get("copy"):
             if rank == 0:
                 shutil.copytree(*run["copy"])
@@ -77,7 +79,7 @@ def main() -> None:
             status[run["name"]] = traceback.format_exc()[-4000:]
         finally:
             _restore(saved)
-    (root / f"status.rank{rank}.json").write_text(json.dumps(status))
+    (root / f"status.{stage}.rank{rank}.json").write_text(json.dumps(status))
     if dist.is_initialized():
         dist.destroy_process_group()
     # Everything the tests read is written. Leave without the interpreter's shutdown: after all the batch's runs in

@@ -11,7 +11,8 @@ runs on resolution tiers, the families' 2-process resumes, ...) runs in **one** 
 launch (tests/_train_batch_worker.py): the imports cost each process about 7 s of CPU and a tiny run about 1 s, so
 ``n`` runs in one launch cost about ``7 + n`` seconds per process instead of ``8 n``. A "resumed" run is a new
 ``main()`` call in the same processes that loads the full run's checkpoint from disk. That a checkpoint also resumes in
-a *new* process is tested once on 2 processes (``ddp_runs`` in tests/test_train.py, two launches) and once on 1
+a *new* process is tested once on 2 processes (``ddp_runs`` in tests/test_train.py: its resume is a ``"restart"`` run,
+which :func:`run_batch` runs in a second stage of the launch, on new processes) and once on 1
 (tests/test_fault_train.py kills a run with SIGKILL and resumes it). Tests that read the batch share the ``xdist_group``
 :data:`GROUP`, so one worker runs them while the other goes on with the rest of the suite.
 """
@@ -270,10 +271,15 @@ def batch_runs(root: Path, train: dict[str, str], flow: dict[str, str], stream: 
         "--pretrained_model_name_or_path", train["sdxl"], "--dataset_name", str(root / "annotated"), "--output_dir",
         str(out), *SD_BASE[4:], "--full_finetune", "--max_train_steps", "3", "--checkpointing_steps", "100",
         "--cache_latents", "--random_flip", "--cache_text_embeddings"]})
-    # test_train.py ddp_runs (and test_portable_outputs.py): its full run; the resume is a launch of its own
-    out = root / "sd-conditioned"
+    # test_train.py ddp_runs (and test_portable_outputs.py): its full run, and its resume from checkpoint-2 in new
+    # processes (the batch's restart stage: a real restart)
+    out, resumed = root / "sd-conditioned", root / "sd-conditioned-resumed"
     runs.append({"name": "sd-conditioned", "out": str(out), "argv": [*conditioned_argv(train), "--output_dir",
                                                                      str(out)]})
+    runs.append({"name": "sd-conditioned-resumed", "out": str(resumed), "restart": True,
+                 "copy": [str(out / "checkpoint-2"), str(resumed / "checkpoint-2")],
+                 "argv": [*conditioned_argv(train), "--output_dir", str(resumed), "--resume_from_checkpoint",
+                          "latest"]})
     # test_fault_train.py: broken images replaced under DDP, one epoch
     images, damaged = broken_imagefolder(root / "broken-images")
     out = root / "broken-ddp"
@@ -324,27 +330,54 @@ def encoded_runs(root: Path, train: dict[str, str]) -> list[dict[str, Any]]:
 
 
 def run_batch(root: Path, runs: list[dict[str, Any]], nproc: int = 2, timeout: int = 300) -> dict[str, Any]:
-    """Launch the runs in one torchrun; return ``name -> {"out", "stats", "error", ...}`` (JSON only; the run's
+    """Launch the runs in one launcher; return ``name -> {"out", "stats", "error", ...}`` (JSON only; the run's
     other keys, e.g. ``damaged``, are passed through).
+
+    The runs marked ``"restart": true`` run after the others in a second stage of the launch (tests/_fork_launch.py):
+    new processes, so a resume there is a real restart, without a launch of its own.
 
     ``stats`` is the run's ``hf_arb_run.json`` plus ``log`` (every rank's output); ``error`` is "" or the first
     failing rank's traceback.
     """
-    from test_train import torchrun
-
-    (root / "runs.json").write_text(json.dumps(runs, indent=1))
-    torchrun(Path(__file__).with_name("_train_batch_worker.py"), [str(root / "runs.json"), str(root)], nproc,
-             timeout)
-    status = [json.loads((root / f"status.rank{r}.json").read_text()) for r in range(nproc)]
+    worker = Path(__file__).with_name("_train_batch_worker.py")
+    stages = []
+    for stage, part in (("runs", [r for r in runs if not r.get("restart")]),
+                        ("runs-restart", [r for r in runs if r.get("restart")])):
+        if part:
+            (root / f"{stage}.json").write_text(json.dumps(part, indent=1))
+            stages.append({"name": stage, "script": worker, "nproc": nproc, "args": [str(root / f"{stage}.json"),
+                                                                                     str(root)]})
+    launch_stages(root, stages, timeout=timeout)
+    status = [json.loads((root / f"status.{st['name']}.rank{r}.json").read_text()) for st in stages
+              for r in range(nproc)]
     results: dict[str, Any] = {}
     for run in runs:
         name, out = run["name"], Path(run["out"])
         log = "".join((root / "logs" / f"{name}.rank{r}.log").read_text() for r in range(nproc))
         error = next((s[name] for s in status if s.get(name)), "")
         stats = json.loads((out / "hf_arb_run.json").read_text()) if (out / "hf_arb_run.json").exists() else {}
-        extra = {k: v for k, v in run.items() if k not in ("argv", "copy", "worker")}
+        extra = {k: v for k, v in run.items() if k not in ("argv", "copy", "worker", "restart")}
         results[name] = {**extra, "stats": {**stats, "log": log}, "error": error}
     return results
+
+
+#: what the ranks of a launch of the suite's non-training workers (sampler, stream) import: preloaded once by the
+#: launcher instead of the training stack's tests/_fork_launch.py PRELOAD (~5 CPU-s instead of ~16 per launch)
+LIGHT_PRELOAD = ("torch", "torch.distributed", "numpy", "pyarrow", "accelerate", "datasets", "hf_arb")
+
+
+def launch_stages(root: Path, stages: list[dict[str, Any]], preload: tuple[str, ...] | None = None,
+                  timeout: int = 600) -> None:
+    """Several launches in one launcher (tests/_fork_launch.py's stage list): each stage ``{"name", "script",
+    "args", "nproc"[, "cwd", "log"]}`` on fresh forked ranks, in turn, after one import of ``preload`` (default: the
+    launcher's whole training stack). A stage reading the previous stage's checkpoint is a real restart."""
+    from test_train import torchrun
+
+    spec = {"stages": [{**st, "script": str(st["script"])} for st in stages]}
+    if preload is not None:
+        spec["preload"] = list(preload)
+    (root / "stages.json").write_text(json.dumps(spec, indent=1))
+    torchrun(root / "stages.json", [], stages[0]["nproc"], timeout)
 
 
 def batch_result(batch: dict[str, Any], name: str) -> dict[str, Any]:

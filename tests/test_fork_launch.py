@@ -54,3 +54,46 @@ def test_ranks_see_torchruns_worker_environment(tmp_path: Path) -> None:
 def test_a_failing_rank_fails_the_launch(tmp_path: Path) -> None:
     proc = _launch([str(HERE / "_fork_launch.py"), "--preload", ""], tmp_path, code=3)
     assert proc.returncode == 1 and "rank 1 exited with 3" in proc.stderr
+
+
+STAGE = """
+import json, os, sys
+out = os.path.join(sys.argv[1], f"{sys.argv[2]}.rank{os.environ['RANK']}.json")
+json.dump({"pid": os.getpid(), "cwd": os.getcwd(), "world": os.environ["WORLD_SIZE"], "port": os.environ["MASTER_PORT"],
+           "seen": sorted(os.listdir(sys.argv[1]))}, open(out, "w"))
+sys.stdout.write(f"stage {sys.argv[2]} rank {os.environ['RANK']}\\n")  # one write: the ranks' lines never interleave
+sys.exit(int(sys.argv[3]) if os.environ["RANK"] == "1" else 0)
+"""
+
+
+def test_stages_run_in_turn_on_fresh_ranks_and_a_failing_stage_stops_the_launch(tmp_path: Path) -> None:
+    """A JSON stage list: each stage on new processes of its own size, port, working directory and log, after the
+    previous stage ended; a failing stage fails the launch, names itself with its log's tail, and later ones never
+    run."""
+    from test_train import free_port
+
+    script, cwd = tmp_path / "stage.py", tmp_path / "elsewhere"
+    script.write_text(STAGE)
+    cwd.mkdir()
+    stages = [{"name": "a", "script": str(script), "nproc": 2, "args": [str(tmp_path), "a", "0"]},
+              {"name": "b", "script": str(script), "nproc": 3, "args": [str(tmp_path), "b", "0"], "cwd": str(cwd),
+               "log": str(tmp_path / "b.log")},
+              {"name": "c", "script": str(script), "nproc": 2, "args": [str(tmp_path), "c", "4"],
+               "log": str(tmp_path / "c.log")},
+              {"name": "d", "script": str(script), "nproc": 2, "args": [str(tmp_path), "d", "0"]}]
+    (tmp_path / "stages.json").write_text(json.dumps({"preload": [], "stages": stages}))
+    port = free_port()
+    proc = subprocess.run([sys.executable, str(HERE / "_fork_launch.py"), "--nproc_per_node", "2", "--master_port",
+                           str(port), str(tmp_path / "stages.json")], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1
+    assert "stage 'c' failed (rank 1 exited with 4)" in proc.stderr and "stage c rank 1" in proc.stderr  # its log
+    runs = {p.stem: json.loads(p.read_text()) for p in tmp_path.glob("*.rank*.json")}
+    runs.pop("c.rank0", None)  # stopped when rank 1 failed, perhaps before it wrote (as torchrun stops it)
+    assert sorted(runs) == ["a.rank0", "a.rank1", "b.rank0", "b.rank1", "b.rank2", "c.rank1"]
+    assert len({r["pid"] for r in runs.values()}) == 6  # a new process per rank and stage
+    assert {r["world"] for k, r in runs.items() if k.startswith("b")} == {"3"}
+    assert {r["cwd"] for k, r in runs.items() if k.startswith("b")} == {str(cwd)}
+    assert runs["a.rank0"]["port"] == str(port) != runs["b.rank0"]["port"]
+    assert {"a.rank0.json", "a.rank1.json"} <= set(runs["b.rank0"]["seen"])  # b started after a had ended
+    assert "stage a rank 0" in proc.stdout and "stage b" not in proc.stdout
+    assert sorted((tmp_path / "b.log").read_text().splitlines()) == [f"stage b rank {r}" for r in range(3)]

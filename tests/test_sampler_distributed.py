@@ -3,22 +3,22 @@
 The worker (tests/_sampler_worker.py) is a diffusers-style script (everything in one plain
 ``accelerator.prepare``); each rank records what it trained and these tests assert on the records. The
 2-process run (batch 3) checkpoints exactly at the end of epoch 0 (a state saved at the end of a pass is the case
-torchdata restores through a dropped pass) and mid-epoch 1, in every accelerate mode, and a second launch resumes
-each checkpoint; a 3-process launch (batch 2) continues the 2-process run's sampler state (the same global batch of
-6): elastic resume across real launches. World sizes 1-8 of every mode are simulated in-process in
+torchdata restores through a dropped pass) and mid-epoch 1, in every accelerate mode, and new processes (the next
+stage of the launch) resume each checkpoint; 3 processes (batch 2) continue the 2-process run's sampler state (the
+same global batch of 6): elastic resume across real restarts. World sizes 1-8 of every mode are simulated in-process in
 tests/test_sampler.py and tests/test_sampler_stateful_resume.py.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from test_train import torchrun
 
 from hf_arb import plan_epoch
 from hf_arb.sampling.planning.ragged import plan_epoch_ragged
@@ -27,20 +27,22 @@ WORKER = Path(__file__).resolve().parent / "_sampler_worker.py"
 ROOT = WORKER.parent.parent
 
 
-def _torchrun(nproc: int, out: Path, phases: str, *args: str, timeout: int = 240) -> dict[str, list[dict]]:
-    """One launch of the worker running ``phases`` (comma-separated) in turn: ``{phase: [rank 0's record, ...]}``."""
-    torchrun(WORKER, ["--phases", phases, "--out", str(out), *args], nproc, timeout)
+def _records(nproc: int, out: Path, phases: str) -> dict[str, list[dict]]:
+    """``{phase: [rank 0's record, ...]}`` of the worker's ``phases`` (comma-separated) written to ``out``."""
     return {phase: [json.loads((out / f"result_{phase}_rank{r}.json").read_text()) for r in range(nproc)]
             for phase in phases.split(",")}
 
 
-# The launches the tests below read, once per test run (shared_artifact), on one worker (xdist_group): a launch costs
-# the launcher and each process its imports and the process group's set-up, so each runs several phases.
-# 2 processes: plain torch.distributed, then every accelerate mode (checkpoints at _saves(), the elastic sampler
-# state), then the idiom table; a second 2-process launch resumes each checkpoint (the real restart); 3 processes
-# continue the elastic state, then run the idiom table.
+# The launches the tests below read, once per test run (shared_artifact), on one worker (xdist_group), as the stages
+# of one launcher (tests/_fork_launch.py): it imports torch, accelerate and hf_arb once (LIGHT_PRELOAD), then forks
+# fresh ranks for each stage, so a stage that loads the previous stage's checkpoints is a real restart in new
+# processes. 2 processes: plain torch.distributed, then every accelerate mode (checkpoints at _saves(), the elastic
+# sampler state), then the idiom tables; 2 new processes resume each checkpoint; 3 processes continue the elastic
+# state, then run the idiom table and the dispatch_k phase; then the docs' recipe, run twice as written (the second
+# run resumes the first's checkpoint).
 GROUP = pytest.mark.xdist_group("sampler-distributed")
 BATCH2, BATCH3 = 3, 2  # per-process batch of the 2- and 3-process runs (global batch 6 both)
+PHASES2, PHASES3 = "plain,full,idioms,tiered_idioms", "elastic,idioms,dispatch_k"
 
 
 def _saves() -> tuple[int, int]:
@@ -49,37 +51,68 @@ def _saves() -> tuple[int, int]:
     return steps // 2, steps // 2 + 9
 
 
-def _launch2(out: Path) -> dict[str, Any]:
-    return {"dir": str(out), **_torchrun(
-        2, out, "plain,full,idioms,tiered_idioms", "--batch-size", str(BATCH2), "--plain-batch-size", "4", "--save-at",
-        *map(str, _saves()), "--save-elastic", str(out / "elastic.json"), "--pixel", "--video", "--idiom-workers", "0",
-        "2",
-        timeout=480)}
+def recipe_code() -> str:
+    """The accelerate recipe of docs/sampler.md, as written."""
+    doc = (ROOT / "docs" / "sampler.md").read_text()
+    section = doc[doc.index("### The recipe"):]
+    code = section[section.index("```python") + len("```python"):]
+    return code[: code.index("```")]
+
+
+def _launch(root: Path) -> dict[str, Any]:
+    from _train_fixtures import LIGHT_PRELOAD, launch_stages
+
+    l2, r2, l3, recipe = (root / d for d in ("launch-2", "resume-2", "launch-3", "recipe"))
+    for d in (l2, r2, l3, recipe):
+        d.mkdir()
+    (recipe / "example_train.py").write_text(recipe_code())
+    saves = [str(s) for s in _saves()]
+    stages = [
+        {"name": "launch-2", "script": WORKER, "nproc": 2, "args": [
+            "--phases", PHASES2, "--out", str(l2), "--batch-size", str(BATCH2), "--plain-batch-size", "4",
+            "--save-at", *saves, "--save-elastic", str(l2 / "elastic.json"), "--pixel", "--video", "--idiom-workers",
+            "0", "2"]},
+        {"name": "resume-2", "script": WORKER, "nproc": 2, "args": [
+            "--phases", "resume", "--out", str(r2), "--checkpoints", str(l2), "--batch-size", str(BATCH2),
+            "--save-at", *saves, "--pixel", "--video"]},
+        # the dispatch_k phase runs beside a busy process: the launch's timeout is a limit, not the cost
+        {"name": "launch-3", "script": WORKER, "nproc": 3, "args": [
+            "--phases", PHASES3, "--out", str(l3), "--batch-size", str(BATCH3), "--load-elastic",
+            str(l2 / "elastic.json"), "--idiom-workers", "0"]},
+        *({"name": f"recipe-{i}", "script": recipe / "example_train.py", "nproc": 2, "cwd": str(recipe),
+           "log": str(recipe / f"run{i}.log")} for i in (0, 1))]
+    launch_stages(root, stages, LIGHT_PRELOAD, timeout=1200)
+    return {"launch2": {"dir": str(l2), **_records(2, l2, PHASES2)}, "resumed2": _records(2, r2, "resume")["resume"],
+            "launch3": _records(3, l3, PHASES3),
+            # rank 0 prints "epoch N done: ..."; the log also has both ranks' stderr, so no line is assumed whole
+            "recipe": [re.findall(r"epoch \d+ done", (recipe / f"run{i}.log").read_text()) for i in (0, 1)],
+            "recipe_checkpoint": (recipe / "checkpoints" / "last" / "custom_checkpoint_0.pkl").exists()}
 
 
 @pytest.fixture(scope="session")
-def launch2(shared_artifact) -> dict[str, Any]:
+def launches(shared_artifact) -> dict[str, Any]:
+    """Every stage's per-rank records (:func:`_launch`)."""
+    return shared_artifact("sampler-launches", _launch)
+
+
+@pytest.fixture(scope="session")
+def launch2(launches) -> dict[str, Any]:
     """``{"dir", "plain", "full", "idioms", "tiered_idioms"}``: each phase's per-rank records of the first 2-process
-    launch."""
-    return shared_artifact("sampler-launch-2", _launch2)
+    stage."""
+    return launches["launch2"]
 
 
 @pytest.fixture(scope="session")
-def resumed2(shared_artifact, launch2) -> list[dict]:
-    """Each checkpoint of the 2-process launch resumed by a new 2-process launch: per-rank records."""
-    return shared_artifact("sampler-resume-2", lambda out: _torchrun(
-        2, out, "resume", "--checkpoints", launch2["dir"], "--batch-size", str(BATCH2), "--save-at",
-        *map(str, _saves()), "--pixel", "--video")["resume"])
+def resumed2(launches) -> list[dict]:
+    """Each checkpoint of the 2-process stage resumed by 2 new processes: per-rank records."""
+    return launches["resumed2"]
 
 
 @pytest.fixture(scope="session")
-def launch3(shared_artifact, launch2) -> dict[str, list[dict]]:
+def launch3(launches) -> dict[str, list[dict]]:
     """``{"elastic", "idioms", "dispatch_k"}``: 3 processes continue the 2-process elastic state, run the idiom table,
     then resume its dispatch_batches checkpoint at several k under a loaded CPU."""
-    elastic = Path(launch2["dir"]) / "elastic.json"
-    return shared_artifact("sampler-launch-3", lambda out: _torchrun(
-        3, out, "elastic,idioms,dispatch_k", "--batch-size", str(BATCH3), "--load-elastic", str(elastic),
-        "--idiom-workers", "0", timeout=420))  # a limit, not the cost: the dispatch_k phase runs beside a busy process
+    return launches["launch3"]
 
 
 def _steps(results: list[dict], mode: str) -> tuple[np.ndarray, np.ndarray]:
@@ -217,22 +250,15 @@ def test_plain_torchrun_without_accelerate(launch2) -> None:
 
 
 @pytest.mark.slow
-def test_docs_recipe_runs_and_resumes(tmp_path: Path) -> None:
-    """The accelerate recipe in docs/sampler.md, run as written on 2 processes, twice: the second run loads
-    the checkpoint taken at step 40 of epoch 2 and trains only the rest of that epoch."""
-    doc = (ROOT / "docs" / "sampler.md").read_text()
-    section = doc[doc.index("### The recipe"):]
-    code = section[section.index("```python") + len("```python"):]
-    code = code[: code.index("```")]
-    script = tmp_path / "example_train.py"
-    script.write_text(code)
-    outs = []
-    for _ in range(2):
-        proc = torchrun(script, [], 2, timeout=180, cwd=tmp_path)
-        outs.append([line for line in proc.stdout.splitlines() if "done" in line])
-    assert [line.split(":")[0] for line in outs[0]] == ["epoch 0 done", "epoch 1 done", "epoch 2 done"]
-    assert [line.split(":")[0] for line in outs[1]] == ["epoch 2 done"]
-    assert (tmp_path / "checkpoints" / "last" / "custom_checkpoint_0.pkl").exists()
+@GROUP
+def test_docs_recipe_runs_and_resumes(launches) -> None:
+    """The accelerate recipe in docs/sampler.md, run as written on 2 processes, twice (two stages of the launch: new
+    processes): the second run loads the checkpoint taken at step 40 of epoch 2 and trains only the rest of that
+    epoch."""
+    outs = launches["recipe"]
+    assert outs[0] == ["epoch 0 done", "epoch 1 done", "epoch 2 done"]
+    assert outs[1] == ["epoch 2 done"]
+    assert launches["recipe_checkpoint"]
 
 
 def idiom_table(results: list[dict], tiered: bool = False) -> dict[tuple[str, str], str]:
@@ -314,7 +340,7 @@ def test_resume_idioms_every_mode_with_and_without_workers(request, world: int, 
     """Issue 23's table, on real processes: accelerate modes (default, dispatch_batches, split_batches,
     even_batches=False; and the stateful loader) x DataLoader workers {0, 2} (3 processes: 0, to keep the launch
     short) x the resume idioms (accelerate's ``skip_first_batches`` after ``load_state``, ``hf_arb.resume_dataloader``,
-    iterating the prepared loader again), 613 rows, batch 4, checkpoint after 25 steps, all in one launch per world
+    iterating the prepared loader again), 300 rows, batch 4, checkpoint after 12 steps, all in one launch per world
     size (the 2- and 3-process launches' last phase). Every cell is exact (batch for batch the uninterrupted run) or
     refused before serving a batch."""
     sys.path.insert(0, str(ROOT / "tests"))
@@ -335,7 +361,7 @@ def test_resume_idioms_every_mode_with_and_without_workers(request, world: int, 
 @GROUP
 def test_dispatch_skip_first_batches_is_the_same_on_every_rank_and_run(launch3) -> None:
     """Issue 34, item 11: 3 processes, ``dispatch_batches=True``, accelerate's ``skip_first_batches(loader, k)`` after
-    ``load_state`` (613 rows, batch 4, checkpoint after IDIOM_SAVE steps), each k resumed twice in a row while a busy
+    ``load_state`` (300 rows, batch 4, checkpoint after IDIOM_SAVE steps), each k resumed twice in a row while a busy
     process loads the CPU. Only rank 0 reads the sampler under dispatch, so a k past the count rank 0 had handed out
     (its read-ahead) used to be refused on rank 0 alone, inside accelerate's fetch: the other ranks waited in the
     broadcast (a hang, or gloo's SIGABRT). Now the pass starts at step k on every rank and every run, whatever rank 0
@@ -363,8 +389,8 @@ def test_dispatch_skip_first_batches_is_the_same_on_every_rank_and_run(launch3) 
 @pytest.mark.slow
 @GROUP
 def test_tiered_sampler_resume_idioms_on_two_processes(launch2) -> None:
-    """Issue 27: the same idiom table on a TieredBatchSampler (2 tiers, a curriculum switching at step 30, after the
-    checkpoint at step 25) in the first 2-process launch, DataLoader workers 0: accelerate's ``skip_first_batches``
+    """Issue 27: the same idiom table on a TieredBatchSampler (2 tiers, a curriculum switching at step 15, after the
+    checkpoint at step 12) in the first 2-process launch, DataLoader workers 0: accelerate's ``skip_first_batches``
     after ``load_state`` and ``hf_arb.resume_dataloader`` continue exactly across the switch in every accelerate
     mode but split_batches (batch sizes vary by tier), the stateful loader restores itself, and iterating the
     prepared loader again after a mid-epoch restore is refused before its first batch."""

@@ -3,7 +3,8 @@
 The worker (tests/_stream_worker.py) trains through a plain ``accelerator.prepare``, resumes at several points and
 repeats the epoch in accelerate's dispatch mode. 2 ranks read 5 shards (datasets then splits rows, not files): that
 run is one of the shared 2-process batch (``ddp_batch``, tests/_train_fixtures.py), so it costs no launch of its
-own; 3 ranks read 6 shards (whole files per rank) in a launch of their own.
+own; 3 ranks read 6 shards (whole files per rank) in a launch of their own, whose launcher imports only what the
+worker needs.
 """
 
 from __future__ import annotations
@@ -15,13 +16,14 @@ import numpy as np
 import pytest
 from _train_fixtures import (
     GROUP,
+    LIGHT_PRELOAD,
     STREAM_DIST_BATCH,
     STREAM_DIST_ROWS,
     STREAM_DIST_SHARDS,
     batch_result,
+    launch_stages,
     write_stream_shards,
 )
-from test_train import torchrun
 
 WORKER = Path(__file__).resolve().parent / "_stream_worker.py"
 ROOT = WORKER.parent.parent
@@ -31,8 +33,9 @@ ROOT = WORKER.parent.parent
 @pytest.mark.parametrize(("world", "shards"), [(3, STREAM_DIST_SHARDS[3])])
 def test_torchrun_stream(tmp_path, world, shards):
     ids = np.asarray(write_stream_shards(tmp_path, STREAM_DIST_ROWS, shards))
-    torchrun(WORKER, ["--data", str(tmp_path), "--out", str(tmp_path / "out"), "--batch", str(STREAM_DIST_BATCH)],
-             world)
+    launch_stages(tmp_path, [{"name": "stream", "script": WORKER, "nproc": world, "args": [
+        "--data", str(tmp_path), "--out", str(tmp_path / "out"), "--batch", str(STREAM_DIST_BATCH)]}],
+        LIGHT_PRELOAD)  # the launcher imports only what the worker needs (not the training stack)
     _check([json.loads((tmp_path / "out" / f"result_rank{r}.json").read_text()) for r in range(world)], ids, world)
 
 

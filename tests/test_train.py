@@ -12,7 +12,6 @@ import contextlib
 import io
 import json
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -493,23 +492,16 @@ def test_cache_latents_same_losses_and_reused(sd_run, assets, tmp_path_factory):
 
 # ------------------------------------------------------------------- slow: two processes, exact resume
 @pytest.fixture(scope="session")
-def ddp_runs(assets, shared_artifact, ddp_batch) -> dict[str, Any]:
-    """2 processes, resolution-conditioned v-prediction SD (checkpoint at step 2; run in the shared 2-process batch,
-    tests/_train_fixtures.py), and a run resumed from it in a new 2-process launch (a real restart).
-    Shared (tests/conftest.py): test_portable_outputs.py loads ``full`` as its resolution-conditioned output."""
-    from _train_fixtures import batch_result, conditioned_argv
+def ddp_runs(ddp_batch) -> dict[str, Any]:
+    """2 processes, resolution-conditioned v-prediction SD (checkpoint at step 2), and a run resumed from it in new
+    processes (a real restart): both in the shared 2-process batch (tests/_train_fixtures.py), the resume in its
+    restart stage. Shared (tests/conftest.py): test_portable_outputs.py loads ``full`` as its resolution-conditioned
+    output."""
+    from _train_fixtures import batch_result
 
-    full = batch_result(ddp_batch, "sd-conditioned")
-
-    def build(root: Path) -> dict[str, Any]:
-        resumed = root / "ddp_resumed"
-        shutil.copytree(full["out"] / "checkpoint-2", resumed / "checkpoint-2")
-        stats_resumed = run_script([*conditioned_argv(assets), "--output_dir", str(resumed),
-                                    "--resume_from_checkpoint", "latest"], nproc=2)
-        return {"resumed": str(resumed), "stats_resumed": stats_resumed}
-
-    runs = shared_artifact("train-ddp-resumed", build)
-    return {**runs, "full": full["out"], "stats_full": full["stats"], "resumed": Path(runs["resumed"])}
+    full, resumed = batch_result(ddp_batch, "sd-conditioned"), batch_result(ddp_batch, "sd-conditioned-resumed")
+    return {"full": full["out"], "stats_full": full["stats"], "resumed": resumed["out"],
+            "stats_resumed": resumed["stats"]}
 
 
 @pytest.mark.slow
