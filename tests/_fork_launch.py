@@ -114,11 +114,26 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+
+def _die_with(parent: int) -> None:
+    """A rank is killed when the launcher dies (Linux's ``PR_SET_PDEATHSIG``), as torchrun's agent takes its workers
+    down: a test's timeout kills the launcher with SIGKILL, which it cannot pass on, and the ranks would otherwise
+    train on as orphans. Where ``prctl`` is missing nothing changes."""
+    import ctypes
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
+    except (AttributeError, OSError):
+        return
+    if os.getppid() != parent:  # the launcher died before prctl took effect
+        os._exit(1)
+
 def _launch(script: str, args: list[str], n: int, addr: str, port: int, cwd: str | None,
             log: str | None) -> tuple[int, int] | None:
     """Fork ``n`` ranks running ``script``; wait for them all; ``(rank, exit code)`` of the first that failed."""
     run_id = uuid.uuid4().hex
     children: dict[int, int] = {}  # pid -> rank
+    parent = os.getpid()
     for rank in range(n):
         env = {"RANK": str(rank), "LOCAL_RANK": str(rank), "GROUP_RANK": "0", "ROLE_RANK": str(rank),
                "ROLE_NAME": "default", "WORLD_SIZE": str(n), "LOCAL_WORLD_SIZE": str(n), "GROUP_WORLD_SIZE": "1",
@@ -126,6 +141,7 @@ def _launch(script: str, args: list[str], n: int, addr: str, port: int, cwd: str
                "TORCHELASTIC_RUN_ID": run_id, "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "0"}
         pid = os.fork()
         if pid == 0:
+            _die_with(parent)
             if cwd:
                 os.chdir(cwd)
             if log:  # the rank's output (fds 1 and 2) appended to the stage's log

@@ -97,3 +97,38 @@ def test_stages_run_in_turn_on_fresh_ranks_and_a_failing_stage_stops_the_launch(
     assert {"a.rank0.json", "a.rank1.json"} <= set(runs["b.rank0"]["seen"])  # b started after a had ended
     assert "stage a rank 0" in proc.stdout and "stage b" not in proc.stdout
     assert sorted((tmp_path / "b.log").read_text().splitlines()) == [f"stage b rank {r}" for r in range(3)]
+
+
+def test_ranks_die_with_a_killed_launcher(tmp_path: Path) -> None:
+    """A test's timeout kills the launcher with SIGKILL, which it cannot pass on: its ranks die with it (as torchrun's
+    workers go down with their agent) instead of training on as orphans."""
+    import signal
+    import time
+
+    script = tmp_path / "sleep.py"
+    script.write_text("import os, sys, time\nopen(os.path.join(sys.argv[1], os.environ['RANK']), 'w').write("
+                      "str(os.getpid()))\ntime.sleep(60)\n")
+    from test_train import free_port
+
+    launcher = subprocess.Popen([sys.executable, str(HERE / "_fork_launch.py"), "--preload", "", "--nproc_per_node",
+                                 "2", "--master_addr", "127.0.0.1", "--master_port", str(free_port()), str(script),
+                                 str(tmp_path)])
+    pids_files = [tmp_path / "0", tmp_path / "1"]
+    deadline = time.monotonic() + 60
+    while not all(p.exists() and p.read_text() for p in pids_files):
+        assert time.monotonic() < deadline and launcher.poll() is None
+        time.sleep(0.05)
+    ranks = [int(p.read_text()) for p in pids_files]
+    launcher.send_signal(signal.SIGKILL)
+    launcher.wait()
+
+    def alive(pid: int) -> bool:  # a zombie (dead, not yet reaped by init) counts as gone
+        try:
+            return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+        except FileNotFoundError:
+            return False
+
+    deadline = time.monotonic() + 10
+    while any(alive(pid) for pid in ranks) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(alive(pid) for pid in ranks), ranks
