@@ -125,6 +125,18 @@ def floor_arrow(ds, chunk: int = 256) -> int:
     return batches
 
 
+def pick(q: list, draws) -> list:
+    """Take ``len(draws)`` items out of ``q`` at the positions the uniform ``draws`` (in [0, 1)) pick, each taken item
+    replaced by ``q``'s last (the shuffle buffer's O(1) removal)."""
+    n, rows = len(q), []
+    for x in draws:
+        i, n = int(x * n), n - 1
+        rows.append(q[i])
+        q[i] = q[n]
+        del q[n]
+    return rows
+
+
 def hold(ds, chunk: int = 256, fill: int = BUFFER // 2, block: int = 1024) -> int:
     """A bare shuffle buffer of the same size as ours, without buckets: the same chunked reads, each rank's split
     read into one list of row tuples kept at ``fill`` rows (``shuffle_rows``' default), and at every step each rank's
@@ -153,12 +165,7 @@ def hold(ds, chunk: int = 256, fill: int = BUFFER // 2, block: int = 1024) -> in
             if len(q) < BATCH:
                 serving.discard(r)
                 continue
-            n, rows = len(q), []
-            for x in u[step % block][r]:
-                i, n = int(x * n), n - 1
-                rows.append(q[i])
-                q[i] = q[n]
-                del q[n]
+            rows = pick(q, u[step % block][r])
             batch = [dict(zip(names[r], row)) for row in rows]
             batches += len(batch) // BATCH
         step += 1

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_stream import BATCH, BUFFER, WORLD, floor, floor_arrow, hold, write_source  # noqa: E402
+from bench_stream import BATCH, BUFFER, WORLD, floor, floor_arrow, hold, pick, write_source  # noqa: E402
 
 
 def _chunks(ds, r: int, chunk: int, arrow: bool, tables: bool = False):
@@ -66,12 +66,7 @@ def bare(ds, how: str, chunk: int = 256, fill: int = BUFFER // 2, block: int = 1
             if len(q) < BATCH:
                 serving.discard(r)
                 continue
-            n, rows = len(q), []
-            for x in u[step % block][r]:
-                i, n = int(x * n), n - 1
-                rows.append(q[i])
-                q[i] = q[n]
-                del q[n]
+            rows = pick(q, u[step % block][r])
             if how == "tuples":
                 batch = [dict(zip(names[r], row)) for row in rows]
             else:
