@@ -33,6 +33,7 @@ if it dies, when the server sees its parent gone).
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import signal
@@ -131,11 +132,16 @@ def stop(preload: tuple[str, ...] | None = None) -> None:
 atexit.register(stop)
 
 
+#: this process's environment when the suite imported this module: fixtures that set variables for their own
+#: clusters later (``ray_cluster``, ``spark``) must not key a second full server (:func:`script_env`)
+_BASE_ENV = dict(os.environ)
+
+
 def script_env() -> dict[str, str]:
     """The environment of the suite's single-process script runs (``python train_text_to_image_arb.py ...``): this
-    process's, offline, with this tree's hf_arb and script first on the path, and no launcher's variables. One
-    environment, so they share one server."""
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
+    process's as the suite started it (:data:`_BASE_ENV`), offline, with this tree's hf_arb and script first on the
+    path, and no launcher's variables. One environment, so they share one server."""
+    env = {**_BASE_ENV, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
     return {k: v for k, v in env.items() if k not in ("ACCELERATE_DYNAMO_BACKEND", "TORCHELASTIC_RUN_ID")}
 
 
@@ -161,9 +167,14 @@ def run(args: list[str], *, env: dict[str, str] | None = None, cwd: str | Path |
             try:
                 line = reader.readline()
             except TimeoutError:
-                os.kill(pid, signal.SIGKILL)  # as subprocess.run does on a timeout; the server reaps it
+                with contextlib.suppress(ProcessLookupError):  # it may have ended just now
+                    os.kill(pid, signal.SIGKILL)  # as subprocess.run does on a timeout; the server reaps it
                 raise subprocess.TimeoutExpired([sys.executable, *args], timeout or 0.0,
                                                 out.read_bytes(), err.read_bytes()) from None
+            except BaseException:  # Ctrl-C in the test: the child must not run on with the server waiting on it
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+                raise
             if not line:
                 raise RuntimeError(f"the zygote server stopped while running {args[:2]}")
             done = json.loads(line)
@@ -181,6 +192,8 @@ def _serve(address: str, preload: str) -> dict:
     """Import ``preload``, then answer requests; returns only in a forked child, with its request."""
     import importlib
 
+    parent = os.getppid()  # before the imports: a test process that dies during them must not leave us behind
+    _fork_launch._die_with(parent)  # killed with the test process (PR_SET_PDEATHSIG), also while we wait on a child
     for signum in signal.valid_signals():  # as this interpreter started: what a fresh one started here would have
         handler = signal.getsignal(signum)
         if handler is not None:
@@ -190,7 +203,6 @@ def _serve(address: str, preload: str) -> dict:
     import gc
 
     gc.freeze()  # the preloaded objects: never scanned by a child's collections, so their pages stay shared
-    parent = os.getppid()
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(address + ".tmp")
     listener.listen()

@@ -94,7 +94,7 @@ def test_an_import_time_variable_reaches_the_child_through_its_own_server(tmp_pa
         got = {value: zygote.run(["-c", code], env={**env, "HF_HUB_OFFLINE": value}, preload=preload).stdout
                for value in ("1", "0", "1")}
         assert got == {"1": "True\n", "0": "False\n"}
-        assert zygote.server_count() == before + 2
+        assert zygote.server_count() == min(before + 2, zygote.MAX_SERVERS)  # the least recently used evicted
         fresh = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                                env={**env, "HF_HUB_OFFLINE": "0"}).stdout
         assert fresh == got["0"]
