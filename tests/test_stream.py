@@ -412,3 +412,21 @@ def test_arrow_reader_refuses_what_it_cannot_read_the_same():
                                reader="arrow"))
     assert [[(r["key"], r["bucket"]) for r in item] for item in rows] == plain
     assert all(type(r["key"]) is int for item in rows for r in item)
+
+
+def test_decoding_columns_are_the_columns_datasets_decodes():
+    """The Arrow reader's refusal reads the features' public ``decode`` flags: the same columns as datasets' own
+    (internal) ``require_decoding``, nested lists and dicts included."""
+    import datasets
+    from datasets.features.features import require_decoding
+
+    from hf_arb.sampling.streaming.buffer import decoding_columns
+
+    feats = datasets.Features({
+        "a": datasets.Image(), "b": datasets.Image(decode=False), "c": datasets.Value("int32"),
+        "d": datasets.Sequence(datasets.Image()), "e": {"x": datasets.Audio(), "y": datasets.Value("string")},
+        "f": [datasets.Image()], "g": datasets.List(datasets.Value("float32")), "h": datasets.ClassLabel(names=["a"]),
+        "j": datasets.Sequence({"z": datasets.Image(decode=False)}), "k": datasets.LargeList(datasets.Image())})
+    want = [name for name, f in feats.items() if require_decoding(f)]
+    assert want == ["a", "d", "e", "f", "k"]
+    assert decoding_columns(feats) == want

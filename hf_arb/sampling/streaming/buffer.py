@@ -539,10 +539,21 @@ def arrow_chunks(src: Any, every: int) -> Any:
 
 
 def decoding_columns(features: Any) -> list[str]:
-    """The columns whose feature datasets decodes when it formats python rows (``Image()``, ``Audio()``, ...)."""
-    from datasets.features.features import require_decoding
+    """The columns whose feature datasets decodes when it formats python rows (``Image()``, ``Audio()``, ``Video()``,
+    also inside a list or a dict), read from the features' public ``decode`` flags."""
+    return [name for name, f in (features or {}).items() if _decodes(f)]
 
-    return [name for name, f in (features or {}).items() if require_decoding(f)]
+
+def _decodes(feature: Any) -> bool:
+    """Whether datasets decodes ``feature`` (a feature type, or a dict / list of them) when it formats rows."""
+    if isinstance(feature, dict):
+        return any(_decodes(f) for f in feature.values())
+    if isinstance(feature, (list, tuple)):
+        return any(_decodes(f) for f in feature)
+    inner = getattr(feature, "feature", None)  # Sequence / List / LargeList
+    if inner is not None and not isinstance(inner, (str, bytes)):
+        return _decodes(inner)
+    return bool(getattr(feature, "decode", False)) and hasattr(feature, "decode_example")
 
 
 def floor_key(keys: list[int], i: int) -> int:

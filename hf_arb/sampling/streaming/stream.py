@@ -145,8 +145,9 @@ class BucketedStream(torch.utils.data.IterableDataset):
             (``with_format("arrow")``), each chunk made python columns at once (``Table.to_pydict()``), for an
             unformatted source (python rows) whose columns need no decoding: the same rows and batches as
             ``"source"`` gives such a source, at a fraction of the reading cost (datasets' python formatting goes
-            through a dict per row); a source's numpy/torch formatting is not applied. A state resumes only with
-            the reader that saved it (its source snapshots are the reader's).
+            through a dict per row); a source's numpy/torch formatting is not applied. The two readers' states are
+            the same (read indices, counters, the dataset's own snapshots): a state saved with one resumes with the
+            other, so a checkpoint from before a switch of reader resumes.
     """
 
     def __init__(self, dataset: Any, batch_size: int, *, counts: Any, buckets: Any = None, num_replicas: int = 1,
@@ -281,8 +282,7 @@ class BucketedStream(torch.utils.data.IterableDataset):
         return {"num_replicas": self.num_replicas, "batch_size": self.batch_size, "seed": self.seed,
                 "pick_window": self.pick_window, "buffer_size": self.buffer_size, "shuffle_rows": self.shuffle_rows,
                 "on_overflow": self.on_overflow, "schedule": self.schedule_order,
-                "counts_sha1": digest, "bucket_column": self.bucket_column,
-                **({"reader": self.reader} if self.reader != "source" else {})}  # (the source reader's as before)
+                "counts_sha1": digest, "bucket_column": self.bucket_column}  # not the reader: states are the same
 
     def state_dict(self, step: int | None = None) -> dict[str, Any]:
         """The JSON-serialisable position: config, epoch, step and, per rank read here, its buffered rows' read
