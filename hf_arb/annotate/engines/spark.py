@@ -129,26 +129,29 @@ def add_bucket_columns(df: Any, buckets: BucketSet, image_column: str | None = "
 def summarize(df: Any, buckets: BucketSet) -> AnnotationSummary:
     """Counts per bucket, skips by reason and aspect-error statistics, aggregated with Spark's ``groupBy``.
 
-    Runs as native Spark expressions (no Python workers); only the grouped rows reach the driver. Everything is
-    exact but the median, which is within ``hf_arb.annotate.arrow_batch.ERROR_BIN``. A clip set's ``frame_start`` is
-    summed in the same pass: a ``slide`` annotation's clips and windows (``slide``); and its rows per
-    ``original_frames`` / ``original_fps`` value (a union into the same ``groupBy``), the frames and fps histograms,
-    equal to the datasets path's (bars drawn from the summed counts).
+    Runs as native Spark expressions (no Python workers) over one scan of ``df``; only the grouped rows reach the
+    driver. Everything is exact but the median, which is within ``hf_arb.annotate.arrow_batch.ERROR_BIN``. A clip
+    set's ``frame_start`` is summed in the same pass: a ``slide`` annotation's clips and windows (``slide``); and its
+    rows per ``original_frames`` / ``original_fps`` value (each row exploded into its bucket entry and two histogram
+    entries, into the same ``groupBy``), the frames and fps histograms, equal to the datasets path's (bars drawn
+    from the summed counts).
     """
     from pyspark.sql import functions as F
 
     err = F.col("aspect_error").cast("double")
     bucket = F.coalesce(F.col("bucket"), F.lit(-1))
     kept = (bucket >= 0) & err.isNotNull() & ~F.isnan(err)
-    rows = df.select(
-        bucket.alias("bucket"), F.coalesce(F.col("skip_reason"), F.lit("")).alias("skip_reason"),
-        F.when(kept, F.floor(err / F.lit(ERROR_BIN))).otherwise(F.lit(-1)).cast("long").alias("error_bin"),
-        F.when(kept, err).alias("aspect_error"),
-        *([F.col("frame_start")] if buckets.has_frames else []),
-    )
-    if buckets.has_frames:  # rows per frames / fps value, into the same groupBy
-        for row, name in ((FRAMES_ROW, "original_frames"), (FPS_ROW, "original_fps")):
-            rows = rows.unionByName(_histogram_rows(F, df, row, name))
+    main = F.struct(bucket.cast("long").alias("bucket"),
+                    F.coalesce(F.col("skip_reason"), F.lit("")).alias("skip_reason"),
+                    F.when(kept, F.floor(err / F.lit(ERROR_BIN))).otherwise(F.lit(-1)).cast("long").alias("error_bin"),
+                    F.when(kept, err).alias("aspect_error"),
+                    *([F.col("frame_start").cast("long").alias("frame_start")] if buckets.has_frames else []))
+    if buckets.has_frames:  # rows per frames / fps value, exploded from the same scan into the same groupBy
+        entries = [main, *(_histogram_entry(F, row, name) for row, name in ((FRAMES_ROW, "original_frames"),
+                                                                           (FPS_ROW, "original_fps")))]
+        rows = df.select(F.explode(F.array(*entries)).alias("r")).where(F.col("r").isNotNull()).select("r.*")
+    else:
+        rows = df.select(main.alias("r")).select("r.*")
     grouped = rows.groupBy("bucket", "skip_reason", "error_bin").agg(
         F.count(F.lit(1)).alias("count"), F.sum("aspect_error").alias("error_sum"),
         F.max("aspect_error").alias("error_max"),
@@ -163,14 +166,14 @@ def summarize(df: Any, buckets: BucketSet) -> AnnotationSummary:
                                **slide)
 
 
-def _histogram_rows(F: Any, df: Any, row: int, name: str) -> Any:
-    """The rows of ``df`` as histogram rows of ``name`` (:func:`~hf_arb.annotate.arrow_batch.summary_partials`'
-    ``bucket`` ``row``, ``error_bin`` the value's key ``rint(v * HIST_SCALE)``, as
-    :func:`~hf_arb.annotate.summary.value_keys` computes it in numpy), nulls, NaN and out-of-range keys left out."""
+def _histogram_entry(F: Any, row: int, name: str) -> Any:
+    """A row's histogram entry of ``name`` (:func:`~hf_arb.annotate.arrow_batch.summary_partials`' ``bucket``
+    ``row``, ``error_bin`` the value's key ``rint(v * HIST_SCALE)``, as :func:`~hf_arb.annotate.summary.value_keys`
+    computes it in numpy), null for nulls, NaN and out-of-range keys: the same struct as the bucket entry."""
     key = F.rint(F.col(name).cast("double") * F.lit(float(HIST_SCALE)))
-    return df.where(key.isNotNull() & ~F.isnan(key) & (F.abs(key) < F.lit(2.0 ** 62))).select(
-        F.lit(row).alias("bucket"), F.lit("").alias("skip_reason"), key.cast("long").alias("error_bin"),
-        F.lit(None).cast("double").alias("aspect_error"), F.lit(None).cast("int").alias("frame_start"))
+    return F.when(key.isNotNull() & ~F.isnan(key) & (F.abs(key) < F.lit(2.0 ** 62)), F.struct(
+        F.lit(row).cast("long").alias("bucket"), F.lit("").alias("skip_reason"), key.cast("long").alias("error_bin"),
+        F.lit(None).cast("double").alias("aspect_error"), F.lit(None).cast("long").alias("frame_start")))
 
 
 # ----------------------------------------------------------------------------------- parquet with metadata
