@@ -3,7 +3,7 @@
 Usage::
 
     python benchmarks/bench_gpu_video.py                        # on a CUDA machine: the figures (~2 min on an H200)
-    python benchmarks/bench_gpu_video.py --device cpu --tiny    # the same code paths, tiny (tests/test_bench_gpu.py)
+    python benchmarks/bench_gpu_video.py --device cpu --tiny    # the code paths, tiny (tests/test_bench_gpu_video.py)
     python benchmarks/bench_gpu_video.py --markdown benchmarks/results/gpu_video/h200.json
 
 The denoiser is ``WanTransformer3DModel`` built from Wan 2.1 T2V 1.3B's published config
