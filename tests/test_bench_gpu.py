@@ -70,8 +70,9 @@ def test_the_script_runs_end_to_end_on_the_cpu_with_tiny_configs(tmp_path):
     smoke = result["smoke"]
     assert [(c["family"], c["case"], c["ok"]) for c in smoke["cases"]] == [("sd", "fp32", True), ("sd", "resume", True)]
     assert smoke["failed"] == [] and smoke["cases"][1]["max_weight_diff"] == 0.0
-    assert len(smoke["cases"][0]["losses"]) == 3 and smoke["cases"][0]["lora_rel_diff"] <= 1e-5
-    assert smoke["cases"][0]["same_as"] == "sd-ref-cpu"  # on the CPU the fp32 case is its reference's run, run once
+    # on the CPU the fp32 case is its reference's run, run once (its distance to itself is 0 by construction, not
+    # asserted); the resume case above compares a second process's steps with it exactly
+    assert len(smoke["cases"][0]["losses"]) == 3 and smoke["cases"][0]["same_as"] == "sd-ref-cpu"
     # models: each step through hf_arb's adapter and diffusers' step, at every bucket, finite
     models = result["models"]
     assert set(models) == {"sd15", "flux1_dev"}
