@@ -74,14 +74,18 @@ def load_spec(tiny: bool) -> dict[str, Any]:
     return spec
 
 
+def token_shape(spec: dict[str, Any]) -> dict[str, int]:
+    """``tokens_per_sample``'s keywords for ``spec``'s VAE and transformer (16, 4, 1 for Wan 2.1)."""
+    vae, (pt, ph, _) = spec["vae"], spec["config"]["patch_size"]
+    return {"spatial": vae["scale_factor_spatial"] * ph, "frame_step": vae["scale_factor_temporal"], "patch_t": pt}
+
+
 def latent_tokens(spec: dict[str, Any], shape: tuple[int, int, int]) -> int:
-    """Transformer tokens of one ``(W, H, F)`` sample: ``F' x (H / 16) x (W / 16)`` for Wan 2.1 (``F' = (F - 1) / 4 +
-    1``; VAE 8x8 spatial, 4x temporal, patch (1, 2, 2))."""
-    w, h, f = shape
-    vae, (pt, ph, pw) = spec["vae"], spec["config"]["patch_size"]
-    frames = (f - 1) // vae["scale_factor_temporal"] + 1
-    s = vae["scale_factor_spatial"]
-    return (frames // pt) * (h // (s * ph)) * (w // (s * pw))
+    """Transformer tokens of one ``(W, H, F)`` sample, as the sampler's token budget counts them
+    (``tokens_per_sample``): ``F' x (H / 16) x (W / 16)`` for Wan 2.1."""
+    from hf_arb.sampling.planning.batch_sizes import tokens_per_sample
+
+    return int(tokens_per_sample([shape], **token_shape(spec))[0])
 
 
 def token_budget(spec: dict[str, Any], res: Any) -> int:
@@ -99,14 +103,12 @@ def plan_cases(spec: dict[str, Any], tiny: bool) -> list[dict[str, Any]]:
     from hf_arb.sampling.planning.batch_sizes import batch_sizes_for_tokens
 
     fixed = tuple(spec["clip"])
-    vae, patch = spec["vae"], spec["config"]["patch_size"]
     if tiny:  # the same ladder's shape, small: a (k, 3) table of 4k+1 frames at sides of 16
         res = np.array([[64, 32, 9], [32, 64, 9], [32, 32, 9], [64, 48, 5], [96, 64, 1], [32, 32, 1]])
     else:
         res = np.asarray(BucketSet.preset("wan").resolutions)  # (k, 3): width, height, frames
     budget = token_budget(spec, res)
-    sizes = batch_sizes_for_tokens(res, budget, spatial=vae["scale_factor_spatial"] * patch[1],
-                                   frame_step=vae["scale_factor_temporal"], patch_t=patch[0])
+    sizes = batch_sizes_for_tokens(res, budget, **token_shape(spec))
     cases = [{"kind": "fixed", "shape": list(fixed), "batch": b} for b in (1, 2)]
     portrait = res[:, 0] < res[:, 1]
     for frames in sorted(set(res[:, 2].tolist()), reverse=True):  # per frame count: its largest portrait bucket

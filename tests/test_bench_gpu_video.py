@@ -51,13 +51,12 @@ def test_every_frame_count_is_planned_at_the_token_budget():
 
 def test_tiny_run_on_cpu(tmp_path: Path):
     out = tmp_path / "r.json"
+    from test_train import reset_accelerate
+
     try:
         assert bench.main(["--device", "cpu", "--tiny", "--repeats", "1", "--out", str(out)]) == 0
     finally:
-        from accelerate.state import AcceleratorState, GradientState
-
-        AcceleratorState._reset_state(reset_partial_state=True)
-        GradientState._reset_state()
+        reset_accelerate()  # a fresh process's state for the worker's later tests
     result = json.loads(out.read_text())
     spec = bench.load_spec(tiny=True)
     planned = [(c["shape"], c["batch"]) for c in bench.plan_cases(spec, tiny=True)]
