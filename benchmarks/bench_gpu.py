@@ -562,23 +562,16 @@ def edit_pairs(images: str, root: Path) -> str:
 
 
 def clip_folder(images: str, root: Path) -> str:
-    """A mixed folder of clips and stills, as the video families train on: 4 MP4 clips of 13 frames and 4 WebM clips
-    of 9 (64x48, a window panning across the tiny image folder's largest photo crop) and 4 PNG stills."""
+    """A mixed folder of clips and stills (:func:`hf_arb.testing.clips.save_mixed_clip_folder`) panning across the
+    tiny image folder's largest photo crop, enlarged to 160x120."""
     import numpy as np
     from PIL import Image
 
-    from hf_arb.testing.clips import panning_frames, write_clip
+    from hf_arb.testing.clips import save_mixed_clip_folder
 
     pictures = [Image.open(p).convert("RGB") for p in sorted(Path(images).glob("*.png"))]
     source = max(pictures, key=lambda im: im.width * im.height).resize((160, 120), Image.Resampling.BICUBIC)
-    frames = panning_frames(np.asarray(source), 17)  # (17, 48, 64, 3)
-    folder = root / "clips"
-    folder.mkdir(parents=True, exist_ok=True)
-    for i in range(4):
-        write_clip(folder / f"pan{i}.mp4", frames[i:i + 13])
-        write_clip(folder / f"pan{i}.webm", frames[i:i + 9], suffix=".webm")
-        Image.fromarray(frames[4 * i]).save(folder / f"still{i}.png")
-    return str(folder)
+    return save_mixed_clip_folder(root / "clips", np.asarray(source))
 
 
 def video_flags(family: Any) -> list[str]:

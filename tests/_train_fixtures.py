@@ -404,19 +404,14 @@ REF2_SIZES = [(96, 64), (64, 96), (64, 64), (80, 48)]
 
 def mixed_clip_folder(folder: Path) -> str:
     """4 MP4 clips of 13 frames, 4 WebM clips of 9 frames (64x48, a window panning across a photo), 4 PNG stills
-    and a cut MP4 (its header unreadable: skipped at annotation)."""
+    (:func:`hf_arb.testing.clips.save_mixed_clip_folder`) and a cut MP4 (its header unreadable: skipped at
+    annotation)."""
     import numpy as np
     from _photos import photo
-    from PIL import Image
 
-    from hf_arb.testing.clips import panning_frames, write_clip
+    from hf_arb.testing.clips import save_mixed_clip_folder
 
-    folder.mkdir(parents=True, exist_ok=True)
-    frames = panning_frames(np.asarray(photo("astronaut.png")), 17)  # (17, 48, 64, 3)
-    for i in range(4):
-        write_clip(folder / f"pan{i}.mp4", frames[i:i + 13])
-        write_clip(folder / f"pan{i}.webm", frames[i:i + 9], suffix=".webm")
-        Image.fromarray(frames[4 * i]).save(folder / f"still{i}.png")
+    save_mixed_clip_folder(folder, np.asarray(photo("astronaut.png")))
     (folder / "cut.mp4").write_bytes((folder / "pan0.mp4").read_bytes()[:700])
     return str(folder)
 

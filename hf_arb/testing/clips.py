@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 __all__ = ["CODECS", "audio_only_clip", "cut_clip", "empty_video_clip", "flip_bytes", "mux_silence", "panning_frames",
-           "write_clip"]
+           "save_mixed_clip_folder", "write_clip"]
 
 #: (codec, container format) by file suffix
 CODECS = {".mp4": ("libx264", "mp4"), ".webm": ("libvpx-vp9", "webm"), ".mkv": ("libx264", "matroska")}
@@ -38,6 +38,22 @@ def panning_frames(photo: np.ndarray, frames: int, width: int = 64, height: int 
         x, y = (i * dx) % (w - width + 1), (i * dx // 3) % (h - height + 1)
         out[i] = photo[y:y + height, x:x + width, :3]
     return out
+
+
+def save_mixed_clip_folder(folder: str | os.PathLike[str], photo: np.ndarray) -> str:
+    """A folder of clips and stills, as the video families train on: 4 MP4 clips of 13 frames and 4 WebM clips of 9
+    (64x48, a window panning across ``photo``, uint8 ``(H, W, 3)`` at least 80 wide and 48 tall) and 4 PNG stills
+    (frames of the same pan). Returns the folder as a string (``--train_data_dir``)."""
+    from PIL import Image
+
+    out = Path(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    frames = panning_frames(photo, 17)  # (17, 48, 64, 3)
+    for i in range(4):
+        write_clip(out / f"pan{i}.mp4", frames[i:i + 13])
+        write_clip(out / f"pan{i}.webm", frames[i:i + 9], suffix=".webm")
+        Image.fromarray(frames[4 * i]).save(out / f"still{i}.png")
+    return str(out)
 
 
 def write_clip(dest: str | os.PathLike[str] | None, frames: np.ndarray, fps: int = 8, *, suffix: str = ".mp4",
